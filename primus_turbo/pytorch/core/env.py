@@ -1,0 +1,39 @@
+"""Every ``PRIMUS_TURBO_*`` environment variable, read in one place.
+
+Values are read when asked for (not cached at import) so tests and users can change them at run
+time. docs/env_vars.md lists the same table for users.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["ENV_VARS", "env_str", "env_flag"]
+
+#: name -> (default, meaning). Kept in sync with docs/env_vars.md (a test checks this).
+ENV_VARS: dict[str, tuple[str, str]] = {
+    "PRIMUS_TURBO_LOG_LEVEL": ("WARNING", "Logger level: DEBUG, INFO, WARNING, ERROR."),
+    "PRIMUS_TURBO_GEMM_BACKEND": (
+        "",
+        "GEMM backend: TORCH, TRITON, GLUON, autotune, or per precision as FP8:TRITON,BF16:TORCH "
+        "(keys BF16/FP16/FP32 = BF16_FP16_FP32, FP8, FP4, other).",
+    ),
+    "PRIMUS_TURBO_GROUPED_GEMM_BACKEND": ("", "Grouped GEMM backend, same syntax as PRIMUS_TURBO_GEMM_BACKEND."),
+    "PRIMUS_TURBO_ATTN_BACKEND": ("", "Attention backend, same syntax as PRIMUS_TURBO_GEMM_BACKEND."),
+    "PRIMUS_TURBO_AUTO_TUNE": ("0", "1: time every eligible backend once per shape and cache the fastest."),
+    "PRIMUS_TURBO_GEMM_TRITON_AUTOTUNE": (
+        "1",
+        "0: the Triton GEMM uses its analytic default config instead of timing its candidate configs per shape.",
+    ),
+    "PRIMUS_TURBO_PRINT_CONFIGS": ("0", "1: log the kernel config chosen for each new shape (INFO level)."),
+}
+
+
+def env_str(name: str) -> str:
+    if name not in ENV_VARS:
+        raise KeyError(f"unknown primus-turbo environment variable {name!r}")
+    return os.environ.get(name, ENV_VARS[name][0]).strip()
+
+
+def env_flag(name: str) -> bool:
+    return env_str(name).lower() in ("1", "true", "yes", "on")
