@@ -64,7 +64,7 @@ if [ "${GPU_CHECK_SKIP_TESTS:-0}" != "1" ]; then
         echo "gpu_check: pytest-timeout not installed; running without per-test timeouts"
     fi
     # shellcheck disable=SC2086
-    "$PY" -m pytest tests -q -x ${TIMEOUT_ARGS[@]+"${TIMEOUT_ARGS[@]}"} -p no:cacheprovider ${GPU_CHECK_PYTEST_ARGS:-} 2>&1 \
+    "$PY" -m pytest tests -q --maxfail=30 ${TIMEOUT_ARGS[@]+"${TIMEOUT_ARGS[@]}"} -p no:cacheprovider ${GPU_CHECK_PYTEST_ARGS:-} 2>&1 \
         | tee "$OUT_DIR/pytest.log"
     TEST_RC="${PIPESTATUS[0]}"
     echo "gpu_check: pytest exit code $TEST_RC"

@@ -1,0 +1,251 @@
+"""Shared benchmark plumbing: environment info, timing, result rows and result files.
+
+Timing on CUDA is ``triton.testing.do_bench`` with ``return_mode="median"``: it warms up for
+``warmup_ms``, flushes L2 before every repetition, times each repetition with CUDA events for
+``rep_ms`` and returns the median. Off CUDA (smoke runs only) a ``time.perf_counter`` loop with
+the same interface is used; its numbers mean nothing for performance.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import re
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import torch
+
+__all__ = [
+    "Row",
+    "bench_ms",
+    "geomean",
+    "gpu_info",
+    "gpu_slug",
+    "format_table",
+    "geomean_table",
+    "write_results",
+]
+
+
+# ---- environment ----------------------------------------------------------------------------
+def _triton_version() -> Optional[str]:
+    try:
+        import triton
+
+        return triton.__version__
+    except Exception:  # triton is optional off the GPU
+        return None
+
+
+def gpu_info() -> dict[str, Any]:
+    """GPU name and SM count, library versions and the UTC date of the run."""
+    info: dict[str, Any] = {
+        "gpu": "cpu",
+        "sm_count": 0,
+        "torch": torch.__version__,
+        "triton": _triton_version(),
+        "cuda": torch.version.cuda,
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        info["gpu"] = props.name
+        info["sm_count"] = props.multi_processor_count
+        info["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
+        info["compute_capability"] = f"{props.major}.{props.minor}"
+    return info
+
+
+def gpu_slug(name: Optional[str] = None) -> str:
+    """A short directory name for a GPU: ``"NVIDIA H200"`` -> ``"h200"``; ``"cpu"`` off CUDA."""
+    if name is None:
+        name = gpu_info()["gpu"]
+    low = name.lower()
+    m = re.search(r"\b([a-z]{1,2}\d{2,4}[a-z]?)\b", low.replace("nvidia", " "))
+    if m:
+        return m.group(1)
+    slug = re.sub(r"[^a-z0-9]+", "-", low).strip("-")
+    return slug or "unknown"
+
+
+# ---- timing ---------------------------------------------------------------------------------
+def bench_ms(
+    fn: Callable[[], Any],
+    warmup_ms: float = 25,
+    rep_ms: float = 100,
+    grad_to_none: Optional[Sequence[torch.Tensor]] = None,
+) -> float:
+    """Median time of one call of ``fn`` in milliseconds.
+
+    CUDA: ``triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")``
+    (``grad_to_none`` tensors get ``.grad = None`` before each repetition, so backward passes
+    do not time gradient accumulation). Otherwise: a ``perf_counter`` loop, at least 1 warm-up
+    call and 3 timed calls.
+    """
+    if torch.cuda.is_available():
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, return_mode="median"))
+
+    def _clear() -> None:
+        for t in grad_to_none or ():
+            t.grad = None
+
+    t_end = time.perf_counter() + warmup_ms / 1e3
+    while True:
+        _clear()
+        fn()
+        if time.perf_counter() >= t_end:
+            break
+    times: list[float] = []
+    t_end = time.perf_counter() + rep_ms / 1e3
+    while len(times) < 3 or (time.perf_counter() < t_end and len(times) < 10_000):
+        _clear()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(statistics.median(times))
+
+
+# ---- results --------------------------------------------------------------------------------
+@dataclass
+class Row:
+    """One timed (op, case, impl) measurement against a peer (``baseline``) from the same run."""
+
+    op: str
+    case: str
+    impl: str
+    baseline: str
+    ms: Optional[float] = None
+    baseline_ms: Optional[float] = None
+    speedup: Optional[float] = None  # baseline_ms / ms: > 1 means faster than the peer
+    tflops: Optional[float] = None
+    gbps: Optional[float] = None
+    snr_db: Optional[float] = None
+    error: Optional[str] = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def finalize(self) -> "Row":
+        """Fill ``speedup`` from ``ms`` and ``baseline_ms`` when both are known."""
+        if self.ms and self.baseline_ms and self.ms > 0:
+            self.speedup = self.baseline_ms / self.ms
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return _json_safe(asdict(self))
+
+
+def _json_safe(v: Any) -> Any:
+    """JSON has no inf/nan: write them as the strings "inf", "-inf", "nan" (e.g. SNR of an
+    exact result is +inf)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, dict):
+        return {str(k): _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    return v
+
+
+def geomean(values: Iterable[float]) -> float:
+    """Geometric mean of the positive finite values (NaN when there are none)."""
+    vals = [v for v in values if v is not None and isinstance(v, (int, float)) and math.isfinite(v) and v > 0]
+    if not vals:
+        return float("nan")
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def _fmt(v: Any, spec: str) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return format(v, spec)
+
+
+def _shape_of(row: Row) -> str:
+    e = row.extra
+    if all(k in e for k in ("M", "N", "K")):
+        return f"{e['M']}x{e['N']}x{e['K']}"
+    return e.get("shape", "")
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """A markdown table of the rows."""
+    lines = [
+        "| op | case | shape (MxNxK) | impl | ms | baseline | baseline ms | speedup | TFLOPS | SNR dB | error |",
+        "|---|---|---|---|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        err = (r.error or "").replace("|", "\\|").replace("\n", " ")
+        if len(err) > 120:
+            err = err[:117] + "..."
+        lines.append(
+            f"| {r.op} | {r.case} | {_shape_of(r)} | {r.impl} | {_fmt(r.ms, '.4f')} | {r.baseline} | "
+            f"{_fmt(r.baseline_ms, '.4f')} | {_fmt(r.speedup, '.3f')} | {_fmt(r.tflops, '.1f')} | "
+            f"{_fmt(r.snr_db, '.1f')} | {err} |"
+        )
+    return "\n".join(lines)
+
+
+def geomean_table(rows: Sequence[Row]) -> str:
+    """Markdown table of the geomean speedup per (op, impl), peers themselves left out."""
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for r in rows:
+        if r.impl == r.baseline:
+            continue
+        groups.setdefault((r.op, r.impl), []).append(r)
+    lines = [
+        "| op | impl | vs | geomean speedup | min | max | cases ok | errors |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for (op, impl), rs in groups.items():
+        sp = [r.speedup for r in rs if r.speedup]
+        errors = sum(1 for r in rs if r.error)
+        baseline = rs[0].baseline
+        lines.append(
+            f"| {op} | {impl} | {baseline} | {_fmt(geomean(sp), '.3f') if sp else '-'} | "
+            f"{_fmt(min(sp), '.3f') if sp else '-'} | {_fmt(max(sp), '.3f') if sp else '-'} | "
+            f"{len(sp)} | {errors} |"
+        )
+    return "\n".join(lines)
+
+
+def write_results(rows: Sequence[Row], out_dir: "str | os.PathLike[str]", name: str) -> Path:
+    """Write ``<out_dir>/<name>.json`` and ``<out_dir>/<name>.md``; return the JSON path.
+
+    JSON: the :func:`gpu_info` keys (``gpu``, ``sm_count``, ``torch``, ``triton``, ``cuda``,
+    ``date``, ...) at top level, then ``rows``, a list of :meth:`Row.to_dict` dicts.
+    Markdown: the environment, the full table, then the geomean speedup per (op, impl).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    info = gpu_info()
+    doc = dict(info)
+    doc["benchmark"] = name
+    doc["rows"] = [r.to_dict() for r in rows]
+    json_path = out / f"{name}.json"
+    json_path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    env = ", ".join(f"{k} {info[k]}" for k in ("gpu", "sm_count", "torch", "triton", "cuda", "date"))
+    md = [
+        f"# {name}",
+        "",
+        env,
+        "",
+        format_table(rows),
+        "",
+        f"## Geomean speedup ({name})",
+        "",
+        geomean_table(rows),
+        "",
+    ]
+    (out / f"{name}.md").write_text("\n".join(md))
+    return json_path

@@ -1,0 +1,41 @@
+"""Testing helpers: error metrics, float64 references, shape selection and real model shapes.
+
+Used by the test suite and the benchmarks; importing it pulls in torch only (no Triton).
+"""
+
+from .models import (
+    DENSE_BENCH_MODELS,
+    MODELS,
+    MOE_BENCH_MODELS,
+    ModelConfig,
+    dense_gemm_shapes,
+    get_model,
+    moe_gemm_shapes,
+)
+from .numerics import SNR_THRESHOLDS, assert_snr, max_abs_err, poison_, rel_err, snr_db
+from .references import gemm_backward_ref, gemm_ref
+from .shapes import is_gpu, pick_shapes
+
+__all__ = [
+    # numerics
+    "SNR_THRESHOLDS",
+    "snr_db",
+    "rel_err",
+    "max_abs_err",
+    "assert_snr",
+    "poison_",
+    # references
+    "gemm_ref",
+    "gemm_backward_ref",
+    # shapes
+    "is_gpu",
+    "pick_shapes",
+    # models
+    "ModelConfig",
+    "MODELS",
+    "DENSE_BENCH_MODELS",
+    "MOE_BENCH_MODELS",
+    "get_model",
+    "dense_gemm_shapes",
+    "moe_gemm_shapes",
+]
