@@ -22,6 +22,7 @@ silently ignored.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import time
 import weakref
@@ -165,6 +166,12 @@ Choice = tuple[Optional[BackendType], bool]  # (pinned backend or None, autotune
 
 
 def parse_backend_env(value: str, var: str = "PRIMUS_TURBO_*_BACKEND") -> dict[Optional[PrecisionType], Choice]:
+    """Parse (a copy of the cached parse: callers may mutate it)."""
+    return dict(_parse_backend_env(value, var))
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_backend_env(value: str, var: str) -> dict[Optional[PrecisionType], Choice]:
     """Parse ``TRITON`` / ``autotune`` / ``FP8:TRITON,BF16:TORCH,other:autotune``.
 
     Returns {precision or None (= every other precision): (backend or None, autotune)}.
@@ -264,7 +271,8 @@ class GlobalBackendManager:
             return code, "code"
         var = cls._ENV.get(family)
         if var:
-            env = _lookup(parse_backend_env(env_str(var), var), precision)
+            # cached parse: the variable is read on every call (it may change) but parsed once
+            env = _lookup(_parse_backend_env(env_str(var), var), precision)
             if env is not None:
                 return env, f"env {var}"
         return None, ""

@@ -8,9 +8,10 @@ or ``[N, K]`` (``trans_b=True``, the ``nn.Linear`` weight layout). The three GEM
 * grad_input:  ``dA = dC @ op(B).T``      (stored like ``A``)
 * grad_weight: ``dB = op(A).T @ dC``      (stored like ``B``; optionally ``B.main_grad += dB``)
 
-Each GEMM is one call of a ``torch.library`` custom op (``primus_turbo::gemm_impl`` or, for the
-accumulating variant, ``primus_turbo::gemm_accum_impl``), so the op works under
-``torch.compile(fullgraph=True)``; each is dispatched on its own shape key (core/backend.py).
+Each GEMM is registered as a ``torch.library`` custom op (``primus_turbo::gemm_impl`` or, for the
+accumulating variant, ``primus_turbo::gemm_accum_impl``) with a fake implementation, and traced
+code calls it through ``torch.ops`` so ``torch.compile(fullgraph=True)`` works; eager code calls
+the same function directly. Each GEMM is dispatched on its own shape key (core/backend.py).
 """
 
 from __future__ import annotations
@@ -38,8 +39,7 @@ def _out_shape(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool) -
     return m, n, k
 
 
-@torch.library.custom_op("primus_turbo::gemm_impl", mutates_args=())
-def gemm_impl(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool, out_dtype: torch.dtype) -> torch.Tensor:
+def _gemm_eager(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool, out_dtype: torch.dtype) -> torch.Tensor:
     """``op(a) @ op(b)`` in ``out_dtype`` through the GEMM dispatcher (no autograd)."""
     m, n, k = _out_shape(a, b, trans_a, trans_b)
     if m == 0 or n == 0:
@@ -52,20 +52,38 @@ def gemm_impl(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool, ou
     )
 
 
+gemm_impl = torch.library.custom_op("primus_turbo::gemm_impl", _gemm_eager, mutates_args=())
+
+
 @gemm_impl.register_fake
 def _gemm_impl_fake(a, b, trans_a, trans_b, out_dtype):
     m, n, _ = _out_shape(a, b, trans_a, trans_b)
     return a.new_empty((m, n), dtype=out_dtype)
 
 
-@torch.library.custom_op("primus_turbo::gemm_accum_impl", mutates_args=("c",))
-def gemm_accum_impl(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool, c: torch.Tensor) -> None:
+def _gemm_accum_eager(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool, c: torch.Tensor) -> None:
     """``c += op(a) @ op(b)``, the sum formed in fp32 and added in the GEMM epilogue."""
     m, n, k = _out_shape(a, b, trans_a, trans_b)
     if m == 0 or n == 0 or k == 0:  # nothing to add
         return
     A, B = _logical(a, trans_a), _logical(b, trans_b)
     gemm_dispatcher.dispatch(PrecisionType.BF16_FP16_FP32, a=A, b=B, out=c, out_dtype=c.dtype, accumulate=True)
+
+
+gemm_accum_impl = torch.library.custom_op("primus_turbo::gemm_accum_impl", _gemm_accum_eager, mutates_args=("c",))
+
+
+def _mm(a, b, trans_a, trans_b, out_dtype):
+    # Eager calls skip the custom-op dispatcher (~10 us a call); traced code must see the op.
+    if torch.compiler.is_compiling():
+        return torch.ops.primus_turbo.gemm_impl(a, b, trans_a, trans_b, out_dtype)
+    return _gemm_eager(a, b, trans_a, trans_b, out_dtype)
+
+
+def _mm_accum(a, b, trans_a, trans_b, c):
+    if torch.compiler.is_compiling():
+        return torch.ops.primus_turbo.gemm_accum_impl(a, b, trans_a, trans_b, c)
+    return _gemm_accum_eager(a, b, trans_a, trans_b, c)
 
 
 @gemm_accum_impl.register_fake
@@ -102,7 +120,7 @@ class GemmFunction(torch.autograd.Function):
         ctx.save_for_backward(a if need_b else None, b if (need_a or (need_b and fuse_accum)) else None)
         if fuse_accum and need_b:
             b.grad_added_to_main_grad = True
-        return torch.ops.primus_turbo.gemm_impl(a, b, trans_a, trans_b, out_dtype)
+        return _mm(a, b, trans_a, trans_b, out_dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -113,19 +131,19 @@ class GemmFunction(torch.autograd.Function):
             g = grad_out.to(b.dtype)
             # grad_input: dA = dC @ op(B).T, stored like A ([M,K], or [K,M] = op(B) @ dC.T)
             if ta:
-                grad_a = torch.ops.primus_turbo.gemm_impl(b, g, tb, True, b.dtype)
+                grad_a = _mm(b, g, tb, True, b.dtype)
             else:
-                grad_a = torch.ops.primus_turbo.gemm_impl(g, b, False, not tb, b.dtype)
+                grad_a = _mm(g, b, False, not tb, b.dtype)
         if ctx.needs_input_grad[1]:
             g = grad_out.to(a.dtype)
             # grad_weight: dB = op(A).T @ dC, stored like B ([K,N], or [N,K] = dC.T @ op(A))
             x, y, tx, ty = (g, a, True, ta) if tb else (a, g, not ta, False)
             if ctx.fuse_accum:
-                torch.ops.primus_turbo.gemm_accum_impl(x, y, tx, ty, b.main_grad)
+                _mm_accum(x, y, tx, ty, b.main_grad)
                 b.grad_added_to_main_grad = True
                 grad_b = _megatron_dummy_wgrad(b)
             else:
-                grad_b = torch.ops.primus_turbo.gemm_impl(x, y, tx, ty, a.dtype)
+                grad_b = _mm(x, y, tx, ty, a.dtype)
         # trans_a, trans_b, out_dtype, fuse_accum are not tensors: no gradient
         return grad_a, grad_b, None, None, None, None
 
@@ -207,4 +225,4 @@ def gemm(
     fuse = fuse_bgrad_accum_pattern == "megatron"
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         return GemmFunction.apply(a, b, bool(trans_a), bool(trans_b), out_dtype, fuse)
-    return torch.ops.primus_turbo.gemm_impl(a, b, bool(trans_a), bool(trans_b), out_dtype)
+    return _mm(a, b, bool(trans_a), bool(trans_b), out_dtype)
