@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import gc
 import math
+import statistics
 import os
 import sys
 import traceback
@@ -47,6 +48,7 @@ REF_ROWS = 256  # rows of the output (and of grad_a / grad_w) checked against fl
 PEER = "cublas"
 IMPLS = ("cublas", "turbo-default", "turbo-triton")
 MODES = ("fwd", "fwd_bwd")
+ROUNDS = 3  # interleaved timing rounds per implementation (median of the round medians)
 
 
 # ---- cases ----------------------------------------------------------------------------------
@@ -182,7 +184,9 @@ def run_case(
 
         baseline_ms: Optional[float] = None
         mode_rows: list[Row] = []
-        for impl in impls:
+        steps: dict[int, Callable[[], Any]] = {}
+        # Pass 1: correctness, which also compiles and tunes every implementation.
+        for i, impl in enumerate(impls):
             row = Row(op, case["case"], impl.name, PEER, extra=dict(extra_base))
             mode_rows.append(row)
             if impl.why_not:
@@ -195,7 +199,7 @@ def run_case(
                         out = fn(a, w)
                         row.snr_db = _snr(ref_out, out[:r])
                         del out
-                        row.ms = bench_ms(lambda: fn(a, w), warmup_ms, rep_ms)
+                        steps[i] = (lambda fn=fn: fn(a, w))
                     else:
                         a_g.grad = w_g.grad = None
                         out = fn(a_g, w_g)
@@ -204,19 +208,35 @@ def run_case(
                         del out
                         row.extra["snr_grad_a_db"] = _snr(ref_ga, a_g.grad[:r])
                         row.extra["snr_grad_w_db"] = _snr(ref_gw, w_g.grad[: ref_gw.shape[0]])
-
-                        def step() -> None:
-                            fn(a_g, w_g).backward(grad)
-
-                        row.ms = bench_ms(step, warmup_ms, rep_ms, grad_to_none=[a_g, w_g])
-                row.tflops = flops / (row.ms * 1e-3) / 1e12 if row.ms else None
-                if impl.name == PEER:
-                    baseline_ms = row.ms
+                        steps[i] = (lambda fn=fn: fn(a_g, w_g).backward(grad))
             except Exception as exc:
                 row.error = _error_text(exc)
                 if os.environ.get("PRIMUS_TURBO_BENCH_TRACEBACK"):
                     traceback.print_exc()
                 _free(device)
+        # Pass 2: timing, interleaved over rounds so clock and thermal drift hit every
+        # implementation alike; each row keeps the median of its per-round medians.
+        times: dict[int, list[float]] = {i: [] for i in steps}
+        for _ in range(ROUNDS):
+            for i, step in list(steps.items()):
+                impl, row = impls[i], mode_rows[i]
+                try:
+                    with impl.ctx():
+                        grads = [a_g, w_g] if mode == "fwd_bwd" else None
+                        times[i].append(bench_ms(step, warmup_ms, rep_ms, grad_to_none=grads))
+                except Exception as exc:
+                    row.error = _error_text(exc)
+                    del steps[i]
+                    _free(device)
+        for i, ts in times.items():
+            row = mode_rows[i]
+            if row.error or not ts:
+                continue
+            row.ms = statistics.median(ts)
+            row.extra["round_ms"] = [round(t, 5) for t in ts]
+            row.tflops = flops / (row.ms * 1e-3) / 1e12
+            if impls[i].name == PEER:
+                baseline_ms = row.ms
         for row in mode_rows:
             row.baseline_ms = baseline_ms
             row.finalize()
