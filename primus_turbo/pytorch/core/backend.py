@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
+import os
 import time
 import weakref
 from collections import OrderedDict
@@ -224,6 +225,8 @@ class GlobalBackendManager:
     }
     _pins: dict[str, dict[Optional[PrecisionType], Choice]] = {}
     _auto_tune: Optional[bool] = None
+    #: bumped on every change made in code, so dispatchers know when their cached plans are stale
+    _version: int = 0
     # weak: a dispatcher made in a test or by a user goes away with its owner
     _dispatchers: "weakref.WeakSet[AutoKernelDispatcher]" = weakref.WeakSet()
 
@@ -231,6 +234,7 @@ class GlobalBackendManager:
     @classmethod
     def _set(cls, family: str, backend, precision, auto_tune: bool) -> None:
         prec = None if precision is None else PrecisionType.parse(precision)
+        cls._version += 1
         table = cls._pins.setdefault(family, {})
         if backend is None and not auto_tune:
             table.pop(prec, None)  # clear the pin
@@ -255,6 +259,7 @@ class GlobalBackendManager:
     def set_auto_tune(cls, enabled: Optional[bool]) -> None:
         """Global autotune switch; ``None`` defers to ``PRIMUS_TURBO_AUTO_TUNE``."""
         cls._auto_tune = None if enabled is None else bool(enabled)
+        cls._version += 1
 
     # ---- queries ----------------------------------------------------------------------------
     @classmethod
@@ -292,6 +297,7 @@ class GlobalBackendManager:
         """Forget every pin, the autotune switch and every autotune cache."""
         cls._pins = {}
         cls._auto_tune = None
+        cls._version += 1
         for d in list(cls._dispatchers):
             d.tune_cache.clear()
 
@@ -340,6 +346,7 @@ class AutoKernelDispatcher:
         self.default = default
         self.make_tune_kwargs = make_tune_kwargs
         self.tune_cache = TuneCache(cache_capacity)
+        self._plans: dict = {}
         GlobalBackendManager.register_dispatcher(self)
 
     def register(self, backend: type[KernelBackend]) -> None:
@@ -358,14 +365,33 @@ class AutoKernelDispatcher:
             raise ValueError(f"{self.op_name}: backend {backend.name} (from {source}) cannot run these inputs: {reason}")
         return impl
 
+    def plan(self, precision: Optional[PrecisionType]) -> tuple[Optional[BackendType], str, bool]:
+        """(pinned backend, where the pin came from, autotune?) for the current settings.
+
+        Cached per (settings version, precision, raw env values): the hot path reads two
+        environment strings and does one dict lookup instead of re-deriving the rule.
+        """
+        var = GlobalBackendManager._ENV.get(self.family)
+        state = (
+            GlobalBackendManager._version,
+            None if precision is None else precision.value,  # enum hashing is slow Python code
+            os.environ.get(var) if var else None,
+            os.environ.get("PRIMUS_TURBO_AUTO_TUNE"),
+        )
+        plan = self._plans.get(state)
+        if plan is None:
+            choice, source = GlobalBackendManager.user_choice(self.family, precision)
+            backend, tune = choice if choice is not None else (None, False)
+            plan = (backend, source, bool(backend is None and (tune or GlobalBackendManager.get_auto_tune())))
+            if len(self._plans) > 256:  # settings churn (tests): drop stale plans
+                self._plans.clear()
+            self._plans[state] = plan
+        return plan
+
     def resolve(self, precision: Optional[PrecisionType], **kwargs: Any) -> type[KernelBackend]:
-        choice, source = GlobalBackendManager.user_choice(self.family, precision)
-        tune = False
-        if choice is not None:
-            backend, tune = choice
-            if backend is not None:
-                return self._pinned(backend, source, kwargs)
-        tune = tune or GlobalBackendManager.get_auto_tune()
+        backend, source, tune = self.plan(precision)
+        if backend is not None:
+            return self._pinned(backend, source, kwargs)
         if tune and not _is_capturing():
             winner = self._autotune(kwargs)
             if winner is not None:

@@ -31,7 +31,7 @@ import triton.testing
 
 from primus_turbo.triton import is_interpreter
 
-__all__ = ["GemmConfig", "check_gemm_triton", "gemm_triton"]
+__all__ = ["GemmConfig", "check_gemm_triton", "gemm_triton", "gemm_triton_prechecked"]
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -368,6 +368,17 @@ def _ensure_allocator() -> None:
     triton.set_allocator(_alloc_scratch)
 
 
+def _layout_info(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> tuple:
+    """(a_col, ld_a, b_col, ld_b, tma_ab, c_col, ld_c, c_tma), computed once per call: the config
+    key and the launch both need it, and each piece reads strides and data pointers."""
+    a_col, ld_a = _storage(a)
+    b_col, ld_b = _storage(b)
+    c_col, ld_c = _storage(out)
+    tma_ab = _tma_ok(a, a_col, ld_a) and _tma_ok(b, b_col, ld_b)
+    c_tma = c_col is False and _tma_ok(out, c_col, ld_c)  # column-major C: pointer stores
+    return a_col, ld_a, b_col, ld_b, tma_ab, c_col, ld_c, c_tma
+
+
 def _uses_tma(a: torch.Tensor, b: torch.Tensor, config: GemmConfig) -> bool:
     """Whether ``_launch`` takes the TMA kernel (both operands describable) or the pointer kernel."""
     return config.use_tma and _tma_ok(a, *_storage(a)) and _tma_ok(b, *_storage(b))
@@ -375,14 +386,15 @@ def _uses_tma(a: torch.Tensor, b: torch.Tensor, config: GemmConfig) -> bool:
 
 def _launch(
     a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool, config: GemmConfig,
-    allow_tf32: bool = False,
+    allow_tf32: bool = False, layout: Optional[tuple] = None,
 ) -> torch.Tensor:
-    """Run one kernel with an explicit config on validated, non-empty inputs; returns ``out``."""
+    """Run one kernel with an explicit config on validated, non-empty inputs; returns ``out``.
+
+    ``layout``: ``_layout_info(a, b, out)`` when the caller already has it."""
     M, K = a.shape
     N = b.shape[1]
-    a_col, ld_a = _storage(a)
-    b_col, ld_b = _storage(b)
-    use_tma = _uses_tma(a, b, config)
+    a_col, ld_a, b_col, ld_b, tma_ab, _, _, c_tma = layout if layout is not None else _layout_info(a, b, out)
+    use_tma = config.use_tma and tma_ab
     # fp32 defaults to exact fp32 products ("ieee"; tf32 keeps 10 mantissa bits, ~1e-3 relative
     # error, which would fail fp32 accuracy checks). 16-bit inputs ignore the setting.
     precision = "tf32" if (a.dtype != torch.float32 or allow_tf32) else "ieee"
@@ -395,8 +407,6 @@ def _launch(
         num_stages=config.num_stages, num_warps=config.num_warps,
     )
     if use_tma:
-        c_col, ld_c = _storage(out)
-        c_tma = c_col is False and _tma_ok(out, c_col, ld_c)  # column-major C: pointer stores
         if a.is_cuda:
             _ensure_allocator()
         _gemm_persistent_tma_kernel[grid](
@@ -436,16 +446,14 @@ def _log_config(key: tuple, config: GemmConfig, how: str) -> None:
     _logger().warning("gemm_triton %s config for (M, N, K, dtype, out, layouts, acc)=%s: %s", how, key, config.short())
 
 
-def _pick_config(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool, allow_tf32: bool) -> GemmConfig:
+def _pick_config(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool, allow_tf32: bool, layout: tuple,
+) -> GemmConfig:
     M, K = a.shape
     N = b.shape[1]
-    a_col, ld_a = _storage(a)
-    b_col, ld_b = _storage(b)
-    c_col, ld_c = _storage(out)
-    tma = _tma_ok(a, a_col, ld_a) and _tma_ok(b, b_col, ld_b)
+    a_col, _, b_col, _, tma, c_col, _, c_tma = layout
     # Every input of the winner: sizes, dtypes, layouts, TMA eligibility, accumulate, precision.
-    key = (M, N, K, a.dtype, out.dtype, a_col, b_col, c_col, tma, _tma_ok(out, c_col, ld_c), accumulate,
-           allow_tf32, a.device.index)
+    key = (M, N, K, a.dtype, out.dtype, a_col, b_col, c_col, tma, c_tma, accumulate, allow_tf32, a.device.index)
     if key in _tuned:
         return _tuned[key]
     default = _default_config(M, N, K, a.dtype, accumulate, _grid_programs(a.device), tma, allow_tf32)
@@ -541,6 +549,15 @@ def gemm_triton(
     inputs use exact fp32 products unless ``allow_tf32``. Returns ``out``.
     """
     _validate(a, b, out, out_dtype, accumulate)
+    return gemm_triton_prechecked(a, b, out, out_dtype, accumulate, allow_tf32=allow_tf32)
+
+
+def gemm_triton_prechecked(
+    a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
+    accumulate: bool = False, *, allow_tf32: bool = False,
+) -> torch.Tensor:
+    """:func:`gemm_triton` without the argument checks, for callers that just ran
+    :func:`check_gemm_triton` on the same arguments (the dispatcher does): saves microseconds a call."""
     M, K = a.shape
     N = b.shape[1]
     if out is None:
@@ -561,9 +578,10 @@ _SAFE_CONFIG = GemmConfig(64, 64, 32, 8, 2, 4, False, use_tma=False, flatten=Fal
 
 
 def _run(a, b, out, accumulate, allow_tf32):
-    config = _pick_config(a, b, out, accumulate, allow_tf32)
+    layout = _layout_info(a, b, out)
+    config = _pick_config(a, b, out, accumulate, allow_tf32, layout)
     try:
-        return _launch(a, b, out, accumulate, config, allow_tf32)
+        return _launch(a, b, out, accumulate, config, allow_tf32, layout)
     except Exception as exc:  # noqa: BLE001 - filtered below; compile failures leave out untouched
         compile_failure = isinstance(exc, _COMPILE_ERRORS) or "PassManager" in str(exc)
         if not compile_failure or config == _SAFE_CONFIG or is_interpreter():
