@@ -48,7 +48,7 @@ REF_ROWS = 256  # rows of the output (and of grad_a / grad_w) checked against fl
 PEER = "cublas"
 IMPLS = ("cublas", "turbo-default", "turbo-triton")
 MODES = ("fwd", "fwd_bwd")
-ROUNDS = 3  # interleaved timing rounds per implementation (median of the round medians)
+ROUNDS = 5  # interleaved timing rounds per implementation (median of the round medians)
 
 
 # ---- cases ----------------------------------------------------------------------------------
@@ -217,8 +217,14 @@ def run_case(
         # Pass 2: timing, interleaved over rounds so clock and thermal drift hit every
         # implementation alike; each row keeps the median of its per-round medians.
         times: dict[int, list[float]] = {i: [] for i in steps}
-        for _ in range(ROUNDS):
-            for i, step in list(steps.items()):
+        for rnd in range(ROUNDS):
+            # rotate the order every round so no implementation always runs first (or hottest)
+            order = list(steps)
+            order = order[rnd % len(order):] + order[: rnd % len(order)] if order else order
+            for i in order:
+                if i not in steps:
+                    continue
+                step = steps[i]
                 impl, row = impls[i], mode_rows[i]
                 try:
                     with impl.ctx():
@@ -273,7 +279,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--warmup-ms", type=float, default=None, help="do_bench warm-up (default 25; 0 with --cpu-smoke)")
-    p.add_argument("--rep-ms", type=float, default=None, help="do_bench repetition time (default 100; 0 with --cpu-smoke)")
+    p.add_argument("--rep-ms", type=float, default=None, help="do_bench repetition time per round (default 60; 0 with --cpu-smoke)")
     return p.parse_args(argv)
 
 
@@ -288,7 +294,7 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
     ms = list(args.m or (QUICK_M if args.quick else DEFAULT_M))
     div = SMOKE_DIV if args.cpu_smoke else 1
     warmup_ms = args.warmup_ms if args.warmup_ms is not None else (0.0 if args.cpu_smoke else 25.0)
-    rep_ms = args.rep_ms if args.rep_ms is not None else (0.0 if args.cpu_smoke else 100.0)
+    rep_ms = args.rep_ms if args.rep_ms is not None else (0.0 if args.cpu_smoke else 60.0)
     impls = list(args.impls)
     if PEER not in impls:
         impls.insert(0, PEER)  # the peer is always measured: speedups need it
@@ -297,8 +303,10 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
     cases = build_cases(models, ms, div, args.cases)
     impl_objs = _make_impls(impls)
     if args.cpu_smoke and not has_cuda:
-        print("bench_gemm: --cpu-smoke on CPU checks that everything runs; timings mean nothing, and the "
-              "Triton interpreter's bf16 tl.dot is wrong outside the test suite's shim (turbo-triton SNR).")
+        from primus_turbo.triton.interpreter import fix_bf16_dot
+
+        fix_bf16_dot()  # the interpreter's bf16 tl.dot is wrong without it (triton issue #11584)
+        print("bench_gemm: --cpu-smoke on CPU checks that everything runs; timings mean nothing.")
     print(f"bench_gemm: {len(cases)} unique shapes x {len(args.modes)} modes x {len(impl_objs)} impls on {device}", flush=True)
     rows: list[Row] = []
     for case in cases:

@@ -26,6 +26,12 @@ from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager 
 from primus_turbo.testing import snr_db  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":
+    # The interpreter's bf16 tl.dot multiplies bit patterns (triton issue #11584); opt in to the
+    # repair so the TRITON rows compute real bf16 products on CPU.
+    from primus_turbo.triton.interpreter import fix_bf16_dot
+
+    fix_bf16_dot()
 
 
 def minimal_example() -> None:

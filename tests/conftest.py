@@ -3,9 +3,8 @@
 On a machine without CUDA the Triton kernels run through the Triton interpreter: TRITON_INTERPRET
 must be set before triton is imported, so it is set here, at conftest import, before any test
 module imports the package. The interpreter's bf16 ``tl.dot`` multiplies raw bit patterns
-(triton issue #11584); ``_shim_interpreter_bf16_dot`` upcasts bf16 dot operands to fp32 so bf16
-kernels are tested on CPU too. The shim lives in the test setup only; the library never patches
-triton.
+(triton issue #11584); the suite opts in to ``primus_turbo.triton.interpreter.fix_bf16_dot`` so
+bf16 kernels are tested on CPU too (the library never patches triton on its own).
 """
 
 from __future__ import annotations
@@ -25,35 +24,11 @@ if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def _shim_interpreter_bf16_dot() -> None:
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    builder = interpreter.InterpreterBuilder
-    if getattr(builder, "_primus_turbo_bf16_shim", False):
-        return
-    original = builder.create_dot
-
-    def _as_fp32(handle):
-        # bf16 lives in the interpreter as raw uint16 bits; bf16 is the top half of an fp32.
-        bits = handle.data.astype(np.uint32) << np.uint32(16)
-        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if a.dtype == tl.bfloat16:
-            a = _as_fp32(a)
-        if b.dtype == tl.bfloat16:
-            b = _as_fp32(b)
-        return original(self, a, b, d, input_precision, max_num_imprecise_acc)
-
-    builder.create_dot = create_dot
-    builder._primus_turbo_bf16_shim = True
-
-
 if os.environ.get("TRITON_INTERPRET") == "1":
     try:
-        _shim_interpreter_bf16_dot()
+        from primus_turbo.triton.interpreter import fix_bf16_dot
+
+        fix_bf16_dot()
     except ImportError:  # triton not installed: TRITON tests skip themselves
         pass
 

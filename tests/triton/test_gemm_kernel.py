@@ -474,3 +474,21 @@ def test_gpu_int64_offsets(use_tma):
                                                     use_tma=use_tma))
     tail = (a[-64:].float() @ b.float()).cpu()
     assert snr_db(tail, out[-64:]) >= 45.0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter-only behaviour")
+def test_bf16_refused_under_interpreter_until_fixed(monkeypatch):
+    """Without the opt-in repair, bf16 under the interpreter is refused, never silently wrong."""
+    from triton.runtime import interpreter
+
+    from primus_turbo.triton import interpreter as pt_interp
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, pt_interp._MARK, False)
+    a = torch.randn(8, 16, dtype=torch.bfloat16)
+    b = torch.randn(16, 8, dtype=torch.bfloat16)
+    assert "triton issue #11584" in gk.check_gemm_triton(a, b)
+    with pytest.raises(ValueError, match="fix_bf16_dot"):
+        gk.gemm_triton(a, b)
+    assert gk.check_gemm_triton(a.half(), b.half()) is None  # fp16 is fine as is
+    monkeypatch.setattr(interpreter.InterpreterBuilder, pt_interp._MARK, True)
+    assert gk.check_gemm_triton(a, b) is None

@@ -30,6 +30,7 @@ import triton.language as tl
 import triton.testing
 
 from primus_turbo.triton import is_interpreter
+from primus_turbo.triton.interpreter import bf16_dot_fixed
 
 __all__ = ["GemmConfig", "check_gemm_triton", "gemm_triton", "gemm_triton_prechecked"]
 
@@ -507,6 +508,11 @@ def _validate(a, b, out, out_dtype, accumulate) -> None:
         raise ValueError(f"gemm_triton: device mismatch, a on {a.device}, b on {b.device}")
     if a.device.type != "cuda" and not (a.device.type == "cpu" and is_interpreter()):
         raise ValueError(f"gemm_triton: tensors on {a.device}; needs CUDA (or CPU with TRITON_INTERPRET=1)")
+    if a.device.type == "cpu" and a.dtype == torch.bfloat16 and not bf16_dot_fixed():
+        raise ValueError(
+            "gemm_triton: bf16 under the Triton interpreter gives wrong products (triton issue #11584); "
+            "call primus_turbo.triton.interpreter.fix_bf16_dot() first, or use fp16/fp32 on CPU"
+        )
     if out_dtype is not None and out_dtype not in _SUPPORTED_DTYPES:
         raise TypeError(f"gemm_triton: out_dtype={out_dtype} is not one of float16, bfloat16, float32")
     if out is None:
