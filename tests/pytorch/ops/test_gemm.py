@@ -15,7 +15,7 @@ import torch
 
 import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager
-from primus_turbo.testing import poison_, snr_db
+from primus_turbo.testing import pick_shapes, poison_, snr_db
 
 ON_GPU = torch.cuda.is_available()
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -28,7 +28,7 @@ M_VALUES = [1, 16, 128, 256]
 N_VALUES = [1, 16, 129, 512]
 K_VALUES = [1, 16, 127, 255]
 # On the GPU the small grid runs for every backend, plus realistic sizes.
-LARGE = [(512, 1024, 2048), (2048, 4096, 1024), (1024, 2048, 4096), (4096, 4096, 512)] if ON_GPU else []
+LARGE = pick_shapes([], [(512, 1024, 2048), (2048, 4096, 1024), (1024, 2048, 4096), (4096, 4096, 512)])
 FULL_GRID = list(itertools.product(M_VALUES, N_VALUES, K_VALUES)) + LARGE
 # CPU subset for TRITON: a Latin-square walk so each value of m, n, k appears with each other axis.
 CPU_TRITON_GRID = [(m, N_VALUES[(i + j) % 4], K_VALUES[(i + 2 * j) % 4]) for i, m in enumerate(M_VALUES[:4]) for j in range(2)]
@@ -80,7 +80,7 @@ def test_gemm_forward(backend, m, n, k, layout, dtype, device):
 @pytest.mark.parametrize("layout", ["NN", "NT", "TN"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.name if b else "default")
-@pytest.mark.parametrize("m, n, k", [(128, 129, 127), (1, 16, 16), (64, 1, 33)] + ([(2048, 1024, 4096)] if ON_GPU else []))
+@pytest.mark.parametrize("m, n, k", [(128, 129, 127), (1, 16, 16), (64, 1, 33)] + pick_shapes([], [(2048, 1024, 4096)]))
 def test_gemm_backward(backend, m, n, k, layout, dtype, device):
     _pin(backend)
     a, b, ta, tb = _make(m, n, k, layout, dtype, device, requires_grad=True)
@@ -118,7 +118,7 @@ def test_gemm_out_dtype(backend, out_dtype, device):
 def test_megatron_fused_wgrad_accumulation(backend, layout, main_grad_dtype, device):
     """Several micro-batches add into b.main_grad; b.grad is the placeholder; the flag is set."""
     _pin(backend)
-    m, n, k = (256, 512, 256) if ON_GPU else (48, 40, 32)
+    (m, n, k), = pick_shapes([(48, 40, 32)], [(256, 512, 256)])
     dtype = torch.bfloat16
     ta, tb = layout[0] == "T", layout[1] == "T"
     b = torch.randn((n, k) if tb else (k, n), dtype=dtype, device=device, requires_grad=True)
@@ -156,8 +156,9 @@ def test_megatron_zero_out_wgrad(device):
 
 @pytest.mark.parametrize("backend", [BackendType.TORCH, BackendType.TRITON], ids=lambda b: b.name)
 @pytest.mark.parametrize(
-    "m, n, k, layout", [(256, 256, 256, "NN"), (256, 512, 128, "TN"), (512, 256, 128, "NT")] if ON_GPU
-    else [(64, 64, 64, "NN"), (64, 96, 32, "TN"), (96, 64, 32, "NT")],
+    "m, n, k, layout",
+    pick_shapes([(64, 64, 64, "NN"), (64, 96, 32, "TN"), (96, 64, 32, "NT")],
+                [(256, 256, 256, "NN"), (256, 512, 128, "TN"), (512, 256, 128, "NT")]),
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_misaligned_and_noncontiguous_subviews(backend, m, n, k, layout, dtype, device):
@@ -253,6 +254,7 @@ def test_autotune_end_to_end_keeps_main_grad(device):
     assert len(gemm_dispatcher.tune_cache) >= 1
 
 
+@pytest.mark.deterministic
 def test_deterministic_pinned_triton_repeatable(device):
     GlobalBackendManager.set_gemm_backend(BackendType.TRITON)
     a, b, ta, tb = _make(96, 80, 72, "NT", torch.bfloat16, device)
