@@ -29,6 +29,8 @@ from benchmarks.common import gpu_info, gpu_slug  # noqa: E402
 #: (short name, module). Each module has ``main(argv) -> int`` and ``RESULT_NAME``.
 BENCHMARKS: list[tuple[str, str]] = [
     ("gemm", "benchmarks.bench_gemm"),
+    ("gemm_fp8", "benchmarks.bench_gemm_fp8"),
+    ("quantization", "benchmarks.bench_quantization"),
 ]
 
 

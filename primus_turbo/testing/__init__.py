@@ -13,6 +13,13 @@ from .models import (
     moe_gemm_shapes,
 )
 from .numerics import SNR_THRESHOLDS, assert_snr, max_abs_err, poison_, rel_err, snr_db
+from .quant_ref import (
+    dequantize_fp4_ref,
+    dequantize_fp8_ref,
+    fp8_max,
+    quantize_fp4_ref,
+    quantize_fp8_ref,
+)
 from .references import gemm_backward_ref, gemm_ref
 from .shapes import is_gpu, pick_shapes
 
@@ -27,6 +34,12 @@ __all__ = [
     # references
     "gemm_ref",
     "gemm_backward_ref",
+    # quantization references
+    "fp8_max",
+    "quantize_fp8_ref",
+    "dequantize_fp8_ref",
+    "quantize_fp4_ref",
+    "dequantize_fp4_ref",
     # shapes
     "is_gpu",
     "pick_shapes",

@@ -1,6 +1,12 @@
 """What every op shares: backend dispatch, low-precision formats, environment and logging."""
 
 from .backend import AutoKernelDispatcher, BackendType, GlobalBackendManager, KernelBackend, PrecisionType
+from .quantized_tensor import (
+    QuantizedTensor,
+    QuantizedTensorPair,
+    check_quantized_tensor,
+    create_quantized_weight,
+)
 from .low_precision import (
     Float4QuantConfig,
     Float8QuantConfig,
@@ -20,6 +26,10 @@ __all__ = [
     "GlobalBackendManager",
     "KernelBackend",
     "PrecisionType",
+    "QuantizedTensor",
+    "QuantizedTensorPair",
+    "check_quantized_tensor",
+    "create_quantized_weight",
     "Float4QuantConfig",
     "Float8QuantConfig",
     "Format",

@@ -1,5 +1,21 @@
 """Public functional API: ``turbo.ops.<op>``. Each op validates, dispatches and wires autograd."""
 
 from .gemm import gemm
+from .quantization import (
+    dequantize_fp4,
+    dequantize_fp8,
+    quantize_fp4,
+    quantize_fp4_with_trans,
+    quantize_fp8,
+    quantize_fp8_with_trans,
+)
 
-__all__ = ["gemm"]
+__all__ = [
+    "gemm",
+    "quantize_fp8",
+    "quantize_fp8_with_trans",
+    "dequantize_fp8",
+    "quantize_fp4",
+    "quantize_fp4_with_trans",
+    "dequantize_fp4",
+]

@@ -1,0 +1,211 @@
+"""``QuantizedTensor``: FP8 data with its dequantization scales and how they were formed.
+
+A plain Python container (not a ``torch.Tensor`` subclass), so it is simple to reason about and
+to trace: it holds ``data`` (FP8), ``scale_inv`` (the dequantization multiplier, shapes as in
+docs/low_precision.md) and the quantization parameters needed to interpret them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from .low_precision import (
+    DEFAULT_BLOCK_SIZE,
+    MXFP8_BLOCK_SIZE,
+    Float8QuantConfig,
+    ScalingGranularity,
+    ScalingRecipe,
+)
+
+__all__ = ["QuantizedTensor", "QuantizedTensorPair", "create_quantized_weight", "check_quantized_tensor"]
+
+_G = ScalingGranularity
+
+
+def _ops():
+    from primus_turbo.pytorch.ops import quantization  # lazy: ops imports core
+
+    return quantization
+
+
+class QuantizedTensor:
+    """FP8 ``data`` + ``scale_inv`` + the parameters they were quantized with.
+
+    Attributes:
+        data: FP8 tensor (``float8_e4m3fn`` / ``float8_e5m2``) shaped like the original.
+        scale_inv: dequantization multiplier per block (fp32; ``float8_e8m0fnu`` for MX).
+        granularity: ``ScalingGranularity``.
+        block_size: BLOCKWISE / MX block (None otherwise).
+        axis: -1 or 0 (the axis the groups run along; -1 for TENSORWISE and 2-D blocks).
+        orig_dtype: dtype of the tensor that was quantized (``dequantize()`` returns it).
+        scaling_recipe: ``ScalingRecipe`` (``use_2d_block`` for BLOCKWISE weights) or None.
+    """
+
+    __slots__ = ("data", "scale_inv", "granularity", "block_size", "axis", "orig_dtype", "scaling_recipe")
+
+    def __init__(
+        self,
+        data: torch.Tensor,
+        scale_inv: torch.Tensor,
+        granularity: ScalingGranularity,
+        *,
+        block_size: Optional[int] = None,
+        axis: int = -1,
+        orig_dtype: torch.dtype = torch.bfloat16,
+        scaling_recipe: Optional[ScalingRecipe] = None,
+    ):
+        self.data = data
+        self.scale_inv = scale_inv
+        self.granularity = granularity
+        self.block_size = block_size
+        self.axis = axis
+        self.orig_dtype = orig_dtype
+        self.scaling_recipe = scaling_recipe
+
+    @classmethod
+    def quantize(
+        cls,
+        x: torch.Tensor,
+        dest_dtype: torch.dtype,
+        granularity: ScalingGranularity,
+        *,
+        axis: Optional[int] = None,
+        block_size: Optional[int] = None,
+        scaling_recipe: Optional[ScalingRecipe] = None,
+    ) -> "QuantizedTensor":
+        """Quantize ``x`` with :func:`turbo.ops.quantize_fp8` (same arguments and defaults)."""
+        g = _ops()._granularity(granularity, "QuantizedTensor.quantize")
+        if g == _G.BLOCKWISE and block_size is None:
+            block_size = DEFAULT_BLOCK_SIZE
+        if g == _G.MX_BLOCKWISE and block_size is None:
+            block_size = MXFP8_BLOCK_SIZE
+        data, scale_inv = _ops().quantize_fp8(
+            x, dest_dtype, g, block_size=block_size, axis=axis, scaling_recipe=scaling_recipe
+        )
+        ax = -1 if axis is None or g == _G.TENSORWISE else (0 if axis in (0, -x.dim()) and x.dim() == 2 else -1)
+        return cls(data, scale_inv, g, block_size=block_size, axis=ax, orig_dtype=x.dtype,
+                   scaling_recipe=scaling_recipe)
+
+    def dequantize(self, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """``data * scale_inv`` per block, in ``out_dtype`` (default: ``orig_dtype``)."""
+        return _ops().dequantize_fp8(
+            self.data, out_dtype or self.orig_dtype, self.granularity, block_size=self.block_size,
+            axis=self.axis, scale_inv=self.scale_inv, scaling_recipe=self.scaling_recipe,
+        )
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The FP8 dtype of ``data``."""
+        return self.data.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    def t(self) -> "QuantizedTensor":
+        """Transpose of a 2-D TENSORWISE tensor (a view of ``data``, the same scale).
+
+        Other granularities group along one axis, so the transposed tensor needs different groups
+        (a re-quantization): use ``turbo.ops.quantize_fp8_with_trans`` to get both copies at once.
+        """
+        if self.granularity != _G.TENSORWISE:
+            raise NotImplementedError(
+                f"QuantizedTensor.t(): {self.granularity.name} scales are grouped along one axis, so the transpose "
+                f"needs re-quantized data; use turbo.ops.quantize_fp8_with_trans to get both copies from one read"
+            )
+        if self.data.dim() != 2:
+            raise ValueError(f"QuantizedTensor.t(): needs a 2-D tensor, got shape {tuple(self.data.shape)}")
+        return QuantizedTensor(self.data.t(), self.scale_inv, self.granularity, block_size=self.block_size,
+                               axis=self.axis, orig_dtype=self.orig_dtype, scaling_recipe=self.scaling_recipe)
+
+    def __repr__(self) -> str:
+        extra = f", block_size={self.block_size}" if self.block_size else ""
+        if self.scaling_recipe is not None and self.scaling_recipe.use_2d_block:
+            extra += ", 2d_block"
+        return (
+            f"QuantizedTensor(shape={tuple(self.data.shape)}, dtype={self.data.dtype}, "
+            f"granularity={self.granularity.name}{extra}, axis={self.axis}, "
+            f"scale_inv={tuple(self.scale_inv.shape)} {self.scale_inv.dtype}, orig_dtype={self.orig_dtype}, "
+            f"device={self.data.device})"
+        )
+
+
+class QuantizedTensorPair(NamedTuple):
+    """A quantized weight and, when asked for, its transposed copy (``None`` otherwise)."""
+
+    data: QuantizedTensor
+    data_t: Optional[QuantizedTensor]
+
+
+def _weight_scheme(config: Float8QuantConfig) -> tuple[ScalingGranularity, Optional[int], Optional[ScalingRecipe]]:
+    g = config.granularity
+    if g == _G.BLOCKWISE:
+        return g, config.block_size or DEFAULT_BLOCK_SIZE, ScalingRecipe(use_2d_block=True)
+    if g == _G.MX_BLOCKWISE:
+        return g, MXFP8_BLOCK_SIZE, None
+    return g, None, None
+
+
+def create_quantized_weight(
+    weight: torch.Tensor,
+    dest_dtype: torch.dtype,
+    config: Float8QuantConfig,
+    need_weight_transpose_cache: bool = False,
+) -> QuantizedTensorPair:
+    """Quantize a ``[N, K]`` weight for the FP8 GEMMs (groups along K).
+
+    BLOCKWISE weights use ``b x b`` 2-D blocks (``config.block_size``, 128 by default), MX weights
+    1 x 32 along K, TENSORWISE/ROWWISE as configured (ROWWISE: one scale per output row). With
+    ``need_weight_transpose_cache`` the transposed copy ``[K, N]`` (groups along N, for dgrad) is
+    built in the same pass by ``quantize_fp8_with_trans``.
+
+    Returns:
+        ``QuantizedTensorPair(data, data_t)``; ``data_t`` is None unless asked for.
+    """
+    if not isinstance(config, Float8QuantConfig):
+        raise TypeError(f"create_quantized_weight: config must be a Float8QuantConfig, got {type(config).__name__}")
+    if weight.dim() != 2:
+        raise ValueError(f"create_quantized_weight: weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
+    g, b, recipe = _weight_scheme(config)
+    ops = _ops()
+    if not need_weight_transpose_cache:
+        q = QuantizedTensor.quantize(weight, dest_dtype, g, block_size=b, scaling_recipe=recipe)
+        return QuantizedTensorPair(q, None)
+    q, s, qt, st = ops.quantize_fp8_with_trans(weight, dest_dtype, g, block_size=b, scaling_recipe=recipe)
+    mk = lambda d, sc: QuantizedTensor(d, sc, g, block_size=b, axis=-1, orig_dtype=weight.dtype,  # noqa: E731
+                                       scaling_recipe=recipe)
+    return QuantizedTensorPair(mk(q, s), mk(qt, st))
+
+
+def check_quantized_tensor(qt: QuantizedTensor, config: Float8QuantConfig, axis: Optional[int] = None) -> None:
+    """Raise ``ValueError`` unless ``qt`` was quantized as ``config`` says (granularity, block
+    size, scale dtype and shape) and, when given, along ``axis``."""
+    if not isinstance(qt, QuantizedTensor):
+        raise TypeError(f"check_quantized_tensor: expected a QuantizedTensor, got {type(qt).__name__}")
+    if qt.granularity != config.granularity:
+        raise ValueError(f"check_quantized_tensor: granularity {qt.granularity.name} != config's "
+                         f"{config.granularity.name}")
+    if config.granularity in (_G.BLOCKWISE, _G.MX_BLOCKWISE) and qt.block_size != config.block_size:
+        raise ValueError(f"check_quantized_tensor: block_size {qt.block_size} != config's {config.block_size}")
+    want_sd = torch.float8_e8m0fnu if config.granularity == _G.MX_BLOCKWISE else torch.float32
+    if qt.scale_inv.dtype != want_sd:
+        raise ValueError(f"check_quantized_tensor: scale_inv.dtype {qt.scale_inv.dtype} != {want_sd} for "
+                         f"{config.granularity.name}")
+    if qt.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise ValueError(f"check_quantized_tensor: data.dtype must be an FP8 dtype, got {qt.dtype}")
+    if axis is not None:
+        ax = -1 if axis in (-1, qt.data.dim() - 1) else axis
+        if qt.granularity != _G.TENSORWISE and qt.axis != ax:
+            raise ValueError(f"check_quantized_tensor: quantized along axis={qt.axis}, expected axis={ax}")
+    from primus_turbo.testing.quant_ref import scale_inv_shape
+
+    want = scale_inv_shape(tuple(qt.data.shape), qt.granularity, qt.block_size, qt.axis, qt.scaling_recipe)
+    if tuple(qt.scale_inv.shape) != tuple(want):
+        raise ValueError(f"check_quantized_tensor: scale_inv shape {tuple(qt.scale_inv.shape)} != expected "
+                         f"{tuple(want)} for data {tuple(qt.data.shape)}")

@@ -1,0 +1,621 @@
+"""FP8 / MXFP4 quantization: ``turbo.ops.quantize_fp8``, ``dequantize_fp8``, ``quantize_fp4``, ...
+
+The contract (formats, scale shapes and formulas, layouts) is docs/low_precision.md; the
+executable definition is ``primus_turbo.testing.quant_ref``, which the Triton kernels match bit
+for bit. Every quantizer returns ``scale_inv``, the **dequantization multiplier**
+(``x ~= q.float() * scale_inv`` over each block).
+
+Backend: the Triton kernels (primus_turbo/triton/quantization) on CUDA, and on CPU under the
+Triton interpreter (``TRITON_INTERPRET=1``); on plain CPU the reference runs, so the API works
+everywhere (:func:`quant_backend`). The kernel entry points are ``torch.library`` custom ops
+(``primus_turbo::quantize_fp8_impl``, ``quantize_fp8_with_trans_impl``, ``dequantize_fp8_impl``,
+``quantize_fp4_impl``, ``quantize_fp4_with_trans_impl``, ``dequantize_fp4_impl``) with fake
+implementations, so the functions work under ``torch.compile(fullgraph=True)``.
+
+Inputs: fp32 / bf16 / fp16. 2-D ``[rows, cols]``; inputs of more dims are accepted for
+TENSORWISE and for ``axis=-1`` groupings (leading dims flattened, scales ``[*lead, n_groups]``).
+Non-contiguous inputs are copied to a contiguous tensor first. Empty inputs launch nothing and
+return empty outputs with correctly shaped scales (a TENSORWISE scale of 1).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from primus_turbo.triton import is_interpreter, triton_available
+
+from ..core.low_precision import (
+    DEFAULT_BLOCK_SIZE,
+    MXFP4_BLOCK_SIZE,
+    MXFP8_BLOCK_SIZE,
+    ScalingGranularity,
+    ScalingRecipe,
+)
+
+__all__ = [
+    "quantize_fp8",
+    "quantize_fp8_with_trans",
+    "dequantize_fp8",
+    "quantize_fp4",
+    "quantize_fp4_with_trans",
+    "dequantize_fp4",
+    "quant_backend",
+]
+
+_IN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+_FP4_DTYPE = getattr(torch, "float4_e2m1fn_x2", None)
+_E8M0 = torch.float8_e8m0fnu
+_G = ScalingGranularity
+
+
+def quant_backend(x: torch.Tensor) -> str:
+    """``"triton"`` on CUDA (and on CPU under ``TRITON_INTERPRET=1``), else ``"reference"``."""
+    if triton_available() and (x.is_cuda or (x.device.type == "cpu" and is_interpreter())):
+        return "triton"
+    return "reference"
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation and shapes
+# ----------------------------------------------------------------------------------------------
+def _granularity(value, op: str) -> ScalingGranularity:
+    if isinstance(value, ScalingGranularity):
+        return value
+    if isinstance(value, str) and value.upper() in ScalingGranularity.__members__:
+        return ScalingGranularity[value.upper()]
+    valid = ", ".join(m.name for m in ScalingGranularity)
+    raise ValueError(f"{op}: granularity={value!r} is not a ScalingGranularity; valid: {valid}")
+
+
+def _check_x(x, op: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{op}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _IN_DTYPES:
+        raise TypeError(f"{op}: x.dtype must be float32, bfloat16 or float16, got {x.dtype}")
+
+
+def _check_out_dtype(out_dtype, op: str) -> None:
+    if out_dtype not in _FP8_DTYPES:
+        raise TypeError(f"{op}: out_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {out_dtype}")
+
+
+def _norm_axis(axis, ndim: int, op: str) -> int:
+    """-1 for the last dim, 0 for the first (2-D only); None means -1."""
+    if axis is None:
+        return -1
+    if not isinstance(axis, int) or isinstance(axis, bool):
+        raise TypeError(f"{op}: axis must be an int or None, got {type(axis).__name__}")
+    if axis in (-1, ndim - 1):
+        return -1
+    if axis in (0, -ndim) and ndim == 2:
+        return 0
+    raise ValueError(f"{op}: axis must be -1 (the last dim) or 0 (2-D inputs only), got axis={axis} for a "
+                     f"{ndim}-D input")
+
+
+def _block_size(g: ScalingGranularity, block_size, op: str) -> int:
+    """The block size a granularity uses (0 when it has none)."""
+    if g == _G.BLOCKWISE:
+        b = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+        if not isinstance(b, int) or isinstance(b, bool) or b < 16 or b > 128 or (b & (b - 1)):
+            raise ValueError(f"{op}: BLOCKWISE block_size must be a power of two in [16, 128], got {block_size!r}")
+        return b
+    if g == _G.MX_BLOCKWISE:
+        if block_size not in (None, MXFP8_BLOCK_SIZE):
+            raise ValueError(f"{op}: MX_BLOCKWISE block_size must be 32 (or None), got {block_size!r}")
+        return MXFP8_BLOCK_SIZE
+    if block_size is not None:
+        raise ValueError(f"{op}: block_size is only for BLOCKWISE/MX_BLOCKWISE, got block_size={block_size!r} "
+                         f"with {g.name}")
+    return 0
+
+
+def _use_2d(g: ScalingGranularity, recipe: Optional[ScalingRecipe], op: str) -> bool:
+    if recipe is not None and not isinstance(recipe, ScalingRecipe):
+        raise TypeError(f"{op}: scaling_recipe must be a ScalingRecipe or None, got {type(recipe).__name__}")
+    if recipe is None:
+        return False
+    if recipe.use_sr or recipe.use_rht:
+        raise NotImplementedError(f"{op}: stochastic rounding and the random Hadamard transform are not implemented "
+                                  f"(scaling_recipe={recipe})")
+    return bool(recipe.use_2d_block) and g == _G.BLOCKWISE
+
+
+def _view_2d(shape: tuple, g: ScalingGranularity, axis: int, use_2d: bool, op: str) -> tuple[int, int]:
+    """(rows, cols) of the 2-D view the kernels see."""
+    if g == _G.TENSORWISE:
+        n = math.prod(shape)
+        if len(shape) == 2:
+            return shape[0], shape[1]
+        return (1, n)
+    if len(shape) == 2:
+        return shape[0], shape[1]
+    if len(shape) > 2 and axis == -1 and not use_2d:
+        return math.prod(shape[:-1]), shape[-1]
+    raise ValueError(f"{op}: expected a 2-D tensor (N-D only with axis=-1 and 1-D blocks), got shape {tuple(shape)}")
+
+
+def _block(g: ScalingGranularity, b: int, axis: int, use_2d: bool, rows: int, cols: int) -> tuple[int, int]:
+    """(br, bc): the block one scale covers, in the 2-D view."""
+    if g == _G.TENSORWISE:
+        return max(rows, 1), max(cols, 1)
+    if g == _G.ROWWISE:
+        return (max(rows, 1), 1) if axis == 0 else (1, max(cols, 1))
+    if use_2d:
+        return b, b
+    return (b, 1) if axis == 0 else (1, b)
+
+
+def _scale_shape(shape: tuple, g, rows, cols, br, bc) -> tuple:
+    if g == _G.TENSORWISE:
+        return ()
+    sr, sc = -(-rows // br), -(-cols // bc)
+    if len(shape) > 2:
+        return (*shape[:-1], sc)
+    return (sr, sc)
+
+
+def _check_mx_dim(g, axis, rows, cols, op: str) -> None:
+    if g != _G.MX_BLOCKWISE:
+        return
+    n = rows if axis == 0 else cols
+    if n % MXFP8_BLOCK_SIZE:
+        raise ValueError(f"{op}: MX_BLOCKWISE needs the quantized dim to be a multiple of 32, got "
+                         f"{n} (axis={axis}, 2-D view {rows}x{cols})")
+
+
+def _grouping(g, br, bc):
+    from primus_turbo.triton.quantization import QuantGrouping
+
+    mode = {_G.TENSORWISE: 2, _G.MX_BLOCKWISE: 1}.get(g, 0)
+    return QuantGrouping(mode, br, bc)
+
+
+def _scale_dtype(g) -> torch.dtype:
+    return _E8M0 if g == _G.MX_BLOCKWISE else torch.float32
+
+
+def _empty_scale(shape, g, device) -> torch.Tensor:
+    if g == _G.TENSORWISE:
+        return torch.ones((), dtype=torch.float32, device=device)
+    return torch.empty(shape, dtype=_scale_dtype(g), device=device)
+
+
+# ----------------------------------------------------------------------------------------------
+# Custom ops (eager bodies take validated, normalized arguments)
+# ----------------------------------------------------------------------------------------------
+def _quantize_fp8_eager(x: torch.Tensor, out_dtype: torch.dtype, granularity: str, block_size: int, axis: int,
+                        use_2d_block: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    g = _G[granularity]
+    shape = tuple(x.shape)
+    rows, cols = _view_2d(shape, g, axis, use_2d_block, "quantize_fp8")
+    br, bc = _block(g, block_size, axis, use_2d_block, rows, cols)
+    s_shape = _scale_shape(shape, g, rows, cols, br, bc)
+    if x.numel() == 0:
+        return torch.empty(shape, dtype=out_dtype, device=x.device), _empty_scale(s_shape, g, x.device)
+    if quant_backend(x) == "reference":
+        from primus_turbo.testing.quant_ref import quantize_fp8_ref
+
+        return quantize_fp8_ref(x, out_dtype, g, block_size=block_size or None, axis=axis,
+                                scaling_recipe=ScalingRecipe(use_2d_block=use_2d_block))
+    from primus_turbo.triton.quantization import fp8_quant_launch
+
+    q, s = fp8_quant_launch(x.contiguous().view(rows, cols), out_dtype, _grouping(g, br, bc))
+    if g == _G.MX_BLOCKWISE:
+        s = s.view(_E8M0)
+    return q.view(shape), s.view(s_shape)
+
+
+quantize_fp8_impl = torch.library.custom_op("primus_turbo::quantize_fp8_impl", _quantize_fp8_eager, mutates_args=())
+
+
+@quantize_fp8_impl.register_fake
+def _quantize_fp8_fake(x, out_dtype, granularity, block_size, axis, use_2d_block):
+    g = _G[granularity]
+    shape = tuple(x.shape)
+    rows, cols = _view_2d(shape, g, axis, use_2d_block, "quantize_fp8")
+    br, bc = _block(g, block_size, axis, use_2d_block, rows, cols)
+    s_shape = _scale_shape(shape, g, rows, cols, br, bc)
+    return x.new_empty(shape, dtype=out_dtype), x.new_empty(s_shape, dtype=_scale_dtype(g))
+
+
+def _with_trans_shapes(rows, cols, g, b, use_2d, use_2d_t):
+    br, bc = _block(g, b, -1, use_2d, rows, cols)
+    tbr, tbc = _block(g, b, 0, use_2d_t, rows, cols)  # column copy's blocks, in x's coordinates
+    if g == _G.TENSORWISE:
+        return (br, bc), (tbr, tbc), (), ()
+    s_shape = (-(-rows // br), -(-cols // bc))
+    st_shape = (-(-cols // tbc), -(-rows // tbr))  # stored transposed
+    return (br, bc), (tbr, tbc), s_shape, st_shape
+
+
+def _quantize_fp8_with_trans_eager(x: torch.Tensor, out_dtype: torch.dtype, granularity: str, block_size: int,
+                                   use_2d_block: bool, use_2d_block_t: bool
+                                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = _G[granularity]
+    rows, cols = x.shape
+    (br, bc), (tbr, tbc), s_shape, st_shape = _with_trans_shapes(rows, cols, g, block_size, use_2d_block,
+                                                                 use_2d_block_t)
+    dev = x.device
+    if x.numel() == 0:
+        return (torch.empty((rows, cols), dtype=out_dtype, device=dev), _empty_scale(s_shape, g, dev),
+                torch.empty((cols, rows), dtype=out_dtype, device=dev), _empty_scale(st_shape, g, dev))
+    if quant_backend(x) == "reference":
+        from primus_turbo.testing.quant_ref import quantize_fp8_ref
+
+        q, s = quantize_fp8_ref(x, out_dtype, g, block_size=block_size or None, axis=-1,
+                                scaling_recipe=ScalingRecipe(use_2d_block=use_2d_block))
+        qt, st = quantize_fp8_ref(x.t().contiguous(), out_dtype, g, block_size=block_size or None, axis=-1,
+                                  scaling_recipe=ScalingRecipe(use_2d_block=use_2d_block_t))
+        return q, s, qt, st
+    from primus_turbo.triton.quantization import fp8_quant_with_trans_launch
+
+    q, s, qt, st = fp8_quant_with_trans_launch(x.contiguous(), out_dtype, _grouping(g, br, bc),
+                                               _grouping(g, tbr, tbc))
+    if g == _G.MX_BLOCKWISE:
+        s, st = s.view(_E8M0), st.view(_E8M0)
+    return q, s, qt, st
+
+
+quantize_fp8_with_trans_impl = torch.library.custom_op(
+    "primus_turbo::quantize_fp8_with_trans_impl", _quantize_fp8_with_trans_eager, mutates_args=()
+)
+
+
+@quantize_fp8_with_trans_impl.register_fake
+def _quantize_fp8_with_trans_fake(x, out_dtype, granularity, block_size, use_2d_block, use_2d_block_t):
+    g = _G[granularity]
+    rows, cols = x.shape
+    _, _, s_shape, st_shape = _with_trans_shapes(rows, cols, g, block_size, use_2d_block, use_2d_block_t)
+    sd = _scale_dtype(g)
+    return (x.new_empty((rows, cols), dtype=out_dtype), x.new_empty(s_shape, dtype=sd),
+            x.new_empty((cols, rows), dtype=out_dtype), x.new_empty(st_shape, dtype=sd))
+
+
+def _dequantize_fp8_eager(x: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype, granularity: str,
+                          block_size: int, axis: int, use_2d_block: bool) -> torch.Tensor:
+    g = _G[granularity]
+    shape = tuple(x.shape)
+    if x.numel() == 0:
+        return torch.empty(shape, dtype=out_dtype, device=x.device)
+    rows, cols = _view_2d(shape, g, axis, use_2d_block, "dequantize_fp8")
+    br, bc = _block(g, block_size, axis, use_2d_block, rows, cols)
+    if quant_backend(x) == "reference":
+        from primus_turbo.testing.quant_ref import dequantize_fp8_ref
+
+        return dequantize_fp8_ref(x, scale_inv, g, block_size=block_size or None, axis=axis,
+                                  scaling_recipe=ScalingRecipe(use_2d_block=use_2d_block), out_dtype=out_dtype)
+    from primus_turbo.triton.quantization import fp8_dequant_launch
+
+    s = scale_inv
+    if g != _G.TENSORWISE:
+        s = s.contiguous().view(-(-rows // br), -(-cols // bc))
+        if g == _G.MX_BLOCKWISE:
+            s = s.view(torch.uint8)
+    out = fp8_dequant_launch(x.contiguous().view(rows, cols), s.contiguous(), _grouping(g, br, bc), out_dtype)
+    return out.view(shape)
+
+
+dequantize_fp8_impl = torch.library.custom_op(
+    "primus_turbo::dequantize_fp8_impl", _dequantize_fp8_eager, mutates_args=()
+)
+
+
+@dequantize_fp8_impl.register_fake
+def _dequantize_fp8_fake(x, scale_inv, out_dtype, granularity, block_size, axis, use_2d_block):
+    return x.new_empty(x.shape, dtype=out_dtype)
+
+
+def _fp4_packed_dtype() -> torch.dtype:
+    return _FP4_DTYPE if _FP4_DTYPE is not None else torch.uint8
+
+
+def _fp4_shapes(rows: int, cols: int, axis: int):
+    if axis == 0:
+        return (rows // 2, cols), (rows // MXFP4_BLOCK_SIZE, cols)
+    return (rows, cols // 2), (rows, cols // MXFP4_BLOCK_SIZE)
+
+
+def _quantize_fp4_eager(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, cols = x.shape
+    p_shape, s_shape = _fp4_shapes(rows, cols, axis)
+    if x.numel() == 0:
+        return (torch.empty(p_shape, dtype=torch.uint8, device=x.device).view(_fp4_packed_dtype()),
+                torch.empty(s_shape, dtype=_E8M0, device=x.device))
+    if quant_backend(x) == "reference":
+        from primus_turbo.testing.quant_ref import quantize_fp4_ref
+
+        return quantize_fp4_ref(x, axis=axis)
+    from primus_turbo.triton.quantization import fp4_quant_launch
+
+    p, s = fp4_quant_launch(x.contiguous(), axis == -1)
+    return p.view(_fp4_packed_dtype()), s.view(_E8M0)
+
+
+quantize_fp4_impl = torch.library.custom_op("primus_turbo::quantize_fp4_impl", _quantize_fp4_eager, mutates_args=())
+
+
+@quantize_fp4_impl.register_fake
+def _quantize_fp4_fake(x, axis):
+    p_shape, s_shape = _fp4_shapes(x.shape[0], x.shape[1], axis)
+    return x.new_empty(p_shape, dtype=_fp4_packed_dtype()), x.new_empty(s_shape, dtype=_E8M0)
+
+
+def _quantize_fp4_with_trans_eager(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows, cols = x.shape
+    if x.numel() == 0 or quant_backend(x) == "reference":
+        p, s = _quantize_fp4_eager(x, -1)
+        pt, st = _quantize_fp4_eager(x.t().contiguous(), -1)
+        return p, s, pt, st
+    from primus_turbo.triton.quantization import fp4_quant_launch
+
+    p, s, pt, st = fp4_quant_launch(x.contiguous(), True, with_trans=True)
+    d = _fp4_packed_dtype()
+    return p.view(d), s.view(_E8M0), pt.view(d), st.view(_E8M0)
+
+
+quantize_fp4_with_trans_impl = torch.library.custom_op(
+    "primus_turbo::quantize_fp4_with_trans_impl", _quantize_fp4_with_trans_eager, mutates_args=()
+)
+
+
+@quantize_fp4_with_trans_impl.register_fake
+def _quantize_fp4_with_trans_fake(x):
+    rows, cols = x.shape
+    d = _fp4_packed_dtype()
+    return (x.new_empty((rows, cols // 2), dtype=d), x.new_empty((rows, cols // 32), dtype=_E8M0),
+            x.new_empty((cols, rows // 2), dtype=d), x.new_empty((cols, rows // 32), dtype=_E8M0))
+
+
+def _dequantize_fp4_eager(x: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype, axis: int) -> torch.Tensor:
+    rows, cols = (x.shape[0] * 2, x.shape[1]) if axis == 0 else (x.shape[0], x.shape[1] * 2)
+    if x.numel() == 0:
+        return torch.empty((rows, cols), dtype=out_dtype, device=x.device)
+    if quant_backend(x) == "reference":
+        from primus_turbo.testing.quant_ref import dequantize_fp4_ref
+
+        return dequantize_fp4_ref(x, scale_inv, axis=axis, out_dtype=out_dtype)
+    from primus_turbo.triton.quantization import fp4_dequant_launch
+
+    return fp4_dequant_launch(x.contiguous().view(torch.uint8), scale_inv.contiguous().view(torch.uint8),
+                              axis == -1, out_dtype)
+
+
+dequantize_fp4_impl = torch.library.custom_op(
+    "primus_turbo::dequantize_fp4_impl", _dequantize_fp4_eager, mutates_args=()
+)
+
+
+@dequantize_fp4_impl.register_fake
+def _dequantize_fp4_fake(x, scale_inv, out_dtype, axis):
+    shape = (x.shape[0] * 2, x.shape[1]) if axis == 0 else (x.shape[0], x.shape[1] * 2)
+    return x.new_empty(shape, dtype=out_dtype)
+
+
+def _call(op, eager, *args):
+    # Eager calls skip the custom-op dispatcher; traced code must see the op.
+    if torch.compiler.is_compiling():
+        return op(*args)
+    return eager(*args)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+def quantize_fp8(
+    x: torch.Tensor,
+    out_dtype: torch.dtype,
+    granularity,
+    *,
+    block_size: Optional[int] = None,
+    axis: Optional[int] = None,
+    scaling_recipe: Optional[ScalingRecipe] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x`` to FP8 with dynamic scales (docs/low_precision.md).
+
+    Args:
+        x: ``[rows, cols]`` float32, bfloat16 or float16 (N-D for TENSORWISE and ``axis=-1``).
+        out_dtype: ``torch.float8_e4m3fn`` or ``torch.float8_e5m2``.
+        granularity: ``ScalingGranularity`` (or its name): TENSORWISE, ROWWISE, BLOCKWISE, MX_BLOCKWISE.
+        block_size: BLOCKWISE block, a power of two in [16, 128] (default 128); MX_BLOCKWISE: 32 or None.
+        axis: ``-1`` (default; groups along the last dim) or ``0`` (groups down the columns, 2-D only).
+            Ignored by TENSORWISE and by 2-D blocks.
+        scaling_recipe: ``ScalingRecipe(use_2d_block=True)`` gives BLOCKWISE ``b x b`` tiles (weights).
+
+    Returns:
+        ``(x_fp8, scale_inv)``: ``x_fp8`` shaped like ``x``; ``scale_inv`` the dequantization
+        multiplier per block: ``[]`` fp32 (TENSORWISE), ``[rows, 1]`` / ``[1, cols]`` (ROWWISE),
+        ``[rows, ceil(cols/b)]`` / ``[ceil(rows/b), cols]`` / ``[ceil(rows/b), ceil(cols/b)]``
+        (BLOCKWISE 1 x b along -1 / along 0 / b x b), ``[rows, cols/32]`` / ``[rows/32, cols]``
+        ``float8_e8m0fnu`` (MX_BLOCKWISE; the quantized dim must be a multiple of 32).
+
+    Raises:
+        TypeError: wrong dtypes. ValueError: bad axis, block size, shape or granularity.
+
+    Example::
+
+        >>> x = torch.randn(4, 256)
+        >>> q, s = turbo.ops.quantize_fp8(x, torch.float8_e4m3fn, ScalingGranularity.BLOCKWISE)
+        >>> q.shape, s.shape
+        (torch.Size([4, 256]), torch.Size([4, 2]))
+    """
+    op = "quantize_fp8"
+    _check_x(x, op)
+    _check_out_dtype(out_dtype, op)
+    g = _granularity(granularity, op)
+    ax = _norm_axis(axis, x.dim(), op) if g != _G.TENSORWISE else -1
+    b = _block_size(g, block_size, op)
+    use_2d = _use_2d(g, scaling_recipe, op)
+    rows, cols = _view_2d(tuple(x.shape), g, ax, use_2d, op)
+    _check_mx_dim(g, ax, rows, cols, op)
+    return _call(torch.ops.primus_turbo.quantize_fp8_impl, _quantize_fp8_eager, x, out_dtype, g.name, b, ax, use_2d)
+
+
+def quantize_fp8_with_trans(
+    x: torch.Tensor,
+    out_dtype: torch.dtype,
+    granularity,
+    *,
+    block_size: Optional[int] = None,
+    scaling_recipe: Optional[ScalingRecipe] = None,
+    scaling_recipe_for_trans: Optional[ScalingRecipe] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The row-wise copy of ``x`` and its column-wise copy stored transposed, from one read of ``x``.
+
+    ``(x_row, scale_row)`` equals ``quantize_fp8(x, ..., axis=-1)`` and ``(x_col_t, scale_col_t)``
+    equals ``quantize_fp8(x.t().contiguous(), ..., axis=-1)`` (with ``scaling_recipe_for_trans``),
+    bit for bit. TENSORWISE: both share one scale. BLOCKWISE ``b x b`` (``use_2d_block``): the
+    transposed copy has the transposed scale grid. ROWWISE needs whole rows and whole columns, so
+    it reads ``x`` twice (two launches); the other granularities read it once.
+
+    Args:
+        x: ``[rows, cols]`` float32 / bfloat16 / float16 (2-D only).
+        out_dtype, granularity, block_size: as :func:`quantize_fp8`. MX needs rows and cols % 32 == 0.
+        scaling_recipe: recipe of the row-wise copy; ``scaling_recipe_for_trans`` of the column-wise
+            copy (default: the same as ``scaling_recipe``).
+
+    Returns:
+        ``(x_row [rows, cols], scale_row, x_col_t [cols, rows], scale_col_t)``; scales are
+        dequantization multipliers shaped as :func:`quantize_fp8` gives for ``x`` and ``x.t()``.
+    """
+    op = "quantize_fp8_with_trans"
+    _check_x(x, op)
+    _check_out_dtype(out_dtype, op)
+    g = _granularity(granularity, op)
+    if x.dim() != 2:
+        raise ValueError(f"{op}: x must be 2-D, got shape {tuple(x.shape)}")
+    b = _block_size(g, block_size, op)
+    use_2d = _use_2d(g, scaling_recipe, op)
+    use_2d_t = _use_2d(g, scaling_recipe_for_trans if scaling_recipe_for_trans is not None else scaling_recipe, op)
+    rows, cols = x.shape
+    _check_mx_dim(g, -1, rows, cols, op)
+    _check_mx_dim(g, 0, rows, cols, op)
+    return _call(torch.ops.primus_turbo.quantize_fp8_with_trans_impl, _quantize_fp8_with_trans_eager,
+                 x, out_dtype, g.name, b, use_2d, use_2d_t)
+
+
+def dequantize_fp8(
+    x: torch.Tensor,
+    out_dtype: torch.dtype,
+    granularity,
+    *,
+    block_size: Optional[int] = None,
+    axis: Optional[int] = None,
+    scale_inv: torch.Tensor,
+    scaling_recipe: Optional[ScalingRecipe] = None,
+) -> torch.Tensor:
+    """``x * scale_inv`` over each block (fp32 product, then cast to ``out_dtype``).
+
+    Args:
+        x: FP8 tensor as :func:`quantize_fp8` returned it.
+        out_dtype: float32, bfloat16 or float16.
+        granularity, block_size, axis, scaling_recipe: those ``x`` was quantized with.
+        scale_inv: the dequantization multipliers :func:`quantize_fp8` returned (E8M0 for MX;
+            byte 255 dequantizes its block to NaN).
+
+    Returns:
+        The dequantized tensor, shaped like ``x``, in ``out_dtype``.
+    """
+    op = "dequantize_fp8"
+    if not isinstance(x, torch.Tensor) or x.dtype not in _FP8_DTYPES:
+        raise TypeError(f"{op}: x must be a float8_e4m3fn or float8_e5m2 tensor, got "
+                        f"{getattr(x, 'dtype', type(x).__name__)}")
+    if out_dtype not in _IN_DTYPES:
+        raise TypeError(f"{op}: out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
+    g = _granularity(granularity, op)
+    ax = _norm_axis(axis, x.dim(), op) if g != _G.TENSORWISE else -1
+    b = _block_size(g, block_size, op)
+    use_2d = _use_2d(g, scaling_recipe, op)
+    rows, cols = _view_2d(tuple(x.shape), g, ax, use_2d, op)
+    _check_mx_dim(g, ax, rows, cols, op)
+    if not isinstance(scale_inv, torch.Tensor):
+        raise TypeError(f"{op}: scale_inv must be a torch.Tensor, got {type(scale_inv).__name__}")
+    if scale_inv.device != x.device:
+        raise ValueError(f"{op}: scale_inv is on {scale_inv.device}, x on {x.device}")
+    br, bc = _block(g, b, ax, use_2d, rows, cols)
+    want = _scale_shape(tuple(x.shape), g, rows, cols, br, bc)
+    if tuple(scale_inv.shape) != tuple(want) and scale_inv.numel() != math.prod(want):
+        raise ValueError(f"{op}: scale_inv has shape {tuple(scale_inv.shape)}, expected {tuple(want)} for "
+                         f"{g.name} of x{tuple(x.shape)}")
+    if scale_inv.dtype != _scale_dtype(g):
+        raise TypeError(f"{op}: scale_inv.dtype must be {_scale_dtype(g)} for {g.name}, got {scale_inv.dtype}")
+    return _call(torch.ops.primus_turbo.dequantize_fp8_impl, _dequantize_fp8_eager,
+                 x, scale_inv, out_dtype, g.name, b, ax, use_2d)
+
+
+def _check_fp4_input(x, axis, op: str) -> int:
+    _check_x(x, op)
+    if x.dim() != 2:
+        raise ValueError(f"{op}: x must be 2-D, got shape {tuple(x.shape)}")
+    ax = _norm_axis(axis, 2, op)
+    n = x.shape[0] if ax == 0 else x.shape[1]
+    if n % MXFP4_BLOCK_SIZE:
+        raise ValueError(f"{op}: MXFP4 needs the quantized dim to be a multiple of 32, got {n} (axis={ax})")
+    return ax
+
+
+def quantize_fp4(
+    x: torch.Tensor, *, axis: Optional[int] = None, scaling_recipe: Optional[ScalingRecipe] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 (E2M1, RNE, saturating to +-6; one E8M0 scale per 32 elements along ``axis``).
+
+    Args:
+        x: ``[rows, cols]`` float32 / bfloat16 / float16; the quantized dim a multiple of 32.
+        axis: ``-1`` (default) or ``0``: the dim that is blocked and packed.
+        scaling_recipe: only the default (no stochastic rounding, no Hadamard transform).
+
+    Returns:
+        ``(x_fp4, scale_inv)``: ``x_fp4`` ``[rows, cols/2]`` (axis=-1) or ``[rows/2, cols]`` (axis=0),
+        ``torch.float4_e2m1fn_x2`` (``uint8`` on torch without it), element ``2i`` of the quantized
+        axis in the low nibble; ``scale_inv`` ``float8_e8m0fnu`` ``[rows, cols/32]`` or ``[rows/32, cols]``.
+    """
+    op = "quantize_fp4"
+    ax = _check_fp4_input(x, axis, op)
+    _use_2d(_G.MX_BLOCKWISE, scaling_recipe, op)
+    return _call(torch.ops.primus_turbo.quantize_fp4_impl, _quantize_fp4_eager, x, ax)
+
+
+def quantize_fp4_with_trans(
+    x: torch.Tensor, *, scaling_recipe: Optional[ScalingRecipe] = None,
+    scaling_recipe_for_trans: Optional[ScalingRecipe] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MXFP4 row-wise copy ``[rows, cols/2]`` and column-wise copy stored transposed
+    ``[cols, rows/2]`` (with scales ``[rows, cols/32]`` and ``[cols, rows/32]``) from one read
+    of ``x``; equal to ``quantize_fp4(x)`` and ``quantize_fp4(x.t().contiguous())``. rows and
+    cols must be multiples of 32."""
+    op = "quantize_fp4_with_trans"
+    _check_fp4_input(x, -1, op)
+    _check_fp4_input(x, 0, op)
+    _use_2d(_G.MX_BLOCKWISE, scaling_recipe, op)
+    _use_2d(_G.MX_BLOCKWISE, scaling_recipe_for_trans, op)
+    return _call(torch.ops.primus_turbo.quantize_fp4_with_trans_impl, _quantize_fp4_with_trans_eager, x)
+
+
+def dequantize_fp4(
+    x: torch.Tensor, out_dtype: torch.dtype, *, scale_inv: torch.Tensor, axis: Optional[int] = None
+) -> torch.Tensor:
+    """Unpack MXFP4 ``x`` (as :func:`quantize_fp4` returned it) times its E8M0 ``scale_inv``.
+
+    Returns ``[rows, cols]`` in ``out_dtype`` (float32 / bfloat16 / float16)."""
+    op = "dequantize_fp4"
+    if not isinstance(x, torch.Tensor) or x.dtype not in tuple(d for d in (_FP4_DTYPE, torch.uint8) if d is not None):
+        raise TypeError(f"{op}: x must be a float4_e2m1fn_x2 (or uint8) packed tensor, got "
+                        f"{getattr(x, 'dtype', type(x).__name__)}")
+    if out_dtype not in _IN_DTYPES:
+        raise TypeError(f"{op}: out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"{op}: x must be 2-D, got shape {tuple(x.shape)}")
+    ax = _norm_axis(axis, 2, op)
+    if not isinstance(scale_inv, torch.Tensor) or scale_inv.dtype != _E8M0:
+        raise TypeError(f"{op}: scale_inv must be a float8_e8m0fnu tensor, got "
+                        f"{getattr(scale_inv, 'dtype', type(scale_inv).__name__)}")
+    rows, cols = (x.shape[0] * 2, x.shape[1]) if ax == 0 else (x.shape[0], x.shape[1] * 2)
+    want = _fp4_shapes(rows, cols, ax)[1]
+    if tuple(scale_inv.shape) != want:
+        raise ValueError(f"{op}: scale_inv has shape {tuple(scale_inv.shape)}, expected {want} for packed "
+                         f"x{tuple(x.shape)} with axis={ax}")
+    return _call(torch.ops.primus_turbo.dequantize_fp4_impl, _dequantize_fp4_eager, x, scale_inv, out_dtype, ax)

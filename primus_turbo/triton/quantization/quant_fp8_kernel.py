@@ -1,0 +1,616 @@
+"""FP8 quantize / dequantize kernels (TENSORWISE, ROWWISE, BLOCKWISE, MX) for Hopper.
+
+Every kernel works on a 2-D view ``x[rows, cols]`` and addresses every tensor through strides
+expressed in x's ``(row, col)`` coordinates, so the same kernel writes a row-major copy
+(strides ``(cols, 1)``) or the column-wise copy stored transposed (strides ``(1, rows)``).
+
+A scale covers a block of ``GR x GC`` elements of x (docs/low_precision.md):
+ROWWISE ``(1, cols)`` / ``(rows, 1)``, BLOCKWISE ``(1, b)`` / ``(b, 1)`` / ``(b, b)``,
+MX ``(1, 32)`` / ``(32, 1)``. The kernels:
+
+* ``_quant_fp8_tile_kernel``: one program per ``[TR, TC]`` tile that holds whole blocks; the tile is
+  read once (16-byte vector loads), viewed as ``[TR/GR, GR, TC/GC, GC]`` to reduce each block's
+  amax, scaled, cast and written once. With ``HAS_T`` it also forms a second grouping of the same
+  registers (e.g. ``(b, 1)`` next to ``(1, b)``) and writes it through the transposed strides:
+  ``quantize_fp8_with_trans`` reads x once. ``MODE`` 2 (TENSORWISE) takes the amax from the
+  one-int buffer the amax kernel filled and forms the scale on the device (no host sync).
+* ``_quant_fp8_long_kernel``: ROWWISE whose row (or column) does not fit a tile: two passes over
+  the strip (amax, then scale + cast); the second pass mostly hits L2.
+* ``_amax_kernel``: TENSORWISE first pass, ``atomic_max`` of ``|x|`` bit patterns into one int32.
+  For non-negative floats the int32 order of the bit patterns is the value order and every NaN
+  lies above +inf, so the result is deterministic and a NaN anywhere wins.
+* ``_dequant_fp8_kernel``: ``x = q * scale_inv`` gathered per element's block.
+
+Scale arithmetic is the contract's, bit for bit: ``tl.math.div_rn`` (IEEE-rounded division, not
+the approximate ``div.full``), the MX shared exponent from the exponent field of the amax bits.
+Offsets are int64. Tiles aim at 8192 elements (16 KiB of bf16 in flight per program), see
+:func:`tile_config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from primus_turbo.triton import is_interpreter
+
+__all__ = [
+    "GROUP_TENSOR",
+    "QuantGrouping",
+    "tile_config",
+    "fp8_quant_launch",
+    "fp8_quant_with_trans_launch",
+    "fp8_dequant_launch",
+    "MAX_TILE_GROUP",
+]
+
+_FLT_MAX = 3.4028234663852886e38
+#: the widest group (padded to a power of two) the tile kernel holds in one program; ROWWISE
+#: rows/columns past it use the two-pass long kernel
+MAX_TILE_GROUP = 16384
+_TARGET_TILE = 8192  # elements per program for the single-output kernels
+GROUP_TENSOR = -1  # sentinel GR/GC: the whole tensor is one group (TENSORWISE)
+_MODE_FP32, _MODE_MX, _MODE_TENSOR = 0, 1, 2
+
+
+# ----------------------------------------------------------------------------------------------
+# Device helpers
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _abs_bits(x):
+    """|x| (fp32) as int32 bit patterns: ordered like the values, every NaN above +inf."""
+    return x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+@triton.jit
+def _fp32_scales(amax_bits, FP8_MAX: tl.constexpr):
+    """(scale, scale_inv) of the contract: FP8_MAX / amax (IEEE-rounded, capped at FLT_MAX) when
+    0 < amax < inf, else 1; scale_inv = 1 / scale (IEEE-rounded)."""
+    ok = (amax_bits > 0) & (amax_bits < 0x7F800000)
+    amax = tl.where(ok, amax_bits, 0x3F800000).to(tl.float32, bitcast=True)  # 1.0 where not ok
+    zero = amax * 0.0  # amax is finite here: a zero tensor of its shape
+    scale = tl.math.div_rn(zero + FP8_MAX, amax)
+    scale = tl.minimum(scale, 3.4028234663852886e38)
+    scale = tl.where(ok, scale, 1.0)
+    scale_inv = tl.math.div_rn(zero + 1.0, scale)
+    return scale, scale_inv
+
+
+@triton.jit
+def _mx_scales(amax_bits, EMAX: tl.constexpr):
+    """(multiplier 2**-shared_exp, E8M0 byte) of the OCP MX rule.
+
+    floor(log2(amax)) is the unbiased exponent field e - 127 (a subnormal or zero amax has e = 0
+    and clamps to -127 like amax = 0), so the byte shared_exp + 127 = max(e - EMAX, 0); e = 255
+    (inf/NaN) gives the NaN byte and an unscaled block. The multiplier 2**(127 - byte) is a normal
+    fp32 for every byte <= 254 - EMAX, so x * multiplier equals x / 2**shared_exp exactly."""
+    e = amax_bits >> 23
+    bad = e == 255
+    byte = tl.where(bad, 255, tl.maximum(e - EMAX, 0))
+    mult = tl.where(bad, 1.0, ((254 - tl.minimum(byte, 254)) << 23).to(tl.float32, bitcast=True))
+    return mult, byte
+
+
+@triton.jit
+def _fp8_bits(y, IS_E4M3: tl.constexpr, SOFT: tl.constexpr):
+    """fp32 ``y`` (already clamped to +-FP8_MAX, or NaN) -> its FP8 code as uint8, rounded to
+    nearest even.
+
+    On the GPU this is the hardware conversion (``cvt.rn.satfinite``). ``SOFT`` (the CPU
+    interpreter, whose float downcast neither rounds to even nor carries a rounded-up mantissa
+    into the exponent) forms the code with exact fp32 arithmetic instead: ``(|y| + c) - c`` with
+    ``c = 1.5 * 2**23 * ulp`` rounds |y| to a multiple of the FP8 ulp at its exponent (RNE, by
+    the fp32 addition), then the bits are assembled. NaN gives 0x7F."""
+    if not SOFT:
+        if IS_E4M3:
+            q = y.to(tl.float8e4nv)
+        else:
+            q = y.to(tl.float8e5)
+        return q.to(tl.uint8, bitcast=True)
+    else:
+        MBITS: tl.constexpr = 3 if IS_E4M3 else 2
+        EMIN: tl.constexpr = -6 if IS_E4M3 else -14
+        BIAS: tl.constexpr = 7 if IS_E4M3 else 15
+        SUB_MUL: tl.constexpr = 512.0 if IS_E4M3 else 65536.0  # 2**(MBITS - EMIN)
+        bits = y.to(tl.int32, bitcast=True)
+        sign = (bits >> 31) & 1
+        a_bits = bits & 0x7FFFFFFF
+        e = tl.maximum((a_bits >> 23) - 127, EMIN)
+        e = tl.minimum(e, 15)  # NaN lanes: keep the magic constant finite (result replaced below)
+        c = (((e - MBITS + 150) << 23) | 0x400000).to(tl.float32, bitcast=True)
+        r = (a_bits.to(tl.float32, bitcast=True) + c) - c
+        rb = r.to(tl.int32, bitcast=True)
+        re = (rb >> 23) - 127
+        code_n = ((re + BIAS) << MBITS) | ((rb >> (23 - MBITS)) & ((1 << MBITS) - 1))
+        code_s = (tl.where(re < EMIN, r, 0.0) * SUB_MUL).to(tl.int32)  # NaN lanes: 0, replaced below
+        code = tl.where(re >= EMIN, code_n, code_s) | (sign << 7)
+        code = tl.where(y != y, 0x7F, code)
+        return code.to(tl.uint8)
+
+
+@triton.jit
+def _fp8_value(code, IS_E4M3: tl.constexpr, SOFT: tl.constexpr):
+    """uint8 FP8 codes -> fp32 values (exact). ``SOFT`` decodes the bits by hand (the
+    interpreter's upcast maps E4M3 NaN and E5M2 inf/NaN to finite numbers)."""
+    if not SOFT:
+        if IS_E4M3:
+            return code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        else:
+            return code.to(tl.float8e5, bitcast=True).to(tl.float32)
+    else:
+        MBITS: tl.constexpr = 3 if IS_E4M3 else 2
+        EMASK: tl.constexpr = 15 if IS_E4M3 else 31
+        BIAS: tl.constexpr = 7 if IS_E4M3 else 15
+        SUB_UNIT: tl.constexpr = 0.001953125 if IS_E4M3 else 1.52587890625e-05  # 2**(EMIN - MBITS)
+        c = code.to(tl.int32)
+        e = (c >> MBITS) & EMASK
+        m = c & ((1 << MBITS) - 1)
+        val_n = (((e - BIAS + 127) << 23) | (m << (23 - MBITS))).to(tl.float32, bitcast=True)
+        val = tl.where(e == 0, m.to(tl.float32) * SUB_UNIT, val_n)
+        if IS_E4M3:
+            val = tl.where((c & 0x7F) == 0x7F, float("nan"), val)
+        else:
+            val = tl.where(e == 31, tl.where(m == 0, float("inf"), float("nan")), val)
+        return tl.where((c & 0x80) != 0, -val, val)
+
+
+@triton.jit
+def _round_for_store(x, out_ptr, SOFT: tl.constexpr):
+    """fp32 -> the output's dtype. SOFT: round to bf16 by hand (RNE) first, since the
+    interpreter's fp32 -> bf16 cast truncates; fp16 and fp32 casts are exact there."""
+    if SOFT:
+        if out_ptr.dtype.element_ty == tl.bfloat16:
+            bits = x.to(tl.int32, bitcast=True)
+            rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+            x = tl.where(x != x, x, rounded.to(tl.float32, bitcast=True))
+    return x.to(out_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _quantize_groups(
+    x, amax_ptr,
+    MODE: tl.constexpr, FP8_MAX: tl.constexpr, EMAX: tl.constexpr,
+    TR: tl.constexpr, TC: tl.constexpr, GR: tl.constexpr, GC: tl.constexpr,
+):
+    """Quantize an fp32 tile [TR, TC] whose blocks are GR x GC (zeros outside the tensor).
+
+    Returns (y, s): y the scaled, clamped fp32 tile (cast by the caller), s the per-block scale
+    to store ([TR/GR, TC/GC] fp32 scale_inv or int32 E8M0 bytes; a scalar for TENSORWISE)."""
+    if MODE == 2:
+        amax_bits = tl.load(amax_ptr)
+        scale, s = _fp32_scales(amax_bits, FP8_MAX)
+        y = x * scale
+    else:
+        x4 = tl.reshape(x, (TR // GR, GR, TC // GC, GC))
+        amax_bits = tl.max(tl.max(_abs_bits(x4), axis=3), axis=1)
+        if MODE == 1:
+            mult, s = _mx_scales(amax_bits, EMAX)
+        else:
+            mult, s = _fp32_scales(amax_bits, FP8_MAX)
+        y = tl.reshape(x4 * mult[:, None, :, None], (TR, TC))
+    y = tl.clamp(y, -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+    return y, s
+
+
+@triton.jit
+def _store_tile(
+    q_ptr, s_ptr, y, s, pid, offs_r, offs_c, mask,
+    rows, cols, stride_qr, stride_qc, stride_sr, stride_sc, n_sr, n_sc,
+    MODE: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr, GR: tl.constexpr, GC: tl.constexpr,
+    pid_r, pid_c, IS_E4M3: tl.constexpr, SOFT: tl.constexpr,
+):
+    """Write the cast tile through its strides and the tile's block scales."""
+    q_ptrs = q_ptr + offs_r.to(tl.int64)[:, None] * stride_qr + offs_c.to(tl.int64)[None, :] * stride_qc
+    tl.store(q_ptrs, _fp8_bits(y, IS_E4M3, SOFT), mask=mask)
+    if MODE == 2:
+        if pid == 0:
+            tl.store(s_ptr, s)
+    else:
+        sr = pid_r * (TR // GR) + tl.arange(0, TR // GR)
+        sc = pid_c * (TC // GC) + tl.arange(0, TC // GC)
+        s_ptrs = s_ptr + sr.to(tl.int64)[:, None] * stride_sr + sc.to(tl.int64)[None, :] * stride_sc
+        s_mask = (sr < n_sr)[:, None] & (sc < n_sc)[None, :]
+        tl.store(s_ptrs, s.to(s_ptr.dtype.element_ty), mask=s_mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _amax_kernel(
+    # pointers
+    x_ptr, amax_ptr,
+    # sizes: elements, and loop trips per program (cdiv(cdiv(n, BLOCK), NUM_PROGS))
+    n, n_iters,
+    # meta-parameters
+    BLOCK: tl.constexpr, NUM_PROGS: tl.constexpr,
+):
+    """amax_ptr[0] = max over x of |x| as int32 bits (amax_ptr zeroed by the caller)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK,), dtype=tl.int32)
+    for _ in range(0, n_iters):
+        x = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+        acc = tl.maximum(acc, _abs_bits(x))
+        offs += NUM_PROGS * BLOCK
+    tl.atomic_max(amax_ptr, tl.max(acc, axis=0))
+
+
+@triton.jit
+def _quant_fp8_tile_kernel(
+    # pointers: input, row-wise output + scales, transposed output + scales, TENSORWISE amax bits
+    x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, amax_ptr,
+    # sizes
+    rows, cols, n_tiles_c,
+    # strides, all in x's (row, col) coordinates
+    stride_xr, stride_xc,
+    stride_qr, stride_qc, stride_sr, stride_sc,
+    stride_qtr, stride_qtc, stride_str, stride_stc,
+    # extents of the two scale grids (blocks along rows, along cols)
+    n_sr, n_sc, n_str, n_stc,
+    # meta-parameters
+    FP8_MAX: tl.constexpr, EMAX: tl.constexpr,
+    MODE: tl.constexpr, GR: tl.constexpr, GC: tl.constexpr,  # first grouping
+    HAS_T: tl.constexpr, MODE_T: tl.constexpr, GR_T: tl.constexpr, GC_T: tl.constexpr,  # second
+    SAME_T: tl.constexpr,  # the second grouping is the first (TENSORWISE, b x b)
+    TR: tl.constexpr, TC: tl.constexpr, IS_E4M3: tl.constexpr, SOFT: tl.constexpr,
+):
+    """q = quant(x) with GR x GC blocks (and, with HAS_T, qt = quant(x) with GR_T x GC_T blocks)."""
+    pid = tl.program_id(0)
+    pid_r = pid // n_tiles_c
+    pid_c = pid % n_tiles_c
+    offs_r = pid_r * TR + tl.arange(0, TR)
+    offs_c = pid_c * TC + tl.arange(0, TC)
+    mask = (offs_r < rows)[:, None] & (offs_c < cols)[None, :]
+    x_ptrs = x_ptr + offs_r.to(tl.int64)[:, None] * stride_xr + offs_c.to(tl.int64)[None, :] * stride_xc
+    x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+
+    y, s = _quantize_groups(x, amax_ptr, MODE, FP8_MAX, EMAX, TR, TC, GR, GC)
+    _store_tile(q_ptr, s_ptr, y, s, pid, offs_r, offs_c, mask, rows, cols,
+                stride_qr, stride_qc, stride_sr, stride_sc, n_sr, n_sc, MODE, TR, TC, GR, GC, pid_r, pid_c, IS_E4M3, SOFT)
+    if HAS_T:
+        if SAME_T:
+            # same blocks (TENSORWISE, b x b): the transposed copy is the same data and scales
+            _store_tile(qt_ptr, st_ptr, y, s, pid, offs_r, offs_c, mask, rows, cols,
+                        stride_qtr, stride_qtc, stride_str, stride_stc, n_str, n_stc,
+                        MODE, TR, TC, GR, GC, pid_r, pid_c, IS_E4M3, SOFT)
+        else:
+            yt, st = _quantize_groups(x, amax_ptr, MODE_T, FP8_MAX, EMAX, TR, TC, GR_T, GC_T)
+            _store_tile(qt_ptr, st_ptr, yt, st, pid, offs_r, offs_c, mask, rows, cols,
+                        stride_qtr, stride_qtc, stride_str, stride_stc, n_str, n_stc,
+                        MODE_T, TR, TC, GR_T, GC_T, pid_r, pid_c, IS_E4M3, SOFT)
+
+
+@triton.jit
+def _quant_fp8_long_kernel(
+    # pointers
+    x_ptr, q_ptr, s_ptr,
+    # sizes
+    rows, cols,
+    # strides in x's (row, col) coordinates; the scale is indexed by the strip
+    stride_xr, stride_xc, stride_qr, stride_qc, stride_s,
+    # meta-parameters
+    FP8_MAX: tl.constexpr, ALONG_COLS: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr,
+    IS_E4M3: tl.constexpr, SOFT: tl.constexpr,
+):
+    """ROWWISE over strips too long for a tile: each program owns TR rows (ALONG_COLS: groups are
+    rows) or TC columns (groups are columns) and walks the long dim twice: amax, then cast."""
+    pid = tl.program_id(0)
+    if ALONG_COLS:
+        offs_r = pid * TR + tl.arange(0, TR)
+        acc = tl.zeros((TR, TC), dtype=tl.int32)
+        for c0 in range(0, cols, TC):
+            offs_c = c0 + tl.arange(0, TC)
+            m = (offs_r < rows)[:, None] & (offs_c < cols)[None, :]
+            x = tl.load(x_ptr + offs_r.to(tl.int64)[:, None] * stride_xr + offs_c.to(tl.int64)[None, :] * stride_xc,
+                        mask=m, other=0.0).to(tl.float32)
+            acc = tl.maximum(acc, _abs_bits(x))
+        scale, scale_inv = _fp32_scales(tl.max(acc, axis=1), FP8_MAX)
+        for c0 in range(0, cols, TC):
+            offs_c = c0 + tl.arange(0, TC)
+            m = (offs_r < rows)[:, None] & (offs_c < cols)[None, :]
+            x = tl.load(x_ptr + offs_r.to(tl.int64)[:, None] * stride_xr + offs_c.to(tl.int64)[None, :] * stride_xc,
+                        mask=m, other=0.0).to(tl.float32)
+            y = tl.clamp(x * scale[:, None], -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+            tl.store(q_ptr + offs_r.to(tl.int64)[:, None] * stride_qr + offs_c.to(tl.int64)[None, :] * stride_qc,
+                     _fp8_bits(y, IS_E4M3, SOFT), mask=m)
+        tl.store(s_ptr + offs_r.to(tl.int64) * stride_s, scale_inv, mask=offs_r < rows)
+    else:
+        offs_c = pid * TC + tl.arange(0, TC)
+        acc = tl.zeros((TR, TC), dtype=tl.int32)
+        for r0 in range(0, rows, TR):
+            offs_r = r0 + tl.arange(0, TR)
+            m = (offs_r < rows)[:, None] & (offs_c < cols)[None, :]
+            x = tl.load(x_ptr + offs_r.to(tl.int64)[:, None] * stride_xr + offs_c.to(tl.int64)[None, :] * stride_xc,
+                        mask=m, other=0.0).to(tl.float32)
+            acc = tl.maximum(acc, _abs_bits(x))
+        scale, scale_inv = _fp32_scales(tl.max(acc, axis=0), FP8_MAX)
+        for r0 in range(0, rows, TR):
+            offs_r = r0 + tl.arange(0, TR)
+            m = (offs_r < rows)[:, None] & (offs_c < cols)[None, :]
+            x = tl.load(x_ptr + offs_r.to(tl.int64)[:, None] * stride_xr + offs_c.to(tl.int64)[None, :] * stride_xc,
+                        mask=m, other=0.0).to(tl.float32)
+            y = tl.clamp(x * scale[None, :], -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+            tl.store(q_ptr + offs_r.to(tl.int64)[:, None] * stride_qr + offs_c.to(tl.int64)[None, :] * stride_qc,
+                     _fp8_bits(y, IS_E4M3, SOFT), mask=m)
+        tl.store(s_ptr + offs_c.to(tl.int64) * stride_s, scale_inv, mask=offs_c < cols)
+
+
+@triton.jit
+def _dequant_fp8_kernel(
+    # pointers
+    q_ptr, s_ptr, out_ptr,
+    # sizes
+    rows, cols, n_tiles_c,
+    # strides (q and out are row-major [rows, cols]; the scale grid has its own)
+    stride_qr, stride_or, stride_sr, stride_sc,
+    # meta-parameters
+    MODE: tl.constexpr, GR: tl.constexpr, GC: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr,
+    IS_E4M3: tl.constexpr, SOFT: tl.constexpr,
+):
+    """out = q * scale_inv[r // GR, c // GC] (fp32 product, cast to out's dtype)."""
+    pid = tl.program_id(0)
+    pid_r = pid // n_tiles_c
+    pid_c = pid % n_tiles_c
+    offs_r = pid_r * TR + tl.arange(0, TR)
+    offs_c = pid_c * TC + tl.arange(0, TC)
+    mask = (offs_r < rows)[:, None] & (offs_c < cols)[None, :]
+    r64 = offs_r.to(tl.int64)
+    c64 = offs_c.to(tl.int64)
+    q = _fp8_value(tl.load(q_ptr + r64[:, None] * stride_qr + c64[None, :], mask=mask, other=0), IS_E4M3, SOFT)
+    if MODE == 2:
+        s = tl.load(s_ptr)
+        x = q * s
+    else:
+        s_ptrs = s_ptr + (r64 // GR)[:, None] * stride_sr + (c64 // GC)[None, :] * stride_sc
+        if MODE == 1:
+            e = tl.load(s_ptrs, mask=mask, other=127).to(tl.int32)
+            bits = tl.where(e == 255, 0x7FC00000, tl.where(e == 0, 0x00400000, e << 23))
+            s = bits.to(tl.float32, bitcast=True)
+        else:
+            s = tl.load(s_ptrs, mask=mask, other=1.0)
+        x = q * s
+    tl.store(out_ptr + r64[:, None] * stride_or + c64[None, :], _round_for_store(x, out_ptr, SOFT), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch helpers
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class QuantGrouping:
+    """One grouping of a 2-D tensor: block (gr, gc) in x's coordinates, and how scales are formed.
+
+    ``mode``: 0 fp32 scales (ROWWISE / BLOCKWISE), 1 MX E8M0, 2 TENSORWISE. ``gr``/``gc`` are the
+    true block extents (ROWWISE: the full row/column length)."""
+
+    mode: int
+    gr: int
+    gc: int
+
+    def padded(self) -> tuple[int, int]:
+        """Block extents as the tile kernel sees them (powers of two; 1 for TENSORWISE)."""
+        if self.mode == _MODE_TENSOR:
+            return 1, 1
+        return triton.next_power_of_2(self.gr), triton.next_power_of_2(self.gc)
+
+    def scale_grid(self, rows: int, cols: int) -> tuple[int, int]:
+        if self.mode == _MODE_TENSOR:
+            return 1, 1
+        return triton.cdiv(rows, self.gr), triton.cdiv(cols, self.gc)
+
+
+def tile_config(rows: int, cols: int, groups: tuple[tuple[int, int], ...], with_trans: bool = False):
+    """(TR, TC, num_warps) for a memory-bound tile pass.
+
+    Heuristic: the tile must hold whole (power-of-two padded) blocks of every grouping. Single
+    output: TC = up to 1024 columns (>= 64 bytes contiguous per row for every dtype), TR chosen so
+    the tile has ~8192 elements (16 KiB of bf16 per program: with 2+ programs per SM that keeps
+    ~32 KiB in flight per SM, what HBM3e needs at ~600 ns latency), never taller than the tensor.
+    With a transposed output: a square tile (64, or the block size when larger) so both the
+    row-major and the transposed stores write >= 64 contiguous bytes.
+    Warps: 4 up to 2048 elements, 8 up to 8192, 16 above (<= 32 fp32 registers of x per thread).
+    """
+    need_r = max(g[0] for g in groups)
+    need_c = max(g[1] for g in groups)
+    if with_trans:
+        t = max(64, need_r, need_c)
+        tr = tc = t
+    else:
+        tc = max(need_c, min(triton.next_power_of_2(max(cols, 1)), 1024))
+        tr = max(need_r, min(max(1, _TARGET_TILE // tc), triton.next_power_of_2(max(rows, 1))))
+        tc = max(need_c, min(tc, max(1, _TARGET_TILE // tr)))  # tall blocks: narrower tiles
+    n = tr * tc
+    num_warps = 4 if n <= 2048 else (8 if n <= 8192 else 16)
+    return tr, tc, num_warps
+
+
+def fp8_max_of(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).max)
+
+
+def mx_emax_of(dtype: torch.dtype) -> int:
+    return 8 if dtype == torch.float8_e4m3fn else 15
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _amax_bits(x: torch.Tensor) -> torch.Tensor:
+    """One int32 holding max |x| as fp32 bits (TENSORWISE first pass), computed on x's device."""
+    n = x.numel()
+    amax = torch.zeros(1, dtype=torch.int32, device=x.device)
+    block = 4096
+    if x.is_cuda:
+        n_sm = _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
+        progs = min(triton.cdiv(n, block), 4 * n_sm)
+    else:
+        progs = min(triton.cdiv(n, block), 8)
+    progs = max(progs, 1)
+    _amax_kernel[(progs,)](x, amax, n, triton.cdiv(triton.cdiv(n, block), progs), BLOCK=block, NUM_PROGS=progs, num_warps=8)
+    return amax
+
+
+def _scale_tensor(grouping: QuantGrouping, rows: int, cols: int, transposed: bool, device) -> tuple:
+    """(scale tensor, its (row, col) strides in block coordinates, grid extents)."""
+    sr, sc = grouping.scale_grid(rows, cols)
+    dtype = torch.uint8 if grouping.mode == _MODE_MX else torch.float32
+    if grouping.mode == _MODE_TENSOR:
+        return torch.empty((), dtype=torch.float32, device=device), (0, 0), (1, 1)
+    if transposed:
+        s = torch.empty((sc, sr), dtype=dtype, device=device)
+        return s, (1, sr), (sr, sc)
+    s = torch.empty((sr, sc), dtype=dtype, device=device)
+    return s, (sc, 1), (sr, sc)
+
+
+def _long_rowwise(x: torch.Tensor, out: torch.Tensor, out_strides, scale: torch.Tensor, along_cols: bool, fmax):
+    rows, cols = x.shape
+    if along_cols:
+        tr, tc = 1, 4096
+        grid = (rows,)
+    else:
+        tr, tc = 64, 64
+        grid = (triton.cdiv(cols, tc),)
+    _quant_fp8_long_kernel[grid](
+        x, out.view(torch.uint8), scale, rows, cols, x.stride(0), x.stride(1), out_strides[0], out_strides[1], 1,
+        FP8_MAX=fmax, ALONG_COLS=along_cols, TR=tr, TC=tc,
+        IS_E4M3=out.dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=8,
+    )
+
+
+def _fits_tile(g: QuantGrouping) -> bool:
+    pr, pc = g.padded()
+    if pr * pc > MAX_TILE_GROUP:
+        return False
+    # a column group taller than 256 would leave < 32 columns per tile: uncoalesced
+    return not (g.gc == 1 and pr > 256)
+
+
+def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGrouping):
+    """Quantize a contiguous 2-D ``x`` with one grouping. Returns ``(q [rows, cols], scale)``;
+    ``scale`` is ``[n_sr, n_sc]`` (fp32, or uint8 E8M0 bytes for MX) or 0-dim for TENSORWISE."""
+    rows, cols = x.shape
+    fmax = fp8_max_of(out_dtype)
+    q = torch.empty((rows, cols), dtype=out_dtype, device=x.device)
+    if grouping.mode == _MODE_TENSOR:
+        amax = _amax_bits(x)
+        s = torch.empty((), dtype=torch.float32, device=x.device)
+        flat = x.view(1, -1)
+        n = flat.shape[1]
+        tr, tc, nw = 1, 8192, 8
+        n_tc = triton.cdiv(n, tc)
+        _quant_fp8_tile_kernel[(n_tc,)](
+            flat, q.view(torch.uint8), s, q, s, amax, 1, n, n_tc,
+            n, 1, n, 1, 0, 0, n, 1, 0, 0, 1, 1, 1, 1,
+            FP8_MAX=fmax, EMAX=0, MODE=_MODE_TENSOR, GR=1, GC=1, HAS_T=False, MODE_T=_MODE_TENSOR, GR_T=1, GC_T=1, SAME_T=False,
+            TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
+        )
+        return q, s
+    s, s_strides, (n_sr, n_sc) = _scale_tensor(grouping, rows, cols, False, x.device)
+    if not _fits_tile(grouping):
+        _long_rowwise(x, q, (cols, 1), s.view(-1), grouping.gr == 1, fmax)
+        return q, s
+    gr, gc = grouping.padded()
+    tr, tc, nw = tile_config(rows, cols, ((gr, gc),))
+    n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
+    _quant_fp8_tile_kernel[(n_tr * n_tc,)](
+        x, q.view(torch.uint8), s, q, s, s, rows, cols, n_tc,
+        x.stride(0), x.stride(1), cols, 1, s_strides[0], s_strides[1], 0, 0, 0, 0,
+        n_sr, n_sc, 1, 1,
+        FP8_MAX=fmax, EMAX=mx_emax_of(out_dtype), MODE=grouping.mode, GR=gr, GC=gc,
+        HAS_T=False, MODE_T=grouping.mode, GR_T=gr, GC_T=gc, SAME_T=False,
+        TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
+    )
+    return q, s
+
+
+def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: QuantGrouping, col: QuantGrouping):
+    """One read of a contiguous 2-D ``x``: ``q [rows, cols]`` quantized with ``row`` and the
+    column-wise copy ``qt [cols, rows]`` (stored transposed) quantized with ``col``; their scales
+    (``col``'s stored transposed too: ``[n_sc, n_sr]``).
+
+    ROWWISE (a block spanning a whole row or column) cannot be formed from one tile: it runs as
+    two launches (row copy, then the transposed column copy), reading x twice."""
+    rows, cols = x.shape
+    fmax = fp8_max_of(out_dtype)
+    dev = x.device
+    q = torch.empty((rows, cols), dtype=out_dtype, device=dev)
+    qt = torch.empty((cols, rows), dtype=out_dtype, device=dev)
+    tensorwise = row.mode == _MODE_TENSOR
+    if tensorwise != (col.mode == _MODE_TENSOR):
+        raise ValueError("fp8_quant_with_trans_launch: TENSORWISE must be used for both copies or neither")
+    # one [<=128, <=128] tile must hold whole blocks of both groupings
+    one_tile = tensorwise or max(*row.padded(), *col.padded()) <= 128
+    if not one_tile:
+        # ROWWISE: each copy through the single-grouping path, the column copy via transposed strides
+        q, s = fp8_quant_launch(x, out_dtype, row)
+        st = _transposed_single(x, qt, col, out_dtype)
+        return q, s, qt, st
+    amax = _amax_bits(x) if tensorwise else None
+    s, s_strides, (n_sr, n_sc) = _scale_tensor(row, rows, cols, False, dev)
+    st, st_strides, (n_str, n_stc) = _scale_tensor(col, rows, cols, True, dev)
+    gr, gc = row.padded()
+    gr_t, gc_t = col.padded()
+    tr, tc, nw = tile_config(rows, cols, ((gr, gc), (gr_t, gc_t)), with_trans=True)
+    n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
+    _quant_fp8_tile_kernel[(n_tr * n_tc,)](
+        x, q.view(torch.uint8), s, qt.view(torch.uint8), st, amax if amax is not None else s, rows, cols, n_tc,
+        x.stride(0), x.stride(1), cols, 1, s_strides[0], s_strides[1],
+        1, rows, st_strides[0], st_strides[1],
+        n_sr, n_sc, n_str, n_stc,
+        FP8_MAX=fmax, EMAX=mx_emax_of(out_dtype), MODE=row.mode, GR=gr, GC=gc,
+        HAS_T=True, MODE_T=col.mode, GR_T=gr_t, GC_T=gc_t,
+        SAME_T=(row.mode, gr, gc) == (col.mode, gr_t, gc_t),
+        TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
+    )
+    return q, s, qt, st
+
+
+def _transposed_single(x: torch.Tensor, qt: torch.Tensor, col: QuantGrouping, out_dtype) -> torch.Tensor:
+    """Write the column-wise copy of x (grouping ``col``) into ``qt [cols, rows]``; return its scale."""
+    rows, cols = x.shape
+    fmax = fp8_max_of(out_dtype)
+    st, st_strides, (n_str, n_stc) = _scale_tensor(col, rows, cols, True, x.device)
+    if not _fits_tile(col):
+        _long_rowwise(x, qt, (1, rows), st.view(-1), col.gr == 1, fmax)
+        return st
+    gr, gc = col.padded()
+    tr, tc, nw = tile_config(rows, cols, ((gr, gc),))
+    n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
+    _quant_fp8_tile_kernel[(n_tr * n_tc,)](
+        x, qt.view(torch.uint8), st, qt, st, st, rows, cols, n_tc,
+        x.stride(0), x.stride(1), 1, rows, st_strides[0], st_strides[1], 0, 0, 0, 0,
+        n_str, n_stc, 1, 1,
+        FP8_MAX=fmax, EMAX=mx_emax_of(out_dtype), MODE=col.mode, GR=gr, GC=gc,
+        HAS_T=False, MODE_T=col.mode, GR_T=gr, GC_T=gc, SAME_T=False,
+        TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
+    )
+    return st
+
+
+def fp8_dequant_launch(q: torch.Tensor, scale: torch.Tensor, grouping: QuantGrouping, out_dtype: torch.dtype):
+    """``q [rows, cols]`` (contiguous) times its block scales (2-D ``[n_sr, n_sc]``, uint8 bytes for
+    MX, or 0-dim for TENSORWISE) -> ``[rows, cols]`` in ``out_dtype``."""
+    rows, cols = q.shape
+    out = torch.empty((rows, cols), dtype=out_dtype, device=q.device)
+    if grouping.mode == _MODE_TENSOR:
+        gr = gc = 1
+        s_strides = (0, 0)
+    else:
+        # a block spanning the whole dim indexes scale 0 for every element: use one large constant
+        # so ROWWISE does not compile a kernel per row length
+        gr = grouping.gr if grouping.gr < rows else 1 << 30
+        gc = grouping.gc if grouping.gc < cols else 1 << 30
+        s_strides = (scale.stride(0), scale.stride(1))
+    tr, tc, nw = tile_config(rows, cols, ((1, 1),))
+    n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
+    _dequant_fp8_kernel[(n_tr * n_tc,)](
+        q.view(torch.uint8), scale, out, rows, cols, n_tc, q.stride(0), out.stride(0), s_strides[0], s_strides[1],
+        MODE=grouping.mode, GR=gr, GC=gc, TR=tr, TC=tc, IS_E4M3=q.dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
+    )
+    return out

@@ -1,0 +1,112 @@
+"""QuantizedTensor: quantize/dequantize round trips, t(), repr; create_quantized_weight; checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, ScalingRecipe
+from primus_turbo.pytorch.core.low_precision import ScalingGranularity as G
+from primus_turbo.pytorch.core.quantized_tensor import (
+    QuantizedTensor,
+    QuantizedTensorPair,
+    check_quantized_tensor,
+    create_quantized_weight,
+)
+from primus_turbo.testing.quant_ref import dequantize_fp8_ref, quantize_fp8_ref
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def _x(shape, device, dtype=torch.bfloat16):
+    return torch.randn(shape, device=device).to(dtype)
+
+
+@pytest.mark.parametrize(
+    "gran, kw",
+    [(G.TENSORWISE, {}), (G.ROWWISE, {}), (G.ROWWISE, {"axis": 0}), (G.BLOCKWISE, {}),
+     (G.BLOCKWISE, {"scaling_recipe": ScalingRecipe(use_2d_block=True)}), (G.MX_BLOCKWISE, {"axis": 0})],
+)
+def test_round_trip(gran, kw, device):
+    x = _x((64, 160), device)
+    qt = QuantizedTensor.quantize(x, E4M3, gran, **kw)
+    assert qt.shape == x.shape and qt.dtype == E4M3 and qt.device == x.device
+    assert qt.orig_dtype == torch.bfloat16
+    q_ref, s_ref = quantize_fp8_ref(x, E4M3, gran, **kw)
+    assert torch.equal(qt.data.view(torch.uint8), q_ref.view(torch.uint8))
+    d = qt.dequantize()
+    assert d.dtype == torch.bfloat16
+    d_ref = dequantize_fp8_ref(q_ref, s_ref, gran, out_dtype=torch.bfloat16, **kw)
+    assert torch.equal(d, d_ref)
+    assert (d.float() - x.float()).abs().max() <= x.float().abs().max() * 2.0**-3
+    assert qt.dequantize(torch.float32).dtype == torch.float32
+    check_quantized_tensor(qt, Float8QuantConfig(granularity=gran, block_size=qt.block_size if gran in
+                                                 (G.BLOCKWISE, G.MX_BLOCKWISE) else None), axis=kw.get("axis"))
+    r = repr(qt)
+    assert "QuantizedTensor(shape=(64, 160)" in r and gran.name in r
+
+
+def test_transpose(device):
+    x = _x((32, 64), device)
+    qt = QuantizedTensor.quantize(x, E5M2, G.TENSORWISE)
+    t = qt.t()
+    assert t.shape == (64, 32) and t.scale_inv is qt.scale_inv
+    assert torch.equal(t.dequantize(), qt.dequantize().t())
+    for gran in (G.ROWWISE, G.BLOCKWISE, G.MX_BLOCKWISE):
+        with pytest.raises(NotImplementedError, match="quantize_fp8_with_trans"):
+            QuantizedTensor.quantize(x, E4M3, gran).t()
+
+
+@pytest.mark.parametrize(
+    "config, scale_shape, scale_t_shape",
+    [
+        (Float8QuantConfig(granularity=G.TENSORWISE), (), ()),
+        (Float8QuantConfig(granularity=G.ROWWISE), (96, 1), (256, 1)),
+        (Float8QuantConfig(granularity=G.BLOCKWISE), (1, 2), (2, 1)),
+        (Float8QuantConfig(granularity=G.BLOCKWISE, block_size=64), (2, 4), (4, 2)),
+        (Float8QuantConfig(granularity=G.MX_BLOCKWISE), (96, 8), (256, 3)),
+    ],
+    ids=["tensorwise", "rowwise", "block128", "block64", "mx"],
+)
+def test_create_quantized_weight(config, scale_shape, scale_t_shape, device):
+    w = _x((96, 256), device)  # [N, K]
+    pair = create_quantized_weight(w, E4M3, config)
+    assert isinstance(pair, QuantizedTensorPair) and pair.data_t is None
+    assert pair.data.shape == (96, 256) and tuple(pair.data.scale_inv.shape) == scale_shape
+    assert pair.data.granularity == config.granularity
+    check_quantized_tensor(pair.data, config, axis=-1)
+    pair = create_quantized_weight(w, E4M3, config, need_weight_transpose_cache=True)
+    assert pair.data_t.shape == (256, 96) and tuple(pair.data_t.scale_inv.shape) == scale_t_shape
+    check_quantized_tensor(pair.data_t, config)
+    # the transposed copy is the weight's transpose quantized on its own
+    recipe = ScalingRecipe(use_2d_block=True) if config.granularity == G.BLOCKWISE else None
+    q_ref, s_ref = quantize_fp8_ref(w.t().contiguous(), E4M3, config.granularity, block_size=config.block_size,
+                                    scaling_recipe=recipe)
+    assert torch.equal(pair.data_t.data.view(torch.uint8), q_ref.view(torch.uint8))
+    assert torch.equal(pair.data_t.scale_inv.view(torch.uint8) if s_ref.dtype != torch.float32
+                       else pair.data_t.scale_inv, s_ref.view(torch.uint8) if s_ref.dtype != torch.float32 else s_ref)
+    if config.granularity == G.BLOCKWISE:  # 2-D blocks: the transposed scale grid
+        assert torch.equal(pair.data_t.scale_inv, pair.data.scale_inv.t())
+
+
+def test_check_quantized_tensor_errors(device):
+    x = _x((64, 128), device)
+    qt = QuantizedTensor.quantize(x, E4M3, G.BLOCKWISE)
+    with pytest.raises(ValueError, match="granularity BLOCKWISE != config's ROWWISE"):
+        check_quantized_tensor(qt, Float8QuantConfig(granularity=G.ROWWISE))
+    with pytest.raises(ValueError, match="block_size 128 != config's 64"):
+        check_quantized_tensor(qt, Float8QuantConfig(granularity=G.BLOCKWISE, block_size=64))
+    with pytest.raises(ValueError, match="axis=-1, expected axis=0"):
+        check_quantized_tensor(qt, Float8QuantConfig(granularity=G.BLOCKWISE), axis=0)
+    bad = QuantizedTensor(qt.data, qt.scale_inv[:, :0], G.BLOCKWISE, block_size=128)
+    with pytest.raises(ValueError, match="scale_inv shape"):
+        check_quantized_tensor(bad, Float8QuantConfig(granularity=G.BLOCKWISE))
+    bad = QuantizedTensor(qt.data, qt.scale_inv.double(), G.BLOCKWISE, block_size=128)
+    with pytest.raises(ValueError, match="scale_inv.dtype"):
+        check_quantized_tensor(bad, Float8QuantConfig(granularity=G.BLOCKWISE))
+    with pytest.raises(TypeError, match="expected a QuantizedTensor"):
+        check_quantized_tensor(x, Float8QuantConfig())
+    with pytest.raises(TypeError, match="Float8QuantConfig"):
+        create_quantized_weight(x, E4M3, "BLOCKWISE")
+    with pytest.raises(ValueError, match="weight must be 2-D"):
+        create_quantized_weight(x.reshape(-1), E4M3, Float8QuantConfig())

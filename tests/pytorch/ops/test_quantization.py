@@ -1,0 +1,465 @@
+"""FP8 / MXFP4 quantization: Triton kernels bit-exact against primus_turbo.testing.quant_ref, the
+reference checked against first principles, special values, error paths, empty inputs, compile.
+
+On a machine without CUDA the ops run the Triton kernels through the interpreter (conftest sets
+TRITON_INTERPRET=1), so every comparison below is kernel vs reference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from primus_turbo.pytorch.core.low_precision import ScalingGranularity as G
+from primus_turbo.pytorch.core.low_precision import ScalingRecipe
+from primus_turbo.pytorch.ops import quantization as Q
+from primus_turbo.testing.quant_ref import (
+    dequantize_fp4_ref,
+    dequantize_fp8_ref,
+    fp8_max,
+    quantize_fp4_ref,
+    quantize_fp8_ref,
+)
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+FP8 = [E4M3, E5M2]
+IN_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+SHAPES = [(1, 32), (7, 96), (64, 160), (130, 256)]
+R2D = ScalingRecipe(use_2d_block=True)
+
+# (id, granularity, kwargs for quantize_fp8 / the reference)
+CASES = [
+    ("tensorwise", G.TENSORWISE, {}),
+    ("rowwise", G.ROWWISE, {"axis": -1}),
+    ("rowwise_ax0", G.ROWWISE, {"axis": 0}),
+    ("block1x128", G.BLOCKWISE, {"axis": -1}),
+    ("block1x128_ax0", G.BLOCKWISE, {"axis": 0}),
+    ("block1x32", G.BLOCKWISE, {"axis": -1, "block_size": 32}),
+    ("block128x128", G.BLOCKWISE, {"scaling_recipe": R2D}),
+    ("mx", G.MX_BLOCKWISE, {"axis": -1}),
+    ("mx_ax0", G.MX_BLOCKWISE, {"axis": 0}),
+]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
+def assert_bits_equal(a: torch.Tensor, b: torch.Tensor, what: str = "") -> None:
+    """Bit equality, except that NaN positions only have to agree (a NaN's sign is unspecified)."""
+    assert a.shape == b.shape and a.dtype == b.dtype, (what, a.shape, b.shape, a.dtype, b.dtype)
+    if a.dtype in (E4M3, E5M2, torch.float32, torch.bfloat16, torch.float16):
+        na, nb = torch.isnan(a.float()), torch.isnan(b.float())
+        assert torch.equal(na, nb), f"{what}: NaN positions differ"
+        ba, bb = _bits(a).clone(), _bits(b).clone()
+        ba[na], bb[nb] = 0, 0
+    else:
+        ba, bb = _bits(a), _bits(b)
+    if not torch.equal(ba, bb):
+        n = (ba != bb).sum().item()
+        idx = (ba != bb).nonzero()[:5].tolist()
+        raise AssertionError(f"{what}: {n} of {ba.numel()} differ, first at {idx}")
+
+
+def _sample(shape, dtype, device, seed=0):
+    """Normal values with per-row magnitudes spread over ~2**-10..2**10, so blocks see varied scales."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g)
+    x = x * torch.exp2(torch.randint(-10, 11, (shape[0], 1), generator=g).float())
+    return x.to(dtype).to(device)
+
+
+def _case_ok(gran, kw, shape):
+    ax = kw.get("axis", -1)
+    if gran == G.MX_BLOCKWISE:
+        return (shape[0] if ax == 0 else shape[1]) % 32 == 0
+    return True
+
+
+# ---- kernels vs reference -------------------------------------------------------------------
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("out_dtype", FP8, ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_quantize_fp8_bitexact(case, out_dtype, in_dtype, device):
+    _, gran, kw = case
+    for i, shape in enumerate(SHAPES):
+        if not _case_ok(gran, kw, shape):
+            continue
+        x = _sample(shape, in_dtype, device, seed=i)
+        q, s = Q.quantize_fp8(x, out_dtype, gran, **kw)
+        q_ref, s_ref = quantize_fp8_ref(x, out_dtype, gran, **kw)
+        assert_bits_equal(q, q_ref, f"data {shape}")
+        assert_bits_equal(s, s_ref, f"scale {shape}")
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16],
+                         ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_dequantize_fp8_bitexact(case, out_dtype, device):
+    _, gran, kw = case
+    shape = (64, 160)
+    for fp8 in FP8:
+        x = _sample(shape, torch.bfloat16, device, seed=3)
+        q, s = Q.quantize_fp8(x, fp8, gran, **kw)
+        d = Q.dequantize_fp8(q, out_dtype, gran, scale_inv=s, **kw)
+        d_ref = dequantize_fp8_ref(q, s, gran, out_dtype=out_dtype, **kw)
+        assert_bits_equal(d, d_ref, f"dequant {fp8}")
+
+
+WT_CASES = [
+    ("tensorwise", G.TENSORWISE, {}),
+    ("rowwise", G.ROWWISE, {}),
+    ("block1x128", G.BLOCKWISE, {}),
+    ("block1x64", G.BLOCKWISE, {"block_size": 64}),
+    ("block128x128", G.BLOCKWISE, {"scaling_recipe": R2D}),
+    ("block2d_row_1d_col", G.BLOCKWISE, {"scaling_recipe": R2D, "scaling_recipe_for_trans": ScalingRecipe()}),
+    ("mx", G.MX_BLOCKWISE, {}),
+]
+
+
+@pytest.mark.parametrize("out_dtype", FP8, ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("case", WT_CASES, ids=[c[0] for c in WT_CASES])
+def test_quantize_fp8_with_trans_matches_two_quantizations(case, out_dtype, device):
+    _, gran, kw = case
+    shapes = [(64, 160), (32, 96)] if gran == G.MX_BLOCKWISE else [(7, 96), (130, 256)]
+    rec = kw.get("scaling_recipe")
+    rec_t = kw.get("scaling_recipe_for_trans", rec)
+    bs = kw.get("block_size")
+    for in_dtype, shape in zip((torch.bfloat16, torch.float32), shapes):
+        x = _sample(shape, in_dtype, device, seed=7)
+        q, s, qt, st = Q.quantize_fp8_with_trans(x, out_dtype, gran, **kw)
+        q_ref, s_ref = quantize_fp8_ref(x, out_dtype, gran, block_size=bs, scaling_recipe=rec)
+        qt_ref, st_ref = quantize_fp8_ref(x.t().contiguous(), out_dtype, gran, block_size=bs, scaling_recipe=rec_t)
+        assert qt.shape == (shape[1], shape[0]) and qt.is_contiguous()
+        assert_bits_equal(q, q_ref, "row copy")
+        assert_bits_equal(s, s_ref, "row scale")
+        assert_bits_equal(qt, qt_ref, "col copy")
+        assert_bits_equal(st, st_ref, "col scale")
+    if rec is not None and rec.use_2d_block and rec_t is rec:
+        torch.testing.assert_close(st, s.t().contiguous(), rtol=0, atol=0)  # transposed scale grid
+
+
+@pytest.mark.parametrize("in_dtype", IN_DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_quantize_fp4_bitexact(in_dtype, device):
+    for axis, shape in ((-1, (7, 96)), (-1, (64, 160)), (0, (64, 160)), (0, (32, 7))):
+        x = _sample(shape, in_dtype, device, seed=11)
+        p, s = Q.quantize_fp4(x, axis=axis)
+        p_ref, s_ref = quantize_fp4_ref(x, axis=axis)
+        assert_bits_equal(p.view(torch.uint8), p_ref.view(torch.uint8), f"packed axis={axis} {shape}")
+        assert_bits_equal(s, s_ref, f"scale axis={axis}")
+        for out_dtype in (torch.float32, torch.bfloat16):
+            d = Q.dequantize_fp4(p, out_dtype, scale_inv=s, axis=axis)
+            assert_bits_equal(d, dequantize_fp4_ref(p_ref, s_ref, axis=axis, out_dtype=out_dtype), "fp4 dequant")
+
+
+def test_quantize_fp4_with_trans(device):
+    x = _sample((64, 96), torch.bfloat16, device, seed=5)
+    p, s, pt, st = Q.quantize_fp4_with_trans(x)
+    p_ref, s_ref = quantize_fp4_ref(x)
+    pt_ref, st_ref = quantize_fp4_ref(x.t().contiguous())
+    assert pt.shape == (96, 32) and st.shape == (96, 2)
+    assert_bits_equal(p.view(torch.uint8), p_ref.view(torch.uint8))
+    assert_bits_equal(s, s_ref)
+    assert_bits_equal(pt.view(torch.uint8), pt_ref.view(torch.uint8))
+    assert_bits_equal(st, st_ref)
+
+
+# ---- the reference against first principles -------------------------------------------------
+@pytest.mark.parametrize("out_dtype, mbits", [(E4M3, 3), (E5M2, 2)], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_reference_roundtrip_error(case, out_dtype, mbits):
+    _, gran, kw = case
+    x = _sample((64, 256), torch.float32, "cpu", seed=1)
+    q, s = quantize_fp8_ref(x, out_dtype, gran, **kw)
+    d = dequantize_fp8_ref(q, s, gran, **kw).double()
+    xd = x.double()
+    # elements whose scaled value x / scale_inv is a normal, unsaturated FP8 number (MX E4M3 blocks
+    # may saturate: amax / 2**shared_exp lies in [256, 512)): RNE error <= half an ulp = 2**-(mbits+1)
+    sinv = dequantize_fp8_ref(torch.ones_like(q), s, gran, **kw).double()
+    scaled = (xd / sinv).abs()
+    min_normal = 2.0 ** (-6 if out_dtype == E4M3 else -14)
+    normal = (scaled >= min_normal) & (scaled <= fp8_max(out_dtype))
+    assert normal.float().mean() > 0.5
+    rel = ((d - xd).abs() / xd.abs())[normal]
+    assert rel.max().item() <= 2.0 ** -(mbits + 1) * (1 + 1e-6)
+    assert torch.isfinite(d).all()
+
+
+@pytest.mark.parametrize("out_dtype", FP8, ids=["e4m3", "e5m2"])
+def test_reference_tensorwise_scale_is_amax_over_max(out_dtype):
+    x = _sample((16, 64), torch.float32, "cpu")
+    _, s = quantize_fp8_ref(x, out_dtype, G.TENSORWISE)
+    assert s.shape == () and s.dtype == torch.float32
+    amax = x.abs().max().double()
+    assert abs(s.double() * fp8_max(out_dtype) - amax) <= amax * 2.0 ** -22
+
+
+@pytest.mark.parametrize("out_dtype, emax", [(E4M3, 8), (E5M2, 15)], ids=["e4m3", "e5m2"])
+def test_reference_mx_scales_are_powers_of_two(out_dtype, emax):
+    x = _sample((8, 256), torch.float32, "cpu")
+    q, s = quantize_fp8_ref(x, out_dtype, G.MX_BLOCKWISE)
+    assert s.dtype == torch.float8_e8m0fnu and s.shape == (8, 8)
+    e = s.view(torch.uint8).long() - 127
+    amax = x.abs().reshape(8, 8, 32).amax(-1).double()
+    # shared_exp = floor(log2(amax)) - emax: amax / 2**shared_exp lies in [2**emax, 2**(emax+1))
+    ratio = amax / torch.pow(2.0, e.double())
+    assert ((ratio >= 2.0**emax) & (ratio < 2.0 ** (emax + 1))).all()
+    d = dequantize_fp8_ref(q, s, G.MX_BLOCKWISE)
+    assert torch.equal(s.float(), torch.pow(2.0, e.float()))  # torch's own E8M0 decoding agrees
+    assert ((d.double() - x.double()).abs() <= amax.repeat_interleave(32, 1) * 2.0**-3).all()
+
+
+def test_reference_hand_examples():
+    x = torch.tensor([[0.5, -1.0, 2.0, 4.0]])
+    q, s = quantize_fp8_ref(x, E4M3, G.TENSORWISE)  # amax 4: scale 448 / 4 = 112
+    assert q.float().tolist() == [[56.0, -112.0, 224.0, 448.0]]
+    assert s.item() == pytest.approx(1 / 112, rel=1e-7) and s.dtype == torch.float32
+    # E4M3 rounding: 17 lies between 16 and 18 (ulp 2 in [16, 32)): a tie, to even -> 16
+    q, _ = quantize_fp8_ref(torch.tensor([[17.0, 19.0, 448.0]]), E4M3, G.ROWWISE)
+    assert q.float().tolist() == [[16.0, 20.0, 448.0]]
+    # MX: amax 3 -> floor(log2 3) = 1 -> shared_exp = 1 - 8 = -7 -> byte 120; q = x * 128
+    xm = torch.ones(1, 32)
+    xm[0, 5] = 3.0
+    q, s = quantize_fp8_ref(xm, E4M3, G.MX_BLOCKWISE)
+    assert s.view(torch.uint8).item() == 120
+    assert q[0, 0].item() == 128.0 and q[0, 5].item() == 384.0
+    # MXFP4: amax 6 -> shared_exp 0 (byte 127); the midpoints go to the even code
+    vals = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, -0.3, -6.0, 0.0, -0.0]
+    x4 = torch.zeros(1, 32)
+    x4[0, : len(vals)] = torch.tensor(vals)
+    p, s4 = quantize_fp4_ref(x4)
+    assert s4.view(torch.uint8).item() == 127
+    b = p.view(torch.uint8)[0].tolist()
+    nib = [v for byte in b for v in (byte & 0xF, byte >> 4)]
+    assert nib[:12] == [0, 2, 2, 4, 4, 6, 6, 7, 0x9, 0xF, 0x0, 0x8]
+    d = dequantize_fp4_ref(p, s4)
+    assert d[0, :12].tolist() == [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, -0.5, -6.0, 0.0, -0.0]
+
+
+# ---- special values -------------------------------------------------------------------------
+def _special_input(device):
+    x = _sample((4, 256), torch.float32, "cpu", seed=2)
+    x[0, :128] = 0.0  # a zero block
+    x[1, 3] = float("inf")
+    x[1, 200] = float("-inf")
+    x[2, 7] = float("nan")
+    x[3, :32] = torch.tensor([448.0, 447.9, -460.0] + [1.0] * 29)  # near/above FP8_MAX
+    x[3, 32:64] = 1e-3  # subnormal after scaling by an amax of ~448 (E4M3 min normal 2**-6)
+    x[3, 33] = 448.0
+    x[3, 64:96] = 1e-40  # fp32 subnormals: FP8_MAX / amax overflows, the scale is capped at FLT_MAX
+    return x.to(device)
+
+
+@pytest.mark.parametrize("out_dtype", FP8, ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("tensorwise", "rowwise", "block1x128", "block1x32",
+                                                                "mx", "block128x128")], ids=lambda c: c[0])
+def test_special_values_kernel_matches_reference(case, out_dtype, device):
+    _, gran, kw = case
+    x = _special_input(device)
+    q, s = Q.quantize_fp8(x, out_dtype, gran, **kw)
+    q_ref, s_ref = quantize_fp8_ref(x.cpu(), out_dtype, gran, **kw)
+    assert_bits_equal(q.cpu(), q_ref, "data")
+    assert_bits_equal(s.cpu(), s_ref, "scale")
+    d = Q.dequantize_fp8(q, torch.float32, gran, scale_inv=s, **kw)
+    assert_bits_equal(d.cpu(), dequantize_fp8_ref(q_ref, s_ref, gran, **kw), "dequant")
+
+
+def test_special_values_semantics():
+    fmax = fp8_max(E4M3)
+    x = _special_input("cpu")
+    q, s = quantize_fp8_ref(x, E4M3, G.BLOCKWISE, block_size=32)
+    assert s[0, 0].item() == 1.0 and (q[0, :128].float() == 0).all()  # zero block: scale_inv 1
+    assert s[1, 0].item() == 1.0 and q[1, 3].item() == fmax  # inf: block unscaled, saturates
+    assert q[1, 200].item() == -fmax and s[1, 6].item() == 1.0
+    assert torch.isnan(q[2, 7].float()) and s[2, 0].item() == 1.0  # NaN stays NaN, block unscaled
+    assert q[3, 0].item() == fmax and q[3, 2].item() == -fmax  # 448 -> 448, -460 saturates
+    sub = q[3, 34].float().item()  # 1e-3 * 448 / 448 = 1e-3: an E4M3 subnormal (multiple of 2**-9)
+    assert 0 < sub < 2.0**-6 and (sub / 2.0**-9).is_integer()
+    assert torch.isfinite(q[3, 64:96].float()).all() and (q[3, 64:96].float() > 0).all()
+    assert s[3, 2].item() == pytest.approx(1 / torch.finfo(torch.float32).max, rel=1e-6)
+    # MX: zero block -> byte 0 (shared_exp -127); inf/NaN blocks -> 0xFF, elements cast unscaled
+    qm, sm = quantize_fp8_ref(x, E4M3, G.MX_BLOCKWISE)
+    b = sm.view(torch.uint8)
+    assert b[0, 0].item() == 0 and b[1, 0].item() == 255 and b[1, 6].item() == 255 and b[2, 0].item() == 255
+    assert qm[1, 3].item() == fmax and torch.isnan(qm[2, 7].float())
+    assert qm[2, 8].item() == x[2, 8].to(E4M3).item()  # unscaled neighbour of the NaN
+    dm = dequantize_fp8_ref(qm, sm, G.MX_BLOCKWISE)
+    assert torch.isnan(dm[1, :32]).all() and not torch.isnan(dm[1, 32:64]).any()
+
+
+def test_special_values_fp4(device):
+    x = _special_input(device)
+    p, s = Q.quantize_fp4(x)
+    p_ref, s_ref = quantize_fp4_ref(x.cpu())
+    assert_bits_equal(p.view(torch.uint8).cpu(), p_ref.view(torch.uint8), "fp4 data")
+    assert_bits_equal(s.cpu(), s_ref, "fp4 scale")
+    b = s_ref.view(torch.uint8)
+    assert b[0, 0].item() == 0 and b[1, 0].item() == 255 and b[2, 0].item() == 255
+    nib1 = p_ref.view(torch.uint8)[1, 1].item() >> 4  # element 3: +inf, unscaled, saturates to +6
+    assert nib1 == 0x7
+
+
+# ---- API behaviour --------------------------------------------------------------------------
+def test_nd_input_and_noncontiguous(device):
+    x = _sample((6, 128), torch.bfloat16, device).reshape(2, 3, 128)
+    q, s = Q.quantize_fp8(x, E4M3, G.BLOCKWISE, block_size=64)
+    assert q.shape == (2, 3, 128) and s.shape == (2, 3, 2)
+    q2, s2 = Q.quantize_fp8(x.reshape(6, 128), E4M3, G.BLOCKWISE, block_size=64)
+    assert_bits_equal(q.reshape(6, 128), q2)
+    assert_bits_equal(s.reshape(6, 2), s2)
+    d = Q.dequantize_fp8(q, torch.float32, G.BLOCKWISE, block_size=64, scale_inv=s)
+    assert d.shape == (2, 3, 128)
+    qt, st = Q.quantize_fp8(x, E4M3, G.TENSORWISE)
+    assert qt.shape == x.shape and st.shape == ()
+    big = _sample((96, 64), torch.float32, device)
+    xt = big.t()  # non-contiguous [64, 96]
+    q, s = Q.quantize_fp8(xt, E5M2, G.MX_BLOCKWISE)
+    q2, s2 = Q.quantize_fp8(xt.contiguous(), E5M2, G.MX_BLOCKWISE)
+    assert_bits_equal(q, q2)
+    assert_bits_equal(s, s2)
+
+
+def test_long_rowwise_path(device):
+    # rows longer than the tile kernel holds go through the two-pass kernel
+    x = _sample((3, 20000), torch.bfloat16, device)
+    q, s = Q.quantize_fp8(x, E4M3, G.ROWWISE)
+    q_ref, s_ref = quantize_fp8_ref(x, E4M3, G.ROWWISE)
+    assert_bits_equal(q, q_ref)
+    assert_bits_equal(s, s_ref)
+    x0 = _sample((300, 40), torch.float16, device)
+    q, s = Q.quantize_fp8(x0, E5M2, G.ROWWISE, axis=0)
+    q_ref, s_ref = quantize_fp8_ref(x0, E5M2, G.ROWWISE, axis=0)
+    assert_bits_equal(q, q_ref)
+    assert_bits_equal(s, s_ref)
+    q, s, qt, st = Q.quantize_fp8_with_trans(x0, E4M3, G.ROWWISE)
+    qt_ref, st_ref = quantize_fp8_ref(x0.t().contiguous(), E4M3, G.ROWWISE)
+    assert_bits_equal(qt, qt_ref)
+    assert_bits_equal(st, st_ref)
+
+
+def test_reference_fallback_without_interpreter(monkeypatch):
+    x = _sample((32, 64), torch.bfloat16, "cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert Q.quant_backend(x) == "reference"
+    q, s = Q.quantize_fp8(x, E4M3, G.MX_BLOCKWISE)
+    p, ps = Q.quantize_fp4(x)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if not torch.cuda.is_available():
+        assert Q.quant_backend(x) == "triton"
+    q2, s2 = Q.quantize_fp8(x, E4M3, G.MX_BLOCKWISE)
+    assert_bits_equal(q, q2)
+    assert_bits_equal(s, s2)
+    p2, ps2 = Q.quantize_fp4(x)
+    assert_bits_equal(p.view(torch.uint8), p2.view(torch.uint8))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_empty_inputs(case, device):
+    _, gran, kw = case
+    for shape in ((0, 64), (64, 0)):
+        if gran == G.MX_BLOCKWISE and (shape[0] if kw.get("axis", -1) == 0 else shape[1]) % 32:
+            continue
+        x = torch.empty(shape, dtype=torch.bfloat16, device=device)
+        q, s = Q.quantize_fp8(x, E4M3, gran, **kw)
+        q_ref, s_ref = quantize_fp8_ref(x.cpu(), E4M3, gran, **kw)
+        assert q.shape == shape and s.shape == s_ref.shape and s.dtype == s_ref.dtype
+        d = Q.dequantize_fp8(q, torch.bfloat16, gran, scale_inv=s, **kw)
+        assert d.shape == shape
+    x = torch.empty((0, 64), device=device)
+    q, s, qt, st = Q.quantize_fp8_with_trans(x, E4M3, G.BLOCKWISE)
+    assert q.shape == (0, 64) and s.shape == (0, 1) and qt.shape == (64, 0) and st.shape == (64, 0)
+    p, ps = Q.quantize_fp4(torch.empty((0, 64), device=device))
+    assert p.shape == (0, 32) and ps.shape == (0, 2)
+
+
+def test_errors():
+    x = torch.randn(8, 64)
+    with pytest.raises(TypeError, match="x.dtype must be"):
+        Q.quantize_fp8(x.to(torch.int32), E4M3, G.TENSORWISE)
+    with pytest.raises(TypeError, match="out_dtype must be"):
+        Q.quantize_fp8(x, torch.bfloat16, G.TENSORWISE)
+    with pytest.raises(ValueError, match="granularity='COLWISE'"):
+        Q.quantize_fp8(x, E4M3, "COLWISE")
+    with pytest.raises(ValueError, match="multiple of 32, got 8"):
+        Q.quantize_fp8(x, E4M3, G.MX_BLOCKWISE, axis=0)
+    with pytest.raises(ValueError, match="block_size must be 32"):
+        Q.quantize_fp8(x, E4M3, G.MX_BLOCKWISE, block_size=16)
+    with pytest.raises(ValueError, match="power of two in \\[16, 128\\], got 100"):
+        Q.quantize_fp8(x, E4M3, G.BLOCKWISE, block_size=100)
+    with pytest.raises(ValueError, match="block_size is only for"):
+        Q.quantize_fp8(x, E4M3, G.ROWWISE, block_size=128)
+    with pytest.raises(ValueError, match="axis=1 for a 3-D input"):
+        Q.quantize_fp8(x.reshape(2, 4, 64), E4M3, G.ROWWISE, axis=1)
+    with pytest.raises(ValueError, match="axis=2"):
+        Q.quantize_fp8(x, E4M3, G.ROWWISE, axis=2)
+    with pytest.raises(ValueError, match="expected a 2-D tensor"):
+        Q.quantize_fp8(x.reshape(-1), E4M3, G.BLOCKWISE)
+    with pytest.raises(NotImplementedError, match="stochastic rounding"):
+        Q.quantize_fp8(x, E4M3, G.BLOCKWISE, scaling_recipe=ScalingRecipe(use_sr=True))
+    with pytest.raises(ValueError, match="x must be 2-D"):
+        Q.quantize_fp8_with_trans(x.reshape(2, 4, 64), E4M3, G.BLOCKWISE)
+    with pytest.raises(ValueError, match="multiple of 32, got 8"):
+        Q.quantize_fp8_with_trans(x, E4M3, G.MX_BLOCKWISE)
+    q, s = Q.quantize_fp8(x, E4M3, G.BLOCKWISE)
+    with pytest.raises(ValueError, match=r"scale_inv has shape \(8, 1\), expected \(1, 64\)"):
+        Q.dequantize_fp8(q, torch.float32, G.BLOCKWISE, axis=0, scale_inv=s)
+    with pytest.raises(TypeError, match="x must be a float8"):
+        Q.dequantize_fp8(x, torch.float32, G.BLOCKWISE, scale_inv=s)
+    with pytest.raises(TypeError, match="out_dtype must be float32"):
+        Q.dequantize_fp8(q, E4M3, G.BLOCKWISE, scale_inv=s)
+    with pytest.raises(TypeError, match="scale_inv.dtype must be"):
+        Q.dequantize_fp8(q, torch.float32, G.BLOCKWISE, scale_inv=s.double())
+    with pytest.raises(ValueError, match="MXFP4 needs the quantized dim to be a multiple of 32, got 8"):
+        Q.quantize_fp4(x, axis=0)
+    with pytest.raises(ValueError, match="x must be 2-D"):
+        Q.quantize_fp4(x.reshape(-1))
+    p, ps = Q.quantize_fp4(x)
+    with pytest.raises(ValueError, match="scale_inv has shape"):
+        Q.dequantize_fp4(p, torch.float32, scale_inv=ps[:, :1])
+    with pytest.raises(TypeError, match="float8_e8m0fnu"):
+        Q.dequantize_fp4(p, torch.float32, scale_inv=ps.float())
+
+
+def test_torch_compile_fullgraph(device):
+    x = _sample((64, 256), torch.bfloat16, device)
+
+    def f(t):
+        q, s = Q.quantize_fp8(t, E4M3, G.BLOCKWISE)
+        return Q.dequantize_fp8(q, torch.float32, G.BLOCKWISE, scale_inv=s), s
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    d, s = compiled(x)
+    d_ref, s_ref = f(x)
+    assert_bits_equal(d, d_ref)
+    assert_bits_equal(s, s_ref)
+
+
+# ---- GPU: real shapes -----------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bitexact_large_gpu(case):
+    _, gran, kw = case
+    x = _sample((4096, 7168), torch.bfloat16, "cuda")
+    for fp8 in FP8:
+        q, s = Q.quantize_fp8(x, fp8, gran, **kw)
+        q_ref, s_ref = quantize_fp8_ref(x, fp8, gran, **kw)
+        assert_bits_equal(q, q_ref)
+        assert_bits_equal(s, s_ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", WT_CASES, ids=[c[0] for c in WT_CASES])
+def test_with_trans_large_gpu(case):
+    _, gran, kw = case
+    x = _sample((4096, 7168), torch.bfloat16, "cuda")
+    q, s, qt, st = Q.quantize_fp8_with_trans(x, E4M3, gran, **kw)
+    rec = kw.get("scaling_recipe")
+    qt_ref, st_ref = quantize_fp8_ref(x.t().contiguous(), E4M3, gran, block_size=kw.get("block_size"),
+                                      scaling_recipe=kw.get("scaling_recipe_for_trans", rec))
+    assert_bits_equal(qt, qt_ref)
+    assert_bits_equal(st, st_ref)
+    p, ps, pt, pst = Q.quantize_fp4_with_trans(x)
+    assert_bits_equal(pt.view(torch.uint8), quantize_fp4_ref(x.t().contiguous())[0].view(torch.uint8))
+    assert math.isfinite(float(s.float().sum()))
