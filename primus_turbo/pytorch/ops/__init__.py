@@ -1,6 +1,7 @@
 """Public functional API: ``turbo.ops.<op>``. Each op validates, dispatches and wires autograd."""
 
 from .gemm import gemm
+from .gemm_fp8 import gemm_fp8
 from .quantization import (
     dequantize_fp4,
     dequantize_fp8,
@@ -12,6 +13,7 @@ from .quantization import (
 
 __all__ = [
     "gemm",
+    "gemm_fp8",
     "quantize_fp8",
     "quantize_fp8_with_trans",
     "dequantize_fp8",

@@ -1,0 +1,197 @@
+"""FP8 GEMM backends: TORCH (``torch._scaled_mm``, cuBLASLt / CUTLASS) and TRITON.
+
+Every backend computes the canonical problem of docs/low_precision.md on pre-quantized K-major
+operands: ``C[M, N] = (a_q[M, K] * a_scale) @ (b_q[N, K] * b_scale)^T``, or ``out += C`` when
+accumulating, with the scale shapes of ``mode`` (a ``ScalingGranularity``). Keyword arguments of
+``check``/``execute``: ``a_q, a_scale, b_q, b_scale, mode, out=None, out_dtype=None,
+accumulate=False, block_size=128``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend
+from ..core.low_precision import ScalingGranularity
+
+__all__ = ["GemmFP8TorchBackend", "GemmFP8TritonBackend", "gemm_fp8_dispatcher", "FP8_GEMM_DTYPES"]
+
+FP8_GEMM_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_G = ScalingGranularity
+
+
+def _granularity(mode) -> ScalingGranularity:
+    if isinstance(mode, ScalingGranularity):
+        return mode
+    return ScalingGranularity[str(getattr(mode, "name", mode)).upper()]
+
+
+def _common_check(a_q, a_scale, b_q, b_scale, mode, out, out_dtype, accumulate) -> Optional[str]:
+    for name, t in (("a_q", a_q), ("b_q", b_q)):
+        if not isinstance(t, torch.Tensor):
+            return f"{name} must be a tensor, got {type(t).__name__}"
+        if t.dim() != 2:
+            return f"{name} must be 2-D, got {t.dim()}-D"
+        if t.dtype not in FP8_GEMM_DTYPES:
+            return f"{name}.dtype must be float8_e4m3fn or float8_e5m2, got {t.dtype}"
+    if a_q.size(1) != b_q.size(1):
+        return f"K mismatch: a_q is {tuple(a_q.shape)}, b_q is {tuple(b_q.shape)} (both [rows, K])"
+    if a_q.device != b_q.device:
+        return f"operands on different devices: a_q on {a_q.device}, b_q on {b_q.device}"
+    try:
+        _granularity(mode)
+    except KeyError:
+        return f"unknown scaling mode {mode!r}"
+    if out_dtype is not None and out_dtype not in _OUT_DTYPES:
+        return f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}"
+    if accumulate:
+        if out is None:
+            return "accumulate=True needs out"
+        if out.dtype not in _OUT_DTYPES:
+            return f"accumulation buffer must be fp32, bf16 or fp16, got {out.dtype}"
+    return None
+
+
+def _row_major_16(t: torch.Tensor) -> bool:
+    """cuBLASLt FP8 operands: unit inner stride, 16-byte aligned base and leading dimension."""
+    return t.stride(1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0
+
+
+class GemmFP8TorchBackend(KernelBackend):
+    """``torch._scaled_mm``: TENSORWISE (cuBLASLt) and ROWWISE (sm_90 CUTLASS) on CUDA sm_89+."""
+
+    backend_type = BackendType.TORCH
+
+    @classmethod
+    def check(cls, a_q=None, a_scale=None, b_q=None, b_scale=None, mode=None, out=None, out_dtype=None,
+              accumulate=False, block_size=128, **_) -> Optional[str]:
+        reason = _common_check(a_q, a_scale, b_q, b_scale, mode, out, out_dtype, accumulate)
+        if reason is not None:
+            return reason
+        g = _granularity(mode)
+        if g not in (_G.TENSORWISE, _G.ROWWISE):
+            return f"torch._scaled_mm has no {g.name} scaling on this GPU (TENSORWISE and ROWWISE only)"
+        if not a_q.is_cuda:
+            return f"torch._scaled_mm needs CUDA tensors, got {a_q.device}"
+        if not hasattr(torch, "_scaled_mm"):
+            return "this torch has no torch._scaled_mm"
+        cap = torch.cuda.get_device_capability(a_q.device)
+        if cap < (8, 9):
+            return f"sm_{cap[0]}{cap[1]} has no FP8 tensor cores"
+        M, K = a_q.shape
+        N = b_q.shape[0]
+        if K % 16 or N % 16:
+            return f"torch._scaled_mm needs K and N to be multiples of 16, got K={K}, N={N}"
+        if not (_row_major_16(a_q) and _row_major_16(b_q)):
+            return "torch._scaled_mm needs K-contiguous, 16-byte aligned operands"
+        if a_q.dtype == torch.float8_e5m2 and b_q.dtype == torch.float8_e5m2:
+            return "cuBLASLt has no E5M2 x E5M2 FP8 GEMM"
+        want = out.dtype if out is not None else (out_dtype or torch.bfloat16)
+        if g == _G.TENSORWISE:
+            if a_scale.numel() != 1 or b_scale.numel() != 1 or a_scale.dtype != torch.float32:
+                return "TENSORWISE scales must be one fp32 value each"
+            return None
+        # ROWWISE: the CUTLASS kernel behind _scaled_mm takes E4M3 x E4M3 and writes bf16 only
+        if cap < (9, 0):
+            return f"torch._scaled_mm row-wise scaling needs sm_90, got sm_{cap[0]}{cap[1]}"
+        if a_q.dtype != torch.float8_e4m3fn or b_q.dtype != torch.float8_e4m3fn:
+            return "torch._scaled_mm row-wise scaling takes E4M3 x E4M3 only"
+        if a_scale.numel() != M or b_scale.numel() != N or a_scale.dtype != torch.float32:
+            return f"ROWWISE scales must be fp32 [M, 1] and [N, 1], got {tuple(a_scale.shape)}, {tuple(b_scale.shape)}"
+        if want != torch.bfloat16 and not accumulate:
+            return f"torch._scaled_mm row-wise scaling writes bf16 only, {want} asked"
+        return None
+
+    @classmethod
+    def execute(cls, a_q=None, a_scale=None, b_q=None, b_scale=None, mode=None, out=None, out_dtype=None,
+                accumulate=False, block_size=128, **_) -> torch.Tensor:
+        g = _granularity(mode)
+        want = out.dtype if out is not None else (out_dtype or torch.bfloat16)
+        if g == _G.TENSORWISE:
+            sa, sb = a_scale.reshape(()), b_scale.reshape(())
+            # accumulate: fp32 result, then one add (the epilogue of _scaled_mm cannot add into C)
+            res_dtype = torch.float32 if accumulate else want
+        else:
+            sa = a_scale.reshape(-1, 1).contiguous()
+            sb = b_scale.reshape(1, -1).contiguous()
+            res_dtype = torch.bfloat16
+        res = torch._scaled_mm(a_q, b_q.t(), scale_a=sa, scale_b=sb, out_dtype=res_dtype)
+        if accumulate:
+            out.add_(res)
+            return out
+        if res.dtype != want:
+            res = res.to(want)
+        if out is not None:
+            out.copy_(res)
+            return out
+        return res
+
+
+class GemmFP8TritonBackend(KernelBackend):
+    """Our persistent Triton FP8 kernel: every mode (MX emulated exactly), fused accumulation."""
+
+    backend_type = BackendType.TRITON
+
+    @classmethod
+    def check(cls, a_q=None, a_scale=None, b_q=None, b_scale=None, mode=None, out=None, out_dtype=None,
+              accumulate=False, block_size=128, **_) -> Optional[str]:
+        reason = _common_check(a_q, a_scale, b_q, b_scale, mode, out, out_dtype, accumulate)
+        if reason is not None:
+            return reason
+        try:
+            from primus_turbo.triton.gemm.gemm_fp8_kernel import check_gemm_fp8_triton
+        except ImportError as exc:
+            return f"triton is not available ({exc})"
+        return check_gemm_fp8_triton(a_q, a_scale, b_q, b_scale, mode, out=out, out_dtype=None if out is not None
+                                     else out_dtype, accumulate=accumulate, block_size=block_size)
+
+    @classmethod
+    def execute(cls, a_q=None, a_scale=None, b_q=None, b_scale=None, mode=None, out=None, out_dtype=None,
+                accumulate=False, block_size=128, **_) -> torch.Tensor:
+        from primus_turbo.triton.gemm.gemm_fp8_kernel import gemm_fp8_triton_prechecked
+
+        return gemm_fp8_triton_prechecked(a_q, a_scale, b_q, b_scale, mode, out=out,
+                                          out_dtype=out_dtype or torch.bfloat16, accumulate=accumulate,
+                                          block_size=block_size)
+
+
+def _make_key(a_q=None, a_scale=None, b_q=None, b_scale=None, mode=None, out=None, out_dtype=None,
+              accumulate=False, block_size=128, **_):
+    return (
+        a_q.size(0), b_q.size(0), a_q.size(1), a_q.dtype, b_q.dtype,
+        out_dtype if out is None else out.dtype, str(getattr(mode, "name", mode)),
+        None if a_scale is None else tuple(a_scale.shape[:1]), None if b_scale is None else tuple(b_scale.shape[:1]),
+        block_size, bool(accumulate), a_q.device.type,
+    )
+
+
+def _default(**kwargs) -> BackendType:
+    # TORCH (cuBLASLt / CUTLASS) where _scaled_mm can run the inputs (TENSORWISE / ROWWISE on
+    # CUDA); TRITON for BLOCKWISE and MX, and for what _scaled_mm refuses (CPU, E5M2 x E5M2,
+    # row-wise E5M2, unaligned operands, ...), without the dispatcher's fallback warning.
+    mode = kwargs.get("mode")
+    try:
+        g = _granularity(mode)
+    except KeyError:
+        return BackendType.TRITON
+    if g in (_G.TENSORWISE, _G.ROWWISE) and GemmFP8TorchBackend.can_handle(**kwargs):
+        return BackendType.TORCH
+    return BackendType.TRITON
+
+
+def _tune_kwargs(out=None, **kw):
+    # Autotune times accumulating variants on a zeroed scratch buffer: never on main_grad.
+    return dict(kw, out=None if out is None else torch.zeros_like(out))
+
+
+gemm_fp8_dispatcher = AutoKernelDispatcher(
+    op_name="gemm_fp8",
+    family="gemm",
+    backends=[GemmFP8TorchBackend, GemmFP8TritonBackend],
+    make_key=_make_key,
+    default=_default,
+    make_tune_kwargs=_tune_kwargs,
+)
