@@ -20,7 +20,7 @@ from .quant_ref import (
     quantize_fp4_ref,
     quantize_fp8_ref,
 )
-from .references import gemm_backward_ref, gemm_ref
+from .references import gemm_backward_ref, gemm_ref, grouped_gemm_ref, grouped_gemm_variable_k_ref
 from .shapes import is_gpu, pick_shapes
 
 __all__ = [
@@ -34,6 +34,8 @@ __all__ = [
     # references
     "gemm_ref",
     "gemm_backward_ref",
+    "grouped_gemm_ref",
+    "grouped_gemm_variable_k_ref",
     # quantization references
     "fp8_max",
     "quantize_fp8_ref",

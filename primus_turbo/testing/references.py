@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["gemm_ref", "gemm_backward_ref"]
+__all__ = ["gemm_ref", "gemm_backward_ref", "grouped_gemm_ref", "grouped_gemm_variable_k_ref"]
 
 
 def _op(x: torch.Tensor, trans: bool) -> torch.Tensor:
@@ -92,3 +92,58 @@ def gemm_backward_ref(
     grad_a = _op(grad_op_a, trans_a)
     grad_b = _op(grad_op_b, trans_b)
     return grad_a.contiguous(), grad_b.contiguous()
+
+
+def _group_bounds(group_lens: torch.Tensor, rows: int) -> list[tuple[int, int]]:
+    """[(start, end)] of each group's rows (host-side: a reference may synchronise)."""
+    lens = [int(v) for v in group_lens.detach().cpu().tolist()]
+    if any(v < 0 for v in lens) or sum(lens) > rows:
+        raise ValueError(f"group_lens {lens} must be non-negative and sum to at most {rows}")
+    bounds, start = [], 0
+    for n in lens:
+        bounds.append((start, start + n))
+        start += n
+    return bounds
+
+
+def grouped_gemm_ref(
+    a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor, trans_b: bool = False
+) -> torch.Tensor:
+    """MoE grouped GEMM in float64: ``out[rows of g] = a[rows of g] @ op(b[g])``.
+
+    ``a``: ``[M_total, K]``; ``b``: ``[G, K, N]`` (``[G, N, K]`` if ``trans_b``); ``group_lens``:
+    ``[G]`` rows per group, taken in order from row 0. Rows past ``sum(group_lens)`` are zero.
+    Returns ``[M_total, N]`` float64.
+    """
+    _check_2d("a", a)
+    if b.dim() != 3 or b.size(0) != group_lens.numel():
+        raise ValueError(f"b must be [G, ., .] with G={group_lens.numel()}, got shape {tuple(b.shape)}")
+    a64 = a.detach().to(torch.float64)
+    b64 = _op(b.detach().to(device=a.device, dtype=torch.float64), trans_b)
+    if b64.size(1) != a64.size(1):
+        raise ValueError(f"K mismatch: a {tuple(a.shape)}, b {tuple(b.shape)} (trans_b={trans_b})")
+    out = torch.zeros((a64.size(0), b64.size(2)), dtype=torch.float64, device=a.device)
+    for g, (s, e) in enumerate(_group_bounds(group_lens, a64.size(0))):
+        out[s:e] = a64[s:e] @ b64[g]
+    return out
+
+
+def grouped_gemm_variable_k_ref(
+    x: torch.Tensor, y: torch.Tensor, group_lens: torch.Tensor
+) -> torch.Tensor:
+    """Variable-K grouped GEMM in float64 (an MoE weight gradient): ``out[g] = x_g.T @ y_g``.
+
+    ``x``: ``[M_total, P]``, ``y``: ``[M_total, Q]``; ``x_g``/``y_g`` are group ``g``'s rows. An
+    empty group gives zeros. Returns ``[G, P, Q]`` float64. (For ``C = grouped_gemm(a, b)``:
+    ``dB = grouped_gemm_variable_k_ref(a, dC)``, or ``(dC, a)`` with ``trans_b``.)
+    """
+    _check_2d("x", x)
+    _check_2d("y", y)
+    if x.size(0) != y.size(0):
+        raise ValueError(f"x and y must have the same rows, got {tuple(x.shape)} and {tuple(y.shape)}")
+    x64 = x.detach().to(torch.float64)
+    y64 = y.detach().to(device=x.device, dtype=torch.float64)
+    out = torch.zeros((group_lens.numel(), x64.size(1), y64.size(1)), dtype=torch.float64, device=x.device)
+    for g, (s, e) in enumerate(_group_bounds(group_lens, x64.size(0))):
+        out[g] = x64[s:e].T @ y64[s:e]
+    return out
