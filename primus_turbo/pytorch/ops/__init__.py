@@ -2,6 +2,7 @@
 
 from .gemm import gemm
 from .gemm_fp8 import gemm_fp8
+from .grouped_gemm import grouped_gemm
 from .quantization import (
     dequantize_fp4,
     dequantize_fp8,
@@ -14,6 +15,7 @@ from .quantization import (
 __all__ = [
     "gemm",
     "gemm_fp8",
+    "grouped_gemm",
     "quantize_fp8",
     "quantize_fp8_with_trans",
     "dequantize_fp8",

@@ -1,0 +1,211 @@
+"""Grouped GEMM backends (MoE experts): TORCH (``torch._grouped_mm``, CUDA sm_90+ bf16) and TRITON.
+
+Two problems, each with its own dispatcher in the ``grouped_gemm`` family (so one pin,
+``GlobalBackendManager.set_grouped_gemm_backend`` / ``PRIMUS_TURBO_GROUPED_GEMM_BACKEND``, covers
+both):
+
+* M-grouped (forward, dgrad): ``out[offs[g]:offs[g+1]] = a[offs[g]:offs[g+1]] @ b[g]`` with ``a``
+  ``[M_total, K]``, ``b`` the *logical* ``[G, K, N]`` (any strides: the op layer passes transposed
+  views) and the rows past ``offs[G]`` zeroed.
+* variable-K (wgrad): ``out[g] (+)= x[rows of g].T @ y[rows of g]``, ``[G, P, Q]``.
+
+Keys and checks read shapes, dtypes, strides and devices only: never a device value (no host sync).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend
+
+__all__ = [
+    "GROUPED_GEMM_DTYPES",
+    "GroupedGemmTorchBackend",
+    "GroupedGemmTritonBackend",
+    "GroupedGemmVariableKTorchBackend",
+    "GroupedGemmVariableKTritonBackend",
+    "grouped_gemm_dispatcher",
+    "grouped_gemm_variable_k_dispatcher",
+]
+
+GROUPED_GEMM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _b_layout(b: torch.Tensor) -> str:
+    """'R': the logical [K, N] matrices row-major, 'C': column-major (a [G, N, K] weight), 'S' other."""
+    if b.stride(2) == 1 or b.size(2) <= 1:
+        return "R"
+    if b.stride(1) == 1 or b.size(1) <= 1:
+        return "C"
+    return "S"
+
+
+def _sm90_bf16(t: torch.Tensor) -> Optional[str]:
+    if not t.is_cuda:
+        return f"torch._grouped_mm needs CUDA; tensors are on {t.device} (no host-sync-free CPU path)"
+    if not hasattr(torch, "_grouped_mm"):
+        return "this torch has no torch._grouped_mm"
+    if t.dtype != torch.bfloat16:
+        return f"torch._grouped_mm supports bfloat16 only, got {t.dtype}"
+    if torch.cuda.get_device_capability(t.device) < (9, 0):
+        return "torch._grouped_mm needs sm_90 or newer here"
+    return None
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """16-byte aligned base and non-unit strides (what the CUTLASS grouped kernel requires)."""
+    nbytes = t.element_size()
+    return t.data_ptr() % 16 == 0 and all((s * nbytes) % 16 == 0 for s, n in zip(t.stride(), t.shape) if s != 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# M-grouped
+# ---------------------------------------------------------------------------------------------
+class GroupedGemmTorchBackend(KernelBackend):
+    """``torch._grouped_mm`` (CUTLASS) on sm_90 bf16; the tail rows are zeroed with a masked fill."""
+
+    backend_type = BackendType.TORCH
+
+    @classmethod
+    def check(cls, a, b, group_lens, group_offs, num_cu=None, **_) -> Optional[str]:
+        reason = _sm90_bf16(a)
+        if reason is not None:
+            return reason
+        if num_cu is not None:
+            return "num_cu (SM cap) is not supported by torch._grouped_mm"
+        if a.stride(1) != 1 or not _aligned(a):
+            return "a must be row-major with 16-byte aligned rows"
+        if _b_layout(b) == "S" or not _aligned(b):
+            return "b's matrices must be row- or column-major with 16-byte aligned strides"
+        return None
+
+    @classmethod
+    def execute(cls, a, b, group_lens, group_offs, num_cu=None, **_) -> torch.Tensor:
+        if a.size(0) == 0 or b.size(2) == 0:
+            return torch.empty((a.size(0), b.size(2)), dtype=a.dtype, device=a.device)
+        if b.size(0) == 0 or a.size(1) == 0:
+            return torch.zeros((a.size(0), b.size(2)), dtype=a.dtype, device=a.device)
+        out = torch._grouped_mm(a, b, offs=group_offs[1:].to(torch.int32))
+        # torch._grouped_mm leaves rows past offs[-1] uninitialised: zero them (on the device).
+        tail = torch.arange(a.size(0), device=a.device) >= group_offs[-1]
+        return out.masked_fill_(tail[:, None], 0)
+
+
+class GroupedGemmTritonBackend(KernelBackend):
+    """Persistent Triton kernel with a device-side tile schedule (primus_turbo/triton/grouped_gemm)."""
+
+    backend_type = BackendType.TRITON
+
+    @classmethod
+    def check(cls, a, b, group_lens, group_offs, num_cu=None, **_) -> Optional[str]:
+        try:
+            from primus_turbo.triton.grouped_gemm import check_grouped_gemm_triton
+        except ImportError as exc:
+            return f"triton is not available ({exc})"
+        return check_grouped_gemm_triton(a, b, group_lens, group_offs)
+
+    @classmethod
+    def execute(cls, a, b, group_lens, group_offs, num_cu=None, **_) -> torch.Tensor:
+        from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import grouped_gemm_triton
+
+        return grouped_gemm_triton(a, b, group_lens, group_offs, num_cu=num_cu, checked=True)
+
+
+def _make_key(a, b, group_lens, group_offs, num_cu=None, **_):
+    return (a.size(0), b.size(2), a.size(1), b.size(0), a.dtype, _b_layout(b), num_cu, a.device.type)
+
+
+def _default(**kwargs) -> BackendType:
+    # the vendor kernel where it can run, our kernel everywhere else (CPU, fp16/fp32, num_cu, ...)
+    return BackendType.TORCH if GroupedGemmTorchBackend.can_handle(**kwargs) else BackendType.TRITON
+
+
+grouped_gemm_dispatcher = AutoKernelDispatcher(
+    op_name="grouped_gemm",
+    family="grouped_gemm",
+    backends=[GroupedGemmTorchBackend, GroupedGemmTritonBackend],
+    make_key=_make_key,
+    default=_default,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Variable K (wgrad)
+# ---------------------------------------------------------------------------------------------
+class GroupedGemmVariableKTorchBackend(KernelBackend):
+    """``torch._grouped_mm(x.T, y, offs)`` (2-D x 2-D: one [P, Q] product per group of rows)."""
+
+    backend_type = BackendType.TORCH
+
+    @classmethod
+    def check(cls, x, y, group_lens, group_offs, out=None, accumulate=False, num_cu=None, **_) -> Optional[str]:
+        reason = _sm90_bf16(x)
+        if reason is not None:
+            return reason
+        if num_cu is not None:
+            return "num_cu (SM cap) is not supported by torch._grouped_mm"
+        if x.stride(1) != 1 or y.stride(1) != 1 or not _aligned(x) or not _aligned(y):
+            return "x and y must be row-major with 16-byte aligned rows"
+        if accumulate and out is None:
+            return "accumulate=True needs out"
+        if out is not None and out.dtype not in (torch.float32, x.dtype):
+            return f"out must be float32 or {x.dtype}, got {out.dtype}"
+        return None
+
+    @classmethod
+    def execute(cls, x, y, group_lens, group_offs, out=None, accumulate=False, num_cu=None, **_) -> torch.Tensor:
+        G = group_offs.numel() - 1
+        if x.size(0) == 0 or G == 0 or x.size(1) == 0 or y.size(1) == 0:
+            # empty contraction everywhere: torch._grouped_mm rejects it (pytorch#192497)
+            res = torch.zeros((G, x.size(1), y.size(1)), dtype=x.dtype, device=x.device)
+        else:
+            res = torch._grouped_mm(x.t(), y, offs=group_offs[1:].to(torch.int32))
+        if out is None:
+            return res
+        if accumulate:
+            return out.add_(res)
+        return out.copy_(res)
+
+
+class GroupedGemmVariableKTritonBackend(KernelBackend):
+    backend_type = BackendType.TRITON
+
+    @classmethod
+    def check(cls, x, y, group_lens, group_offs, out=None, accumulate=False, num_cu=None, **_) -> Optional[str]:
+        try:
+            from primus_turbo.triton.grouped_gemm import check_grouped_gemm_variable_k_triton
+        except ImportError as exc:
+            return f"triton is not available ({exc})"
+        return check_grouped_gemm_variable_k_triton(x, y, group_lens, group_offs, out=out, accumulate=accumulate)
+
+    @classmethod
+    def execute(cls, x, y, group_lens, group_offs, out=None, accumulate=False, num_cu=None, **_) -> torch.Tensor:
+        from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import grouped_gemm_variable_k_triton
+
+        return grouped_gemm_variable_k_triton(
+            x, y, group_lens, group_offs, out=out, accumulate=accumulate, num_cu=num_cu, checked=True)
+
+
+def _make_key_vk(x, y, group_lens, group_offs, out=None, accumulate=False, num_cu=None, **_):
+    return (x.size(0), x.size(1), y.size(1), group_offs.numel() - 1, x.dtype,
+            None if out is None else out.dtype, bool(accumulate), num_cu, x.device.type)
+
+
+def _tune_kwargs_vk(x, y, group_lens, group_offs, out=None, accumulate=False, num_cu=None, **kw):
+    # autotune never writes into the caller's accumulation buffer (main_grad)
+    scratch = None if out is None else torch.zeros_like(out)
+    return dict(kw, x=x, y=y, group_lens=group_lens, group_offs=group_offs, out=scratch, accumulate=accumulate,
+                num_cu=num_cu)
+
+
+grouped_gemm_variable_k_dispatcher = AutoKernelDispatcher(
+    op_name="grouped_gemm_variable_k",
+    family="grouped_gemm",
+    backends=[GroupedGemmVariableKTorchBackend, GroupedGemmVariableKTritonBackend],
+    make_key=_make_key_vk,
+    default=lambda **kw: (
+        BackendType.TORCH if GroupedGemmVariableKTorchBackend.can_handle(**kw) else BackendType.TRITON),
+    make_tune_kwargs=_tune_kwargs_vk,
+)

@@ -1,0 +1,257 @@
+"""Grouped GEMM of MoE experts: ``turbo.ops.grouped_gemm``.
+
+Semantics: rows of ``a`` ``[M_total, K]`` are split into ``G`` consecutive groups by ``group_lens``
+(``group_offs`` is its ``[G+1]`` exclusive prefix sum), and group ``g`` is multiplied by expert
+``g``'s weight ``op(b[g])`` (``b`` stored ``[G, K, N]``, or ``[G, N, K]`` with ``trans_b=True``)::
+
+    out[offs[g]:offs[g+1]] = a[offs[g]:offs[g+1]] @ op(b[g])        out[offs[G]:] = 0
+
+The three GEMMs of training:
+
+* output:      M-grouped GEMM, ``a`` with ``op(b)``
+* grad_input:  M-grouped GEMM, ``dC`` with ``op(b).T`` (the weights read transposed, in place)
+* grad_weight: variable-K grouped GEMM, ``dB[g] = a_g.T @ dC_g`` (``dC_g.T @ a_g`` with ``trans_b``),
+  where the reduction runs over group ``g``'s rows; optionally ``b.main_grad += dB`` (Megatron).
+
+No host synchronisation anywhere: group sizes are only read on the device (offsets by
+``torch.cumsum``, tile schedules inside the kernels), every size and branch comes from shapes, so
+the op is CUDA-graph capturable. Each GEMM is a ``torch.library`` custom op with a fake
+implementation (for ``torch.compile``); eager calls skip the custom-op dispatcher.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..backends.grouped_gemm import (
+    GROUPED_GEMM_DTYPES,
+    grouped_gemm_dispatcher,
+    grouped_gemm_variable_k_dispatcher,
+)
+from ..core.backend import PrecisionType
+from .gemm import _megatron_dummy_wgrad
+
+__all__ = ["grouped_gemm"]
+
+_FUSE_PATTERNS = (None, "megatron")
+
+
+def _offsets(group_lens: torch.Tensor) -> torch.Tensor:
+    """[G+1] exclusive prefix sum on the device (torch.cumsum: no sync)."""
+    offs = torch.zeros(group_lens.numel() + 1, dtype=torch.int64, device=group_lens.device)
+    offs[1:] = torch.cumsum(group_lens, 0)
+    return offs
+
+
+# --------------------------------------------------------------------------------------------
+# The GEMMs, as custom ops
+# --------------------------------------------------------------------------------------------
+def _gmm_eager(
+    a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor, group_offs: torch.Tensor, trans_b: bool,
+    num_cu: Optional[int],
+) -> torch.Tensor:
+    """M-grouped: ``out[rows of g] = a[rows of g] @ op(b[g])``, rows past ``offs[G]`` zero."""
+    B = b.transpose(1, 2) if trans_b else b  # logical [G, K, N], a view
+    return grouped_gemm_dispatcher.dispatch(
+        PrecisionType.BF16_FP16_FP32, a=a, b=B, group_lens=group_lens, group_offs=group_offs, num_cu=num_cu)
+
+
+grouped_gemm_impl = torch.library.custom_op("primus_turbo::grouped_gemm_impl", _gmm_eager, mutates_args=())
+
+
+@grouped_gemm_impl.register_fake
+def _grouped_gemm_impl_fake(a, b, group_lens, group_offs, trans_b, num_cu):
+    n = b.size(1) if trans_b else b.size(2)
+    return a.new_empty((a.size(0), n))
+
+
+def _vk_eager(
+    x: torch.Tensor, y: torch.Tensor, group_lens: torch.Tensor, group_offs: torch.Tensor, num_cu: Optional[int],
+) -> torch.Tensor:
+    """Variable K: ``out[g] = x[rows of g].T @ y[rows of g]``, ``[G, P, Q]``."""
+    return grouped_gemm_variable_k_dispatcher.dispatch(
+        PrecisionType.BF16_FP16_FP32, x=x, y=y, group_lens=group_lens, group_offs=group_offs, out=None,
+        accumulate=False, num_cu=num_cu)
+
+
+grouped_gemm_variable_k_impl = torch.library.custom_op(
+    "primus_turbo::grouped_gemm_variable_k_impl", _vk_eager, mutates_args=())
+
+
+@grouped_gemm_variable_k_impl.register_fake
+def _grouped_gemm_variable_k_impl_fake(x, y, group_lens, group_offs, num_cu):
+    return x.new_empty((group_offs.numel() - 1, x.size(1), y.size(1)))
+
+
+def _vk_accum_eager(
+    x: torch.Tensor, y: torch.Tensor, group_lens: torch.Tensor, group_offs: torch.Tensor, c: torch.Tensor,
+    num_cu: Optional[int],
+) -> None:
+    """``c[g] += x[rows of g].T @ y[rows of g]`` (fp32 sum, added in the kernel epilogue)."""
+    grouped_gemm_variable_k_dispatcher.dispatch(
+        PrecisionType.BF16_FP16_FP32, x=x, y=y, group_lens=group_lens, group_offs=group_offs, out=c,
+        accumulate=True, num_cu=num_cu)
+
+
+grouped_gemm_variable_k_accum_impl = torch.library.custom_op(
+    "primus_turbo::grouped_gemm_variable_k_accum_impl", _vk_accum_eager, mutates_args=("c",))
+
+
+@grouped_gemm_variable_k_accum_impl.register_fake
+def _grouped_gemm_variable_k_accum_impl_fake(x, y, group_lens, group_offs, c, num_cu):
+    return None
+
+
+def _gmm(a, b, group_lens, group_offs, trans_b, num_cu):
+    if torch.compiler.is_compiling():
+        return torch.ops.primus_turbo.grouped_gemm_impl(a, b, group_lens, group_offs, trans_b, num_cu)
+    return _gmm_eager(a, b, group_lens, group_offs, trans_b, num_cu)
+
+
+def _vk(x, y, group_lens, group_offs, num_cu):
+    if torch.compiler.is_compiling():
+        return torch.ops.primus_turbo.grouped_gemm_variable_k_impl(x, y, group_lens, group_offs, num_cu)
+    return _vk_eager(x, y, group_lens, group_offs, num_cu)
+
+
+def _vk_accum(x, y, group_lens, group_offs, c, num_cu):
+    if torch.compiler.is_compiling():
+        return torch.ops.primus_turbo.grouped_gemm_variable_k_accum_impl(x, y, group_lens, group_offs, c, num_cu)
+    return _vk_accum_eager(x, y, group_lens, group_offs, c, num_cu)
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd
+# --------------------------------------------------------------------------------------------
+class GroupedGemmFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, group_lens, group_offs, trans_b, num_cu, fuse_accum):
+        ctx.trans_b, ctx.num_cu, ctx.fuse_accum = trans_b, num_cu, fuse_accum
+        need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        # grad_input needs b, grad_weight needs a (and b for its main_grad)
+        ctx.save_for_backward(
+            a if need_b else None, b if (need_a or (need_b and fuse_accum)) else None, group_lens, group_offs)
+        if fuse_accum and need_b:
+            b.grad_added_to_main_grad = True
+        return _gmm(a, b, group_lens, group_offs, trans_b, num_cu)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        a, b, group_lens, group_offs = ctx.saved_tensors
+        tb, num_cu = ctx.trans_b, ctx.num_cu
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:
+            g = grad_out.to(b.dtype).contiguous()
+            # grad_input: dA[rows of g] = dC[rows of g] @ op(b[g]).T; rows past offs[G] get zeros
+            grad_a = _gmm(g, b, group_lens, group_offs, not tb, num_cu)
+        if ctx.needs_input_grad[1]:
+            g = grad_out.to(a.dtype).contiguous()
+            # grad_weight, stored like b: [G, K, N] = a_g.T @ dC_g, or [G, N, K] = dC_g.T @ a_g
+            x, y = (g, a) if tb else (a, g)
+            if ctx.fuse_accum:
+                _vk_accum(x, y, group_lens, group_offs, b.main_grad, num_cu)
+                b.grad_added_to_main_grad = True
+                grad_b = _megatron_dummy_wgrad(b)
+            else:
+                grad_b = _vk(x, y, group_lens, group_offs, num_cu)
+        return grad_a, grad_b, None, None, None, None, None
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+def _check_inputs(a, b, group_lens, group_offs, trans_b, num_cu, fuse_bgrad_accum_pattern):
+    for name, t, nd in (("a", a, 2), ("b", b, 3)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"grouped_gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != nd:
+            raise ValueError(f"grouped_gemm: {name} must be {nd}-D, got {name}.dim()={t.dim()} with shape {tuple(t.shape)}")
+        if t.dtype not in GROUPED_GEMM_DTYPES:
+            raise TypeError(f"grouped_gemm: {name}.dtype must be float32, float16 or bfloat16, got {t.dtype}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"grouped_gemm: a and b must have the same dtype, got a={a.dtype}, b={b.dtype}")
+    if a.device != b.device:
+        raise ValueError(f"grouped_gemm: a and b must be on the same device, got a on {a.device}, b on {b.device}")
+    k_b = b.size(2) if trans_b else b.size(1)
+    if a.size(1) != k_b:
+        raise ValueError(
+            f"grouped_gemm: K mismatch, a{tuple(a.shape)} has K={a.size(1)}, b{tuple(b.shape)} with "
+            f"trans_b={trans_b} has K={k_b}")
+    G = b.size(0)
+    for name, t, n in (("group_lens", group_lens, G), ("group_offs", group_offs, G + 1)):
+        if t is None and name == "group_offs":
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"grouped_gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.int64:
+            raise TypeError(f"grouped_gemm: {name} must be int64, got {t.dtype}")
+        if t.device != a.device:
+            raise ValueError(f"grouped_gemm: {name} must be on a's device {a.device}, got {t.device}")
+        if t.dim() != 1 or t.numel() != n:
+            raise ValueError(
+                f"grouped_gemm: {name} must be 1-D with {n} entries (b has G={G} experts), got shape {tuple(t.shape)}")
+    if num_cu is not None and (not isinstance(num_cu, int) or isinstance(num_cu, bool) or num_cu < 1):
+        raise ValueError(f"grouped_gemm: num_cu must be None or a positive int, got {num_cu!r}")
+    if fuse_bgrad_accum_pattern not in _FUSE_PATTERNS:
+        raise ValueError(
+            f"grouped_gemm: fuse_bgrad_accum_pattern must be None or 'megatron', got {fuse_bgrad_accum_pattern!r}")
+    if fuse_bgrad_accum_pattern == "megatron" and b.requires_grad and torch.is_grad_enabled():
+        mg = getattr(b, "main_grad", None)
+        if not isinstance(mg, torch.Tensor):
+            raise ValueError("grouped_gemm: fuse_bgrad_accum_pattern='megatron' needs b.main_grad (a tensor shaped like b)")
+        if mg.shape != b.shape or mg.device != b.device:
+            raise ValueError(
+                f"grouped_gemm: b.main_grad must match b, got main_grad {tuple(mg.shape)} on {mg.device}, "
+                f"b {tuple(b.shape)} on {b.device}")
+        if mg.dtype not in (torch.float32, b.dtype):
+            raise TypeError(f"grouped_gemm: b.main_grad must be float32 or {b.dtype}, got {mg.dtype}")
+
+
+def grouped_gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group_lens: torch.Tensor,
+    group_offs: Optional[torch.Tensor] = None,
+    trans_b: bool = False,
+    num_cu: Optional[int] = None,
+    fuse_bgrad_accum_pattern: Optional[str] = None,
+) -> torch.Tensor:
+    """Grouped GEMM of MoE experts with autograd, without host synchronisation.
+
+    Args:
+        a: ``[M_total, K]`` tokens sorted by expert; ``M_total >= sum(group_lens)`` (extra rows are
+            ignored and their output rows are zero). float32, float16 or bfloat16.
+        b: ``[G, K, N]`` expert weights, or ``[G, N, K]`` with ``trans_b=True``; same dtype/device.
+        group_lens: ``[G]`` int64 on ``a``'s device: rows per expert (zero allowed).
+        group_offs: ``[G+1]`` int64 exclusive prefix sum of ``group_lens``; computed on the device
+            when None.
+        trans_b: ``b`` holds ``[N, K]`` matrices (the ``nn.Linear`` layout).
+        num_cu: cap on the SMs (persistent programs) the TRITON kernels use, e.g. to leave SMs to
+            communication kernels; the TORCH backend does not support it (TRITON then runs).
+        fuse_bgrad_accum_pattern: ``None`` or ``"megatron"``: the weight gradient is added into
+            ``b.main_grad`` (fp32 or ``b.dtype``) in the kernel epilogue and a placeholder is returned.
+
+    Returns:
+        ``[M_total, N]`` in ``a.dtype``.
+
+    Values that only the device knows are not checked (that would need a sync): ``group_lens``
+    must be non-negative and sum to at most ``M_total``. The TRITON kernels clamp every group to
+    ``a``'s rows, so a bad ``group_lens`` never reads or writes out of bounds there; on CPU an
+    async assert also reports a sum larger than ``M_total``.
+
+    Backends: TORCH (``torch._grouped_mm``, CUDA sm_90+ bf16; the default where it can run) and
+    TRITON (everything else, and CPU through the Triton interpreter); see
+    ``GlobalBackendManager.set_grouped_gemm_backend`` and ``PRIMUS_TURBO_GROUPED_GEMM_BACKEND``.
+    """
+    _check_inputs(a, b, group_lens, group_offs, trans_b, num_cu, fuse_bgrad_accum_pattern)
+    if group_offs is None:
+        group_offs = _offsets(group_lens)
+    if a.device.type == "cpu" and not torch.compiler.is_compiling():
+        # on CPU this costs nothing like a GPU sync; on CUDA it would be a fatal device-side assert
+        torch._assert_async(group_offs[-1] <= a.size(0), "grouped_gemm: sum(group_lens) exceeds a.shape[0]")
+    fuse = fuse_bgrad_accum_pattern == "megatron"
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return GroupedGemmFunction.apply(a, b, group_lens, group_offs, bool(trans_b), num_cu, fuse)
+    return _gmm(a, b, group_lens, group_offs, bool(trans_b), num_cu)

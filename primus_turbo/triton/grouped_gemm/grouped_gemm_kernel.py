@@ -1,0 +1,378 @@
+"""Grouped GEMM for MoE experts: persistent Triton kernels with a device-side tile schedule.
+
+Two kernels, both fp32-accumulating, with no host synchronisation (group sizes are only ever read
+on the device, inside the kernels; the grid size depends on tensor shapes alone):
+
+* ``_grouped_gemm_kernel`` (forward and dgrad, "M-grouped"): ``C[rows of g] = A[rows of g] @ B[g]``
+  for ``A [M_total, K]``, ``B [G, K, N]`` (any strides: ``trans_b`` and the dgrad's transposed use of
+  the weights are stride patterns) and ``C [M_total, N]``. Each group owns ``cdiv(len_g, BLOCK_M) *
+  cdiv(N, BLOCK_N)`` tiles; the groups' tiles are numbered one after another, and program ``p`` of
+  the persistent grid takes every tile whose global number is ``p (mod #programs)``. Every program
+  walks the groups reading ``group_offs`` from device memory, so the schedule is built on the
+  device from the offsets. A last pseudo-group covers the rows past ``group_offs[G]`` (when ``A``
+  has more rows than were routed): those output rows are written as zeros.
+* ``_grouped_gemm_variable_k_kernel`` (wgrad): ``C[g] = X[rows of g]^T @ Y[rows of g]`` for ``X
+  [M_total, P]``, ``Y [M_total, Q]``, ``C [G, P, Q]``: the reduction runs over the group's rows, so
+  the tile count ``G * cdiv(P, BM) * cdiv(Q, BN)`` is static and only the K loop length is read from
+  the device. Optional ``C += ...`` epilogue (Megatron's ``main_grad`` in fp32 or the input dtype).
+
+This first version reads operands with masked pointer loads (any strides), not tensor descriptors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from primus_turbo.triton import is_interpreter
+from primus_turbo.triton.interpreter import bf16_dot_fixed
+
+__all__ = [
+    "GroupedGemmConfig",
+    "check_grouped_gemm_triton",
+    "check_grouped_gemm_variable_k_triton",
+    "grouped_gemm_triton",
+    "grouped_gemm_variable_k_triton",
+]
+
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _swizzle(t, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Local tile number -> (pid_m, pid_n): down a band of GROUP_M tile rows, then right."""
+    tiles_per_band = GROUP_M * num_pid_n
+    band_first_m = (t // tiles_per_band) * GROUP_M
+    band_rows = tl.minimum(num_pid_m - band_first_m, GROUP_M)
+    in_band = t % tiles_per_band
+    return band_first_m + in_band % band_rows, in_band // band_rows
+
+
+@triton.jit
+def _grouped_gemm_kernel(
+    a_ptr, b_ptr, c_ptr, offs_ptr,
+    M, N, K, G,
+    stride_am, stride_ak, stride_bg, stride_bk, stride_bn, stride_cm, stride_cn,
+    NUM_PROGRAMS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """C[offs[g]:offs[g+1]] = A[offs[g]:offs[g+1]] @ B[g]; C[offs[G]:M] = 0."""
+    pid = tl.program_id(axis=0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)
+    tile_base = 0  # global number of the current group's first tile
+    for g in range(0, G + 1):  # g == G: the zeroed tail rows
+        m_start = tl.load(offs_ptr + g)
+        m_end = tl.where(g < G, tl.load(offs_ptr + tl.minimum(g + 1, G)), M)
+        # Clamp to A's rows: a group_offs that overruns A never reads or writes out of bounds.
+        m_start = tl.minimum(tl.maximum(m_start, 0), M).to(tl.int32)
+        m_end = tl.maximum(tl.minimum(m_end, M).to(tl.int32), m_start)
+        num_pid_m = tl.cdiv(m_end - m_start, BLOCK_M)
+        tiles_g = num_pid_m * num_pid_n
+        # this program's first tile in the group: the smallest t >= 0 with (tile_base + t) % P == pid
+        first = (pid - tile_base % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
+        b_g = b_ptr + tl.cast(g, tl.int64) * stride_bg
+        for t in range(first, tiles_g, NUM_PROGRAMS):
+            pid_m, pid_n = _swizzle(t, num_pid_m, num_pid_n, GROUP_M)
+            rows = m_start + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            mask_m = rows < m_end
+            mask_n = cols < N
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            if g < G:
+                a_rows = a_ptr + rows.to(tl.int64)[:, None] * stride_am
+                b_cols = b_g + cols.to(tl.int64)[None, :] * stride_bn
+                for ki in range(k_tiles):
+                    k = ki * BLOCK_K + offs_k
+                    k64 = k.to(tl.int64)
+                    mask_k = k < K
+                    a = tl.load(a_rows + k64[None, :] * stride_ak, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+                    b = tl.load(b_cols + k64[:, None] * stride_bk, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+                    acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+            c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols.to(tl.int64)[None, :] * stride_cn
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+        tile_base += tiles_g
+
+
+@triton.jit
+def _grouped_gemm_variable_k_kernel(
+    x_ptr, y_ptr, c_ptr, offs_ptr,
+    M, P, Q, G,
+    stride_xm, stride_xp, stride_ym, stride_yq, stride_cg, stride_cp, stride_cq,
+    NUM_PROGRAMS: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """C[g] (+)= X[offs[g]:offs[g+1]].T @ Y[offs[g]:offs[g+1]] (C[g]: [P, Q]; BLOCK_K walks rows)."""
+    pid = tl.program_id(axis=0)
+    num_pid_m = tl.cdiv(P, BLOCK_M)
+    num_pid_n = tl.cdiv(Q, BLOCK_N)
+    tiles_per_group = num_pid_m * num_pid_n
+    total = G * tiles_per_group
+    offs_r = tl.arange(0, BLOCK_K)
+    for tile_id in range(pid, total, NUM_PROGRAMS):
+        g = tile_id // tiles_per_group
+        pid_m, pid_n = _swizzle(tile_id % tiles_per_group, num_pid_m, num_pid_n, GROUP_M)
+        r_start = tl.minimum(tl.maximum(tl.load(offs_ptr + g), 0), M).to(tl.int32)
+        r_end = tl.maximum(tl.minimum(tl.load(offs_ptr + g + 1), M).to(tl.int32), r_start)
+        ps = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        qs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_p = ps < P
+        mask_q = qs < Q
+        x_cols = x_ptr + ps.to(tl.int64)[None, :] * stride_xp
+        y_cols = y_ptr + qs.to(tl.int64)[None, :] * stride_yq
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for r0 in range(r_start, r_end, BLOCK_K):
+            r = r0 + offs_r
+            r64 = r.to(tl.int64)
+            mask_r = r < r_end
+            x = tl.load(x_cols + r64[:, None] * stride_xm, mask=mask_r[:, None] & mask_p[None, :], other=0.0)
+            y = tl.load(y_cols + r64[:, None] * stride_ym, mask=mask_r[:, None] & mask_q[None, :], other=0.0)
+            acc = tl.dot(tl.trans(x), y, acc, input_precision=DOT_PRECISION)
+        c_ptrs = (c_ptr + tl.cast(g, tl.int64) * stride_cg + ps.to(tl.int64)[:, None] * stride_cp
+                  + qs.to(tl.int64)[None, :] * stride_cq)
+        mask = mask_p[:, None] & mask_q[None, :]
+        if ACCUMULATE:
+            acc += tl.load(c_ptrs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Configs and launch
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class GroupedGemmConfig:
+    """One launch configuration of the grouped GEMM kernels."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    group_m: int = 8
+    num_stages: int = 3
+    num_warps: int = 8
+
+
+# Small tiles under the interpreter, and few programs, so the persistent loops take several turns.
+_INTERPRETER_CONFIG = GroupedGemmConfig(32, 32, 32, group_m=2, num_stages=1, num_warps=4)
+_INTERPRETER_NUM_PROGRAMS = 3
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _num_programs(device: torch.device, num_cu: Optional[int]) -> int:
+    if device.type != "cuda":
+        n = _INTERPRETER_NUM_PROGRAMS
+    else:
+        n = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    if num_cu is not None:
+        n = max(1, min(n, int(num_cu)))
+    return n
+
+
+def _default_config(m_avg: int, n: int, k: int, dtype: torch.dtype, variable_k: bool) -> GroupedGemmConfig:
+    """Analytic sm_90 config (static shapes only). Pointer loads: 128x128x32 avoids spills."""
+    if is_interpreter():
+        return _INTERPRETER_CONFIG
+    if dtype == torch.float32:
+        return GroupedGemmConfig(64, 64, 32, 8, 4, 4)
+    if variable_k:
+        return GroupedGemmConfig(128, 128, 32, 8, 4, 8)
+    if m_avg <= 64:
+        return GroupedGemmConfig(64, 128, 64, 8, 4, 4)
+    if n <= 64:
+        return GroupedGemmConfig(128, 64, 64, 8, 4, 4)
+    return GroupedGemmConfig(128, 128, 32, 8, 4, 8)
+
+
+def _precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _run_on_device(device: torch.device, fn):
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            return fn()
+    return fn()
+
+
+def group_offsets(group_lens: torch.Tensor) -> torch.Tensor:
+    """[G+1] exclusive prefix sum of ``group_lens`` (int64), computed on the device without a sync."""
+    offs = torch.zeros(group_lens.numel() + 1, dtype=torch.int64, device=group_lens.device)
+    torch.cumsum(group_lens, 0, out=offs[1:])
+    return offs
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation (static properties only: nothing here reads device values)
+# ----------------------------------------------------------------------------------------------
+def _check_common(name: str, dtype: torch.dtype, device: torch.device, group_lens, group_offs, G: int) -> None:
+    if dtype not in _SUPPORTED_DTYPES:
+        raise TypeError(f"{name}: dtype {dtype} is not one of float16, bfloat16, float32")
+    if device.type != "cuda" and not (device.type == "cpu" and is_interpreter()):
+        raise ValueError(f"{name}: tensors on {device}; needs CUDA (or CPU with TRITON_INTERPRET=1)")
+    if device.type == "cpu" and dtype == torch.bfloat16 and not bf16_dot_fixed():
+        raise ValueError(f"{name}: bf16 under the Triton interpreter needs primus_turbo.triton.interpreter.fix_bf16_dot()")
+    for gname, t, n in (("group_lens", group_lens, G), ("group_offs", group_offs, G + 1)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: {gname} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.int64:
+            raise TypeError(f"{name}: {gname} must be int64, got {t.dtype}")
+        if t.dim() != 1 or t.numel() != n:
+            raise ValueError(f"{name}: {gname} must be 1-D with {n} entries, got shape {tuple(t.shape)}")
+        if t.device != device:
+            raise ValueError(f"{name}: {gname} on {t.device}, operands on {device}")
+
+
+def _validate(a, b, group_lens, group_offs) -> None:
+    for n, t, d in (("a", a, 2), ("b", b, 3)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"grouped_gemm_triton: {n} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != d:
+            raise ValueError(f"grouped_gemm_triton: {n} must be {d}-D, got shape {tuple(t.shape)}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"grouped_gemm_triton: dtype mismatch, a is {a.dtype}, b is {b.dtype}")
+    if a.device != b.device:
+        raise ValueError(f"grouped_gemm_triton: device mismatch, a on {a.device}, b on {b.device}")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"grouped_gemm_triton: K mismatch, a is {tuple(a.shape)}, b[g] is {tuple(b.shape[1:])}")
+    _check_common("grouped_gemm_triton", a.dtype, a.device, group_lens, group_offs, b.shape[0])
+
+
+def _validate_variable_k(x, y, group_lens, group_offs, out, accumulate) -> None:
+    for n, t in (("x", x), ("y", y)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"grouped_gemm_variable_k_triton: {n} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"grouped_gemm_variable_k_triton: {n} must be 2-D, got shape {tuple(t.shape)}")
+    if x.dtype != y.dtype or x.device != y.device or x.shape[0] != y.shape[0]:
+        raise ValueError(
+            f"grouped_gemm_variable_k_triton: x {tuple(x.shape)} {x.dtype} on {x.device} and "
+            f"y {tuple(y.shape)} {y.dtype} on {y.device} must share rows, dtype and device")
+    G = (group_lens if group_lens is not None else group_offs).numel() - (0 if group_lens is not None else 1)
+    _check_common("grouped_gemm_variable_k_triton", x.dtype, x.device, group_lens, group_offs, G)
+    if out is None:
+        if accumulate:
+            raise ValueError("grouped_gemm_variable_k_triton: accumulate=True needs out")
+        return
+    if tuple(out.shape) != (G, x.shape[1], y.shape[1]) or out.device != x.device:
+        raise ValueError(
+            f"grouped_gemm_variable_k_triton: out is {tuple(out.shape)} on {out.device}, expected "
+            f"{(G, x.shape[1], y.shape[1])} on {x.device}")
+    if out.dtype not in (torch.float32, x.dtype):
+        raise TypeError(f"grouped_gemm_variable_k_triton: out must be float32 or {x.dtype}, got {out.dtype}")
+
+
+def check_grouped_gemm_triton(a, b, group_lens, group_offs=None) -> Optional[str]:
+    """None when :func:`grouped_gemm_triton` can run these inputs, else a reason. Never raises."""
+    try:
+        _validate(a, b, group_lens, group_offs)
+    except Exception as exc:  # noqa: BLE001
+        return str(exc).removeprefix("grouped_gemm_triton: ")
+    return None
+
+
+def check_grouped_gemm_variable_k_triton(x, y, group_lens, group_offs=None, out=None, accumulate=False) -> Optional[str]:
+    try:
+        _validate_variable_k(x, y, group_lens, group_offs, out, accumulate)
+    except Exception as exc:  # noqa: BLE001
+        return str(exc).removeprefix("grouped_gemm_variable_k_triton: ")
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+def grouped_gemm_triton(
+    a: torch.Tensor, b: torch.Tensor, group_lens: Optional[torch.Tensor], group_offs: Optional[torch.Tensor] = None,
+    num_cu: Optional[int] = None, config: Optional[GroupedGemmConfig] = None, *, checked: bool = False,
+) -> torch.Tensor:
+    """``out[offs[g]:offs[g+1]] = a[offs[g]:offs[g+1]] @ b[g]``, rows past ``offs[G]`` zero.
+
+    ``a``: ``[M_total, K]``; ``b``: ``[G, K, N]`` with any strides (pass ``w.transpose(1, 2)`` for
+    weights stored ``[G, N, K]``); ``group_offs`` (``[G+1]``, int64) is derived from ``group_lens``
+    on the device when None. ``num_cu`` caps the persistent programs. No host synchronisation.
+    """
+    if not checked:
+        _validate(a, b, group_lens, group_offs)
+    if group_offs is None:
+        group_offs = group_offsets(group_lens)
+    M, K = a.shape
+    G, _, N = b.shape
+    out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    if M == 0 or N == 0:
+        return out
+    if G == 0:
+        return out.zero_()
+    cfg = config or _default_config(max(1, M // G), N, K, a.dtype, False)
+    programs = _num_programs(a.device, num_cu)
+    # static upper bound on the tiles: each group adds at most one partial row tile, plus the tail
+    max_tiles = (triton.cdiv(M, cfg.block_m) + G + 1) * triton.cdiv(N, cfg.block_n)
+    grid = (min(programs, max_tiles),)
+
+    def launch():
+        _grouped_gemm_kernel[grid](
+            a, b, out, group_offs, M, N, K, G,
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), out.stride(0), out.stride(1),
+            NUM_PROGRAMS=grid[0], DOT_PRECISION=_precision(a.dtype),
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            num_stages=cfg.num_stages, num_warps=cfg.num_warps,
+        )
+        return out
+
+    return _run_on_device(a.device, launch)
+
+
+def grouped_gemm_variable_k_triton(
+    x: torch.Tensor, y: torch.Tensor, group_lens: Optional[torch.Tensor], group_offs: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None, accumulate: bool = False, num_cu: Optional[int] = None,
+    config: Optional[GroupedGemmConfig] = None, *, checked: bool = False,
+) -> torch.Tensor:
+    """``out[g] (+)= x[offs[g]:offs[g+1]].T @ y[offs[g]:offs[g+1]]`` for every group: ``[G, P, Q]``.
+
+    ``x``: ``[M_total, P]``, ``y``: ``[M_total, Q]``; rows past ``offs[G]`` are ignored; an empty
+    group gives zeros (or leaves ``out[g]`` unchanged when accumulating). No host synchronisation.
+    """
+    if not checked:
+        _validate_variable_k(x, y, group_lens, group_offs, out, accumulate)
+    G = group_lens.numel() if group_lens is not None else group_offs.numel() - 1
+    if group_offs is None:
+        group_offs = group_offsets(group_lens)
+    M, P = x.shape
+    Q = y.shape[1]
+    if out is None:
+        out = torch.empty((G, P, Q), dtype=x.dtype, device=x.device)
+    if G == 0 or P == 0 or Q == 0:
+        return out
+    if M == 0:
+        return out if accumulate else out.zero_()
+    cfg = config or _default_config(max(1, M // G), Q, P, x.dtype, True)
+    programs = _num_programs(x.device, num_cu)
+    grid = (min(programs, G * triton.cdiv(P, cfg.block_m) * triton.cdiv(Q, cfg.block_n)),)
+
+    def launch():
+        _grouped_gemm_variable_k_kernel[grid](
+            x, y, out, group_offs, M, P, Q, G,
+            x.stride(0), x.stride(1), y.stride(0), y.stride(1), out.stride(0), out.stride(1), out.stride(2),
+            NUM_PROGRAMS=grid[0], ACCUMULATE=accumulate, DOT_PRECISION=_precision(x.dtype),
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            num_stages=cfg.num_stages, num_warps=cfg.num_warps,
+        )
+        return out
+
+    return _run_on_device(x.device, launch)
