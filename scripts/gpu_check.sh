@@ -12,6 +12,7 @@
 #   GPU_CHECK_SKIP_BENCH=1     skip the benchmarks
 #   GPU_CHECK_BENCH_ARGS="..." extra arguments for benchmarks/run_all.py (e.g. "--quick")
 #   GPU_CHECK_PYTEST_ARGS="..." extra arguments for pytest (e.g. "-k gemm")
+#   GPU_CHECK_JOBS=N           pytest-xdist workers sharing the GPU (default 8)
 #   PYTHON=...                 interpreter (default python3)
 set -u
 
@@ -64,8 +65,15 @@ if [ "${GPU_CHECK_SKIP_TESTS:-0}" != "1" ]; then
         echo "gpu_check: pytest-timeout not installed; running without per-test timeouts"
     fi
     # shellcheck disable=SC2086
-    "$PY" -m pytest tests -q --maxfail=30 ${TIMEOUT_ARGS[@]+"${TIMEOUT_ARGS[@]}"} -p no:cacheprovider ${GPU_CHECK_PYTEST_ARGS:-} 2>&1 \
-        | tee "$OUT_DIR/pytest.log"
+    # Every failure's traceback goes to failures.log the moment it happens (tests/conftest.py), and
+    # -rA lists every outcome: a run cut short by a time limit still says what failed and why.
+    : > "$OUT_DIR/failures.log"
+    # Per-shape kernel tuning off for the suite's thousands of small shapes (the tests that check
+    # tuning turn it on themselves); the benchmarks below run with it on, as users do.
+    PRIMUS_TURBO_GEMM_TRITON_AUTOTUNE="${PRIMUS_TURBO_GEMM_TRITON_AUTOTUNE:-0}" \
+    PRIMUS_TURBO_TEST_FAILURE_LOG="$OUT_DIR/failures.log" \
+    "$PY" -m pytest tests -q -n "${GPU_CHECK_JOBS:-8}" --maxfail=200 ${TIMEOUT_ARGS[@]+"${TIMEOUT_ARGS[@]}"} \
+        -p no:cacheprovider -p no:warnings ${GPU_CHECK_PYTEST_ARGS:-} 2>&1 | tee "$OUT_DIR/pytest.log"
     TEST_RC="${PIPESTATUS[0]}"
     echo "gpu_check: pytest exit code $TEST_RC"
 fi
@@ -91,6 +99,10 @@ else
     FINAL="$(grep -E '(passed|failed|error|errors|skipped|no tests ran)' "$OUT_DIR/pytest.log" 2>/dev/null | tail -n 1)"
     [ -n "$FINAL" ] || FINAL="$(tail -n 1 "$OUT_DIR/pytest.log" 2>/dev/null)"
     echo "tests (exit $TEST_RC): $FINAL"
+    if [ -s "$OUT_DIR/failures.log" ]; then
+        echo "failed tests (tracebacks in $OUT_DIR/failures.log):"
+        grep '^==== ' "$OUT_DIR/failures.log" | head -40
+    fi
 fi
 if [ "$BENCH_RC" = "skipped" ]; then
     echo "benchmarks: skipped"

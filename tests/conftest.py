@@ -72,3 +72,13 @@ def _reset_backends():
 def _seed():
     torch.manual_seed(1234)
     yield
+
+
+def pytest_runtest_logreport(report):
+    """With PRIMUS_TURBO_TEST_FAILURE_LOG set, append each failure's report to that file the moment
+    it happens (under xdist too): a GPU run cut off by its time limit still leaves every traceback."""
+    path = os.environ.get("PRIMUS_TURBO_TEST_FAILURE_LOG")
+    if not path or not report.failed:
+        return
+    with open(path, "a") as fh:
+        fh.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
