@@ -1,6 +1,7 @@
 """Public functional API: ``turbo.ops.<op>``. Each op validates, dispatches and wires autograd."""
 
 from .gemm import gemm
+from .gemm_fp4 import gemm_fp4
 from .gemm_fp8 import gemm_fp8
 from .grouped_gemm import grouped_gemm
 from .quantization import (
@@ -14,6 +15,7 @@ from .quantization import (
 
 __all__ = [
     "gemm",
+    "gemm_fp4",
     "gemm_fp8",
     "grouped_gemm",
     "quantize_fp8",

@@ -1,0 +1,283 @@
+"""MXFP4 GEMM with autograd: ``turbo.ops.gemm_fp4`` (emulated on Hopper: E2M1 decoded in-kernel).
+
+Semantics as :func:`turbo.ops.gemm` / :func:`turbo.ops.gemm_fp8`: ``C[M, N] = op(A) @ op(B)`` with
+``op(A) = A`` (stored ``[M, K]``) or ``A.T`` (``trans_a``, stored ``[K, M]``), and ``op(B) = B``
+(``[K, N]``) or ``B.T`` (``trans_b``, stored ``[N, K]``: the ``nn.Linear`` weight). ``A`` is the
+activation, ``B`` the weight. All three GEMMs of training run on MXFP4 operands (E2M1 packed two
+per byte, one E8M0 scale per 32 elements), each operand quantized in 1 x 32 groups along its
+GEMM's K, on the K-major layout of docs/low_precision.md (``a_q [M', K'/2]`` x ``b_q [N', K'/2]``):
+
+* output:      ``C  = op(A) @ op(B)``        A grouped along K, B grouped along K
+* grad_input:  ``dA = dC @ op(B).T``         ``dC`` grouped along N, B's copy grouped along N
+* grad_weight: ``dB = op(A).T @ dC``         ``dC`` grouped along M, A's copy grouped along M
+
+A tensor ``X [r, c]`` has two quantized copies: row-wise ``[r, c/2]`` (groups along c) and the
+column-wise copy stored transposed ``[c, r/2]`` (groups along r), from ``quantize_fp4_with_trans``
+when both are needed (one read), else from ``quantize_fp4`` (``axis=-1``, or ``axis=0`` with its
+bytes transposed). Which copy each GEMM reads follows from the layout flags, so NN, NT, TN and TT
+all run without copies of the high-precision tensors.
+
+The weight uses 1 x 32 groups like the activations (Primus-Turbo's AMD kernels use 32 x 32 2-D
+blocks for weights, whose transposed copy reuses the scales); 1 x 32 everywhere is the finer OCP
+MX grouping, so the weight's two copies are quantized independently (each exactly as
+``quantize_fp4`` defines). Therefore K, and for gradients N (grad_input) and M (grad_weight), must
+be multiples of 32 (``ValueError`` naming the dim otherwise; no padding).
+
+``Float4QuantConfig.use_gradient_sr`` (stochastic rounding) and ``use_rht`` (random Hadamard
+transform) are not implemented by the quantizers: ``NotImplementedError`` naming the option.
+Pre-quantized inputs (``QuantizedTensor``) are FP8-only in this library and are not accepted here.
+
+Each GEMM is a ``torch.library`` custom op (``primus_turbo::gemm_fp4_impl``,
+``primus_turbo::gemm_fp4_accum_impl``) with a fake, called through ``torch.ops`` when traced so
+``torch.compile(fullgraph=True)`` works; eager calls skip the custom-op dispatch.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..backends.gemm_fp4 import gemm_fp4_dispatcher
+from ..core.backend import PrecisionType
+from ..core.low_precision import Float4QuantConfig
+from .gemm import _FUSE_PATTERNS, _megatron_dummy_wgrad
+from .gemm_fp8 import _empty_result
+
+__all__ = ["gemm_fp4"]
+
+_HP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_BLOCK = 32
+
+
+# ----------------------------------------------------------------------------------------------
+# MXFP4 GEMM entry points (custom ops)
+# ----------------------------------------------------------------------------------------------
+def _gemm_fp4_eager(a_q: torch.Tensor, a_scale: torch.Tensor, b_q: torch.Tensor, b_scale: torch.Tensor,
+                    out_dtype: torch.dtype) -> torch.Tensor:
+    """``deq(a_q, a_scale) @ deq(b_q, b_scale).T`` (packed ``[rows, K/2]``) through the dispatcher."""
+    m, kp = a_q.shape
+    n = b_q.shape[0]
+    if m == 0 or n == 0 or kp == 0:
+        return torch.zeros((m, n), dtype=out_dtype, device=a_q.device)
+    return gemm_fp4_dispatcher.dispatch(
+        PrecisionType.FP4, a_q=a_q, a_scale=a_scale, b_q=b_q, b_scale=b_scale,
+        out=None, out_dtype=out_dtype, accumulate=False,
+    )
+
+
+gemm_fp4_impl = torch.library.custom_op("primus_turbo::gemm_fp4_impl", _gemm_fp4_eager, mutates_args=())
+
+
+@gemm_fp4_impl.register_fake
+def _gemm_fp4_impl_fake(a_q, a_scale, b_q, b_scale, out_dtype):
+    return a_q.new_empty((a_q.shape[0], b_q.shape[0]), dtype=out_dtype)
+
+
+def _gemm_fp4_accum_eager(a_q: torch.Tensor, a_scale: torch.Tensor, b_q: torch.Tensor, b_scale: torch.Tensor,
+                          c: torch.Tensor) -> None:
+    """``c += deq(a_q) @ deq(b_q).T``, summed in fp32 in the GEMM epilogue."""
+    if a_q.shape[0] == 0 or b_q.shape[0] == 0 or a_q.shape[1] == 0:
+        return
+    gemm_fp4_dispatcher.dispatch(
+        PrecisionType.FP4, a_q=a_q, a_scale=a_scale, b_q=b_q, b_scale=b_scale,
+        out=c, out_dtype=c.dtype, accumulate=True,
+    )
+
+
+gemm_fp4_accum_impl = torch.library.custom_op("primus_turbo::gemm_fp4_accum_impl", _gemm_fp4_accum_eager,
+                                              mutates_args=("c",))
+
+
+@gemm_fp4_accum_impl.register_fake
+def _gemm_fp4_accum_impl_fake(a_q, a_scale, b_q, b_scale, c):
+    return None
+
+
+def _mm(A, B, out_dtype):
+    """A = (packed, scale) [M', K'/2], B = (packed, scale) [N', K'/2] -> [M', N']."""
+    if torch.compiler.is_compiling():
+        return torch.ops.primus_turbo.gemm_fp4_impl(A[0], A[1], B[0], B[1], out_dtype)
+    return _gemm_fp4_eager(A[0], A[1], B[0], B[1], out_dtype)
+
+
+def _mm_accum(A, B, c):
+    if torch.compiler.is_compiling():
+        return torch.ops.primus_turbo.gemm_fp4_accum_impl(A[0], A[1], B[0], B[1], c)
+    return _gemm_fp4_accum_eager(A[0], A[1], B[0], B[1], c)
+
+
+# ----------------------------------------------------------------------------------------------
+# Quantized copies
+# ----------------------------------------------------------------------------------------------
+def _transpose_bytes(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous transpose of a 1-byte tensor (packed FP4 / E8M0), through its uint8 view."""
+    return t.view(torch.uint8).t().contiguous().view(t.dtype)
+
+
+def _quantize(x: torch.Tensor, need_row: bool, need_col: bool):
+    """(row-wise copy, column-wise copy) of ``x [r, c]`` as (packed, scale) pairs, or None each:
+    row ``[r, c/2]`` + ``[r, c/32]``; column ``[c, r/2]`` + ``[c, r/32]`` (groups along r)."""
+    from . import quantization as q
+
+    if need_row and need_col:
+        p, s, pt, st = q.quantize_fp4_with_trans(x)
+        return (p, s), (pt, st)
+    if need_row:
+        return q.quantize_fp4(x), None
+    if need_col:
+        p, s = q.quantize_fp4(x, axis=0)  # [r/2, c] + [r/32, c]
+        return None, (_transpose_bytes(p), _transpose_bytes(s))
+    return None, None
+
+
+def _forward(a, b, trans_a, trans_b, out_dtype, need_ga, need_gb):
+    """The forward GEMM; returns (out, B's copy for grad_input, A's copy for grad_weight)."""
+    # a [r, c]: the forward reads op(A) [M, K] grouped along K (row copy, or the column copy when
+    # trans_a); grad_weight reads op(A).T [K, M] grouped along M (the other copy).
+    a_row, a_col = _quantize(a, need_row=not trans_a or (need_gb and trans_a),
+                             need_col=trans_a or (need_gb and not trans_a))
+    # b: the forward reads op(B).T [N, K] grouped along K; grad_input reads op(B) [K, N] along N.
+    b_row, b_col = _quantize(b, need_row=trans_b or (need_ga and not trans_b),
+                             need_col=not trans_b or (need_ga and trans_b))
+    A = a_col if trans_a else a_row
+    B = b_row if trans_b else b_col
+    out = _mm(A, B, out_dtype)
+    b_for_dgrad = (b_col if trans_b else b_row) if need_ga else (None, None)
+    a_for_wgrad = (a_row if trans_a else a_col) if need_gb else (None, None)
+    return out, b_for_dgrad, a_for_wgrad
+
+
+class GemmFP4Function(torch.autograd.Function):
+    """The three MXFP4 GEMMs of ``C = op(A) @ op(B)``; see the module docstring for the copies used."""
+
+    @staticmethod
+    def forward(ctx, a, b, trans_a, trans_b, out_dtype, fuse_accum):
+        need_ga, need_gb = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        ctx.trans_a, ctx.trans_b, ctx.fuse_accum = trans_a, trans_b, fuse_accum
+        ctx.a_dtype, ctx.b_dtype = a.dtype, b.dtype
+        out, b_for_dgrad, a_for_wgrad = _forward(a, b, trans_a, trans_b, out_dtype, need_ga, need_gb)
+        # only the packed copies (and their scales) are kept for backward; b itself only for main_grad
+        ctx.save_for_backward(*b_for_dgrad, *a_for_wgrad, b if (fuse_accum and need_gb) else None)
+        if fuse_accum and need_gb:
+            b.grad_added_to_main_grad = True
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        bq, bs_, aq, as_, b = ctx.saved_tensors
+        need_ga, need_gb = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dy_row, dy_col = _quantize(grad_out.contiguous(), need_row=need_ga, need_col=need_gb)
+        grad_a = grad_b = None
+        if need_ga:
+            Bd = (bq, bs_)  # op(B) as [K, N/2], grouped along N
+            # dA = dC @ op(B).T, stored like A: [M, K], or [K, M] = op(B) @ dC.T
+            grad_a = _mm(Bd, dy_row, ctx.a_dtype) if ctx.trans_a else _mm(dy_row, Bd, ctx.a_dtype)
+        if need_gb:
+            X = (aq, as_)  # op(A).T as [K, M/2], grouped along M
+            # dB = op(A).T @ dC, stored like B: [K, N], or [N, K] = dC.T @ op(A)
+            P, Q = (dy_col, X) if ctx.trans_b else (X, dy_col)
+            if ctx.fuse_accum:
+                _mm_accum(P, Q, b.main_grad)
+                b.grad_added_to_main_grad = True
+                grad_b = _megatron_dummy_wgrad(b)
+            else:
+                grad_b = _mm(P, Q, ctx.b_dtype)
+        return grad_a, grad_b, None, None, None, None
+
+
+# ----------------------------------------------------------------------------------------------
+# Public op
+# ----------------------------------------------------------------------------------------------
+def _check_inputs(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pattern):
+    if not isinstance(config, Float4QuantConfig):
+        raise TypeError(f"gemm_fp4: config must be a Float4QuantConfig or None, got {type(config).__name__}")
+    if config.use_gradient_sr:
+        raise NotImplementedError("gemm_fp4: Float4QuantConfig.use_gradient_sr=True (stochastic rounding of "
+                                  "gradients) is not implemented by the MXFP4 quantizers")
+    if config.use_rht:
+        raise NotImplementedError("gemm_fp4: Float4QuantConfig.use_rht=True (random Hadamard transform) is not "
+                                  "implemented by the MXFP4 quantizers")
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"gemm_fp4: {name} must be a torch.Tensor (bf16/fp16/fp32, quantized on the fly; "
+                            f"pre-quantized QuantizedTensor inputs are FP8-only), got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"gemm_fp4: {name} must be 2-D, got {name}.dim()={t.dim()} with shape {tuple(t.shape)}")
+        if t.dtype not in _HP_DTYPES:
+            raise TypeError(f"gemm_fp4: {name}.dtype must be float32, float16 or bfloat16, got {t.dtype}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"gemm_fp4: a and b must have the same dtype, got a={a.dtype}, b={b.dtype}")
+    if a.device != b.device:
+        raise ValueError(f"gemm_fp4: a and b must be on the same device, got a on {a.device}, b on {b.device}")
+    if out_dtype is not None and out_dtype not in _HP_DTYPES:
+        raise TypeError(f"gemm_fp4: out_dtype must be float32, float16, bfloat16 or None, got {out_dtype}")
+    m, k = (a.size(1), a.size(0)) if trans_a else (a.size(0), a.size(1))
+    n, k_b = (b.size(0), b.size(1)) if trans_b else (b.size(1), b.size(0))
+    if k != k_b:
+        raise ValueError(f"gemm_fp4: K mismatch, a{tuple(a.shape)} with trans_a={trans_a} has K={k}, "
+                         f"b{tuple(b.shape)} with trans_b={trans_b} has K={k_b}")
+    if fuse_bgrad_accum_pattern not in _FUSE_PATTERNS:
+        raise ValueError(
+            f"gemm_fp4: fuse_bgrad_accum_pattern must be None or 'megatron', got {fuse_bgrad_accum_pattern!r}")
+    grads = torch.is_grad_enabled()
+    # each GEMM quantizes along its own K in groups of 32: K (forward), N (grad_input), M (grad_weight);
+    # an empty problem quantizes nothing
+    nonempty = m * n * k != 0
+    for dim, name, needed in ((k, "K", True), (n, "N", grads and a.requires_grad), (m, "M", grads and b.requires_grad)):
+        if nonempty and needed and dim % _BLOCK:
+            raise ValueError(f"gemm_fp4: MXFP4 needs {name} to be a multiple of 32, got {name}={dim} "
+                             f"(m, n, k = {m}, {n}, {k})")
+    if fuse_bgrad_accum_pattern == "megatron" and b.requires_grad and grads:
+        mg = getattr(b, "main_grad", None)
+        if not isinstance(mg, torch.Tensor):
+            raise ValueError("gemm_fp4: fuse_bgrad_accum_pattern='megatron' needs b.main_grad (a tensor shaped like b)")
+        if mg.shape != b.shape or mg.device != b.device:
+            raise ValueError(f"gemm_fp4: b.main_grad must match b, got main_grad {tuple(mg.shape)} on {mg.device}, "
+                             f"b {tuple(b.shape)} on {b.device}")
+        if mg.dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"gemm_fp4: b.main_grad must be float32 or bfloat16, got {mg.dtype}")
+    return m, n, k
+
+
+def gemm_fp4(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    out_dtype: Optional[torch.dtype] = None,
+    config: Optional[Float4QuantConfig] = None,
+    fuse_bgrad_accum_pattern: Optional[str] = None,
+) -> torch.Tensor:
+    """MXFP4 matrix product ``C = op(A) @ op(B)`` with autograd; every GEMM of training in MXFP4.
+
+    Args:
+        a: ``[M, K]``, or ``[K, M]`` with ``trans_a=True``; the activation, bf16/fp16/fp32,
+            quantized on the fly (1 x 32 E8M0 groups along each GEMM's K).
+        b: ``[K, N]``, or ``[N, K]`` with ``trans_b=True`` (an ``nn.Linear`` weight); same dtype;
+            also 1 x 32 groups (not Primus' 32 x 32 weight blocks; see the module docstring).
+        trans_a, trans_b: layouts NN, NT, TN, TT.
+        out_dtype: dtype of ``C`` (default ``a.dtype``). Gradients come back in the inputs' dtypes.
+        config: :class:`Float4QuantConfig` (default). ``use_gradient_sr`` and ``use_rht`` raise
+            ``NotImplementedError``.
+        fuse_bgrad_accum_pattern: ``None`` or ``"megatron"``: grad_weight is added into
+            ``b.main_grad`` (fp32 or bf16) in the GEMM epilogue, ``b.grad_added_to_main_grad`` is
+            set and ``b``'s returned gradient is a placeholder (as :func:`turbo.ops.gemm`).
+
+    Returns:
+        ``C`` of shape ``[M, N]``, dtype ``out_dtype``.
+
+    K must be a multiple of 32; with gradients, N (grad_input) and M (grad_weight) too. Hopper has
+    no FP4 tensor cores: the TRITON backend decodes E2M1 in-kernel onto bf16 tensor cores, exactly
+    (the result is the fp32 sum of the dequantized products).
+    """
+    config = Float4QuantConfig() if config is None else config
+    m, n, k = _check_inputs(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pattern)
+    if out_dtype is None:
+        out_dtype = a.dtype
+    fuse = fuse_bgrad_accum_pattern == "megatron"
+    if m == 0 or n == 0 or k == 0:
+        return _empty_result(a, b, trans_a, trans_b, out_dtype, fuse)
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return GemmFP4Function.apply(a, b, bool(trans_a), bool(trans_b), out_dtype, fuse)
+    return _forward(a, b, bool(trans_a), bool(trans_b), out_dtype, False, False)[0]
