@@ -4,6 +4,7 @@ from .gemm import gemm
 from .gemm_fp4 import gemm_fp4
 from .gemm_fp8 import gemm_fp8
 from .grouped_gemm import grouped_gemm
+from .grouped_gemm_fp8 import grouped_gemm_fp8
 from .quantization import (
     dequantize_fp4,
     dequantize_fp8,
@@ -18,6 +19,7 @@ __all__ = [
     "gemm_fp4",
     "gemm_fp8",
     "grouped_gemm",
+    "grouped_gemm_fp8",
     "quantize_fp8",
     "quantize_fp8_with_trans",
     "dequantize_fp8",

@@ -1,0 +1,467 @@
+"""FP8 grouped GEMM for MoE experts: persistent Triton kernels with a device-side tile schedule.
+
+Both kernels read K-major FP8 operands (docs/low_precision.md, "GEMM operand layouts") and
+accumulate in fp32; group sizes are only read on the device (no host synchronisation), exactly as
+the bf16 kernels of ``grouped_gemm_kernel.py`` whose schedule they mirror.
+
+* ``_grouped_gemm_fp8_kernel`` (forward and dgrad, M-grouped)::
+
+      C[offs[g]:offs[g+1]] = (A_q * sa)[rows of g] @ ((B_q[g] * sb[g]))^T        C[offs[G]:] = 0
+
+  ``A_q [M_total, K]``, ``B_q [G, N, K]`` (any strides; K-major is what FP8 ``wgmma`` reads fast).
+  Scale modes (the ``SCALE_MODE`` constexpr):
+
+  - 0 TENSORWISE: ``sa`` one fp32, ``sb [G]`` one fp32 per expert; epilogue ``acc * sa * sb[g]``.
+  - 1 ROWWISE: ``sa [M_total]`` (per token row), ``sb [G, N]`` (per expert output row); epilogue
+    outer product.
+  - 2 BLOCKWISE: ``sa [M_total, ceil(K/bs)]`` (1 x bs blocks along each row; group segments are row
+    ranges, so a block never straddles two experts) and ``sb [G, ceil(N/bs), ceil(K/bs)]`` (bs x bs
+    tiles per expert). ``BLOCK_K`` divides ``bs``; every K step's FP8 dot is promoted into the fp32
+    accumulator with its scales (as the dense kernel in ``gemm/gemm_fp8_kernel.py``).
+
+* ``_grouped_gemm_fp8_variable_k_kernel`` (wgrad): ``C[g] (+)= (X_t * sx)[:, rows of g] @
+  ((Y_t * sy)[:, rows of g])^T`` for ``X_t [P, M_total]``, ``Y_t [Q, M_total]`` (the column-wise
+  quantized copies, stored transposed so the reduction dim is contiguous) and ``C [G, P, Q]``.
+  Modes 0 (``sx``, ``sy`` one fp32 each) and 1 (``sx [P]``, ``sy [Q]``: one scale per column of
+  the untransposed tensor, over all tokens); optional ``C +=`` epilogue (Megatron ``main_grad``).
+
+Masked pointer loads (any strides), no tensor descriptors yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from primus_turbo.triton import is_interpreter
+
+from .grouped_gemm_kernel import _swizzle, group_offsets
+
+__all__ = [
+    "GroupedGemmFP8Config",
+    "GROUPED_FP8_MODES",
+    "check_grouped_gemm_fp8_triton",
+    "check_grouped_gemm_fp8_variable_k_triton",
+    "grouped_gemm_fp8_triton",
+    "grouped_gemm_fp8_variable_k_triton",
+]
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_TENSORWISE, _ROWWISE, _BLOCKWISE = 0, 1, 2
+GROUPED_FP8_MODES = {"TENSORWISE": _TENSORWISE, "ROWWISE": _ROWWISE, "BLOCKWISE": _BLOCKWISE}
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _grouped_gemm_fp8_kernel(
+    a_ptr, b_ptr, c_ptr, offs_ptr, sa_ptr, sb_ptr,
+    M, N, K, G,
+    stride_am, stride_ak, stride_bg, stride_bn, stride_bk, stride_cm, stride_cn,
+    stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+    NUM_PROGRAMS: tl.constexpr,
+    SCALE_MODE: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(axis=0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)
+    tile_base = 0
+    for g in range(0, G + 1):  # g == G: the zeroed tail rows
+        m_start = tl.load(offs_ptr + g)
+        m_end = tl.where(g < G, tl.load(offs_ptr + tl.minimum(g + 1, G)), M)
+        m_start = tl.minimum(tl.maximum(m_start, 0), M).to(tl.int32)
+        m_end = tl.maximum(tl.minimum(m_end, M).to(tl.int32), m_start)
+        num_pid_m = tl.cdiv(m_end - m_start, BLOCK_M)
+        tiles_g = num_pid_m * num_pid_n
+        first = (pid - tile_base % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
+        g64 = tl.cast(tl.minimum(g, G - 1), tl.int64)
+        b_g = b_ptr + g64 * stride_bg
+        sb_g = sb_ptr + g64 * stride_sbg
+        for t in range(first, tiles_g, NUM_PROGRAMS):
+            pid_m, pid_n = _swizzle(t, num_pid_m, num_pid_n, GROUP_M)
+            rows = m_start + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            mask_m = rows < m_end
+            mask_n = cols < N
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            if g < G:
+                a_rows = a_ptr + rows.to(tl.int64)[:, None] * stride_am
+                b_rows = b_g + cols.to(tl.int64)[:, None] * stride_bn
+                for ki in range(k_tiles):
+                    k = ki * BLOCK_K + offs_k
+                    k64 = k.to(tl.int64)
+                    mask_k = k < K
+                    a = tl.load(a_rows + k64[None, :] * stride_ak, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+                    b = tl.load(b_rows + k64[None, :] * stride_bk, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+                    if SCALE_MODE == 2:
+                        partial = tl.dot(a, tl.trans(b))
+                        kb = (ki * BLOCK_K) // SCALE_BLOCK
+                        sa = tl.load(sa_ptr + rows.to(tl.int64) * stride_sam + kb * stride_sak, mask=mask_m, other=0.0)
+                        sb = tl.load(sb_g + (cols // SCALE_BLOCK).to(tl.int64) * stride_sbn + kb * stride_sbk,
+                                     mask=mask_n, other=0.0)
+                        acc += partial * sa[:, None] * sb[None, :]
+                    else:
+                        acc = tl.dot(a, tl.trans(b), acc)
+                if SCALE_MODE == 0:
+                    acc = acc * (tl.load(sa_ptr) * tl.load(sb_g))
+                elif SCALE_MODE == 1:
+                    sa = tl.load(sa_ptr + rows.to(tl.int64) * stride_sam, mask=mask_m, other=0.0)
+                    sb = tl.load(sb_g + cols.to(tl.int64) * stride_sbn, mask=mask_n, other=0.0)
+                    acc = acc * sa[:, None] * sb[None, :]
+            c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols.to(tl.int64)[None, :] * stride_cn
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+        tile_base += tiles_g
+
+
+@triton.jit
+def _grouped_gemm_fp8_variable_k_kernel(
+    x_ptr, y_ptr, c_ptr, offs_ptr, sx_ptr, sy_ptr,
+    M, P, Q, G,
+    stride_xp, stride_xm, stride_yq, stride_ym, stride_cg, stride_cp, stride_cq, stride_sx, stride_sy,
+    NUM_PROGRAMS: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(axis=0)
+    num_pid_m = tl.cdiv(P, BLOCK_M)
+    num_pid_n = tl.cdiv(Q, BLOCK_N)
+    tiles_per_group = num_pid_m * num_pid_n
+    total = G * tiles_per_group
+    offs_r = tl.arange(0, BLOCK_K)
+    for tile_id in range(pid, total, NUM_PROGRAMS):
+        g = tile_id // tiles_per_group
+        pid_m, pid_n = _swizzle(tile_id % tiles_per_group, num_pid_m, num_pid_n, GROUP_M)
+        r_start = tl.minimum(tl.maximum(tl.load(offs_ptr + g), 0), M).to(tl.int32)
+        r_end = tl.maximum(tl.minimum(tl.load(offs_ptr + g + 1), M).to(tl.int32), r_start)
+        ps = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        qs = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_p = ps < P
+        mask_q = qs < Q
+        x_rows = x_ptr + ps.to(tl.int64)[:, None] * stride_xp
+        y_rows = y_ptr + qs.to(tl.int64)[:, None] * stride_yq
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for r0 in range(r_start, r_end, BLOCK_K):
+            r = r0 + offs_r
+            r64 = r.to(tl.int64)
+            mask_r = r < r_end
+            x = tl.load(x_rows + r64[None, :] * stride_xm, mask=mask_p[:, None] & mask_r[None, :], other=0.0)
+            y = tl.load(y_rows + r64[None, :] * stride_ym, mask=mask_q[:, None] & mask_r[None, :], other=0.0)
+            acc = tl.dot(x, tl.trans(y), acc)
+        if SCALE_MODE == 0:
+            acc = acc * (tl.load(sx_ptr) * tl.load(sy_ptr))
+        else:
+            sx = tl.load(sx_ptr + ps.to(tl.int64) * stride_sx, mask=mask_p, other=0.0)
+            sy = tl.load(sy_ptr + qs.to(tl.int64) * stride_sy, mask=mask_q, other=0.0)
+            acc = acc * sx[:, None] * sy[None, :]
+        c_ptrs = (c_ptr + tl.cast(g, tl.int64) * stride_cg + ps.to(tl.int64)[:, None] * stride_cp
+                  + qs.to(tl.int64)[None, :] * stride_cq)
+        mask = mask_p[:, None] & mask_q[None, :]
+        if ACCUMULATE:
+            acc += tl.load(c_ptrs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Configs
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class GroupedGemmFP8Config:
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 128
+    group_m: int = 8
+    num_stages: int = 3
+    num_warps: int = 8
+
+
+_INTERPRETER_CONFIG = GroupedGemmFP8Config(32, 32, 32, group_m=2, num_stages=1, num_warps=4)
+_INTERPRETER_NUM_PROGRAMS = 3
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _num_programs(device: torch.device, num_cu: Optional[int]) -> int:
+    if device.type != "cuda":
+        n = _INTERPRETER_NUM_PROGRAMS
+    else:
+        n = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    if num_cu is not None:
+        n = max(1, min(n, int(num_cu)))
+    return n
+
+
+def _default_config(m_avg: int, n: int, mode: int, block_size: int, variable_k: bool) -> GroupedGemmFP8Config:
+    """Static-shape analytic config (sm_90, FP8 tiles of 1 byte per element)."""
+    if is_interpreter():
+        cfg = _INTERPRETER_CONFIG
+    elif variable_k:
+        cfg = GroupedGemmFP8Config(128, 128, 64, 8, 4, 8)
+    elif m_avg <= 64:
+        cfg = GroupedGemmFP8Config(64, 128, 128, 8, 4, 4)
+    else:
+        cfg = GroupedGemmFP8Config(128, 128, 128, 8, 3, 8)
+    if mode == _BLOCKWISE and block_size % cfg.block_k:
+        cfg = dataclasses.replace(cfg, block_k=min(cfg.block_k, block_size))
+    return cfg
+
+
+def _run_on_device(device: torch.device, fn):
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            return fn()
+    return fn()
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation (shapes, dtypes, devices only: never a device value)
+# ----------------------------------------------------------------------------------------------
+def _mode_of(mode) -> int:
+    name = str(getattr(mode, "name", mode)).upper()
+    if name not in GROUPED_FP8_MODES:
+        raise ValueError(f"scaling granularity {name} is not supported by the grouped FP8 kernels "
+                         f"(supported: {', '.join(GROUPED_FP8_MODES)})")
+    return GROUPED_FP8_MODES[name]
+
+
+def _device_ok(device: torch.device) -> None:
+    if device.type == "cuda":
+        cap = torch.cuda.get_device_capability(device)
+        if cap < (8, 9):
+            raise ValueError(f"sm_{cap[0]}{cap[1]} has no FP8 tensor cores (needs sm_89 or newer)")
+        return
+    if not (device.type == "cpu" and is_interpreter()):
+        raise ValueError(f"tensors on {device}; needs CUDA (or CPU with TRITON_INTERPRET=1)")
+
+
+def _check_offsets(group_lens, group_offs, G: int, device) -> None:
+    for gname, t, n in (("group_lens", group_lens, G), ("group_offs", group_offs, G + 1)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{gname} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.int64:
+            raise TypeError(f"{gname} must be int64, got {t.dtype}")
+        if t.dim() != 1 or t.numel() != n:
+            raise ValueError(f"{gname} must be 1-D with {n} entries, got shape {tuple(t.shape)}")
+        if t.device != device:
+            raise ValueError(f"{gname} on {t.device}, operands on {device}")
+    if group_lens is None and group_offs is None:
+        raise ValueError("group_lens or group_offs is needed")
+
+
+def _check_scale(name, s, want: tuple, device) -> None:
+    if not isinstance(s, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(s).__name__}")
+    if s.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32, got {s.dtype}")
+    if s.device != device:
+        raise ValueError(f"{name} on {s.device}, operands on {device}")
+    if tuple(s.shape) != want:
+        raise ValueError(f"{name} must have shape {list(want)}, got {list(s.shape)}")
+
+
+def _validate(a, sa, b, sb, mode, group_lens, group_offs, out_dtype, block_size) -> int:
+    mode = _mode_of(mode)
+    for n, t, d in (("a", a, 2), ("b", b, 3)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != d:
+            raise ValueError(f"{n} must be {d}-D, got shape {tuple(t.shape)}")
+        if t.dtype not in FP8_DTYPES:
+            raise TypeError(f"{n}.dtype={t.dtype} is not float8_e4m3fn or float8_e5m2")
+    M, K = a.shape
+    G, N, Kb = b.shape
+    if Kb != K:
+        raise ValueError(f"K mismatch: a is [M, K] = {list(a.shape)}, b is [G, N, K] = {list(b.shape)}")
+    if a.device != b.device:
+        raise ValueError(f"device mismatch: a on {a.device}, b on {b.device}")
+    _device_ok(a.device)
+    _check_offsets(group_lens, group_offs, G, a.device)
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"out_dtype={out_dtype} is not one of bfloat16, float16, float32")
+    if mode == _TENSORWISE:
+        _check_scale("a_scale", sa.reshape(()) if isinstance(sa, torch.Tensor) and sa.numel() == 1 else sa, (),
+                     a.device)
+        _check_scale("b_scale", sb, (G,), a.device)
+    elif mode == _ROWWISE:
+        _check_scale("a_scale", sa, (M,), a.device)
+        _check_scale("b_scale", sb, (G, N), a.device)
+    else:
+        if not isinstance(block_size, int) or block_size < 16 or block_size & (block_size - 1):
+            raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
+        kb = triton.cdiv(K, block_size)
+        _check_scale("a_scale", sa, (M, kb), a.device)
+        _check_scale("b_scale", sb, (G, triton.cdiv(N, block_size), kb), a.device)
+    return mode
+
+
+def _validate_variable_k(xt, sx, yt, sy, mode, group_lens, group_offs, out, accumulate, out_dtype) -> int:
+    mode = _mode_of(mode)
+    if mode == _BLOCKWISE:
+        raise ValueError("the FP8 variable-K kernel supports TENSORWISE and ROWWISE only")
+    for n, t in (("x_t", xt), ("y_t", yt)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"{n} must be 2-D, got shape {tuple(t.shape)}")
+        if t.dtype not in FP8_DTYPES:
+            raise TypeError(f"{n}.dtype={t.dtype} is not float8_e4m3fn or float8_e5m2")
+    if xt.shape[1] != yt.shape[1] or xt.device != yt.device:
+        raise ValueError(f"x_t {tuple(xt.shape)} on {xt.device} and y_t {tuple(yt.shape)} on {yt.device} "
+                         "must share the token dim (dim 1) and device")
+    _device_ok(xt.device)
+    G = group_lens.numel() if isinstance(group_lens, torch.Tensor) else group_offs.numel() - 1
+    _check_offsets(group_lens, group_offs, G, xt.device)
+    P, Q = xt.shape[0], yt.shape[0]
+    if mode == _TENSORWISE:
+        _check_scale("x_scale", sx, (), xt.device)
+        _check_scale("y_scale", sy, (), xt.device)
+    else:
+        _check_scale("x_scale", sx, (P,), xt.device)
+        _check_scale("y_scale", sy, (Q,), xt.device)
+    if out is None:
+        if accumulate:
+            raise ValueError("accumulate=True needs out")
+        if out_dtype not in _OUT_DTYPES:
+            raise TypeError(f"out_dtype={out_dtype} is not one of bfloat16, float16, float32")
+        return mode
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (G, P, Q) or out.device != xt.device:
+        raise ValueError(f"out must be a tensor of shape {(G, P, Q)} on {xt.device}")
+    if out.dtype not in _OUT_DTYPES:
+        raise TypeError(f"out.dtype={out.dtype} is not one of bfloat16, float16, float32")
+    return mode
+
+
+def check_grouped_gemm_fp8_triton(a, sa, b, sb, mode, group_lens, group_offs=None, out_dtype=torch.bfloat16,
+                                  block_size=128) -> Optional[str]:
+    """None when :func:`grouped_gemm_fp8_triton` can run these inputs, else a reason. Never raises."""
+    try:
+        _validate(a, sa, b, sb, mode, group_lens, group_offs, out_dtype, block_size)
+    except Exception as exc:  # noqa: BLE001
+        return str(exc)
+    return None
+
+
+def check_grouped_gemm_fp8_variable_k_triton(xt, sx, yt, sy, mode, group_lens, group_offs=None, out=None,
+                                             accumulate=False, out_dtype=torch.bfloat16) -> Optional[str]:
+    try:
+        _validate_variable_k(xt, sx, yt, sy, mode, group_lens, group_offs, out, accumulate, out_dtype)
+    except Exception as exc:  # noqa: BLE001
+        return str(exc)
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+def grouped_gemm_fp8_triton(
+    a_q: torch.Tensor, sa: torch.Tensor, b_q: torch.Tensor, sb: torch.Tensor, mode,
+    group_lens: Optional[torch.Tensor], group_offs: Optional[torch.Tensor] = None,
+    out_dtype: torch.dtype = torch.bfloat16, block_size: int = 128, num_cu: Optional[int] = None,
+    config: Optional[GroupedGemmFP8Config] = None, *, checked: bool = False,
+) -> torch.Tensor:
+    """``out[rows of g] = (a_q * sa)[rows of g] @ (b_q[g] * sb[g]).T``, rows past ``offs[G]`` zero.
+
+    ``a_q [M_total, K]`` and ``b_q [G, N, K]`` FP8 (e4m3fn / e5m2, may differ). Scales (fp32
+    dequantization multipliers): TENSORWISE ``sa []``, ``sb [G]``; ROWWISE ``sa [M_total]``,
+    ``sb [G, N]``; BLOCKWISE ``sa [M_total, ceil(K/bs)]``, ``sb [G, ceil(N/bs), ceil(K/bs)]``.
+    No host synchronisation.
+    """
+    if not checked:
+        mode = _validate(a_q, sa, b_q, sb, mode, group_lens, group_offs, out_dtype, block_size)
+    else:
+        mode = _mode_of(mode)
+    if group_offs is None:
+        group_offs = group_offsets(group_lens)
+    M, K = a_q.shape
+    G, N, _ = b_q.shape
+    out = torch.empty((M, N), dtype=out_dtype, device=a_q.device)
+    if M == 0 or N == 0:
+        return out
+    if G == 0 or K == 0:
+        return out.zero_()
+    cfg = config or _default_config(max(1, M // G), N, mode, block_size, False)
+    if mode == _BLOCKWISE and block_size % cfg.block_k:
+        raise ValueError(f"BLOCKWISE needs BLOCK_K ({cfg.block_k}) to divide block_size ({block_size})")
+    programs = _num_programs(a_q.device, num_cu)
+    max_tiles = (triton.cdiv(M, cfg.block_m) + G + 1) * triton.cdiv(N, cfg.block_n)
+    grid = (min(programs, max_tiles),)
+    if mode == _TENSORWISE:
+        sa_strides, sb_strides = (0, 0), (sb.stride(0), 0, 0)
+    elif mode == _ROWWISE:
+        sa_strides, sb_strides = (sa.stride(0), 0), (sb.stride(0), sb.stride(1), 0)
+    else:
+        sa_strides, sb_strides = (sa.stride(0), sa.stride(1)), tuple(sb.stride())
+
+    def launch():
+        _grouped_gemm_fp8_kernel[grid](
+            a_q, b_q, out, group_offs, sa, sb, M, N, K, G,
+            a_q.stride(0), a_q.stride(1), b_q.stride(0), b_q.stride(1), b_q.stride(2), out.stride(0), out.stride(1),
+            *sa_strides, *sb_strides,
+            NUM_PROGRAMS=grid[0], SCALE_MODE=mode, SCALE_BLOCK=block_size,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            num_stages=cfg.num_stages, num_warps=cfg.num_warps,
+        )
+        return out
+
+    return _run_on_device(a_q.device, launch)
+
+
+def grouped_gemm_fp8_variable_k_triton(
+    x_t: torch.Tensor, sx: torch.Tensor, y_t: torch.Tensor, sy: torch.Tensor, mode,
+    group_lens: Optional[torch.Tensor], group_offs: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None, accumulate: bool = False, out_dtype: torch.dtype = torch.bfloat16,
+    num_cu: Optional[int] = None, config: Optional[GroupedGemmFP8Config] = None, *, checked: bool = False,
+) -> torch.Tensor:
+    """``out[g] (+)= (x_t * sx)[:, rows of g] @ ((y_t * sy)[:, rows of g]).T``: ``[G, P, Q]``.
+
+    ``x_t [P, M_total]``, ``y_t [Q, M_total]`` FP8 (the reduction runs along dim 1, over the
+    group's tokens); TENSORWISE ``sx``, ``sy`` 0-dim, ROWWISE ``sx [P]``, ``sy [Q]``. An empty
+    group gives zeros (or leaves ``out[g]`` unchanged when accumulating). No host synchronisation.
+    """
+    if not checked:
+        mode = _validate_variable_k(x_t, sx, y_t, sy, mode, group_lens, group_offs, out, accumulate, out_dtype)
+    else:
+        mode = _mode_of(mode)
+    G = group_lens.numel() if group_lens is not None else group_offs.numel() - 1
+    if group_offs is None:
+        group_offs = group_offsets(group_lens)
+    P, M = x_t.shape
+    Q = y_t.shape[0]
+    if out is None:
+        out = torch.empty((G, P, Q), dtype=out_dtype, device=x_t.device)
+    if G == 0 or P == 0 or Q == 0:
+        return out
+    if M == 0:
+        return out if accumulate else out.zero_()
+    cfg = config or _default_config(max(1, M // G), Q, mode, 128, True)
+    programs = _num_programs(x_t.device, num_cu)
+    grid = (min(programs, G * triton.cdiv(P, cfg.block_m) * triton.cdiv(Q, cfg.block_n)),)
+    ssx = 0 if mode == _TENSORWISE else sx.stride(0)
+    ssy = 0 if mode == _TENSORWISE else sy.stride(0)
+
+    def launch():
+        _grouped_gemm_fp8_variable_k_kernel[grid](
+            x_t, y_t, out, group_offs, sx, sy, M, P, Q, G,
+            x_t.stride(0), x_t.stride(1), y_t.stride(0), y_t.stride(1),
+            out.stride(0), out.stride(1), out.stride(2), ssx, ssy,
+            NUM_PROGRAMS=grid[0], SCALE_MODE=mode, ACCUMULATE=accumulate,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            num_stages=cfg.num_stages, num_warps=cfg.num_warps,
+        )
+        return out
+
+    return _run_on_device(x_t.device, launch)
