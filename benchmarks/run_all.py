@@ -30,6 +30,7 @@ from benchmarks.common import gpu_info, gpu_slug  # noqa: E402
 BENCHMARKS: list[tuple[str, str]] = [
     ("gemm", "benchmarks.bench_gemm"),
     ("gemm_fp8", "benchmarks.bench_gemm_fp8"),
+    ("grouped_gemm", "benchmarks.bench_grouped_gemm"),
     ("quantization", "benchmarks.bench_quantization"),
 ]
 
