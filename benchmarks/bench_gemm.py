@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import math
 import statistics
 import os
@@ -36,7 +35,10 @@ if str(_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.common import Row, bench_ms, format_table, geomean_table, gpu_slug, write_results  # noqa: E402
+from benchmarks.common import Row, format_table, geomean_table, gpu_slug, write_results  # noqa: E402
+from benchmarks.common import error_text as _error_text  # noqa: E402
+from benchmarks.common import free_memory as _free  # noqa: E402
+from benchmarks.common import time_interleaved  # noqa: E402
 from primus_turbo.testing import DENSE_BENCH_MODELS, dense_gemm_shapes, snr_db  # noqa: E402
 
 RESULT_NAME = "gemm_bf16"
@@ -131,15 +133,6 @@ def _snr(ref: torch.Tensor, out: torch.Tensor) -> float:
     return snr_db(ref, out.detach())
 
 
-def _free(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def _error_text(exc: BaseException) -> str:
-    msg = f"{type(exc).__name__}: {exc}".strip()
-    return msg if len(msg) <= 500 else msg[:497] + "..."
 
 
 def run_case(
@@ -216,24 +209,12 @@ def run_case(
                 _free(device)
         # Pass 2: timing, interleaved over rounds so clock and thermal drift hit every
         # implementation alike; each row keeps the median of its per-round medians.
-        times: dict[int, list[float]] = {i: [] for i in steps}
-        for rnd in range(ROUNDS):
-            # rotate the order every round so no implementation always runs first (or hottest)
-            order = list(steps)
-            order = order[rnd % len(order):] + order[: rnd % len(order)] if order else order
-            for i in order:
-                if i not in steps:
-                    continue
-                step = steps[i]
-                impl, row = impls[i], mode_rows[i]
-                try:
-                    with impl.ctx():
-                        grads = [a_g, w_g] if mode == "fwd_bwd" else None
-                        times[i].append(bench_ms(step, warmup_ms, rep_ms, grad_to_none=grads))
-                except Exception as exc:
-                    row.error = _error_text(exc)
-                    del steps[i]
-                    _free(device)
+        grads = [a_g, w_g] if mode == "fwd_bwd" else None
+        times, errors = time_interleaved(
+            {i: (step, impls[i].ctx) for i, step in steps.items()}, ROUNDS, warmup_ms, rep_ms, grads
+        )
+        for i, err in errors.items():
+            mode_rows[i].error = err
         for i, ts in times.items():
             row = mode_rows[i]
             if row.error or not ts:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import math
 import os
 import statistics
@@ -46,7 +45,10 @@ if str(_ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from benchmarks.bench_gemm import build_cases  # noqa: E402
-from benchmarks.common import Row, bench_ms, format_table, geomean_table, gpu_slug, write_results  # noqa: E402
+from benchmarks.common import Row, format_table, geomean_table, gpu_slug, write_results  # noqa: E402
+from benchmarks.common import error_text as _error_text  # noqa: E402
+from benchmarks.common import free_memory as _free  # noqa: E402
+from benchmarks.common import time_interleaved  # noqa: E402
 from primus_turbo.testing import snr_db  # noqa: E402
 
 RESULT_NAME = "gemm_fp8"
@@ -68,15 +70,6 @@ E4M3 = torch.float8_e4m3fn
 _rounds = ROUNDS
 
 
-def _error_text(exc: BaseException) -> str:
-    msg = f"{type(exc).__name__}: {exc}".strip()
-    return msg if len(msg) <= 500 else msg[:497] + "..."
-
-
-def _free(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 @contextlib.contextmanager
@@ -136,22 +129,11 @@ def _fwd_impls(names: Sequence[str], gran: str) -> list[tuple[str, Optional[str]
 
 
 def _time_interleaved(steps: dict[int, tuple[Callable, Optional[str]]], warmup_ms, rep_ms, grads=None):
-    """Median of per-round medians per step, rounds interleaved and rotated; errors per step."""
-    times: dict[int, list[float]] = {i: [] for i in steps}
-    errors: dict[int, str] = {}
-    for rnd in range(_rounds):
-        order = list(steps)
-        order = order[rnd % len(order):] + order[: rnd % len(order)] if order else order
-        for i in order:
-            if i in errors:
-                continue
-            fn, pin = steps[i]
-            try:
-                with _pin(pin):
-                    times[i].append(bench_ms(fn, warmup_ms, rep_ms, grad_to_none=grads))
-            except Exception as exc:
-                errors[i] = _error_text(exc)
-    return {i: statistics.median(ts) for i, ts in times.items() if ts and i not in errors}, errors
+    """Median of the per-round medians of each step (steps: key -> (fn, backend pin or None))."""
+    times, errors = time_interleaved(
+        {i: (fn, (lambda p=pin: _pin(p))) for i, (fn, pin) in steps.items()}, _rounds, warmup_ms, rep_ms, grads
+    )
+    return {i: statistics.median(ts) for i, ts in times.items()}, errors
 
 
 def run_fwd_case(case, impl_names, grans, device, warmup_ms, rep_ms, log) -> list[Row]:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import importlib
 import math
 import os
@@ -53,7 +52,10 @@ if str(_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.common import Row, bench_ms, format_table, geomean_table, gpu_slug, write_results  # noqa: E402
+from benchmarks.common import Row, format_table, geomean_table, gpu_slug, write_results  # noqa: E402
+from benchmarks.common import error_text as _error_text  # noqa: E402
+from benchmarks.common import free_memory as _free  # noqa: E402
+from benchmarks.common import time_interleaved  # noqa: E402
 from primus_turbo.testing import MODELS, moe_gemm_shapes, snr_db  # noqa: E402
 
 RESULT_NAME = "grouped_gemm_bf16"
@@ -200,35 +202,11 @@ def _make_impls(names: Sequence[str]) -> list[_Impl]:
 
 
 # ---- helpers --------------------------------------------------------------------------------
-def _free(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def _error_text(exc: BaseException) -> str:
-    msg = f"{type(exc).__name__}: {exc}".strip()
-    return msg if len(msg) <= 500 else msg[:497] + "..."
 
 
 def _time_interleaved(steps: dict[int, tuple[Callable, Callable]], warmup_ms, rep_ms, grads=None):
-    """Median of per-round medians per step, rounds interleaved with a rotating order so clock and
-    thermal drift hit every implementation alike; an error drops that step only."""
-    times: dict[int, list[float]] = {i: [] for i in steps}
-    errors: dict[int, str] = {}
-    for rnd in range(_rounds):
-        order = list(steps)
-        order = order[rnd % len(order):] + order[: rnd % len(order)] if order else order
-        for i in order:
-            if i in errors:
-                continue
-            fn, ctx = steps[i]
-            try:
-                with ctx():
-                    times[i].append(bench_ms(fn, warmup_ms, rep_ms, grad_to_none=grads))
-            except Exception as exc:
-                errors[i] = _error_text(exc)
-    return {i: ts for i, ts in times.items() if ts and i not in errors}, errors
+    """Per-round times of each step (steps: key -> (fn, context factory)); see time_interleaved."""
+    return time_interleaved(steps, _rounds, warmup_ms, rep_ms, grads)
 
 
 def _ref_rows(lens: Sequence[int]) -> list[tuple[int, int, int]]:

@@ -38,6 +38,7 @@ if str(_ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from benchmarks.common import Row, bench_ms, format_table, geomean_table, gpu_slug, write_results  # noqa: E402
+from benchmarks.common import error_text as _error_text  # noqa: E402
 
 RESULT_NAME = "quantization"
 SHAPES = ((4096, 7168), (16384, 7168), (16384, 4096), (8192, 14336))
@@ -102,10 +103,6 @@ def _mismatches(outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor]) -> i
         n += int((o != r).sum())
     return n
 
-
-def _error_text(exc: BaseException) -> str:
-    msg = f"{type(exc).__name__}: {exc}".strip()
-    return msg if len(msg) <= 500 else msg[:497] + "..."
 
 
 def run_shape(shape: tuple[int, int], impls: Sequence[str], device: torch.device, warmup_ms: float,

@@ -8,6 +8,8 @@ the same interface is used; its numbers mean nothing for performance.
 
 from __future__ import annotations
 
+import gc
+
 import datetime as _dt
 import json
 import math
@@ -249,3 +251,47 @@ def write_results(rows: Sequence[Row], out_dir: "str | os.PathLike[str]", name: 
     ]
     (out / f"{name}.md").write_text("\n".join(md))
     return json_path
+
+
+def error_text(exc: BaseException) -> str:
+    """One line for a result row's ``error`` field (at most 500 characters)."""
+    msg = f"{type(exc).__name__}: {exc}".strip()
+    return msg if len(msg) <= 500 else msg[:497] + "..."
+
+
+def free_memory(device: torch.device) -> None:
+    """Drop what the last case allocated before the next one (large shapes follow each other)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def time_interleaved(
+    steps: dict,
+    rounds: int,
+    warmup_ms: float,
+    rep_ms: float,
+    grads: Optional[Sequence[torch.Tensor]] = None,
+) -> tuple[dict, dict]:
+    """Time several implementations of one case fairly.
+
+    ``steps`` maps a key to ``(fn, ctx)``, ``ctx()`` giving the context manager to time ``fn`` in
+    (a backend pin, say). Each round times every step once with :func:`bench_ms`; the order
+    rotates every round so clock and thermal drift hit every implementation alike. Returns
+    ``({key: [ms per round]}, {key: error text})``; a step that raises is dropped from then on.
+    """
+    times: dict = {k: [] for k in steps}
+    errors: dict = {}
+    keys = list(steps)
+    for rnd in range(rounds):
+        shift = rnd % len(keys) if keys else 0
+        for k in keys[shift:] + keys[:shift]:
+            if k in errors:
+                continue
+            fn, ctx = steps[k]
+            try:
+                with ctx():
+                    times[k].append(bench_ms(fn, warmup_ms, rep_ms, grad_to_none=grads))
+            except Exception as exc:
+                errors[k] = error_text(exc)
+    return {k: ts for k, ts in times.items() if ts and k not in errors}, errors
