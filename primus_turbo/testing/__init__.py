@@ -20,7 +20,14 @@ from .quant_ref import (
     quantize_fp4_ref,
     quantize_fp8_ref,
 )
-from .references import gemm_backward_ref, gemm_ref, grouped_gemm_ref, grouped_gemm_variable_k_ref
+from .references import (
+    attention_mask_ref,
+    attention_ref,
+    gemm_backward_ref,
+    gemm_ref,
+    grouped_gemm_ref,
+    grouped_gemm_variable_k_ref,
+)
 from .shapes import is_gpu, pick_shapes
 
 __all__ = [
@@ -36,6 +43,8 @@ __all__ = [
     "gemm_backward_ref",
     "grouped_gemm_ref",
     "grouped_gemm_variable_k_ref",
+    "attention_ref",
+    "attention_mask_ref",
     # quantization references
     "fp8_max",
     "quantize_fp8_ref",

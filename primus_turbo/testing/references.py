@@ -19,7 +19,14 @@ from typing import Optional
 
 import torch
 
-__all__ = ["gemm_ref", "gemm_backward_ref", "grouped_gemm_ref", "grouped_gemm_variable_k_ref"]
+__all__ = [
+    "gemm_ref",
+    "gemm_backward_ref",
+    "grouped_gemm_ref",
+    "grouped_gemm_variable_k_ref",
+    "attention_ref",
+    "attention_mask_ref",
+]
 
 
 def _op(x: torch.Tensor, trans: bool) -> torch.Tensor:
@@ -147,3 +154,73 @@ def grouped_gemm_variable_k_ref(
     for g, (s, e) in enumerate(_group_bounds(group_lens, x64.size(0))):
         out[g] = x64[s:e].T @ y64[s:e]
     return out
+
+
+def attention_mask_ref(
+    seq_q: int, seq_kv: int, causal: bool = False, window_size: tuple[int, int] = (-1, -1), device=None
+) -> torch.Tensor:
+    """``[seq_q, seq_kv]`` bool mask, True where query ``i`` may attend key ``j``.
+
+    Flash-attention's convention: bottom-right aligned (``off = seq_kv - seq_q``); ``j <= i + off +
+    right`` when ``right >= 0`` and ``j >= i + off - left`` when ``left >= 0``; ``-1`` is unbounded and
+    ``causal`` sets ``right = 0``.
+    """
+    left, right = window_size
+    if causal:
+        right = 0
+    i = torch.arange(seq_q, device=device).view(-1, 1)
+    j = torch.arange(seq_kv, device=device).view(1, -1)
+    off = seq_kv - seq_q
+    mask = torch.ones((seq_q, seq_kv), dtype=torch.bool, device=device)
+    if right >= 0:
+        mask &= j <= i + off + right
+    if left >= 0:
+        mask &= j >= i + off - left
+    return mask
+
+
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    sink: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    return_lse: bool = False,
+    compute_dtype: torch.dtype = torch.float64,
+):
+    """Softmax attention written out with plain torch ops, in ``compute_dtype`` (float64 by default).
+
+    ``q``: ``[B, Sq, Hq, Dqk]``, ``k``: ``[B, Sk, Hk, Dqk]``, ``v``: ``[B, Sk, Hk, Dv]`` with
+    ``Hq % Hk == 0`` (query head ``h`` reads kv head ``h // (Hq // Hk)``); mask as in
+    :func:`attention_mask_ref`; ``sink``: ``[Hq]`` logits that join each row's softmax denominator
+    only. Differentiable (autograd flows to the inputs through the upcast). Returns ``out``
+    ``[B, Sq, Hq, Dv]`` and, with ``return_lse``, ``lse`` ``[B, Hq, Sq]`` (natural log, including the
+    sink). A row that sees no key and has no sink gets ``out = 0`` and ``lse = +inf``.
+    Pass ``compute_dtype=q.dtype`` to get the same math in low precision (PyTorch's own error).
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D [B, S, H, D], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    b, sq, hq, dqk = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    if hq % hk != 0:
+        raise ValueError(f"heads_q={hq} must be a multiple of heads_kv={hk}")
+    scale = softmax_scale if softmax_scale is not None else dqk ** -0.5
+    qf = q.to(compute_dtype)
+    kf = k.to(device=q.device, dtype=compute_dtype).repeat_interleave(hq // hk, dim=2)
+    vf = v.to(device=q.device, dtype=compute_dtype).repeat_interleave(hq // hk, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", qf, kf) * scale
+    mask = attention_mask_ref(sq, sk, causal, window_size, device=q.device)
+    s = s.masked_fill(~mask, float("-inf"))
+    if sink is not None:
+        col = sink.to(device=q.device, dtype=compute_dtype).view(1, hq, 1, 1).expand(b, hq, sq, 1)
+        lse = torch.logsumexp(torch.cat([s, col], dim=-1), dim=-1)
+    else:
+        lse = torch.logsumexp(s, dim=-1)
+    lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    p = torch.exp(s - lse_safe.unsqueeze(-1))
+    out = torch.einsum("bhqk,bkhd->bqhd", p, vf)
+    if not return_lse:
+        return out
+    return out, torch.where(lse == float("-inf"), torch.full_like(lse, float("inf")), lse)
