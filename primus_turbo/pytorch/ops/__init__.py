@@ -1,5 +1,6 @@
 """Public functional API: ``turbo.ops.<op>``. Each op validates, dispatches and wires autograd."""
 
+from .attention import flash_attn_func
 from .gemm import gemm
 from .gemm_fp4 import gemm_fp4
 from .gemm_fp8 import gemm_fp8
@@ -15,6 +16,7 @@ from .quantization import (
 )
 
 __all__ = [
+    "flash_attn_func",
     "gemm",
     "gemm_fp4",
     "gemm_fp8",

@@ -1,0 +1,128 @@
+"""Attention backends: TORCH (``F.scaled_dot_product_attention``: cuDNN / flash / efficient / math,
+and what runs on plain CPU) and TRITON (our FlashAttention-2 style kernels, primus_turbo/triton/attention).
+
+Every backend takes already-validated, *logical* ``[batch, seq, heads, head_dim]`` tensors (any
+strides) and the normalised mask bounds ``win_left`` / ``win_right`` (``-1`` = unbounded, causal
+folded in as ``win_right = 0``). Forward and backward of one call must run on one backend, so the op
+resolves the backend once per forward and keeps it on the autograd context:
+
+* TORCH runs SDPA under PyTorch's own autograd (its backward is SDPA's backward);
+* TRITON's ``forward`` returns ``(out, lse)`` and its ``backward`` the gradients of that forward.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend
+
+__all__ = ["ATTN_DTYPES", "AttnTorchBackend", "AttnTritonBackend", "attn_dispatcher"]
+
+ATTN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _bottom_right_mask(seq_q: int, seq_k: int, win_left: int, win_right: int, device) -> torch.Tensor:
+    """bool [seq_q, seq_k], True where query i may attend key j (flash-attention's alignment)."""
+    i = torch.arange(seq_q, device=device).view(-1, 1)
+    j = torch.arange(seq_k, device=device).view(1, -1)
+    off = seq_k - seq_q
+    mask = torch.ones((seq_q, seq_k), dtype=torch.bool, device=device)
+    if win_right >= 0:
+        mask &= j <= i + off + win_right
+    if win_left >= 0:
+        mask &= j >= i + off - win_left
+    return mask
+
+
+class AttnTorchBackend(KernelBackend):
+    """``F.scaled_dot_product_attention`` with PyTorch's autograd (``enable_gqa`` for GQA/MQA)."""
+
+    backend_type = BackendType.TORCH
+    native_autograd: ClassVar[bool] = True
+
+    @classmethod
+    def check(cls, q, k, v, sink=None, win_left=-1, win_right=-1, return_lse=False, deterministic=False, **_):
+        if q.dtype not in ATTN_DTYPES:
+            return f"dtype {q.dtype} is not one of float16, bfloat16, float32"
+        if sink is not None:
+            return "SDPA has no attention sinks"
+        if return_lse:
+            return "SDPA does not return the LSE"
+        if win_left >= 0:
+            return f"SDPA has no sliding window (window left={win_left})"
+        if win_right > 0:
+            return f"SDPA has no sliding window (window right={win_right})"
+        if win_right == 0 and q.size(1) > k.size(1):
+            return f"causal with seq_q={q.size(1)} > seq_kv={k.size(1)} leaves rows with no key (SDPA gives NaN there)"
+        if deterministic and q.is_cuda:
+            return "SDPA's CUDA backward is not guaranteed deterministic"
+        return None
+
+    @classmethod
+    def execute(cls, q, k, v, softmax_scale, win_right=-1, **_) -> torch.Tensor:
+        """``out [B, Sq, Hq, Dv]``, differentiable through PyTorch's autograd."""
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        kw = dict(scale=softmax_scale, enable_gqa=q.size(2) != k.size(2))
+        if win_right == 0 and q.size(1) == k.size(1):
+            out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, **kw)
+        elif win_right == 0:
+            mask = _bottom_right_mask(q.size(1), k.size(1), -1, 0, q.device)
+            out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, **kw)
+        else:
+            out = F.scaled_dot_product_attention(qt, kt, vt, **kw)
+        return out.transpose(1, 2)
+
+
+class AttnTritonBackend(KernelBackend):
+    """Our FlashAttention-2 style kernels: forward writes O and LSE; deterministic two-kernel backward."""
+
+    backend_type = BackendType.TRITON
+    native_autograd: ClassVar[bool] = False
+
+    @classmethod
+    def check(cls, q, k, v, sink=None, **_) -> Optional[str]:
+        try:
+            from primus_turbo.triton.attention import check_flash_attn_triton
+        except ImportError as exc:
+            return f"triton is not available ({exc})"
+        return check_flash_attn_triton(q, k, v, sink)
+
+    @classmethod
+    def execute(cls, q, k, v, softmax_scale, sink=None, win_left=-1, win_right=-1, **_):
+        """``(out [B, Sq, Hq, Dv], lse [B, Hq, Sq] fp32)``; no autograd."""
+        from primus_turbo.triton.attention import flash_attn_fwd_triton
+
+        return flash_attn_fwd_triton(q, k, v, sink, softmax_scale, win_left, win_right)
+
+    @classmethod
+    def backward(cls, dout, q, k, v, out, lse, softmax_scale, sink=None, win_left=-1, win_right=-1):
+        """``(dq, dk, dv, dsink)`` of :meth:`execute` (dsink fp32 ``[Hq]`` or None)."""
+        from primus_turbo.triton.attention import flash_attn_bwd_triton
+
+        return flash_attn_bwd_triton(dout, q, k, v, out, lse, sink, softmax_scale, win_left, win_right)
+
+
+def _make_key(q, k, v, sink=None, win_left=-1, win_right=-1, return_lse=False, **_):
+    return (
+        tuple(q.shape), tuple(k.shape), v.size(-1), q.dtype, sink is not None, win_left, win_right,
+        bool(return_lse), q.device.type,
+    )
+
+
+def _default(**kwargs) -> BackendType:
+    # SDPA (cuDNN / FlashAttention-2 on the H200) wherever it can run the call; our Triton kernels
+    # for what it cannot (sinks, windows, the LSE, a deterministic CUDA backward). Revisit once the
+    # Triton kernels are benchmarked on the H200 (issue 5 wants the faster one per shape).
+    return BackendType.TORCH if AttnTorchBackend.can_handle(**kwargs) else BackendType.TRITON
+
+
+attn_dispatcher = AutoKernelDispatcher(
+    op_name="flash_attn",
+    family="attn",
+    backends=[AttnTorchBackend, AttnTritonBackend],
+    make_key=_make_key,
+    default=_default,
+)

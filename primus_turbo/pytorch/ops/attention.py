@@ -1,0 +1,231 @@
+"""Softmax attention: ``turbo.ops.flash_attn_func`` (flash-attention's API, as Primus-Turbo offers it).
+
+``q``, ``k``, ``v`` are logical ``[batch, seq, heads, head_dim]`` tensors; any strides are read in
+place, so bshd, sbhd (``x.transpose(0, 1)`` of an ``[s, b, h, d]`` tensor) and bhsd
+(``x.transpose(1, 2)`` of a ``[b, h, s, d]`` tensor) storage all work without copies.
+
+The backend (core/backend.py, family ``attn``, ``PRIMUS_TURBO_ATTN_BACKEND``) is resolved once per
+forward and kept on the autograd context, so a call's backward always runs on the backend that ran
+its forward, whatever pins change in between. The TRITON path is registered as ``torch.library``
+custom ops (``primus_turbo::flash_attn_triton_fwd`` / ``_bwd``) with fake implementations; traced
+code calls them through ``torch.ops``, eager code calls the same functions directly.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional
+
+import torch
+
+from ..backends.attention import ATTN_DTYPES, AttnTritonBackend, attn_dispatcher
+from ..core.backend import PrecisionType
+
+__all__ = ["flash_attn_func"]
+
+
+# ---- TRITON path as custom ops --------------------------------------------------------------
+def _triton_fwd_eager(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: Optional[torch.Tensor],
+    softmax_scale: float, win_left: int, win_right: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return AttnTritonBackend.execute(q=q, k=k, v=v, softmax_scale=softmax_scale, sink=sink,
+                                     win_left=win_left, win_right=win_right)
+
+
+flash_attn_triton_fwd = torch.library.custom_op(
+    "primus_turbo::flash_attn_triton_fwd", _triton_fwd_eager, mutates_args=()
+)
+
+
+@flash_attn_triton_fwd.register_fake
+def _triton_fwd_fake(q, k, v, sink, softmax_scale, win_left, win_right):
+    b, sq, h, _ = q.shape
+    out = q.new_empty((b, sq, h, v.size(-1)))
+    lse = q.new_empty((b, h, sq), dtype=torch.float32)
+    return out, lse
+
+
+def _triton_bwd_eager(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    sink: Optional[torch.Tensor], softmax_scale: float, win_left: int, win_right: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv, dsink = AttnTritonBackend.backward(dout, q, k, v, out, lse, softmax_scale, sink, win_left, win_right)
+    if dsink is None:  # custom ops return tensors: an empty one stands for "no sink"
+        dsink = q.new_empty((0,), dtype=torch.float32)
+    return dq, dk, dv, dsink
+
+
+flash_attn_triton_bwd = torch.library.custom_op(
+    "primus_turbo::flash_attn_triton_bwd", _triton_bwd_eager, mutates_args=()
+)
+
+
+@flash_attn_triton_bwd.register_fake
+def _triton_bwd_fake(dout, q, k, v, out, lse, sink, softmax_scale, win_left, win_right):
+    n_sink = 0 if sink is None else sink.numel()
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), q.new_empty((n_sink,), dtype=torch.float32)
+
+
+def _fwd(*args):
+    # Eager calls skip the custom-op dispatcher; traced code must see the op.
+    if torch.compiler.is_compiling():
+        return torch.ops.primus_turbo.flash_attn_triton_fwd(*args)
+    return _triton_fwd_eager(*args)
+
+
+def _bwd(*args):
+    if torch.compiler.is_compiling():
+        return torch.ops.primus_turbo.flash_attn_triton_bwd(*args)
+    return _triton_bwd_eager(*args)
+
+
+class FlashAttnFunction(torch.autograd.Function):
+    """Autograd for the non-native backends (TRITON): the backend chosen in forward runs backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sink, softmax_scale, win_left, win_right, backend):
+        out, lse = _fwd(q, k, v, sink, softmax_scale, win_left, win_right)
+        ctx.save_for_backward(q, k, v, out, lse, sink)
+        ctx.softmax_scale, ctx.win_left, ctx.win_right = softmax_scale, win_left, win_right
+        ctx.backend = backend  # resolved once, in forward; pins changed later do not move backward
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, sink = ctx.saved_tensors
+        if ctx.backend is not AttnTritonBackend:  # only TRITON runs through this Function today
+            raise RuntimeError(f"flash_attn: no backward for backend {ctx.backend.backend_type.name}")
+        dq, dk, dv, dsink = _bwd(
+            dout.contiguous(), q, k, v, out, lse, sink, ctx.softmax_scale, ctx.win_left, ctx.win_right
+        )
+        if sink is None or not ctx.needs_input_grad[3]:
+            dsink = None
+        else:
+            dsink = dsink.to(sink.dtype)
+        return dq, dk, dv, dsink, None, None, None, None
+
+
+# ---- validation -----------------------------------------------------------------------------
+def _check_inputs(q, k, v, dropout_p, softmax_scale, window_size, bias, alibi_slopes, return_attn_probs, sink):
+    if not isinstance(dropout_p, numbers.Real) or isinstance(dropout_p, bool) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"flash_attn_func: dropout_p must be a float in [0, 1), got {dropout_p!r}")
+    if dropout_p > 0.0:
+        raise NotImplementedError(f"flash_attn_func: dropout_p={dropout_p} > 0 (attention dropout) is not implemented")
+    if bias is not None:
+        raise NotImplementedError("flash_attn_func: bias (an additive attention bias) is not implemented")
+    if alibi_slopes is not None:
+        raise NotImplementedError("flash_attn_func: alibi_slopes (ALiBi) is not implemented")
+    if return_attn_probs:
+        raise NotImplementedError("flash_attn_func: return_attn_probs=True is not implemented (use return_lse=True)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"flash_attn_func: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(
+                f"flash_attn_func: {name} must be 4-D [batch, seq, heads, head_dim], got shape {tuple(t.shape)}"
+            )
+        if t.dtype not in ATTN_DTYPES:
+            raise TypeError(f"flash_attn_func: {name}.dtype must be bfloat16, float16 or float32, got {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"flash_attn_func: q, k, v must share a dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"flash_attn_func: q, k, v must be on one device, got q={q.device}, k={k.device}, v={v.device}")
+    (bq, _, hq, dq), (bk, sk, hk, dk), (bv, sv, hv, _) = q.shape, k.shape, v.shape
+    if not bq == bk == bv:
+        raise ValueError(f"flash_attn_func: batch sizes differ: q={bq}, k={bk}, v={bv}")
+    if sk != sv:
+        raise ValueError(f"flash_attn_func: k and v must have the same seq_kv, got k={sk}, v={sv}")
+    if hk != hv:
+        raise ValueError(f"flash_attn_func: k and v must have the same heads_kv, got k={hk}, v={hv}")
+    if hk == 0 or hq % hk != 0:
+        raise ValueError(f"flash_attn_func: heads_q={hq} must be a multiple of heads_kv={hk} (GQA/MQA)")
+    if dq != dk:
+        raise ValueError(f"flash_attn_func: q and k must have the same head_dim, got q={dq}, k={dk}")
+    if softmax_scale is not None and (
+        not isinstance(softmax_scale, numbers.Real) or isinstance(softmax_scale, bool) or not math.isfinite(softmax_scale)
+    ):
+        raise ValueError(f"flash_attn_func: softmax_scale must be a finite float or None, got {softmax_scale!r}")
+    if (
+        not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+        or not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and w >= -1 for w in window_size)
+    ):
+        raise ValueError(f"flash_attn_func: window_size must be (left, right) ints >= -1 (-1 = unbounded), got {window_size!r}")
+    if sink is not None:
+        if not isinstance(sink, torch.Tensor):
+            raise TypeError(f"flash_attn_func: sink must be a torch.Tensor or None, got {type(sink).__name__}")
+        if tuple(sink.shape) != (hq,):
+            raise ValueError(f"flash_attn_func: sink must have shape [heads_q]=({hq},), got {tuple(sink.shape)}")
+        if sink.dtype != torch.float32:
+            raise TypeError(f"flash_attn_func: sink must be float32, got {sink.dtype}")
+        if sink.device != q.device:
+            raise ValueError(f"flash_attn_func: sink on {sink.device}, q on {q.device}")
+
+
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    bias: Optional[torch.Tensor] = None,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    return_lse: bool = False,
+    return_attn_probs: bool = False,
+    sink: Optional[torch.Tensor] = None,
+):
+    """Softmax attention ``softmax(q k^T * scale [+ mask], plus sink) v`` with autograd.
+
+    Args:
+        q: ``[batch, seq_q, heads_q, head_dim_qk]``; k: ``[batch, seq_kv, heads_kv, head_dim_qk]``;
+            v: ``[batch, seq_kv, heads_kv, head_dim_v]``. bfloat16, float16 or float32 (one dtype,
+            one device), any strides. ``heads_q % heads_kv == 0`` (GQA/MQA: query head ``h`` reads kv
+            head ``h // (heads_q // heads_kv)``); ``head_dim_v`` may differ from ``head_dim_qk``.
+        dropout_p: must be 0 (dropout is not implemented: NotImplementedError).
+        softmax_scale: defaults to ``1 / sqrt(head_dim_qk)``.
+        causal: query ``i`` sees keys ``j <= i + seq_kv - seq_q`` (bottom-right aligned, as
+            flash-attention); sets the window's right bound to 0.
+        window_size: ``(left, right)``; query ``i`` sees keys in
+            ``[i + off - left, i + off + right]`` with ``off = seq_kv - seq_q``; ``-1`` is unbounded.
+        bias, alibi_slopes, return_attn_probs: not implemented (NotImplementedError naming them).
+        deterministic: ask for a bitwise-reproducible backward. The TRITON backward is always
+            deterministic (no atomics); on CUDA this flag keeps the call off SDPA.
+        return_lse: also return the log-sum-exp ``[batch, heads_q, seq_q]`` fp32 (natural log,
+            including the sink; ``+inf`` for a row that sees no key and has no sink). Not
+            differentiable.
+        sink: float32 ``[heads_q]`` learned logits, one extra term ``exp(sink[h])`` in each row's
+            softmax denominator (no value); receives a gradient.
+
+    Returns:
+        ``out [batch, seq_q, heads_q, head_dim_v]`` in q's dtype, or ``(out, lse)`` with
+        ``return_lse``. A row that sees no key (and has no sink) gives zeros.
+
+    Backends: TORCH (SDPA; the default wherever it can run the call: no sink, window, LSE or
+    deterministic-on-CUDA request, and no empty causal rows) and TRITON (everything else); pin with
+    ``GlobalBackendManager.set_attn_backend`` or ``PRIMUS_TURBO_ATTN_BACKEND``.
+    """
+    _check_inputs(q, k, v, dropout_p, softmax_scale, window_size, bias, alibi_slopes, return_attn_probs, sink)
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.size(-1))
+    win_left, win_right = int(window_size[0]), int(window_size[1])
+    if causal:
+        win_right = 0
+    kwargs = dict(
+        q=q, k=k, v=v, sink=sink, softmax_scale=scale, win_left=win_left, win_right=win_right,
+        return_lse=bool(return_lse), deterministic=bool(deterministic),
+    )
+    backend = attn_dispatcher.resolve(PrecisionType.BF16_FP16_FP32, **kwargs)
+    if backend.native_autograd:  # SDPA: PyTorch's autograd keeps its backward on SDPA
+        return backend.execute(**kwargs)  # never with return_lse: TORCH's check() refuses it
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, sink)
+    )
+    if needs_grad:
+        out, lse = FlashAttnFunction.apply(q, k, v, sink, scale, win_left, win_right, backend)
+    else:
+        out, lse = _fwd(q, k, v, sink, scale, win_left, win_right)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,209 @@
+"""FlashAttention-2 style forward in Triton.
+
+Tensors are *logical* ``[batch, seq, heads, head_dim]`` with arbitrary strides (bshd, sbhd or bhsd
+storage are all just stride patterns here, nothing is copied). One program owns ``BLOCK_M`` query
+rows of one (batch, query head) and streams the key/value blocks its rows can see, keeping the
+running row maximum ``m``, the running denominator ``l`` and the fp32 output accumulator
+(online softmax, computed in base 2: ``exp(x) = exp2(x * log2(e))``).
+
+Masking, with ``off = seq_k - seq_q`` (bottom-right alignment, as flash-attention does): query
+row ``i`` sees key ``j`` iff ``j <= i + off + right`` (when ``right >= 0``) and
+``j >= i + off - left`` (when ``left >= 0``); causal is ``right = 0``. Only the key blocks that can
+hold a visible key are visited.
+
+Sink: a per-head logit ``s_h`` that joins the softmax denominator only. It is folded in by
+starting the online softmax at ``m = s_h, l = 1`` (one term ``exp(s_h - m)``) with no value row.
+
+Outputs: ``O`` in the input dtype and ``LSE`` (natural log, fp32, ``[batch, heads_q, seq_q]``).
+A row that sees no key and has no sink gets ``O = 0`` and ``LSE = +inf`` (so the backward's
+``P = exp(S - LSE)`` is 0 there).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from primus_turbo.triton import is_interpreter
+from primus_turbo.triton.interpreter import bf16_dot_fixed
+
+__all__ = ["check_flash_attn_triton", "flash_attn_fwd_triton", "attn_block_dims", "LOG2E"]
+
+LOG2E = 1.4426950408889634
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+
+@triton.jit
+def _kv_range(m_start, offset, win_left, win_right, SEQ_K,
+              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[lo, hi) of the key blocks that rows m_start..m_start+BLOCK_M-1 can see (lo a BLOCK_N multiple)."""
+    lo = m_start * 0
+    hi = m_start * 0 + SEQ_K
+    if HAS_LEFT:
+        lo = tl.maximum(m_start + offset - win_left, 0)
+        lo = (lo // BLOCK_N) * BLOCK_N
+    if HAS_RIGHT:
+        hi = tl.minimum(m_start + BLOCK_M + offset + win_right, SEQ_K)
+    return lo, hi
+
+
+@triton.jit
+def _visible(offs_m, offs_n, SEQ_Q, SEQ_K, offset, win_left, win_right,
+             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """[len(offs_m), len(offs_n)] mask of the (query, key) pairs that take part in the softmax."""
+    ok = (offs_m[:, None] < SEQ_Q) & (offs_n[None, :] < SEQ_K)
+    if HAS_LEFT:
+        ok = ok & (offs_n[None, :] >= offs_m[:, None] + offset - win_left)
+    if HAS_RIGHT:
+        ok = ok & (offs_n[None, :] <= offs_m[:, None] + offset + win_right)
+    return ok
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    Q, K, V, O, LSE, SINK,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_ob, stride_os, stride_oh, stride_od,
+    H, SEQ_Q, SEQ_K, GROUP, D_QK, D_V,
+    qk_scale, offset, win_left, win_right,
+    HAS_SINK: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // GROUP
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_dqk = tl.arange(0, BLOCK_DQK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+
+    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_dqk[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=(offs_m[:, None] < SEQ_Q) & (offs_dqk[None, :] < D_QK), other=0.0)
+    k_base = K + b * stride_kb + hk * stride_kh
+    v_base = V + b * stride_vb + hk * stride_vh
+
+    if HAS_SINK:
+        sink_log2 = tl.load(SINK + h).to(tl.float32) * 1.4426950408889634
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + sink_log2
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+
+    lo, hi = _kv_range(pid_m * BLOCK_M, offset, win_left, win_right, SEQ_K, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        kt = tl.load(
+            k_base + offs_n[None, :] * stride_ks + offs_dqk[:, None] * stride_kd,
+            mask=(offs_n[None, :] < SEQ_K) & (offs_dqk[:, None] < D_QK), other=0.0,
+        )
+        s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
+        ok = _visible(offs_m, offs_n, SEQ_Q, SEQ_K, offset, win_left, win_right, HAS_LEFT, HAS_RIGHT)
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_base + offs_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd,
+            mask=(offs_n[:, None] < SEQ_K) & (offs_dv[None, :] < D_V), other=0.0,
+        )
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse = tl.where(empty, float("inf"), (m_i + tl.log2(l_safe)) / 1.4426950408889634)
+    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_dv[None, :] * stride_od
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(offs_m[:, None] < SEQ_Q) & (offs_dv[None, :] < D_V))
+    tl.store(LSE + pid_bh * SEQ_Q + offs_m, lse, mask=offs_m < SEQ_Q)
+
+
+def attn_block_dims(d_qk: int, d_v: int) -> tuple[int, int]:
+    """Head dims padded to powers of two (at least 16, the smallest tl.dot size)."""
+    return max(16, triton.next_power_of_2(d_qk)), max(16, triton.next_power_of_2(d_v))
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    # fp32 inputs get exact fp32 products ("ieee"), never TF32; the flag is ignored for fp16/bf16.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def window_flags(win_left: int, win_right: int) -> tuple[bool, bool, int, int]:
+    return win_left >= 0, win_right >= 0, max(win_left, 0), max(win_right, 0)
+
+
+def check_flash_attn_triton(q, k, v, sink=None) -> Optional[str]:
+    """None when the Triton kernels can run these (already op-validated) tensors, else a reason."""
+    try:
+        if q.device.type != "cuda" and not (q.device.type == "cpu" and is_interpreter()):
+            return f"tensors on {q.device}; needs CUDA (or CPU with TRITON_INTERPRET=1)"
+        if q.dtype not in _DTYPES:
+            return f"dtype {q.dtype} is not one of float16, bfloat16, float32"
+        if q.device.type == "cpu" and q.dtype == torch.bfloat16 and not bf16_dot_fixed():
+            return (
+                "bf16 under the Triton interpreter gives wrong products (triton issue #11584); "
+                "call primus_turbo.triton.interpreter.fix_bf16_dot() first"
+            )
+        if q.size(-1) > MAX_HEAD_DIM or v.size(-1) > MAX_HEAD_DIM:
+            return f"head_dim_qk={q.size(-1)}, head_dim_v={v.size(-1)}: at most {MAX_HEAD_DIM} supported"
+    except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
+        return f"check failed: {exc!r}"
+    return None
+
+
+def _fwd_config(d_max: int) -> tuple[int, int, int, int]:
+    if is_interpreter():
+        return 32, 32, 4, 1
+    if d_max <= 64:
+        return 128, 64, 4, 3
+    if d_max <= 128:
+        return 128, 64, 8, 2
+    return 64, 32, 4, 2
+
+
+def flash_attn_fwd_triton(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: Optional[torch.Tensor],
+    softmax_scale: float, win_left: int = -1, win_right: int = -1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention forward. q ``[B, Sq, Hq, Dqk]``, k ``[B, Sk, Hk, Dqk]``, v ``[B, Sk, Hk, Dv]`` (any
+    strides; ``Hq % Hk == 0``), sink fp32 ``[Hq]`` or None; window bounds ``-1`` = unbounded (causal
+    is ``win_right = 0``). Returns ``O [B, Sq, Hq, Dv]`` (q's dtype) and ``LSE [B, Hq, Sq]`` fp32."""
+    B, Sq, H, Dqk = q.shape
+    _, Sk, Hk, Dv = v.shape
+    out = torch.empty((B, Sq, H, Dv), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    if B == 0 or Sq == 0 or H == 0:
+        return out, lse
+    block_dqk, block_dv = attn_block_dims(Dqk, Dv)
+    bm, bn, warps, stages = _fwd_config(max(block_dqk, block_dv))
+    has_left, has_right, wl, wr = window_flags(win_left, win_right)
+    grid = (triton.cdiv(Sq, bm), B * H)
+    _attn_fwd_kernel[grid](
+        q, k, v, out, lse, sink if sink is not None else lse,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        H, Sq, Sk, H // Hk, Dqk, Dv,
+        float(softmax_scale) * LOG2E, Sk - Sq, wl, wr,
+        HAS_SINK=sink is not None, HAS_LEFT=has_left, HAS_RIGHT=has_right,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_DQK=block_dqk, BLOCK_DV=block_dv,
+        DOT_PRECISION=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
+    )
+    return out, lse
+
+
+def default_softmax_scale(d_qk: int) -> float:
+    return 1.0 / math.sqrt(d_qk)
