@@ -32,6 +32,7 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("gemm_fp8", "benchmarks.bench_gemm_fp8"),
     ("grouped_gemm", "benchmarks.bench_grouped_gemm"),
     ("quantization", "benchmarks.bench_quantization"),
+    ("norm_act", "benchmarks.bench_norm_act"),
     ("attention", "benchmarks.bench_attention"),
 ]
 

@@ -27,6 +27,10 @@ from .references import (
     gemm_ref,
     grouped_gemm_ref,
     grouped_gemm_variable_k_ref,
+    rmsnorm_ref,
+    swiglu_ref,
+    swiglu_with_probs_ref,
+    geglu_with_probs_ref,
 )
 from .shapes import is_gpu, pick_shapes
 
@@ -45,6 +49,10 @@ __all__ = [
     "grouped_gemm_variable_k_ref",
     "attention_ref",
     "attention_mask_ref",
+    "rmsnorm_ref",
+    "swiglu_ref",
+    "swiglu_with_probs_ref",
+    "geglu_with_probs_ref",
     # quantization references
     "fp8_max",
     "quantize_fp8_ref",

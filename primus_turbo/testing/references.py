@@ -26,6 +26,10 @@ __all__ = [
     "grouped_gemm_variable_k_ref",
     "attention_ref",
     "attention_mask_ref",
+    "rmsnorm_ref",
+    "swiglu_ref",
+    "swiglu_with_probs_ref",
+    "geglu_with_probs_ref",
 ]
 
 
@@ -224,3 +228,42 @@ def attention_ref(
     if not return_lse:
         return out
     return out, torch.where(lse == float("-inf"), torch.full_like(lse, float("inf")), lse)
+
+
+def rmsnorm_ref(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-6, zero_centered: bool = False) -> torch.Tensor:
+    """``x / sqrt(mean(x^2, -1) + eps) * w`` in float64, ``w = 1 + gamma`` when ``zero_centered``.
+
+    Differentiable (use ``requires_grad`` float64 copies for reference gradients). For the residual
+    variant pass the (rounded) sum ``x + residual`` as ``x``.
+    """
+    x64, g64 = x.to(torch.float64), gamma.to(device=x.device, dtype=torch.float64)
+    w = g64 + 1.0 if zero_centered else g64
+    return x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps) * w
+
+
+def _glu_ref(x: torch.Tensor, act, probs: Optional[torch.Tensor], row_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    x64 = x.to(torch.float64)
+    f = x64.shape[-1] // 2
+    out = act(x64[..., :f]) * x64[..., f:]
+    if probs is not None:
+        out = out * probs.to(device=x.device, dtype=torch.float64)[:, None]
+    if row_mask is not None:
+        out = torch.where(row_mask.to(x.device)[:, None] != 0, out, torch.zeros((), dtype=torch.float64, device=x.device))
+    return out
+
+
+def swiglu_ref(x: torch.Tensor) -> torch.Tensor:
+    """``silu(x[..., :F]) * x[..., F:]`` in float64 (differentiable)."""
+    return _glu_ref(x, torch.nn.functional.silu, None, None)
+
+
+def swiglu_with_probs_ref(x: torch.Tensor, probs: torch.Tensor, row_mask: Optional[torch.Tensor] = None
+                          ) -> torch.Tensor:
+    """``silu(a) * b * probs[:, None]`` in float64, 0 on rows whose ``row_mask`` is 0."""
+    return _glu_ref(x, torch.nn.functional.silu, probs, row_mask)
+
+
+def geglu_with_probs_ref(x: torch.Tensor, probs: torch.Tensor, row_mask: Optional[torch.Tensor] = None
+                         ) -> torch.Tensor:
+    """``gelu_tanh(a) * b * probs[:, None]`` in float64 (GELU's tanh approximation), 0 on masked rows."""
+    return _glu_ref(x, lambda a: torch.nn.functional.gelu(a, approximate="tanh"), probs, row_mask)

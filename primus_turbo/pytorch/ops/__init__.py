@@ -1,11 +1,13 @@
 """Public functional API: ``turbo.ops.<op>``. Each op validates, dispatches and wires autograd."""
 
+from .activation import geglu_with_probs, swiglu, swiglu_with_probs
 from .attention import flash_attn_func
 from .gemm import gemm
 from .gemm_fp4 import gemm_fp4
 from .gemm_fp8 import gemm_fp8
 from .grouped_gemm import grouped_gemm
 from .grouped_gemm_fp8 import grouped_gemm_fp8
+from .normalization import rmsnorm, rmsnorm_residual
 from .quantization import (
     dequantize_fp4,
     dequantize_fp8,
@@ -28,4 +30,9 @@ __all__ = [
     "quantize_fp4",
     "quantize_fp4_with_trans",
     "dequantize_fp4",
+    "rmsnorm",
+    "rmsnorm_residual",
+    "swiglu",
+    "swiglu_with_probs",
+    "geglu_with_probs",
 ]
