@@ -8,6 +8,10 @@ resolves the backend once per forward and keeps it on the autograd context:
 
 * TORCH runs SDPA under PyTorch's own autograd (its backward is SDPA's backward);
 * TRITON's ``forward`` returns ``(out, lse)`` and its ``backward`` the gradients of that forward.
+
+Varlen (packed THD, ``flash_attn_varlen_func``) calls carry ``cu_seqlens_q`` / ``cu_seqlens_k`` (int32
+device tensors) and ``max_seqlen_q`` / ``max_seqlen_k`` (host ints); only TRITON runs them (SDPA
+would need the lengths on the host).
 """
 
 from __future__ import annotations
@@ -44,7 +48,10 @@ class AttnTorchBackend(KernelBackend):
     native_autograd: ClassVar[bool] = True
 
     @classmethod
-    def check(cls, q, k, v, sink=None, win_left=-1, win_right=-1, return_lse=False, deterministic=False, **_):
+    def check(cls, q, k, v, sink=None, win_left=-1, win_right=-1, return_lse=False, deterministic=False,
+              cu_seqlens_q=None, **_):
+        if cu_seqlens_q is not None:
+            return "varlen (packed THD) attention: SDPA would need the sequence lengths on the host (a device sync)"
         if q.dtype not in ATTN_DTYPES:
             return f"dtype {q.dtype} is not one of float16, bfloat16, float32"
         if sink is not None:
@@ -91,24 +98,35 @@ class AttnTritonBackend(KernelBackend):
         return check_flash_attn_triton(q, k, v, sink)
 
     @classmethod
-    def execute(cls, q, k, v, softmax_scale, sink=None, win_left=-1, win_right=-1, **_):
-        """``(out [B, Sq, Hq, Dv], lse [B, Hq, Sq] fp32)``; no autograd."""
-        from primus_turbo.triton.attention import flash_attn_fwd_triton
+    def execute(cls, q, k, v, softmax_scale, sink=None, win_left=-1, win_right=-1, cu_seqlens_q=None,
+                cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, **_):
+        """``(out [B, Sq, Hq, Dv], lse [B, Hq, Sq] fp32)``; no autograd. With ``cu_seqlens_q`` (varlen):
+        packed ``[T, H, D]`` tensors, ``(out [Tq, Hq, Dv], lse [Hq, Tq] fp32)``."""
+        from primus_turbo.triton.attention import flash_attn_fwd_triton, flash_attn_varlen_fwd_triton
 
+        if cu_seqlens_q is not None:
+            return flash_attn_varlen_fwd_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                sink, softmax_scale, win_left, win_right)
         return flash_attn_fwd_triton(q, k, v, sink, softmax_scale, win_left, win_right)
 
     @classmethod
-    def backward(cls, dout, q, k, v, out, lse, softmax_scale, sink=None, win_left=-1, win_right=-1):
+    def backward(cls, dout, q, k, v, out, lse, softmax_scale, sink=None, win_left=-1, win_right=-1,
+                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
         """``(dq, dk, dv, dsink)`` of :meth:`execute` (dsink fp32 ``[Hq]`` or None)."""
-        from primus_turbo.triton.attention import flash_attn_bwd_triton
+        from primus_turbo.triton.attention import flash_attn_bwd_triton, flash_attn_varlen_bwd_triton
 
+        if cu_seqlens_q is not None:
+            return flash_attn_varlen_bwd_triton(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                max_seqlen_k, sink, softmax_scale, win_left, win_right)
         return flash_attn_bwd_triton(dout, q, k, v, out, lse, sink, softmax_scale, win_left, win_right)
 
 
-def _make_key(q, k, v, sink=None, win_left=-1, win_right=-1, return_lse=False, **_):
+def _make_key(q, k, v, sink=None, win_left=-1, win_right=-1, return_lse=False, cu_seqlens_q=None,
+              max_seqlen_q=0, max_seqlen_k=0, **_):
+    varlen = None if cu_seqlens_q is None else (cu_seqlens_q.numel(), max_seqlen_q, max_seqlen_k)
     return (
         tuple(q.shape), tuple(k.shape), v.size(-1), q.dtype, sink is not None, win_left, win_right,
-        bool(return_lse), q.device.type,
+        bool(return_lse), q.device.type, varlen,
     )
 
 

@@ -1,7 +1,7 @@
 """Public functional API: ``turbo.ops.<op>``. Each op validates, dispatches and wires autograd."""
 
 from .activation import geglu_with_probs, swiglu, swiglu_with_probs
-from .attention import flash_attn_func
+from .attention import flash_attn_func, flash_attn_varlen_func
 from .gemm import gemm
 from .gemm_fp4 import gemm_fp4
 from .gemm_fp8 import gemm_fp8
@@ -19,6 +19,7 @@ from .quantization import (
 
 __all__ = [
     "flash_attn_func",
+    "flash_attn_varlen_func",
     "gemm",
     "gemm_fp4",
     "gemm_fp8",

@@ -17,6 +17,12 @@ starting the online softmax at ``m = s_h, l = 1`` (one term ``exp(s_h - m)``) wi
 Outputs: ``O`` in the input dtype and ``LSE`` (natural log, fp32, ``[batch, heads_q, seq_q]``).
 A row that sees no key and has no sink gets ``O = 0`` and ``LSE = +inf`` (so the backward's
 ``P = exp(S - LSE)`` is 0 there).
+
+Varlen (``IS_VARLEN``, packed THD ``[total, heads, dim]`` tensors): program ``b`` reads its sequence's
+row range from the int32 ``cu_seqlens`` on the device (never on the host), uses that sequence's
+lengths for masks and bottom-right alignment, and exits at once when its query (backward: key)
+block starts past the sequence's end; the grid is sized by the caller's ``max_seqlen``. The LSE is
+``[heads_q, total_q]``. The same kernels serve both layouts (the batch stride is 0 for varlen).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import triton.language as tl
 from primus_turbo.triton import is_interpreter
 from primus_turbo.triton.interpreter import bf16_dot_fixed
 
-__all__ = ["check_flash_attn_triton", "flash_attn_fwd_triton", "attn_block_dims", "LOG2E"]
+__all__ = ["check_flash_attn_triton", "flash_attn_fwd_triton", "flash_attn_varlen_fwd_triton", "attn_block_dims", "LOG2E"]
 
 LOG2E = 1.4426950408889634
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -66,14 +72,15 @@ def _visible(offs_m, offs_n, SEQ_Q, SEQ_K, offset, win_left, win_right,
 
 @triton.jit
 def _attn_fwd_kernel(
-    Q, K, V, O, LSE, SINK,
+    Q, K, V, O, LSE, SINK, CU_Q, CU_K,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_ob, stride_os, stride_oh, stride_od,
+    stride_lh,
     H, SEQ_Q, SEQ_K, GROUP, D_QK, D_V,
     qk_scale, offset, win_left, win_right,
-    HAS_SINK: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    HAS_SINK: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -83,15 +90,38 @@ def _attn_fwd_kernel(
     h = pid_bh % H
     hk = h // GROUP
 
+    if IS_VARLEN:  # packed THD: sequence b is rows cu[b]..cu[b+1]-1; SEQ_Q / SEQ_K are the max lengths
+        q_start = tl.load(CU_Q + b)
+        k_start = tl.load(CU_K + b)
+        seq_q = tl.load(CU_Q + b + 1) - q_start
+        seq_k = tl.load(CU_K + b + 1) - k_start
+        off = seq_k - seq_q
+        if pid_m * BLOCK_M >= seq_q:  # this query block lies past the end of sequence b
+            return
+        q_row = q_start.to(tl.int64) * stride_qs
+        k_row = k_start.to(tl.int64) * stride_ks
+        v_row = k_start.to(tl.int64) * stride_vs
+        o_row = q_start.to(tl.int64) * stride_os
+        lse_row = h.to(tl.int64) * stride_lh + q_start
+    else:
+        seq_q = SEQ_Q
+        seq_k = SEQ_K
+        off = offset
+        q_row = b * stride_qb
+        k_row = b * stride_kb
+        v_row = b * stride_vb
+        o_row = b * stride_ob
+        lse_row = pid_bh * SEQ_Q
+
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_dqk = tl.arange(0, BLOCK_DQK)
     offs_dv = tl.arange(0, BLOCK_DV)
 
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_dqk[None, :] * stride_qd
-    q = tl.load(q_ptrs, mask=(offs_m[:, None] < SEQ_Q) & (offs_dqk[None, :] < D_QK), other=0.0)
-    k_base = K + b * stride_kb + hk * stride_kh
-    v_base = V + b * stride_vb + hk * stride_vh
+    q_ptrs = Q + q_row + h * stride_qh + offs_m[:, None] * stride_qs + offs_dqk[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=(offs_m[:, None] < seq_q) & (offs_dqk[None, :] < D_QK), other=0.0)
+    k_base = K + k_row + hk * stride_kh
+    v_base = V + v_row + hk * stride_vh
 
     if HAS_SINK:
         sink_log2 = tl.load(SINK + h).to(tl.float32) * 1.4426950408889634
@@ -102,15 +132,15 @@ def _attn_fwd_kernel(
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
-    lo, hi = _kv_range(pid_m * BLOCK_M, offset, win_left, win_right, SEQ_K, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+    lo, hi = _kv_range(pid_m * BLOCK_M, off, win_left, win_right, seq_k, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
         kt = tl.load(
             k_base + offs_n[None, :] * stride_ks + offs_dqk[:, None] * stride_kd,
-            mask=(offs_n[None, :] < SEQ_K) & (offs_dqk[:, None] < D_QK), other=0.0,
+            mask=(offs_n[None, :] < seq_k) & (offs_dqk[:, None] < D_QK), other=0.0,
         )
         s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
-        ok = _visible(offs_m, offs_n, SEQ_Q, SEQ_K, offset, win_left, win_right, HAS_LEFT, HAS_RIGHT)
+        ok = _visible(offs_m, offs_n, seq_q, seq_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
         s = tl.where(ok, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -119,7 +149,7 @@ def _attn_fwd_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(
             v_base + offs_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd,
-            mask=(offs_n[:, None] < SEQ_K) & (offs_dv[None, :] < D_V), other=0.0,
+            mask=(offs_n[:, None] < seq_k) & (offs_dv[None, :] < D_V), other=0.0,
         )
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -128,9 +158,9 @@ def _attn_fwd_kernel(
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
     lse = tl.where(empty, float("inf"), (m_i + tl.log2(l_safe)) / 1.4426950408889634)
-    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_dv[None, :] * stride_od
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(offs_m[:, None] < SEQ_Q) & (offs_dv[None, :] < D_V))
-    tl.store(LSE + pid_bh * SEQ_Q + offs_m, lse, mask=offs_m < SEQ_Q)
+    o_ptrs = O + o_row + h * stride_oh + offs_m[:, None] * stride_os + offs_dv[None, :] * stride_od
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(offs_m[:, None] < seq_q) & (offs_dv[None, :] < D_V))
+    tl.store(LSE + lse_row + offs_m, lse, mask=offs_m < seq_q)
 
 
 def attn_block_dims(d_qk: int, d_v: int) -> tuple[int, int]:
@@ -176,6 +206,33 @@ def _fwd_config(d_max: int) -> tuple[int, int, int, int]:
     return 64, 32, 4, 2
 
 
+def _launch_fwd(q4, k4, v4, out4, lse, sink, softmax_scale, win_left, win_right,
+                B, H, Hk, Sq, Sk, stride_lh, cu_q=None, cu_k=None):
+    """One launch of :func:`_attn_fwd_kernel` on logical 4-D stride tuples (varlen: batch stride 0)."""
+    (q, qs), (k, ks), (v, vs), (out, os_) = q4, k4, v4, out4
+    Dqk, Dv = q.size(-1), v.size(-1)
+    block_dqk, block_dv = attn_block_dims(Dqk, Dv)
+    bm, bn, warps, stages = _fwd_config(max(block_dqk, block_dv))
+    has_left, has_right, wl, wr = window_flags(win_left, win_right)
+    varlen = cu_q is not None
+    grid = (triton.cdiv(Sq, bm), B * H)
+    _attn_fwd_kernel[grid](
+        q, k, v, out, lse, sink if sink is not None else lse,
+        cu_q if varlen else lse, cu_k if varlen else lse,
+        *qs, *ks, *vs, *os_, stride_lh,
+        H, Sq, Sk, H // Hk, Dqk, Dv,
+        float(softmax_scale) * LOG2E, Sk - Sq, wl, wr,
+        HAS_SINK=sink is not None, HAS_LEFT=has_left, HAS_RIGHT=has_right, IS_VARLEN=varlen,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_DQK=block_dqk, BLOCK_DV=block_dv,
+        DOT_PRECISION=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
+    )
+
+
+def varlen_strides(t: torch.Tensor) -> tuple[int, int, int, int]:
+    """``[total, heads, dim]`` strides as logical ``[batch, seq, heads, dim]`` ones (batch stride unused)."""
+    return (0, *t.stride())
+
+
 def flash_attn_fwd_triton(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: Optional[torch.Tensor],
     softmax_scale: float, win_left: int = -1, win_right: int = -1,
@@ -189,19 +246,31 @@ def flash_attn_fwd_triton(
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
     if B == 0 or Sq == 0 or H == 0:
         return out, lse
-    block_dqk, block_dv = attn_block_dims(Dqk, Dv)
-    bm, bn, warps, stages = _fwd_config(max(block_dqk, block_dv))
-    has_left, has_right, wl, wr = window_flags(win_left, win_right)
-    grid = (triton.cdiv(Sq, bm), B * H)
-    _attn_fwd_kernel[grid](
-        q, k, v, out, lse, sink if sink is not None else lse,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        H, Sq, Sk, H // Hk, Dqk, Dv,
-        float(softmax_scale) * LOG2E, Sk - Sq, wl, wr,
-        HAS_SINK=sink is not None, HAS_LEFT=has_left, HAS_RIGHT=has_right,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_DQK=block_dqk, BLOCK_DV=block_dv,
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
-    )
+    _launch_fwd((q, q.stride()), (k, k.stride()), (v, v.stride()), (out, out.stride()), lse, sink,
+                softmax_scale, win_left, win_right, B, H, Hk, Sq, Sk, Sq)
+    return out, lse
+
+
+def flash_attn_varlen_fwd_triton(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int, max_seqlen_k: int, sink: Optional[torch.Tensor], softmax_scale: float,
+    win_left: int = -1, win_right: int = -1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed (THD) forward. q ``[Tq, Hq, Dqk]``, k ``[Tk, Hk, Dqk]``, v ``[Tk, Hk, Dv]``; sequence ``b``
+    is rows ``cu_seqlens[b] .. cu_seqlens[b+1]-1`` (int32 ``[B+1]``, read on the device only), each at
+    most ``max_seqlen`` long; masks are bottom-right aligned per sequence. Returns ``O [Tq, Hq, Dv]``
+    and ``LSE [Hq, Tq]`` fp32. Rows outside ``cu_seqlens_q[0] .. cu_seqlens_q[-1]`` get ``O = 0``,
+    ``LSE = +inf``."""
+    Tq, H, _ = q.shape
+    Hk, Dv = v.shape[1], v.shape[2]
+    B = cu_seqlens_q.numel() - 1
+    out = torch.zeros((Tq, H, Dv), dtype=q.dtype, device=q.device)
+    lse = torch.full((H, Tq), float("inf"), dtype=torch.float32, device=q.device)
+    if B <= 0 or Tq == 0 or H == 0 or max_seqlen_q <= 0:
+        return out, lse
+    _launch_fwd((q, varlen_strides(q)), (k, varlen_strides(k)), (v, varlen_strides(v)), (out, varlen_strides(out)),
+                lse, sink, softmax_scale, win_left, win_right, B, H, Hk, int(max_seqlen_q), int(max_seqlen_k),
+                lse.stride(0), cu_seqlens_q, cu_seqlens_k)
     return out, lse
 
 
