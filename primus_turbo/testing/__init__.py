@@ -32,9 +32,13 @@ from .references import (
     swiglu_with_probs_ref,
     geglu_with_probs_ref,
 )
+from .moe_ref import group_topk_router_ref, indices_to_multihot_ref, tokens_per_expert_to_mask_ref
 from .shapes import is_gpu, pick_shapes
 
 __all__ = [
+    "group_topk_router_ref",
+    "indices_to_multihot_ref",
+    "tokens_per_expert_to_mask_ref",
     # numerics
     "SNR_THRESHOLDS",
     "snr_db",

@@ -7,6 +7,7 @@ from .gemm_fp4 import gemm_fp4
 from .gemm_fp8 import gemm_fp8
 from .grouped_gemm import grouped_gemm
 from .grouped_gemm_fp8 import grouped_gemm_fp8
+from .moe_router import fused_group_topk_routing_with_aux_score, indices_to_multihot, tokens_per_expert_to_mask
 from .normalization import rmsnorm, rmsnorm_residual
 from .quantization import (
     dequantize_fp4,
@@ -36,4 +37,7 @@ __all__ = [
     "swiglu",
     "swiglu_with_probs",
     "geglu_with_probs",
+    "fused_group_topk_routing_with_aux_score",
+    "indices_to_multihot",
+    "tokens_per_expert_to_mask",
 ]

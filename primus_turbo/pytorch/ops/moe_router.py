@@ -1,0 +1,249 @@
+"""MoE router ops: ``turbo.ops.fused_group_topk_routing_with_aux_score``, ``indices_to_multihot``,
+``tokens_per_expert_to_mask``.
+
+All three are built from on-device PyTorch ops (no ``.item()``, no host sync, no data-dependent
+shapes), so they are CUDA-graph and ``torch.compile`` friendly; autograd runs through the torch ops.
+
+Router semantics (Megatron-LM ``topk_routing_with_score_function`` with ``use_pre_softmax=True``
+and DeepSeek-V3 group-limited routing), for ``logits [T, E]``, all math in float32::
+
+    score  = sigmoid(logits)                   score_function == "sigmoid"
+           = softmax(logits, dim=-1)           score_function == "softmax"
+    E is split into ``groups`` contiguous groups of E // groups experts;
+    group_score[g] = sum of the top-2 expert scores of group g     (top-1 when a group has 1 expert)
+      (Megatron's ``group_limited_topk`` rule, used for both score functions; DeepSeek-V3 uses
+      the same top-2 sum; ``groups == 1`` is plain top-k)
+    keep the ``selected_groups`` best groups, then the ``topk`` best experts inside them.
+    probs[t, e] = score[t, e] / (sum of the top-k scores of t + 1e-20) * scaling_factor
+                                               sigmoid and topk > 1 (Megatron normalizes)
+                = score[t, e] * scaling_factor sigmoid with topk == 1, and softmax
+                  (softmax over *all* experts, then the selected scores: "pre-softmax")
+      for the selected experts, 0 elsewhere; routing_map[t, e] = e is selected.
+    scores_for_aux_loss = softmax(logits)                                  softmax
+                        = sigmoid(logits) / (sum_e sigmoid(logits) + 1e-20)  sigmoid
+      (Megatron's ``compute_routing_scores_for_aux_loss``: the full [T, E] score matrix,
+      not limited to the selected groups).
+
+Tie-breaking is deterministic: among equal scores (equal group scores, equal expert scores) the
+lower index wins, for group selection and for expert selection (stable descending sorts).
+NaN logits give unspecified routing.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+__all__ = [
+    "fused_group_topk_routing_with_aux_score",
+    "indices_to_multihot",
+    "tokens_per_expert_to_mask",
+]
+
+_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_SCORE_FUNCTIONS = ("sigmoid", "softmax")
+_EPS = 1e-20
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_router_args(logits, topk, groups, selected_groups, score_function, scaling_factor):
+    op = "fused_group_topk_routing_with_aux_score"
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"{op}: logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dim() != 2:
+        raise ValueError(f"{op}: logits must be 2-D [tokens, experts], got shape {tuple(logits.shape)}")
+    if logits.dtype not in _LOGIT_DTYPES:
+        raise ValueError(f"{op}: logits.dtype must be float32, bfloat16 or float16, got {logits.dtype}")
+    num_experts = logits.shape[1]
+    if num_experts < 1:
+        raise ValueError(f"{op}: logits must have at least one expert column, got shape {tuple(logits.shape)}")
+    for name, v in (("topk", topk), ("groups", groups), ("selected_groups", selected_groups)):
+        if not _is_int(v) or v < 1:
+            raise ValueError(f"{op}: {name} must be a positive int, got {v!r}")
+    if num_experts % groups != 0:
+        raise ValueError(f"{op}: experts ({num_experts}) must be divisible by groups ({groups})")
+    if selected_groups > groups:
+        raise ValueError(f"{op}: selected_groups ({selected_groups}) must be <= groups ({groups})")
+    available = selected_groups * (num_experts // groups)
+    if topk > available:
+        raise ValueError(
+            f"{op}: topk ({topk}) exceeds the experts in the selected groups "
+            f"(selected_groups {selected_groups} x experts per group {num_experts // groups} = {available})"
+        )
+    if score_function not in _SCORE_FUNCTIONS:
+        raise ValueError(f"{op}: score_function must be 'sigmoid' or 'softmax', got {score_function!r}")
+    if not isinstance(scaling_factor, (int, float)) or isinstance(scaling_factor, bool):
+        raise ValueError(f"{op}: scaling_factor must be a float or None, got {scaling_factor!r}")
+
+
+def _stable_topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest entries along the last dim; equal values: lower index first."""
+    return torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
+
+
+@torch.no_grad()
+def _select_experts(scores: torch.Tensor, topk: int, groups: int, selected_groups: int) -> torch.Tensor:
+    """``[T, topk]`` int64 indices of the selected experts (group-limited, deterministic ties)."""
+    num_tokens, num_experts = scores.shape
+    if groups > 1 and selected_groups < groups:
+        per_group = num_experts // groups
+        grouped = scores.view(num_tokens, groups, per_group)
+        group_scores = grouped.topk(min(2, per_group), dim=-1).values.sum(dim=-1)  # [T, G]
+        group_idx = _stable_topk_indices(group_scores, selected_groups)  # [T, Gs]
+        group_mask = torch.zeros(num_tokens, groups, dtype=torch.bool, device=scores.device)
+        group_mask.scatter_(1, group_idx, True)
+        expert_mask = group_mask.unsqueeze(-1).expand(num_tokens, groups, per_group).reshape(num_tokens, num_experts)
+        scores = scores.masked_fill(~expert_mask, float("-inf"))
+    return _stable_topk_indices(scores, topk)
+
+
+def fused_group_topk_routing_with_aux_score(
+    logits: torch.Tensor,
+    topk: int,
+    groups: int = 1,
+    selected_groups: int = 1,
+    score_function: str = "sigmoid",
+    scaling_factor: Optional[float] = 1.0,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MoE router: scores, DeepSeek group-limited top-k, scaled probs and routing map.
+
+    Args:
+        logits: ``[T, E]`` float32 / bfloat16 / float16 router logits.
+        topk: experts per token; ``topk <= selected_groups * E // groups``.
+        groups: number of expert groups (``E % groups == 0``); 1 = no grouping.
+        selected_groups: groups kept per token (``1 <= selected_groups <= groups``).
+        score_function: ``"sigmoid"`` or ``"softmax"``.
+        scaling_factor: multiplier of the routing probs (``None`` = 1.0).
+
+    Returns:
+        ``(scores_for_aux_loss [T, E] float32, probs [T, E] float32, routing_map [T, E] bool)``;
+        see the module docstring for the exact semantics. Gradients flow to ``logits`` (in its
+        dtype) through ``probs`` and ``scores_for_aux_loss``.
+
+    Raises:
+        ValueError: bad rank / dtype, ``E % groups != 0``, ``selected_groups > groups``,
+            ``topk`` larger than the experts of the selected groups, unknown ``score_function``.
+    """
+    if scaling_factor is None:
+        scaling_factor = 1.0
+    _check_router_args(logits, topk, groups, selected_groups, score_function, scaling_factor)
+    x = logits.float()
+    if score_function == "softmax":
+        scores = torch.softmax(x, dim=-1)
+    else:
+        scores = torch.sigmoid(x)
+
+    top_idx = _select_experts(scores.detach(), topk, groups, selected_groups)  # [T, K] int64
+    top_scores = scores.gather(1, top_idx)
+    if score_function == "sigmoid":
+        if topk > 1:
+            top_scores = top_scores / (top_scores.sum(dim=-1, keepdim=True) + _EPS)
+        aux_scores = scores / (scores.sum(dim=-1, keepdim=True) + _EPS)
+    else:
+        aux_scores = scores
+    if scaling_factor != 1.0:
+        top_scores = top_scores * float(scaling_factor)
+
+    probs = torch.zeros_like(scores).scatter(1, top_idx, top_scores)
+    routing_map = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device).scatter_(1, top_idx, True)
+    return aux_scores, probs, routing_map
+
+
+class _IndicesToMultihot(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, indices: torch.Tensor, probs: torch.Tensor, num_experts: int):
+        valid = (indices >= 0) & (indices < num_experts)
+        safe_idx = torch.where(valid, indices, torch.zeros_like(indices)).long()
+        src = torch.where(valid, probs, torch.zeros_like(probs))
+        dense = torch.zeros(indices.shape[0], num_experts, dtype=probs.dtype, device=probs.device)
+        dense.scatter_add_(1, safe_idx, src)
+        hits = torch.zeros(indices.shape[0], num_experts, dtype=torch.int32, device=indices.device)
+        hits.scatter_add_(1, safe_idx, valid.to(torch.int32))
+        ctx.save_for_backward(safe_idx, valid)
+        ctx.mark_non_differentiable(hits)
+        return hits > 0, dense
+
+    @staticmethod
+    def backward(ctx, grad_map, grad_dense):
+        safe_idx, valid = ctx.saved_tensors
+        if grad_dense is None:
+            return None, None, None
+        g = grad_dense.gather(1, safe_idx)
+        return None, torch.where(valid, g, torch.zeros_like(g)), None
+
+
+def indices_to_multihot(
+    indices: torch.Tensor, probs: torch.Tensor, num_experts: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Top-k expert indices -> multi-hot routing map and dense probs.
+
+    Args:
+        indices: ``[T, K]`` integer expert indices; entries outside ``[0, num_experts)`` (e.g. the
+            ``-1`` DeepEP uses for experts on other ranks) are ignored.
+        probs: ``[T, K]`` floating probabilities matching ``indices``.
+        num_experts: number of (local) experts E.
+
+    Returns:
+        ``(routing_map [T, E] bool, dense_probs [T, E] probs.dtype)``: ``routing_map[t, e]`` is True
+        iff some valid ``indices[t, k] == e``; ``dense_probs[t, e]`` is the sum of the matching
+        ``probs[t, k]`` (a single value when a row's indices are distinct, the normal case), 0
+        elsewhere. Backward: ``dprobs[t, k] = ddense[t, indices[t, k]]`` (0 for ignored entries).
+    """
+    op = "indices_to_multihot"
+    if not isinstance(indices, torch.Tensor) or not isinstance(probs, torch.Tensor):
+        raise TypeError(f"{op}: indices and probs must be torch.Tensor")
+    if indices.dim() != 2:
+        raise ValueError(f"{op}: indices must be 2-D [tokens, topk], got shape {tuple(indices.shape)}")
+    if indices.dtype.is_floating_point or indices.is_complex() or indices.dtype == torch.bool:
+        raise ValueError(f"{op}: indices.dtype must be an integer dtype, got {indices.dtype}")
+    if tuple(probs.shape) != tuple(indices.shape):
+        raise ValueError(
+            f"{op}: probs shape {tuple(probs.shape)} must equal indices shape {tuple(indices.shape)}"
+        )
+    if not probs.dtype.is_floating_point:
+        raise ValueError(f"{op}: probs.dtype must be floating point, got {probs.dtype}")
+    if probs.device != indices.device:
+        raise ValueError(f"{op}: indices and probs must be on the same device, got {indices.device} and {probs.device}")
+    if not _is_int(num_experts) or num_experts < 1:
+        raise ValueError(f"{op}: num_experts must be a positive int, got {num_experts!r}")
+    return _IndicesToMultihot.apply(indices, probs, num_experts)
+
+
+def tokens_per_expert_to_mask(tokens_per_expert: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Row mask of a permuted-token buffer from per-expert token counts.
+
+    Interpretation (Primus-Turbo's use: the ``row_mask`` of ``swiglu_with_probs`` /
+    ``geglu_with_probs`` for a buffer of ``num_tokens`` rows sized for the worst case, e.g. DeepEP
+    ``num_worst_tokens``, where expert e's rows follow expert e-1's and only the first
+    ``sum(tokens_per_expert)`` rows hold tokens)::
+
+        mask[i] = i < sum(tokens_per_expert)        for i in [0, num_tokens)
+
+    Args:
+        tokens_per_expert: ``[E]`` integer counts (on device; never read on the host).
+        num_tokens: rows of the buffer (Python int).
+
+    Returns:
+        ``[num_tokens]`` bool mask on ``tokens_per_expert``'s device (counts beyond
+        ``num_tokens`` saturate: every row is True).
+    """
+    op = "tokens_per_expert_to_mask"
+    if not isinstance(tokens_per_expert, torch.Tensor):
+        raise TypeError(f"{op}: tokens_per_expert must be a torch.Tensor, got {type(tokens_per_expert).__name__}")
+    if tokens_per_expert.dim() != 1:
+        raise ValueError(f"{op}: tokens_per_expert must be 1-D [experts], got shape {tuple(tokens_per_expert.shape)}")
+    if (
+        tokens_per_expert.dtype.is_floating_point
+        or tokens_per_expert.is_complex()
+        or tokens_per_expert.dtype == torch.bool
+    ):
+        raise ValueError(f"{op}: tokens_per_expert.dtype must be an integer dtype, got {tokens_per_expert.dtype}")
+    if not _is_int(num_tokens) or num_tokens < 0:
+        raise ValueError(f"{op}: num_tokens must be a non-negative int, got {num_tokens!r}")
+    total = tokens_per_expert.sum(dtype=torch.int64)
+    rows = torch.arange(num_tokens, device=tokens_per_expert.device, dtype=torch.int64)
+    return rows < total

@@ -1,0 +1,214 @@
+"""Tests of the MoE router ops against the float64 references in primus_turbo.testing.moe_ref."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from primus_turbo.pytorch.ops.moe_router import (
+    fused_group_topk_routing_with_aux_score,
+    indices_to_multihot,
+    tokens_per_expert_to_mask,
+)
+from primus_turbo.testing.moe_ref import (
+    group_topk_router_ref,
+    indices_to_multihot_ref,
+    tokens_per_expert_to_mask_ref,
+)
+
+ROUTER_CASES = [  # (experts, groups, selected_groups, topk)
+    (64, 1, 1, 6),
+    (52, 1, 1, 6),
+    (112, 8, 3, 8),
+    (112, 8, 3, 21),
+    (24, 4, 2, 6),
+    (64, 4, 2, 8),
+    (256, 8, 4, 16),
+]
+
+
+def _check_router(logits, topk, groups, selected_groups, score_function, scaling, atol=1e-6):
+    x = logits.detach().clone().requires_grad_(True)
+    aux, probs, rmap = fused_group_topk_routing_with_aux_score(
+        x, topk, groups=groups, selected_groups=selected_groups, score_function=score_function, scaling_factor=scaling
+    )
+    xr = logits.detach().cpu().double().requires_grad_(True)
+    aux_r, probs_r, rmap_r = group_topk_router_ref(xr, topk, groups, selected_groups, score_function, scaling)
+
+    assert aux.dtype == torch.float32 and probs.dtype == torch.float32 and rmap.dtype == torch.bool
+    assert torch.equal(rmap.cpu(), rmap_r)
+    assert (rmap.sum(-1) == topk).all()
+    assert torch.equal(probs != 0, rmap)  # zeros exactly off the map
+    torch.testing.assert_close(probs.cpu().double(), probs_r.detach(), atol=atol, rtol=1e-6)
+    torch.testing.assert_close(aux.cpu().double(), aux_r.detach(), atol=atol, rtol=1e-6)
+
+    g = torch.Generator().manual_seed(7)
+    gp = torch.randn(probs.shape, generator=g, dtype=torch.float64)
+    ga = torch.randn(aux.shape, generator=g, dtype=torch.float64)
+    ((probs * gp.to(probs.device, torch.float32)).sum() + (aux * ga.to(aux.device, torch.float32)).sum()).backward()
+    ((probs_r * gp).sum() + (aux_r * ga).sum()).backward()
+    assert x.grad.dtype == logits.dtype
+    tol = 1e-5 if logits.dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(x.grad.cpu().double(), xr.grad, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("score_function", ["sigmoid", "softmax"])
+@pytest.mark.parametrize("case", ROUTER_CASES, ids=lambda c: "E{}_G{}_S{}_K{}".format(*c))
+@pytest.mark.parametrize("num_tokens", [8, 128])
+def test_router_matches_reference(device, num_tokens, case, score_function):
+    experts, groups, selected, topk = case
+    g = torch.Generator().manual_seed(1000 + experts + topk + num_tokens)
+    logits = torch.randn(num_tokens, experts, generator=g) * 2.0
+    _check_router(logits.to(device), topk, groups, selected, score_function, 1.2)
+
+
+@pytest.mark.parametrize("score_function", ["sigmoid", "softmax"])
+def test_router_bf16_logits(device, score_function):
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(64, 64, generator=g)).to(torch.bfloat16).to(device)
+    _check_router(logits, 8, 4, 2, score_function, 1.0)
+
+
+@pytest.mark.parametrize("score_function", ["sigmoid", "softmax"])
+def test_router_topk1_and_scaling_none(device, score_function):
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(16, 32, generator=g).to(device)
+    aux, probs, rmap = fused_group_topk_routing_with_aux_score(
+        logits, 1, score_function=score_function, scaling_factor=None
+    )
+    _check_router(logits, 1, 1, 1, score_function, 1.0)
+    s = torch.sigmoid(logits) if score_function == "sigmoid" else torch.softmax(logits, -1)
+    # topk == 1: the raw score of the argmax expert (Megatron does not normalize a single expert)
+    torch.testing.assert_close(probs.sum(-1), s.max(-1).values, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("score_function", ["sigmoid", "softmax"])
+def test_router_ties_lowest_index_wins(device, score_function):
+    # all-equal logits: groups 0..S-1 and, inside them, the lowest experts win
+    logits = torch.zeros(4, 32, device=device)
+    _, probs, rmap = fused_group_topk_routing_with_aux_score(logits, 6, 4, 2, score_function, 1.0)
+    expected = torch.zeros(4, 32, dtype=torch.bool)
+    expected[:, :6] = True
+    assert torch.equal(rmap.cpu(), expected)
+    # equal group scores, distinct inside: group 1 and group 3 tie with group 0 / 2
+    row = torch.full((32,), -5.0)
+    row[8:16] = torch.arange(8.0) / 8  # group 1
+    row[24:32] = torch.arange(8.0) / 8  # group 3, same scores as group 1
+    _, _, rmap = fused_group_topk_routing_with_aux_score(row[None].to(device), 3, 4, 1, score_function, 1.0)
+    assert rmap.cpu()[0].nonzero().flatten().tolist() == [13, 14, 15]
+    # saturated sigmoid ties (logits 40, 50 both give 1.0 in fp32): lowest index among the ties
+    row = torch.zeros(16)
+    row[[3, 9, 12]] = torch.tensor([50.0, 40.0, 60.0])
+    _, _, rmap = fused_group_topk_routing_with_aux_score(row[None].to(device), 2, 1, 1, "sigmoid", 1.0)
+    assert rmap.cpu()[0].nonzero().flatten().tolist() == [3, 9]
+    _check_router(torch.zeros(4, 32, device=device), 6, 4, 2, score_function, 1.2)
+
+
+def test_router_errors():
+    x = torch.randn(4, 24)
+    with pytest.raises(ValueError, match=r"topk \(13\).*selected_groups 2 x experts per group 6 = 12"):
+        fused_group_topk_routing_with_aux_score(x, 13, 4, 2)
+    with pytest.raises(ValueError, match=r"topk \(25\)"):
+        fused_group_topk_routing_with_aux_score(x, 25)
+    with pytest.raises(ValueError, match=r"experts \(24\).*groups \(5\)"):
+        fused_group_topk_routing_with_aux_score(x, 2, 5, 1)
+    with pytest.raises(ValueError, match=r"selected_groups \(5\).*groups \(4\)"):
+        fused_group_topk_routing_with_aux_score(x, 2, 4, 5)
+    with pytest.raises(ValueError, match="score_function.*'relu'"):
+        fused_group_topk_routing_with_aux_score(x, 2, score_function="relu")
+    with pytest.raises(ValueError, match=r"2-D.*\(2, 4, 24\)"):
+        fused_group_topk_routing_with_aux_score(torch.randn(2, 4, 24), 2)
+    with pytest.raises(ValueError, match="torch.float64"):
+        fused_group_topk_routing_with_aux_score(x.double(), 2)
+    with pytest.raises(ValueError, match="torch.int32"):
+        fused_group_topk_routing_with_aux_score(x.int(), 2)
+    with pytest.raises(ValueError, match="topk must be a positive int, got 0"):
+        fused_group_topk_routing_with_aux_score(x, 0)
+    with pytest.raises(TypeError):
+        fused_group_topk_routing_with_aux_score(x.tolist(), 2)
+
+
+@pytest.mark.parametrize("num_experts", [8, 16])
+def test_indices_to_multihot(device, num_experts):
+    g = torch.Generator().manual_seed(num_experts)
+    T, K = 33, 4
+    idx = torch.stack([torch.randperm(num_experts, generator=g)[:K] for _ in range(T)])
+    idx[torch.rand(T, K, generator=g) < 0.3] = -1  # masked (non-local) entries
+    idx[0, 0] = num_experts  # out of range: ignored too
+    probs = torch.rand(T, K, generator=g)
+    p = probs.clone().to(device).requires_grad_(True)
+    rmap, dense = indices_to_multihot(idx.to(device), p, num_experts)
+    pr = probs.clone().double().requires_grad_(True)
+    rmap_r, dense_r = indices_to_multihot_ref(idx, pr, num_experts)
+    assert rmap.dtype == torch.bool and dense.dtype == torch.float32
+    assert torch.equal(rmap.cpu(), rmap_r)
+    torch.testing.assert_close(dense.cpu().double(), dense_r.detach(), atol=0, rtol=0)
+    gd = torch.randn(T, num_experts, generator=g, dtype=torch.float64)
+    (dense * gd.to(device, torch.float32)).sum().backward()
+    (dense_r * gd).sum().backward()
+    torch.testing.assert_close(p.grad.cpu().double(), pr.grad, atol=1e-6, rtol=1e-6)
+    # round trip with the router's output
+    logits = torch.randn(T, num_experts, generator=g).to(device)
+    _, rprobs, rmap2 = fused_group_topk_routing_with_aux_score(logits, 2)
+    top = rprobs.topk(2, dim=-1)
+    rmap3, dense3 = indices_to_multihot(top.indices, top.values, num_experts)
+    assert torch.equal(rmap3, rmap2) and torch.equal(dense3, rprobs)
+
+
+def test_indices_to_multihot_errors():
+    idx = torch.zeros(4, 2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="integer dtype"):
+        indices_to_multihot(idx.float(), torch.rand(4, 2), 8)
+    with pytest.raises(ValueError, match=r"\(4, 3\).*\(4, 2\)"):
+        indices_to_multihot(idx, torch.rand(4, 3), 8)
+    with pytest.raises(ValueError, match="2-D"):
+        indices_to_multihot(idx[0], torch.rand(2), 8)
+    with pytest.raises(ValueError, match="num_experts.*0"):
+        indices_to_multihot(idx, torch.rand(4, 2), 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_tokens_per_expert_to_mask(device, dtype):
+    for counts, n in (([3, 0, 5, 2], 16), ([0, 0], 4), ([4, 4], 8), ([10, 10], 12), ([1], 0)):
+        c = torch.tensor(counts, dtype=dtype)
+        m = tokens_per_expert_to_mask(c.to(device), n)
+        assert m.dtype == torch.bool and m.shape == (n,)
+        assert torch.equal(m.cpu(), tokens_per_expert_to_mask_ref(c, n))
+    with pytest.raises(ValueError, match="integer dtype"):
+        tokens_per_expert_to_mask(torch.ones(2), 4)
+    with pytest.raises(ValueError, match="1-D"):
+        tokens_per_expert_to_mask(torch.ones(2, 2, dtype=torch.int32), 4)
+    with pytest.raises(ValueError, match="num_tokens.*-1"):
+        tokens_per_expert_to_mask(torch.ones(2, dtype=torch.int32), -1)
+
+
+@pytest.mark.gpu
+def test_router_ops_no_host_sync():
+    dev = "cuda"
+    logits = torch.randn(128, 256, device=dev, requires_grad=True)
+    idx = torch.randint(-1, 32, (128, 8), device=dev)
+    probs = torch.rand(128, 8, device=dev, requires_grad=True)
+    counts = torch.randint(0, 10, (32,), device=dev, dtype=torch.int32)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for sf in ("sigmoid", "softmax"):
+            aux, p, rmap = fused_group_topk_routing_with_aux_score(logits, 8, 8, 4, sf, 2.5)
+            (p.sum() + aux.sum()).backward()
+        rmap, dense = indices_to_multihot(idx, probs, 32)
+        dense.sum().backward()
+        tokens_per_expert_to_mask(counts, 512)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+def test_group_limit_is_effective(device):
+    # the group limit changes the choice on random data (guards against a vacuous group path)
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(128, 256, generator=g).to(device)
+    _, _, grouped = fused_group_topk_routing_with_aux_score(logits, 16, 8, 4)
+    _, _, plain = fused_group_topk_routing_with_aux_score(logits, 16)
+    assert not torch.equal(grouped, plain)
+    # every selected expert lies in at most 4 of the 8 groups
+    assert (grouped.view(128, 8, 32).any(-1).sum(-1) <= 4).all()
