@@ -1,0 +1,209 @@
+"""Dense linear layers: :class:`Linear` (``turbo.ops.gemm``) and :class:`Float8Linear` (``turbo.ops.gemm_fp8``).
+
+Both are drop-in ``torch.nn.Linear`` subclasses (same parameters, initialisation and state dict):
+``y = x @ W^T (+ b)`` for ``x`` of shape ``[..., in_features]`` (flattened to 2-D for the GEMM and
+restored afterwards).
+
+Megatron gradient accumulation: when ``weight`` carries a ``main_grad`` tensor (Megatron's
+DistributedDataParallel attaches one), the weight-gradient GEMM adds straight into ``main_grad``
+(``fuse_bgrad_accum_pattern="megatron"`` of the ops), ``weight.grad_added_to_main_grad`` is set and
+the autograd gradient of ``weight`` is a placeholder. No flag is needed: the layers pick this up from
+the parameter on every call. The bias gradient always goes through ordinary autograd.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..core.low_precision import Float8QuantConfig, ScalingGranularity
+from ..core.quantized_tensor import QuantizedTensorPair, create_quantized_weight
+from ..ops.gemm import _megatron_dummy_wgrad, gemm
+from ..ops.gemm_fp8 import _forward as _fp8_forward
+from ..ops.gemm_fp8 import _mm as _fp8_mm
+from ..ops.gemm_fp8 import _mm_accum as _fp8_mm_accum
+from ..ops.gemm_fp8 import _quantize as _fp8_quantize
+from ..ops.gemm_fp8 import gemm_fp8
+
+__all__ = ["Linear", "Float8Linear"]
+
+
+def _fuse_pattern(weight: torch.Tensor) -> Optional[str]:
+    """``"megatron"`` when ``weight`` has a Megatron ``main_grad`` and gets a gradient now."""
+    if weight.requires_grad and torch.is_grad_enabled() and getattr(weight, "main_grad", None) is not None:
+        return "megatron"
+    return None
+
+
+def _check_x(x: torch.Tensor, in_features: int, name: str) -> None:
+    if x.dim() < 1 or x.shape[-1] != in_features:
+        raise ValueError(f"{name}: input's last dim must be in_features={in_features}, got shape {tuple(x.shape)}")
+
+
+class Linear(torch.nn.Linear):
+    """``y = x @ W^T (+ b)`` through :func:`turbo.ops.gemm` (``trans_b=True``).
+
+    Args as ``torch.nn.Linear``: ``(in_features, out_features, bias=True, device=None, dtype=None)``.
+    ``x`` may have any number of leading dims. With ``weight.main_grad`` present (Megatron), the
+    weight gradient is accumulated into ``main_grad`` in the GEMM epilogue (see the module docstring).
+    Works under ``torch.compile(fullgraph=True)``.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_x(x, self.in_features, "Linear")
+        lead = x.shape[:-1]
+        y = gemm(x.reshape(-1, self.in_features), self.weight, trans_b=True,
+                 fuse_bgrad_accum_pattern=_fuse_pattern(self.weight))
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.out_features)
+
+
+class _CachedWeightGemmFP8(torch.autograd.Function):
+    """``x @ W^T`` in FP8 with ``W`` taken from a cached :class:`QuantizedTensorPair`, while the
+    weight gradient still reaches the high-precision parameter ``weight`` (or its ``main_grad``).
+
+    ``turbo.ops.gemm_fp8`` gives a pre-quantized operand no gradient; this bridge runs the same
+    three FP8 GEMMs (forward with the cached copy, grad_input with the cached transposed copy,
+    grad_weight from the activation's and the output gradient's FP8 copies, which never read the
+    weight) and returns the weight gradient for ``weight``.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, pair, out_dtype, gran, fwd_dtype, bwd_dtype, block_size, fuse):
+        need_gx, need_gw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        out, w_for_dgrad, x_for_wgrad = _fp8_forward(x, pair, False, True, out_dtype, gran, fwd_dtype, block_size,
+                                                     need_gx, need_gw)
+        ctx.gran, ctx.bwd_dtype, ctx.block_size, ctx.fuse = gran, bwd_dtype, block_size, fuse
+        ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
+        ctx.save_for_backward(*w_for_dgrad, *x_for_wgrad, weight if (fuse and need_gw) else None)
+        if fuse and need_gw:
+            weight.grad_added_to_main_grad = True
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        wq, ws, xq, xs, weight = ctx.saved_tensors
+        g, bsz = ctx.gran, ctx.block_size
+        need_gx, need_gw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dy_row, dy_col = _fp8_quantize(grad_out.contiguous(), ctx.bwd_dtype, g, bsz, False,
+                                       need_row=need_gx, need_col=need_gw)
+        grad_x = grad_w = None
+        if need_gx:  # dX [M, K] = dY [M, N] @ W [N, K]; W's copy [K, N] grouped along N
+            grad_x = _fp8_mm(dy_row, (wq, ws), g, ctx.x_dtype, bsz)
+        if need_gw:  # dW [N, K] = dY^T @ X; dY's copy [N, M] and X's copy [K, M], grouped along M
+            if ctx.fuse:
+                _fp8_mm_accum(dy_col, (xq, xs), g, bsz, weight.main_grad)
+                weight.grad_added_to_main_grad = True
+                grad_w = _megatron_dummy_wgrad(weight)
+            else:
+                grad_w = _fp8_mm(dy_col, (xq, xs), g, ctx.w_dtype, bsz)
+        return grad_x, grad_w, None, None, None, None, None, None, None
+
+
+# granularities whose weight copy for grad_input (grouped along N) cannot be derived from the
+# forward copy by a transpose: the cache must hold the transposed copy (data_t) as well
+_NEEDS_T_COPY = (ScalingGranularity.ROWWISE, ScalingGranularity.MX_BLOCKWISE)
+
+
+class Float8Linear(torch.nn.Linear):
+    """``y = x @ W^T (+ b)`` with all three GEMMs in FP8 (:func:`turbo.ops.gemm_fp8`, ``trans_b=True``).
+
+    Args:
+        in_features, out_features, bias, device, dtype: as ``torch.nn.Linear``.
+        config: :class:`Float8QuantConfig` (default TENSORWISE E4M3).
+
+    ``forward(x, is_first_microbatch=None)`` follows Megatron / Transformer Engine:
+
+    * ``None``: the weight is quantized on every call, nothing is cached (the plain ``gemm_fp8``
+      path; any cache held is dropped).
+    * ``True``: the weight is quantized (:func:`create_quantized_weight`) and the result cached.
+    * ``False``: the cached quantized weight is reused (no quantization); if there is no valid
+      cache it is built as for ``True``.
+
+    The cached copy carries the transposed weight (``need_weight_transpose_cache``) only where the
+    backward needs it and it cannot be had by transposing the forward copy: ROWWISE and
+    MX_BLOCKWISE granularities, when a gradient is being recorded (grad mode on and ``x`` or the
+    weight requires grad). TENSORWISE and BLOCKWISE (2-D weight blocks) reuse the forward copy's
+    scales for the transpose.
+
+    Cache validity: the cache records ``weight.data_ptr()``, ``weight._version``, the dtype and
+    the config; any in-place update through autograd-visible ops (``optimizer.step()`` of the
+    ``torch.optim`` optimizers, ``with torch.no_grad(): w.add_(...)``, ``load_state_dict``) bumps
+    ``_version``, so a ``False`` call after it re-quantizes. Writes through ``weight.data`` (e.g.
+    Megatron's ``param.data.copy_(main_param)``) are invisible to the version counter: Megatron
+    passes ``is_first_microbatch=True`` on the first micro-batch after each optimizer step, which
+    refreshes the cache; otherwise call :meth:`invalidate_weight_cache`.
+
+    Gradients: with a cached weight the GEMMs run through a small autograd bridge
+    (:class:`_CachedWeightGemmFP8`) so the weight gradient still reaches ``weight.grad``, or
+    ``weight.main_grad`` when present (Megatron, see the module docstring).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 config: Optional[Float8QuantConfig] = None, device=None, dtype=None):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        if config is not None and not isinstance(config, Float8QuantConfig):
+            raise TypeError(f"Float8Linear: config must be a Float8QuantConfig, got {type(config).__name__}")
+        self.config = Float8QuantConfig() if config is None else config
+        self._weight_cache: Optional[QuantizedTensorPair] = None
+        self._weight_cache_key = None
+
+    @classmethod
+    def from_float(cls, mod: torch.nn.Linear, config: Optional[Float8QuantConfig] = None) -> "Float8Linear":
+        """A :class:`Float8Linear` sharing ``mod``'s weight and bias parameters."""
+        new = cls(mod.in_features, mod.out_features, bias=False, config=config,
+                  device=mod.weight.device, dtype=mod.weight.dtype)
+        new.weight = mod.weight
+        new.bias = mod.bias
+        return new
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, config={self.config}"
+
+    def invalidate_weight_cache(self) -> None:
+        """Drop the cached quantized weight (the next call quantizes again)."""
+        self._weight_cache = None
+        self._weight_cache_key = None
+
+    def _key(self, need_t: bool):
+        w = self.weight
+        return (w.data_ptr(), w._version, w.dtype, w.device, self.config, need_t)
+
+    def _cached_weight(self, is_first_microbatch: bool, need_t: bool) -> QuantizedTensorPair:
+        w = self.weight
+        if not is_first_microbatch and self._weight_cache is not None:
+            key = self._weight_cache_key
+            if key == self._key(need_t) or (need_t is False and key == self._key(True)):
+                return self._weight_cache
+        with torch.no_grad():
+            pair = create_quantized_weight(w.detach(), self.config.fwd_dtype(), self.config,
+                                           need_weight_transpose_cache=need_t)
+        self._weight_cache, self._weight_cache_key = pair, self._key(need_t)
+        return pair
+
+    def forward(self, x: torch.Tensor, is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
+        _check_x(x, self.in_features, "Float8Linear")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        w, cfg = self.weight, self.config
+        fuse = _fuse_pattern(w)
+        if is_first_microbatch is None or x2.shape[0] == 0:
+            if is_first_microbatch is None:
+                self.invalidate_weight_cache()
+            y = gemm_fp8(x2, w, trans_b=True, config=cfg, fuse_bgrad_accum_pattern=fuse)
+        else:
+            if x2.dtype != w.dtype:
+                raise TypeError(f"Float8Linear: input dtype {x2.dtype} must match the weight's {w.dtype}")
+            grad = torch.is_grad_enabled() and (x2.requires_grad or w.requires_grad)
+            need_t = grad and x2.requires_grad and cfg.granularity in _NEEDS_T_COPY
+            pair = self._cached_weight(bool(is_first_microbatch), need_t)
+            if grad:
+                y = _CachedWeightGemmFP8.apply(x2, w, pair, x2.dtype, cfg.granularity.name, cfg.fwd_dtype(),
+                                               cfg.bwd_dtype(), int(cfg.block_size or 128), fuse is not None)
+            else:
+                y = gemm_fp8(x2, pair, trans_b=True, out_dtype=x2.dtype, config=cfg)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.out_features)

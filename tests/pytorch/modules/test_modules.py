@@ -1,0 +1,306 @@
+"""turbo.modules layers vs plain-PyTorch equivalents: forward, backward, main_grad, FP8 weight cache, compile."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import primus_turbo.pytorch as turbo
+from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
+from primus_turbo.pytorch.modules import linear as linear_mod
+from primus_turbo.testing import snr_db
+
+BF16_DB, FP32_DB, FP8_DB = 41.0, 80.0, 20.0
+
+
+def _db(dtype):
+    return FP32_DB if dtype == torch.float32 else BF16_DB
+
+
+def _assert(ref, out, bar, name):
+    s = snr_db(ref.double(), out.double())
+    assert s >= bar, f"{name}: SNR {s:.1f} dB < {bar}"
+
+
+def _ref_linear(x, w, b, dy):
+    x64 = x.detach().double().requires_grad_()
+    w64 = w.detach().double().requires_grad_()
+    b64 = None if b is None else b.detach().double().requires_grad_()
+    y = F.linear(x64, w64, b64)
+    y.backward(dy.double())
+    return y.detach(), x64.grad, w64.grad, (None if b64 is None else b64.grad)
+
+
+# ----------------------------------------------------------------------------------------------
+# Linear
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_matches_torch(dtype, bias):
+    torch.manual_seed(0)
+    lin = turbo.modules.Linear(48, 40, bias=bias, dtype=dtype)
+    assert isinstance(lin, torch.nn.Linear)
+    x = torch.randn(2, 5, 48, dtype=dtype, requires_grad=True)
+    y = lin(x)
+    assert y.shape == (2, 5, 40) and y.dtype == dtype
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ry, rx, rw, rb = _ref_linear(x, lin.weight, lin.bias, dy)
+    bar = _db(dtype)
+    _assert(ry, y, bar, "y")
+    _assert(rx, x.grad, bar, "dx")
+    _assert(rw, lin.weight.grad, bar, "dw")
+    if bias:
+        _assert(rb, lin.bias.grad, bar, "db")
+
+
+def _attach_main_grad(p):
+    p.main_grad = torch.zeros(p.shape, dtype=torch.float32)
+    return p
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_main_grad_accumulation(dtype):
+    torch.manual_seed(1)
+    lin = turbo.modules.Linear(32, 24, bias=True, dtype=dtype)
+    _attach_main_grad(lin.weight)
+    ref_sum = torch.zeros(24, 32, dtype=torch.float64)
+    for _ in range(3):
+        x = torch.randn(7, 32, dtype=dtype, requires_grad=True)
+        y = lin(x)
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        ref_sum += _ref_linear(x, lin.weight, lin.bias, dy)[2]
+    assert lin.weight.grad_added_to_main_grad is True
+    _assert(ref_sum, lin.weight.main_grad, _db(dtype), "main_grad")
+    # the autograd gradient is Megatron's placeholder (contents unspecified), never the wgrad sum
+    assert lin.weight.grad is None or lin.weight.grad.shape == lin.weight.shape
+
+
+def test_linear_torch_compile_fullgraph():
+    torch.manual_seed(2)
+    lin = turbo.modules.Linear(32, 16, dtype=torch.float32)
+    x = torch.randn(3, 4, 32, requires_grad=True)
+    compiled = torch.compile(lin, fullgraph=True, backend="aot_eager")
+    y = compiled(x)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ry, rx, rw, rb = _ref_linear(x, lin.weight, lin.bias, dy)
+    _assert(ry, y, FP32_DB, "y")
+    _assert(rx, x.grad, FP32_DB, "dx")
+    _assert(rw, lin.weight.grad, FP32_DB, "dw")
+    _assert(rb, lin.bias.grad, FP32_DB, "db")
+
+
+# ----------------------------------------------------------------------------------------------
+# Float8Linear
+# ----------------------------------------------------------------------------------------------
+_F8_CONFIGS = {
+    "tensorwise": Float8QuantConfig(),
+    "rowwise": Float8QuantConfig(granularity="ROWWISE"),
+    "blockwise": Float8QuantConfig(granularity="BLOCKWISE", block_size=32),
+    "mx": Float8QuantConfig(granularity="MX_BLOCKWISE"),
+}
+
+
+@pytest.mark.parametrize("name", list(_F8_CONFIGS))
+@pytest.mark.parametrize("first", [None, True])
+def test_float8_linear_matches_torch(name, first):
+    torch.manual_seed(3)
+    lin = turbo.modules.Float8Linear(64, 32, bias=True, config=_F8_CONFIGS[name], dtype=torch.bfloat16)
+    x = torch.randn(2, 16, 64, dtype=torch.bfloat16, requires_grad=True)
+    y = lin(x, is_first_microbatch=first)
+    assert y.shape == (2, 16, 32) and y.dtype == torch.bfloat16
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ry, rx, rw, rb = _ref_linear(x, lin.weight, lin.bias, dy)
+    _assert(ry, y, FP8_DB, "y")
+    _assert(rx, x.grad, FP8_DB, "dx")
+    _assert(rw, lin.weight.grad, FP8_DB, "dw")
+    _assert(rb, lin.bias.grad, BF16_DB, "db")
+    assert (lin._weight_cache is None) == (first is None)
+
+
+class _Spy:
+    def __init__(self, monkeypatch):
+        self.calls = []
+        real = linear_mod.create_quantized_weight
+
+        def spy(w, dtype, config, need_weight_transpose_cache=False):
+            self.calls.append(need_weight_transpose_cache)
+            return real(w, dtype, config, need_weight_transpose_cache)
+
+        monkeypatch.setattr(linear_mod, "create_quantized_weight", spy)
+
+
+@pytest.mark.parametrize("name", ["tensorwise", "rowwise"])
+def test_float8_linear_cache_main_grad_and_refresh(name, monkeypatch):
+    torch.manual_seed(4)
+    cfg = _F8_CONFIGS[name]
+    spy = _Spy(monkeypatch)
+    lin = turbo.modules.Float8Linear(64, 32, bias=False, config=cfg, dtype=torch.bfloat16)
+    _attach_main_grad(lin.weight)
+    ref_sum = torch.zeros(32, 64, dtype=torch.float64)
+    uncached = turbo.modules.Float8Linear(64, 32, bias=False, config=cfg, dtype=torch.bfloat16)
+    uncached.weight = _attach_main_grad(torch.nn.Parameter(lin.weight.detach().clone()))
+    for i in range(3):
+        x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
+        y = lin(x, is_first_microbatch=(i == 0))
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        ry, rx, rw, _ = _ref_linear(x, lin.weight, None, dy)
+        ref_sum += rw
+        _assert(ry, y, FP8_DB, "y")
+        _assert(rx, x.grad, FP8_DB, "dx")
+        # the cached path gives the same numbers as quantizing on every call
+        x2 = x.detach().clone().requires_grad_()
+        y2 = uncached(x2)
+        y2.backward(dy)
+        torch.testing.assert_close(y, y2, rtol=0, atol=0)
+        torch.testing.assert_close(x.grad, x2.grad, rtol=0, atol=0)
+    # one quantization for the three micro-batches (the uncached layer does not go through the spy)
+    assert spy.calls == [name == "rowwise"]
+    assert lin.weight.grad_added_to_main_grad is True
+    _assert(ref_sum, lin.weight.main_grad, FP8_DB, "main_grad")
+    torch.testing.assert_close(lin.weight.main_grad, uncached.weight.main_grad, rtol=0, atol=0)
+
+    # optimizer step: weight changes in place -> the next reuse call re-quantizes
+    lin.weight.grad = lin.weight.main_grad.to(lin.weight.dtype)
+    opt = torch.optim.SGD([lin.weight], lr=0.5)
+    opt.step()
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        y_new = lin(x, is_first_microbatch=False)
+        y_fresh = turbo.ops.gemm_fp8(x, lin.weight, trans_b=True, config=cfg)
+    assert len(spy.calls) == 2
+    torch.testing.assert_close(y_new, y_fresh, rtol=0, atol=0)
+    _assert(F.linear(x.double(), lin.weight.double()), y_new, FP8_DB, "y after step")
+    with torch.no_grad():
+        lin(x, is_first_microbatch=False)
+    assert len(spy.calls) == 2  # reused again
+    lin(x, is_first_microbatch=True)
+    assert len(spy.calls) == 3  # True always re-quantizes
+    lin(x, is_first_microbatch=None)
+    assert len(spy.calls) == 3 and lin._weight_cache is None  # None: no cache at all
+
+
+def test_float8_linear_from_float_and_no_grad_cache():
+    torch.manual_seed(5)
+    base = torch.nn.Linear(64, 32, dtype=torch.bfloat16)
+    lin = turbo.modules.Float8Linear.from_float(base)
+    assert lin.weight is base.weight and lin.bias is base.bias
+    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        y = lin(x, is_first_microbatch=True)
+        y2 = lin(x, is_first_microbatch=False)
+    torch.testing.assert_close(y, y2, rtol=0, atol=0)
+    _assert(base(x).detach(), y, FP8_DB, "y")
+
+
+# ----------------------------------------------------------------------------------------------
+# GroupedLinear
+# ----------------------------------------------------------------------------------------------
+def _grouped_ref(x, w, lens, dy):
+    x64 = x.detach().double().requires_grad_()
+    w64 = w.detach().double().requires_grad_()
+    outs, o = [], 0
+    for g, n in enumerate(lens.tolist()):
+        outs.append(x64[o:o + n] @ w64[g].t())
+        o += n
+    y = torch.cat(outs)
+    y.backward(dy.double())
+    return y.detach(), x64.grad, w64.grad
+
+
+@pytest.mark.parametrize("config,dtype", [(None, torch.float32), (None, torch.bfloat16),
+                                          (Float8QuantConfig(), torch.bfloat16)])
+def test_grouped_linear(config, dtype):
+    torch.manual_seed(6)
+    mod = turbo.modules.GroupedLinear(3, 32, 48, dtype=dtype, config=config)
+    assert mod.weight.shape == (3, 48, 32)
+    lens = torch.tensor([5, 0, 11], dtype=torch.int64)
+    x = torch.randn(16, 32, dtype=dtype, requires_grad=True)
+    y = mod(x, lens)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ry, rx, rw = _grouped_ref(x, mod.weight, lens, dy)
+    bar = FP8_DB if config is not None else _db(dtype)
+    _assert(ry, y, bar, "y")
+    _assert(rx, x.grad, bar, "dx")
+    _assert(rw, mod.weight.grad, bar, "dw")
+
+
+# ----------------------------------------------------------------------------------------------
+# TurboAttention
+# ----------------------------------------------------------------------------------------------
+def _sdpa_ref(q, k, v, dout, scale, causal, sink=None):
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    s64 = None if sink is None else sink.detach().double().requires_grad_()
+    rep = q.shape[2] // k.shape[2]
+    qh = q64.transpose(1, 2)
+    kh = k64.repeat_interleave(rep, 2).transpose(1, 2)
+    vh = v64.repeat_interleave(rep, 2).transpose(1, 2)
+    logits = qh @ kh.transpose(-1, -2) * scale
+    if causal:
+        sq, sk = logits.shape[-2:]
+        mask = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq)
+        logits = logits.masked_fill(~mask, float("-inf"))
+    if s64 is not None:
+        sink_col = s64.view(1, -1, 1, 1).expand(*logits.shape[:-1], 1)
+        p = torch.softmax(torch.cat([logits, sink_col], -1), -1)[..., :-1]
+    else:
+        p = torch.softmax(logits, -1)
+    out = (p @ vh).transpose(1, 2)
+    out.backward(dout.double())
+    grads = [q64.grad, k64.grad, v64.grad] + ([] if s64 is None else [s64.grad])
+    return out.detach(), grads
+
+
+@pytest.mark.parametrize("causal,use_sink,dtype", [(False, False, torch.float32), (True, True, torch.float32),
+                                                   (True, False, torch.bfloat16)])
+def test_turbo_attention(causal, use_sink, dtype):
+    torch.manual_seed(7)
+    b, s, hq, hk, d = 1, 16, 4, 2, 16
+    q = torch.randn(b, s, hq, d, dtype=dtype, requires_grad=True)
+    k = torch.randn(b, s, hk, d, dtype=dtype, requires_grad=True)
+    v = torch.randn(b, s, hk, d, dtype=dtype, requires_grad=True)
+    sink = torch.randn(hq, dtype=torch.float32, requires_grad=True) if use_sink else None
+    attn = turbo.modules.TurboAttention(causal=causal)
+    out = attn(q, k, v, sink=sink)
+    assert out.shape == (b, s, hq, d) and out.dtype == dtype
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref, grads = _sdpa_ref(q, k, v, dout, 1.0 / math.sqrt(d), causal, sink)
+    bar = _db(dtype)
+    _assert(ref, out, bar, "out")
+    for name, t, g in zip("qkvs", (q, k, v, sink), grads):
+        _assert(g, t.grad, bar, f"d{name}")
+
+
+# ----------------------------------------------------------------------------------------------
+# RMSNorm
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype,zero_centered", [(torch.float32, False), (torch.float32, True),
+                                                 (torch.bfloat16, False)])
+def test_rmsnorm(dtype, zero_centered):
+    torch.manual_seed(8)
+    norm = turbo.modules.RMSNorm(64, eps=1e-6, zero_centered=zero_centered, dtype=dtype)
+    with torch.no_grad():
+        norm.weight.add_(0.1 * torch.randn(64, dtype=dtype))
+    x = torch.randn(3, 5, 64, dtype=dtype, requires_grad=True)
+    y = norm(x)
+    assert y.shape == x.shape and y.dtype == dtype
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    x64 = x.detach().double().requires_grad_()
+    w64 = norm.weight.detach().double().requires_grad_()
+    w_eff = 1 + w64 if zero_centered else w64
+    ref = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * w_eff
+    ref.backward(dy.double())
+    bar = _db(dtype)
+    _assert(ref.detach(), y, bar, "y")
+    _assert(x64.grad, x.grad, bar, "dx")
+    _assert(w64.grad, norm.weight.grad, bar, "dgamma")
