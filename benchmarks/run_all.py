@@ -33,6 +33,7 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("grouped_gemm", "benchmarks.bench_grouped_gemm"),
     ("quantization", "benchmarks.bench_quantization"),
     ("norm_act", "benchmarks.bench_norm_act"),
+    ("moe_permute", "benchmarks.bench_moe_permute"),
     ("attention", "benchmarks.bench_attention"),
 ]
 

@@ -32,10 +32,15 @@ from .references import (
     swiglu_with_probs_ref,
     geglu_with_probs_ref,
 )
+from .permute_ref import moe_permute_ref, moe_unpermute_ref, token_permute_ref, token_unpermute_ref
 from .moe_ref import group_topk_router_ref, indices_to_multihot_ref, tokens_per_expert_to_mask_ref
 from .shapes import is_gpu, pick_shapes
 
 __all__ = [
+    "moe_permute_ref",
+    "moe_unpermute_ref",
+    "token_permute_ref",
+    "token_unpermute_ref",
     "group_topk_router_ref",
     "indices_to_multihot_ref",
     "tokens_per_expert_to_mask_ref",

@@ -7,6 +7,7 @@ from .gemm_fp4 import gemm_fp4
 from .gemm_fp8 import gemm_fp8
 from .grouped_gemm import grouped_gemm
 from .grouped_gemm_fp8 import grouped_gemm_fp8
+from .moe_permute import moe_permute, moe_unpermute, token_permute, token_unpermute
 from .moe_router import fused_group_topk_routing_with_aux_score, indices_to_multihot, tokens_per_expert_to_mask
 from .normalization import rmsnorm, rmsnorm_residual
 from .quantization import (
@@ -40,4 +41,8 @@ __all__ = [
     "fused_group_topk_routing_with_aux_score",
     "indices_to_multihot",
     "tokens_per_expert_to_mask",
+    "moe_permute",
+    "moe_unpermute",
+    "token_permute",
+    "token_unpermute",
 ]

@@ -1,0 +1,263 @@
+"""MoE permute benchmark: achieved memory bandwidth of the token permutation ops against a device copy.
+
+For bf16 tokens ``x [T, H]`` routed top-k over E experts (random distinct experts per token, fp32
+probs) the following are timed, for each case (default ``16384x7168 top-8 / 32 experts`` and
+``4096x4096 top-2 / 8 experts``):
+
+- ``device-copy``: ``y.copy_(x)`` (the peer; GB/s = 2 * bytes of x),
+- ``moe_permute``: ``turbo.ops.moe_permute`` with int64 top-k indices, probs, ``num_out_tokens=T*k``,
+- ``moe_permute_map``: the same from the bool ``[T, E]`` routing map (``num_out_tokens`` given: no sync),
+- ``moe_permute_pad128``: indices form with ``pad_multiple=128`` and ``num_out_tokens=T*k + 127*E``,
+- ``moe_unpermute``: merge back with fp32 probs,
+- ``token_permute`` / ``token_unpermute``: the Megatron-style argsort ops (unpermute with probs).
+
+GB/s counts the bytes each call must move: permuted rows read or written (``T*k`` rows each way
+for permute; ``T*k`` rows read and ``T`` rows written for unpermute), the output rows and the probs.
+The map/index building (a few small torch ops) is inside the timed call. ``speedup`` is the ratio
+of an op's GB/s to the copy's GB/s. Correctness: each op on the first 256 tokens is compared with
+``primus_turbo.testing.permute_ref`` (``snr_db`` = inf when exact; ``extra["mismatches"]``).
+
+    python benchmarks/bench_moe_permute.py --out benchmarks/results/h200
+    python benchmarks/bench_moe_permute.py --out /tmp/b --quick             # 4096x4096 top-2 only
+    python benchmarks/bench_moe_permute.py --out /tmp/b --quick --cpu-smoke # tiny shapes, no GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+import torch  # noqa: E402
+
+from benchmarks.common import Row, bench_ms, format_table, geomean_table, gpu_slug, write_results  # noqa: E402
+from benchmarks.common import error_text as _error_text  # noqa: E402
+
+RESULT_NAME = "moe_permute"
+CASES = ((16384, 7168, 8, 32), (4096, 4096, 2, 8))  # (tokens, hidden, topk, experts)
+QUICK_CASES = ((4096, 4096, 2, 8),)
+SMOKE_DIV = 64
+CHECK_TOKENS = 256
+PAD = 128
+PEER = "device-copy"
+IMPLS = ("device-copy", "moe_permute", "moe_permute_map", "moe_permute_pad128", "moe_unpermute",
+         "token_permute", "token_unpermute")
+ROUNDS = 3
+
+
+def _routing(t: int, e: int, k: int, device: torch.device, seed: int):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    idx = torch.rand(t, e, generator=g).topk(k, dim=1).indices.to(device)
+    probs = (torch.rand(t, k, generator=g) + 0.05).to(device)
+    rmap = torch.zeros(t, e, dtype=torch.bool, device=device).scatter_(1, idx, True)
+    mprobs = torch.zeros(t, e, device=device).scatter_(1, idx, probs)
+    return idx, probs, rmap, mprobs
+
+
+def _make(name: str, x, idx, probs, rmap, mprobs, e: int) -> tuple[Callable, Callable, int]:
+    """(fn() -> outputs, check() -> (mismatches, snr_db), bytes moved) for one op."""
+    from primus_turbo.pytorch.ops import moe_permute as P
+    from primus_turbo.testing import permute_ref as R
+    from primus_turbo.testing.numerics import snr_db
+
+    t, h = x.shape
+    k = idx.shape[1]
+    es = x.element_size()
+    n = t * k
+    c = min(CHECK_TOKENS, t)
+    xs, ids, ps, rms, mps = x[:c], idx[:c], probs[:c], rmap[:c], mprobs[:c]
+
+    def exact(outs, refs) -> tuple[int, float]:
+        bad = 0
+        for o, r in zip(outs, refs):
+            o, r = o.detach().cpu(), r.detach().cpu()
+            if o.shape != r.shape:
+                return max(o.numel(), r.numel(), 1), float("-inf")
+            bad += int((o.reshape(-1).view(torch.uint8 if o.element_size() == 1 else o.dtype)
+                        != r.reshape(-1).view(torch.uint8 if r.element_size() == 1 else r.dtype)).sum())
+        return bad, float("inf") if bad == 0 else float("-inf")
+
+    if name == "moe_permute":
+        fn = lambda: P.moe_permute(x, idx, probs, num_out_tokens=n, num_experts=e)  # noqa: E731
+        chk = lambda: exact(P.moe_permute(xs, ids, ps, num_out_tokens=c * k, num_experts=e),  # noqa: E731
+                            R.moe_permute_ref(xs, ids, ps, num_experts=e)[:3])
+        return fn, chk, 2 * n * h * es + n * 4 + n * 4 + n * 8
+    if name == "moe_permute_map":
+        fn = lambda: P.moe_permute(x, rmap, mprobs, num_out_tokens=n)  # noqa: E731
+        chk = lambda: exact(P.moe_permute(xs, rms, mps, num_out_tokens=c * k),  # noqa: E731
+                            R.moe_permute_ref(xs, rms, mps)[:3])
+        return fn, chk, 2 * n * h * es + n * 4 + t * e * 5
+    if name == "moe_permute_pad128":
+        npad = n + (PAD - 1) * e
+        fn = lambda: P.moe_permute(x, idx, probs, num_out_tokens=npad, pad_multiple=PAD, num_experts=e)  # noqa: E731
+
+        def chk():
+            ref = R.moe_permute_ref(xs, ids, ps, pad_multiple=PAD, num_experts=e)
+            out = P.moe_permute(xs, ids, ps, num_out_tokens=ref[0].shape[0], pad_multiple=PAD, num_experts=e)
+            return exact(out[:3], ref[:3])
+        return fn, chk, n * h * es + npad * h * es + npad * 4 + n * 12
+    if name == "moe_unpermute":
+        perm, _, rid = P.moe_permute(x, idx, probs, num_out_tokens=n, num_experts=e)
+        fn = lambda: P.moe_unpermute(perm, rid, probs)  # noqa: E731
+
+        def chk():
+            pp, _, rr = P.moe_permute(xs, ids, ps, num_out_tokens=c * k, num_experts=e)
+            out = P.moe_unpermute(pp, rr, ps)
+            ref = R.moe_unpermute_ref(pp, rr, ps)
+            bad = int((out.float() != ref.float()).sum())
+            return bad, snr_db(ref.float(), out.float())
+        return fn, chk, n * h * es + t * h * es + n * 8
+    if name == "token_permute":
+        fn = lambda: P.token_permute(x, idx)  # noqa: E731
+        chk = lambda: exact(P.token_permute(xs, ids), R.token_permute_ref(xs, ids))  # noqa: E731
+        return fn, chk, 2 * n * h * es + n * 16
+    if name == "token_unpermute":
+        perm, sidx = P.token_permute(x, idx)
+        fn = lambda: P.token_unpermute(perm, sidx, probs)  # noqa: E731
+
+        def chk():
+            pp, ss = P.token_permute(xs, ids)
+            out = P.token_unpermute(pp, ss, ps)
+            ref = R.token_unpermute_ref(pp, ss, ps)
+            bad = int((out.float() != ref.float()).sum())
+            return bad, snr_db(ref.float(), out.float())
+        return fn, chk, n * h * es + t * h * es + n * 12
+    raise KeyError(name)
+
+
+def run_case(case_t: tuple[int, int, int, int], impls: Sequence[str], device: torch.device, warmup_ms: float,
+             rep_ms: float, log: Callable[[Row], None]) -> list[Row]:
+    t, h, k, e = case_t
+    gen = torch.Generator(device=device).manual_seed(t * 131 + h)
+    x = torch.randn(t, h, device=device, dtype=torch.bfloat16, generator=gen)
+    idx, probs, rmap, mprobs = _routing(t, e, k, device, seed=t + h + k + e)
+    x_bytes = x.numel() * x.element_size()
+    y = torch.empty_like(x)
+    case = f"{t}x{h}_top{k}_e{e}"
+    extra_base: dict[str, Any] = {"shape": f"{t}x{h}", "topk": k, "experts": e, "dtype": "bf16"}
+    steps: dict[str, Callable[[], Any]] = {PEER: lambda: y.copy_(x)}
+    moved: dict[str, int] = {PEER: 2 * x_bytes}
+    out_rows: dict[str, Row] = {PEER: Row("moe_permute", case, PEER, PEER, snr_db=float("inf"), extra=dict(extra_base))}
+    for name in impls:
+        if name == PEER:
+            continue
+        row = Row("moe_permute", case, name, PEER, extra=dict(extra_base))
+        out_rows[name] = row
+        try:
+            fn, chk, nbytes = _make(name, x, idx, probs, rmap, mprobs, e)
+            fn()
+            moved[name] = nbytes
+            bad, snr = chk()
+            row.extra["mismatches"] = bad
+            row.snr_db = snr
+            if bad and name not in ("moe_unpermute", "token_unpermute"):
+                row.error = f"{bad} elements differ from permute_ref on the first {CHECK_TOKENS} tokens"
+            steps[name] = fn
+        except Exception as exc:
+            row.error = _error_text(exc)
+            if os.environ.get("PRIMUS_TURBO_BENCH_TRACEBACK"):
+                traceback.print_exc()
+    times: dict[str, list[float]] = {k_: [] for k_ in steps}
+    for rnd in range(ROUNDS):
+        order = list(steps)
+        order = order[rnd % len(order):] + order[: rnd % len(order)]
+        for name in order:
+            if name not in steps:
+                continue
+            try:
+                times[name].append(bench_ms(steps[name], warmup_ms, rep_ms))
+            except Exception as exc:
+                out_rows[name].error = _error_text(exc)
+                del steps[name]
+    copy_ms = statistics.median(times[PEER]) if times.get(PEER) else None
+    copy_gbps = moved[PEER] / (copy_ms * 1e-3) / 1e9 if copy_ms else None
+    result = []
+    for name, row in out_rows.items():
+        ts = times.get(name)
+        if ts and name in steps:
+            row.ms = statistics.median(ts)
+            row.gbps = moved[name] / (row.ms * 1e-3) / 1e9
+            row.extra["bytes"] = moved[name]
+            row.extra["round_ms"] = [round(v, 5) for v in ts]
+        row.baseline_ms = copy_ms
+        if row.gbps and copy_gbps:
+            row.speedup = row.gbps / copy_gbps  # bandwidth ratio against the copy, not a time ratio
+        result.append(row)
+        log(row)
+    del x, y
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def _print_row(row: Row) -> None:
+    if row.error and row.ms is None:
+        print(f"{row.case:24s} {row.impl:20s} ERROR {row.error[:100]}", flush=True)
+        return
+    sp = f"x{row.speedup:.3f}" if row.speedup else "  -   "
+    bw = f"{row.gbps:8.1f} GB/s" if row.gbps else "       - GB/s"
+    ms = f"{row.ms:9.4f} ms" if row.ms is not None else "        - ms"
+    exact = "exact" if row.snr_db == float("inf") else (row.error or f"snr {row.snr_db}")
+    print(f"{row.case:24s} {row.impl:20s} {ms} {bw} {sp} {exact}", flush=True)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=None, help="result directory (default: benchmarks/results/<gpu-slug>)")
+    p.add_argument("--quick", action="store_true", help="only 4096x4096 top-2 over 8 experts")
+    p.add_argument("--cpu-smoke", action="store_true", help=f"tiny shapes (dims / {SMOKE_DIV}); runs without a GPU")
+    p.add_argument("--permute-ops", nargs="+", default=list(IMPLS), choices=IMPLS, help="which ops to time")
+    p.add_argument("--warmup-ms", type=float, default=None, help="do_bench warm-up (default 25; 0 with --cpu-smoke)")
+    p.add_argument("--rep-ms", type=float, default=None, help="do_bench time per round (default 100; 0 with --cpu-smoke)")
+    args, _unknown = p.parse_known_args(argv)  # run_all passes other benchmarks' options through
+    return args
+
+
+def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
+    has_cuda = torch.cuda.is_available()
+    if not has_cuda and not args.cpu_smoke:
+        raise SystemExit("bench_moe_permute: no CUDA device; use --cpu-smoke for a functional smoke run")
+    if args.cpu_smoke and not has_cuda:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+        print("bench_moe_permute: --cpu-smoke on CPU checks that everything runs; timings mean nothing.")
+    device = torch.device("cuda" if has_cuda else "cpu")
+    cases = list(QUICK_CASES if args.quick else CASES)
+    if args.cpu_smoke:
+        cases = [(max(64, t // SMOKE_DIV), max(64, h // SMOKE_DIV), k, e) for t, h, k, e in cases]
+    warmup_ms = args.warmup_ms if args.warmup_ms is not None else (0.0 if args.cpu_smoke else 25.0)
+    rep_ms = args.rep_ms if args.rep_ms is not None else (0.0 if args.cpu_smoke else 100.0)
+    impls = list(args.permute_ops)
+    if PEER not in impls:
+        impls.insert(0, PEER)
+    out_dir = Path(args.out) if args.out else _ROOT / "benchmarks" / "results" / gpu_slug()
+    print(f"bench_moe_permute: {len(cases)} cases x {len(impls)} impls on {device}", flush=True)
+    rows: list[Row] = []
+    for c in cases:
+        rows.extend(run_case(c, impls, device, warmup_ms, rep_ms, _print_row))
+    path = write_results(rows, out_dir, RESULT_NAME)
+    print()
+    print(format_table(rows))
+    print()
+    print(f"## Geomean speedup ({RESULT_NAME})")
+    print(geomean_table(rows))
+    print(f"\nresults: {path} and {path.with_suffix('.md')}", flush=True)
+    return path, rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    run(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,392 @@
+"""MoE token permutation: ``turbo.ops.moe_permute`` / ``moe_unpermute`` and the Megatron-style
+``token_permute`` / ``token_unpermute``.
+
+moe_permute(tokens, routing_map, probs=None, num_out_tokens=None, pad_multiple=None, scales=None,
+            *, num_experts=None, return_tokens_per_expert=False)
+    -> (permuted_tokens, permuted_probs, row_id_map[, permuted_scales][, tokens_per_expert])
+
+``routing_map`` is either the bool multi-hot map ``[T, E]`` or top-k expert indices ``[T, k]``
+(int32 / int64, values in ``[0, E)``, distinct within a row; ``num_experts=E`` is then required).
+Let ``K`` be ``E`` (map form) or ``k`` (indices form). The output groups the routed (token, expert)
+pairs expert-major: expert 0's tokens first, then expert 1's, ...; within an expert the tokens keep
+their order (stable). With ``pad_multiple=p`` each expert's segment is padded with zero rows up to
+a multiple of ``p`` (a zero-token expert has an empty segment). Rows past the last segment, up to
+``num_out_tokens``, are zero.
+
+- ``num_out_tokens``: number of output rows, padding included. When given, nothing is read back
+  to the host (CUDA-graph / async friendly). When ``None``: indices form without padding uses
+  ``T * k`` (from shapes, no sync); the map form, or any form with ``pad_multiple``, reads the exact
+  total back to the host (**one device->host sync**). For the indices form it must be at least
+  ``T * k`` (checked). For the map form it is not checked (that would need a sync): (token, expert)
+  pairs whose destination row is ``>= num_out_tokens`` are dropped, and their ``row_id_map`` entry is
+  ``-1`` (so unpermute treats them as dropped).
+- ``probs``: same shape as ``routing_map`` (``[T, E]`` dense probs for the map form, ``[T, k]`` for
+  indices). ``permuted_probs[o]`` is the prob of the pair in row ``o`` (0 on padding rows); ``None``
+  when ``probs`` is None. Differentiable.
+- ``scales``: per-row quantization scales ``[T]`` or ``[T, S]`` of FP8 ``tokens``; moved exactly like
+  the tokens (bits copied; zero on padding rows). FP8 tokens are data movement only (no autograd).
+- ``row_id_map``: int32, shape of ``routing_map``: ``row_id_map[t, j]`` = the output row of the pair
+  (token ``t``, expert ``e`` = ``j`` for the map form or ``routing_map[t, j]`` for indices), ``-1``
+  when the pair is not routed (map form) or dropped.
+- ``tokens_per_expert`` (``return_tokens_per_expert=True``): int64 ``[E]`` segment lengths, padding
+  included (the group lengths for a grouped GEMM), on device.
+
+moe_unpermute(permuted_tokens, row_id_map, merging_probs=None, restore_shape=None)
+    ``out[t] = sum_j merging_probs[t, j] * permuted_tokens[row_id_map[t, j]]`` over ``j`` with
+    ``row_id_map[t, j] >= 0`` (weights 1 without probs), fp32 accumulation in ascending ``j``, cast to
+    ``permuted_tokens``' dtype; ``out`` is ``[T, H]`` or reshaped to ``restore_shape``.
+    ``merging_probs`` has ``row_id_map``'s shape. Differentiable in ``permuted_tokens`` and
+    ``merging_probs``.
+
+Backward: permute's token grad is unpermute of the output grad without probs; the probs grad is
+the output-probs grad gathered back. Unpermute's grad is the (probs-weighted) permute of the output
+grad; the merging-probs grad is ``<permuted_tokens[row], grad_out[t]>`` (fp32).
+
+token_permute(tokens, indices, num_out_tokens=None) -> (permuted_tokens, sorted_indices)
+token_unpermute(permuted_tokens, sorted_indices, probs=None, restore_shape=None) -> tokens
+    Megatron ``moe_utils.permute/unpermute`` (argsort form): ``sorted_indices`` = stable argsort of the
+    flattened ``[T, k]`` indices (optionally cut to ``num_out_tokens``), ``permuted[i] =
+    tokens[sorted_indices[i] // k]``; unpermute scatters the rows back to ``[T*k, H]``, weights by
+    ``probs [T, k]`` (fp32 math) and sums over ``k``. Without ``probs``, ``k = 1`` unless
+    ``restore_shape`` gives ``T`` (then ``k = numel(sorted_indices)//T`` is not inferable when rows
+    were dropped: pass probs). Both differentiable.
+
+Backend: Triton kernels (primus_turbo/triton/moe) on CUDA and on CPU under the Triton interpreter;
+plain PyTorch indexing elsewhere. The maps are built on device with torch ops (no ``.item()``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from primus_turbo.triton import is_interpreter, triton_available
+
+__all__ = ["moe_permute", "moe_unpermute", "token_permute", "token_unpermute", "permute_backend"]
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def permute_backend(x: torch.Tensor) -> str:
+    """``"triton"`` on CUDA (and on CPU under ``TRITON_INTERPRET=1``), else ``"torch"``."""
+    if triton_available() and (x.is_cuda or (x.device.type == "cpu" and is_interpreter())):
+        return "triton"
+    return "torch"
+
+
+# ----------------------------------------------------------------------------------------------
+# Row movement (Triton or torch)
+# ----------------------------------------------------------------------------------------------
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.view(_INT_VIEW[x.element_size()])
+
+
+def _gather_rows(src: torch.Tensor, src_row: torch.Tensor, scale: Optional[torch.Tensor] = None,
+                 out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``out[o] = src[src_row[o]] (* scale[o])``, zero rows where ``src_row < 0``. src 2-D."""
+    src = src.contiguous()
+    n_out, h = src_row.shape[0], src.shape[1]
+    out_dtype = out_dtype or src.dtype
+    if permute_backend(src) == "triton":
+        from primus_turbo.triton.moe import gather_rows_launch
+
+        if scale is None:  # raw bits: exact for every dtype
+            out = torch.empty(n_out, h, dtype=out_dtype, device=src.device)
+            gather_rows_launch(_bits(src), _bits(out), src_row)
+        else:
+            out = torch.empty(n_out, h, dtype=out_dtype, device=src.device)
+            gather_rows_launch(src, out, src_row, scale.float().contiguous())
+        return out
+    if src.shape[0] == 0:
+        return torch.zeros(n_out, h, dtype=out_dtype, device=src.device)
+    valid = src_row >= 0
+    rows = src[src_row.clamp(min=0).long()]
+    if scale is not None:
+        rows = (rows.float() * scale.float()[:, None]).to(out_dtype)
+    return _bits_where(valid, rows)
+
+
+def _bits_where(valid: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    b = _bits(rows)
+    return torch.where(valid[:, None], b, torch.zeros((), dtype=b.dtype, device=b.device)).view(rows.dtype)
+
+
+def _merge_rows(src: torch.Tensor, row_id_map: torch.Tensor, weights: Optional[torch.Tensor]) -> torch.Tensor:
+    """``out[t] = sum_j w[t, j] * src[row_id_map[t, j]]`` (fp32 accumulation, ascending j)."""
+    src = src.contiguous()
+    t, k = row_id_map.shape
+    h = src.shape[1]
+    if permute_backend(src) == "triton":
+        from primus_turbo.triton.moe import merge_rows_launch
+
+        out = torch.empty(t, h, dtype=src.dtype, device=src.device)
+        w = weights.contiguous() if weights is not None else None
+        merge_rows_launch(src, out, row_id_map.contiguous(), w)
+        return out
+    acc = torch.zeros(t, h, dtype=torch.float32, device=src.device)
+    if src.shape[0] == 0:
+        return acc.to(src.dtype)
+    for j in range(k):
+        r = row_id_map[:, j].long()
+        ok = r >= 0
+        x = src[r.clamp(min=0)].float()
+        if weights is not None:
+            x = x * weights[:, j].float()[:, None]
+        acc += torch.where(ok[:, None], x, torch.zeros((), device=src.device))
+    return acc.to(src.dtype)
+
+
+def _inverse(row_id_map: torch.Tensor, n_out: int) -> torch.Tensor:
+    """``src_idx[o]`` = flat index ``t*K + j`` of the pair in row ``o``, ``-1`` for rows nobody fills."""
+    flat = row_id_map.reshape(-1).long()
+    dest = torch.where(flat >= 0, flat, torch.full_like(flat, n_out))
+    src_idx = torch.full((n_out + 1,), -1, dtype=torch.int64, device=flat.device)
+    src_idx.scatter_(0, dest, torch.arange(flat.numel(), device=flat.device))
+    return src_idx[:n_out]
+
+
+def _gather_flat(values: torch.Tensor, src_idx: torch.Tensor) -> torch.Tensor:
+    """``values.flatten()[src_idx]``, 0 where ``src_idx < 0``."""
+    v = values.reshape(-1)[src_idx.clamp(min=0)]
+    return torch.where(src_idx >= 0, v, torch.zeros((), dtype=v.dtype, device=v.device))
+
+
+def _scatter_back(per_row: torch.Tensor, row_id_map: torch.Tensor) -> torch.Tensor:
+    """``out[t, j] = per_row[row_id_map[t, j]]``, 0 where the entry is ``-1``."""
+    r = row_id_map.long()
+    if per_row.numel() == 0:
+        return torch.zeros(r.shape, dtype=per_row.dtype, device=per_row.device)
+    v = per_row[r.clamp(min=0)]
+    return torch.where(r >= 0, v, torch.zeros((), dtype=v.dtype, device=v.device))
+
+
+# ----------------------------------------------------------------------------------------------
+# Autograd
+# ----------------------------------------------------------------------------------------------
+class _PermuteFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tokens, probs, row_id_map, src_idx, k):
+        src_tok = torch.where(src_idx >= 0, src_idx // k, src_idx)
+        out = _gather_rows(tokens, src_tok)
+        pprobs = _gather_flat(probs, src_idx) if probs is not None else None
+        ctx.save_for_backward(row_id_map)
+        ctx.has_probs = probs is not None
+        ctx.tok_dtype = tokens.dtype
+        ctx.mark_non_differentiable(row_id_map)
+        return out, pprobs
+
+    @staticmethod
+    def backward(ctx, g_out, g_pprobs):
+        (row_id_map,) = ctx.saved_tensors
+        g_tok = g_probs = None
+        if ctx.needs_input_grad[0]:
+            g_tok = _merge_rows(g_out, row_id_map, None).to(ctx.tok_dtype)
+        if ctx.has_probs and ctx.needs_input_grad[1]:
+            if g_pprobs is None:
+                g_probs = torch.zeros(row_id_map.shape, device=row_id_map.device)
+            else:
+                g_probs = _scatter_back(g_pprobs, row_id_map)
+        return g_tok, g_probs, None, None, None
+
+
+class _UnpermuteFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, permuted, row_id_map, probs):
+        out = _merge_rows(permuted, row_id_map, probs)
+        ctx.save_for_backward(permuted, row_id_map, probs)
+        return out
+
+    @staticmethod
+    def backward(ctx, g_out):
+        permuted, row_id_map, probs = ctx.saved_tensors
+        k = row_id_map.shape[1]
+        n_out = permuted.shape[0]
+        src_idx = _inverse(row_id_map, n_out)
+        src_tok = torch.where(src_idx >= 0, src_idx // k, src_idx)
+        g_perm = g_probs = None
+        w = _gather_flat(probs, src_idx).float() if probs is not None else None
+        if ctx.needs_input_grad[0]:
+            if w is None:
+                g_perm = _gather_rows(g_out, src_tok, out_dtype=permuted.dtype)
+            else:
+                g_perm = _gather_rows(g_out, src_tok, scale=w, out_dtype=permuted.dtype)
+        if probs is not None and ctx.needs_input_grad[2]:
+            g_rows = _gather_rows(g_out, src_tok)  # [n_out, H], zero on unfilled rows
+            dots = (g_rows.float() * permuted.float()).sum(-1)
+            g_probs = _scatter_back(dots, row_id_map).to(probs.dtype)
+        return g_perm, None, g_probs
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+def _check_tokens(tokens: torch.Tensor, name: str = "tokens") -> None:
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
+        raise ValueError(f"{name} must be a 2-D tensor [T, H], got {getattr(tokens, 'shape', type(tokens))}")
+
+
+def _build_row_id_map(routing_map, num_experts, pad_multiple, num_out_tokens):
+    """Device-only map building; returns (row_id_map int32 [T, K], segment lengths [E], total rows or None)."""
+    device = routing_map.device
+    t = routing_map.shape[0]
+    if routing_map.dtype == torch.bool:
+        mask = routing_map
+    else:
+        mask = torch.zeros(t, num_experts, dtype=torch.bool, device=device)
+        mask.scatter_(1, routing_map.long(), True)
+    m = mask.to(torch.int64)
+    rank = torch.cumsum(m, 0) - m                       # routed tokens of e before t
+    counts = m.sum(0)                                   # [E]
+    seg = (counts + pad_multiple - 1) // pad_multiple * pad_multiple if pad_multiple else counts
+    starts = torch.cumsum(seg, 0) - seg
+    dest = torch.where(mask, starts[None, :] + rank, torch.full_like(rank, -1))
+    if routing_map.dtype != torch.bool:
+        dest = dest.gather(1, routing_map.long())
+    if num_out_tokens is None:
+        num_out_tokens = int(seg.sum())                 # host sync (documented)
+    dest = torch.where(dest < num_out_tokens, dest, torch.full_like(dest, -1))
+    return dest.to(torch.int32).contiguous(), seg, num_out_tokens
+
+
+def moe_permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional[torch.Tensor] = None,
+                num_out_tokens: Optional[int] = None, pad_multiple: Optional[int] = None,
+                scales: Optional[torch.Tensor] = None, *, num_experts: Optional[int] = None,
+                return_tokens_per_expert: bool = False):
+    """Group tokens by expert (see the module docstring)."""
+    _check_tokens(tokens)
+    if not isinstance(routing_map, torch.Tensor) or routing_map.dim() != 2:
+        raise ValueError("routing_map must be a 2-D bool [T, E] map or int32/int64 [T, k] indices")
+    t, _h = tokens.shape
+    if routing_map.shape[0] != t:
+        raise ValueError(f"routing_map has {routing_map.shape[0]} rows, tokens has {t}")
+    if routing_map.device != tokens.device:
+        raise ValueError("routing_map and tokens must be on the same device")
+    is_map = routing_map.dtype == torch.bool
+    if is_map:
+        e = routing_map.shape[1]
+        if num_experts is not None and num_experts != e:
+            raise ValueError(f"num_experts={num_experts} but routing_map has {e} columns")
+    elif routing_map.dtype in (torch.int32, torch.int64):
+        if num_experts is None or num_experts <= 0:
+            raise ValueError("the top-k indices form needs num_experts > 0")
+        e = num_experts
+        if routing_map.shape[1] > e:
+            raise ValueError(f"top-k {routing_map.shape[1]} exceeds num_experts {e}")
+    else:
+        raise TypeError(f"routing_map must be bool or int32/int64, got {routing_map.dtype}")
+    k = routing_map.shape[1]
+    if pad_multiple is not None:
+        if int(pad_multiple) < 1:
+            raise ValueError(f"pad_multiple must be >= 1, got {pad_multiple}")
+        pad_multiple = int(pad_multiple) if int(pad_multiple) > 1 else None
+    if num_out_tokens is not None:
+        num_out_tokens = int(num_out_tokens)
+        if num_out_tokens < 0:
+            raise ValueError(f"num_out_tokens must be >= 0, got {num_out_tokens}")
+        if not is_map and num_out_tokens < t * k:
+            raise ValueError(f"num_out_tokens={num_out_tokens} < T*k={t * k}: every top-k pair needs a row")
+    elif not is_map and pad_multiple is None:
+        num_out_tokens = t * k
+    if tokens.dtype not in _FLOAT_DTYPES and tokens.element_size() != 1:
+        raise TypeError(f"tokens dtype {tokens.dtype} not supported (bf16/fp16/fp32 or a 1-byte FP8 type)")
+    if tokens.element_size() == 1 and tokens.requires_grad:
+        raise TypeError("FP8 tokens are moved as data only; they cannot require grad")
+    if probs is not None:
+        if probs.shape != routing_map.shape:
+            raise ValueError(f"probs shape {tuple(probs.shape)} must match routing_map {tuple(routing_map.shape)}")
+        if not probs.dtype.is_floating_point:
+            raise TypeError(f"probs must be floating point, got {probs.dtype}")
+        probs = probs.contiguous()
+    if scales is not None:
+        if scales.dim() not in (1, 2) or scales.shape[0] != t:
+            raise ValueError(f"scales must be [T] or [T, S] with T={t}, got {tuple(scales.shape)}")
+
+    row_id_map, seg, n_out = _build_row_id_map(routing_map, e, pad_multiple, num_out_tokens)
+    src_idx = _inverse(row_id_map, n_out)
+    permuted, pprobs = _PermuteFn.apply(tokens, probs, row_id_map, src_idx, k)
+    result = [permuted, pprobs, row_id_map]
+    if scales is not None:
+        s2 = scales.detach().reshape(t, -1)
+        src_tok = torch.where(src_idx >= 0, src_idx // k, src_idx)
+        ps = _gather_rows(s2, src_tok)
+        result.append(ps.reshape(n_out) if scales.dim() == 1 else ps)
+    if return_tokens_per_expert:
+        result.append(seg)
+    return tuple(result)
+
+
+def moe_unpermute(permuted_tokens: torch.Tensor, row_id_map: torch.Tensor,
+                  merging_probs: Optional[torch.Tensor] = None,
+                  restore_shape: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """Merge each token's expert rows back (see the module docstring)."""
+    _check_tokens(permuted_tokens, "permuted_tokens")
+    if permuted_tokens.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"permuted_tokens must be bf16/fp16/fp32, got {permuted_tokens.dtype}")
+    if row_id_map.dim() != 2 or row_id_map.dtype not in (torch.int32, torch.int64):
+        raise ValueError("row_id_map must be the int [T, K] map returned by moe_permute")
+    row_id_map = row_id_map.to(torch.int32).contiguous()
+    if merging_probs is not None:
+        if merging_probs.shape != row_id_map.shape:
+            raise ValueError(f"merging_probs shape {tuple(merging_probs.shape)} must match row_id_map "
+                             f"{tuple(row_id_map.shape)}")
+        if not merging_probs.dtype.is_floating_point:
+            raise TypeError(f"merging_probs must be floating point, got {merging_probs.dtype}")
+        merging_probs = merging_probs.contiguous()
+    out = _UnpermuteFn.apply(permuted_tokens, row_id_map, merging_probs)
+    if restore_shape is not None:
+        out = out.reshape(tuple(restore_shape))
+    return out
+
+
+def token_permute(tokens: torch.Tensor, indices: torch.Tensor, num_out_tokens: Optional[int] = None):
+    """Megatron ``permute``: returns ``(permuted_tokens, sorted_indices)``."""
+    _check_tokens(tokens)
+    if indices.dim() == 1:
+        indices = indices[:, None]
+    if indices.dim() != 2 or indices.shape[0] != tokens.shape[0]:
+        raise ValueError(f"indices must be [T, k] with T={tokens.shape[0]}, got {tuple(indices.shape)}")
+    if indices.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"indices must be int32/int64, got {indices.dtype}")
+    t, k = indices.shape
+    n = t * k if num_out_tokens is None else int(num_out_tokens)
+    if not 0 <= n <= t * k:
+        raise ValueError(f"num_out_tokens must be in [0, T*k={t * k}], got {n}")
+    sorted_indices = torch.argsort(indices.reshape(-1), stable=True)[:n]
+    # row_id_map[t, j] = position of pair t*k+j in the sorted order (-1 when cut off)
+    row_id_map = torch.full((t * k,), -1, dtype=torch.int64, device=indices.device)
+    row_id_map.scatter_(0, sorted_indices, torch.arange(n, device=indices.device))
+    row_id_map = row_id_map.view(t, k).to(torch.int32)
+    permuted, _ = _PermuteFn.apply(tokens, None, row_id_map, sorted_indices, k)
+    return permuted, sorted_indices
+
+
+def token_unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor,
+                    probs: Optional[torch.Tensor] = None,
+                    restore_shape: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """Megatron ``unpermute``: scatter back, weight by ``probs [T, k]``, sum over k."""
+    _check_tokens(permuted_tokens, "permuted_tokens")
+    if permuted_tokens.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"permuted_tokens must be bf16/fp16/fp32, got {permuted_tokens.dtype}")
+    if sorted_indices.dim() != 1 or sorted_indices.numel() != permuted_tokens.shape[0]:
+        raise ValueError("sorted_indices must be 1-D with one entry per permuted row")
+    if probs is not None:
+        if probs.dim() == 1:
+            probs = probs[:, None]
+        t, k = probs.shape
+    elif restore_shape is not None:
+        t = 1
+        for d in tuple(restore_shape)[:-1]:
+            t *= int(d)
+        k = permuted_tokens.shape[0] // t if t else 1
+    else:
+        t, k = permuted_tokens.shape[0], 1
+    row_id_map = torch.full((t * k,), -1, dtype=torch.int64, device=sorted_indices.device)
+    row_id_map.scatter_(0, sorted_indices.long(),
+                        torch.arange(sorted_indices.numel(), device=sorted_indices.device))
+    row_id_map = row_id_map.view(t, k).to(torch.int32)
+    out = _UnpermuteFn.apply(permuted_tokens, row_id_map, probs.contiguous() if probs is not None else None)
+    if restore_shape is not None:
+        out = out.reshape(tuple(restore_shape))
+    return out

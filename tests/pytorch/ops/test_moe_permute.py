@@ -1,0 +1,262 @@
+"""turbo.ops.moe_permute / moe_unpermute / token_permute / token_unpermute against the plain-PyTorch
+references in primus_turbo.testing.permute_ref (exact data movement; fp32-accumulated merges)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from primus_turbo.pytorch.ops.moe_permute import (
+    moe_permute,
+    moe_unpermute,
+    token_permute,
+    token_unpermute,
+)
+from primus_turbo.testing.permute_ref import (
+    moe_permute_ref,
+    moe_unpermute_ref,
+    token_permute_ref,
+    token_unpermute_ref,
+)
+
+T, E = 64, 16
+DEAD = (3, 11)  # experts that never receive a token (zero-length segments)
+
+
+def _routing(topk: int, form: str, device: str, seed: int = 0):
+    g = torch.Generator().manual_seed(seed * 97 + topk)
+    scores = torch.rand(T, E, generator=g)
+    scores[:, list(DEAD)] = -1.0
+    idx = scores.topk(topk, dim=1).indices  # distinct experts per row, random order
+    probs_k = torch.rand(T, topk, generator=g) + 0.1
+    if form == "map":
+        rmap = torch.zeros(T, E, dtype=torch.bool).scatter_(1, idx, True)
+        probs = torch.zeros(T, E).scatter_(1, idx, probs_k)
+        return rmap.to(device), probs.to(device)
+    dt = torch.int32 if form == "int32" else torch.int64
+    return idx.to(dt).to(device), probs_k.to(device)
+
+
+def _kw(form):
+    return {} if form == "map" else {"num_experts": E}
+
+
+@pytest.mark.parametrize("hidden", [64, 96])
+@pytest.mark.parametrize("pad", [None, 8, 16])
+@pytest.mark.parametrize("form", ["map", "int32", "int64"])
+@pytest.mark.parametrize("topk", [1, 2, 4, 8])
+def test_permute_unpermute_vs_ref(topk, form, pad, hidden, device):
+    rmap, probs = _routing(topk, form, device)
+    x = torch.randn(T, hidden, device=device)
+    ref = moe_permute_ref(x.cpu(), rmap.cpu(), probs.cpu(), pad_multiple=pad, num_experts=E)
+    n_out = ref[0].shape[0]
+    # caller-supplied size for the indices form with padding (no host sync); None otherwise
+    nout_arg = n_out if (form != "map" and pad) else None
+    xt = x.clone().requires_grad_(True)
+    pt = probs.clone().requires_grad_(True)
+    perm, pprobs, row_id_map, tpe = moe_permute(xt, rmap, pt, num_out_tokens=nout_arg, pad_multiple=pad,
+                                                return_tokens_per_expert=True, **_kw(form))
+    assert perm.shape == (n_out, hidden)
+    assert torch.equal(perm.detach().cpu(), ref[0])
+    assert torch.equal(pprobs.detach().cpu(), ref[1])
+    assert torch.equal(row_id_map.cpu(), ref[2])
+    assert torch.equal(tpe.cpu(), ref[3])
+    assert row_id_map.dtype == torch.int32 and row_id_map.shape == rmap.shape
+    assert int(tpe[list(DEAD)].sum()) == 0
+    if pad:
+        assert bool((tpe % pad == 0).all())
+    # backward of permute vs the reference's autograd
+    g1 = torch.randn(n_out, hidden)
+    g2 = torch.randn(n_out)
+    ((perm * g1.to(device)).sum() + (pprobs * g2.to(device)).sum()).backward()
+    xr = x.cpu().clone().requires_grad_(True)
+    pr = probs.cpu().clone().requires_grad_(True)
+    r = moe_permute_ref(xr, rmap.cpu(), pr, pad_multiple=pad, num_experts=E)
+    ((r[0] * g1).sum() + (r[1] * g2).sum()).backward()
+    torch.testing.assert_close(xt.grad.cpu(), xr.grad, rtol=1e-6, atol=1e-6)
+    assert torch.equal(pt.grad.cpu(), pr.grad)
+    # unpermute with merging probs, and its backward
+    y = torch.randn(n_out, hidden, device=device)
+    yt = y.clone().requires_grad_(True)
+    mt = probs.clone().requires_grad_(True)
+    out = moe_unpermute(yt, row_id_map, mt, restore_shape=(T, hidden))
+    yr = y.cpu().clone().requires_grad_(True)
+    mr = probs.cpu().clone().requires_grad_(True)
+    out_r = moe_unpermute_ref(yr, ref[2], mr)
+    torch.testing.assert_close(out.detach().cpu(), out_r.detach(), rtol=1e-6, atol=1e-6)
+    go = torch.randn(T, hidden)
+    out.backward(go.to(device))
+    out_r.backward(go)
+    torch.testing.assert_close(yt.grad.cpu(), yr.grad, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(mt.grad.cpu(), mr.grad, rtol=1e-5, atol=1e-5)
+    # round trip: unpermute(permute(x), probs) == x * sum(probs)
+    back = moe_unpermute(perm.detach(), row_id_map, probs)
+    torch.testing.assert_close(back.cpu(), (x * probs.sum(1, keepdim=True)).cpu(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["map", "int64"])
+def test_no_probs_bf16_roundtrip(form, device):
+    rmap, _ = _routing(4, form, device, seed=1)
+    x = torch.randn(T, 96, device=device, dtype=torch.bfloat16)
+    perm, pprobs, row_id_map = moe_permute(x, rmap, pad_multiple=8, **_kw(form))
+    assert pprobs is None
+    ref = moe_permute_ref(x.cpu(), rmap.cpu(), pad_multiple=8, num_experts=E)
+    assert torch.equal(perm.cpu(), ref[0])
+    back = moe_unpermute(perm, row_id_map)
+    torch.testing.assert_close(back.float().cpu(), (x.float() * 4).cpu(), rtol=1e-2, atol=1e-2)
+    w = torch.rand(T, rmap.shape[1], device=device)
+    out = moe_unpermute(perm, row_id_map, w)
+    out_r = moe_unpermute_ref(ref[0], ref[2], w.cpu())
+    if device == "cpu":
+        assert torch.equal(out.cpu(), out_r)  # same fp32 sum, one RNE rounding
+    else:  # the GPU kernel may fuse multiply-add: one bf16 ulp
+        torch.testing.assert_close(out.float().cpu(), out_r.float(), rtol=1.6e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("form", ["map", "int32"])
+def test_fp8_tokens_and_scales_passthrough(fp8, form, device):
+    rmap, probs = _routing(2, form, device, seed=2)
+    x = (torch.randn(T, 64, device=device) * 4).to(fp8)
+    s2 = torch.rand(T, 2, device=device)
+    s1 = torch.rand(T, device=device)
+    kw = _kw(form)
+    perm, pprobs, rid, ps = moe_permute(x, rmap, probs, pad_multiple=16, scales=s2, **kw)
+    ref = moe_permute_ref(x.cpu(), rmap.cpu(), probs.cpu(), pad_multiple=16, scales=s2.cpu(), num_experts=E)
+    assert perm.dtype == fp8
+    assert torch.equal(perm.cpu().view(torch.uint8), ref[0].view(torch.uint8))
+    assert torch.equal(pprobs.cpu(), ref[1])
+    assert torch.equal(ps.cpu(), ref[4])
+    _, _, _, ps1 = moe_permute(x, rmap, probs, pad_multiple=16, scales=s1, **kw)
+    assert ps1.shape == (perm.shape[0],)
+    assert torch.equal(ps1.cpu(), ps[:, 0].cpu() * 0 + moe_permute_ref(
+        x.cpu(), rmap.cpu(), pad_multiple=16, scales=s1.cpu(), num_experts=E)[4])
+
+
+def test_num_out_tokens_explicit(device):
+    rmap, probs = _routing(2, "map", device, seed=3)
+    x = torch.randn(T, 64, device=device)
+    ref = moe_permute_ref(x.cpu(), rmap.cpu(), probs.cpu())
+    n = ref[0].shape[0]
+    # larger: trailing rows are zero
+    perm, pp, rid = moe_permute(x, rmap, probs, num_out_tokens=n + 5)
+    assert torch.equal(perm[:n].cpu(), ref[0]) and bool((perm[n:] == 0).all()) and bool((pp[n:] == 0).all())
+    # smaller (map form, not checkable without a sync): the tail pairs are dropped (-1 in the map)
+    perm, pp, rid = moe_permute(x, rmap, probs, num_out_tokens=n - 10)
+    assert torch.equal(perm.cpu(), ref[0][: n - 10])
+    assert int((rid >= 0).sum()) == n - 10
+    refd = moe_permute_ref(x.cpu(), rmap.cpu(), probs.cpu(), num_out_tokens=n - 10)
+    assert torch.equal(rid.cpu(), refd[2])
+    out = moe_unpermute(perm, rid, probs)
+    torch.testing.assert_close(out.cpu(), moe_unpermute_ref(refd[0], refd[2], probs.cpu()))
+    # indices form: T*k by default
+    idx, pk = _routing(2, "int64", device, seed=3)
+    perm, _, _ = moe_permute(x, idx, num_experts=E)
+    assert perm.shape[0] == T * 2
+
+
+def test_empty_and_all_one_expert(device):
+    x = torch.randn(T, 64, device=device)
+    rmap = torch.zeros(T, E, dtype=torch.bool, device=device)
+    perm, _, rid, tpe = moe_permute(x, rmap, return_tokens_per_expert=True)
+    assert perm.shape == (0, 64) and bool((rid == -1).all()) and int(tpe.sum()) == 0
+    out = moe_unpermute(perm, rid)
+    assert bool((out == 0).all())
+    idx = torch.full((T, 1), 5, dtype=torch.int32, device=device)
+    perm, _, rid = moe_permute(x, idx, num_experts=E, pad_multiple=16, num_out_tokens=T)
+    assert torch.equal(perm, x) and torch.equal(rid[:, 0].cpu(), torch.arange(T, dtype=torch.int32))
+
+
+def test_errors(device):
+    x = torch.randn(T, 64, device=device)
+    idx, probs = _routing(2, "int64", device)
+    rmap, mprobs = _routing(2, "map", device)
+    with pytest.raises(ValueError):
+        moe_permute(x[:10], rmap)                       # row mismatch
+    with pytest.raises(ValueError):
+        moe_permute(x, idx)                             # indices form without num_experts
+    with pytest.raises(TypeError):
+        moe_permute(x, idx.float(), num_experts=E)      # bad routing dtype
+    with pytest.raises(ValueError):
+        moe_permute(x, rmap, probs)                     # probs [T, k] with a [T, E] map
+    with pytest.raises(ValueError):
+        moe_permute(x, idx, probs, num_out_tokens=T * 2 - 1, num_experts=E)  # too small (from shapes)
+    with pytest.raises(ValueError):
+        moe_permute(x, idx, num_out_tokens=T, pad_multiple=8, num_experts=E)
+    with pytest.raises(ValueError):
+        moe_permute(x, rmap, pad_multiple=0)
+    with pytest.raises(ValueError):
+        moe_permute(x, rmap, scales=torch.ones(T + 1, device=device))
+    with pytest.raises(ValueError):
+        moe_permute(x, rmap, num_experts=E + 1)
+    with pytest.raises(ValueError):
+        moe_permute(x[0], rmap)
+    with pytest.raises(TypeError):
+        moe_permute(x.to(torch.float8_e4m3fn).float().to(torch.float8_e4m3fn).requires_grad_(False), rmap,
+                    probs=mprobs.long())           # integer probs
+    perm, _, rid = moe_permute(x, rmap)
+    with pytest.raises(ValueError):
+        moe_unpermute(perm, rid, probs)                 # merging probs shape mismatch
+    with pytest.raises(ValueError):
+        moe_unpermute(perm, rid.float())
+    with pytest.raises(TypeError):
+        moe_unpermute(perm.to(torch.float8_e4m3fn), rid)
+    with pytest.raises(ValueError):
+        token_permute(x, idx, num_out_tokens=T * 2 + 1)
+    with pytest.raises(ValueError):
+        token_unpermute(perm, torch.arange(3, device=device))
+
+
+@pytest.mark.parametrize("num_out", [None, 100])
+@pytest.mark.parametrize("topk", [1, 2, 8])
+def test_token_permute_megatron(topk, num_out, device):
+    idx, probs = _routing(topk, "int64", device, seed=4)
+    x = torch.randn(T, 96, device=device)
+    n_out = None if num_out is None else min(num_out, T * topk)
+    xt = x.clone().requires_grad_(True)
+    perm, sidx = token_permute(xt, idx, n_out)
+    xr = x.cpu().clone().requires_grad_(True)
+    perm_r, sidx_r = token_permute_ref(xr, idx.cpu(), n_out)
+    assert torch.equal(sidx.cpu(), sidx_r) and torch.equal(perm.detach().cpu(), perm_r.detach())
+    g = torch.randn(perm_r.shape)
+    perm.backward(g.to(device))
+    perm_r.backward(g)
+    torch.testing.assert_close(xt.grad.cpu(), xr.grad, rtol=1e-6, atol=1e-6)
+    # unpermute with probs (+ grads)
+    y = torch.randn(perm_r.shape)
+    yt, pt = y.clone().to(device).requires_grad_(True), probs.clone().requires_grad_(True)
+    yr, pr = y.clone().requires_grad_(True), probs.cpu().clone().requires_grad_(True)
+    out = token_unpermute(yt, sidx, pt)
+    out_r = token_unpermute_ref(yr, sidx_r, pr)
+    torch.testing.assert_close(out.detach().cpu(), out_r.detach(), rtol=1e-6, atol=1e-6)
+    go = torch.randn(T, 96)
+    out.backward(go.to(device))
+    out_r.backward(go)
+    torch.testing.assert_close(yt.grad.cpu(), yr.grad, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(pt.grad.cpu(), pr.grad, rtol=1e-5, atol=1e-5)
+    if topk == 1 and num_out is None:
+        back = token_unpermute(perm.detach(), sidx)
+        assert torch.equal(back.cpu(), x.cpu())
+
+
+@pytest.mark.gpu
+def test_no_host_sync_cuda():
+    dev = "cuda"
+    idx, probs = _routing(4, "int64", dev)
+    x = torch.randn(T, 128, device=dev, dtype=torch.bfloat16)
+    rmap, mprobs = _routing(4, "map", dev)
+    n_pad = T * 4 + E * 15
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        perm, pp, rid = moe_permute(x, idx, probs, num_experts=E)
+        moe_unpermute(perm, rid, probs)
+        perm, pp, rid = moe_permute(x, idx, probs, num_out_tokens=n_pad, pad_multiple=16, num_experts=E)
+        moe_unpermute(perm, rid, probs)
+        perm, pp, rid = moe_permute(x, rmap, mprobs, num_out_tokens=n_pad, pad_multiple=16)
+        moe_unpermute(perm, rid, mprobs)
+        p2, s = token_permute(x, idx)
+        token_unpermute(p2, s, probs)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
