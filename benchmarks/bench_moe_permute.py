@@ -25,6 +25,7 @@ of an op's GB/s to the copy's GB/s. Correctness: each op on the first 256 tokens
 from __future__ import annotations
 
 import argparse
+import importlib
 import gc
 import os
 import statistics
@@ -65,7 +66,7 @@ def _routing(t: int, e: int, k: int, device: torch.device, seed: int):
 
 def _make(name: str, x, idx, probs, rmap, mprobs, e: int) -> tuple[Callable, Callable, int]:
     """(fn() -> outputs, check() -> (mismatches, snr_db), bytes moved) for one op."""
-    from primus_turbo.pytorch.ops import moe_permute as P
+    P = importlib.import_module("primus_turbo.pytorch.ops.moe_permute")  # the module: turbo.ops re-exports a function of that name
     from primus_turbo.testing import permute_ref as R
     from primus_turbo.testing.numerics import snr_db
 
