@@ -12,9 +12,11 @@ from typing import Optional
 
 import torch
 
-from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend
+from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend, PrecisionType
 
-__all__ = ["GemmTorchBackend", "GemmTritonBackend", "gemm_dispatcher", "GEMM_DTYPES"]
+__all__ = [
+    "GemmTorchBackend", "GemmTritonBackend", "gemm_dispatcher", "GEMM_DTYPES", "all_gemms_on_torch", "torch_autograd_mm",
+]
 
 GEMM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -114,8 +116,8 @@ def _make_key(a, b, out=None, out_dtype=None, accumulate=False, **_):
 def _default(a, b, out=None, out_dtype=None, accumulate=False, **_) -> BackendType:
     # cuBLAS is the default: on the H200 it is at least as fast as our Triton kernel on the
     # registry shapes (benchmarks/results/h200/gemm_bf16.md); TRITON is one pin or autotune away.
-    # ops.gemm relies on this rule being TORCH for every shape (its vendor fast path checks the
-    # forward operands only); make that check cover dgrad/wgrad shapes if the rule ever varies.
+    # all_gemms_on_torch relies on this rule being TORCH for every shape (it checks the forward
+    # operands only); make it cover the dgrad/wgrad shapes if the rule ever varies.
     return BackendType.TORCH
 
 
@@ -133,3 +135,20 @@ gemm_dispatcher = AutoKernelDispatcher(
     default=_default,
     make_tune_kwargs=_tune_kwargs,
 )
+
+
+def all_gemms_on_torch(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when the current settings send every GEMM of a training step on these operands
+    (output, grad_input, grad_weight) to TORCH: no autotune, and TORCH pinned or the default
+    (the default rule, ``_default``, is TORCH for every shape)."""
+    backend, _, tune = gemm_dispatcher.plan(PrecisionType.BF16_FP16_FP32)
+    if tune or backend not in (None, BackendType.TORCH):
+        return False
+    return backend is BackendType.TORCH or gemm_dispatcher.default(a=a, b=b) is BackendType.TORCH
+
+
+def torch_autograd_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The TORCH backend for a whole training step: ``torch.mm`` under PyTorch's own autograd, so
+    cuBLAS runs all three GEMMs with no Python in the backward (used when
+    :func:`all_gemms_on_torch` holds and nothing of ours, such as main_grad fusion, is needed)."""
+    return torch.mm(a, b)

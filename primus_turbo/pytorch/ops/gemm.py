@@ -20,8 +20,8 @@ from typing import Optional
 
 import torch
 
-from ..backends.gemm import GEMM_DTYPES, gemm_dispatcher
-from ..core.backend import BackendType, PrecisionType
+from ..backends.gemm import GEMM_DTYPES, all_gemms_on_torch, gemm_dispatcher, torch_autograd_mm
+from ..core.backend import PrecisionType
 
 __all__ = ["gemm"]
 
@@ -184,15 +184,6 @@ def _check_inputs(a, b, trans_a, trans_b, out_dtype, fuse_bgrad_accum_pattern):
             raise TypeError(f"gemm: b.main_grad must be float32 or {b.dtype}, got {mg.dtype}")
 
 
-def _vendor_path(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """True when the current settings send every GEMM of these operands to the TORCH backend:
-    no autotune, and TORCH pinned or the default (the default rule is TORCH for every shape)."""
-    backend, _, tune = gemm_dispatcher.plan(PrecisionType.BF16_FP16_FP32)
-    if tune or backend not in (None, BackendType.TORCH):
-        return False
-    return backend is BackendType.TORCH or gemm_dispatcher.default(a=a, b=b) is BackendType.TORCH
-
-
 def gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -232,10 +223,10 @@ def gemm(
     _check_inputs(a, b, trans_a, trans_b, out_dtype, fuse_bgrad_accum_pattern)
     out_dtype = out_dtype or torch.promote_types(a.dtype, b.dtype)
     fuse = fuse_bgrad_accum_pattern == "megatron"
-    if not fuse and out_dtype == a.dtype and _vendor_path(a, b):
+    if not fuse and out_dtype == a.dtype and all_gemms_on_torch(a, b):
         # Every one of the three GEMMs would go to cuBLAS: let PyTorch's own mm and its C++
         # autograd run them, which saves the Python autograd overhead (~50 us a step).
-        return torch.mm(_logical(a, trans_a), _logical(b, trans_b))
+        return torch_autograd_mm(_logical(a, trans_a), _logical(b, trans_b))
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         return GemmFunction.apply(a, b, bool(trans_a), bool(trans_b), out_dtype, fuse)
     return _mm(a, b, bool(trans_a), bool(trans_b), out_dtype)
