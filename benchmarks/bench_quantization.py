@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import statistics
 import sys
 import traceback
 from pathlib import Path
@@ -37,7 +36,8 @@ if str(_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.common import Row, bench_ms, format_table, geomean_table, gpu_slug, write_results  # noqa: E402
+from benchmarks.common import Row, format_table, geomean_table, gpu_slug, write_results  # noqa: E402
+from benchmarks.common import bandwidth_rows  # noqa: E402
 from benchmarks.common import error_text as _error_text  # noqa: E402
 
 RESULT_NAME = "quantization"
@@ -138,33 +138,7 @@ def run_shape(shape: tuple[int, int], impls: Sequence[str], device: torch.device
             row.error = _error_text(exc)
             if os.environ.get("PRIMUS_TURBO_BENCH_TRACEBACK"):
                 traceback.print_exc()
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    for rnd in range(ROUNDS):
-        order = list(steps)
-        order = order[rnd % len(order):] + order[: rnd % len(order)]
-        for name in order:
-            if name not in steps:
-                continue
-            try:
-                times[name].append(bench_ms(steps[name], warmup_ms, rep_ms))
-            except Exception as exc:
-                out_rows[name].error = _error_text(exc)
-                del steps[name]
-    copy_ms = statistics.median(times[PEER]) if times.get(PEER) else None
-    copy_gbps = moved[PEER] / (copy_ms * 1e-3) / 1e9 if copy_ms else None
-    result = []
-    for name, row in out_rows.items():
-        ts = times.get(name)
-        if ts and name in steps:
-            row.ms = statistics.median(ts)
-            row.gbps = moved[name] / (row.ms * 1e-3) / 1e9
-            row.extra["bytes"] = moved[name]
-            row.extra["round_ms"] = [round(t, 5) for t in ts]
-        row.baseline_ms = copy_ms
-        if row.gbps and copy_gbps:
-            row.speedup = row.gbps / copy_gbps  # bandwidth ratio against the copy, not a time ratio
-        result.append(row)
-        log(row)
+    result = bandwidth_rows(steps, out_rows, moved, PEER, ROUNDS, warmup_ms, rep_ms, log)
     del x, y
     gc.collect()
     if device.type == "cuda":

@@ -8,6 +8,7 @@ the same interface is used; its numbers mean nothing for performance.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 
 import datetime as _dt
@@ -295,3 +296,42 @@ def time_interleaved(
             except Exception as exc:
                 errors[k] = error_text(exc)
     return {k: ts for k, ts in times.items() if ts and k not in errors}, errors
+
+
+def bandwidth_rows(
+    steps: dict,
+    rows: dict,
+    moved: dict,
+    peer: str,
+    rounds: int,
+    warmup_ms: float,
+    rep_ms: float,
+    log: Callable[["Row"], None],
+) -> list:
+    """Time memory-bound ops against a device copy and fill their rows.
+
+    ``steps``: name -> fn (the peer included); ``rows``: name -> Row, in output order;
+    ``moved``: name -> bytes read plus written. Each row gets the median of its per-round times,
+    GB/s, and ``speedup`` = its GB/s over the copy's GB/s (a bandwidth ratio, not a time ratio).
+    """
+    times, errors = time_interleaved(
+        {k: (fn, contextlib.nullcontext) for k, fn in steps.items()}, rounds, warmup_ms, rep_ms
+    )
+    for k, err in errors.items():
+        rows[k].error = err
+    copy_ms = statistics.median(times[peer]) if times.get(peer) else None
+    copy_gbps = moved[peer] / (copy_ms * 1e-3) / 1e9 if copy_ms else None
+    result = []
+    for k, row in rows.items():
+        ts = times.get(k)
+        if ts:
+            row.ms = statistics.median(ts)
+            row.gbps = moved[k] / (row.ms * 1e-3) / 1e9
+            row.extra["bytes"] = moved[k]
+            row.extra["round_ms"] = [round(t, 5) for t in ts]
+        row.baseline_ms = copy_ms
+        if row.gbps and copy_gbps:
+            row.speedup = row.gbps / copy_gbps
+        result.append(row)
+        log(row)
+    return result
