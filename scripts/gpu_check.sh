@@ -13,6 +13,8 @@
 #   GPU_CHECK_BENCH_ARGS="..." extra arguments for benchmarks/run_all.py (e.g. "--quick")
 #   GPU_CHECK_PYTEST_ARGS="..." extra arguments for pytest (e.g. "-k gemm")
 #   GPU_CHECK_JOBS=N           pytest-xdist workers sharing the GPU (default 8)
+#   GPU_CHECK_TEST_TIMEOUT=S   stop the test suite after S seconds (default: no limit)
+#   GPU_CHECK_BENCH_TIMEOUT=S  stop the benchmarks after S seconds (default: no limit)
 #   PYTHON=...                 interpreter (default python3)
 set -u
 
@@ -72,7 +74,7 @@ if [ "${GPU_CHECK_SKIP_TESTS:-0}" != "1" ]; then
     # tuning turn it on themselves); the benchmarks below run with it on, as users do.
     PRIMUS_TURBO_GEMM_TRITON_AUTOTUNE="${PRIMUS_TURBO_GEMM_TRITON_AUTOTUNE:-0}" \
     PRIMUS_TURBO_TEST_FAILURE_LOG="$OUT_DIR/failures.log" \
-    "$PY" -m pytest tests -q -n "${GPU_CHECK_JOBS:-8}" --maxfail=200 ${TIMEOUT_ARGS[@]+"${TIMEOUT_ARGS[@]}"} \
+    ${GPU_CHECK_TEST_TIMEOUT:+timeout "$GPU_CHECK_TEST_TIMEOUT"} "$PY" -m pytest tests -q -n "${GPU_CHECK_JOBS:-8}" --maxfail=200 ${TIMEOUT_ARGS[@]+"${TIMEOUT_ARGS[@]}"} \
         -p no:cacheprovider -p no:warnings ${GPU_CHECK_PYTEST_ARGS:-} 2>&1 | tee "$OUT_DIR/pytest.log"
     TEST_RC="${PIPESTATUS[0]}"
     echo "gpu_check: pytest exit code $TEST_RC"
@@ -84,7 +86,7 @@ if [ "${GPU_CHECK_SKIP_BENCH:-0}" != "1" ]; then
     echo
     echo "===== benchmarks ====="
     # shellcheck disable=SC2086
-    "$PY" benchmarks/run_all.py --out "$OUT_DIR" ${GPU_CHECK_BENCH_ARGS:-} 2>&1 | tee "$OUT_DIR/bench.log"
+    ${GPU_CHECK_BENCH_TIMEOUT:+timeout "$GPU_CHECK_BENCH_TIMEOUT"} "$PY" benchmarks/run_all.py --out "$OUT_DIR" ${GPU_CHECK_BENCH_ARGS:-} 2>&1 | tee "$OUT_DIR/bench.log"
     BENCH_RC="${PIPESTATUS[0]}"
     echo "gpu_check: benchmarks exit code $BENCH_RC"
 fi

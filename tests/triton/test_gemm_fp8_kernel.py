@@ -2,7 +2,10 @@
 FP8 dtype pair, tails, accumulate, the pointer twin, scale validation and errors.
 
 The reference is ``dequant(A) @ dequant(B).T`` in float64, so the only error left is the fp32
-accumulation order and the output rounding: >= 80 dB for fp32 output. bf16 output: >= 45 dB on GPU;
+accumulation order and the output rounding: >= 80 dB for fp32 output on CPU. On Hopper the FP8
+tensor-core MMA accumulates with fewer bits than fp32 (about 14 mantissa bits inside one wgmma
+K-chunk, the reason DeepGEMM promotes to fp32 registers), measured 75-80 dB here, so the GPU bar
+for fp32 output is 70 dB. bf16 output: >= 45 dB on GPU;
 the Triton interpreter casts fp32 -> bf16 by truncation instead of rounding (see
 test_gemm_kernel.py), which costs ~6 dB, so the CPU bar is 41 dB. On CPU every kernel runs in the
 interpreter with small tiles (32x32, BLOCK_K 128 for BLOCKWISE, 64 for MX) and 3 persistent
@@ -27,7 +30,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim
 
 MODES = ["TENSORWISE", "ROWWISE", "BLOCKWISE", "MX_BLOCKWISE"]
 DTYPE_PAIRS = [(E4M3, E4M3), (E5M2, E4M3), (E4M3, E5M2), (E5M2, E5M2)]
-MIN_SNR = {torch.float32: 80.0, torch.bfloat16: 45.0 if _ON_GPU else 41.0, torch.float16: 50.0}
+FP32_DB = 70.0 if _ON_GPU else 80.0
+MIN_SNR = {torch.float32: FP32_DB, torch.bfloat16: 45.0 if _ON_GPU else 41.0, torch.float16: 50.0}
 # (M, N, K): tails in M and N everywhere, K tails (not for MX, whose K is a multiple of 32)
 SHAPES = {
     "TENSORWISE": [(70, 90, 200), (64, 96, 64)],
@@ -86,7 +90,7 @@ def test_blockwise_scale_geometries(device):
     M, N, K = 130, 72, 320
     (a_q, sa, b_q, sb), ref = operands(M, N, K, "BLOCKWISE", device=device, b_weight=False)
     assert sb.shape == (N, 3)
-    assert snr_db(ref, gemm_fp8_triton(a_q, sa, b_q, sb, "BLOCKWISE", out_dtype=torch.float32)) >= 80
+    assert snr_db(ref, gemm_fp8_triton(a_q, sa, b_q, sb, "BLOCKWISE", out_dtype=torch.float32)) >= FP32_DB
     # A as 128x128 blocks (both operands weight-like)
     a = torch.randn(M, K)
     a_q2, sa2 = quantize(a, "BLOCKWISE", E4M3, weight=True)
@@ -95,12 +99,12 @@ def test_blockwise_scale_geometries(device):
     assert sa2.shape == (2, 3)
     out2 = gemm_fp8_triton(a_q2.to(device), sa2.to(device), b_q2.to(device), sb2.to(device), "BLOCKWISE",
                            out_dtype=torch.float32)
-    assert snr_db(ref2, out2) >= 80
+    assert snr_db(ref2, out2) >= FP32_DB
     # 64-wide blocks: BLOCK_K shrinks to divide the block
     (a_q3, sa3, b_q3, sb3), ref3 = operands(M, N, K, "BLOCKWISE", device=device, block=64)
     assert sa3.shape == (M, 5) and sb3.shape == (2, 5)
     out3 = gemm_fp8_triton(a_q3, sa3, b_q3, sb3, "BLOCKWISE", out_dtype=torch.float32, block_size=64)
-    assert snr_db(ref3, out3) >= 80
+    assert snr_db(ref3, out3) >= FP32_DB
 
 
 def test_blockwise_scales_are_applied_per_block(device):
@@ -115,7 +119,7 @@ def test_blockwise_scales_are_applied_per_block(device):
     deq_b = b_q.double() * sb.double().repeat_interleave(128, 1)
     out = gemm_fp8_triton(a_q.to(device), sa.to(device), b_q.to(device), sb.to(device), "BLOCKWISE",
                           out_dtype=torch.float32)
-    assert snr_db(deq_a @ deq_b.T, out) >= 80
+    assert snr_db(deq_a @ deq_b.T, out) >= FP32_DB
 
 
 def test_mx_scale_extremes(device):
@@ -152,7 +156,7 @@ def test_accumulate_twice(mode, acc_dtype, device):
         res = gemm_fp8_triton(a_q, sa, b_q, sb, mode, out=out, accumulate=True)
         assert res is out
     expected = start.double() + 2 * ref
-    assert snr_db(expected, out) >= (80.0 if acc_dtype == torch.float32 else 38.0)
+    assert snr_db(expected, out) >= (FP32_DB if acc_dtype == torch.float32 else 38.0)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -180,14 +184,14 @@ def test_misaligned_views_use_pointer_kernel(mode, device, monkeypatch):
     monkeypatch.setattr(fk, "_gemm_fp8_tma_kernel", _Spy(orig_tma, "tma"))
     for a in (a_view, a_col):
         out = gemm_fp8_triton(a, sa, b_q, sb, mode, out_dtype=torch.float32)
-        assert snr_db(ref, out) >= 80.0
+        assert snr_db(ref, out) >= FP32_DB
     assert launched == ["ptr", "ptr"]
     out = gemm_fp8_triton(a_q, sa, b_q, sb, mode, out_dtype=torch.float32)
-    assert launched[-1] == "tma" and snr_db(ref, out) >= 80.0
+    assert launched[-1] == "tma" and snr_db(ref, out) >= FP32_DB
     # a column-major (strided) output takes pointer stores inside the TMA kernel
     out_t = torch.empty(N, M, device=device).t()
     gemm_fp8_triton(a_q, sa, b_q, sb, mode, out=out_t)
-    assert snr_db(ref, out_t) >= 80.0
+    assert snr_db(ref, out_t) >= FP32_DB
 
 
 def test_forced_pointer_config_and_subtile_variants(device):
@@ -198,7 +202,7 @@ def test_forced_pointer_config_and_subtile_variants(device):
         out = torch.full((50, 70), float("nan"), device=device)
         mode, ga, gb = fk._validate(a_q, sa, b_q, sb, "TENSORWISE", out, None, False, 128)
         fk._launch(a_q, sa, b_q, sb, mode, ga, gb, out, False, cfg)
-        assert snr_db(ref, out) >= 80.0, cfg
+        assert snr_db(ref, out) >= FP32_DB, cfg
 
 
 def test_scale_layouts_accepted(device):
@@ -208,12 +212,12 @@ def test_scale_layouts_accepted(device):
     for sa_v, sb_v in ((sa.reshape(-1), sb.reshape(1, -1)), (sa.t(), sb),
                        (torch.cat([sa, sa], 1)[:, :1], sb.reshape(-1))):
         out = gemm_fp8_triton(a_q, sa_v, b_q, sb_v, "ROWWISE", out_dtype=torch.float32)
-        assert snr_db(ref, out) >= 80.0
+        assert snr_db(ref, out) >= FP32_DB
     # BLOCKWISE scales as a transposed view (the weight's transposed copy reuses the scales)
     (a_q, sa, b_q, sb), ref = operands(M, 200, 300, "BLOCKWISE", device=device)
     sb_t = sb.t().contiguous().t()
     out = gemm_fp8_triton(a_q, sa, b_q, sb_t, "BLOCKWISE", out_dtype=torch.float32)
-    assert snr_db(ref, out) >= 80.0
+    assert snr_db(ref, out) >= FP32_DB
 
 
 def test_empty_problems(device):

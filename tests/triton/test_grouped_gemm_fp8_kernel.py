@@ -19,7 +19,9 @@ from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_kernel import (
 
 ON_GPU = torch.cuda.is_available()
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
-MIN_SNR = {torch.float32: 80.0, torch.bfloat16: 45.0 if ON_GPU else 41.0}
+# fp32 output: 80 dB on CPU; Hopper's FP8 MMA accumulates with fewer bits than fp32 (75-80 dB
+# measured), so 70 dB on the GPU
+MIN_SNR = {torch.float32: 70.0 if ON_GPU else 80.0, torch.bfloat16: 45.0 if ON_GPU else 41.0}
 LENS = {1: [[64], [0]], 3: [[20, 20, 20], [0, 64, 1]], 8: [[0, 64, 3, 0, 9, 33, 0, 1]]}
 
 

@@ -141,9 +141,12 @@ def _merge_rows(src: torch.Tensor, row_id_map: torch.Tensor, weights: Optional[t
 def _inverse(row_id_map: torch.Tensor, n_out: int) -> torch.Tensor:
     """``src_idx[o]`` = flat index ``t*K + j`` of the pair in row ``o``, ``-1`` for rows nobody fills."""
     flat = row_id_map.reshape(-1).long()
-    dest = torch.where(flat >= 0, flat, torch.full_like(flat, n_out))
-    src_idx = torch.full((n_out + 1,), -1, dtype=torch.int64, device=flat.device)
-    src_idx.scatter_(0, dest, torch.arange(flat.numel(), device=flat.device))
+    pos = torch.arange(flat.numel(), device=flat.device)
+    # unrouted pairs (-1) go to distinct slots past n_out: one shared dump slot would make
+    # every such write (most of a [T, E] map) collide on one address
+    dest = torch.where(flat >= 0, flat, n_out + pos)
+    src_idx = torch.full((n_out + flat.numel(),), -1, dtype=torch.int64, device=flat.device)
+    src_idx.scatter_(0, dest, pos)
     return src_idx[:n_out]
 
 
@@ -228,26 +231,31 @@ def _check_tokens(tokens: torch.Tensor, name: str = "tokens") -> None:
 
 
 def _build_row_id_map(routing_map, num_experts, pad_multiple, num_out_tokens):
-    """Device-only map building; returns (row_id_map int32 [T, K], segment lengths [E], total rows or None)."""
+    """Device-only map building; returns (row_id_map int32 [T, K], segment lengths [E], total rows or None).
+
+    The running count of each expert's tokens is a scan over tokens. It is done on the
+    expert-major [E, T] copy of the mask: torch scans the innermost dimension with all threads
+    of a block, while a scan over dim 0 of [T, E] runs one sequential thread per expert column
+    (milliseconds at T = 16384)."""
     device = routing_map.device
     t = routing_map.shape[0]
     if routing_map.dtype == torch.bool:
-        mask = routing_map
+        mask_t = routing_map.t()
     else:
-        mask = torch.zeros(t, num_experts, dtype=torch.bool, device=device)
-        mask.scatter_(1, routing_map.long(), True)
-    m = mask.to(torch.int64)
-    rank = torch.cumsum(m, 0) - m                       # routed tokens of e before t
-    counts = m.sum(0)                                   # [E]
+        mask_t = torch.zeros(num_experts, t, dtype=torch.bool, device=device)
+        mask_t.scatter_(0, routing_map.t().long(), True)
+    m = mask_t.to(torch.int32)                          # [E, T]
+    rank = torch.cumsum(m, 1, dtype=torch.int32) - m    # routed tokens of e before t
+    counts = m.sum(1, dtype=torch.int32)                # [E]
     seg = (counts + pad_multiple - 1) // pad_multiple * pad_multiple if pad_multiple else counts
-    starts = torch.cumsum(seg, 0) - seg
-    dest = torch.where(mask, starts[None, :] + rank, torch.full_like(rank, -1))
+    starts = torch.cumsum(seg, 0, dtype=torch.int32) - seg
+    dest = torch.where(mask_t, starts[:, None] + rank, -1)  # [E, T]
     if routing_map.dtype != torch.bool:
-        dest = dest.gather(1, routing_map.long())
+        dest = dest.gather(0, routing_map.t().long())   # [K, T]
     if num_out_tokens is None:
         num_out_tokens = int(seg.sum())                 # host sync (documented)
-    dest = torch.where(dest < num_out_tokens, dest, torch.full_like(dest, -1))
-    return dest.to(torch.int32).contiguous(), seg, num_out_tokens
+    dest = torch.where(dest < num_out_tokens, dest, -1)
+    return dest.t().contiguous(), seg.to(torch.int64), num_out_tokens
 
 
 def moe_permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional[torch.Tensor] = None,

@@ -64,11 +64,15 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _bwd_programs(n_tiles: int, device: torch.device) -> int:
+_BWD_PROGS_PER_SM = 4
+
+
+def _bwd_programs(n_tiles: int, device: torch.device, per_sm: "int | None" = None) -> int:
     """Programs of the backward grid: a few per SM on CUDA (each keeps one dgamma partial), 4 on
     the CPU interpreter (which runs programs one after another anyway)."""
     if device.type == "cuda":
-        cap = 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        per_sm = per_sm or _BWD_PROGS_PER_SM
+        cap = per_sm * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     else:
         cap = 4
     return max(1, min(n_tiles, cap))
@@ -220,14 +224,26 @@ def rmsnorm_fwd_launch(x: torch.Tensor, gamma: torch.Tensor, eps: float, zero_ce
 
 
 def rmsnorm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, gamma: torch.Tensor, rstd: torch.Tensor,
-                       zero_centered: bool, ds: "torch.Tensor | None" = None):
+                       zero_centered: bool, ds: "torch.Tensor | None" = None, *,
+                       block_r: "int | None" = None, num_warps: "int | None" = None,
+                       progs_per_sm: "int | None" = None):
     """``dy``, ``x`` (the normalized input ``s``), ``ds``: contiguous ``[rows, H]``. Returns
-    ``(dx, dgamma_partial)`` with ``dgamma_partial`` fp32 ``[n_programs, H]`` (sum it over dim 0)."""
+    ``(dx, dgamma_partial)`` with ``dgamma_partial`` fp32 ``[n_programs, H]`` (sum it over dim 0).
+    ``block_r``, ``num_warps``, ``progs_per_sm`` override the heuristics (for tuning)."""
     rows, h = x.shape
     dx = torch.empty_like(x)
     br, bh, chunks, warps = rmsnorm_config(rows, h)
+    if chunks == 1 and x.device.type == "cuda":
+        # measured on the H200 (scripts/tune_memory_bound.py, [16384, 4096] and [16384, 7168]):
+        # the backward, which reads two tensors and keeps a dgamma partial per program, runs
+        # best with ~16K-element tiles, 16 warps and 2 programs per SM (0.76-0.82x copy
+        # bandwidth vs 0.63x with the forward's 8K tiles, 8 warps, 4 programs per SM)
+        br = max(1, min(2 * _TARGET_TILE // bh, triton.next_power_of_2(max(rows, 1))))
+        warps = 16 if br * bh >= 2 * _TARGET_TILE else warps
+        progs_per_sm = progs_per_sm or 2
+    br, warps = block_r or br, num_warps or warps
     n_tiles = triton.cdiv(rows, br)
-    n_prog = _bwd_programs(n_tiles, x.device)
+    n_prog = _bwd_programs(n_tiles, x.device, progs_per_sm)
     per = triton.cdiv(n_tiles, n_prog)
     n_prog = triton.cdiv(n_tiles, per)
     alloc = torch.empty if chunks == 1 else torch.zeros

@@ -255,7 +255,6 @@ def _quant_fp8_tile_kernel(
     FP8_MAX: tl.constexpr, EMAX: tl.constexpr,
     MODE: tl.constexpr, GR: tl.constexpr, GC: tl.constexpr,  # first grouping
     HAS_T: tl.constexpr, MODE_T: tl.constexpr, GR_T: tl.constexpr, GC_T: tl.constexpr,  # second
-    SAME_T: tl.constexpr,  # the second grouping is the first (TENSORWISE, b x b)
     TR: tl.constexpr, TC: tl.constexpr, IS_E4M3: tl.constexpr, SOFT: tl.constexpr,
 ):
     """q = quant(x) with GR x GC blocks (and, with HAS_T, qt = quant(x) with GR_T x GC_T blocks)."""
@@ -272,16 +271,15 @@ def _quant_fp8_tile_kernel(
     _store_tile(q_ptr, s_ptr, y, s, pid, offs_r, offs_c, mask, rows, cols,
                 stride_qr, stride_qc, stride_sr, stride_sc, n_sr, n_sc, MODE, TR, TC, GR, GC, pid_r, pid_c, IS_E4M3, SOFT)
     if HAS_T:
-        if SAME_T:
-            # same blocks (TENSORWISE, b x b): the transposed copy is the same data and scales
-            _store_tile(qt_ptr, st_ptr, y, s, pid, offs_r, offs_c, mask, rows, cols,
-                        stride_qtr, stride_qtc, stride_str, stride_stc, n_str, n_stc,
-                        MODE, TR, TC, GR, GC, pid_r, pid_c, IS_E4M3, SOFT)
-        else:
-            yt, st = _quantize_groups(x, amax_ptr, MODE_T, FP8_MAX, EMAX, TR, TC, GR_T, GC_T)
-            _store_tile(qt_ptr, st_ptr, yt, st, pid, offs_r, offs_c, mask, rows, cols,
-                        stride_qtr, stride_qtc, stride_str, stride_stc, n_str, n_stc,
-                        MODE_T, TR, TC, GR_T, GC_T, pid_r, pid_c, IS_E4M3, SOFT)
+        # The second copy is stored transposed. It is quantized from the tile transposed in
+        # registers, with its blocks in the copy's own coordinates, and written in the copy's
+        # row-major order: every stored row is contiguous (coalesced, no byte stores strided by
+        # `rows`). Arguments below are in the copy's coordinates: its rows are x's columns.
+        yt, st = _quantize_groups(tl.trans(x), amax_ptr, MODE_T, FP8_MAX, EMAX, TC, TR, GC_T, GR_T)
+        mask_t = (offs_c < cols)[:, None] & (offs_r < rows)[None, :]
+        _store_tile(qt_ptr, st_ptr, yt, st, pid, offs_c, offs_r, mask_t, cols, rows,
+                    stride_qtc, stride_qtr, stride_stc, stride_str, n_stc, n_str,
+                    MODE_T, TC, TR, GC_T, GR_T, pid_c, pid_r, IS_E4M3, SOFT)
 
 
 @triton.jit
@@ -409,14 +407,16 @@ def tile_config(rows: int, cols: int, groups: tuple[tuple[int, int], ...], with_
     output: TC = up to 1024 columns (>= 64 bytes contiguous per row for every dtype), TR chosen so
     the tile has ~8192 elements (16 KiB of bf16 per program: with 2+ programs per SM that keeps
     ~32 KiB in flight per SM, what HBM3e needs at ~600 ns latency), never taller than the tensor.
-    With a transposed output: a square tile (64, or the block size when larger) so both the
-    row-major and the transposed stores write >= 64 contiguous bytes.
+    With a transposed output: a square 128 x 128 tile, 4 warps (the H200 sweep's best), so both
+    copies are written in rows of >= 128 contiguous bytes.
     Warps: 4 up to 2048 elements, 8 up to 8192, 16 above (<= 32 fp32 registers of x per thread).
     """
     need_r = max(g[0] for g in groups)
     need_c = max(g[1] for g in groups)
     if with_trans:
-        t = max(64, need_r, need_c)
+        # measured on the H200 (scripts/tune_memory_bound.py): a 128 x 128 tile with 4 warps
+        # is the fastest two-copy configuration for 1x32, 1x128 and 128x128 blocks alike
+        t = max(128, need_r, need_c)
         tr = tc = t
     else:
         tc = max(need_c, min(triton.next_power_of_2(max(cols, 1)), 1024))
@@ -424,6 +424,8 @@ def tile_config(rows: int, cols: int, groups: tuple[tuple[int, int], ...], with_
         tc = max(need_c, min(tc, max(1, _TARGET_TILE // tr)))  # tall blocks: narrower tiles
     n = tr * tc
     num_warps = 4 if n <= 2048 else (8 if n <= 8192 else 16)
+    if with_trans:
+        num_warps = 4
     return tr, tc, num_warps
 
 
@@ -507,7 +509,7 @@ def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGro
         _quant_fp8_tile_kernel[(n_tc,)](
             flat, q.view(torch.uint8), s, q, s, amax, 1, n, n_tc,
             n, 1, n, 1, 0, 0, n, 1, 0, 0, 1, 1, 1, 1,
-            FP8_MAX=fmax, EMAX=0, MODE=_MODE_TENSOR, GR=1, GC=1, HAS_T=False, MODE_T=_MODE_TENSOR, GR_T=1, GC_T=1, SAME_T=False,
+            FP8_MAX=fmax, EMAX=0, MODE=_MODE_TENSOR, GR=1, GC=1, HAS_T=False, MODE_T=_MODE_TENSOR, GR_T=1, GC_T=1,
             TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
         )
         return q, s
@@ -523,19 +525,21 @@ def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGro
         x.stride(0), x.stride(1), cols, 1, s_strides[0], s_strides[1], 0, 0, 0, 0,
         n_sr, n_sc, 1, 1,
         FP8_MAX=fmax, EMAX=mx_emax_of(out_dtype), MODE=grouping.mode, GR=gr, GC=gc,
-        HAS_T=False, MODE_T=grouping.mode, GR_T=gr, GC_T=gc, SAME_T=False,
+        HAS_T=False, MODE_T=grouping.mode, GR_T=gr, GC_T=gc,
         TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
     )
     return q, s
 
 
-def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: QuantGrouping, col: QuantGrouping):
+def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: QuantGrouping, col: QuantGrouping,
+                                tile: "tuple[int, int] | None" = None):
     """One read of a contiguous 2-D ``x``: ``q [rows, cols]`` quantized with ``row`` and the
     column-wise copy ``qt [cols, rows]`` (stored transposed) quantized with ``col``; their scales
     (``col``'s stored transposed too: ``[n_sc, n_sr]``).
 
     ROWWISE (a block spanning a whole row or column) cannot be formed from one tile: it runs as
-    two launches (row copy, then the transposed column copy), reading x twice."""
+    two launches (row copy, then the transposed column copy), reading x twice. ``tile``
+    (square edge, num_warps) overrides the heuristic (for tuning)."""
     rows, cols = x.shape
     fmax = fp8_max_of(out_dtype)
     dev = x.device
@@ -544,8 +548,18 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
     tensorwise = row.mode == _MODE_TENSOR
     if tensorwise != (col.mode == _MODE_TENSOR):
         raise ValueError("fp8_quant_with_trans_launch: TENSORWISE must be used for both copies or neither")
+    if (row.mode, row.gr, row.gc) == (col.mode, col.gr, col.gc):
+        # TENSORWISE or b x b blocks: the column-wise copy is the row-wise one transposed, with
+        # the scale grid transposed. The copy is a byte transpose after one quantization pass.
+        # (Forming it in the same kernel from the quantized tile, or from the transposed input
+        # tile that the compiler then shares with the first copy, miscompiled on sm_90 with
+        # Triton 3.6: wrong bytes in both copies.)
+        q, s = fp8_quant_launch(x, out_dtype, row)
+        qt.copy_(q.t())
+        st = s.clone() if row.mode == _MODE_TENSOR else s.t().contiguous()  # custom ops may not alias outputs
+        return q, s, qt, st
     # one [<=128, <=128] tile must hold whole blocks of both groupings
-    one_tile = tensorwise or max(*row.padded(), *col.padded()) <= 128
+    one_tile = max(*row.padded(), *col.padded()) <= 128
     if not one_tile:
         # ROWWISE: each copy through the single-grouping path, the column copy via transposed strides
         q, s = fp8_quant_launch(x, out_dtype, row)
@@ -557,6 +571,9 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
     gr, gc = row.padded()
     gr_t, gc_t = col.padded()
     tr, tc, nw = tile_config(rows, cols, ((gr, gc), (gr_t, gc_t)), with_trans=True)
+    if tile is not None:
+        tr = tc = max(tile[0], gr, gc, gr_t, gc_t)
+        nw = tile[1]
     n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
     _quant_fp8_tile_kernel[(n_tr * n_tc,)](
         x, q.view(torch.uint8), s, qt.view(torch.uint8), st, amax if amax is not None else s, rows, cols, n_tc,
@@ -565,7 +582,6 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
         n_sr, n_sc, n_str, n_stc,
         FP8_MAX=fmax, EMAX=mx_emax_of(out_dtype), MODE=row.mode, GR=gr, GC=gc,
         HAS_T=True, MODE_T=col.mode, GR_T=gr_t, GC_T=gc_t,
-        SAME_T=(row.mode, gr, gc) == (col.mode, gr_t, gc_t),
         TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
     )
     return q, s, qt, st
@@ -587,7 +603,7 @@ def _transposed_single(x: torch.Tensor, qt: torch.Tensor, col: QuantGrouping, ou
         x.stride(0), x.stride(1), 1, rows, st_strides[0], st_strides[1], 0, 0, 0, 0,
         n_str, n_stc, 1, 1,
         FP8_MAX=fmax, EMAX=mx_emax_of(out_dtype), MODE=col.mode, GR=gr, GC=gc,
-        HAS_T=False, MODE_T=col.mode, GR_T=gr, GC_T=gc, SAME_T=False,
+        HAS_T=False, MODE_T=col.mode, GR_T=gr, GC_T=gc,
         TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
     )
     return st

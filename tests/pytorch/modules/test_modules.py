@@ -16,6 +16,13 @@ from primus_turbo.testing import snr_db
 BF16_DB, FP32_DB, FP8_DB = 41.0, 80.0, 20.0
 
 
+@pytest.fixture(autouse=True)
+def _on_device(device):
+    """Every tensor and module of these tests on the suite's device (cuda where present)."""
+    with torch.device(device):
+        yield
+
+
 def _db(dtype):
     return FP32_DB if dtype == torch.float32 else BF16_DB
 

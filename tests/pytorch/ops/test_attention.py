@@ -279,7 +279,7 @@ def test_bad_inputs(device):
     with pytest.raises(ValueError, match="one device"):
         flash_attn_func(q, k.to("meta"), v)
     with pytest.raises(ValueError, match="heads_q=4 must be a multiple of heads_kv=3"):
-        flash_attn_func(q, torch.randn(1, 64, 3, 32), torch.randn(1, 64, 3, 32))
+        flash_attn_func(q, torch.randn(1, 64, 3, 32, device=device), torch.randn(1, 64, 3, 32, device=device))
     with pytest.raises(ValueError, match="same head_dim"):
         flash_attn_func(q, k[..., :16], v)
     with pytest.raises(ValueError, match="seq_kv"):

@@ -280,7 +280,7 @@ def test_varlen_bad_inputs(device):
     with pytest.raises(TypeError, match="flash_attn_varlen_func: q, k, v must share a dtype"):
         f(q, k.half(), v, cu, cu, 16, 16)
     with pytest.raises(ValueError, match="heads_q=4 must be a multiple of heads_kv=3"):
-        f(q, torch.randn(24, 3, 32), torch.randn(24, 3, 32), cu, cu, 16, 16)
+        f(q, torch.randn(24, 3, 32, device=q.device), torch.randn(24, 3, 32, device=q.device), cu, cu, 16, 16)
     with pytest.raises(ValueError, match="sink must have shape"):
         f(q, k, v, cu, cu, 16, 16, sink=torch.zeros(3))
     with pytest.raises(NotImplementedError, match="dropout_p"):
