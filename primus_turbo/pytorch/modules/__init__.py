@@ -5,11 +5,15 @@
 * :class:`GroupedLinear` (``grouped_linear.py``): per-expert weights over ``grouped_gemm(_fp8)``.
 * :class:`TurboAttention` (``attention.py``): ``flash_attn_func`` in the bshd layout.
 * :class:`RMSNorm` (``normalization.py``): ``rmsnorm``.
+* :class:`GroupedMLP` / :class:`MoELayer` (``moe.py``): MoE experts (grouped fc1, SwiGLU/GeGLU with
+  routing probs, grouped fc2; bf16 or FP8) and the full layer (router, ``moe_permute``, experts,
+  ``moe_unpermute``, optional load-balancing loss), with no host sync when given a capacity.
 """
 
 from .attention import TurboAttention
 from .grouped_linear import GroupedLinear
 from .linear import Float8Linear, Linear
+from .moe import GroupedMLP, MoELayer
 from .normalization import RMSNorm
 
-__all__ = ["Linear", "Float8Linear", "GroupedLinear", "TurboAttention", "RMSNorm"]
+__all__ = ["Linear", "Float8Linear", "GroupedLinear", "TurboAttention", "RMSNorm", "GroupedMLP", "MoELayer"]

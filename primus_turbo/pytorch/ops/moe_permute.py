@@ -255,6 +255,8 @@ def _build_row_id_map(routing_map, num_experts, pad_multiple, num_out_tokens):
     if num_out_tokens is None:
         num_out_tokens = int(seg.sum())                 # host sync (documented)
     dest = torch.where(dest < num_out_tokens, dest, -1)
+    # segments cut by a short num_out_tokens: the lengths count the rows actually in the buffer
+    seg = torch.minimum(seg, (num_out_tokens - starts).clamp(min=0))
     return dest.t().contiguous(), seg.to(torch.int64), num_out_tokens
 
 

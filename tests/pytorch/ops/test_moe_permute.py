@@ -167,6 +167,22 @@ def test_empty_and_all_one_expert(device):
     assert torch.equal(perm, x) and torch.equal(rid[:, 0].cpu(), torch.arange(T, dtype=torch.int32))
 
 
+def test_short_buffer_clips_tokens_per_expert(device):
+    # a num_out_tokens below the padded total cuts segments: the returned lengths count only the
+    # rows that are in the buffer (they sum to at most num_out_tokens), and match the map
+    x = torch.randn(T, 64, device=device)
+    rmap, _ = _routing(2, "map", device, seed=5)
+    full = moe_permute(x, rmap, pad_multiple=16, return_tokens_per_expert=True)[3]
+    cap = int(full.sum()) // 2 + 3
+    perm, _, rid, tpe = moe_permute(x, rmap, pad_multiple=16, num_out_tokens=cap, return_tokens_per_expert=True)
+    starts = torch.cumsum(full, 0) - full
+    want = torch.minimum(full, (cap - starts).clamp(min=0))
+    assert perm.shape[0] == cap and int(tpe.sum()) <= cap
+    assert torch.equal(tpe.cpu(), want.cpu())
+    kept = rid[rid >= 0]
+    assert int(kept.max()) < cap
+
+
 def test_errors(device):
     x = torch.randn(T, 64, device=device)
     idx, probs = _routing(2, "int64", device)

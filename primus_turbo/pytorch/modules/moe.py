@@ -1,0 +1,317 @@
+"""Mixture-of-experts layers: :class:`GroupedMLP` (the experts) and :class:`MoELayer` (router,
+permutation, experts, combine), built only from ``turbo.ops`` / ``turbo.modules``.
+
+Data flow of :class:`MoELayer` for ``T`` tokens, ``E`` experts, top-``k`` routing::
+
+    logits [T, E]          = router(x)                                   turbo.modules.Linear
+    aux, probs, map [T, E] = fused_group_topk_routing_with_aux_score(logits, ...)
+    xp [M, H], pp [M], row_id_map, tokens_per_expert [E]
+                           = moe_permute(x, map, probs, num_out_tokens=M, pad_multiple)
+    yp [M, H]              = GroupedMLP(xp, tokens_per_expert, pp)
+                           = fc2_g( act(fc1_g(xp)) * pp )                 grouped GEMMs per expert g
+    y [T, H]               = moe_unpermute(yp, row_id_map)               sum over the token's k rows
+
+so ``y[t] = sum_{e routed} probs[t, e] * fc2_e(act(fc1_e(x[t])))``. The routing weights are applied
+inside the fused activation (``swiglu_with_probs`` / ``geglu_with_probs``) rather than in the
+combine; both are the same because ``fc2`` is linear without bias, and the activation is where the
+probs gradient is cheapest to form (one dot per row, fused with the activation's backward).
+
+Host synchronisation: group sizes (tokens per expert) are computed on the device from the routing
+map and only ever read by device kernels. The one size the host must know is ``M``, the number of
+permuted rows; see :meth:`MoELayer.forward` for when it is known from shapes and how a caller-given
+capacity removes the only possible device->host sync (with ``pad_multiple``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..core.low_precision import Float8QuantConfig
+from ..ops.activation import geglu_with_probs, swiglu_with_probs
+from ..ops.moe_permute import moe_permute, moe_unpermute
+from ..ops.moe_router import fused_group_topk_routing_with_aux_score, tokens_per_expert_to_mask
+from .grouped_linear import GroupedLinear
+from .linear import Linear
+
+__all__ = ["GroupedMLP", "MoELayer"]
+
+_ACTIVATIONS = {"swiglu": swiglu_with_probs, "geglu": geglu_with_probs}
+_SCORE_FUNCTIONS = ("softmax", "sigmoid")
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_positive(name: str, **sizes) -> None:
+    for k, v in sizes.items():
+        if not _is_int(v) or v <= 0:
+            raise ValueError(f"{name}: {k} must be a positive int, got {v!r}")
+
+
+def _group_offsets(group_lens: torch.Tensor) -> torch.Tensor:
+    """[G+1] exclusive prefix sum, on the device (shared by both grouped GEMMs)."""
+    offs = torch.zeros(group_lens.numel() + 1, dtype=torch.int64, device=group_lens.device)
+    offs[1:] = torch.cumsum(group_lens, 0)
+    return offs
+
+
+class GroupedMLP(torch.nn.Module):
+    """The experts of an MoE layer: per-expert gated MLP over tokens sorted by expert.
+
+    Args:
+        num_experts: ``E``, number of (local) experts.
+        hidden_size: ``H``, model width (input and output features).
+        ffn_hidden_size: ``F``, each expert's intermediate width.
+        activation: ``"swiglu"`` (``silu(gate) * up``) or ``"geglu"`` (``gelu_tanh(gate) * up``).
+        config: :class:`Float8QuantConfig` to run both grouped GEMMs in FP8 (``grouped_gemm_fp8``);
+            ``None`` runs them in the parameters' dtype.
+        dtype, device: of the parameters.
+
+    Parameters: ``linear_fc1.weight [E, 2F, H]`` (rows ``[:F]`` are the gate, ``[F:]`` the up
+    projection of each expert, the ``[a | b]`` halves of the fused activation) and
+    ``linear_fc2.weight [E, H, F]``; both :class:`GroupedLinear`, so a Megatron ``main_grad`` on
+    either weight receives the weight gradient (accumulated in the GEMM epilogue).
+
+    ``forward(permuted_tokens, group_lens, probs=None, group_offs=None)``:
+
+    * ``permuted_tokens [M, H]`` (the parameters' dtype): expert ``g``'s rows at
+      ``group_offs[g] : group_offs[g] + group_lens[g]``, experts in order; ``M >= sum(group_lens)``.
+    * ``group_lens [E]`` int64 on the tokens' device (never read on the host).
+    * ``probs [M]`` routing weight of each row (cast to float32; ``None`` = all ones); receives a
+      gradient.
+    * ``group_offs [E+1]`` int64 exclusive prefix sum of ``group_lens`` (computed on the device
+      when ``None``).
+
+    Returns ``[M, H]``: ``out[r] = probs[r] * fc2_g(act(fc1_g(x[r])))`` for row ``r`` of expert
+    ``g``; rows past ``sum(group_lens)`` are exactly zero, as are their gradients (the activation
+    is given the row mask ``r < sum(group_lens)``, so even garbage or NaN probs there are ignored;
+    so are garbage tokens there, except under FP8 TENSORWISE, whose activation scale spans all
+    ``M`` rows and so needs them finite).
+    """
+
+    def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int, activation: str = "swiglu",
+                 config: Optional[Float8QuantConfig] = None, dtype=None, device=None):
+        super().__init__()
+        _check_positive("GroupedMLP", num_experts=num_experts, hidden_size=hidden_size,
+                        ffn_hidden_size=ffn_hidden_size)
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"GroupedMLP: activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+        if config is not None and not isinstance(config, Float8QuantConfig):
+            raise ValueError(f"GroupedMLP: config must be a Float8QuantConfig or None, got {type(config).__name__}")
+        self.num_experts, self.hidden_size, self.ffn_hidden_size = num_experts, hidden_size, ffn_hidden_size
+        self.activation, self.config = activation, config
+        self.linear_fc1 = GroupedLinear(num_experts, hidden_size, 2 * ffn_hidden_size, dtype=dtype, device=device,
+                                        config=config)
+        self.linear_fc2 = GroupedLinear(num_experts, ffn_hidden_size, hidden_size, dtype=dtype, device=device,
+                                        config=config)
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
+                f"ffn_hidden_size={self.ffn_hidden_size}, activation={self.activation!r}, config={self.config}")
+
+    def _check(self, x, group_lens, probs, group_offs) -> None:
+        op, w = "GroupedMLP", self.linear_fc1.weight
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden_size:
+            raise ValueError(f"{op}: permuted_tokens must be [M, hidden_size={self.hidden_size}], "
+                             f"got shape {tuple(getattr(x, 'shape', ()))}")
+        if x.dtype != w.dtype:
+            raise ValueError(f"{op}: permuted_tokens dtype {x.dtype} must match the weights' dtype {w.dtype}")
+        if x.device != w.device:
+            raise ValueError(f"{op}: permuted_tokens on {x.device}, weights on {w.device}")
+        e = self.num_experts
+        if (not isinstance(group_lens, torch.Tensor) or group_lens.dtype != torch.int64
+                or tuple(group_lens.shape) != (e,) or group_lens.device != x.device):
+            raise ValueError(f"{op}: group_lens must be int64 [num_experts={e}] on {x.device}, got "
+                             f"{getattr(group_lens, 'dtype', type(group_lens).__name__)} "
+                             f"{tuple(getattr(group_lens, 'shape', ()))} on {getattr(group_lens, 'device', None)}")
+        if group_offs is not None and (not isinstance(group_offs, torch.Tensor) or group_offs.dtype != torch.int64
+                                       or tuple(group_offs.shape) != (e + 1,) or group_offs.device != x.device):
+            raise ValueError(f"{op}: group_offs must be int64 [num_experts+1={e + 1}] on {x.device}, got "
+                             f"{getattr(group_offs, 'dtype', type(group_offs).__name__)} "
+                             f"{tuple(getattr(group_offs, 'shape', ()))}")
+        if probs is not None:
+            if not isinstance(probs, torch.Tensor) or not probs.is_floating_point():
+                raise ValueError(f"{op}: probs must be a floating-point tensor [M], got "
+                                 f"{getattr(probs, 'dtype', type(probs).__name__)}")
+            if tuple(probs.shape) != (x.shape[0],) or probs.device != x.device:
+                raise ValueError(f"{op}: probs must be [M={x.shape[0]}] on {x.device}, got shape "
+                                 f"{tuple(probs.shape)} on {probs.device}")
+
+    def forward(self, permuted_tokens: torch.Tensor, group_lens: torch.Tensor,
+                probs: Optional[torch.Tensor] = None, group_offs: Optional[torch.Tensor] = None) -> torch.Tensor:
+        self._check(permuted_tokens, group_lens, probs, group_offs)
+        m = permuted_tokens.shape[0]
+        if group_offs is None:
+            group_offs = _group_offsets(group_lens)
+        if probs is None:
+            probs = torch.ones(m, dtype=torch.float32, device=permuted_tokens.device)
+        # rows past sum(group_lens): the grouped GEMMs already give zeros there; the mask also
+        # zeroes them (and their probs gradient) whatever the caller's probs hold in those rows
+        row_mask = tokens_per_expert_to_mask(group_lens, m)
+        h = self.linear_fc1(permuted_tokens, group_lens, group_offs)          # [M, 2F]
+        h = _ACTIVATIONS[self.activation](h, probs.float(), row_mask)          # [M, F], weighted by probs
+        return self.linear_fc2(h, group_lens, group_offs)                     # [M, H]
+
+
+class MoELayer(torch.nn.Module):
+    """Token-choice top-k mixture of experts: router, permutation, :class:`GroupedMLP`, combine.
+
+    Args:
+        hidden_size: ``H``.
+        ffn_hidden_size: ``F``, each expert's intermediate width.
+        num_experts: ``E``.
+        topk: experts per token (``1 <= topk <= selected_groups * E // groups``).
+        score_function: ``"softmax"`` or ``"sigmoid"``; see
+            :func:`turbo.ops.fused_group_topk_routing_with_aux_score` for how probs are formed
+            (softmax over all experts then the top-k entries; sigmoid normalized over the top-k).
+        groups, selected_groups: DeepSeek-V3 group-limited routing (``groups=1``: plain top-k).
+        scaling_factor: multiplier of the routing probs (``None`` = 1).
+        activation: ``"swiglu"`` or ``"geglu"`` (:class:`GroupedMLP`).
+        config: :class:`Float8QuantConfig` for the expert GEMMs (the router stays in high precision).
+        pad_multiple: pad each expert's row segment to a multiple of this (e.g. 16/32/128 for FP8
+            kernels that want aligned groups); padding rows are zero tokens with zero probs.
+        aux_loss_coeff: coefficient of the switch-style load-balancing loss (0 = not computed).
+        router_dtype: dtype of the router weight and of its GEMM (e.g. ``torch.float32`` for an
+            fp32 router with bf16 experts, Megatron's ``moe_router_dtype``); default ``dtype``.
+        dtype, device: of the parameters.
+
+    Submodules: ``router`` (:class:`turbo.modules.Linear` ``H -> E``, no bias) and ``experts``
+    (:class:`GroupedMLP`).
+
+    Auxiliary loss (Switch Transformer / Megatron ``switch_load_balancing_loss_func``): with
+    ``aux_loss_coeff > 0`` every forward sets ``self.aux_loss`` to the 0-dim float32 tensor::
+
+        aux_loss = aux_loss_coeff * E * sum_e f_e * P_e
+        f_e = (tokens routed to e) / (T * topk)          (not differentiable)
+        P_e = mean over tokens of scores_for_aux_loss[:, e]   (softmax, or sigmoid / row sum)
+
+    which is ``aux_loss_coeff`` for perfectly balanced routing. It carries a gradient to the router
+    weight; add it to the training loss (``loss = task_loss + layer.aux_loss``). It is ``None`` when
+    ``aux_loss_coeff == 0``. ``self.tokens_per_expert`` (int64 ``[E]`` on device, detached,
+    padding excluded) holds the last forward's routing counts for load monitoring.
+    """
+
+    def __init__(self, hidden_size: int, ffn_hidden_size: int, num_experts: int, topk: int, *,
+                 score_function: str = "softmax", groups: int = 1, selected_groups: int = 1,
+                 scaling_factor: Optional[float] = None, activation: str = "swiglu",
+                 config: Optional[Float8QuantConfig] = None, pad_multiple: Optional[int] = None,
+                 aux_loss_coeff: float = 0.0, router_dtype: Optional[torch.dtype] = None, dtype=None, device=None):
+        super().__init__()
+        op = "MoELayer"
+        _check_positive(op, hidden_size=hidden_size, ffn_hidden_size=ffn_hidden_size, num_experts=num_experts,
+                        topk=topk, groups=groups, selected_groups=selected_groups)
+        if topk > num_experts:
+            raise ValueError(f"{op}: topk={topk} exceeds num_experts={num_experts}")
+        if num_experts % groups:
+            raise ValueError(f"{op}: num_experts={num_experts} must be divisible by groups={groups}")
+        if selected_groups > groups:
+            raise ValueError(f"{op}: selected_groups={selected_groups} must be <= groups={groups}")
+        if topk > selected_groups * (num_experts // groups):
+            raise ValueError(f"{op}: topk={topk} exceeds the experts of the selected groups "
+                             f"(selected_groups={selected_groups} x {num_experts // groups} per group)")
+        if score_function not in _SCORE_FUNCTIONS:
+            raise ValueError(f"{op}: score_function must be 'softmax' or 'sigmoid', got {score_function!r}")
+        if scaling_factor is not None and (isinstance(scaling_factor, bool)
+                                           or not isinstance(scaling_factor, (int, float))):
+            raise ValueError(f"{op}: scaling_factor must be a float or None, got {scaling_factor!r}")
+        if pad_multiple is not None and (not _is_int(pad_multiple) or pad_multiple < 1):
+            raise ValueError(f"{op}: pad_multiple must be a positive int or None, got {pad_multiple!r}")
+        if isinstance(aux_loss_coeff, bool) or not isinstance(aux_loss_coeff, (int, float)) or aux_loss_coeff < 0:
+            raise ValueError(f"{op}: aux_loss_coeff must be a float >= 0, got {aux_loss_coeff!r}")
+        if router_dtype is not None and router_dtype not in _DTYPES:
+            raise ValueError(f"{op}: router_dtype must be float32, bfloat16, float16 or None, got {router_dtype}")
+        self.hidden_size, self.ffn_hidden_size, self.num_experts, self.topk = (hidden_size, ffn_hidden_size,
+                                                                               num_experts, topk)
+        self.score_function, self.groups, self.selected_groups = score_function, groups, selected_groups
+        self.scaling_factor = None if scaling_factor is None else float(scaling_factor)
+        self.pad_multiple = None if pad_multiple in (None, 1) else int(pad_multiple)
+        self.aux_loss_coeff = float(aux_loss_coeff)
+        self.router = Linear(hidden_size, num_experts, bias=False, device=device,
+                             dtype=router_dtype if router_dtype is not None else dtype)
+        self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size, activation=activation, config=config,
+                                  dtype=dtype, device=device)
+        self.aux_loss: Optional[torch.Tensor] = None
+        self.tokens_per_expert: Optional[torch.Tensor] = None
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
+                f"num_experts={self.num_experts}, topk={self.topk}, score_function={self.score_function!r}, "
+                f"groups={self.groups}, selected_groups={self.selected_groups}, "
+                f"scaling_factor={self.scaling_factor}, pad_multiple={self.pad_multiple}, "
+                f"aux_loss_coeff={self.aux_loss_coeff}")
+
+    def max_permuted_tokens(self, num_tokens: int) -> int:
+        """Worst-case permuted rows for ``num_tokens`` tokens: ``T*topk + E*(pad_multiple-1)``.
+
+        Passing it as ``num_out_tokens`` never drops a token and needs no host sync.
+        """
+        pad = self.pad_multiple or 1
+        return int(num_tokens) * self.topk + (self.num_experts * (pad - 1) if pad > 1 else 0)
+
+    def forward(self, hidden_states: torch.Tensor, num_out_tokens: Optional[int] = None) -> torch.Tensor:
+        """``hidden_states [B, S, H]`` or ``[T, H]`` -> same shape and dtype.
+
+        ``num_out_tokens`` is ``M``, the rows of the permuted buffer the experts run on:
+
+        * ``None`` without ``pad_multiple``: ``T * topk``, known from shapes (every token is routed
+          to exactly ``topk`` experts): **no host sync**.
+        * ``None`` with ``pad_multiple``: the exact padded total, which depends on the routing and
+          is read back once (**one device->host sync**, inside ``moe_permute``).
+        * an int (a capacity, e.g. ``T * topk`` or :meth:`max_permuted_tokens`): the buffer has that
+          many rows and nothing is read back: the whole layer, forward and backward, runs without
+          a host sync (CUDA-graph friendly). Must be ``>= T * topk``. Rows past the routed (and
+          padded) tokens are zero and cost only the zero-fill; with ``pad_multiple`` a capacity
+          below :meth:`max_permuted_tokens` may not hold every padded segment: the (token, expert)
+          pairs that do not fit are dropped (they contribute nothing to their token's output).
+        """
+        op = "MoELayer"
+        if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() not in (2, 3) \
+                or hidden_states.shape[-1] != self.hidden_size:
+            raise ValueError(f"{op}: hidden_states must be [batch, seq, {self.hidden_size}] or "
+                             f"[tokens, {self.hidden_size}], got shape {tuple(getattr(hidden_states, 'shape', ()))}")
+        w = self.experts.linear_fc1.weight
+        if hidden_states.dtype != w.dtype:
+            raise ValueError(f"{op}: hidden_states dtype {hidden_states.dtype} must match the experts' dtype {w.dtype}")
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, self.hidden_size)
+        t, k, e = x.shape[0], self.topk, self.num_experts
+        if num_out_tokens is not None:
+            if not _is_int(num_out_tokens) or num_out_tokens < t * k:
+                raise ValueError(f"{op}: num_out_tokens={num_out_tokens!r} must be an int >= tokens*topk="
+                                 f"{t}*{k}={t * k}")
+        elif self.pad_multiple is None:
+            num_out_tokens = t * k
+
+        rw = self.router.weight
+        logits = self.router(x if x.dtype == rw.dtype else x.to(rw.dtype))                       # [T, E]
+        aux_scores, probs, routing_map = fused_group_topk_routing_with_aux_score(
+            logits, k, self.groups, self.selected_groups, self.score_function, self.scaling_factor)
+
+        permuted, permuted_probs, row_id_map, group_lens = moe_permute(
+            x, routing_map, probs, num_out_tokens=num_out_tokens, pad_multiple=self.pad_multiple,
+            return_tokens_per_expert=True)
+        m = permuted.shape[0]
+        if self.pad_multiple is not None and num_out_tokens is not None \
+                and num_out_tokens < self.max_permuted_tokens(t):
+            # a short capacity cuts the padded segments at row m (moe_permute drops those pairs):
+            # clip the group lengths the same way, on the device
+            ends = torch.cumsum(group_lens, 0).clamp(max=m)
+            group_lens = torch.diff(ends, prepend=ends.new_zeros(1))
+        y = self.experts(permuted, group_lens, permuted_probs)                                    # [M, H]
+        # probs were applied in the activation: the combine is the plain sum of each token's rows
+        out = moe_unpermute(y, row_id_map, None, restore_shape=shape)
+
+        counts = routing_map.sum(0)                                                               # [E] int64
+        self.tokens_per_expert = counts.detach()
+        self.aux_loss = None
+        if self.aux_loss_coeff > 0:
+            if t == 0:
+                self.aux_loss = aux_scores.sum() * 0.0
+            else:
+                scale = e * self.aux_loss_coeff / (k * t * t)
+                self.aux_loss = (aux_scores.sum(0) * counts.to(aux_scores.dtype)).sum() * scale
+        return out
