@@ -554,6 +554,7 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
     rows: list[Row] = []
     for case in cases:
         rows.extend(run_case(case, impl_objs, modes, device, warmup_ms, rep_ms, _print_row))
+        write_results(rows, out_dir, RESULT_NAME)  # after every case: a run cut short keeps its rows
 
     if grans and "fwd" in modes:
         bf16 = {(r.case, r.impl): r.ms for r in rows if r.op == "grouped_gemm_fwd"}
@@ -563,6 +564,7 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
         for case in fp8_cases:
             rows.extend(run_fp8_case(case, fp8_names, grans, device, warmup_ms, rep_ms, _print_row,
                                      lambda c: bf16.get((c["case"], PEER))))
+            write_results(rows, out_dir, RESULT_NAME)
 
     path = write_results(rows, out_dir, RESULT_NAME)
     print()
