@@ -88,9 +88,14 @@ class GroupedGemmTorchBackend(KernelBackend):
         if b.size(0) == 0 or a.size(1) == 0:
             return torch.zeros((a.size(0), b.size(2)), dtype=a.dtype, device=a.device)
         out = torch._grouped_mm(a, b, offs=group_offs[1:].to(torch.int32))
-        # torch._grouped_mm leaves rows past offs[-1] uninitialised: zero them (on the device).
-        tail = torch.arange(a.size(0), device=a.device) >= group_offs[-1]
-        return out.masked_fill_(tail[:, None], 0)
+        # torch._grouped_mm leaves rows past offs[-1] uninitialised: zero them on the device,
+        # touching only those rows (a masked fill of the whole output would add a memory pass)
+        try:
+            from primus_turbo.triton.grouped_gemm.zero_tail import zero_tail_rows_
+        except ImportError:
+            tail = torch.arange(a.size(0), device=a.device) >= group_offs[-1]
+            return out.masked_fill_(tail[:, None], 0)
+        return zero_tail_rows_(out, group_offs)
 
 
 class GroupedGemmTritonBackend(KernelBackend):

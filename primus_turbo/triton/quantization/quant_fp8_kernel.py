@@ -338,6 +338,36 @@ def _quant_fp8_long_kernel(
 
 
 @triton.jit
+def _transpose_bytes_kernel(src_ptr, dst_ptr, rows, cols, n_tiles_c, T: tl.constexpr):
+    """dst [cols, rows] = src [rows, cols].T for 1-byte elements (both row-major). The tile is
+    widened to int32 for the transpose: an 8-bit register transpose is the pattern that
+    miscompiled on sm_90 (see fp8_quant_with_trans_launch); the widening costs registers only."""
+    pid = tl.program_id(0)
+    pid_r = pid // n_tiles_c
+    pid_c = pid % n_tiles_c
+    r = pid_r * T + tl.arange(0, T)
+    c = pid_c * T + tl.arange(0, T)
+    m = (r < rows)[:, None] & (c < cols)[None, :]
+    v = tl.load(src_ptr + r.to(tl.int64)[:, None] * cols + c[None, :], mask=m, other=0).to(tl.int32)
+    vt = tl.trans(v).to(tl.uint8)
+    mt = (c < cols)[:, None] & (r < rows)[None, :]
+    tl.store(dst_ptr + c.to(tl.int64)[:, None] * rows + r[None, :], vt, mask=mt)
+
+
+def transpose_bytes(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """``dst.copy_(src.t())`` for contiguous 1-byte 2-D tensors, at copy speed (torch's generic
+    strided copy of an FP8 transpose runs far below it)."""
+    rows, cols = src.shape
+    if rows == 0 or cols == 0:
+        return dst
+    t = 64
+    n_tc = triton.cdiv(cols, t)
+    _transpose_bytes_kernel[(triton.cdiv(rows, t) * n_tc,)](
+        src.view(torch.uint8), dst.view(torch.uint8), rows, cols, n_tc, T=t, num_warps=4)
+    return dst
+
+
+@triton.jit
 def _dequant_fp8_kernel(
     # pointers
     q_ptr, s_ptr, out_ptr,
@@ -555,7 +585,7 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
         # tile that the compiler then shares with the first copy, miscompiled on sm_90 with
         # Triton 3.6: wrong bytes in both copies.)
         q, s = fp8_quant_launch(x, out_dtype, row)
-        qt.copy_(q.t())
+        transpose_bytes(q, qt)
         st = s.clone() if row.mode == _MODE_TENSOR else s.t().contiguous()  # custom ops may not alias outputs
         return q, s, qt, st
     # one [<=128, <=128] tile must hold whole blocks of both groupings

@@ -1,0 +1,425 @@
+"""MoE layer benchmark: one full forward+backward step (router, permutation, experts, combine).
+
+Cases: ``T`` tokens of a model's MoE layer on one rank, ``E`` local experts, its top-k, hidden
+``H`` and expert width ``F`` (``moe_intermediate``) from ``primus_turbo.testing.MODELS``. The layer
+routes the ``T`` tokens over its ``E`` local experts only (no all-to-all), so each local expert gets
+``T * topk / E`` rows on average, as in an expert-parallel rank with balanced dispatch. EP (local
+experts = experts / EP) per model:
+
+- ``DeepSeek-V3``   (H 7168, F 2048, 256 experts, top-8): EP 8  -> E = 32,
+- ``Qwen3-30B-A3B`` (H 2048, F 768,  128 experts, top-8): EP 4  -> E = 32,
+- ``Mixtral-8x7B``  (H 4096, F 14336,  8 experts, top-2): EP 1  -> E = 8 (the whole layer),
+- ``GPT-OSS-20B``   (H 2880, F 2880,  32 experts, top-4): EP 1  -> E = 32 (the whole layer),
+
+``T`` = 16384 (``--quick``: DeepSeek-V3 only, 8192 tokens). Router: softmax over the ``E`` local
+experts, then the top-k probabilities (not renormalized) for every model (DeepSeek-V3's sigmoid
+group-limited routing is not modelled), one fp32 router GEMM (``--router-dtype``; an fp32 router
+makes the two sides route the same tokens to the same experts except on near-ties). Expert MLP:
+SwiGLU, ``fc1 [E, 2F, H]`` (gate rows first), ``fc2 [E, H, F]``, no bias.
+
+Timed per case (``x [T, H]`` bf16, the same upstream gradient ``dy [T, H]``; each step is
+``layer(x).backward(dy)``, giving grads of x, the router and both expert weights; all three share
+the same parameter tensors, so outputs are comparable):
+
+- ``torch-baseline`` (the peer; what TorchTitan does): ``logits = x.float() @ Wr.T``, softmax,
+  ``torch.topk``; ``torch.argsort`` (stable) of the flattened expert ids, ``index_select`` of the
+  token rows and probs; int32 cumulative offsets from ``bincount``; ``torch._grouped_mm(xp,
+  w1.transpose(-2, -1), offs=offs)``; ``F.silu(gate) * up * probs`` (bf16);
+  ``torch._grouped_mm`` for fc2; ``zeros.index_add_(0, token_ids, y)`` (bf16) back to ``[T, H]``.
+  No host sync. Off CUDA (``--cpu-smoke``) the grouped GEMMs are a per-expert matmul loop.
+- ``turbo-bf16``: ``turbo.modules.MoELayer(H, F, E, topk, score_function="softmax",
+  router_dtype=fp32)`` called with ``num_out_tokens = T * topk`` (no host sync).
+- ``turbo-fp8-blockwise``: the same layer with ``config=Float8QuantConfig(granularity="BLOCKWISE",
+  block_size=128)`` (both expert grouped GEMMs in FP8; quantization included in the time).
+
+Timing: interleaved rounds of :func:`benchmarks.common.time_interleaved` (``do_bench`` median, L2
+flushed, grads set to None before every repetition); the row's ``ms`` is the median over rounds.
+
+FLOPs (``tflops``) count the expert GEMMs only (router, softmax, permutation and combine excluded),
+with ``M = T * topk`` routed rows::
+
+    fwd      = 2*M*H*(2F) + 2*M*F*H = 6*M*H*F
+    fwd+bwd  = 3 * fwd            = 18*M*H*F     (dgrad and wgrad each cost one forward)
+
+``speedup`` = torch-baseline ms / impl ms; ``extra.speedup_vs_bf16_baseline`` is the same number
+(the FP8 layer is compared with the BF16 baseline). Targets of the issue: turbo-bf16 >= 1.3x,
+turbo-fp8-blockwise >= 1.6x.
+
+Correctness (not asserted, reported): ``snr_db`` is the SNR of the layer output against the
+baseline's on the same inputs and weights; ``extra`` has the SNR of x.grad, of the three weight
+grads, the number of tokens whose top-k expert set differs between the baseline's routing and
+turbo's router (computed once per case from the shared weights; a near-tie in the logits can flip
+an expert, which changes that token's output and gradient completely) and the output / x.grad SNR
+over the tokens routed identically. The baseline's bf16 ``index_add_`` combine rounds once per
+added expert, turbo accumulates in fp32: the SNR is of the two against each other, not against an
+exact reference.
+
+    python benchmarks/bench_moe_layer.py --out benchmarks/results/h200
+    python benchmarks/bench_moe_layer.py --out /tmp/b --quick             # DeepSeek-V3, 8192 tokens
+    python benchmarks/bench_moe_layer.py --out /tmp/b --quick --cpu-smoke # tiny shapes, no GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from benchmarks.common import Row, format_table, geomean_table, gpu_slug, write_results  # noqa: E402
+from benchmarks.common import error_text as _error_text  # noqa: E402
+from benchmarks.common import free_memory as _free  # noqa: E402
+from benchmarks.common import time_interleaved  # noqa: E402
+from primus_turbo.testing import MODELS, snr_db  # noqa: E402
+
+RESULT_NAME = "moe_layer"
+OP = "moe_layer_fwd_bwd"
+#: model -> EP (local experts = experts / EP); see the module docstring for the choice.
+MODEL_EP = {"DeepSeek-V3": 8, "Qwen3-30B-A3B": 4, "Mixtral-8x7B": 1, "GPT-OSS-20B": 1}
+MOE_MODELS = tuple(MODEL_EP)
+TOKENS = (16384,)
+QUICK_MODELS = ("DeepSeek-V3",)
+QUICK_TOKENS = (8192,)
+SMOKE_DIV = 64  # --cpu-smoke divides hidden and ffn by this (kept multiples of 16)
+SMOKE_TOKENS = 64
+SMOKE_EXPERTS = 4
+SMOKE_TOPK = 2
+PEER = "torch-baseline"
+IMPLS = (PEER, "turbo-bf16", "turbo-fp8-blockwise")
+BLOCK_SIZE = 128
+ROUNDS = 3  # interleaved timing rounds (median of the round medians); 1 with --cpu-smoke
+SEED = 1234
+
+_rounds = ROUNDS
+
+
+# ---- cases ----------------------------------------------------------------------------------
+def _smoke_dim(x: int, div: int) -> int:
+    return max(16, (x // div) // 16 * 16)
+
+
+def build_cases(models: Sequence[str], tokens: Sequence[int], smoke: bool = False) -> list[dict[str, Any]]:
+    """One case per (model, tokens): H, F, E (local experts), topk, EP."""
+    cases = []
+    for t in tokens:
+        for name in models:
+            cfg = MODELS[name]
+            ep = MODEL_EP.get(name, 1)
+            h, f, e, k = cfg.hidden, cfg.moe_intermediate, cfg.num_experts // ep, cfg.topk
+            tt = t
+            if smoke:
+                h, f = _smoke_dim(h, SMOKE_DIV), _smoke_dim(f, SMOKE_DIV)
+                e, k, tt = min(e, SMOKE_EXPERTS), min(k, SMOKE_TOPK), min(t, SMOKE_TOKENS)
+            cases.append({"case": f"{name}:T{tt}:E{e}", "model": name, "T": tt, "H": h, "F": f, "E": e,
+                          "topk": k, "ep": ep})
+    return cases
+
+
+def expert_flops(t: int, topk: int, h: int, f: int) -> int:
+    """Expert GEMM flops of one forward+backward step: 3 * (2*M*H*2F + 2*M*F*H), M = T*topk."""
+    m = t * topk
+    return 3 * (2 * m * h * 2 * f + 2 * m * f * h)
+
+
+# ---- the PyTorch baseline -------------------------------------------------------------------
+def _grouped(a: torch.Tensor, w: torch.Tensor, offs32: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """``a [M, K]`` rows grouped by expert times ``w [E, N, K]`` (trans_b) -> ``[M, N]``."""
+    if a.is_cuda:
+        return torch._grouped_mm(a, w.transpose(-2, -1), offs=offs32)
+    # CPU (smoke runs): torch._grouped_mm has no CPU backward; a per-expert loop (host sync)
+    outs, start = [], 0
+    for g, n in enumerate(counts.tolist()):
+        outs.append(a[start:start + n] @ w[g].t())
+        start += n
+    return torch.cat(outs)
+
+
+def torch_moe_layer(x: torch.Tensor, wr: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk: int,
+                    routing: Optional[dict] = None) -> torch.Tensor:
+    """TorchTitan-style MoE layer (softmax top-k, argsort permutation, _grouped_mm, SwiGLU,
+    index_add_ combine). ``routing``, when given, receives the top-k expert ids ``[T, topk]``."""
+    t, _ = x.shape
+    e = w1.shape[0]
+    ffn = w1.shape[1] // 2
+    logits = F.linear(x.to(wr.dtype), wr)                                  # [T, E]
+    scores = torch.softmax(logits.float(), dim=-1)
+    probs, idx = torch.topk(scores, topk, dim=-1)                          # [T, k]
+    if routing is not None:
+        routing["idx"] = idx.detach()
+    flat = idx.reshape(-1)
+    order = torch.argsort(flat, stable=True)                               # expert-major
+    token_ids = order // topk
+    xp = x.index_select(0, token_ids)                                      # [M, H]
+    pp = probs.reshape(-1).index_select(0, order)                          # [M]
+    counts = torch.bincount(flat, minlength=e)
+    offs32 = torch.cumsum(counts, 0).to(torch.int32)
+    hdn = _grouped(xp, w1, offs32, counts)                                 # [M, 2F]
+    act = F.silu(hdn[:, :ffn]) * hdn[:, ffn:] * pp.to(hdn.dtype).unsqueeze(-1)
+    y = _grouped(act, w2, offs32, counts)                                  # [M, H]
+    return torch.zeros_like(x).index_add_(0, token_ids, y)
+
+
+# ---- implementations ------------------------------------------------------------------------
+def _turbo_layers(case: dict[str, Any], names: Sequence[str], device: torch.device, router_dtype: torch.dtype,
+                  gen: torch.Generator) -> tuple[dict[str, Any], dict[str, str]]:
+    """{impl: MoELayer} sharing one set of parameters (the bf16 layer's), and {impl: error}."""
+    import primus_turbo.pytorch as turbo
+    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
+
+    h, f, e, k = case["H"], case["F"], case["E"], case["topk"]
+    base = turbo.modules.MoELayer(h, f, e, k, score_function="softmax", router_dtype=router_dtype,
+                                  dtype=torch.bfloat16, device=device)
+    with torch.no_grad():  # deterministic weights (nn.Linear-like scale)
+        for p in (base.router.weight, base.experts.linear_fc1.weight, base.experts.linear_fc2.weight):
+            bound = p.shape[-1] ** -0.5
+            for sub in (p.unsqueeze(0) if p.dim() == 2 else p):  # one expert at a time (memory)
+                sub.copy_((torch.rand(sub.shape, device=device, generator=gen) * 2 - 1) * bound)
+    layers: dict[str, Any] = {"turbo-bf16": base}
+    errors: dict[str, str] = {}
+    if "turbo-fp8-blockwise" in names:
+        try:
+            cfg = Float8QuantConfig(granularity="BLOCKWISE", block_size=BLOCK_SIZE)
+            fp8 = turbo.modules.MoELayer(h, f, e, k, score_function="softmax", router_dtype=router_dtype,
+                                         config=cfg, dtype=torch.bfloat16, device="meta")
+            fp8.router.weight = base.router.weight
+            fp8.experts.linear_fc1.weight = base.experts.linear_fc1.weight
+            fp8.experts.linear_fc2.weight = base.experts.linear_fc2.weight
+            layers["turbo-fp8-blockwise"] = fp8
+        except Exception as exc:
+            errors["turbo-fp8-blockwise"] = _error_text(exc)
+    return layers, errors
+
+
+def _turbo_routing(layer, x: torch.Tensor) -> torch.Tensor:
+    """The routing map ``[T, E]`` bool MoELayer computes for ``x`` (its router and top-k op)."""
+    from primus_turbo.pytorch.ops.moe_router import fused_group_topk_routing_with_aux_score
+
+    with torch.no_grad():
+        rw = layer.router.weight
+        logits = layer.router(x.to(rw.dtype))
+        _, _, rmap = fused_group_topk_routing_with_aux_score(logits, layer.topk, 1, 1, "softmax", None)
+    return rmap.bool()
+
+
+def _snr_rows(ref: torch.Tensor, out: torch.Tensor, keep: Optional[torch.Tensor]) -> Optional[float]:
+    if keep is None or not bool(keep.any()):
+        return None
+    return snr_db(ref[keep], out[keep])
+
+
+# ---- one case -------------------------------------------------------------------------------
+def run_case(case: dict[str, Any], names: Sequence[str], device: torch.device, router_dtype: torch.dtype,
+             warmup_ms: float, rep_ms: float, log: Callable[[Row], None]) -> list[Row]:
+    _free(device)  # whatever the previous case left
+    t, h, f, e, k = case["T"], case["H"], case["F"], case["E"], case["topk"]
+    flops = expert_flops(t, k, h, f)
+    extra_base = {"model": case["model"], "T": t, "H": h, "F": f, "E": e, "topk": k, "ep": case["ep"],
+                  "M": t * k, "shape": f"T{t}xH{h}xF{f}xE{e}xk{k}", "dtype": "bf16",
+                  "router_dtype": str(router_dtype).replace("torch.", ""), "flops": flops,
+                  "flops_formula": "18*T*topk*H*F (expert GEMMs, fwd+bwd)"}
+    rows = {n: Row(OP, case["case"], n, PEER, extra=dict(extra_base)) for n in names}
+    for n, r in rows.items():
+        if n == "turbo-fp8-blockwise":
+            r.extra.update(granularity="BLOCKWISE", block_size=BLOCK_SIZE, dtype="e4m3 experts, bf16 rest")
+    layers: dict[str, Any] = {}
+    x = dy = None
+    try:
+        gen = torch.Generator(device=device).manual_seed(SEED)
+        turbo_names = [n for n in names if n != PEER]
+        layers, lerr = _turbo_layers(case, turbo_names, device, router_dtype, gen)
+        for n, err in lerr.items():
+            rows[n].error = err
+        base = layers["turbo-bf16"]
+        wr, w1, w2 = base.router.weight, base.experts.linear_fc1.weight, base.experts.linear_fc2.weight
+        x = torch.randn(t, h, device=device, dtype=torch.bfloat16, generator=gen).requires_grad_(True)
+        dy = torch.randn(t, h, device=device, dtype=torch.bfloat16, generator=gen)
+    except Exception as exc:
+        for r in rows.values():
+            r.error = r.error or _error_text(exc)
+        if os.environ.get("PRIMUS_TURBO_BENCH_TRACEBACK"):
+            traceback.print_exc()
+        layers.clear()
+        _free(device)
+        out_rows = list(rows.values())
+        for r in out_rows:
+            log(r)
+        return out_rows
+
+    params = [x, wr, w1, w2]
+    m_cap = t * k
+
+    def fwd(name: str, routing: Optional[dict] = None) -> torch.Tensor:
+        if name == PEER:
+            return torch_moe_layer(x, wr, w1, w2, k, routing)
+        return layers[name](x, num_out_tokens=m_cap)
+
+    # Pass 1: correctness (and compilation / autotuning of every implementation).
+    ref: dict[str, torch.Tensor] = {}
+    keep_rows: Optional[torch.Tensor] = None
+    steps: dict[str, tuple[Callable, Callable]] = {}
+    for name in names:
+        row = rows[name]
+        if row.error:
+            continue
+        try:
+            for p in params:
+                p.grad = None
+            routing: dict = {}
+            out = fwd(name, routing)
+            out.backward(dy)
+            got = {"out": out.detach(), "x": x.grad, "router": wr.grad, "fc1": w1.grad, "fc2": w2.grad}
+            del out
+            if name == PEER:
+                ref = got
+                if "turbo-bf16" in layers:
+                    mask = torch.zeros(t, e, dtype=torch.bool, device=device)
+                    mask.scatter_(1, routing["idx"], True)
+                    same = (mask == _turbo_routing(layers["turbo-bf16"], x)).all(dim=1)
+                    keep_rows = same
+                    n_diff = int((~same).sum())
+                    for r in rows.values():
+                        r.extra["routing_mismatch_tokens"] = n_diff
+            elif ref:
+                row.snr_db = snr_db(ref["out"], got["out"])
+                for key in ("x", "router", "fc1", "fc2"):
+                    if ref[key] is not None and got[key] is not None:
+                        row.extra[f"snr_grad_{key}_db"] = snr_db(ref[key], got[key])
+                row.extra["snr_out_same_routing_db"] = _snr_rows(ref["out"], got["out"], keep_rows)
+                row.extra["snr_grad_x_same_routing_db"] = _snr_rows(ref["x"], got["x"], keep_rows)
+                row.extra["snr_vs"] = PEER
+            del got
+            steps[name] = ((lambda name=name: fwd(name).backward(dy)), contextlib.nullcontext)
+        except Exception as exc:
+            row.error = _error_text(exc)
+            if os.environ.get("PRIMUS_TURBO_BENCH_TRACEBACK"):
+                traceback.print_exc()
+            _free(device)
+    ref = {}
+    keep_rows = None
+    for p in params:
+        p.grad = None
+    _free(device)
+
+    # Pass 2: timing, interleaved over rounds.
+    times, errors = time_interleaved(steps, _rounds, warmup_ms, rep_ms, params)
+    baseline_ms = statistics.median(times[PEER]) if times.get(PEER) else None
+    out_rows = []
+    for name in names:
+        row = rows[name]
+        if name in errors:
+            row.error = errors[name]
+        ts = times.get(name)
+        if not row.error and ts:
+            row.ms = statistics.median(ts)
+            row.extra["round_ms"] = [round(v, 5) for v in ts]
+            row.tflops = flops / (row.ms * 1e-3) / 1e12
+        row.baseline_ms = baseline_ms
+        row.finalize()
+        if row.speedup is not None and name != PEER:
+            row.extra["speedup_vs_bf16_baseline"] = row.speedup
+        out_rows.append(row)
+        log(row)
+    steps.clear()
+    layers.clear()
+    params.clear()
+    _free(device)
+    return out_rows
+
+
+# ---- driver ---------------------------------------------------------------------------------
+def _print_row(row: Row) -> None:
+    shape = row.extra.get("shape", "")
+    if row.error:
+        print(f"{row.op:18s} {row.case:28s} {shape:32s} {row.impl:20s} ERROR {row.error[:100]}", flush=True)
+        return
+    sp = f"x{row.speedup:.3f}" if row.speedup else "   -  "
+    tf = f"{row.tflops:7.1f} TF" if row.tflops is not None else "      - TF"
+    snr = f"{row.snr_db:6.1f} dB" if row.snr_db is not None else "-"
+    print(f"{row.op:18s} {row.case:28s} {shape:32s} {row.impl:20s} {row.ms:9.4f} ms {tf} {sp} snr {snr}",
+          flush=True)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=None, help="result directory (default: benchmarks/results/<gpu-slug>)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"only {', '.join(QUICK_MODELS)} at {QUICK_TOKENS[0]} tokens")
+    p.add_argument("--cpu-smoke", action="store_true",
+                   help=f"tiny shapes (hidden, ffn / {SMOKE_DIV}, {SMOKE_TOKENS} tokens, <= {SMOKE_EXPERTS} "
+                        f"experts, top-{SMOKE_TOPK}); runs without a GPU")
+    # lenient: run_all passes the same options to every benchmark, so names another benchmark
+    # knows (but this one does not) are ignored rather than rejected
+    p.add_argument("--tokens", type=int, nargs="+", default=None,
+                   help=f"tokens per step (default {' '.join(map(str, TOKENS))})")
+    p.add_argument("--models", nargs="+", default=None, help=f"models (default: {' '.join(MOE_MODELS)})")
+    p.add_argument("--impls", nargs="+", default=list(IMPLS), help=f"subset of {', '.join(IMPLS)}")
+    p.add_argument("--router-dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="dtype of the router weight and GEMM on both sides (default fp32)")
+    p.add_argument("--warmup-ms", type=float, default=None, help="do_bench warm-up (default 100; 0 with --cpu-smoke)")
+    p.add_argument("--rep-ms", type=float, default=None,
+                   help="do_bench repetition time per round (default 400; 0 with --cpu-smoke)")
+    args, _unknown = p.parse_known_args(argv)
+    return args
+
+
+def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
+    has_cuda = torch.cuda.is_available()
+    if not has_cuda and not args.cpu_smoke:
+        raise SystemExit("bench_moe_layer: no CUDA device; use --cpu-smoke for a functional smoke run")
+    if args.cpu_smoke and not has_cuda:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+    global _rounds
+    _rounds = 1 if args.cpu_smoke else ROUNDS
+    device = torch.device("cuda" if has_cuda else "cpu")
+    models = [x for x in (args.models or (QUICK_MODELS if args.quick else MOE_MODELS)) if x in MODELS]
+    tokens = list(args.tokens or (QUICK_TOKENS if args.quick else TOKENS))
+    names = [x for x in IMPLS if x in args.impls] or list(IMPLS)  # none of ours: all of ours
+    for must in ("turbo-bf16", PEER):  # the peer gives the speedups, turbo-bf16 owns the weights
+        if must not in names:
+            names.insert(0, must)
+    names = [x for x in IMPLS if x in names]
+    router_dtype = torch.float32 if args.router_dtype == "fp32" else torch.bfloat16
+    warmup_ms = args.warmup_ms if args.warmup_ms is not None else (0.0 if args.cpu_smoke else 100.0)
+    rep_ms = args.rep_ms if args.rep_ms is not None else (0.0 if args.cpu_smoke else 400.0)
+    out_dir = Path(args.out) if args.out else _ROOT / "benchmarks" / "results" / gpu_slug()
+
+    cases = build_cases(models, tokens, smoke=args.cpu_smoke)
+    if args.cpu_smoke and not has_cuda:
+        from primus_turbo.triton.interpreter import fix_bf16_dot
+
+        fix_bf16_dot()  # the interpreter's bf16 tl.dot is wrong without it (triton issue #11584)
+        print("bench_moe_layer: --cpu-smoke on CPU checks that everything runs; timings mean nothing.")
+    print(f"bench_moe_layer: {len(cases)} cases x {len(names)} impls on {device}", flush=True)
+    rows: list[Row] = []
+    for case in cases:
+        rows.extend(run_case(case, names, device, router_dtype, warmup_ms, rep_ms, _print_row))
+
+    path = write_results(rows, out_dir, RESULT_NAME)
+    print()
+    print(format_table(rows))
+    print()
+    print(f"## Geomean speedup ({RESULT_NAME})")
+    print(geomean_table(rows))
+    print(f"\nresults: {path} and {path.with_suffix('.md')}", flush=True)
+    return path, rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    run(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Smoke test of benchmarks/bench_moe_layer.py (CPU: the Triton interpreter; timings mean nothing)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+pytest.importorskip("triton")
+
+TOP_KEYS = {"gpu", "torch", "triton", "cuda", "date", "rows"}
+ROW_KEYS = {"op", "case", "impl", "baseline", "ms", "baseline_ms", "speedup", "tflops", "snr_db", "error", "extra"}
+
+
+def _has_moe_layer() -> bool:
+    try:
+        mod = importlib.import_module("primus_turbo.pytorch.modules")
+    except Exception:
+        return False
+    return hasattr(mod, "MoELayer")
+
+
+def test_cases_and_flops():
+    bench = importlib.import_module("benchmarks.bench_moe_layer")
+    cases = {c["model"]: c for c in bench.build_cases(bench.MOE_MODELS, bench.TOKENS)}
+    ds = cases["DeepSeek-V3"]
+    assert (ds["H"], ds["F"], ds["E"], ds["topk"], ds["T"]) == (7168, 2048, 32, 8, 16384)
+    assert ds["case"] == "DeepSeek-V3:T16384:E32"
+    for c in cases.values():
+        assert 8 <= c["E"] <= 32, c
+    m = 16384 * 8
+    assert bench.expert_flops(16384, 8, 7168, 2048) == 3 * (2 * m * 7168 * 4096 + 2 * m * 2048 * 7168)
+    smoke = bench.build_cases(bench.QUICK_MODELS, bench.QUICK_TOKENS, smoke=True)
+    assert len(smoke) == 1 and smoke[0]["T"] <= 64 and smoke[0]["E"] <= 4
+    assert smoke[0]["H"] % 16 == 0 and smoke[0]["F"] % 16 == 0
+
+
+@pytest.mark.skipif(not _has_moe_layer(), reason="primus_turbo.pytorch.modules.MoELayer does not exist")
+def test_bench_moe_layer_cpu_smoke(tmp_path):
+    bench = importlib.import_module("benchmarks.bench_moe_layer")
+    rc = bench.main(["--cpu-smoke", "--quick", "--out", str(tmp_path), "--cases", "ignored-option"])
+    assert rc == 0
+    doc = json.loads((tmp_path / f"{bench.RESULT_NAME}.json").read_text())
+    assert TOP_KEYS <= set(doc) and doc["benchmark"] == bench.RESULT_NAME
+    rows = doc["rows"]
+    assert rows, "no rows"
+    for r in rows:
+        assert ROW_KEYS <= set(r), r
+        assert r["op"] == "moe_layer_fwd_bwd" and r["baseline"] == "torch-baseline"
+        assert {"T", "H", "F", "E", "topk", "M", "flops"} <= set(r["extra"]), r
+    assert {r["impl"] for r in rows} == {"torch-baseline", "turbo-bf16", "turbo-fp8-blockwise"}
+    by = {r["impl"]: r for r in rows}
+    for name in ("torch-baseline", "turbo-bf16"):
+        r = by[name]
+        assert r["error"] is None, r
+        assert r["ms"] > 0 and r["tflops"] > 0 and r["speedup"] > 0
+    bf16 = by["turbo-bf16"]
+    assert float(bf16["snr_db"]) > 20, bf16
+    assert float(bf16["extra"]["snr_grad_x_db"]) > 20, bf16
+    assert bf16["extra"]["routing_mismatch_tokens"] == 0
+    fp8 = by["turbo-fp8-blockwise"]
+    if fp8["error"] is None:
+        assert float(fp8["snr_db"]) > 15, fp8
+    assert (tmp_path / f"{bench.RESULT_NAME}.md").exists()
