@@ -459,12 +459,26 @@ def tile_config(rows: int, cols: int, groups: tuple[tuple[int, int], ...], with_
     return tr, tc, num_warps
 
 
+@functools.lru_cache(maxsize=None)
 def fp8_max_of(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max)
 
 
 def mx_emax_of(dtype: torch.dtype) -> int:
     return 8 if dtype == torch.float8_e4m3fn else 15
+
+
+@functools.lru_cache(maxsize=4096)
+def _single_plan(rows: int, cols: int, grouping: QuantGrouping):
+    """Launch geometry of a one-grouping tile pass, cached per shape: the host work of a
+    quantizer call is a few dict lookups, not a re-derivation (calls repeat the same shapes
+    every step, and on a slow host CPU this bookkeeping is a good part of a small call's time).
+    Returns (gr, gc, tr, tc, num_warps, n_programs, n_tc, n_sr, n_sc)."""
+    gr, gc = grouping.padded()
+    tr, tc, nw = tile_config(rows, cols, ((gr, gc),))
+    n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
+    n_sr, n_sc = grouping.scale_grid(rows, cols)
+    return gr, gc, tr, tc, nw, n_tr * n_tc, n_tc, n_sr, n_sc
 
 
 @functools.lru_cache(maxsize=None)
@@ -515,6 +529,7 @@ def _long_rowwise(x: torch.Tensor, out: torch.Tensor, out_strides, scale: torch.
     )
 
 
+@functools.lru_cache(maxsize=1024)
 def _fits_tile(g: QuantGrouping) -> bool:
     pr, pc = g.padded()
     if pr * pc > MAX_TILE_GROUP:
@@ -543,16 +558,15 @@ def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGro
             TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
         )
         return q, s
-    s, s_strides, (n_sr, n_sc) = _scale_tensor(grouping, rows, cols, False, x.device)
     if not _fits_tile(grouping):
+        s, _, _ = _scale_tensor(grouping, rows, cols, False, x.device)
         _long_rowwise(x, q, (cols, 1), s.view(-1), grouping.gr == 1, fmax)
         return q, s
-    gr, gc = grouping.padded()
-    tr, tc, nw = tile_config(rows, cols, ((gr, gc),))
-    n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
-    _quant_fp8_tile_kernel[(n_tr * n_tc,)](
+    gr, gc, tr, tc, nw, n_prog, n_tc, n_sr, n_sc = _single_plan(rows, cols, grouping)
+    s = torch.empty((n_sr, n_sc), dtype=torch.uint8 if grouping.mode == _MODE_MX else torch.float32, device=x.device)
+    _quant_fp8_tile_kernel[(n_prog,)](
         x, q.view(torch.uint8), s, q, s, s, rows, cols, n_tc,
-        x.stride(0), x.stride(1), cols, 1, s_strides[0], s_strides[1], 0, 0, 0, 0,
+        x.stride(0), x.stride(1), cols, 1, n_sc, 1, 0, 0, 0, 0,
         n_sr, n_sc, 1, 1,
         FP8_MAX=fmax, EMAX=mx_emax_of(out_dtype), MODE=grouping.mode, GR=gr, GC=gc,
         HAS_T=False, MODE_T=grouping.mode, GR_T=gr, GC_T=gc,
