@@ -9,7 +9,11 @@ bshd layout (``[batch, seq, heads, head_dim]``, contiguous). Implementations:
 - ``sdpa-cudnn``: ``F.scaled_dot_product_attention`` under ``sdpa_kernel([CUDNN_ATTENTION])``,
 - ``sdpa-flash``: the same under ``sdpa_kernel([FLASH_ATTENTION])`` (FlashAttention-2; the peer),
 - ``turbo-default``: ``turbo.ops.flash_attn_func(q, k, v, causal=..., softmax_scale=None)``, no pin,
-- ``turbo-triton``: the same with the attention backend pinned to TRITON.
+- ``turbo-triton``: the same with the attention backend pinned to TRITON,
+- ``turbo-fp8`` (opt-in: ``--impls ... turbo-fp8``): ``turbo.ops.flash_attn_fp8_func`` (FP8 E4M3 forward,
+  block scales per 128 tokens and head; its backward is bf16 on the dequantized FP8 inputs);
+  ``extra.speedup_vs_turbo_bf16`` is its ratio to ``turbo-triton`` (our bf16 kernels; measured
+  whenever ``turbo-fp8`` is asked for).
 
 The SDPA peers get ``q, k, v`` transposed to ``[b, h, s, d]`` (views, no copies) and handle GQA
 with ``enable_gqa=True``. Only if that call fails for a peer is k/v repeated to ``heads_q`` heads,
@@ -69,6 +73,8 @@ PEER = "sdpa-flash"
 CUDNN = "sdpa-cudnn"
 PEERS = (CUDNN, PEER)
 IMPLS = ("sdpa-cudnn", "sdpa-flash", "turbo-default", "turbo-triton")
+OPT_IMPLS = ("turbo-fp8",)  # only when named in --impls
+FP8_BASE = "turbo-triton"  # turbo-fp8's extra.speedup_vs_turbo_bf16 is against this row
 MODES = ("fwd", "bwd")
 CAUSALS = ("full", "causal")
 BWD_FLOP_FACTOR = 2.5
@@ -152,7 +158,7 @@ def _make_impls(names: Sequence[str], on_cuda: bool) -> list[_Impl]:
     if any(n not in PEERS for n in names):
         try:
             import primus_turbo.pytorch as turbo  # noqa: F811
-            import primus_turbo.pytorch.ops  # noqa: F401  (makes turbo.ops an attribute)
+            __import__("primus_turbo.pytorch.ops")  # makes turbo.ops an attribute
             from primus_turbo.pytorch.core.backend import BackendType as bt  # noqa: N813
             from primus_turbo.pytorch.core.backend import GlobalBackendManager as gbm
 
@@ -193,8 +199,18 @@ def _make_impls(names: Sequence[str], on_cuda: bool) -> list[_Impl]:
 
             ctx = (lambda: pin()) if name == "turbo-default" else (lambda: pin(bt.TRITON))
             impls.append(_Impl(name, fn, ctx))
+        elif name == "turbo-fp8":
+            if turbo_err or not hasattr(turbo.ops, "flash_attn_fp8_func"):
+                why = turbo_err or "primus_turbo.pytorch.ops.flash_attn_fp8_func is not available"
+                impls.append(_Impl(name, None, contextlib.nullcontext, why))
+                continue
+
+            def fn_fp8(q, k, v, causal, gqa):
+                return turbo.ops.flash_attn_fp8_func(q, k, v, causal=causal, softmax_scale=None)
+
+            impls.append(_Impl(name, fn_fp8, lambda: pin()))
         else:
-            raise ValueError(f"unknown impl {name!r}; known: {', '.join(IMPLS)}")
+            raise ValueError(f"unknown impl {name!r}; known: {', '.join(IMPLS + OPT_IMPLS)}")
     return impls
 
 
@@ -228,6 +244,9 @@ def _fill_ratios(mode_rows: Sequence[Row], impls: Sequence[_Impl]) -> None:
         row.extra["best_peer"] = min(peer_ms, key=peer_ms.get) if peer_ms else None
         row.extra["speedup_vs_cudnn"] = cudnn_ms / row.ms if (row.ms and cudnn_ms) else None
         row.extra["speedup_vs_best_peer"] = best / row.ms if (row.ms and best) else None
+        if impls[i].name in OPT_IMPLS:
+            base = next((r.ms for j, r in enumerate(mode_rows) if impls[j].name == FP8_BASE), None)
+            row.extra["speedup_vs_turbo_bf16"] = base / row.ms if (row.ms and base) else None
 
 
 def run_case(
@@ -368,7 +387,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     # lenient: run_all passes the same options to every benchmark, so values another benchmark
     # knows (but this one does not) are ignored rather than rejected
     p.add_argument("--causal", nargs="+", default=list(CAUSALS), help=f"subset of {', '.join(CAUSALS)}")
-    p.add_argument("--impls", nargs="+", default=list(IMPLS), help=f"subset of {', '.join(IMPLS)}")
+    p.add_argument("--impls", nargs="+", default=list(IMPLS),
+                   help=f"subset of {', '.join(IMPLS)}, plus the opt-in {', '.join(OPT_IMPLS)}")
     p.add_argument("--modes", nargs="+", default=list(MODES), help=f"subset of {', '.join(MODES)}")
     p.add_argument("--warmup-ms", type=float, default=None, help="do_bench warm-up (default 10; 0 with --cpu-smoke)")
     p.add_argument("--rep-ms", type=float, default=None, help="do_bench repetition time per round (default 40; 0 with --cpu-smoke)")
@@ -389,7 +409,9 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
     seqs = list(args.seq or (QUICK_SEQS if args.quick else DEFAULT_SEQS))
     causals = [c for c in args.causal if c in CAUSALS] or list(CAUSALS)
     modes = [x for x in args.modes if x in MODES] or list(MODES)
-    names = [x for x in IMPLS if x in args.impls] or list(IMPLS)
+    names = [x for x in IMPLS + OPT_IMPLS if x in args.impls] or list(IMPLS)
+    if any(x in OPT_IMPLS for x in names) and FP8_BASE not in names:
+        names.insert(0, FP8_BASE)  # turbo-fp8's speedup_vs_turbo_bf16 needs our bf16 kernels' time
     if PEER not in names:
         names.insert(0, PEER)  # the peer is always measured: speedups need it
     warmup_ms = args.warmup_ms if args.warmup_ms is not None else (0.0 if args.cpu_smoke else 10.0)

@@ -2,6 +2,7 @@
 
 from .activation import geglu_with_probs, swiglu, swiglu_with_probs
 from .attention import flash_attn_func, flash_attn_varlen_func
+from .attention_fp8 import flash_attn_fp8_func
 from .gemm import gemm
 from .gemm_fp4 import gemm_fp4
 from .gemm_fp8 import gemm_fp8
@@ -22,6 +23,7 @@ from .quantization import (
 __all__ = [
     "flash_attn_func",
     "flash_attn_varlen_func",
+    "flash_attn_fp8_func",
     "gemm",
     "gemm_fp4",
     "gemm_fp8",

@@ -1,0 +1,195 @@
+"""FP8 softmax attention: ``turbo.ops.flash_attn_fp8_func`` (flash_attn_func's API plus ``fp8_config``).
+
+What is FP8, exactly:
+
+* **Forward**: q, k, v (bf16/fp16) are quantized to FP8 E4M3 with one fp32 scale per
+  ``(batch, head, block of block_size tokens)`` (``block_size`` 128 by default; scales are powers of
+  two, the largest with ``amax * scale <= 448``). ``Q K^T`` is an FP8 ``tl.dot`` (fp32 accumulation)
+  with the q and k scales applied to the fp32 scores; the softmax runs in fp32; ``P`` (in
+  ``[0, 1]``) is quantized to E4M3 with the static scale 256 and ``P V`` is an FP8 ``tl.dot`` with V's
+  scale (and ``1/256``) applied to the fp32 product. ``O`` is written in q's dtype, the LSE in fp32.
+* **Backward**: *not* FP8. dq, dk, dv (and dsink) are computed by our bf16/fp16 FlashAttention-2
+  backward kernels (flash_attn_bwd.py) from the **same quantized** q, k, v, dequantized to the input
+  dtype (exact: the scales are powers of two), with the forward's ``O`` and LSE; ``dO`` and ``dS``
+  stay in the input dtype. So the gradients are those of attention on the FP8-rounded inputs
+  (with ``P`` unquantized), and only the FP8 copies (1 byte per element) plus their scales are kept
+  for backward, not the bf16 inputs.
+
+Layouts (bshd / sbhd / bhsd, read through strides), GQA/MQA, causal (bottom-right), sliding windows,
+sinks (with a gradient) and ``return_lse`` work as in :func:`flash_attn_func`. Everything stays on
+the device: no host synchronisation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ..core.low_precision import Float8QuantConfig, Format, ScalingGranularity, ScalingStrategy, check_fp8_support
+from .attention import _check_inputs
+
+__all__ = ["flash_attn_fp8_func"]
+
+_FN = "flash_attn_fp8_func"
+_DTYPES = (torch.bfloat16, torch.float16)
+DEFAULT_FP8_ATTN_BLOCK = 128
+_BLOCK_SIZES = (32, 64, 128, 256)  # = flash_attn_fp8.FP8_ATTN_BLOCK_SIZES (kept here: no triton import)
+
+
+def _block_size(fp8_config) -> int:
+    """The token-block size of the q/k/v scales, from ``fp8_config`` (None: E4M3, BLOCKWISE 128)."""
+    if fp8_config is None:
+        return DEFAULT_FP8_ATTN_BLOCK
+    if not isinstance(fp8_config, Float8QuantConfig):
+        raise TypeError(f"{_FN}: fp8_config must be a Float8QuantConfig or None, got {type(fp8_config).__name__}")
+    if fp8_config.format != Format.E4M3:
+        raise NotImplementedError(
+            f"{_FN}: fp8_config.format={fp8_config.format.name} is not supported; only E4M3 (the backward is not "
+            "FP8, so E5M2 / HYBRID gradients do not apply)"
+        )
+    if fp8_config.granularity != ScalingGranularity.BLOCKWISE:
+        raise NotImplementedError(
+            f"{_FN}: fp8_config.granularity={fp8_config.granularity.name} is not supported; only BLOCKWISE "
+            "(one scale per token block and head)"
+        )
+    if fp8_config.strategy != ScalingStrategy.DYNAMIC:
+        raise NotImplementedError(f"{_FN}: fp8_config.strategy={fp8_config.strategy.name} is not supported")
+    if fp8_config.block_size not in _BLOCK_SIZES:
+        raise NotImplementedError(
+            f"{_FN}: fp8_config.block_size={fp8_config.block_size} is not supported; one of {_BLOCK_SIZES}"
+        )
+    return int(fp8_config.block_size)
+
+
+def _check_device(q, k, v, sink) -> None:
+    from primus_turbo.triton.attention import check_flash_attn_triton
+
+    why = check_flash_attn_triton(q, k, v, sink)
+    if why is not None:
+        raise RuntimeError(f"{_FN}: cannot run: {why}")
+    if q.device.type == "cuda":
+        ok, why = check_fp8_support(q.device)
+        if not ok:
+            raise RuntimeError(f"{_FN}: {why}")
+
+
+def _quantize(q, k, v, blk):
+    from primus_turbo.triton.attention.flash_attn_fp8 import quantize_tokens_fp8
+
+    q8, qs = quantize_tokens_fp8(q, blk)
+    k8, ks = quantize_tokens_fp8(k, blk)
+    v8t, vs = quantize_tokens_fp8(v, blk, transpose_sd=True)
+    return q8, k8, v8t, qs, ks, vs
+
+
+def _fwd(q, k, v, sink, softmax_scale, win_left, win_right, blk):
+    """``(out, lse, saved)``: the FP8 forward and the FP8 tensors backward needs."""
+    from primus_turbo.triton.attention.flash_attn_fp8 import flash_attn_fp8_fwd_triton
+
+    q8, k8, v8t, qs, ks, vs = _quantize(q, k, v, blk)
+    out, lse = flash_attn_fp8_fwd_triton(q8, k8, v8t, qs, ks, vs, blk, sink, softmax_scale, win_left, win_right,
+                                         out_dtype=q.dtype)
+    return out, lse, (q8, k8, v8t, qs, ks, vs)
+
+
+class FlashAttnFp8Function(torch.autograd.Function):
+    """FP8 forward; backward in the input dtype from the dequantized FP8 q, k, v (see the module doc)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sink, softmax_scale, win_left, win_right, blk):
+        out, lse, (q8, k8, v8t, qs, ks, vs) = _fwd(q, k, v, sink, softmax_scale, win_left, win_right, blk)
+        ctx.save_for_backward(q8, k8, v8t, qs, ks, vs, out, lse, sink)
+        ctx.softmax_scale, ctx.win_left, ctx.win_right, ctx.blk = softmax_scale, win_left, win_right, blk
+        ctx.in_dtype = q.dtype
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        from primus_turbo.triton.attention import flash_attn_bwd_triton
+        from primus_turbo.triton.attention.flash_attn_fp8 import dequantize_tokens_fp8
+
+        q8, k8, v8t, qs, ks, vs, out, lse, sink = ctx.saved_tensors
+        dt, blk = ctx.in_dtype, ctx.blk
+        qd = dequantize_tokens_fp8(q8, qs, blk, dt)
+        kd = dequantize_tokens_fp8(k8, ks, blk, dt)
+        vd = dequantize_tokens_fp8(v8t, vs, blk, dt, transpose_sd=True)
+        dq, dk, dv, dsink = flash_attn_bwd_triton(
+            dout.to(dt).contiguous(), qd, kd, vd, out, lse, sink, ctx.softmax_scale, ctx.win_left, ctx.win_right
+        )
+        if sink is None or not ctx.needs_input_grad[3]:
+            dsink = None
+        else:
+            dsink = dsink.to(sink.dtype)
+        return dq, dk, dv, dsink, None, None, None, None
+
+
+def flash_attn_fp8_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    bias: Optional[torch.Tensor] = None,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    return_lse: bool = False,
+    return_attn_probs: bool = False,
+    sink: Optional[torch.Tensor] = None,
+    fp8_config: Optional[Float8QuantConfig] = None,
+):
+    """Softmax attention with an FP8 (E4M3) forward, block-scaled per token block and head, with autograd.
+
+    Args:
+        q: ``[batch, seq_q, heads_q, head_dim_qk]``; k: ``[batch, seq_kv, heads_kv, head_dim_qk]``;
+            v: ``[batch, seq_kv, heads_kv, head_dim_v]``; bfloat16 or float16 (one dtype, one
+            device), any strides (bshd, sbhd, bhsd storage); ``heads_q % heads_kv == 0`` (GQA/MQA);
+            head dims at most 256.
+        dropout_p: must be 0 (NotImplementedError otherwise).
+        softmax_scale: defaults to ``1 / sqrt(head_dim_qk)``.
+        causal, window_size, sink, return_lse: as :func:`turbo.ops.flash_attn_func` (bottom-right
+            aligned masks; ``sink`` fp32 ``[heads_q]`` gets a gradient; the LSE is fp32
+            ``[batch, heads_q, seq_q]``, that of the FP8 scores).
+        deterministic: accepted; the backward is always deterministic (no atomics).
+        bias, alibi_slopes, return_attn_probs: not implemented (NotImplementedError naming them).
+        fp8_config: ``Float8QuantConfig`` or None (= E4M3, BLOCKWISE, ``block_size`` 128). Only
+            ``format=E4M3``, ``granularity=BLOCKWISE`` with ``block_size`` in 32/64/128/256 are
+            supported (NotImplementedError naming the field otherwise).
+
+    What is FP8:
+        * q, k, v: E4M3, one fp32 power-of-two scale per ``(batch, head, block_size tokens)``
+          (``amax * scale`` in ``(224, 448]``), round to nearest even;
+        * ``S = Q K^T``: FP8 x FP8 dot, fp32 accumulation, scales applied to the fp32 scores;
+        * softmax in fp32; ``P`` quantized to E4M3 with the static scale 256 (``P`` is in
+          ``[0, 1]`` after the max subtraction, FA3-style static scaling), ``P V``: FP8 x FP8
+          dot, V's scale applied to the fp32 product;
+        * the backward is **not** FP8: it runs the bf16/fp16 FlashAttention-2 backward on the
+          dequantized FP8 q, k, v (the values the forward used, exact in the input dtype), ``dO``
+          and ``dS`` in the input dtype, fp32 accumulation.
+
+    Returns:
+        ``out [batch, seq_q, heads_q, head_dim_v]`` in q's dtype, or ``(out, lse)`` with
+        ``return_lse``.
+
+    Runs on the TRITON kernels only (CUDA with FP8 tensor cores, sm_89+, or CPU under the Triton
+    interpreter); no backend dispatch.
+    """
+    _check_inputs(q, k, v, dropout_p, softmax_scale, window_size, bias, alibi_slopes, return_attn_probs, sink, fn=_FN)
+    if q.dtype not in _DTYPES:
+        raise TypeError(f"{_FN}: q, k, v must be bfloat16 or float16, got {q.dtype}")
+    blk = _block_size(fp8_config)
+    _check_device(q, k, v, sink)
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.size(-1))
+    win_left, win_right = int(window_size[0]), int(window_size[1])
+    if causal:
+        win_right = 0
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sink))
+    if needs_grad:
+        out, lse = FlashAttnFp8Function.apply(q, k, v, sink, scale, win_left, win_right, blk)
+    else:
+        out, lse, _ = _fwd(q, k, v, sink, scale, win_left, win_right, blk)
+    return (out, lse) if return_lse else out
