@@ -1,4 +1,4 @@
-"""FP8 grouped GEMM backends (MoE experts): TRITON.
+"""FP8 grouped GEMM backends (MoE experts): TRITON (every granularity) and TORCH (``torch._scaled_grouped_mm``).
 
 Two problems, each with a dispatcher in the ``grouped_gemm`` family at precision FP8 (so
 ``GlobalBackendManager.set_grouped_gemm_backend(..., precision="FP8")`` /
@@ -7,17 +7,32 @@ Two problems, each with a dispatcher in the ``grouped_gemm`` family at precision
 * M-grouped (forward, dgrad): ``out[rows of g] = (a_q * a_scale)[rows of g] @ (b_q[g] * b_scale[g]).T``
   with K-major ``a_q [M_total, K]``, ``b_q [G, N, K]`` and the rows past ``offs[G]`` zeroed.
   Keyword arguments: ``a_q, a_scale, b_q, b_scale, mode, group_lens, group_offs, out_dtype,
-  block_size=128, num_cu=None``.
+  block_size=128, num_cu=None``. Modes TENSORWISE, ROWWISE, BLOCKWISE, MX_BLOCKWISE (E8M0 scales
+  ``[M_total, K/32]`` / ``[G, N, K/32]``, emulated exactly on bf16 tensor cores).
 * variable-K (wgrad): ``out[g] (+)= (x_t * x_scale)[:, rows of g] @ ((y_t * y_scale)[:, rows of g]).T``
-  (TENSORWISE / ROWWISE). Keyword arguments: ``x_t, x_scale, y_t, y_scale, mode, group_lens,
-  group_offs, out=None, accumulate=False, out_dtype, num_cu=None``.
+  (TENSORWISE / ROWWISE / MX_BLOCKWISE; MX needs every group offset to be a multiple of 32: the op
+  feeds the layout of :func:`padded_group_layout`). Keyword arguments: ``x_t, x_scale, y_t, y_scale,
+  mode, group_lens, group_offs, out=None, accumulate=False, out_dtype, num_cu=None``.
 
-A TORCH backend (``torch._scaled_grouped_mm``) is not wired yet. Keys read shapes, dtypes and
-devices only: never a device value (no host sync).
+TORCH (``torch._scaled_grouped_mm``, CUTLASS, sm_90+): TENSORWISE / ROWWISE with E4M3 operands on
+both sides (not E5M2, so not HYBRID's backward), bf16 output, K and N multiples of 16, no
+``num_cu``. The M-grouped problem is its 2d-3d form (row scales ``[M_total]``, per-(expert, row)
+weight scales ``[G, N]``; the rows past ``offs[G]``, which it leaves uninitialised, are zeroed
+after). The variable-K problem is its 2d-2d form, whose per-group K slices must start 16-byte
+aligned: the FP8 operands are first gathered into a token layout whose group segments are padded
+with zero columns to multiples of 16 (:func:`padded_group_layout`, on the device); a bf16 result is
+added into (or converted to) ``out`` afterwards, so a fused fp32 ``main_grad`` accumulation adds a
+bf16-rounded wgrad (TRITON sums in fp32). It is never the default (TRITON stays the default for
+every granularity); pin it (``GlobalBackendManager.set_grouped_gemm_backend(BackendType.TORCH,
+precision="FP8")``, ``PRIMUS_TURBO_GROUPED_GEMM_BACKEND=FP8:TORCH``) or let autotune pick it. A pin
+on inputs it cannot run (BLOCKWISE, MX, E5M2, CPU, ...) raises ``ValueError`` naming the reason.
+
+Keys read shapes, dtypes and devices only: never a device value (no host sync).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -25,15 +40,148 @@ import torch
 from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend
 
 __all__ = [
+    "GroupedGemmFP8TorchBackend",
     "GroupedGemmFP8TritonBackend",
+    "GroupedGemmFP8VariableKTorchBackend",
     "GroupedGemmFP8VariableKTritonBackend",
     "grouped_gemm_fp8_dispatcher",
     "grouped_gemm_fp8_variable_k_dispatcher",
+    "padded_group_layout",
+    "gather_rows",
 ]
 
 
 def _mode_name(mode) -> str:
     return str(getattr(mode, "name", mode)).upper()
+
+
+# ----------------------------------------------------------------------------------------------
+# Group-aligned token layout (device-side, no host sync)
+# ----------------------------------------------------------------------------------------------
+def padded_group_layout(group_offs: torch.Tensor, m_total: int, align: int,
+                        nonempty: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """A token layout whose group segments start at multiples of ``align``.
+
+    Returns ``(src, padded_offs)``: ``src [M_pad]`` int64, the source row of each padded row, or -1
+    for a padding row (the zero rows that round each group up to a multiple of ``align``, and
+    everything past the last group: the rows past ``offs[G]`` are dropped); ``padded_offs [G+1]``
+    the group offsets in the padded layout (multiples of ``align``). ``M_pad`` is the static bound
+    ``round_up(m_total + align * G, align)``, so shapes never depend on device values.
+    ``nonempty=True`` gives every group, empty ones too, at least ``align`` (zero) rows. Offsets are
+    clamped to ``[0, m_total]`` exactly as the kernels clamp them.
+    """
+    G = group_offs.numel() - 1
+    dev = group_offs.device
+    offs = group_offs.clamp(0, m_total)
+    lens = (offs[1:] - offs[:-1]).clamp(min=0)
+    plens = (lens + (align - 1)) // align * align
+    if nonempty:
+        plens = plens.clamp(min=align)
+    poffs = torch.zeros(G + 1, dtype=torch.int64, device=dev)
+    poffs[1:] = plens.cumsum(0)
+    m_pad = -(-(m_total + align * G) // align) * align
+    p = torch.arange(m_pad, dtype=torch.int64, device=dev)
+    if G == 0:
+        return torch.full_like(p, -1), poffs
+    g = torch.searchsorted(poffs[1:].contiguous(), p, right=True)  # G: past the last group
+    gc = g.clamp(max=G - 1)
+    j = p - poffs[gc]
+    valid = (g < G) & (j < lens[gc])
+    return torch.where(valid, offs[gc] + j, torch.full_like(p, -1)), poffs
+
+
+def gather_rows(x: torch.Tensor, src: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """``x`` re-laid along ``dim`` by ``src`` (from :func:`padded_group_layout`); -1 rows are zero.
+    1-byte dtypes (FP8, packed FP4, E8M0) are gathered through their uint8 view (zero bytes are +0)."""
+    one_byte = x.element_size() == 1 and x.dtype != torch.uint8
+    xv = x.view(torch.uint8) if one_byte else x
+    if x.size(dim) == 0:
+        shape = list(x.shape)
+        shape[dim] = src.numel()
+        out = xv.new_zeros(shape)
+    else:
+        out = xv.index_select(dim, src.clamp(min=0))
+        keep = (src >= 0).view([-1 if d == dim else 1 for d in range(x.dim())])
+        out = out.masked_fill_(~keep, 0)
+    return out.view(x.dtype) if one_byte else out
+
+
+# ----------------------------------------------------------------------------------------------
+# TORCH: torch._scaled_grouped_mm (sm_90 CUTLASS), TENSORWISE / ROWWISE E4M3 only
+# ----------------------------------------------------------------------------------------------
+_SG_ALIGN = 16  # bytes: FP8 strides / group starts the CUTLASS (TMA) kernel needs
+
+
+def _scaled_grouped_mm_reason(t: torch.Tensor, mode: str, *dtypes) -> Optional[str]:
+    if not hasattr(torch, "_scaled_grouped_mm"):
+        return "this torch has no torch._scaled_grouped_mm"
+    if not isinstance(t, torch.Tensor) or not t.is_cuda:
+        return "torch._scaled_grouped_mm needs CUDA tensors"
+    if torch.version.hip:
+        return "the TORCH FP8 grouped backend is wired for CUDA (sm_90) only"
+    if torch.cuda.get_device_capability(t.device) < (9, 0):
+        return "torch._scaled_grouped_mm needs sm_90 or newer"
+    if mode not in ("TENSORWISE", "ROWWISE"):
+        return f"torch._scaled_grouped_mm serves TENSORWISE / ROWWISE here, not {mode}"
+    if any(d != torch.float8_e4m3fn for d in dtypes):
+        return f"torch._scaled_grouped_mm takes float8_e4m3fn operands only, got {', '.join(map(str, dtypes))}"
+    return None
+
+
+def _expand_scale(s: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """An fp32 scale broadcast to ``shape`` as a contiguous tensor (one scale per row / column)."""
+    s = s.float()
+    if s.numel() == 1:
+        return s.reshape(()).expand(shape).contiguous()
+    return s.reshape(shape).contiguous() if s.numel() == math.prod(shape) else s.expand(shape).contiguous()
+
+
+class GroupedGemmFP8TorchBackend(KernelBackend):
+    """``torch._scaled_grouped_mm`` 2d-3d (CUTLASS, sm_90): TENSORWISE / ROWWISE, E4M3, bf16 out."""
+
+    backend_type = BackendType.TORCH
+
+    @classmethod
+    def check(cls, a_q, a_scale, b_q, b_scale, mode, group_lens, group_offs, out_dtype, block_size=128,
+              num_cu=None, **_) -> Optional[str]:
+        mode = _mode_name(mode)
+        reason = _scaled_grouped_mm_reason(a_q, mode, a_q.dtype, b_q.dtype)
+        if reason is not None:
+            return reason
+        if num_cu is not None:
+            return "num_cu (SM cap) is not supported by torch._scaled_grouped_mm"
+        if out_dtype != torch.bfloat16:
+            return f"torch._scaled_grouped_mm writes bfloat16 only, got out_dtype={out_dtype}"
+        if a_q.dim() != 2 or b_q.dim() != 3 or a_q.size(1) != b_q.size(2) or b_q.device != a_q.device:
+            return "a_q [M_total, K] and b_q [G, N, K] on one device are needed"
+        M, K = a_q.shape
+        G, N, _ = b_q.shape
+        if K % _SG_ALIGN or N % _SG_ALIGN:
+            return f"torch._scaled_grouped_mm needs K and N to be multiples of 16, got K={K}, N={N}"
+        if a_q.stride(1) != 1 or a_q.stride(0) != K or b_q.stride(2) != 1 or b_q.stride(1) != K:
+            return "a_q and b_q must be K-contiguous (row-major [M, K] and [G, N, K])"
+        if a_q.data_ptr() % 16 or b_q.data_ptr() % 16:
+            return "a_q and b_q must be 16-byte aligned"
+        if group_offs is None or group_offs.device != a_q.device:
+            return "group_offs on the operands' device is needed"
+        if M == 0 or G == 0:
+            return "empty problem (the TRITON backend handles it)"
+        return None
+
+    @classmethod
+    def execute(cls, a_q, a_scale, b_q, b_scale, mode, group_lens, group_offs, out_dtype, block_size=128,
+                num_cu=None, **_) -> torch.Tensor:
+        M = a_q.size(0)
+        G, N, _ = b_q.shape
+        sa = _expand_scale(a_scale, (M,))
+        sb = _expand_scale(b_scale.reshape(G, -1) if b_scale.numel() != 1 else b_scale, (G, N))
+        out = torch._scaled_grouped_mm(a_q, b_q.transpose(-2, -1), sa, sb, offs=group_offs[1:].to(torch.int32),
+                                       out_dtype=torch.bfloat16)
+        if not out.is_contiguous():
+            out = out.contiguous()
+        # rows past offs[G] are left uninitialised: zero them (on the device)
+        tail = torch.arange(M, device=a_q.device) >= group_offs[-1]
+        return out.masked_fill_(tail[:, None], 0)
 
 
 class GroupedGemmFP8TritonBackend(KernelBackend):
@@ -69,7 +217,7 @@ def _make_key(a_q, a_scale, b_q, b_scale, mode, group_lens, group_offs, out_dtyp
 grouped_gemm_fp8_dispatcher = AutoKernelDispatcher(
     op_name="grouped_gemm_fp8",
     family="grouped_gemm",
-    backends=[GroupedGemmFP8TritonBackend],
+    backends=[GroupedGemmFP8TritonBackend, GroupedGemmFP8TorchBackend],
     make_key=_make_key,
     default=lambda **kw: BackendType.TRITON,
 )
@@ -100,6 +248,60 @@ class GroupedGemmFP8VariableKTritonBackend(KernelBackend):
             out_dtype=out_dtype, num_cu=num_cu, checked=True)
 
 
+class GroupedGemmFP8VariableKTorchBackend(KernelBackend):
+    """``torch._scaled_grouped_mm`` 2d-2d on a 16-aligned padded token layout (see the module docstring)."""
+
+    backend_type = BackendType.TORCH
+
+    @classmethod
+    def check(cls, x_t, x_scale, y_t, y_scale, mode, group_lens, group_offs, out=None, accumulate=False,
+              out_dtype=torch.bfloat16, num_cu=None, **_) -> Optional[str]:
+        mode = _mode_name(mode)
+        reason = _scaled_grouped_mm_reason(x_t, mode, x_t.dtype, y_t.dtype)
+        if reason is not None:
+            return reason
+        if num_cu is not None:
+            return "num_cu (SM cap) is not supported by torch._scaled_grouped_mm"
+        if x_t.dim() != 2 or y_t.dim() != 2 or x_t.size(1) != y_t.size(1) or y_t.device != x_t.device:
+            return "x_t [P, M_total] and y_t [Q, M_total] on one device are needed"
+        P, M = x_t.shape
+        Q = y_t.size(0)
+        if P % _SG_ALIGN or Q % _SG_ALIGN:
+            return f"torch._scaled_grouped_mm needs P and Q to be multiples of 16, got P={P}, Q={Q}"
+        if group_offs is None or group_offs.device != x_t.device:
+            return "group_offs on the operands' device is needed"
+        G = group_offs.numel() - 1
+        if M == 0 or G == 0:
+            return "empty problem (the TRITON backend handles it)"
+        if accumulate and out is None:
+            return "accumulate=True needs out"
+        if out is None and out_dtype not in (torch.bfloat16, torch.float32):
+            return f"out_dtype must be bfloat16 or float32 (from a bf16 result), got {out_dtype}"
+        if out is not None and (out.dtype not in (torch.bfloat16, torch.float32) or tuple(out.shape) != (G, P, Q)
+                                or out.device != x_t.device):
+            return f"out must be a bfloat16 / float32 tensor of shape {(G, P, Q)} on {x_t.device}"
+        return None
+
+    @classmethod
+    def execute(cls, x_t, x_scale, y_t, y_scale, mode, group_lens, group_offs, out=None, accumulate=False,
+                out_dtype=torch.bfloat16, num_cu=None, **_) -> torch.Tensor:
+        P, M = x_t.shape
+        Q = y_t.size(0)
+        G = group_offs.numel() - 1
+        # every group gets >= 16 (zero) columns: no empty contraction reaches the vendor kernel
+        src, poffs = padded_group_layout(group_offs, M, _SG_ALIGN, nonempty=True)
+        xp = gather_rows(x_t, src, dim=1).contiguous()  # [P, M_pad], row-major
+        yp = gather_rows(y_t, src, dim=1).contiguous()  # [Q, M_pad]; its .t() is column-major
+        # one scale per row of x_t / y_t for every group ([G * P] / [G * Q], group-major)
+        sx = _expand_scale(x_scale, (P,)).repeat(G)
+        sy = _expand_scale(y_scale, (Q,)).repeat(G)
+        res = torch._scaled_grouped_mm(xp, yp.t(), sx, sy, offs=poffs[1:].to(torch.int32),
+                                       out_dtype=torch.bfloat16)
+        if out is None:
+            return res if out_dtype == torch.bfloat16 else res.to(out_dtype)
+        return out.add_(res) if accumulate else out.copy_(res)
+
+
 def _make_key_vk(x_t, x_scale, y_t, y_scale, mode, group_lens, group_offs, out=None, accumulate=False,
                  out_dtype=torch.bfloat16, num_cu=None, **_):
     return (x_t.size(1), x_t.size(0), y_t.size(0), group_offs.numel() - 1, x_t.dtype, y_t.dtype,
@@ -115,7 +317,7 @@ def _tune_kwargs_vk(out=None, **kw):
 grouped_gemm_fp8_variable_k_dispatcher = AutoKernelDispatcher(
     op_name="grouped_gemm_fp8_variable_k",
     family="grouped_gemm",
-    backends=[GroupedGemmFP8VariableKTritonBackend],
+    backends=[GroupedGemmFP8VariableKTritonBackend, GroupedGemmFP8VariableKTorchBackend],
     make_key=_make_key_vk,
     default=lambda **kw: BackendType.TRITON,
     make_tune_kwargs=_tune_kwargs_vk,

@@ -7,6 +7,7 @@ from .gemm import gemm
 from .gemm_fp4 import gemm_fp4
 from .gemm_fp8 import gemm_fp8
 from .grouped_gemm import grouped_gemm
+from .grouped_gemm_fp4 import grouped_gemm_fp4
 from .grouped_gemm_fp8 import grouped_gemm_fp8
 from .moe_permute import moe_permute, moe_unpermute, token_permute, token_unpermute
 from .moe_router import fused_group_topk_routing_with_aux_score, indices_to_multihot, tokens_per_expert_to_mask
@@ -28,6 +29,7 @@ __all__ = [
     "gemm_fp4",
     "gemm_fp8",
     "grouped_gemm",
+    "grouped_gemm_fp4",
     "grouped_gemm_fp8",
     "quantize_fp8",
     "quantize_fp8_with_trans",

@@ -15,6 +15,16 @@ with every operand quantized on the fly to FP8 and the GEMMs run on K-major FP8 
   in the input precision (bf16/fp16/fp32) through the variable-K kernel of ``turbo.ops.grouped_gemm``:
   1 x 128 blocks along the token dim would straddle group boundaries, so the FP8 version needs
   per-group-segment quantization, which is not implemented yet.
+* MX_BLOCKWISE (OCP MXFP8: 1 x 32 blocks, E8M0 scales, each operand quantized along its GEMM's K;
+  emulated exactly on Hopper's bf16 tensor cores, as the dense ``gemm_fp8``): forward along K,
+  grad_input along N (the weights' dgrad copy is quantized along N per expert), and grad_weight in
+  MXFP8 too, with **per-group-segment** 32-token blocks: ``dC`` and ``a`` are gathered on the
+  device into a token layout whose group segments are padded with zero rows to multiples of 32
+  (``padded_group_layout``: a static size ``M_total + 32 G`` rounded up, so no host sync and no
+  condition on ``group_lens``), then quantized along the tokens. Zero rows change no block's amax,
+  so every block is exactly the MX quantization of its group's tokens (a group's last block may
+  be partial, as BLOCKWISE's partial tail blocks); the padding adds nothing to the GEMM. K must be
+  a multiple of 32, and N too when grad_input is needed (``ValueError`` naming the dim).
 
 Scales: activations and gradients TENSORWISE one scale over the whole tensor, ROWWISE one per token
 row, BLOCKWISE 1 x ``block_size`` along K (a group segment is a row range, so no block straddles two
@@ -30,7 +40,12 @@ from typing import Optional
 
 import torch
 
-from ..backends.grouped_gemm_fp8 import grouped_gemm_fp8_dispatcher, grouped_gemm_fp8_variable_k_dispatcher
+from ..backends.grouped_gemm_fp8 import (
+    gather_rows,
+    grouped_gemm_fp8_dispatcher,
+    grouped_gemm_fp8_variable_k_dispatcher,
+    padded_group_layout,
+)
 from ..core.backend import PrecisionType
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingRecipe
 from .gemm import _megatron_dummy_wgrad
@@ -39,7 +54,9 @@ from .grouped_gemm import _offsets, _vk, _vk_accum
 __all__ = ["grouped_gemm_fp8"]
 
 _HP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_SUPPORTED = ("TENSORWISE", "ROWWISE", "BLOCKWISE")
+_SUPPORTED = ("TENSORWISE", "ROWWISE", "BLOCKWISE", "MX_BLOCKWISE")
+_MX = "MX_BLOCKWISE"
+_MX_BLOCK = 32
 _G = ScalingGranularity
 
 
@@ -59,7 +76,52 @@ def _quant_rows(x: torch.Tensor, dtype, gran: str, bs: int):
     if gran == "ROWWISE":
         q, s = _quantize_fp8(x, dtype, _G.ROWWISE, axis=-1)
         return q, s.reshape(x.shape[0])
+    if gran == _MX:
+        return _quantize_fp8(x, dtype, _G.MX_BLOCKWISE, axis=-1)  # s: [M, C/32] E8M0
     return _quantize_fp8(x, dtype, _G.BLOCKWISE, block_size=bs, axis=-1)
+
+
+def _transpose_bytes(t: torch.Tensor, d0: int = 0, d1: int = 1) -> torch.Tensor:
+    """Contiguous transpose of a 1-byte tensor (FP8 / packed FP4 / E8M0) through its uint8 view."""
+    return t.view(torch.uint8).transpose(d0, d1).contiguous().view(t.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# MX (MXFP8 and, shared with grouped_gemm_fp4, MXFP4): 1 x 32 blocks along each GEMM's K
+# ----------------------------------------------------------------------------------------------
+def _mx_weight_copies(b: torch.Tensor, trans_b: bool, quant, pack: int, need_fwd: bool, need_dgrad: bool):
+    """(forward copy [G, N, K/pack] + [G, N, K/32], dgrad copy [G, K, N/pack] + [G, K, N/32]).
+
+    ``quant(x2d, axis)`` quantizes a 2-D tensor in 1 x 32 blocks along ``axis`` (packing ``pack``
+    values per byte along it). ``b`` is viewed as ``[G * R, C]``; blocks along R never straddle two
+    experts because R (K or N) is a multiple of 32 whenever a copy along it is needed."""
+    G, R, C = b.shape
+    b2 = b.contiguous().reshape(G * R, C)
+
+    def along_c():  # [G, R, C/pack], scales [G, R, C/32]
+        q, s = quant(b2, -1)
+        return q.view(G, R, C // pack), s.view(G, R, C // _MX_BLOCK)
+
+    def along_r():  # [G, C, R/pack], scales [G, C, R/32]
+        q, s = quant(b2, 0)
+        return (_transpose_bytes(q.view(G, R // pack, C), 1, 2),
+                _transpose_bytes(s.view(G, R // _MX_BLOCK, C), 1, 2))
+
+    # trans_b: b is [G, N, K] (forward along C = K, dgrad along R = N); else [G, K, N] (the reverse)
+    fwd = (along_c() if trans_b else along_r()) if need_fwd else None
+    dgr = (along_r() if trans_b else along_c()) if need_dgrad else None
+    return fwd, dgr
+
+
+def _mx_token_copy(x: torch.Tensor, src: torch.Tensor, quant, pack: int):
+    """The column-wise copy of ``x [M_total, C]`` in the padded token layout ``src``, stored
+    transposed: ``[C, M_pad/pack]`` + scales ``[C, M_pad/32]`` (32-token blocks inside one group)."""
+    q, s = quant(gather_rows(x, src), 0)  # [M_pad/pack, C], [M_pad/32, C]
+    return _transpose_bytes(q), _transpose_bytes(s)
+
+
+def _quant_fp8_mx(dtype):
+    return lambda x, axis: _quantize_fp8(x, dtype, _G.MX_BLOCKWISE, axis=axis)
 
 
 def _quant_cols_t(x: torch.Tensor, dtype, gran: str, row_copy=None):
@@ -88,6 +150,8 @@ def _quant_weight(w: torch.Tensor, dtype, gran: str, bs: int):
 
 def _weight_copies(b: torch.Tensor, trans_b: bool, dtype, gran: str, bs: int, need_fwd: bool, need_dgrad: bool):
     """(forward copy [G, N, K], dgrad copy [G, K, N]) as (q, scale) pairs, None where not needed."""
+    if gran == _MX:
+        return _mx_weight_copies(b, trans_b, _quant_fp8_mx(dtype), 1, need_fwd, need_dgrad)
     w_nk = b if trans_b else b.transpose(1, 2)  # [G, N, K] view
     if gran == "ROWWISE":  # each orientation has its own row scales
         fwd = _quant_weight(w_nk, dtype, gran, bs) if need_fwd else None
@@ -127,19 +191,24 @@ class GroupedGemmFP8Function(torch.autograd.Function):
         w_fwd, w_dgrad = _weight_copies(b, trans_b, fwd_dtype, gran, bs, True, need_ga)
         out = _mm(a_row, w_fwd, gran, group_lens, group_offs, out_dtype, bs, num_cu)
         saved_w = w_dgrad if need_ga else (None, None)
-        if need_gb and gran != "BLOCKWISE":
+        src = poffs = None
+        if need_gb and gran == _MX:  # per-group-segment 32-token blocks: the padded token layout
+            src, poffs = padded_group_layout(group_offs, a.size(0), _MX_BLOCK)
+            saved_a = (*_mx_token_copy(a, src, _quant_fp8_mx(fwd_dtype), 1), None)
+        elif need_gb and gran != "BLOCKWISE":
             a_col = _quant_cols_t(a, fwd_dtype, gran, a_row)
             saved_a = (*a_col, None)
         else:
             saved_a = (None, None, a if need_gb else None)  # BLOCKWISE wgrad runs in a's precision
-        ctx.save_for_backward(*saved_w, *saved_a, group_lens, group_offs, b if (fuse_accum and need_gb) else None)
+        ctx.save_for_backward(*saved_w, *saved_a, group_lens, group_offs, src, poffs,
+                              b if (fuse_accum and need_gb) else None)
         if fuse_accum and need_gb:
             b.grad_added_to_main_grad = True
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        wq, ws, aq_t, as_t, a_hp, group_lens, group_offs, b = ctx.saved_tensors
+        wq, ws, aq_t, as_t, a_hp, group_lens, group_offs, src, poffs, b = ctx.saved_tensors
         gran, bs, num_cu = ctx.gran, ctx.bs, ctx.num_cu
         grad_out = grad_out.contiguous()
         grad_a = grad_b = None
@@ -157,6 +226,14 @@ class GroupedGemmFP8Function(torch.autograd.Function):
                     _vk_accum(x, y, group_lens, group_offs, b.main_grad, num_cu)
                 else:
                     grad_b = _vk(x, y, group_lens, group_offs, num_cu).to(ctx.b_dtype)
+            elif gran == _MX:
+                dy_col = _mx_token_copy(grad_out, src, _quant_fp8_mx(ctx.bwd_dtype), 1)
+                A = (aq_t, as_t)
+                X, Y = (dy_col, A) if ctx.trans_b else (A, dy_col)
+                if fuse:
+                    _vk_fp8(X, Y, gran, group_lens, poffs, b.main_grad.dtype, num_cu, out=b.main_grad)
+                else:
+                    grad_b = _vk_fp8(X, Y, gran, group_lens, poffs, ctx.b_dtype, num_cu)
             else:
                 tw_row = dy_row if (gran == "TENSORWISE" and dy_row is not None) else None
                 dy_col = _quant_cols_t(grad_out, ctx.bwd_dtype, gran, tw_row)
@@ -175,6 +252,20 @@ class GroupedGemmFP8Function(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------------------------
+def _check_mx_dims(op: str, a, b, trans_b: bool) -> None:
+    """MX quantizes each GEMM's K in blocks of 32: K (forward), N (grad_input). The tokens (the
+    grad_weight K) need nothing: their blocks are per group segment in a padded layout."""
+    m, k = a.shape
+    n = b.size(1) if trans_b else b.size(2)
+    if m * n * k * b.size(0) == 0:  # nothing is quantized
+        return
+    grads = torch.is_grad_enabled()
+    for dim, name, needed in ((k, "K", True), (n, "N", grads and a.requires_grad)):
+        if needed and dim % _MX_BLOCK:
+            raise ValueError(f"{op}: MX needs {name} to be a multiple of 32, got {name}={dim} (a{tuple(a.shape)}, "
+                             f"b{tuple(b.shape)}, trans_b={trans_b})")
+
+
 def _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern):
     op = "grouped_gemm_fp8"
     for name, t, nd in (("a", a, 2), ("b", b, 3)):
@@ -193,8 +284,6 @@ def _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_
     if not isinstance(config, Float8QuantConfig):
         raise TypeError(f"{op}: config must be a Float8QuantConfig or None, got {type(config).__name__}")
     gran = config.granularity.name
-    if gran == "MX_BLOCKWISE":
-        raise NotImplementedError(f"{op}: MX_BLOCKWISE is not implemented yet (supported: {', '.join(_SUPPORTED)})")
     if gran not in _SUPPORTED:
         raise ValueError(f"{op}: granularity {gran} is not supported (supported: {', '.join(_SUPPORTED)})")
     if out_dtype is not None and out_dtype not in _HP_DTYPES:
@@ -203,6 +292,8 @@ def _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_
     if a.size(1) != k_b:
         raise ValueError(f"{op}: K mismatch, a{tuple(a.shape)} has K={a.size(1)}, b{tuple(b.shape)} with "
                          f"trans_b={trans_b} has K={k_b}")
+    if gran == _MX:
+        _check_mx_dims(op, a, b, trans_b)
     G = b.size(0)
     for name, t, n in (("group_lens", group_lens, G), ("group_offs", group_offs, G + 1)):
         if t is None and name == "group_offs":
@@ -254,15 +345,17 @@ def grouped_gemm_fp8(
             exclusive prefix sum, computed on the device when None.
         out_dtype: dtype of the output (default ``a.dtype``); gradients come back in the inputs' dtypes.
         config: :class:`Float8QuantConfig` (default TENSORWISE E4M3): E4M3, E5M2 or HYBRID (E4M3
-            forward operands, E5M2 output gradient); TENSORWISE, ROWWISE or BLOCKWISE
-            (``block_size``, 128 by default). MX_BLOCKWISE raises NotImplementedError.
+            forward operands, E5M2 output gradient); TENSORWISE, ROWWISE, BLOCKWISE
+            (``block_size``, 128 by default) or MX_BLOCKWISE (1 x 32 E8M0 blocks, emulated exactly;
+            K, and N when grad_input is needed, multiples of 32).
         num_cu: cap on the persistent programs (SMs) of the kernels.
         fuse_bgrad_accum_pattern: ``None`` or ``"megatron"``: the weight gradient is added into
             ``b.main_grad`` (fp32 or ``b.dtype``) in the kernel epilogue and a placeholder is returned.
 
-    Forward and grad_input run in FP8; grad_weight runs in FP8 for TENSORWISE / ROWWISE and in the
-    input precision for BLOCKWISE (see the module docstring). Backend: TRITON (persistent kernels
-    with a device-side group schedule; CPU through the Triton interpreter).
+    Forward and grad_input run in FP8; grad_weight runs in FP8 for TENSORWISE / ROWWISE / MX and in
+    the input precision for BLOCKWISE (see the module docstring). Backends: TRITON (the default:
+    persistent kernels with a device-side group schedule; CPU through the Triton interpreter) and
+    TORCH (``torch._scaled_grouped_mm``, sm_90, TENSORWISE / ROWWISE E4M3, by pin or autotune).
     """
     config = Float8QuantConfig() if config is None else config
     _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern)

@@ -18,12 +18,20 @@ the bf16 kernels of ``grouped_gemm_kernel.py`` whose schedule they mirror.
     ranges, so a block never straddles two experts) and ``sb [G, ceil(N/bs), ceil(K/bs)]`` (bs x bs
     tiles per expert). ``BLOCK_K`` divides ``bs``; every K step's FP8 dot is promoted into the fp32
     accumulator with its scales (as the dense kernel in ``gemm/gemm_fp8_kernel.py``).
+  - 3 MX_BLOCKWISE (emulated: Hopper has no block-scaled MMA): ``sa [M_total, K/32]``,
+    ``sb [G, N, K/32]`` E8M0 bytes (uint8 views). Each FP8 tile is widened to bf16 with its
+    power-of-two scales folded in and goes through a bf16 dot with fp32 accumulation: exact (see
+    the MX notes of ``gemm/gemm_fp8_kernel.py``, whose helpers are reused). K % 32 == 0.
 
 * ``_grouped_gemm_fp8_variable_k_kernel`` (wgrad): ``C[g] (+)= (X_t * sx)[:, rows of g] @
   ((Y_t * sy)[:, rows of g])^T`` for ``X_t [P, M_total]``, ``Y_t [Q, M_total]`` (the column-wise
   quantized copies, stored transposed so the reduction dim is contiguous) and ``C [G, P, Q]``.
-  Modes 0 (``sx``, ``sy`` one fp32 each) and 1 (``sx [P]``, ``sy [Q]``: one scale per column of
-  the untransposed tensor, over all tokens); optional ``C +=`` epilogue (Megatron ``main_grad``).
+  Modes 0 (``sx``, ``sy`` one fp32 each), 1 (``sx [P]``, ``sy [Q]``: one scale per column of
+  the untransposed tensor, over all tokens) and 3 (MX: ``sx [P, M_total/32]``, ``sy [Q, M_total/32]``
+  E8M0, 32-token blocks along the reduction dim; **every group offset must be a multiple of 32**, so
+  no block straddles two experts: the op layer feeds a token layout whose group segments are padded
+  with zero rows to multiples of 32, which cannot be checked here without a host sync); optional
+  ``C +=`` epilogue (Megatron ``main_grad``).
 
 Masked pointer loads (any strides), no tensor descriptors yet.
 """
@@ -39,6 +47,8 @@ import triton
 import triton.language as tl
 
 from primus_turbo.triton import is_interpreter
+from primus_turbo.triton.gemm.gemm_fp8_kernel import _e8m0_to_fp32, _mx_widen
+from primus_turbo.triton.interpreter import bf16_dot_fixed
 
 from .grouped_gemm_kernel import _swizzle, group_offsets
 
@@ -53,8 +63,11 @@ __all__ = [
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_TENSORWISE, _ROWWISE, _BLOCKWISE = 0, 1, 2
-GROUPED_FP8_MODES = {"TENSORWISE": _TENSORWISE, "ROWWISE": _ROWWISE, "BLOCKWISE": _BLOCKWISE}
+_E8M0 = getattr(torch, "float8_e8m0fnu", None)
+_MX_SCALE_DTYPES = tuple(d for d in (_E8M0, torch.uint8) if d is not None)
+_TENSORWISE, _ROWWISE, _BLOCKWISE, _MX = 0, 1, 2, 3
+GROUPED_FP8_MODES = {"TENSORWISE": _TENSORWISE, "ROWWISE": _ROWWISE, "BLOCKWISE": _BLOCKWISE, "MX_BLOCKWISE": _MX}
+MX_BLOCK = 32
 
 
 # ----------------------------------------------------------------------------------------------
@@ -109,6 +122,18 @@ def _grouped_gemm_fp8_kernel(
                         sb = tl.load(sb_g + (cols // SCALE_BLOCK).to(tl.int64) * stride_sbn + kb * stride_sbk,
                                      mask=mask_n, other=0.0)
                         acc += partial * sa[:, None] * sb[None, :]
+                    elif SCALE_MODE == 3:  # MX: exact power-of-two scales folded into the bf16 widening
+                        NG: tl.constexpr = BLOCK_K // 32
+                        kg = ki * NG + tl.arange(0, NG)
+                        kg_ok = kg < K // 32
+                        # masked groups read exponent 127 (scale 1) on zero-filled data
+                        ea = tl.load(sa_ptr + rows.to(tl.int64)[:, None] * stride_sam + kg[None, :] * stride_sak,
+                                     mask=mask_m[:, None] & kg_ok[None, :], other=127)
+                        eb = tl.load(sb_g + cols.to(tl.int64)[:, None] * stride_sbn + kg[None, :] * stride_sbk,
+                                     mask=mask_n[:, None] & kg_ok[None, :], other=127)
+                        a16 = _mx_widen(a, _e8m0_to_fp32(ea.to(tl.int32)), BLOCK_M, BLOCK_K)
+                        b16 = _mx_widen(b, _e8m0_to_fp32(eb.to(tl.int32)), BLOCK_N, BLOCK_K)
+                        acc = tl.dot(a16, tl.trans(b16), acc)
                     else:
                         acc = tl.dot(a, tl.trans(b), acc)
                 if SCALE_MODE == 0:
@@ -127,6 +152,7 @@ def _grouped_gemm_fp8_variable_k_kernel(
     x_ptr, y_ptr, c_ptr, offs_ptr, sx_ptr, sy_ptr,
     M, P, Q, G,
     stride_xp, stride_xm, stride_yq, stride_ym, stride_cg, stride_cp, stride_cq, stride_sx, stride_sy,
+    stride_sxk, stride_syk,
     NUM_PROGRAMS: tl.constexpr,
     SCALE_MODE: tl.constexpr,
     ACCUMULATE: tl.constexpr,
@@ -156,10 +182,22 @@ def _grouped_gemm_fp8_variable_k_kernel(
             mask_r = r < r_end
             x = tl.load(x_rows + r64[None, :] * stride_xm, mask=mask_p[:, None] & mask_r[None, :], other=0.0)
             y = tl.load(y_rows + r64[None, :] * stride_ym, mask=mask_q[:, None] & mask_r[None, :], other=0.0)
-            acc = tl.dot(x, tl.trans(y), acc)
+            if SCALE_MODE == 3:  # MX: 32-token blocks (group offsets are multiples of 32)
+                NG: tl.constexpr = BLOCK_K // 32
+                rg = r0 // 32 + tl.arange(0, NG)
+                rg_ok = rg * 32 < r_end
+                ex = tl.load(sx_ptr + ps.to(tl.int64)[:, None] * stride_sx + rg[None, :] * stride_sxk,
+                             mask=mask_p[:, None] & rg_ok[None, :], other=127)
+                ey = tl.load(sy_ptr + qs.to(tl.int64)[:, None] * stride_sy + rg[None, :] * stride_syk,
+                             mask=mask_q[:, None] & rg_ok[None, :], other=127)
+                x16 = _mx_widen(x, _e8m0_to_fp32(ex.to(tl.int32)), BLOCK_M, BLOCK_K)
+                y16 = _mx_widen(y, _e8m0_to_fp32(ey.to(tl.int32)), BLOCK_N, BLOCK_K)
+                acc = tl.dot(x16, tl.trans(y16), acc)
+            else:
+                acc = tl.dot(x, tl.trans(y), acc)
         if SCALE_MODE == 0:
             acc = acc * (tl.load(sx_ptr) * tl.load(sy_ptr))
-        else:
+        elif SCALE_MODE == 1:
             sx = tl.load(sx_ptr + ps.to(tl.int64) * stride_sx, mask=mask_p, other=0.0)
             sy = tl.load(sy_ptr + qs.to(tl.int64) * stride_sy, mask=mask_q, other=0.0)
             acc = acc * sx[:, None] * sy[None, :]
@@ -185,6 +223,8 @@ class GroupedGemmFP8Config:
 
 
 _INTERPRETER_CONFIG = GroupedGemmFP8Config(32, 32, 32, group_m=2, num_stages=1, num_warps=4)
+# MX: BLOCK_K 64 so a tile holds two 32-wide scale groups (the reshape path runs)
+_INTERPRETER_CONFIG_MX = GroupedGemmFP8Config(32, 32, 64, group_m=2, num_stages=1, num_warps=4)
 _INTERPRETER_NUM_PROGRAMS = 3
 
 
@@ -206,7 +246,10 @@ def _num_programs(device: torch.device, num_cu: Optional[int]) -> int:
 def _default_config(m_avg: int, n: int, mode: int, block_size: int, variable_k: bool) -> GroupedGemmFP8Config:
     """Static-shape analytic config (sm_90, FP8 tiles of 1 byte per element)."""
     if is_interpreter():
-        cfg = _INTERPRETER_CONFIG
+        cfg = _INTERPRETER_CONFIG_MX if mode == _MX else _INTERPRETER_CONFIG
+    elif mode == _MX:  # tiles are widened to bf16 in registers: bf16-sized tiles, shorter K steps
+        cfg = GroupedGemmFP8Config(128, 128, 64, 8, 3, 8) if (variable_k or m_avg > 64) else \
+            GroupedGemmFP8Config(64, 128, 64, 8, 3, 4)
     elif variable_k:
         cfg = GroupedGemmFP8Config(128, 128, 64, 8, 4, 8)
     elif m_avg <= 64:
@@ -262,15 +305,24 @@ def _check_offsets(group_lens, group_offs, G: int, device) -> None:
         raise ValueError("group_lens or group_offs is needed")
 
 
-def _check_scale(name, s, want: tuple, device) -> None:
+def _check_scale(name, s, want: tuple, device, mx: bool = False) -> None:
     if not isinstance(s, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(s).__name__}")
-    if s.dtype != torch.float32:
+    if mx and s.dtype not in _MX_SCALE_DTYPES:
+        raise TypeError(f"{name}: {s.dtype} scales are not supported by MX_BLOCKWISE (float8_e8m0fnu or uint8 "
+                        "bytes needed)")
+    if not mx and s.dtype != torch.float32:
         raise TypeError(f"{name} must be float32, got {s.dtype}")
     if s.device != device:
         raise ValueError(f"{name} on {s.device}, operands on {device}")
     if tuple(s.shape) != want:
         raise ValueError(f"{name} must have shape {list(want)}, got {list(s.shape)}")
+
+
+def _check_mx_interpreter(device) -> None:
+    if device.type == "cpu" and not bf16_dot_fixed():
+        raise ValueError("MX_BLOCKWISE runs a bf16 dot, which the Triton interpreter gets wrong (triton issue "
+                         "#11584); call primus_turbo.triton.interpreter.fix_bf16_dot() first")
 
 
 def _validate(a, sa, b, sb, mode, group_lens, group_offs, out_dtype, block_size) -> int:
@@ -299,6 +351,12 @@ def _validate(a, sa, b, sb, mode, group_lens, group_offs, out_dtype, block_size)
     elif mode == _ROWWISE:
         _check_scale("a_scale", sa, (M,), a.device)
         _check_scale("b_scale", sb, (G, N), a.device)
+    elif mode == _MX:
+        if K % MX_BLOCK:
+            raise ValueError(f"MX_BLOCKWISE needs K to be a multiple of 32, got K={K}")
+        _check_mx_interpreter(a.device)
+        _check_scale("a_scale", sa, (M, K // MX_BLOCK), a.device, mx=True)
+        _check_scale("b_scale", sb, (G, N, K // MX_BLOCK), a.device, mx=True)
     else:
         if not isinstance(block_size, int) or block_size < 16 or block_size & (block_size - 1):
             raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
@@ -311,7 +369,7 @@ def _validate(a, sa, b, sb, mode, group_lens, group_offs, out_dtype, block_size)
 def _validate_variable_k(xt, sx, yt, sy, mode, group_lens, group_offs, out, accumulate, out_dtype) -> int:
     mode = _mode_of(mode)
     if mode == _BLOCKWISE:
-        raise ValueError("the FP8 variable-K kernel supports TENSORWISE and ROWWISE only")
+        raise ValueError("the FP8 variable-K kernel supports TENSORWISE, ROWWISE and MX_BLOCKWISE only")
     for n, t in (("x_t", xt), ("y_t", yt)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
@@ -329,6 +387,14 @@ def _validate_variable_k(xt, sx, yt, sy, mode, group_lens, group_offs, out, accu
     if mode == _TENSORWISE:
         _check_scale("x_scale", sx, (), xt.device)
         _check_scale("y_scale", sy, (), xt.device)
+    elif mode == _MX:
+        Mt = xt.shape[1]
+        if Mt % MX_BLOCK:
+            raise ValueError(f"MX_BLOCKWISE needs the token dim of x_t / y_t to be a multiple of 32 (a layout "
+                             f"with group segments padded to multiples of 32), got {Mt}")
+        _check_mx_interpreter(xt.device)
+        _check_scale("x_scale", sx, (P, Mt // MX_BLOCK), xt.device, mx=True)
+        _check_scale("y_scale", sy, (Q, Mt // MX_BLOCK), xt.device, mx=True)
     else:
         _check_scale("x_scale", sx, (P,), xt.device)
         _check_scale("y_scale", sy, (Q,), xt.device)
@@ -377,7 +443,8 @@ def grouped_gemm_fp8_triton(
 
     ``a_q [M_total, K]`` and ``b_q [G, N, K]`` FP8 (e4m3fn / e5m2, may differ). Scales (fp32
     dequantization multipliers): TENSORWISE ``sa []``, ``sb [G]``; ROWWISE ``sa [M_total]``,
-    ``sb [G, N]``; BLOCKWISE ``sa [M_total, ceil(K/bs)]``, ``sb [G, ceil(N/bs), ceil(K/bs)]``.
+    ``sb [G, N]``; BLOCKWISE ``sa [M_total, ceil(K/bs)]``, ``sb [G, ceil(N/bs), ceil(K/bs)]``;
+    MX_BLOCKWISE ``sa [M_total, K/32]``, ``sb [G, N, K/32]`` E8M0 (K % 32 == 0).
     No host synchronisation.
     """
     if not checked:
@@ -396,6 +463,8 @@ def grouped_gemm_fp8_triton(
     cfg = config or _default_config(max(1, M // G), N, mode, block_size, False)
     if mode == _BLOCKWISE and block_size % cfg.block_k:
         raise ValueError(f"BLOCKWISE needs BLOCK_K ({cfg.block_k}) to divide block_size ({block_size})")
+    if mode == _MX and cfg.block_k % MX_BLOCK:
+        raise ValueError(f"MX_BLOCKWISE needs BLOCK_K ({cfg.block_k}) to be a multiple of 32")
     programs = _num_programs(a_q.device, num_cu)
     max_tiles = (triton.cdiv(M, cfg.block_m) + G + 1) * triton.cdiv(N, cfg.block_n)
     grid = (min(programs, max_tiles),)
@@ -403,6 +472,9 @@ def grouped_gemm_fp8_triton(
         sa_strides, sb_strides = (0, 0), (sb.stride(0), 0, 0)
     elif mode == _ROWWISE:
         sa_strides, sb_strides = (sa.stride(0), 0), (sb.stride(0), sb.stride(1), 0)
+    elif mode == _MX:  # E8M0 bytes are read as uint8 and decoded in the kernel
+        sa, sb = sa.view(torch.uint8), sb.view(torch.uint8)
+        sa_strides, sb_strides = tuple(sa.stride()), tuple(sb.stride())
     else:
         sa_strides, sb_strides = (sa.stride(0), sa.stride(1)), tuple(sb.stride())
 
@@ -429,7 +501,9 @@ def grouped_gemm_fp8_variable_k_triton(
     """``out[g] (+)= (x_t * sx)[:, rows of g] @ ((y_t * sy)[:, rows of g]).T``: ``[G, P, Q]``.
 
     ``x_t [P, M_total]``, ``y_t [Q, M_total]`` FP8 (the reduction runs along dim 1, over the
-    group's tokens); TENSORWISE ``sx``, ``sy`` 0-dim, ROWWISE ``sx [P]``, ``sy [Q]``. An empty
+    group's tokens); TENSORWISE ``sx``, ``sy`` 0-dim, ROWWISE ``sx [P]``, ``sy [Q]``, MX_BLOCKWISE
+    ``sx [P, M_total/32]``, ``sy [Q, M_total/32]`` E8M0 with every group offset a multiple of 32
+    (not checked: it would need a host sync; the op layer pads group segments). An empty
     group gives zeros (or leaves ``out[g]`` unchanged when accumulating). No host synchronisation.
     """
     if not checked:
@@ -448,16 +522,22 @@ def grouped_gemm_fp8_variable_k_triton(
     if M == 0:
         return out if accumulate else out.zero_()
     cfg = config or _default_config(max(1, M // G), Q, mode, 128, True)
+    if mode == _MX and cfg.block_k % MX_BLOCK:
+        raise ValueError(f"MX_BLOCKWISE needs BLOCK_K ({cfg.block_k}) to be a multiple of 32")
     programs = _num_programs(x_t.device, num_cu)
     grid = (min(programs, G * triton.cdiv(P, cfg.block_m) * triton.cdiv(Q, cfg.block_n)),)
     ssx = 0 if mode == _TENSORWISE else sx.stride(0)
     ssy = 0 if mode == _TENSORWISE else sy.stride(0)
+    ssxk = ssyk = 0
+    if mode == _MX:  # E8M0 bytes are read as uint8 and decoded in the kernel
+        sx, sy = sx.view(torch.uint8), sy.view(torch.uint8)
+        ssx, ssxk, ssy, ssyk = sx.stride(0), sx.stride(1), sy.stride(0), sy.stride(1)
 
     def launch():
         _grouped_gemm_fp8_variable_k_kernel[grid](
             x_t, y_t, out, group_offs, sx, sy, M, P, Q, G,
             x_t.stride(0), x_t.stride(1), y_t.stride(0), y_t.stride(1),
-            out.stride(0), out.stride(1), out.stride(2), ssx, ssy,
+            out.stride(0), out.stride(1), out.stride(2), ssx, ssy, ssxk, ssyk,
             NUM_PROGRAMS=grid[0], SCALE_MODE=mode, ACCUMULATE=accumulate,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             num_stages=cfg.num_stages, num_warps=cfg.num_warps,

@@ -2,7 +2,8 @@
 inputs: forward and both gradients for TENSORWISE / ROWWISE / BLOCKWISE x E4M3 / E5M2 / HYBRID,
 1 to 8 experts with balanced, unbalanced and empty groups, both weight layouts; the zeroed tail,
 Megatron's fused wgrad accumulation, repeatability, bad input, and (on the GPU) proof that no host
-synchronisation happens."""
+synchronisation happens. MX_BLOCKWISE (emulated MXFP8, per-group-segment wgrad blocks) at small
+shapes; the TORCH backend (torch._scaled_grouped_mm) against TRITON on the GPU."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_gemm_fp8
 from primus_turbo.testing import grouped_gemm_ref, grouped_gemm_variable_k_ref, snr_db
 
 GRANS = [ScalingGranularity.TENSORWISE, ScalingGranularity.ROWWISE, ScalingGranularity.BLOCKWISE]
+MX = ScalingGranularity.MX_BLOCKWISE
 FORMATS = [Format.E4M3, Format.E5M2, Format.HYBRID]
 MIN_SNR = {Format.E4M3: 25.0, Format.E5M2: 20.0, Format.HYBRID: 20.0}
 CASES = [  # (group lens, N, K)
@@ -165,8 +167,8 @@ def test_bad_inputs(device):
         grouped_gemm_fp8(a, b, torch.tensor([7], dtype=torch.int64, device=device))
     with pytest.raises(ValueError, match="entries"):
         grouped_gemm_fp8(a, b, gl, group_offs=gl)
-    with pytest.raises(NotImplementedError, match="MX_BLOCKWISE"):
-        grouped_gemm_fp8(a, b, gl, config=Float8QuantConfig(granularity=ScalingGranularity.MX_BLOCKWISE))
+    with pytest.raises(ValueError, match="K to be a multiple of 32"):  # K = 128 - 16
+        grouped_gemm_fp8(a[:, :112], b[:, :, :112], gl, config=_cfg(MX))
     with pytest.raises(TypeError, match="dtype"):
         grouped_gemm_fp8(a.to(torch.float8_e4m3fn), b, gl)
     with pytest.raises(TypeError, match="config"):
@@ -202,3 +204,149 @@ def test_backend_pin(device):
     GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON, precision="FP8")
     a, b, gl = _make([5, 11], 64, 128, True, device)
     assert snr_db(grouped_gemm_ref(a, b, gl, True), grouped_gemm_fp8(a, b, gl)) >= 25.0
+
+
+# ----------------------------------------------------------------------------------------------
+# MX_BLOCKWISE (emulated MXFP8)
+# ----------------------------------------------------------------------------------------------
+MX_CASES = [  # (group lens, N, K, trans_b, extra tail rows): small, the interpreter runs them
+    ([64], 64, 128, True, 0),
+    ([40, 0, 23], 96, 64, False, 5),  # unbalanced, an empty group, lens not multiples of 32
+    ([32, 96, 32], 64, 64, True, 0),  # balanced-ish, 32-aligned segments
+    ([0, 0, 0], 64, 64, True, 7),  # nothing routed: all zeros
+]
+
+
+@pytest.mark.parametrize("lens, n, k, trans_b, extra", MX_CASES,
+                         ids=[f"G{len(c[0])}-{c[0]}-{'NT' if c[3] else 'NN'}" for c in MX_CASES])
+def test_grouped_gemm_fp8_mx(lens, n, k, trans_b, extra, device):
+    a, b, gl = _make(lens, n, k, trans_b, device, extra_rows=extra)
+    _check(a, b, gl, trans_b, _cfg(MX), MIN_SNR[Format.E4M3])
+
+
+def test_grouped_gemm_fp8_mx_hybrid_fp32(device):
+    a, b, gl = _make([33, 0, 31], 64, 64, True, device, dtype=torch.float32, extra_rows=3)
+    _check(a, b, gl, True, _cfg(MX, Format.HYBRID), MIN_SNR[Format.HYBRID], out_dtype=torch.bfloat16)
+
+
+def test_grouped_gemm_fp8_mx_megatron_and_repeatable(device):
+    k, n = 64, 64
+    b = (torch.randn((3, n, k), dtype=torch.bfloat16, device=device) * k ** -0.5).requires_grad_()
+    b.main_grad = torch.randn(b.shape, dtype=torch.float32, device=device)
+    start = b.main_grad.double().clone()
+    expected = start.clone()
+    for lens in ([20, 0, 31], [5, 40, 2]):  # two micro-batches accumulate into main_grad
+        gl = torch.tensor(lens, dtype=torch.int64, device=device)
+        a = torch.randn(sum(lens), k, dtype=torch.bfloat16, device=device, requires_grad=True)
+        out = grouped_gemm_fp8(a, b, gl, config=_cfg(MX), fuse_bgrad_accum_pattern="megatron")
+        dc = torch.randn_like(out)
+        out.backward(dc)
+        expected += grouped_gemm_variable_k_ref(dc, a, gl)
+        assert snr_db(grouped_gemm_ref(dc, b, gl, trans_b=False), a.grad) >= 25.0
+        b.grad = None
+    assert b.grad_added_to_main_grad is True
+    assert snr_db(expected - start, b.main_grad.double() - start) >= 25.0
+    # bitwise repeatable, no_grad forward equal to the autograd forward
+    a, w, gl = _make([7, 0, 40], 64, 64, True, device)
+    with torch.no_grad():
+        ref = grouped_gemm_fp8(a, w, gl, config=_cfg(MX))
+    for _ in range(2):
+        assert torch.equal(grouped_gemm_fp8(a.clone().requires_grad_(), w, gl, config=_cfg(MX)), ref)
+
+
+def test_grouped_gemm_fp8_mx_dims(device):
+    a, b, gl = _make([3, 4], 48, 64, True, device)  # N = 48: fine without grad_input
+    with torch.no_grad():  # (the public name, too)
+        assert turbo.ops.grouped_gemm_fp8(a, b, gl, config=_cfg(MX)).shape == (7, 48)
+    with pytest.raises(ValueError, match="N to be a multiple of 32"):
+        grouped_gemm_fp8(a.requires_grad_(), b, gl, config=_cfg(MX))
+    a, b, gl = _make([3, 4], 64, 80, True, device)
+    with pytest.raises(ValueError, match="K to be a multiple of 32, got K=80"):
+        grouped_gemm_fp8(a, b, gl, config=_cfg(MX))
+
+
+# ----------------------------------------------------------------------------------------------
+# TORCH backend (torch._scaled_grouped_mm): GPU only
+# ----------------------------------------------------------------------------------------------
+def test_torch_backend_declines_on_cpu_or_unsupported(device):
+    from primus_turbo.pytorch.backends.grouped_gemm_fp8 import (
+        GroupedGemmFP8TorchBackend,
+        GroupedGemmFP8VariableKTorchBackend,
+    )
+
+    a = torch.randn(8, 64, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(2, 32, 64, device=device).to(torch.float8_e4m3fn)
+    gl = torch.tensor([3, 5], dtype=torch.int64, device=device)
+    offs = torch.tensor([0, 3, 8], dtype=torch.int64, device=device)
+    s, sb = torch.ones((), device=device), torch.ones(2, device=device)
+    reason = GroupedGemmFP8TorchBackend.check(a_q=a, a_scale=s, b_q=b, b_scale=sb, mode="BLOCKWISE", group_lens=gl,
+                                              group_offs=offs, out_dtype=torch.bfloat16)
+    assert isinstance(reason, str) and reason
+    reason = GroupedGemmFP8VariableKTorchBackend.check(x_t=a, x_scale=s, y_t=a, y_scale=s, mode="TENSORWISE",
+                                                       group_lens=gl, group_offs=offs, out_dtype=torch.bfloat16,
+                                                       num_cu=1)
+    assert isinstance(reason, str) and reason
+    if device == "cpu":
+        reason = GroupedGemmFP8TorchBackend.check(a_q=a, a_scale=s, b_q=b, b_scale=sb, mode="TENSORWISE",
+                                                  group_lens=gl, group_offs=offs, out_dtype=torch.bfloat16)
+        assert "CUDA" in reason
+
+
+def _scaled_grouped_mm_ok() -> bool:
+    return (torch.cuda.is_available() and hasattr(torch, "_scaled_grouped_mm")
+            and torch.cuda.get_device_capability() >= (9, 0))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _scaled_grouped_mm_ok(), reason="needs torch._scaled_grouped_mm on sm_90+")
+@pytest.mark.parametrize("gran", [ScalingGranularity.TENSORWISE, ScalingGranularity.ROWWISE], ids=lambda g: g.name)
+@pytest.mark.parametrize("trans_b", [True, False], ids=["NT", "NN"])
+def test_torch_backend_matches_triton(gran, trans_b, device):
+    from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager
+
+    lens = [256, 0, 100, 713, 7]
+    a, b, gl = _make(lens, 512, 256, trans_b, device, extra_rows=9)
+    dc = torch.randn(a.shape[0], 512, dtype=a.dtype, device=device)
+    results = {}
+    try:
+        for backend in (BackendType.TRITON, BackendType.TORCH):
+            GlobalBackendManager.set_grouped_gemm_backend(backend, precision="FP8")
+            x, w = a.clone().requires_grad_(), b.clone().requires_grad_()
+            out = grouped_gemm_fp8(x, w, gl, trans_b=trans_b, config=_cfg(gran))
+            out.backward(dc)
+            results[backend] = (out.detach(), x.grad, w.grad, dc)
+        # fused main_grad accumulation through the TORCH wgrad
+        w = b.clone().requires_grad_()
+        w.main_grad = torch.zeros(b.shape, dtype=torch.float32, device=device)
+        out = grouped_gemm_fp8(a, w, gl, trans_b=trans_b, config=_cfg(gran), fuse_bgrad_accum_pattern="megatron")
+        out.backward(results[BackendType.TORCH][3])
+        fused = w.main_grad.clone()
+    finally:
+        GlobalBackendManager.reset()
+    (o0, ga0, gb0, dc), (o1, ga1, gb1, _) = results[BackendType.TRITON], results[BackendType.TORCH]
+    routed = sum(lens)
+    assert torch.equal(o1[routed:], torch.zeros_like(o1[routed:]))
+    assert snr_db(o0, o1) >= 40.0 and snr_db(ga0, ga1) >= 40.0 and snr_db(gb0, gb1) >= 35.0
+    assert snr_db(grouped_gemm_ref(a, b, gl, trans_b), o1) >= 25.0
+    assert snr_db(grouped_gemm_ref(dc, b, gl, trans_b=not trans_b), ga1) >= 25.0
+    ref_db = grouped_gemm_variable_k_ref(dc, a, gl) if trans_b else grouped_gemm_variable_k_ref(a, dc, gl)
+    assert snr_db(ref_db, gb1) >= 25.0 and snr_db(ref_db, fused) >= 25.0
+    assert not gb1[1].any()  # the empty group
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _scaled_grouped_mm_ok(), reason="needs torch._scaled_grouped_mm on sm_90+")
+def test_torch_backend_autotune_and_pin_refusal(device):
+    from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager
+
+    a, b, gl = _make([300, 0, 212], 256, 256, True, device)
+    ref = grouped_gemm_ref(a, b, gl, True)
+    try:
+        GlobalBackendManager.set_grouped_gemm_backend(precision="FP8", auto_tune=True)
+        for _ in range(2):
+            assert snr_db(ref, grouped_gemm_fp8(a, b, gl, config=_cfg(ScalingGranularity.ROWWISE))) >= 25.0
+        GlobalBackendManager.set_grouped_gemm_backend(BackendType.TORCH, precision="FP8")
+        with pytest.raises(ValueError):  # a pin is never silently ignored: BLOCKWISE is TRITON-only
+            grouped_gemm_fp8(a, b, gl, config=_cfg(ScalingGranularity.BLOCKWISE))
+    finally:
+        GlobalBackendManager.reset()

@@ -1,0 +1,179 @@
+"""MXFP4 grouped GEMM of MoE experts: ``turbo.ops.grouped_gemm_fp4`` (emulated on Hopper).
+
+Semantics as :func:`turbo.ops.grouped_gemm` / :func:`turbo.ops.grouped_gemm_fp8` (rows of ``a``
+split into ``G`` consecutive groups by ``group_lens``; group ``g`` times expert ``g``'s weight
+``op(b[g])``; rows past ``offs[G]`` zero), with all three GEMMs of training on MXFP4 operands
+(E2M1 packed two per byte, one E8M0 scale per 32 elements, docs/low_precision.md), each operand
+quantized in 1 x 32 blocks along its GEMM's K, as the dense :func:`turbo.ops.gemm_fp4`:
+
+* output:      M-grouped GEMM of ``a`` (along K) with the weights quantized along K per expert.
+* grad_input:  M-grouped GEMM of ``dC`` (along N) with the weights' copy quantized along N.
+* grad_weight: variable-K grouped GEMM over each group's tokens. The 32-token blocks must not
+  straddle two experts, so ``dC`` and ``a`` are gathered on the device into a token layout whose
+  group segments are padded with zero rows to multiples of 32 (static size ``M_total + 32 G``
+  rounded up: no host sync and no condition on ``group_lens``) and quantized along the tokens there;
+  zero rows change no block's scale and add nothing to the GEMM (the same scheme as MX_BLOCKWISE in
+  ``grouped_gemm_fp8``).
+
+Weights use 1 x 32 blocks like the activations (as ``gemm_fp4``; not Primus-Turbo's 32 x 32 weight
+blocks), so K must be a multiple of 32, and N too when grad_input is needed (``ValueError`` naming
+the dim). Hopper has no FP4 tensor cores: the TRITON backend decodes E2M1 in-kernel onto bf16
+tensor cores, exactly (the fp32 sum of the dequantized products). No host synchronisation.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..backends.grouped_gemm_fp4 import grouped_gemm_fp4_dispatcher, grouped_gemm_fp4_variable_k_dispatcher
+from ..backends.grouped_gemm_fp8 import padded_group_layout
+from ..core.backend import PrecisionType
+from ..core.low_precision import Float4QuantConfig
+from .gemm import _megatron_dummy_wgrad
+from .grouped_gemm import _offsets
+from .grouped_gemm_fp8 import _NoGradCtx, _check_inputs as _check_fp8_inputs, _mx_token_copy, _mx_weight_copies
+
+__all__ = ["grouped_gemm_fp4"]
+
+_BLOCK = 32
+
+
+def _quant_fp4(x: torch.Tensor, axis: int):
+    from .quantization import quantize_fp4  # a sibling module: imported late
+
+    return quantize_fp4(x, axis=axis)
+
+
+def _mm(A, B, group_lens, group_offs, out_dtype, num_cu):
+    return grouped_gemm_fp4_dispatcher.dispatch(
+        PrecisionType.FP4, a_q=A[0], a_scale=A[1], b_q=B[0], b_scale=B[1], group_lens=group_lens,
+        group_offs=group_offs, out_dtype=out_dtype, num_cu=num_cu)
+
+
+def _vk(X, Y, group_lens, group_offs, out_dtype, num_cu, out=None):
+    return grouped_gemm_fp4_variable_k_dispatcher.dispatch(
+        PrecisionType.FP4, x_t=X[0], x_scale=X[1], y_t=Y[0], y_scale=Y[1], group_lens=group_lens,
+        group_offs=group_offs, out=out, accumulate=out is not None, out_dtype=out_dtype, num_cu=num_cu)
+
+
+class GroupedGemmFP4Function(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, fuse_accum):
+        need_ga, need_gb = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        ctx.trans_b, ctx.num_cu, ctx.fuse_accum = trans_b, num_cu, fuse_accum
+        ctx.a_dtype, ctx.b_dtype = a.dtype, b.dtype
+        a_row = _quant_fp4(a, -1)  # [M, K/2] + [M, K/32]
+        w_fwd, w_dgrad = _mx_weight_copies(b, trans_b, _quant_fp4, 2, True, need_ga)
+        out = _mm(a_row, w_fwd, group_lens, group_offs, out_dtype, num_cu)
+        saved_w = w_dgrad if need_ga else (None, None)
+        src = poffs = None
+        saved_a = (None, None)
+        if need_gb:
+            src, poffs = padded_group_layout(group_offs, a.size(0), _BLOCK)
+            saved_a = _mx_token_copy(a, src, _quant_fp4, 2)  # [K, M_pad/2] + [K, M_pad/32]
+        ctx.save_for_backward(*saved_w, *saved_a, group_lens, group_offs, src, poffs,
+                              b if (fuse_accum and need_gb) else None)
+        if fuse_accum and need_gb:
+            b.grad_added_to_main_grad = True
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        wq, ws, aq_t, as_t, group_lens, group_offs, src, poffs, b = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:
+            dy_row = _quant_fp4(grad_out, -1)  # [M, N/2] + [M, N/32]
+            # dA[rows of g] = dC[rows of g] @ op(b[g]).T; rows past offs[G] come back zero
+            grad_a = _mm(dy_row, (wq, ws), group_lens, group_offs, ctx.a_dtype, ctx.num_cu)
+        if ctx.needs_input_grad[1]:
+            dy_col = _mx_token_copy(grad_out, src, _quant_fp4, 2)
+            A = (aq_t, as_t)
+            X, Y = (dy_col, A) if ctx.trans_b else (A, dy_col)
+            if ctx.fuse_accum:
+                _vk(X, Y, group_lens, poffs, b.main_grad.dtype, ctx.num_cu, out=b.main_grad)
+                b.grad_added_to_main_grad = True
+                grad_b = _megatron_dummy_wgrad(b)
+            else:
+                grad_b = _vk(X, Y, group_lens, poffs, ctx.b_dtype, ctx.num_cu)
+        return grad_a, grad_b, None, None, None, None, None, None
+
+
+def _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern):
+    op = "grouped_gemm_fp4"
+    if not isinstance(config, Float4QuantConfig):
+        raise TypeError(f"{op}: config must be a Float4QuantConfig or None, got {type(config).__name__}")
+    if config.use_gradient_sr:
+        raise NotImplementedError(f"{op}: Float4QuantConfig.use_gradient_sr=True (stochastic rounding of "
+                                  "gradients) is not implemented by the MXFP4 quantizers")
+    if config.use_rht:
+        raise NotImplementedError(f"{op}: Float4QuantConfig.use_rht=True (random Hadamard transform) is not "
+                                  "implemented by the MXFP4 quantizers")
+    # the shared checks (types, devices, shapes, offsets, num_cu, main_grad) and MX's 32-multiples
+    from ..core.low_precision import Float8QuantConfig, ScalingGranularity
+
+    try:
+        _check_fp8_inputs(a, b, group_lens, group_offs, trans_b, out_dtype,
+                          Float8QuantConfig(granularity=ScalingGranularity.MX_BLOCKWISE), num_cu,
+                          fuse_bgrad_accum_pattern)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(str(exc).replace("grouped_gemm_fp8", op).replace("MX needs", "MXFP4 needs")) from None
+
+
+def grouped_gemm_fp4(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    group_lens: torch.Tensor,
+    group_offs: Optional[torch.Tensor] = None,
+    trans_b: bool = True,
+    out_dtype: Optional[torch.dtype] = None,
+    config: Optional[Float4QuantConfig] = None,
+    num_cu: Optional[int] = None,
+    fuse_bgrad_accum_pattern: Optional[str] = None,
+) -> torch.Tensor:
+    """MXFP4 grouped GEMM of MoE experts with autograd, without host synchronisation.
+
+    Args:
+        a: ``[M_total, K]`` tokens sorted by expert (bf16/fp16/fp32, quantized on the fly);
+            ``M_total >= sum(group_lens)``, the extra rows' outputs (and gradients) are zero.
+        b: ``[G, N, K]`` expert weights with ``trans_b=True`` (the default, ``nn.Linear`` layout),
+            or ``[G, K, N]``; same dtype and device.
+        group_lens: ``[G]`` int64 on ``a``'s device (zero allowed, any values: no multiple of 32
+            needed); ``group_offs`` its ``[G+1]`` exclusive prefix sum, computed on the device when None.
+        out_dtype: dtype of the output (default ``a.dtype``); gradients come back in the inputs' dtypes.
+        config: :class:`Float4QuantConfig` (default). ``use_gradient_sr`` and ``use_rht`` raise
+            ``NotImplementedError``.
+        num_cu: cap on the persistent programs (SMs) of the kernels.
+        fuse_bgrad_accum_pattern: ``None`` or ``"megatron"``: the weight gradient is added into
+            ``b.main_grad`` (fp32 or ``b.dtype``) in the kernel epilogue and a placeholder is returned.
+
+    K must be a multiple of 32; with a gradient for ``a``, N too. Backend: TRITON (E2M1 decoded
+    in-kernel, bf16 tensor cores; CPU through the Triton interpreter).
+    """
+    config = Float4QuantConfig() if config is None else config
+    _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern)
+    if group_offs is None:
+        group_offs = _offsets(group_lens)
+    if a.device.type == "cpu" and not torch.compiler.is_compiling():
+        torch._assert_async(group_offs[-1] <= a.size(0), "grouped_gemm_fp4: sum(group_lens) exceeds a.shape[0]")
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    fuse = fuse_bgrad_accum_pattern == "megatron"
+    M, K = a.shape
+    G = b.size(0)
+    N = b.size(1) if trans_b else b.size(2)
+    grads = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+    if M == 0 or N == 0 or K == 0 or G == 0:
+        out = a.new_zeros((M, N), dtype=out_dtype)
+        if grads:
+            if fuse and b.requires_grad:
+                b.grad_added_to_main_grad = True
+            out = out + (a.reshape(-1)[:0].sum() + b.reshape(-1)[:0].sum()).to(out_dtype)
+        return out
+    args = (group_lens, group_offs, bool(trans_b), out_dtype, num_cu, fuse)
+    if grads:
+        return GroupedGemmFP4Function.apply(a, b, *args)
+    with torch.no_grad():
+        return GroupedGemmFP4Function.forward(_NoGradCtx(), a, b, *args)
+

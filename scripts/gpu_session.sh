@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One device call that checks and measures what changed: focused GPU tests, a profile of the FP8
+# linear step, then the benchmarks, each under its own time limit so one slow part cannot starve
+# the rest. Everything lands under OUT/r and is packed into OUT/results.tgz (the device returns
+# few files); a short summary is printed last.
+#
+#   bash scripts/gpu_session.sh OUT_DIR
+#
+# Environment: GPU_SESSION_TESTS="tests/..." overrides the test selection.
+set -u
+OUT="${1:?usage: bash scripts/gpu_session.sh OUT_DIR}"
+R="$OUT/r"
+mkdir -p "$R"
+export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+PY="${PYTHON:-python3}"
+
+TESTS="${GPU_SESSION_TESTS:-tests/pytorch/ops/test_grouped_gemm.py tests/pytorch/ops/test_grouped_gemm_fp8.py \
+tests/pytorch/ops/test_grouped_gemm_fp4.py tests/triton/test_grouped_gemm_mx_kernel.py tests/triton/test_zero_tail.py \
+tests/triton/test_grouped_gemm_fp8_kernel.py tests/pytorch/ops/test_attention_fp8.py tests/pytorch/ops/test_quantization.py \
+tests/pytorch/ops/test_gemm_fp4.py tests/pytorch/ops/test_gemm_fp8.py tests/pytorch/ops/test_moe_permute.py \
+tests/pytorch/modules tests/pytorch/core/test_quantized_tensor.py tests/testing/test_bench_moe_layer_smoke.py}"
+existing=""
+for t in $TESTS; do [ -e "$t" ] && existing="$existing $t"; done
+
+echo "== tests"
+# shellcheck disable=SC2086
+PRIMUS_TURBO_GEMM_TRITON_AUTOTUNE=0 PRIMUS_TURBO_TEST_FAILURE_LOG="$R/failures.log" \
+    timeout "${GPU_SESSION_TEST_S:-170}" "$PY" -m pytest -q -n 12 -p no:cacheprovider --timeout=160 $existing \
+    > "$R/pytest.log" 2>&1
+echo "pytest exit $?: $(tail -n 1 "$R/pytest.log")"
+
+echo "== FP8 linear step profile"
+timeout 60 "$PY" scripts/diag_fp8_linear.py --out "$R" > "$R/diag.log" 2>&1
+grep "^== " "$R/diag.log"
+
+run_bench() {  # name, seconds, command...
+    local name=$1 secs=$2
+    shift 2
+    echo "== $name"
+    timeout "$secs" "$PY" "$@" > "$R/$name.log" 2>&1
+    echo "exit $?"
+}
+run_bench moe_layer 100 benchmarks/bench_moe_layer.py --out "$R/moe" --quick
+run_bench grouped 100 benchmarks/bench_grouped_gemm.py --out "$R/grouped" --models DeepSeek-V3 Qwen3-30B-A3B \
+    --ep 8 --tokens 2048 --routings balanced --warmup-ms 5 --rep-ms 25
+run_bench memory 70 benchmarks/run_all.py --out "$R/mem" --only quantization norm_act moe_permute
+run_bench attention 80 benchmarks/bench_attention.py --out "$R/attn" --quick \
+    --impls sdpa-cudnn sdpa-flash turbo-default turbo-triton turbo-fp8
+
+(cd "$OUT" && tar czf results.tgz r)
+
+echo
+echo "===== summary ====="
+echo "tests: $(tail -n 1 "$R/pytest.log")"
+[ -s "$R/failures.log" ] && grep '^==== ' "$R/failures.log" | sort -u | head -20
+grep -h "step" "$R/diag.log" | head -6
+for f in "$R"/*.log; do
+    sed -n '/^## Geomean/,/^$/p' "$f" | grep '^| [a-z]' | grep -v '^| op '
+done
