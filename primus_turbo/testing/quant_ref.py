@@ -283,16 +283,38 @@ def _e2m1_encode(y: torch.Tensor) -> torch.Tensor:
     return torch.where(nan, torch.zeros_like(mag), mag | (sign.to(torch.int64) << 3))
 
 
+def _e2m1_encode_sr(y: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Stochastic rounding of fp64 values in [-6, 6] (or NaN) to E2M1 codes with uniforms ``u`` in
+    [0, 1): between the neighbouring grid magnitudes ``lo <= |y| <= hi`` the code of ``hi`` when
+    ``u < (|y| - lo) / (hi - lo)``, else that of ``lo`` (a value on the grid never moves)."""
+    grid = torch.tensor(FP4_E2M1_VALUES, dtype=torch.float64, device=y.device)
+    a = y.abs()
+    nan = torch.isnan(y)
+    a = torch.where(nan, torch.zeros_like(a), a)
+    lo = (torch.searchsorted(grid, a.contiguous(), right=True) - 1).clamp(0, 7)  # largest grid value <= a
+    hi = (lo + 1).clamp(max=7)
+    glo, ghi = grid[lo], grid[hi]
+    frac = torch.where(ghi > glo, (a - glo) / (ghi - glo), torch.zeros_like(a))
+    mag = torch.where(u.double() < frac, hi, lo)
+    sign = torch.signbit(y) & ~nan
+    return torch.where(nan, torch.zeros_like(mag), mag | (sign.to(torch.int64) << 3))
+
+
 def _fp4_dtype():
     return getattr(torch, "float4_e2m1fn_x2", None) or torch.uint8
 
 
-def quantize_fp4_ref(x: torch.Tensor, *, axis: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp4_ref(x: torch.Tensor, *, axis: int = -1,
+                     rand: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP4: E2M1 values (RNE, saturating to +-6) with one E8M0 scale per 32 elements.
 
     Args:
         x: 2-D fp32/bf16/fp16 ``[rows, cols]``; the quantized dim must be a multiple of 32.
         axis: -1 (groups and packing along the columns) or 0 (along the rows).
+        rand: optional uniforms in [0, 1) shaped like ``x``: stochastic rounding instead of RNE
+            (the scales and the saturation are unchanged; a value between the neighbouring codes
+            ``lo < v < hi`` rounds up iff ``rand < (v - lo) / (hi - lo)``). ``rand = 0`` gives
+            round-up and ``rand = 1`` round-down of every off-grid value.
 
     Returns:
         ``(packed, scale_inv)``: ``packed`` is ``[rows, cols / 2]`` (axis=-1) or ``[rows / 2, cols]``
@@ -311,7 +333,13 @@ def quantize_fp4_ref(x: torch.Tensor, *, axis: int = -1) -> tuple[torch.Tensor, 
     shared, byte = _mx_shared_exp(amax, _FP4_EMAX)
     y = xd * _expand(torch.pow(2.0, -shared.double()), 1, MXFP4_BLOCK_SIZE, rows, cols)
     y = y.to(torch.float32).double()  # the fp32 product (exact unless deep in fp32's subnormals)
-    codes = _e2m1_encode(torch.clamp(y, -_FP4_MAX, _FP4_MAX))
+    y = torch.clamp(y, -_FP4_MAX, _FP4_MAX)
+    if rand is None:
+        codes = _e2m1_encode(y)
+    else:
+        if tuple(rand.shape) != tuple(x.shape):
+            raise ValueError(f"quantize_fp4_ref: rand must be shaped like x {tuple(x.shape)}, got {tuple(rand.shape)}")
+        codes = _e2m1_encode_sr(y, (rand.t() if axis == 0 else rand).to(y.device))
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
     scale = byte.to(torch.uint8)
     if axis == 0:

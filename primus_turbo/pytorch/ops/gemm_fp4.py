@@ -23,8 +23,19 @@ MX grouping, so the weight's two copies are quantized independently (each exactl
 ``quantize_fp4`` defines). Therefore K, and for gradients N (grad_input) and M (grad_weight), must
 be multiples of 32 (``ValueError`` naming the dim otherwise; no padding).
 
-``Float4QuantConfig.use_gradient_sr`` (stochastic rounding) and ``use_rht`` (random Hadamard
-transform) are not implemented by the quantizers: ``NotImplementedError`` naming the option.
+Training-recipe options of :class:`Float4QuantConfig` (docs/low_precision.md, "MXFP4 training options"):
+
+* ``use_gradient_sr``: the output gradient ``dC`` is quantized with stochastic rounding (unbiased)
+  for both backward GEMMs; activations and weights keep RNE. The seed of each quantization is drawn
+  on the device from its default generator (``torch.manual_seed`` reproduces a run; no host sync).
+* ``use_rht``: the grad_weight GEMM runs on randomly Hadamard-transformed operands: ``op(A).T``
+  and ``dC.T`` are both transformed along their shared reduction dim M in blocks of 32
+  (``R = diag(s) H_32 / sqrt(32)``, orthogonal, so ``(X R)(dY R)^T = X dY^T``) before their MXFP4
+  quantization, which spreads outliers (e.g. of a few tokens) over their block. The 32 random signs
+  ``s`` are drawn on the device in forward and kept for backward. The forward and grad_input GEMMs
+  are unchanged. A's grad_weight copy is then formed from the transformed tensor (a second read
+  of ``a``), and ``dC``'s two copies by two reads.
+
 Pre-quantized inputs (``QuantizedTensor``) are FP8-only in this library and are not accepted here.
 
 Each GEMM is a ``torch.library`` custom op (``primus_turbo::gemm_fp4_impl``,
@@ -40,7 +51,7 @@ import torch
 
 from ..backends.gemm_fp4 import gemm_fp4_dispatcher
 from ..core.backend import PrecisionType
-from ..core.low_precision import Float4QuantConfig
+from ..core.low_precision import Float4QuantConfig, ScalingRecipe
 from .gemm import _FUSE_PATTERNS, _megatron_dummy_wgrad
 from .gemm_fp8 import _empty_result
 
@@ -115,28 +126,46 @@ def _transpose_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8).t().contiguous().view(t.dtype)
 
 
-def _quantize(x: torch.Tensor, need_row: bool, need_col: bool):
+def _quantize(x: torch.Tensor, need_row: bool, need_col: bool, sr: bool = False):
     """(row-wise copy, column-wise copy) of ``x [r, c]`` as (packed, scale) pairs, or None each:
-    row ``[r, c/2]`` + ``[r, c/32]``; column ``[c, r/2]`` + ``[c, r/32]`` (groups along r)."""
+    row ``[r, c/2]`` + ``[r, c/32]``; column ``[c, r/2]`` + ``[c, r/32]`` (groups along r).
+    ``sr``: stochastic rounding (seeds drawn on the device)."""
     from . import quantization as q
 
+    recipe = ScalingRecipe(use_sr=True) if sr else None
     if need_row and need_col:
-        p, s, pt, st = q.quantize_fp4_with_trans(x)
+        p, s, pt, st = q.quantize_fp4_with_trans(x, scaling_recipe=recipe)
         return (p, s), (pt, st)
     if need_row:
-        return q.quantize_fp4(x), None
+        return q.quantize_fp4(x, scaling_recipe=recipe), None
     if need_col:
-        p, s = q.quantize_fp4(x, axis=0)  # [r/2, c] + [r/32, c]
+        p, s = q.quantize_fp4(x, axis=0, scaling_recipe=recipe)  # [r/2, c] + [r/32, c]
         return None, (_transpose_bytes(p), _transpose_bytes(s))
     return None, None
 
 
-def _forward(a, b, trans_a, trans_b, out_dtype, need_ga, need_gb):
-    """The forward GEMM; returns (out, B's copy for grad_input, A's copy for grad_weight)."""
+def _quantize_rht(x: torch.Tensor, along_rows: bool, signs: torch.Tensor, sr: bool = False):
+    """The grad_weight copy of ``x`` after the random Hadamard transform along the reduction dim M:
+    ``x [M, c]`` (``along_rows``: transformed and grouped along its rows, stored ``[c, M/2]``) or
+    ``x [c, M]`` (along its columns, ``[c, M/2]``); (packed, scale) with scales ``[c, M/32]``."""
+    from . import quantization as q
+
+    recipe = ScalingRecipe(use_sr=sr, use_rht=True)
+    if along_rows:
+        p, s = q.quantize_fp4(x, axis=0, scaling_recipe=recipe, rht_signs=signs)
+        return _transpose_bytes(p), _transpose_bytes(s)
+    return q.quantize_fp4(x, scaling_recipe=recipe, rht_signs=signs)
+
+
+def _forward(a, b, trans_a, trans_b, out_dtype, need_ga, need_gb, rht_signs=None):
+    """The forward GEMM; returns (out, B's copy for grad_input, A's copy for grad_weight).
+    ``rht_signs``: A's grad_weight copy is of the random Hadamard transform of op(A).T along M."""
+    rht = rht_signs is not None and need_gb
+    wgrad_copy = need_gb and not rht  # A's grad_weight copy comes from the one-read quantization
     # a [r, c]: the forward reads op(A) [M, K] grouped along K (row copy, or the column copy when
     # trans_a); grad_weight reads op(A).T [K, M] grouped along M (the other copy).
-    a_row, a_col = _quantize(a, need_row=not trans_a or (need_gb and trans_a),
-                             need_col=trans_a or (need_gb and not trans_a))
+    a_row, a_col = _quantize(a, need_row=not trans_a or (wgrad_copy and trans_a),
+                             need_col=trans_a or (wgrad_copy and not trans_a))
     # b: the forward reads op(B).T [N, K] grouped along K; grad_input reads op(B) [K, N] along N.
     b_row, b_col = _quantize(b, need_row=trans_b or (need_ga and not trans_b),
                              need_col=not trans_b or (need_ga and trans_b))
@@ -144,7 +173,10 @@ def _forward(a, b, trans_a, trans_b, out_dtype, need_ga, need_gb):
     B = b_row if trans_b else b_col
     out = _mm(A, B, out_dtype)
     b_for_dgrad = (b_col if trans_b else b_row) if need_ga else (None, None)
-    a_for_wgrad = (a_row if trans_a else a_col) if need_gb else (None, None)
+    if rht:
+        a_for_wgrad = _quantize_rht(a, not trans_a, rht_signs)  # a [M, K]: along its rows; [K, M]: cols
+    else:
+        a_for_wgrad = (a_row if trans_a else a_col) if need_gb else (None, None)
     return out, b_for_dgrad, a_for_wgrad
 
 
@@ -152,22 +184,34 @@ class GemmFP4Function(torch.autograd.Function):
     """The three MXFP4 GEMMs of ``C = op(A) @ op(B)``; see the module docstring for the copies used."""
 
     @staticmethod
-    def forward(ctx, a, b, trans_a, trans_b, out_dtype, fuse_accum):
+    def forward(ctx, a, b, trans_a, trans_b, out_dtype, fuse_accum, gradient_sr=False, use_rht=False):
         need_ga, need_gb = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.trans_a, ctx.trans_b, ctx.fuse_accum = trans_a, trans_b, fuse_accum
         ctx.a_dtype, ctx.b_dtype = a.dtype, b.dtype
-        out, b_for_dgrad, a_for_wgrad = _forward(a, b, trans_a, trans_b, out_dtype, need_ga, need_gb)
+        ctx.gradient_sr = gradient_sr
+        signs = None
+        if use_rht and need_gb:
+            from .quantization import random_hadamard_signs
+
+            signs = random_hadamard_signs(_BLOCK, device=a.device)  # drawn on the device, no sync
+        out, b_for_dgrad, a_for_wgrad = _forward(a, b, trans_a, trans_b, out_dtype, need_ga, need_gb, signs)
         # only the packed copies (and their scales) are kept for backward; b itself only for main_grad
-        ctx.save_for_backward(*b_for_dgrad, *a_for_wgrad, b if (fuse_accum and need_gb) else None)
+        ctx.save_for_backward(*b_for_dgrad, *a_for_wgrad, b if (fuse_accum and need_gb) else None, signs)
         if fuse_accum and need_gb:
             b.grad_added_to_main_grad = True
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        bq, bs_, aq, as_, b = ctx.saved_tensors
+        bq, bs_, aq, as_, b, signs = ctx.saved_tensors
         need_ga, need_gb = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        dy_row, dy_col = _quantize(grad_out.contiguous(), need_row=need_ga, need_col=need_gb)
+        dy = grad_out.contiguous()
+        if signs is not None and need_gb:
+            # grad_weight reads dC.T [N, M] transformed along M with A's signs; grad_input plain dC
+            dy_row = _quantize(dy, need_row=need_ga, need_col=False, sr=ctx.gradient_sr)[0]
+            dy_col = _quantize_rht(dy, True, signs, sr=ctx.gradient_sr)
+        else:
+            dy_row, dy_col = _quantize(dy, need_row=need_ga, need_col=need_gb, sr=ctx.gradient_sr)
         grad_a = grad_b = None
         if need_ga:
             Bd = (bq, bs_)  # op(B) as [K, N/2], grouped along N
@@ -183,7 +227,7 @@ class GemmFP4Function(torch.autograd.Function):
                 grad_b = _megatron_dummy_wgrad(b)
             else:
                 grad_b = _mm(P, Q, ctx.b_dtype)
-        return grad_a, grad_b, None, None, None, None
+        return grad_a, grad_b, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -192,12 +236,6 @@ class GemmFP4Function(torch.autograd.Function):
 def _check_inputs(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pattern):
     if not isinstance(config, Float4QuantConfig):
         raise TypeError(f"gemm_fp4: config must be a Float4QuantConfig or None, got {type(config).__name__}")
-    if config.use_gradient_sr:
-        raise NotImplementedError("gemm_fp4: Float4QuantConfig.use_gradient_sr=True (stochastic rounding of "
-                                  "gradients) is not implemented by the MXFP4 quantizers")
-    if config.use_rht:
-        raise NotImplementedError("gemm_fp4: Float4QuantConfig.use_rht=True (random Hadamard transform) is not "
-                                  "implemented by the MXFP4 quantizers")
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"gemm_fp4: {name} must be a torch.Tensor (bf16/fp16/fp32, quantized on the fly; "
@@ -258,8 +296,9 @@ def gemm_fp4(
             also 1 x 32 groups (not Primus' 32 x 32 weight blocks; see the module docstring).
         trans_a, trans_b: layouts NN, NT, TN, TT.
         out_dtype: dtype of ``C`` (default ``a.dtype``). Gradients come back in the inputs' dtypes.
-        config: :class:`Float4QuantConfig` (default). ``use_gradient_sr`` and ``use_rht`` raise
-            ``NotImplementedError``.
+        config: :class:`Float4QuantConfig` (default). ``use_gradient_sr``: stochastic rounding
+            of the output gradient for both backward GEMMs; ``use_rht``: grad_weight on random
+            Hadamard-transformed operands (along M, blocks of 32). Both only affect backward.
         fuse_bgrad_accum_pattern: ``None`` or ``"megatron"``: grad_weight is added into
             ``b.main_grad`` (fp32 or bf16) in the GEMM epilogue, ``b.grad_added_to_main_grad`` is
             set and ``b``'s returned gradient is a placeholder (as :func:`turbo.ops.gemm`).
@@ -279,5 +318,6 @@ def gemm_fp4(
     if m == 0 or n == 0 or k == 0:
         return _empty_result(a, b, trans_a, trans_b, out_dtype, fuse)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        return GemmFP4Function.apply(a, b, bool(trans_a), bool(trans_b), out_dtype, fuse)
+        return GemmFP4Function.apply(a, b, bool(trans_a), bool(trans_b), out_dtype, fuse,
+                                     bool(config.use_gradient_sr), bool(config.use_rht))
     return _forward(a, b, bool(trans_a), bool(trans_b), out_dtype, False, False)[0]

@@ -12,6 +12,11 @@ everywhere (:func:`quant_backend`). The kernel entry points are ``torch.library`
 ``quantize_fp4_impl``, ``quantize_fp4_with_trans_impl``, ``dequantize_fp4_impl``) with fake
 implementations, so the functions work under ``torch.compile(fullgraph=True)``.
 
+MXFP4 options (docs/low_precision.md): stochastic rounding (``ScalingRecipe(use_sr=True)`` with a
+``seed`` read on the device) and the random Hadamard transform (``ScalingRecipe(use_rht=True)``
+with ``rht_signs``; :func:`hadamard_transform`, :func:`random_hadamard_signs`). FP8 raises
+``NotImplementedError`` for both.
+
 Inputs: fp32 / bf16 / fp16. 2-D ``[rows, cols]``; inputs of more dims are accepted for
 TENSORWISE and for ``axis=-1`` groupings (leading dims flattened, scales ``[*lead, n_groups]``).
 Non-contiguous inputs are copied to a contiguous tensor first. Empty inputs launch nothing and
@@ -42,6 +47,8 @@ __all__ = [
     "quantize_fp4",
     "quantize_fp4_with_trans",
     "dequantize_fp4",
+    "hadamard_transform",
+    "random_hadamard_signs",
     "quant_backend",
 ]
 
@@ -120,9 +127,20 @@ def _use_2d(g: ScalingGranularity, recipe: Optional[ScalingRecipe], op: str) -> 
     if recipe is None:
         return False
     if recipe.use_sr or recipe.use_rht:
-        raise NotImplementedError(f"{op}: stochastic rounding and the random Hadamard transform are not implemented "
-                                  f"(scaling_recipe={recipe})")
+        what = ("ScalingRecipe.use_sr=True (stochastic rounding)" if recipe.use_sr
+                else "ScalingRecipe.use_rht=True (random Hadamard transform)")
+        raise NotImplementedError(f"{op}: {what} is not implemented for FP8; it is MXFP4-only "
+                                  f"(quantize_fp4; scaling_recipe={recipe})")
     return bool(recipe.use_2d_block) and g == _G.BLOCKWISE
+
+
+def _fp4_recipe(recipe: Optional[ScalingRecipe], op: str) -> tuple[bool, bool]:
+    """(use_sr, use_rht) of an MXFP4 recipe; use_2d_block does not apply to MXFP4 (1 x 32 groups)."""
+    if recipe is not None and not isinstance(recipe, ScalingRecipe):
+        raise TypeError(f"{op}: scaling_recipe must be a ScalingRecipe or None, got {type(recipe).__name__}")
+    if recipe is None:
+        return False, False
+    return bool(recipe.use_sr), bool(recipe.use_rht)
 
 
 def _view_2d(shape: tuple, g: ScalingGranularity, axis: int, use_2d: bool, op: str) -> tuple[int, int]:
@@ -320,7 +338,20 @@ def _fp4_shapes(rows: int, cols: int, axis: int):
     return (rows, cols // 2), (rows, cols // MXFP4_BLOCK_SIZE)
 
 
-def _quantize_fp4_eager(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _sr_uniforms_ref(x: torch.Tensor, axis: int, seed: torch.Tensor) -> torch.Tensor:
+    """The reference backend's SR uniforms (shaped like x): torch's CPU generator seeded with the
+    seed, drawn in the view whose rows are the quantized vectors. Reproducible for a given seed,
+    but not the Triton kernel's Philox stream."""
+    g = torch.Generator().manual_seed(int(seed.reshape(-1)[0].item()))
+    rows, cols = x.shape
+    if axis == 0:
+        return torch.rand((cols, rows), generator=g).t()
+    return torch.rand((rows, cols), generator=g)
+
+
+def _quantize_fp4_eager(x: torch.Tensor, axis: int, seed: Optional[torch.Tensor] = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 of x along axis; stochastic rounding keyed by ``seed`` (one int64 on x's device) when given."""
     rows, cols = x.shape
     p_shape, s_shape = _fp4_shapes(rows, cols, axis)
     if x.numel() == 0:
@@ -329,10 +360,11 @@ def _quantize_fp4_eager(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch
     if quant_backend(x) == "reference":
         from primus_turbo.testing.quant_ref import quantize_fp4_ref
 
-        return quantize_fp4_ref(x, axis=axis)
+        rand = None if seed is None else _sr_uniforms_ref(x, axis, seed).to(x.device)
+        return quantize_fp4_ref(x, axis=axis, rand=rand)
     from primus_turbo.triton.quantization import fp4_quant_launch
 
-    p, s = fp4_quant_launch(x.contiguous(), axis == -1)
+    p, s = fp4_quant_launch(x.contiguous(), axis == -1, seed=seed, sr=seed is not None)
     return p.view(_fp4_packed_dtype()), s.view(_E8M0)
 
 
@@ -340,20 +372,24 @@ quantize_fp4_impl = torch.library.custom_op("primus_turbo::quantize_fp4_impl", _
 
 
 @quantize_fp4_impl.register_fake
-def _quantize_fp4_fake(x, axis):
+def _quantize_fp4_fake(x, axis, seed=None):
     p_shape, s_shape = _fp4_shapes(x.shape[0], x.shape[1], axis)
     return x.new_empty(p_shape, dtype=_fp4_packed_dtype()), x.new_empty(s_shape, dtype=_E8M0)
 
 
-def _quantize_fp4_with_trans_eager(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _quantize_fp4_with_trans_eager(x: torch.Tensor, seed: Optional[torch.Tensor] = None, sr: bool = False,
+                                   sr_t: bool = False
+                                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Both copies from one read; SR of the row copy keyed by ``seed``, of the transposed copy by
+    ``seed + 1`` (``sr`` / ``sr_t``)."""
     rows, cols = x.shape
     if x.numel() == 0 or quant_backend(x) == "reference":
-        p, s = _quantize_fp4_eager(x, -1)
-        pt, st = _quantize_fp4_eager(x.t().contiguous(), -1)
+        p, s = _quantize_fp4_eager(x, -1, seed if sr else None)
+        pt, st = _quantize_fp4_eager(x.t().contiguous(), -1, seed + 1 if sr_t else None)
         return p, s, pt, st
     from primus_turbo.triton.quantization import fp4_quant_launch
 
-    p, s, pt, st = fp4_quant_launch(x.contiguous(), True, with_trans=True)
+    p, s, pt, st = fp4_quant_launch(x.contiguous(), True, with_trans=True, seed=seed, sr=sr, sr_t=sr_t)
     d = _fp4_packed_dtype()
     return p.view(d), s.view(_E8M0), pt.view(d), st.view(_E8M0)
 
@@ -364,7 +400,7 @@ quantize_fp4_with_trans_impl = torch.library.custom_op(
 
 
 @quantize_fp4_with_trans_impl.register_fake
-def _quantize_fp4_with_trans_fake(x):
+def _quantize_fp4_with_trans_fake(x, seed=None, sr=False, sr_t=False):
     rows, cols = x.shape
     d = _fp4_packed_dtype()
     return (x.new_empty((rows, cols // 2), dtype=d), x.new_empty((rows, cols // 32), dtype=_E8M0),
@@ -558,15 +594,122 @@ def _check_fp4_input(x, axis, op: str) -> int:
     return ax
 
 
+_SEED_HIGH = 2 ** 62  # drawn / accepted seeds lie in [0, 2**62): ``seed + 1`` never overflows int64
+
+
+def _sr_seed(seed, device: torch.device, op: str) -> torch.Tensor:
+    """The stochastic-rounding seed as a one-element int64 tensor on ``device``, without a host sync.
+
+    ``None``: drawn on the device from its default generator (``torch.manual_seed`` reproduces it);
+    a ``torch.Generator`` (on ``device``): drawn from it; an ``int`` in [0, 2**62): filled on the
+    device; a one-element integer tensor on ``device``: used as is (cast to int64)."""
+    if seed is None or isinstance(seed, torch.Generator):
+        if isinstance(seed, torch.Generator) and torch.device(seed.device).type != torch.device(device).type:
+            raise ValueError(f"{op}: the seed generator is on {seed.device}, x on {device}")
+        return torch.randint(0, _SEED_HIGH, (1,), dtype=torch.int64, device=device, generator=seed)
+    if isinstance(seed, bool) or not isinstance(seed, (int, torch.Tensor)):
+        raise TypeError(f"{op}: seed must be None, an int, a one-element integer tensor or a torch.Generator, "
+                        f"got {type(seed).__name__}")
+    if isinstance(seed, int):
+        if not 0 <= seed < _SEED_HIGH:
+            raise ValueError(f"{op}: an int seed must be in [0, 2**62), got {seed}")
+        return torch.full((1,), seed, dtype=torch.int64, device=device)
+    if seed.numel() != 1 or seed.dtype.is_floating_point or seed.dtype.is_complex or seed.dtype == torch.bool:
+        raise ValueError(f"{op}: a seed tensor must hold one integer, got shape {tuple(seed.shape)} {seed.dtype}")
+    if seed.device != torch.device(device):
+        raise ValueError(f"{op}: the seed tensor is on {seed.device}, x on {device}")
+    return seed.reshape(1).to(torch.int64)
+
+
+def _hadamard_matrix(n: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Sylvester's ``n x n`` Hadamard matrix of +-1 (n a power of two): ``H H^T = n I``."""
+    h = torch.ones((1, 1), dtype=dtype, device=device)
+    while h.shape[0] < n:
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+    return h
+
+
+def _check_signs(signs, op: str) -> int:
+    if not isinstance(signs, torch.Tensor) or signs.dim() != 1:
+        raise TypeError(f"{op}: rht_signs must be a 1-D tensor of +-1 (random_hadamard_signs), got "
+                        f"{getattr(signs, 'shape', type(signs).__name__)}")
+    n = signs.numel()
+    if n < 2 or n > 256 or n & (n - 1):
+        raise ValueError(f"{op}: the Hadamard block (len(rht_signs)) must be a power of two in [2, 256], got {n}")
+    return n
+
+
+def random_hadamard_signs(block_size: int = MXFP4_BLOCK_SIZE, *, device=None,
+                          generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """``block_size`` random signs (+-1, fp32) on ``device`` for :func:`hadamard_transform`: drawn
+    on the device (no host sync) from ``generator`` or the device's default generator."""
+    if not isinstance(block_size, int) or block_size < 2 or block_size > 256 or block_size & (block_size - 1):
+        raise ValueError(f"random_hadamard_signs: block_size must be a power of two in [2, 256], got {block_size!r}")
+    bits = torch.randint(0, 2, (block_size,), device=device, generator=generator)
+    return (bits * 2 - 1).to(torch.float32)
+
+
+def hadamard_transform(x: torch.Tensor, signs: torch.Tensor, *, axis: int = -1) -> torch.Tensor:
+    """Random Hadamard transform of ``x`` along ``axis`` in blocks of ``n = len(signs)`` elements.
+
+    Every block ``v`` (``n`` consecutive elements of the vectors along ``axis``) becomes
+    ``v @ R`` with ``R = diag(signs) @ H_n / sqrt(n)`` (``H_n`` Sylvester's Hadamard matrix): an
+    orthogonal map (``R R^T = I``), the same for every block. So for two operands transformed along
+    their common reduction dim, ``hadamard_transform(A, s) @ hadamard_transform(B, s).T == A @ B.T``
+    (exactly, up to rounding): the GEMM result is unchanged while outliers are spread over their
+    block, which lowers the MXFP4 quantization error of both operands.
+
+    Args:
+        x: 2-D float tensor; ``x.shape[axis]`` must be a multiple of ``n``.
+        signs: 1-D tensor of +-1 (:func:`random_hadamard_signs`), ``n`` a power of two in [2, 256].
+        axis: ``-1`` (the rows' vectors) or ``0`` (the columns').
+
+    Returns:
+        The transformed tensor, ``[rows, cols]`` contiguous, float32 (float64 for a float64 ``x``),
+        computed as a blockwise matmul (torch ops: no host sync, traceable).
+    """
+    op = "hadamard_transform"
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+        raise TypeError(f"{op}: x must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    if x.dim() != 2:
+        raise ValueError(f"{op}: x must be 2-D, got shape {tuple(x.shape)}")
+    ax = _norm_axis(axis, 2, op)
+    n = _check_signs(signs, op)
+    length = x.shape[0] if ax == 0 else x.shape[1]
+    if length % n:
+        raise ValueError(f"{op}: the transformed dim ({length}, axis={ax}) must be a multiple of the Hadamard "
+                         f"block {n}")
+    dt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    r = _hadamard_matrix(n, dt, x.device) * signs.to(device=x.device, dtype=dt)[:, None] * (1.0 / math.sqrt(n))
+    xt = x.t() if ax == 0 else x
+    y = (xt.to(dt).reshape(xt.shape[0], xt.shape[1] // n, n) @ r).reshape(xt.shape)
+    return y.t().contiguous() if ax == 0 else y
+
+
 def quantize_fp4(
-    x: torch.Tensor, *, axis: Optional[int] = None, scaling_recipe: Optional[ScalingRecipe] = None
+    x: torch.Tensor, *, axis: Optional[int] = None, scaling_recipe: Optional[ScalingRecipe] = None,
+    seed=None, rht_signs: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP4 (E2M1, RNE, saturating to +-6; one E8M0 scale per 32 elements along ``axis``).
 
     Args:
         x: ``[rows, cols]`` float32 / bfloat16 / float16; the quantized dim a multiple of 32.
         axis: ``-1`` (default) or ``0``: the dim that is blocked and packed.
-        scaling_recipe: only the default (no stochastic rounding, no Hadamard transform).
+        scaling_recipe: ``ScalingRecipe(use_sr=True)``: stochastic rounding of the elements
+            (unbiased: each rounds to one of its two neighbouring E2M1 values with probability
+            proportional to the proximity; scales and saturation as with RNE).
+            ``ScalingRecipe(use_rht=True)``: quantize ``hadamard_transform(x, rht_signs, axis=axis)``
+            (the other operand of the product must be transformed with the same signs).
+            ``use_2d_block`` does not apply to MXFP4 (ignored).
+        seed: stochastic rounding only: ``None`` (drawn on the device from its default generator,
+            so ``torch.manual_seed`` reproduces it), an ``int`` in [0, 2**62), a one-element integer
+            tensor on x's device or a ``torch.Generator``. Never read on the host (no sync). A
+            given seed gives the same result on every call; element ``(i, j)`` of the view whose
+            rows are the quantized vectors uses Philox(seed, i * n_cols + j), so
+            ``quantize_fp4(x, axis=0, seed=s)`` is ``quantize_fp4(x.t(), seed=s)`` transposed.
+            (The reference backend on plain CPU draws from torch's CPU generator seeded with it.)
+        rht_signs: with ``use_rht``: the +-1 signs of the transform (:func:`random_hadamard_signs`;
+            length 32, or another power of two dividing the quantized dim).
 
     Returns:
         ``(x_fp4, scale_inv)``: ``x_fp4`` ``[rows, cols/2]`` (axis=-1) or ``[rows/2, cols]`` (axis=0),
@@ -575,24 +718,56 @@ def quantize_fp4(
     """
     op = "quantize_fp4"
     ax = _check_fp4_input(x, axis, op)
-    _use_2d(_G.MX_BLOCKWISE, scaling_recipe, op)
-    return _call(torch.ops.primus_turbo.quantize_fp4_impl, _quantize_fp4_eager, x, ax)
+    sr, rht = _fp4_recipe(scaling_recipe, op)
+    if seed is not None and not sr:
+        raise ValueError(f"{op}: seed is only used with stochastic rounding (ScalingRecipe(use_sr=True))")
+    if rht_signs is not None and not rht:
+        raise ValueError(f"{op}: rht_signs is only used with ScalingRecipe(use_rht=True)")
+    if rht:
+        if rht_signs is None:
+            raise ValueError(f"{op}: ScalingRecipe(use_rht=True) needs rht_signs (random_hadamard_signs())")
+        x = hadamard_transform(x, rht_signs, axis=ax)
+    seed_t = _sr_seed(seed, x.device, op) if sr and x.numel() else None
+    return _call(torch.ops.primus_turbo.quantize_fp4_impl, _quantize_fp4_eager, x, ax, seed_t)
 
 
 def quantize_fp4_with_trans(
     x: torch.Tensor, *, scaling_recipe: Optional[ScalingRecipe] = None,
-    scaling_recipe_for_trans: Optional[ScalingRecipe] = None,
+    scaling_recipe_for_trans: Optional[ScalingRecipe] = None, seed=None,
+    rht_signs: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """MXFP4 row-wise copy ``[rows, cols/2]`` and column-wise copy stored transposed
     ``[cols, rows/2]`` (with scales ``[rows, cols/32]`` and ``[cols, rows/32]``) from one read
     of ``x``; equal to ``quantize_fp4(x)`` and ``quantize_fp4(x.t().contiguous())``. rows and
-    cols must be multiples of 32."""
+    cols must be multiples of 32.
+
+    ``scaling_recipe`` applies to the row-wise copy, ``scaling_recipe_for_trans`` to the
+    transposed one (default: the same). With stochastic rounding the row copy equals
+    ``quantize_fp4(x, ..., seed=s)`` and the transposed one ``quantize_fp4(x.t().contiguous(), ...,
+    seed=s + 1)``, where ``s`` is ``seed`` as :func:`quantize_fp4` takes it (an int, a tensor, or
+    drawn on the device). With ``use_rht`` (needs ``rht_signs``) a copy is the quantization of the
+    transform along its own quantized dim; the two copies are then formed by two reads of ``x``."""
     op = "quantize_fp4_with_trans"
     _check_fp4_input(x, -1, op)
     _check_fp4_input(x, 0, op)
-    _use_2d(_G.MX_BLOCKWISE, scaling_recipe, op)
-    _use_2d(_G.MX_BLOCKWISE, scaling_recipe_for_trans, op)
-    return _call(torch.ops.primus_turbo.quantize_fp4_with_trans_impl, _quantize_fp4_with_trans_eager, x)
+    recipe_t = scaling_recipe_for_trans if scaling_recipe_for_trans is not None else scaling_recipe
+    sr, rht = _fp4_recipe(scaling_recipe, op)
+    sr_t, rht_t = _fp4_recipe(recipe_t, op)
+    if seed is not None and not (sr or sr_t):
+        raise ValueError(f"{op}: seed is only used with stochastic rounding (ScalingRecipe(use_sr=True))")
+    if rht_signs is not None and not (rht or rht_t):
+        raise ValueError(f"{op}: rht_signs is only used with ScalingRecipe(use_rht=True)")
+    if (rht or rht_t) and rht_signs is None:
+        raise ValueError(f"{op}: ScalingRecipe(use_rht=True) needs rht_signs (random_hadamard_signs())")
+    seed_t = _sr_seed(seed, x.device, op) if (sr or sr_t) and x.numel() else None
+    if rht or rht_t:
+        p, s = quantize_fp4(x, scaling_recipe=scaling_recipe, seed=seed_t if sr else None,
+                            rht_signs=rht_signs if rht else None)
+        pt, st = quantize_fp4(x.t().contiguous(), scaling_recipe=recipe_t, seed=seed_t + 1 if sr_t else None,
+                              rht_signs=rht_signs if rht_t else None)
+        return p, s, pt, st
+    return _call(torch.ops.primus_turbo.quantize_fp4_with_trans_impl, _quantize_fp4_with_trans_eager,
+                 x, seed_t, sr, sr_t)
 
 
 def dequantize_fp4(

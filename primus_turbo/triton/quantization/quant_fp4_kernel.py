@@ -9,6 +9,15 @@ packed along the quantized axis: element ``2i`` in the low nibble, ``2i + 1`` in
 Copies packed along their rows are stored as 32-bit words of eight nibbles. With ``HAS_T`` the
 same tile also yields the column-wise copy (blocks and packing along x's columns), stored
 transposed ``[cols, rows / 2]``.
+
+Stochastic rounding (``SR``): the scale (amax, E8M0 exponent) and the +-6 saturation are unchanged;
+only the element's rounding is random. A scaled value between the neighbouring E2M1 codes ``lo <
+v < hi`` rounds up with probability ``(v - lo) / (hi - lo)`` (so ``E[q] = v``: unbiased), with one
+uniform ``u = tl.rand(seed, offset)`` (Philox4x32-10) per element. ``offset`` is the element's
+index in the view whose rows are the quantized vectors (``r * cols + c`` for blocks along x's
+columns, ``c * rows + r`` for blocks along its rows); the transposed copy of the one-read variant
+uses the key ``seed + 1``. The seed is an int64 loaded from device memory (no host sync), so a
+result is reproducible for a given seed and independent of the tiling.
 """
 
 from __future__ import annotations
@@ -47,6 +56,28 @@ def _e2m1_nibbles(y):
 
 
 @triton.jit
+def _e2m1_nibbles_sr(y, u):
+    """Stochastic-rounding variant of :func:`_e2m1_nibbles`: ``u`` uniform in [0, 1), one per element.
+
+    In each segment of q = 2|y| the grid is uniform (steps 1, 2, 4), so with ``v`` the value in
+    grid steps, the code is ``floor(v) + (u < v - floor(v))`` (+ the segment's code offset): it
+    rounds up with probability equal to the fractional distance, and a value on the grid (fraction
+    0) never moves. A value at a segment's end (v = 4 or 3 in the lower segments) is exactly the
+    next segment's first code, so the segments agree. Magnitudes stay <= 6 (q <= 12 gives v <= 3
+    in the top segment). NaN gives 0."""
+    q = tl.abs(y) * 2.0
+    lo = q < 4.0
+    mid = q < 8.0
+    v = q * tl.where(lo, 1.0, tl.where(mid, 0.5, 0.25))
+    v = tl.where(v == v, v, 0.0)  # NaN (code 0 below) would make the integer conversion undefined
+    f = tl.floor(v)
+    r = f + tl.where(u < v - f, 1.0, 0.0)
+    code = r.to(tl.int32) + tl.where(lo, 0, tl.where(mid, 2, 4))
+    sign = (y.to(tl.int32, bitcast=True) >> 31) & 1
+    return tl.where(y != y, 0, code | (sign << 3))
+
+
+@triton.jit
 def _e2m1_decode(n):
     """int32 nibbles -> fp32 E2M1 values (exact)."""
     e = (n >> 1) & 3
@@ -56,21 +87,25 @@ def _e2m1_decode(n):
 
 
 @triton.jit
-def _fp4_scaled_nibbles(x4):
-    """[.., 32, ..]-blocked fp32 view -> (int32 nibbles of the same view, E8M0 bytes per block)."""
+def _fp4_scaled_nibbles(x4, u4, SR: tl.constexpr):
+    """[.., 32, ..]-blocked fp32 view -> (int32 nibbles of the same view, E8M0 bytes per block).
+    With SR the elements round stochastically with the uniforms ``u4`` (same view; else unused)."""
     amax_bits = tl.max(tl.max(_abs_bits(x4), axis=3), axis=1)
     mult, byte = _mx_scales(amax_bits, 2)
     y = tl.clamp(x4 * mult[:, None, :, None], -6.0, 6.0, propagate_nan=tl.PropagateNan.ALL)
+    if SR:
+        return _e2m1_nibbles_sr(y, u4), byte
     return _e2m1_nibbles(y), byte
 
 
 @triton.jit
-def _fp4_quantize_rows(x, TR: tl.constexpr, TC: tl.constexpr):
+def _fp4_quantize_rows(x, u, TR: tl.constexpr, TC: tl.constexpr, SR: tl.constexpr):
     """fp32 tile [TR, TC], blocks of 32 along each row -> (uint32 words [TR, TC/8] holding eight
     nibbles each, element 8w + i in bits 4i..4i+3: byte order = the packed layout on a
     little-endian GPU; E8M0 bytes [TR, TC/32]). One 4-byte store per eight elements instead of
-    byte stores."""
-    nib, byte = _fp4_scaled_nibbles(tl.reshape(x, (TR, 1, TC // 32, 32)))
+    byte stores. ``u``: the [TR, TC] uniforms of stochastic rounding (only read with SR)."""
+    u4 = tl.reshape(u, (TR, 1, TC // 32, 32)) if SR else u
+    nib, byte = _fp4_scaled_nibbles(tl.reshape(x, (TR, 1, TC // 32, 32)), u4, SR)
     nib = tl.reshape(nib, (TR, TC // 8, 8)).to(tl.uint32)
     shifts = (tl.arange(0, 8) * 4).to(tl.uint32)
     words = tl.sum(nib << shifts[None, None, :], axis=2)  # disjoint bits: the sum is an OR
@@ -78,10 +113,11 @@ def _fp4_quantize_rows(x, TR: tl.constexpr, TC: tl.constexpr):
 
 
 @triton.jit
-def _fp4_quantize_cols(x, TR: tl.constexpr, TC: tl.constexpr):
+def _fp4_quantize_cols(x, u, TR: tl.constexpr, TC: tl.constexpr, SR: tl.constexpr):
     """fp32 tile [TR, TC], blocks of 32 along each column -> (packed uint8 [TR/2, TC]: rows 2i and
-    2i + 1 in the low and high nibble; E8M0 bytes [TR/32, TC])."""
-    nib, byte = _fp4_scaled_nibbles(tl.reshape(x, (TR // 32, 32, TC, 1)))
+    2i + 1 in the low and high nibble; E8M0 bytes [TR/32, TC]). ``u`` as in _fp4_quantize_rows."""
+    u4 = tl.reshape(u, (TR // 32, 32, TC, 1)) if SR else u
+    nib, byte = _fp4_scaled_nibbles(tl.reshape(x, (TR // 32, 32, TC, 1)), u4, SR)
     nib = tl.reshape(nib, (TR, TC))
     lo, hi = tl.split(tl.permute(tl.reshape(nib, (TR // 2, 2, TC)), (0, 2, 1)))
     return (lo | (hi << 4)).to(tl.uint8), tl.reshape(byte, (TR // 32, TC))
@@ -107,8 +143,8 @@ def _store_2d_t(ptr, vals, r0, c0, n_r, n_c, stride_c, R: tl.constexpr, C: tl.co
 
 @triton.jit
 def _quant_mxfp4_kernel(
-    # pointers: input, first copy + scales, transposed copy + scales
-    x_ptr, p_ptr, s_ptr, pt_ptr, st_ptr,
+    # pointers: input, first copy + scales, transposed copy + scales, the int64 SR seed
+    x_ptr, p_ptr, s_ptr, pt_ptr, st_ptr, seed_ptr,
     # sizes
     rows, cols, n_tiles_c,
     # strides: x in (row, col); the outputs' row strides (in their own elements: uint32 words for
@@ -116,9 +152,11 @@ def _quant_mxfp4_kernel(
     stride_xr, stride_xc, stride_p, stride_s, stride_pt, stride_st,
     # meta-parameters
     ALONG_COLS: tl.constexpr, HAS_T: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr,
+    SR: tl.constexpr, SR_T: tl.constexpr,
 ):
     """MXFP4 of one [TR, TC] tile along its rows (ALONG_COLS) or columns; with HAS_T (only with
-    ALONG_COLS) also the column-wise copy, stored transposed [cols, rows / 2]."""
+    ALONG_COLS) also the column-wise copy, stored transposed [cols, rows / 2]. SR / SR_T:
+    stochastic rounding of the first / the transposed copy (see the module docstring)."""
     pid = tl.program_id(0)
     pid_r = pid // n_tiles_c
     pid_c = pid % n_tiles_c
@@ -127,18 +165,24 @@ def _quant_mxfp4_kernel(
     mask = (offs_r < rows)[:, None] & (offs_c < cols)[None, :]
     x = tl.load(x_ptr + offs_r.to(tl.int64)[:, None] * stride_xr + offs_c.to(tl.int64)[None, :] * stride_xc,
                 mask=mask, other=0.0).to(tl.float32)
+    r64 = offs_r.to(tl.int64)[:, None]
+    c64 = offs_c.to(tl.int64)[None, :]
+    seed = tl.load(seed_ptr) if (SR or SR_T) else 0
     if ALONG_COLS:
-        words, byte = _fp4_quantize_rows(x, TR, TC)
+        u = tl.rand(seed, r64 * cols + c64) if SR else x
+        words, byte = _fp4_quantize_rows(x, u, TR, TC, SR)
         _store_2d(p_ptr, words, pid_r * TR, pid_c * (TC // 8), rows, cols // 8, stride_p, TR, TC // 8)
         _store_2d(s_ptr, byte, pid_r * TR, pid_c * (TC // 32), rows, cols // 32, stride_s, TR, TC // 32)
         if HAS_T:
             # blocks along x's columns, in x's coordinates, stored through the transposed strides
             # (measured faster on the H200 than transposing the fp32 tile in registers)
-            packed_t, byte_t = _fp4_quantize_cols(x, TR, TC)
+            u_t = tl.rand(seed + 1, c64 * rows + r64) if SR_T else x
+            packed_t, byte_t = _fp4_quantize_cols(x, u_t, TR, TC, SR_T)
             _store_2d_t(pt_ptr, packed_t, pid_r * (TR // 2), pid_c * TC, rows // 2, cols, stride_pt, TR // 2, TC)
             _store_2d_t(st_ptr, byte_t, pid_r * (TR // 32), pid_c * TC, rows // 32, cols, stride_st, TR // 32, TC)
     else:
-        packed, byte = _fp4_quantize_cols(x, TR, TC)
+        u = tl.rand(seed, c64 * rows + r64) if SR else x
+        packed, byte = _fp4_quantize_cols(x, u, TR, TC, SR)
         _store_2d(p_ptr, packed, pid_r * (TR // 2), pid_c * TC, rows // 2, cols, stride_p, TR // 2, TC)
         _store_2d(s_ptr, byte, pid_r * (TR // 32), pid_c * TC, rows // 32, cols, stride_s, TR // 32, TC)
 
@@ -197,17 +241,25 @@ def _tile(rows: int, cols: int, along_cols: bool, with_trans: bool) -> tuple[int
 
 
 def fp4_quant_launch(x: torch.Tensor, along_cols: bool, with_trans: bool = False,
-                     tile: "tuple[int, int, int] | None" = None):
+                     tile: "tuple[int, int, int] | None" = None, seed: "torch.Tensor | None" = None,
+                     sr: bool = False, sr_t: bool = False):
     """MXFP4 of a contiguous 2-D x. Returns ``(packed, scale)`` or, with ``with_trans``,
     ``(packed, scale, packed_t, scale_t)``; packed tensors and E8M0 scales as uint8.
 
     along_cols: ``packed [rows, cols/2]``, ``scale [rows, cols/32]``; else ``[rows/2, cols]``,
     ``[rows/32, cols]``. The transposed copy (only with ``along_cols``): ``[cols, rows/2]`` and
-    ``[cols, rows/32]``. ``tile`` overrides the (TR, TC, num_warps) heuristic (for tuning)."""
+    ``[cols, rows/32]``. ``tile`` overrides the (TR, TC, num_warps) heuristic (for tuning).
+    ``sr`` / ``sr_t``: stochastic rounding of the first / the transposed copy, keyed by ``seed``
+    (a one-element int64 tensor on x's device, read in the kernel: no host sync)."""
     rows, cols = x.shape
     dev = x.device
     if with_trans and not along_cols:
         raise ValueError("fp4_quant_launch: the transposed copy is built with along_cols=True")
+    sr_t = bool(sr_t and with_trans)
+    if (sr or sr_t) and (not isinstance(seed, torch.Tensor) or seed.numel() != 1 or seed.dtype != torch.int64
+                         or seed.device != dev):
+        raise ValueError("fp4_quant_launch: stochastic rounding needs seed, a one-element int64 tensor on "
+                         f"{dev}, got {seed!r}")
     if along_cols:
         p = torch.empty((rows, cols // 2), dtype=torch.uint8, device=dev)
         s = torch.empty((rows, cols // _BLOCK), dtype=torch.uint8, device=dev)
@@ -226,9 +278,9 @@ def fp4_quant_launch(x: torch.Tensor, along_cols: bool, with_trans: bool = False
     p_arg = p.view(torch.int32) if along_cols else p
     pt_arg = pt if with_trans else p_arg
     _quant_mxfp4_kernel[(n_tr * n_tc,)](
-        x, p_arg, s, pt_arg, st, rows, cols, n_tc,
+        x, p_arg, s, pt_arg, st, seed if (sr or sr_t) else s, rows, cols, n_tc,
         x.stride(0), x.stride(1), p_arg.stride(0), s.stride(0), pt_arg.stride(0), st.stride(0),
-        ALONG_COLS=along_cols, HAS_T=with_trans, TR=tr, TC=tc, num_warps=nw,
+        ALONG_COLS=along_cols, HAS_T=with_trans, TR=tr, TC=tc, SR=bool(sr), SR_T=sr_t, num_warps=nw,
     )
     if with_trans:
         return p, s, pt, st

@@ -465,6 +465,219 @@ def test_torch_compile_fullgraph(device):
     assert_bits_equal(s, s_ref)
 
 
+# ---- MXFP4 stochastic rounding and the random Hadamard transform ---------------------------
+SR = ScalingRecipe(use_sr=True)
+RHT = ScalingRecipe(use_rht=True)
+
+
+def _u8(t):
+    return t.view(torch.uint8).cpu()
+
+
+def _deq4(p, s, axis=-1):
+    return dequantize_fp4_ref(p.cpu(), s.cpu(), axis=axis).double()
+
+
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_fp4_sr_rounds_to_a_neighbour(axis, device):
+    # every SR code is the round-down or the round-up code of its element (the reference with
+    # rand = 1 / rand = 0), the scales are the RNE scales bit for bit, and both directions occur
+    x = _sample((64, 256), torch.float32, "cpu", seed=4)
+    x[:4] = _special_input("cpu")  # zero, inf, NaN blocks
+    x = x.to(device)
+    p, s = Q.quantize_fp4(x, axis=axis, scaling_recipe=SR, seed=123)
+    p_rne, s_rne = quantize_fp4_ref(x.cpu(), axis=axis)
+    assert_bits_equal(s.cpu(), s_rne, "SR scales are the RNE scales")
+    down = quantize_fp4_ref(x.cpu(), axis=axis, rand=torch.ones(x.shape))[0]
+    up = quantize_fp4_ref(x.cpu(), axis=axis, rand=torch.zeros(x.shape))[0]
+    d, d_dn, d_up = (_deq4(t, s_rne, axis) for t in (p, down, up))
+    nan = torch.isnan(d_dn)
+    assert torch.equal(torch.isnan(d), nan)
+    ok = (d == d_dn) | (d == d_up)
+    assert ok[~nan].all()
+    assert ((d == d_up) & (d_up != d_dn)).any() and ((d == d_dn) & (d_up != d_dn)).any()
+    assert (d_dn.abs() <= d_up.abs())[~nan].all()
+    # a value on the grid never moves (the down and up codes agree)
+    same = (d_dn == d_up) & ~nan
+    assert torch.equal(d[same], d_dn[same])
+
+
+def test_fp4_sr_is_unbiased(device):
+    # a block whose amax is 6 (E8M0 scale 1) holding off-grid values that RNE rounds *down*: RNE
+    # is biased by -0.2 .. -0.6 per element; the mean of SR over 4096 independent roundings (rows)
+    # is within 6 sigma of x for every element
+    vals = [6.0, 0.2, 0.7, 1.2, 1.7, 2.4, 3.4, 4.8, 0.1, 0.6, 1.1, 1.6, 2.2, 3.2, 4.4, 4.9]
+    row = torch.tensor(vals + [-v for v in vals], dtype=torch.float32)
+    n = 4096
+    x = row.repeat(n, 1).to(device)
+    p, s = Q.quantize_fp4(x, scaling_recipe=SR, seed=7)
+    d = _deq4(p, s)
+    r = row.double()
+    mean = d.mean(0)
+    lo = _deq4(*quantize_fp4_ref(row[None], rand=torch.ones(1, 32)))[0]
+    hi = _deq4(*quantize_fp4_ref(row[None], rand=torch.zeros(1, 32)))[0]
+    pr = torch.where(hi.abs() > lo.abs(), (r.abs() - lo.abs()) / (hi.abs() - lo.abs()), torch.zeros_like(r))
+    sigma = (hi - lo).abs() * (pr * (1 - pr)).sqrt() / math.sqrt(n)
+    assert ((mean - r).abs() <= 6 * sigma + 1e-12).all(), (mean - r)
+    rne = _deq4(*quantize_fp4_ref(row[None]))[0]
+    bias_rne = (rne - r) * r.sign()  # every magnitude but 6 is rounded down by RNE
+    assert (bias_rne[1:16] <= -0.09).all() and bias_rne.mean() < -0.25
+    assert ((mean - r) * r.sign()).mean().abs() < 0.02  # SR: no systematic bias (sigma ~0.002)
+
+
+def test_fp4_sr_seeds(device):
+    x = _sample((64, 128), torch.bfloat16, device, seed=9)
+    a = Q.quantize_fp4(x, scaling_recipe=SR, seed=5)
+    b = Q.quantize_fp4(x, scaling_recipe=SR, seed=torch.tensor([5], device=device))
+    c = Q.quantize_fp4(x, scaling_recipe=SR, seed=6)
+    assert_bits_equal(_u8(a[0]), _u8(b[0]), "same seed, same result")
+    assert (_u8(a[0]) != _u8(c[0])).float().mean() > 0.1  # another seed differs
+    assert_bits_equal(a[1], c[1])  # the scales are deterministic
+    # the default seed is drawn on the device from its generator: torch.manual_seed reproduces it
+    torch.manual_seed(0)
+    d = Q.quantize_fp4(x, scaling_recipe=SR)
+    torch.manual_seed(0)
+    e = Q.quantize_fp4(x, scaling_recipe=SR)
+    assert_bits_equal(_u8(d[0]), _u8(e[0]))
+    gen = torch.Generator(device=device).manual_seed(3)
+    f = Q.quantize_fp4(x, scaling_recipe=SR, seed=gen)
+    gen.manual_seed(3)
+    assert_bits_equal(_u8(f[0]), _u8(Q.quantize_fp4(x, scaling_recipe=SR, seed=gen)[0]))
+    # SR off: RNE, bit for bit (use_sr=False recipe and the default)
+    p, sc = Q.quantize_fp4(x, scaling_recipe=ScalingRecipe())
+    assert_bits_equal(_u8(p), _u8(quantize_fp4_ref(x.cpu())[0]))
+    # axis=0 is axis=-1 of the transpose (same stream); with_trans: the transposed copy uses seed + 1
+    p0, _ = Q.quantize_fp4(x, axis=0, scaling_recipe=SR, seed=5)
+    pt, _ = Q.quantize_fp4(x.t().contiguous(), scaling_recipe=SR, seed=5)
+    assert_bits_equal(_u8(p0).t().contiguous(), _u8(pt))
+    q, qs, qt, qst = Q.quantize_fp4_with_trans(x, scaling_recipe=SR, seed=5)
+    assert_bits_equal(_u8(q), _u8(a[0]))
+    assert_bits_equal(_u8(qt), _u8(Q.quantize_fp4(x.t().contiguous(), scaling_recipe=SR, seed=6)[0]))
+    # only the transposed copy stochastic
+    q, _, qt, _ = Q.quantize_fp4_with_trans(x, scaling_recipe_for_trans=SR, seed=5)
+    assert_bits_equal(_u8(q), _u8(quantize_fp4_ref(x.cpu())[0]))
+    assert_bits_equal(_u8(qt), _u8(Q.quantize_fp4(x.t().contiguous(), scaling_recipe=SR, seed=6)[0]))
+
+
+def test_hadamard_transform_is_orthogonal(device):
+    sg = Q.random_hadamard_signs(32, generator=torch.Generator().manual_seed(0)).to(device)
+    assert set(sg.tolist()) <= {-1.0, 1.0}
+    eye = torch.eye(32, dtype=torch.float64, device=device)
+    r = Q.hadamard_transform(eye, sg)  # the rows of I map to the rows of R
+    torch.testing.assert_close(r @ r.T, eye, rtol=0, atol=1e-14)
+    torch.testing.assert_close(r.abs(), torch.full_like(r, 32 ** -0.5), rtol=0, atol=1e-15)
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(16, 96, generator=g, dtype=torch.float64).to(device)
+    b = torch.randn(8, 96, generator=g, dtype=torch.float64).to(device)
+    torch.testing.assert_close(Q.hadamard_transform(a, sg) @ Q.hadamard_transform(b, sg).T, a @ b.T,
+                               rtol=0, atol=1e-12)
+    # axis=0 is the transform of the columns; fp32 / bf16 inputs give fp32
+    torch.testing.assert_close(Q.hadamard_transform(a.t(), sg, axis=0), Q.hadamard_transform(a, sg).t(),
+                               rtol=0, atol=0)
+    y = Q.hadamard_transform(a.to(torch.bfloat16), sg)
+    assert y.dtype == torch.float32 and y.shape == a.shape
+    # blocks of 16 too (any power of two)
+    s16 = sg[:16]
+    torch.testing.assert_close(Q.hadamard_transform(a, s16) @ Q.hadamard_transform(b, s16).T, a @ b.T,
+                               rtol=0, atol=1e-12)
+
+
+def test_fp4_rht_reduces_error_on_outliers(device):
+    # an outlier-heavy operand (about one 40-sigma element per 32-block): its block scale crushes
+    # the other elements; the transform spreads the outlier so the MXFP4 product is more accurate
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 256, generator=g)
+    x = x + (torch.rand(64, 256, generator=g) < 1 / 32) * 40 * torch.randn(64, 256, generator=g).sign()
+    y = torch.randn(48, 256, generator=g)
+    x, y = x.to(device), y.to(device)
+    ref = x.double().cpu() @ y.double().cpu().T
+    sg = Q.random_hadamard_signs(32, device=device, generator=torch.Generator(device=device).manual_seed(1))
+    plain = _deq4(*Q.quantize_fp4(x)) @ _deq4(*Q.quantize_fp4(y)).T
+    rht = (_deq4(*Q.quantize_fp4(x, scaling_recipe=RHT, rht_signs=sg))
+           @ _deq4(*Q.quantize_fp4(y, scaling_recipe=RHT, rht_signs=sg)).T)
+    err_plain, err_rht = (plain - ref).norm(), (rht - ref).norm()
+    assert err_rht < 0.8 * err_plain, (err_rht, err_plain)
+    # the quantized transform is the transform then quantize_fp4, along either axis
+    hx = Q.hadamard_transform(x, sg, axis=0)
+    p, s = Q.quantize_fp4(x, axis=0, scaling_recipe=RHT, rht_signs=sg)
+    p_ref, s_ref = quantize_fp4_ref(hx.cpu(), axis=0)
+    assert_bits_equal(_u8(p), _u8(p_ref))
+    assert_bits_equal(s.cpu(), s_ref)
+    # with_trans: each copy is transformed along its own quantized dim; SR and RHT combine
+    q, qs, qt, qst = Q.quantize_fp4_with_trans(x, scaling_recipe=ScalingRecipe(use_sr=True, use_rht=True),
+                                               seed=3, rht_signs=sg)
+    r1 = Q.quantize_fp4(x, scaling_recipe=ScalingRecipe(use_sr=True, use_rht=True), seed=3, rht_signs=sg)
+    r2 = Q.quantize_fp4(x.t().contiguous(), scaling_recipe=ScalingRecipe(use_sr=True, use_rht=True), seed=4,
+                        rht_signs=sg)
+    assert_bits_equal(_u8(q), _u8(r1[0]))
+    assert_bits_equal(_u8(qt), _u8(r2[0]))
+    assert_bits_equal(qst.cpu(), r2[1].cpu())
+
+
+def test_fp4_sr_rht_reference_fallback(monkeypatch):
+    # plain CPU (no interpreter): the reference runs, SR from torch's CPU generator seeded with the
+    # seed (reproducible; not the kernel's Philox stream), values still neighbours
+    x = _sample((32, 64), torch.float32, "cpu", seed=8)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    a = Q.quantize_fp4(x, scaling_recipe=SR, seed=11)
+    b = Q.quantize_fp4(x, scaling_recipe=SR, seed=11)
+    assert_bits_equal(_u8(a[0]), _u8(b[0]))
+    down = _deq4(*quantize_fp4_ref(x, rand=torch.ones(x.shape)))
+    up = _deq4(*quantize_fp4_ref(x, rand=torch.zeros(x.shape)))
+    d = _deq4(*a)
+    assert ((d == down) | (d == up)).all()
+    sg = Q.random_hadamard_signs(32)
+    p, s = Q.quantize_fp4(x, scaling_recipe=RHT, rht_signs=sg)
+    assert_bits_equal(_u8(p), _u8(quantize_fp4_ref(Q.hadamard_transform(x, sg))[0]))
+
+
+def test_fp4_sr_rht_errors():
+    x = torch.randn(64, 96)
+    sg = Q.random_hadamard_signs(32)
+    with pytest.raises(ValueError, match="seed is only used with stochastic rounding"):
+        Q.quantize_fp4(x, seed=1)
+    with pytest.raises(ValueError, match="rht_signs is only used"):
+        Q.quantize_fp4(x, rht_signs=sg)
+    with pytest.raises(ValueError, match="needs rht_signs"):
+        Q.quantize_fp4(x, scaling_recipe=RHT)
+    with pytest.raises(ValueError, match="needs rht_signs"):
+        Q.quantize_fp4_with_trans(x, scaling_recipe_for_trans=RHT)
+    with pytest.raises(ValueError, match=r"int seed must be in \[0, 2\*\*62\)"):
+        Q.quantize_fp4(x, scaling_recipe=SR, seed=-1)
+    with pytest.raises(ValueError, match="must hold one integer"):
+        Q.quantize_fp4(x, scaling_recipe=SR, seed=torch.tensor([1.0]))
+    with pytest.raises(TypeError, match="seed must be None, an int"):
+        Q.quantize_fp4(x, scaling_recipe=SR, seed="1")
+    # the transformed dim must be a multiple of the Hadamard block
+    with pytest.raises(ValueError, match="multiple of the Hadamard block 64"):
+        Q.quantize_fp4(x, scaling_recipe=RHT, rht_signs=Q.random_hadamard_signs(64))
+    with pytest.raises(ValueError, match="multiple of the Hadamard block 32"):
+        Q.hadamard_transform(torch.randn(8, 48), sg)
+    with pytest.raises(ValueError, match="power of two in \\[2, 256\\], got 24"):
+        Q.hadamard_transform(x, torch.ones(24))
+    with pytest.raises(ValueError, match="power of two"):
+        Q.random_hadamard_signs(12)
+    # FP8 keeps both options unimplemented, naming the option
+    with pytest.raises(NotImplementedError, match="use_rht=True"):
+        Q.quantize_fp8(x, E4M3, G.BLOCKWISE, scaling_recipe=RHT)
+    with pytest.raises(NotImplementedError, match="use_sr=True"):
+        Q.quantize_fp8_with_trans(x, E4M3, G.MX_BLOCKWISE, scaling_recipe=SR)
+
+
+def test_fp4_sr_torch_compile(device):
+    x = _sample((64, 128), torch.bfloat16, device)
+    sg = Q.random_hadamard_signs(32, device=device)
+
+    def f(t, seed):
+        return Q.quantize_fp4(t, scaling_recipe=ScalingRecipe(use_sr=True, use_rht=True), seed=seed, rht_signs=sg)
+
+    seed = torch.tensor([17], device=device)
+    p, s = torch.compile(f, fullgraph=True, backend="aot_eager")(x, seed)
+    p_ref, s_ref = f(x, seed)
+    assert_bits_equal(_u8(p), _u8(p_ref))
+    assert_bits_equal(s, s_ref)
+
+
 # ---- GPU: real shapes -----------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
