@@ -26,13 +26,16 @@ for t in $TESTS; do [ -e "$t" ] && existing="$existing $t"; done
 echo "== tests"
 # shellcheck disable=SC2086
 PRIMUS_TURBO_GEMM_TRITON_AUTOTUNE=0 PRIMUS_TURBO_TEST_FAILURE_LOG="$R/failures.log" \
-    timeout "${GPU_SESSION_TEST_S:-170}" "$PY" -m pytest -q -n 12 -p no:cacheprovider --timeout=160 $existing \
+    timeout "${GPU_SESSION_TEST_S:-120}" "$PY" -m pytest -q -n 14 -p no:cacheprovider --timeout=110 $existing \
     > "$R/pytest.log" 2>&1
 echo "pytest exit $?: $(tail -n 1 "$R/pytest.log")"
+pack() { (cd "$OUT" && tar czf results.tgz r); }  # after every stage: a run cut short keeps what it has
+pack
 
 echo "== FP8 linear step profile"
-timeout 60 "$PY" scripts/diag_fp8_linear.py --out "$R" > "$R/diag.log" 2>&1
+timeout 40 "$PY" scripts/diag_fp8_linear.py --out "$R" > "$R/diag.log" 2>&1
 grep "^== " "$R/diag.log"
+pack
 
 run_bench() {  # name, seconds, command...
     local name=$1 secs=$2
@@ -40,15 +43,14 @@ run_bench() {  # name, seconds, command...
     echo "== $name"
     timeout "$secs" "$PY" "$@" > "$R/$name.log" 2>&1
     echo "exit $?"
+    pack
 }
-run_bench moe_layer 100 benchmarks/bench_moe_layer.py --out "$R/moe" --quick
-run_bench grouped 100 benchmarks/bench_grouped_gemm.py --out "$R/grouped" --models DeepSeek-V3 Qwen3-30B-A3B \
+run_bench moe_layer 70 benchmarks/bench_moe_layer.py --out "$R/moe" --quick
+run_bench grouped 60 benchmarks/bench_grouped_gemm.py --out "$R/grouped" --models DeepSeek-V3 Qwen3-30B-A3B \
     --ep 8 --tokens 2048 --routings balanced --warmup-ms 5 --rep-ms 25
-run_bench memory 70 benchmarks/run_all.py --out "$R/mem" --only quantization norm_act moe_permute
-run_bench attention 80 benchmarks/bench_attention.py --out "$R/attn" --quick \
+run_bench memory 40 benchmarks/run_all.py --out "$R/mem" --only quantization norm_act moe_permute
+run_bench attention 50 benchmarks/bench_attention.py --out "$R/attn" --quick \
     --impls sdpa-cudnn sdpa-flash turbo-default turbo-triton turbo-fp8
-
-(cd "$OUT" && tar czf results.tgz r)
 
 echo
 echo "===== summary ====="
