@@ -23,7 +23,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "PRIMUS_TURBO_AUTO_TUNE": ("0", "1: time every eligible backend once per shape and cache the fastest."),
     "PRIMUS_TURBO_GEMM_TRITON_AUTOTUNE": (
         "1",
-        "0: the Triton GEMM uses its analytic default config instead of timing its candidate configs per shape.",
+        "0: the Triton GEMM kernels (dense and grouped) use their analytic default configs instead of timing "
+        "their candidate configs per shape.",
     ),
     "PRIMUS_TURBO_PRINT_CONFIGS": ("0", "1: log the kernel config chosen for each new shape (INFO level)."),
 }

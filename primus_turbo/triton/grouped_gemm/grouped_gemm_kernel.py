@@ -16,14 +16,17 @@ on the device, inside the kernels; the grid size depends on tensor shapes alone)
   the tile count ``G * cdiv(P, BM) * cdiv(Q, BN)`` is static and only the K loop length is read from
   the device. Optional ``C += ...`` epilogue (Megatron's ``main_grad`` in fp32 or the input dtype).
 
-This first version reads operands with masked pointer loads (any strides), not tensor descriptors.
+Operands are read with masked pointer loads (any strides), not tensor descriptors. The launch
+configuration is tuned per static shape on the GPU (see :func:`_pick_config`): with balanced
+synthetic group sizes of the same total, so the choice never depends on (or reads) the routing.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Optional
+import os
+from typing import Callable, Optional
 
 import torch
 import triton
@@ -198,6 +201,68 @@ def _default_config(m_avg: int, n: int, k: int, dtype: torch.dtype, variable_k: 
     return GroupedGemmConfig(128, 128, 32, 8, 4, 8)
 
 
+# Candidates of the per-shape tuning on sm_90 (16-bit; fp32 has its own smaller tiles). Shared
+# memory of the largest: (128 * 64 + 64 * 256) * 2 B * 3 stages = 144 KiB < 227 KiB.
+_CANDIDATES_16BIT = (
+    GroupedGemmConfig(128, 128, 64, 8, 3, 8),
+    GroupedGemmConfig(128, 128, 64, 8, 4, 8),
+    GroupedGemmConfig(128, 256, 64, 8, 3, 8),
+    GroupedGemmConfig(256, 128, 64, 8, 3, 8),
+    GroupedGemmConfig(128, 128, 32, 8, 4, 8),
+    GroupedGemmConfig(64, 128, 64, 8, 4, 4),
+    GroupedGemmConfig(128, 64, 64, 8, 4, 4),
+)
+_CANDIDATES_FP32 = (
+    GroupedGemmConfig(64, 64, 32, 8, 4, 4),
+    GroupedGemmConfig(128, 64, 32, 8, 3, 8),
+    GroupedGemmConfig(64, 128, 32, 8, 3, 4),
+    GroupedGemmConfig(128, 128, 32, 8, 3, 8),
+)
+
+_tuned: dict = {}
+
+
+def _autotune_enabled() -> bool:
+    # one switch for the Triton GEMM kernels, dense and grouped (docs/env_vars.md)
+    return os.environ.get("PRIMUS_TURBO_GEMM_TRITON_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _time_ms(fn: Callable[[], object]) -> float:
+    return float(triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median"))
+
+
+def _balanced_offsets(M: int, G: int, device: torch.device) -> torch.Tensor:
+    """[G+1] offsets of G groups of (nearly) equal size summing to M, built on the host."""
+    return torch.tensor([M * g // G for g in range(G + 1)], dtype=torch.int64, device=device)
+
+
+def _pick_config(key: tuple, default: GroupedGemmConfig, dtype: torch.dtype, device: torch.device,
+                 run: Callable[[GroupedGemmConfig], object]) -> GroupedGemmConfig:
+    """The tuned config of this static shape (``key``), tuning it on first sight.
+
+    ``run(cfg)`` launches the kernel with ``cfg`` on balanced synthetic groups (and a scratch output
+    where the real one accumulates). No tuning under the interpreter, on CPU, during CUDA-graph
+    capture (nothing can be timed there; the default is used and not cached) or with
+    PRIMUS_TURBO_GEMM_TRITON_AUTOTUNE=0."""
+    cfg = _tuned.get(key)
+    if cfg is not None:
+        return cfg
+    if is_interpreter() or device.type != "cuda" or not _autotune_enabled() or torch.cuda.is_current_stream_capturing():
+        return default
+    pool = _CANDIDATES_FP32 if dtype == torch.float32 else _CANDIDATES_16BIT
+    candidates = [default] + [c for c in pool if c != default]
+    best, best_ms = default, float("inf")
+    for c in candidates:
+        try:
+            ms = _time_ms(lambda c=c: run(c))
+        except Exception:  # noqa: BLE001 - e.g. out of shared memory or registers: skip it
+            continue
+        if ms < best_ms:
+            best, best_ms = c, ms
+    _tuned[key] = best
+    return best
+
+
 def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
@@ -319,15 +384,14 @@ def grouped_gemm_triton(
         return out
     if G == 0:
         return out.zero_()
-    cfg = config or _default_config(max(1, M // G), N, K, a.dtype, False)
     programs = _num_programs(a.device, num_cu)
-    # static upper bound on the tiles: each group adds at most one partial row tile, plus the tail
-    max_tiles = (triton.cdiv(M, cfg.block_m) + G + 1) * triton.cdiv(N, cfg.block_n)
-    grid = (min(programs, max_tiles),)
 
-    def launch():
+    def launch(cfg: GroupedGemmConfig, offs: torch.Tensor):
+        # static upper bound on the tiles: each group adds at most one partial row tile, plus the tail
+        max_tiles = (triton.cdiv(M, cfg.block_m) + G + 1) * triton.cdiv(N, cfg.block_n)
+        grid = (min(programs, max_tiles),)
         _grouped_gemm_kernel[grid](
-            a, b, out, group_offs, M, N, K, G,
+            a, b, out, offs, M, N, K, G,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), out.stride(0), out.stride(1),
             NUM_PROGRAMS=grid[0], DOT_PRECISION=_precision(a.dtype),
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
@@ -335,7 +399,24 @@ def grouped_gemm_triton(
         )
         return out
 
-    return _run_on_device(a.device, launch)
+    def pick():
+        if config is not None:
+            return config
+        default = _default_config(max(1, M // G), N, K, a.dtype, False)
+        # M is bucketed to a power of two: a routed-row count that moves from step to step does
+        # not retune, and the best tiles do not depend on its exact value
+        key = ("m", triton.next_power_of_2(M), N, K, G, a.dtype, b.stride(2) == 1, b.stride(1) == 1, num_cu,
+               a.device.index)
+        bal = None
+
+        def run(cfg):
+            nonlocal bal
+            bal = _balanced_offsets(M, G, a.device) if bal is None else bal
+            return launch(cfg, bal)  # the output is overwritten by the real launch below
+
+        return _pick_config(key, default, a.dtype, a.device, run)
+
+    return _run_on_device(a.device, lambda: launch(pick(), group_offs))
 
 
 def grouped_gemm_variable_k_triton(
@@ -361,18 +442,35 @@ def grouped_gemm_variable_k_triton(
         return out
     if M == 0:
         return out if accumulate else out.zero_()
-    cfg = config or _default_config(max(1, M // G), Q, P, x.dtype, True)
     programs = _num_programs(x.device, num_cu)
-    grid = (min(programs, G * triton.cdiv(P, cfg.block_m) * triton.cdiv(Q, cfg.block_n)),)
 
-    def launch():
+    def launch(cfg: GroupedGemmConfig, offs: torch.Tensor, target: torch.Tensor):
+        grid = (min(programs, G * triton.cdiv(P, cfg.block_m) * triton.cdiv(Q, cfg.block_n)),)
         _grouped_gemm_variable_k_kernel[grid](
-            x, y, out, group_offs, M, P, Q, G,
-            x.stride(0), x.stride(1), y.stride(0), y.stride(1), out.stride(0), out.stride(1), out.stride(2),
+            x, y, target, offs, M, P, Q, G,
+            x.stride(0), x.stride(1), y.stride(0), y.stride(1), target.stride(0), target.stride(1), target.stride(2),
             NUM_PROGRAMS=grid[0], ACCUMULATE=accumulate, DOT_PRECISION=_precision(x.dtype),
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             num_stages=cfg.num_stages, num_warps=cfg.num_warps,
         )
-        return out
+        return target
 
-    return _run_on_device(x.device, launch)
+    def pick():
+        if config is not None:
+            return config
+        default = _default_config(max(1, M // G), Q, P, x.dtype, True)
+        key = ("k", triton.next_power_of_2(M), P, Q, G, x.dtype, x.stride(0) == 1, y.stride(0) == 1, out.dtype,
+               accumulate, num_cu, x.device.index)
+        scratch = None
+
+        def run(cfg):
+            # an accumulation target must not see the trial runs: they write a scratch output
+            nonlocal scratch
+            if scratch is None:
+                scratch = (_balanced_offsets(M, G, x.device),
+                           torch.zeros_like(out) if accumulate else out)
+            return launch(cfg, scratch[0], scratch[1])
+
+        return _pick_config(key, default, x.dtype, x.device, run)
+
+    return _run_on_device(x.device, lambda: launch(pick(), group_offs, out))
