@@ -143,4 +143,5 @@ attn_dispatcher = AutoKernelDispatcher(
     backends=[AttnTorchBackend, AttnTritonBackend],
     make_key=_make_key,
     default=_default,
+    default_checked=BackendType.TORCH,
 )

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend
+from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend, cuda_capability
 from ..core.low_precision import ScalingGranularity
 
 __all__ = ["GemmFP8TorchBackend", "GemmFP8TritonBackend", "gemm_fp8_dispatcher", "FP8_GEMM_DTYPES"]
@@ -78,7 +78,7 @@ class GemmFP8TorchBackend(KernelBackend):
             return f"torch._scaled_mm needs CUDA tensors, got {a_q.device}"
         if not hasattr(torch, "_scaled_mm"):
             return "this torch has no torch._scaled_mm"
-        cap = torch.cuda.get_device_capability(a_q.device)
+        cap = cuda_capability(a_q.device)
         if cap < (8, 9):
             return f"sm_{cap[0]}{cap[1]} has no FP8 tensor cores"
         M, K = a_q.shape
@@ -193,5 +193,6 @@ gemm_fp8_dispatcher = AutoKernelDispatcher(
     backends=[GemmFP8TorchBackend, GemmFP8TritonBackend],
     make_key=_make_key,
     default=_default,
+    default_checked=BackendType.TORCH,
     make_tune_kwargs=_tune_kwargs,
 )

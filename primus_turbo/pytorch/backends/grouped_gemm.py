@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend
+from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend, cuda_capability
 
 __all__ = [
     "GROUPED_GEMM_DTYPES",
@@ -49,7 +49,7 @@ def _sm90_bf16(t: torch.Tensor) -> Optional[str]:
         return "this torch has no torch._grouped_mm"
     if t.dtype != torch.bfloat16:
         return f"torch._grouped_mm supports bfloat16 only, got {t.dtype}"
-    if torch.cuda.get_device_capability(t.device) < (9, 0):
+    if cuda_capability(t.device) < (9, 0):
         return "torch._grouped_mm needs sm_90 or newer here"
     return None
 
@@ -133,6 +133,7 @@ grouped_gemm_dispatcher = AutoKernelDispatcher(
     backends=[GroupedGemmTorchBackend, GroupedGemmTritonBackend],
     make_key=_make_key,
     default=_default,
+    default_checked=BackendType.TORCH,
 )
 
 
@@ -212,5 +213,6 @@ grouped_gemm_variable_k_dispatcher = AutoKernelDispatcher(
     make_key=_make_key_vk,
     default=lambda **kw: (
         BackendType.TORCH if GroupedGemmVariableKTorchBackend.can_handle(**kw) else BackendType.TRITON),
+    default_checked=BackendType.TORCH,
     make_tune_kwargs=_tune_kwargs_vk,
 )

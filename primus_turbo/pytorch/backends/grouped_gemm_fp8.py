@@ -37,7 +37,7 @@ from typing import Optional
 
 import torch
 
-from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend
+from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend, cuda_capability
 
 __all__ = [
     "GroupedGemmFP8TorchBackend",
@@ -119,7 +119,7 @@ def _scaled_grouped_mm_reason(t: torch.Tensor, mode: str, *dtypes) -> Optional[s
         return "torch._scaled_grouped_mm needs CUDA tensors"
     if torch.version.hip:
         return "the TORCH FP8 grouped backend is wired for CUDA (sm_90) only"
-    if torch.cuda.get_device_capability(t.device) < (9, 0):
+    if cuda_capability(t.device) < (9, 0):
         return "torch._scaled_grouped_mm needs sm_90 or newer"
     if mode not in ("TENSORWISE", "ROWWISE"):
         return f"torch._scaled_grouped_mm serves TENSORWISE / ROWWISE here, not {mode}"
@@ -230,6 +230,7 @@ grouped_gemm_fp8_dispatcher = AutoKernelDispatcher(
     backends=[GroupedGemmFP8TritonBackend, GroupedGemmFP8TorchBackend],
     make_key=_make_key,
     default=_default_mgrouped,
+    default_checked=BackendType.TORCH,
 )
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "AutoKernelDispatcher",
     "GlobalBackendManager",
     "parse_backend_env",
+    "cuda_capability",
 ]
 
 
@@ -128,6 +129,18 @@ class KernelBackend:
     @classmethod
     def execute(cls, **kwargs: Any) -> Any:
         raise NotImplementedError
+
+
+@functools.lru_cache(maxsize=None)
+def _capability_of_index(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def cuda_capability(device: torch.device) -> tuple[int, int]:
+    """``torch.cuda.get_device_capability`` of a CUDA device, cached per device index (backend
+    checks run on every call; the uncached query is several microseconds of Python)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _capability_of_index(index)
 
 
 class TuneCache:
@@ -336,7 +349,11 @@ class AutoKernelDispatcher:
         default: Callable[..., Optional[BackendType]],
         make_tune_kwargs: Optional[Callable[..., dict]] = None,
         cache_capacity: int = 1024,
+        default_checked: Optional[BackendType] = None,
     ):
+        # default_checked: the backend that `default` returns only after its own can_handle()
+        # said yes (the usual "vendor kernel where it runs" rule): not checked a second time
+        self.default_checked = default_checked
         self.op_name = op_name
         self.family = family
         self.backends: "OrderedDict[BackendType, type[KernelBackend]]" = OrderedDict(
@@ -397,7 +414,8 @@ class AutoKernelDispatcher:
             if winner is not None:
                 return winner
         default = self.default(**kwargs)
-        if default is not None and default in self.backends and self.backends[default].can_handle(**kwargs):
+        if default is not None and default in self.backends and (
+                default is self.default_checked or self.backends[default].can_handle(**kwargs)):
             return self.backends[default]
         reasons = []
         for impl in self.backends.values():
