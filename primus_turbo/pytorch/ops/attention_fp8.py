@@ -84,14 +84,79 @@ def _quantize(q, k, v, blk):
     return q8, k8, v8t, qs, ks, vs
 
 
-def _fwd(q, k, v, sink, softmax_scale, win_left, win_right, blk):
-    """``(out, lse, saved)``: the FP8 forward and the FP8 tensors backward needs."""
+def _fwd_eager(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: Optional[torch.Tensor], softmax_scale: float,
+    win_left: int, win_right: int, blk: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+           torch.Tensor]:
+    """``(out, lse, q8, k8, v8t, qs, ks, vs)``: the FP8 forward and the FP8 tensors backward needs."""
     from primus_turbo.triton.attention.flash_attn_fp8 import flash_attn_fp8_fwd_triton
 
     q8, k8, v8t, qs, ks, vs = _quantize(q, k, v, blk)
     out, lse = flash_attn_fp8_fwd_triton(q8, k8, v8t, qs, ks, vs, blk, sink, softmax_scale, win_left, win_right,
                                          out_dtype=q.dtype)
-    return out, lse, (q8, k8, v8t, qs, ks, vs)
+    return out, lse, q8, k8, v8t, qs, ks, vs
+
+
+flash_attn_fp8_fwd = torch.library.custom_op("primus_turbo::flash_attn_fp8_fwd", _fwd_eager, mutates_args=())
+
+
+@flash_attn_fp8_fwd.register_fake
+def _fwd_fake(q, k, v, sink, softmax_scale, win_left, win_right, blk):
+    b, sq, h, d = q.shape
+    sk, hk, dv = k.size(1), k.size(2), v.size(3)
+    f8 = torch.float8_e4m3fn
+    nq, nk = -(-sq // blk), -(-sk // blk)
+    return (q.new_empty((b, sq, h, dv)), q.new_empty((b, h, sq), dtype=torch.float32),
+            q.new_empty((b, h, sq, d), dtype=f8), q.new_empty((b, hk, sk, d), dtype=f8),
+            q.new_empty((b, hk, dv, sk), dtype=f8), q.new_empty((b, h, nq), dtype=torch.float32),
+            q.new_empty((b, hk, nk), dtype=torch.float32), q.new_empty((b, hk, nk), dtype=torch.float32))
+
+
+def _bwd_eager(
+    dout: torch.Tensor, q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, qs: torch.Tensor, ks: torch.Tensor,
+    vs: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sink: Optional[torch.Tensor], softmax_scale: float,
+    win_left: int, win_right: int, blk: int, dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv, dsink)`` in ``dtype`` from the dequantized FP8 operands (dsink empty without sinks)."""
+    from primus_turbo.triton.attention import flash_attn_bwd_triton
+    from primus_turbo.triton.attention.flash_attn_fp8 import dequantize_tokens_fp8
+
+    qd = dequantize_tokens_fp8(q8, qs, blk, dtype)
+    kd = dequantize_tokens_fp8(k8, ks, blk, dtype)
+    vd = dequantize_tokens_fp8(v8t, vs, blk, dtype, transpose_sd=True)
+    dq, dk, dv, dsink = flash_attn_bwd_triton(
+        dout.to(dtype).contiguous(), qd, kd, vd, out, lse, sink, softmax_scale, win_left, win_right
+    )
+    if dsink is None:  # custom ops return tensors: an empty one stands for "no sink"
+        dsink = q8.new_empty((0,), dtype=torch.float32)
+    return dq, dk, dv, dsink
+
+
+flash_attn_fp8_bwd = torch.library.custom_op("primus_turbo::flash_attn_fp8_bwd", _bwd_eager, mutates_args=())
+
+
+@flash_attn_fp8_bwd.register_fake
+def _bwd_fake(dout, q8, k8, v8t, qs, ks, vs, out, lse, sink, softmax_scale, win_left, win_right, blk, dtype):
+    b, h, sq, d = q8.shape
+    hk, sk = k8.size(1), k8.size(2)
+    dv = v8t.size(2)
+    n_sink = 0 if sink is None else sink.numel()
+    return (dout.new_empty((b, sq, h, d), dtype=dtype), dout.new_empty((b, sk, hk, d), dtype=dtype),
+            dout.new_empty((b, sk, hk, dv), dtype=dtype), dout.new_empty((n_sink,), dtype=torch.float32))
+
+
+def _fwd(*args):
+    # Eager calls skip the custom-op dispatcher; traced code (torch.compile) must see the op.
+    if torch.compiler.is_compiling():
+        return torch.ops.primus_turbo.flash_attn_fp8_fwd(*args)
+    return _fwd_eager(*args)
+
+
+def _bwd(*args):
+    if torch.compiler.is_compiling():
+        return torch.ops.primus_turbo.flash_attn_fp8_bwd(*args)
+    return _bwd_eager(*args)
 
 
 class FlashAttnFp8Function(torch.autograd.Function):
@@ -99,7 +164,7 @@ class FlashAttnFp8Function(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, sink, softmax_scale, win_left, win_right, blk):
-        out, lse, (q8, k8, v8t, qs, ks, vs) = _fwd(q, k, v, sink, softmax_scale, win_left, win_right, blk)
+        out, lse, q8, k8, v8t, qs, ks, vs = _fwd(q, k, v, sink, softmax_scale, win_left, win_right, blk)
         ctx.save_for_backward(q8, k8, v8t, qs, ks, vs, out, lse, sink)
         ctx.softmax_scale, ctx.win_left, ctx.win_right, ctx.blk = softmax_scale, win_left, win_right, blk
         ctx.in_dtype = q.dtype
@@ -108,17 +173,9 @@ class FlashAttnFp8Function(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        from primus_turbo.triton.attention import flash_attn_bwd_triton
-        from primus_turbo.triton.attention.flash_attn_fp8 import dequantize_tokens_fp8
-
         q8, k8, v8t, qs, ks, vs, out, lse, sink = ctx.saved_tensors
-        dt, blk = ctx.in_dtype, ctx.blk
-        qd = dequantize_tokens_fp8(q8, qs, blk, dt)
-        kd = dequantize_tokens_fp8(k8, ks, blk, dt)
-        vd = dequantize_tokens_fp8(v8t, vs, blk, dt, transpose_sd=True)
-        dq, dk, dv, dsink = flash_attn_bwd_triton(
-            dout.to(dt).contiguous(), qd, kd, vd, out, lse, sink, ctx.softmax_scale, ctx.win_left, ctx.win_right
-        )
+        dq, dk, dv, dsink = _bwd(dout, q8, k8, v8t, qs, ks, vs, out, lse, sink, ctx.softmax_scale, ctx.win_left,
+                                 ctx.win_right, ctx.blk, ctx.in_dtype)
         if sink is None or not ctx.needs_input_grad[3]:
             dsink = None
         else:
@@ -191,5 +248,5 @@ def flash_attn_fp8_func(
     if needs_grad:
         out, lse = FlashAttnFp8Function.apply(q, k, v, sink, scale, win_left, win_right, blk)
     else:
-        out, lse, _ = _fwd(q, k, v, sink, scale, win_left, win_right, blk)
+        out, lse = _fwd(q, k, v, sink, scale, win_left, win_right, blk)[:2]
     return (out, lse) if return_lse else out
