@@ -26,6 +26,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "0: the Triton GEMM kernels (dense and grouped) use their analytic default configs instead of timing "
         "their candidate configs per shape.",
     ),
+    "PRIMUS_TURBO_PERMUTE_FUSED_MAP": (
+        "auto",
+        "moe_permute's row map from three Triton kernels (1) or torch ops (0); auto: kernels on CPU "
+        "(interpreter), torch ops on CUDA until the kernels are validated on the GPU.",
+    ),
     "PRIMUS_TURBO_PRINT_CONFIGS": ("0", "1: log the kernel config chosen for each new shape (INFO level)."),
 }
 

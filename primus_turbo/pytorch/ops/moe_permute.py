@@ -52,7 +52,15 @@ token_unpermute(permuted_tokens, sorted_indices, probs=None, restore_shape=None)
     were dropped: pass probs). Both differentiable.
 
 Backend: Triton kernels (primus_turbo/triton/moe) on CUDA and on CPU under the Triton interpreter;
-plain PyTorch indexing elsewhere. The maps are built on device with torch ops (no ``.item()``).
+plain PyTorch indexing elsewhere. On the Triton backend ``moe_permute`` can build the row map, its
+inverse and ``tokens_per_expert`` with three kernels (count, scan, assign: see
+``primus_turbo/triton/moe/permute_kernel.py``): a handful of allocations and four launches per call
+instead of ~35 small torch ops, so small problems are not host-bound. ``PRIMUS_TURBO_PERMUTE_FUSED_MAP``
+chooses (default: the kernels on CPU, the torch ops on CUDA until the kernels are validated on the
+GPU). Token rows and probs move in one gather launch either way.
+The torch backend builds the map with torch ops (``_build_row_id_map`` / ``_inverse``, also the
+reference of the kernel tests). Neither reads anything back to the host except the documented
+``num_out_tokens=None`` sync.
 """
 
 from __future__ import annotations
@@ -67,6 +75,20 @@ __all__ = ["moe_permute", "moe_unpermute", "token_permute", "token_unpermute", "
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _fused_map(x: torch.Tensor) -> bool:
+    """Build the row map with the Triton kernels? (PRIMUS_TURBO_PERMUTE_FUSED_MAP, docs/env_vars.md)"""
+    if permute_backend(x) != "triton":
+        return False
+    from ..core.env import env_str
+
+    mode = env_str("PRIMUS_TURBO_PERMUTE_FUSED_MAP").lower()
+    if mode in ("1", "true", "yes", "on"):
+        return True
+    if mode in ("0", "false", "no", "off"):
+        return False
+    return not x.is_cuda  # auto: kernels validated on CPU only so far
 
 
 def permute_backend(x: torch.Tensor) -> str:
@@ -84,8 +106,8 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 
 
 def _gather_rows(src: torch.Tensor, src_row: torch.Tensor, scale: Optional[torch.Tensor] = None,
-                 out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """``out[o] = src[src_row[o]] (* scale[o])``, zero rows where ``src_row < 0``. src 2-D."""
+                 out_dtype: Optional[torch.dtype] = None, row_div: int = 1) -> torch.Tensor:
+    """``out[o] = src[src_row[o] // row_div] (* scale[o])``, zero rows where ``src_row < 0``. src 2-D."""
     src = src.contiguous()
     n_out, h = src_row.shape[0], src.shape[1]
     out_dtype = out_dtype or src.dtype
@@ -94,11 +116,13 @@ def _gather_rows(src: torch.Tensor, src_row: torch.Tensor, scale: Optional[torch
 
         if scale is None:  # raw bits: exact for every dtype
             out = torch.empty(n_out, h, dtype=out_dtype, device=src.device)
-            gather_rows_launch(_bits(src), _bits(out), src_row)
+            gather_rows_launch(_bits(src), _bits(out), src_row, row_div=row_div)
         else:
             out = torch.empty(n_out, h, dtype=out_dtype, device=src.device)
-            gather_rows_launch(src, out, src_row, scale.float().contiguous())
+            gather_rows_launch(src, out, src_row, scale.float().contiguous(), row_div=row_div)
         return out
+    if row_div != 1:
+        src_row = torch.where(src_row >= 0, src_row // row_div, src_row)
     if src.shape[0] == 0:
         return torch.zeros(n_out, h, dtype=out_dtype, device=src.device)
     valid = src_row >= 0
@@ -168,12 +192,28 @@ def _scatter_back(per_row: torch.Tensor, row_id_map: torch.Tensor) -> torch.Tens
 # ----------------------------------------------------------------------------------------------
 # Autograd
 # ----------------------------------------------------------------------------------------------
+def _permute_rows(tokens: torch.Tensor, probs: Optional[torch.Tensor], src_idx: torch.Tensor, k: int):
+    """``(tokens[src_idx // k], probs.flatten()[src_idx])``, zero where ``src_idx < 0`` (one launch on Triton)."""
+    if permute_backend(tokens) == "triton":
+        from primus_turbo.triton.moe import gather_rows_launch
+
+        tokens = tokens.contiguous()
+        n_out = src_idx.shape[0]
+        out = torch.empty(n_out, tokens.shape[1], dtype=tokens.dtype, device=tokens.device)
+        pprobs = None
+        if probs is not None:
+            probs = probs.contiguous()
+            pprobs = torch.empty(n_out, dtype=probs.dtype, device=probs.device)
+        gather_rows_launch(_bits(tokens), _bits(out), src_idx, row_div=k, probs=probs, probs_out=pprobs)
+        return out, pprobs
+    out = _gather_rows(tokens, src_idx, row_div=k)
+    return out, (_gather_flat(probs, src_idx) if probs is not None else None)
+
+
 class _PermuteFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tokens, probs, row_id_map, src_idx, k):
-        src_tok = torch.where(src_idx >= 0, src_idx // k, src_idx)
-        out = _gather_rows(tokens, src_tok)
-        pprobs = _gather_flat(probs, src_idx) if probs is not None else None
+        out, pprobs = _permute_rows(tokens, probs, src_idx, k)
         ctx.save_for_backward(row_id_map)
         ctx.has_probs = probs is not None
         ctx.tok_dtype = tokens.dtype
@@ -313,14 +353,22 @@ def moe_permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional
         if scales.dim() not in (1, 2) or scales.shape[0] != t:
             raise ValueError(f"scales must be [T] or [T, S] with T={t}, got {tuple(scales.shape)}")
 
-    row_id_map, seg, n_out = _build_row_id_map(routing_map, e, pad_multiple, num_out_tokens)
-    src_idx = _inverse(row_id_map, n_out)
+    if _fused_map(tokens):
+        from primus_turbo.triton.moe import permute_kernel as pk
+
+        routing_map = routing_map.contiguous()
+        state = pk.permute_map_scan_launch(routing_map, e, pad_multiple, num_out_tokens)
+        seg = state[1]
+        n_out = int(state[0][-1]) if num_out_tokens is None else num_out_tokens  # host sync (documented)
+        row_id_map, src_idx = pk.permute_map_assign_launch(routing_map, e, state, n_out)
+    else:
+        row_id_map, seg, n_out = _build_row_id_map(routing_map, e, pad_multiple, num_out_tokens)
+        src_idx = _inverse(row_id_map, n_out)
     permuted, pprobs = _PermuteFn.apply(tokens, probs, row_id_map, src_idx, k)
     result = [permuted, pprobs, row_id_map]
     if scales is not None:
         s2 = scales.detach().reshape(t, -1)
-        src_tok = torch.where(src_idx >= 0, src_idx // k, src_idx)
-        ps = _gather_rows(s2, src_tok)
+        ps = _gather_rows(s2, src_idx, row_div=k)
         result.append(ps.reshape(n_out) if scales.dim() == 1 else ps)
     if return_tokens_per_expert:
         result.append(seg)

@@ -9,7 +9,30 @@ integer view), so FP8 data, NaNs and signed zeros are copied exactly.
 ``row_id_map[t, j] >= 0``, accumulated in fp32 in ascending ``j`` order, then cast to ``out``'s
 dtype. One program per block of ``BLOCK_T`` tokens.
 
-The launchers take device tensors and never read them on the host.
+``permute_map`` (``build_permute_map_launch``): the whole ``moe_permute`` row map on device in three
+launches (count, scan, assign), replacing a chain of ~35 small torch ops that made small problems
+host-bound:
+
+1. count (one program per block of pairs): ``cnt[b, e]`` = routed pairs of expert ``e`` in block
+   ``b``. Map form: a block is ``BLOCK_T`` tokens, the ``[BLOCK_T, BLOCK_E]`` mask tiles are summed
+   over tokens. Indices form: a block is ``BLOCK_P`` consecutive pairs of the flattened ``[T, k]``
+   indices (token-major, so token order is pair order), counted with ``atomic_add``.
+2. scan (a single program; a few torch ops when blocks x experts > ``SCAN_KERNEL_MAX``, where one
+   program would walk too many tiles): per-expert totals, padded segment lengths ``seg``, expert starts
+   (exclusive scan over experts), ``off[b, e] = start[e] + sum_{b' < b} cnt[b', e]``, the
+   ``tokens_per_expert`` output ``min(seg, max(n_out - start, 0))`` (int64) and the padded total.
+3. assign (one program per block): each pair's rank among the block's earlier pairs of the same
+   expert (map form: an exclusive ``cumsum`` over the tokens of the mask tile; indices form: a
+   ``[BLOCK_P, BLOCK_P]`` comparison), ``dest = off[b, e] + rank``, ``-1`` when unrouted or
+   ``dest >= n_out``; writes ``row_id_map`` and the inverse ``src_idx[dest] = t * K + j``.
+
+The row order is expert-major, tokens ascending within an expert, each segment padded to a
+multiple of ``pad_multiple``; ``src_idx`` is ``-1`` on rows no pair fills (padding, tail).
+``gather_rows`` with ``row_div=K`` then reads ``src_idx`` directly (token ``src_idx // K``) and can
+copy the probs (``probs.flatten()[src_idx]``) in the same launch.
+
+The launchers take device tensors and never read them on the host (except
+``build_permute_map_launch`` without ``num_out_tokens``: one read of the padded total).
 """
 
 from __future__ import annotations
@@ -22,18 +45,24 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["gather_rows_launch", "merge_rows_launch", "col_block"]
+__all__ = ["gather_rows_launch", "merge_rows_launch", "build_permute_map_launch", "permute_map_scan_launch",
+           "permute_map_assign_launch", "col_block"]
 
 
 @triton.jit
-def _gather_rows_kernel(src_ptr, out_ptr, src_row_ptr, scale_ptr, n_out, H, stride_src, stride_out,
-                        HAS_SCALE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def _gather_rows_kernel(src_ptr, out_ptr, src_row_ptr, scale_ptr, probs_ptr, pout_ptr, n_out, H, stride_src,
+                        stride_out, row_div, HAS_SCALE: tl.constexpr, HAS_PROBS: tl.constexpr,
+                        BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < n_out
-    srow = tl.load(src_row_ptr + rows, mask=rmask, other=-1).to(tl.int64)
-    valid = srow >= 0
-    srow = tl.where(valid, srow, 0)
+    sidx = tl.load(src_row_ptr + rows, mask=rmask, other=-1).to(tl.int64)
+    valid = sidx >= 0
+    sidx = tl.where(valid, sidx, 0)
+    srow = sidx // row_div
+    if HAS_PROBS:  # pout[o] = probs.flatten()[src_row[o]], 0 where src_row[o] < 0
+        p = tl.load(probs_ptr + sidx, mask=rmask & valid, other=0)
+        tl.store(pout_ptr + rows, p, mask=rmask)
     if HAS_SCALE:
         s = tl.load(scale_ptr + rows, mask=rmask & valid, other=0.0).to(tl.float32)
     src_base = src_ptr + srow[:, None] * stride_src
@@ -74,6 +103,10 @@ def _merge_rows_kernel(src_ptr, out_ptr, map_ptr, w_ptr, T, K, H, stride_src, st
                  mask=tmask[:, None] & cmask[None, :])
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # triton.cdiv is a jit function: slow to call from the host
+
+
 def _interp() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -85,24 +118,31 @@ def col_block(h: int, elem_bytes: int, num_warps: int = 4) -> int:
 
 
 def gather_rows_launch(src: torch.Tensor, out: torch.Tensor, src_row: torch.Tensor,
-                       scale: Optional[torch.Tensor] = None, block_r: Optional[int] = None) -> torch.Tensor:
-    """out[o] = src[src_row[o]] (* scale[o]); zero where src_row[o] < 0. 2-D, unit column stride."""
+                       scale: Optional[torch.Tensor] = None, block_r: Optional[int] = None, *,
+                       row_div: int = 1, probs: Optional[torch.Tensor] = None,
+                       probs_out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """out[o] = src[src_row[o] // row_div] (* scale[o]); zero where src_row[o] < 0. 2-D, unit column stride.
+
+    With ``probs`` (contiguous) and ``probs_out`` (``[n_out]``, same dtype): also
+    ``probs_out[o] = probs.flatten()[src_row[o]]`` (0 where ``src_row[o] < 0``) in the same launch."""
     n_out, h = out.shape
-    if n_out == 0 or h == 0:
+    has_probs = probs is not None
+    if n_out == 0 or (h == 0 and not has_probs):
         return out
     num_warps = 4
     block_r = block_r or (32 if _interp() else 4)  # the interpreter pays per program
     bc = col_block(h, out.element_size(), num_warps)
-    grid = (triton.cdiv(n_out, block_r),)
+    grid = (_cdiv(n_out, block_r),)
     if scale is not None and out.dtype == torch.bfloat16 and _interp():
         # the interpreter's fp32 -> bf16 cast truncates: store fp32, round (RNE) with torch
         tmp = torch.empty(out.shape, dtype=torch.float32, device=out.device)
-        gather_rows_launch(src, tmp, src_row, scale, block_r)
+        gather_rows_launch(src, tmp, src_row, scale, block_r, row_div=row_div, probs=probs, probs_out=probs_out)
         out.copy_(tmp)
         return out
     _gather_rows_kernel[grid](
-        src, out, src_row, scale if scale is not None else src_row, n_out, h, src.stride(0), out.stride(0),
-        HAS_SCALE=scale is not None, BLOCK_R=block_r, BLOCK_C=bc, num_warps=num_warps)
+        src, out, src_row, scale if scale is not None else src_row, probs if has_probs else src_row,
+        probs_out if has_probs else src_row, n_out, h, src.stride(0), out.stride(0), row_div,
+        HAS_SCALE=scale is not None, HAS_PROBS=has_probs, BLOCK_R=block_r, BLOCK_C=bc, num_warps=num_warps)
     return out
 
 
@@ -116,7 +156,7 @@ def merge_rows_launch(src: torch.Tensor, out: torch.Tensor, row_id_map: torch.Te
     num_warps = 4
     block_t = block_t or (32 if _interp() else 2)
     bc = col_block(h, src.element_size(), num_warps)  # 16-byte loads of src; fp32 accumulator
-    grid = (triton.cdiv(t, block_t),)
+    grid = (_cdiv(t, block_t),)
     if out.dtype == torch.bfloat16 and _interp():
         # the interpreter's fp32 -> bf16 cast truncates: store fp32, round (RNE) with torch
         tmp = torch.empty(out.shape, dtype=torch.float32, device=out.device)
@@ -128,3 +168,199 @@ def merge_rows_launch(src: torch.Tensor, out: torch.Tensor, row_id_map: torch.Te
         src.stride(0), out.stride(0), HAS_W=weights is not None, BLOCK_T=block_t, BLOCK_C=bc,
         num_warps=num_warps)
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Row map of moe_permute: count -> scan -> assign
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _map_tile(map_ptr, toks, tmask, cols, cmask, K):
+    """[BLOCK_T, BLOCK_E] int32 mask tile of the bool [T, K] routing map."""
+    m = tl.load(map_ptr + toks.to(tl.int64)[:, None] * K + cols[None, :],
+                mask=tmask[:, None] & cmask[None, :], other=0)
+    return (m != 0).to(tl.int32)
+
+
+@triton.jit
+def _pair_experts(idx_ptr, b, n_pairs, E, BLOCK_P: tl.constexpr):
+    """Pairs of block ``b`` of the flattened indices: (pair ids, experts, routed mask)."""
+    p = b.to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    pm = p < n_pairs
+    e = tl.load(idx_ptr + p, mask=pm, other=-1)
+    valid = pm & (e >= 0) & (e < E)
+    return p, tl.where(valid, e, -1).to(tl.int32), valid
+
+
+@triton.jit
+def _permute_count_kernel(map_ptr, cnt_ptr, T, K, E, IS_MAP: tl.constexpr, BLOCK_T: tl.constexpr,
+                          BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr):
+    b = tl.program_id(0)
+    if IS_MAP:
+        toks = b * BLOCK_T + tl.arange(0, BLOCK_T)
+        tmask = toks < T
+        for e0 in range(0, E, BLOCK_E):
+            cols = e0 + tl.arange(0, BLOCK_E)
+            cmask = cols < E
+            m = _map_tile(map_ptr, toks, tmask, cols, cmask, K)
+            tl.store(cnt_ptr + b * E + cols, tl.sum(m, axis=0), mask=cmask)
+    else:  # cnt is zeroed by the caller
+        _p, e, valid = _pair_experts(map_ptr, b, T * K, E, BLOCK_P)
+        tl.atomic_add(cnt_ptr + b * E + e, tl.full([BLOCK_P], 1, tl.int32), mask=valid)
+
+
+@triton.jit
+def _permute_scan_kernel(ws_ptr, tpe_ptr, NB, E, pad, n_out, BLOCK_B: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Single program. ws = [cnt (NB*E) | off (NB*E) | total (1)], int32."""
+    off_ptr = ws_ptr + NB * E
+    carry = tl.sum(tl.zeros([BLOCK_E], tl.int32), axis=0)
+    for e0 in range(0, E, BLOCK_E):
+        cols = e0 + tl.arange(0, BLOCK_E)
+        cmask = cols < E
+        tot = tl.zeros([BLOCK_E], tl.int32)
+        for b0 in range(0, NB, BLOCK_B):
+            rows = b0 + tl.arange(0, BLOCK_B)
+            c = tl.load(ws_ptr + rows[:, None] * E + cols[None, :], mask=(rows < NB)[:, None] & cmask[None, :],
+                        other=0)
+            tot += tl.sum(c, axis=0)
+        seg = (tot + pad - 1) // pad * pad
+        start = carry + tl.cumsum(seg, axis=0) - seg
+        carry += tl.sum(seg, axis=0)
+        # segments cut by a short buffer: count only the rows that are in it
+        tl.store(tpe_ptr + cols, tl.minimum(seg, tl.maximum(n_out - start, 0)).to(tl.int64), mask=cmask)
+        run = start
+        for b0 in range(0, NB, BLOCK_B):
+            rows = b0 + tl.arange(0, BLOCK_B)
+            m2 = (rows < NB)[:, None] & cmask[None, :]
+            c = tl.load(ws_ptr + rows[:, None] * E + cols[None, :], mask=m2, other=0)
+            tl.store(off_ptr + rows[:, None] * E + cols[None, :], tl.cumsum(c, axis=0) - c + run[None, :], mask=m2)
+            run += tl.sum(c, axis=0)
+    tl.store(off_ptr + NB * E, carry)
+
+
+@triton.jit
+def _permute_assign_kernel(map_ptr, ws_ptr, rid_ptr, src_ptr, T, K, E, NB, n_out, IS_MAP: tl.constexpr,
+                           BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr,
+                           BLOCK_Q: tl.constexpr):
+    b = tl.program_id(0)
+    off_ptr = ws_ptr + NB * E + b * E
+    if IS_MAP:
+        toks = b * BLOCK_T + tl.arange(0, BLOCK_T)
+        tmask = toks < T
+        flat = toks.to(tl.int64)[:, None] * K
+        for e0 in range(0, E, BLOCK_E):
+            cols = e0 + tl.arange(0, BLOCK_E)
+            cmask = cols < E
+            m = _map_tile(map_ptr, toks, tmask, cols, cmask, K)
+            base = tl.load(off_ptr + cols, mask=cmask, other=0)
+            dest = base[None, :] + tl.cumsum(m, axis=0) - m
+            ok = (m != 0) & (dest < n_out)
+            tl.store(rid_ptr + flat + cols[None, :], tl.where(ok, dest, -1), mask=tmask[:, None] & cmask[None, :])
+            tl.store(src_ptr + dest.to(tl.int64), flat + cols[None, :], mask=ok)
+    else:
+        p, e, valid = _pair_experts(map_ptr, b, T * K, E, BLOCK_P)
+        # rank = earlier pairs of the block with the same expert (pair order = token order),
+        # compared against BLOCK_Q pairs at a time ([BLOCK_P, BLOCK_Q] tiles)
+        rank = tl.zeros([BLOCK_P], tl.int32)
+        for q0 in range(0, BLOCK_P, BLOCK_Q):
+            q = b.to(tl.int64) * BLOCK_P + q0 + tl.arange(0, BLOCK_Q)
+            eq = tl.load(map_ptr + q, mask=q < T * K, other=-1)
+            same = (e[:, None] == eq[None, :]) & (q[None, :] < p[:, None])
+            rank += tl.sum(same.to(tl.int32), axis=1)
+        base = tl.load(off_ptr + e, mask=valid, other=0)
+        dest = base + rank
+        ok = valid & (dest < n_out)
+        tl.store(rid_ptr + p, tl.where(ok, dest, -1), mask=p < T * K)
+        tl.store(src_ptr + dest.to(tl.int64), p, mask=ok)
+
+
+SCAN_KERNEL_MAX = 32768  # cnt entries (blocks x experts) scanned by the single-program kernel
+
+
+def permute_map_blocks(is_map: bool, num_experts: int, num_tokens: int = 0, k: int = 1) -> tuple:
+    """(BLOCK_T, BLOCK_E, BLOCK_P): tokens per block (map form), experts per tile, pairs per block
+    (indices form). Blocks grow with the problem so that blocks x experts stays small for the scan."""
+    ep = triton.next_power_of_2(max(num_experts, 1))
+    if _interp():  # the interpreter pays per op: big tiles
+        return 128, min(ep, 256), 256
+    bt = min(512, max(64, triton.next_power_of_2(_cdiv(num_tokens * num_experts, SCAN_KERNEL_MAX // 2))))
+    bp = 128 if num_tokens * k * num_experts <= 128 * SCAN_KERNEL_MAX // 2 else 256
+    return bt, max(1, min(ep, 8192 // bt)), bp
+
+
+def permute_map_scan_launch(routing_map: torch.Tensor, num_experts: int, pad_multiple: Optional[int],
+                            num_out_tokens: Optional[int], blocks: Optional[tuple] = None,
+                            scan_max: int = SCAN_KERNEL_MAX) -> tuple:
+    """Count + scan launches (the scan with a few torch ops when blocks x experts > ``scan_max``). Returns the state for ``permute_map_assign_launch``:
+    ``(ws, tokens_per_expert, blocks, n_blocks)``; ``ws[-1]`` (int32, on device) is the padded total:
+    read it on the host only when ``num_out_tokens`` is None."""
+    is_map = routing_map.dtype == torch.bool
+    t, kk = routing_map.shape
+    e = int(num_experts)
+    dev = routing_map.device
+    blocks = tuple(blocks or permute_map_blocks(is_map, e, t, kk))
+    bt, be, bp = blocks
+    nb = _cdiv(t, bt) if is_map else _cdiv(t * kk, bp)
+    pad = int(pad_multiple) if pad_multiple else 1
+    ws = torch.zeros(2 * nb * e + 1, dtype=torch.int32, device=dev)  # cnt | off | total
+    if nb and e:
+        _permute_count_kernel[(nb,)](routing_map, ws, t, kk, e, IS_MAP=is_map, BLOCK_T=bt, BLOCK_E=be,
+                                     BLOCK_P=bp, num_warps=4)
+    n_clip = 2 ** 31 - 1 if num_out_tokens is None else int(num_out_tokens)
+    if e == 0:
+        tpe = torch.zeros(0, dtype=torch.int64, device=dev)
+    elif nb * e <= scan_max:
+        tpe = torch.empty(e, dtype=torch.int64, device=dev)
+        scan_be = min(triton.next_power_of_2(e), 256 if _interp() else 128)
+        scan_bb = 256 if _interp() else max(1, 8192 // scan_be)
+        _permute_scan_kernel[(1,)](ws, tpe, nb, e, pad, n_clip, BLOCK_B=scan_bb, BLOCK_E=scan_be, num_warps=4)
+    else:  # large problems: a single program would walk too many tiles; torch scans [E, NB] rows in parallel
+        tpe = _scan_torch(ws, nb, e, pad, n_clip)
+    return ws, tpe, blocks, nb
+
+
+def _scan_torch(ws: torch.Tensor, nb: int, e: int, pad: int, n_clip: int) -> torch.Tensor:
+    """``_permute_scan_kernel`` with torch ops (device-only): fills off and total in ``ws``, returns tpe."""
+    cnt_t = ws[: nb * e].view(nb, e).t()                        # [E, NB]
+    tot = cnt_t.sum(1, dtype=torch.int32)
+    seg = (tot + pad - 1) // pad * pad if pad > 1 else tot
+    start = torch.cumsum(seg, 0, dtype=torch.int32) - seg
+    off = torch.cumsum(cnt_t, 1, dtype=torch.int32) - cnt_t + start[:, None]
+    ws[nb * e: 2 * nb * e].view(nb, e).t().copy_(off)
+    ws[2 * nb * e:].copy_(seg.sum(dtype=torch.int32).reshape(1))
+    return torch.minimum(seg, (n_clip - start).clamp(min=0)).to(torch.int64)
+
+
+def permute_map_assign_launch(routing_map: torch.Tensor, num_experts: int, state: tuple, n_out: int):
+    """Assign launch: returns ``(row_id_map int32 [T, K], src_idx int64 [n_out])``."""
+    ws, _tpe, (bt, be, bp), nb = state
+    is_map = routing_map.dtype == torch.bool
+    t, kk = routing_map.shape
+    e = int(num_experts)
+    row_id_map = torch.empty(t, kk, dtype=torch.int32, device=routing_map.device)
+    # never hand a kernel an empty (possibly null) buffer: one spare row, cut off below
+    src_idx = torch.full((max(n_out, 1),), -1, dtype=torch.int64, device=routing_map.device)
+    if nb and e:
+        _permute_assign_kernel[(nb,)](routing_map, ws, row_id_map, src_idx, t, kk, e, nb, n_out,
+                                      IS_MAP=is_map, BLOCK_T=bt, BLOCK_E=be, BLOCK_P=bp, BLOCK_Q=min(bp, 64),
+                                      num_warps=4)
+    elif row_id_map.numel():
+        row_id_map.fill_(-1)  # no experts: nothing is routed
+    return row_id_map, (src_idx if n_out else src_idx[:0])
+
+
+def build_permute_map_launch(routing_map: torch.Tensor, num_experts: int, pad_multiple: Optional[int],
+                             num_out_tokens: Optional[int], blocks: Optional[tuple] = None,
+                             scan_max: int = SCAN_KERNEL_MAX):
+    """Row map of ``moe_permute`` on device. ``routing_map``: contiguous bool ``[T, E]`` or int32/int64
+    ``[T, k]`` (values outside ``[0, E)`` are treated as unrouted).
+
+    Returns ``(row_id_map int32 [T, K], tokens_per_expert int64 [E], src_idx int64 [n_out], n_out)``:
+    ``src_idx[o] = t * K + j`` of the pair in row ``o`` (``-1`` on padding / unfilled rows) and
+    ``tokens_per_expert`` clipped to the buffer. ``num_out_tokens=None`` reads the padded total back
+    to the host (one sync); otherwise nothing is read. ``blocks`` overrides ``permute_map_blocks``.
+    (``moe_permute`` calls the two phases itself, so that its documented sync is made in the op.)"""
+    routing_map = routing_map.contiguous()
+    state = permute_map_scan_launch(routing_map, num_experts, pad_multiple, num_out_tokens, blocks, scan_max)
+    n_out = int(state[0][-1]) if num_out_tokens is None else int(num_out_tokens)
+    row_id_map, src_idx = permute_map_assign_launch(routing_map, num_experts, state, n_out)
+    return row_id_map, state[1], src_idx, n_out

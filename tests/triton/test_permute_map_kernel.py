@@ -1,0 +1,139 @@
+"""build_permute_map_launch (count -> scan -> assign kernels) against the torch map builder of
+turbo.ops.moe_permute (``_build_row_id_map`` + ``_inverse``, the torch-backend path), and the fused
+token-row + probs gather (``gather_rows_launch(row_div=K, probs=...)``)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from primus_turbo.pytorch.ops import moe_permute as _op  # noqa: E402  (the function: loads the module)
+from primus_turbo.triton.moe import permute_kernel as pk  # noqa: E402
+from primus_turbo.triton.moe.permute_kernel import (  # noqa: E402
+    build_permute_map_launch,
+    gather_rows_launch,
+    permute_map_blocks,
+)
+
+# the package re-exports a function named moe_permute: take the module itself
+M = sys.modules[_op.__module__]
+
+SMALL_BLOCKS = (16, 4, 16)  # (BLOCK_T, BLOCK_E, BLOCK_P): many blocks / expert tiles on small inputs
+
+
+def _small_blocks(e):
+    return SMALL_BLOCKS if e <= 8 else (16, 64, 16)  # the interpreter pays per expert tile
+
+
+def _routing(t, e, k, form, mode, seed):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.rand(t, e, generator=g)
+    if mode == "one":  # every token to expert e // 2 (first choice)
+        scores[:, e // 2] = 2.0
+    elif mode == "dead":  # a third of the experts never chosen while others are left
+        scores[:, ::3] = -1.0
+    idx = scores.topk(k, dim=1).indices
+    if form == "map":
+        return torch.zeros(t, e, dtype=torch.bool).scatter_(1, idx, True)
+    perm = torch.randperm(k, generator=g)  # random slot order within a row
+    return idx[:, perm].to(torch.int32 if form == "int32" else torch.int64)
+
+
+def _reference(rmap, e, pad, n_out):
+    rid, seg, n = M._build_row_id_map(rmap, e, pad, n_out)
+    return rid, seg, M._inverse(rid, n), n
+
+
+def _check(rmap, e, pad, n_out, blocks=None, **kw):
+    rid_r, seg_r, src_r, n_r = _reference(rmap, e, pad, n_out)
+    rid, tpe, src, n = build_permute_map_launch(rmap, e, pad, n_out, blocks=blocks, **kw)
+    assert n == n_r
+    assert rid.dtype == torch.int32 and rid.shape == rmap.shape
+    assert tpe.dtype == torch.int64 and tpe.shape == (e,)
+    assert src.dtype == torch.int64 and src.shape == (n,)
+    assert torch.equal(rid, rid_r)
+    assert torch.equal(tpe, seg_r)
+    assert torch.equal(src, src_r)
+
+
+CASES = [  # (T, E, k)
+    (37, 1, 1), (50, 3, 1), (50, 3, 2), (100, 8, 2), (65, 8, 8), (130, 64, 2), (70, 64, 8),
+    (90, 256, 1), (40, 256, 8),
+]
+
+
+@pytest.mark.parametrize("form", ["map", "int32", "int64"])
+@pytest.mark.parametrize("t,e,k", CASES)
+def test_map_vs_torch(t, e, k, form, device):
+    for mode, pad in (("rand", None), ("dead", 4), ("one", 3)):
+        rmap = _routing(t, e, k, form, mode, seed=t * 7 + e + k).to(device)
+        total = int(M._build_row_id_map(rmap, e, pad, None)[2])
+        for n_out in (None, total, total + 9, max(total - 11, 0), total // 3):
+            blocks = _small_blocks(e) if n_out == total else None
+            _check(rmap, e, pad, n_out, blocks)
+
+
+@pytest.mark.parametrize("form", ["map", "int64"])
+def test_map_block_sizes(form, device, monkeypatch):
+    t, e, k = 77, 24, 3
+    rmap = _routing(t, e, k, form, "dead", seed=11).to(device)
+    with monkeypatch.context() as mp:  # the sizes picked on a GPU, for this and for large problems
+        mp.setattr(pk, "_interp", lambda: False)
+        gpu = {permute_map_blocks(form == "map", ee, tt, kk) for ee, tt, kk in
+               ((e, t, k), (256, 65536, 8), (8, 4096, 2), (256, 16384, 8))}
+    assert (512, 16, 256) in gpu
+    for blocks in [(4, 8, 2), (8, 4, 8), (32, 16, 64), (128, 32, 256), permute_map_blocks(form == "map", e)] + sorted(gpu):
+        for pad in (None, 8):
+            _check(rmap, e, pad, None, blocks)
+            _check(rmap, e, pad, 150, blocks)
+
+
+@pytest.mark.parametrize("form", ["map", "int32"])
+def test_map_torch_scan_fallback(form, device):
+    # large problems scan the per-block counts with torch ops instead of the single-program kernel
+    t, e, k = 90, 20, 3
+    rmap = _routing(t, e, k, form, "dead", seed=3).to(device)
+    for pad in (None, 4):
+        for n_out in (None, 100, 500):
+            _check(rmap, e, pad, n_out, (16, 8, 32), scan_max=0)
+
+
+def test_map_no_experts(device):
+    rmap = torch.zeros(6, 0, dtype=torch.bool, device=device)
+    rid, tpe, src, n = build_permute_map_launch(rmap, 0, None, None)
+    assert rid.shape == (6, 0) and tpe.shape == (0,) and src.shape == (0,) and n == 0
+
+
+@pytest.mark.parametrize("form", ["map", "int32"])
+def test_map_empty(form, device):
+    e = 5
+    for t, k in ((0, 2), (9, 0), (0, 0)):
+        if form == "map":
+            rmap = torch.zeros(t, e, dtype=torch.bool, device=device)
+        else:
+            rmap = torch.zeros(t, k, dtype=torch.int32, device=device)
+        for n_out in (None, 0, 6):
+            _check(rmap, e, 4, n_out)
+    # a map that routes nothing
+    rmap = torch.zeros(20, e, dtype=torch.bool, device=device)
+    for n_out in (None, 0, 7):
+        _check(rmap, e, None, n_out, SMALL_BLOCKS)
+
+
+def test_fused_gather_rows_and_probs(device):
+    t, h, k, n_out = 45, 40, 3, 160
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(t, h, generator=g).to(device)
+    probs = torch.rand(t, k, generator=g).to(device)
+    src = torch.randint(-1, t * k, (n_out,), generator=g).to(device)
+    out = torch.empty(n_out, h, device=device)
+    pout = torch.empty(n_out, device=device)
+    gather_rows_launch(x.view(torch.int32), out.view(torch.int32), src, row_div=k, probs=probs, probs_out=pout)
+    ok = src >= 0
+    want = torch.where(ok[:, None], x[(src.clamp(min=0) // k)], torch.zeros(()))
+    assert torch.equal(out, want)
+    assert torch.equal(pout, torch.where(ok, probs.reshape(-1)[src.clamp(min=0)], torch.zeros(())))
