@@ -247,6 +247,16 @@ class _UnpermuteFn(torch.autograd.Function):
         k = row_id_map.shape[1]
         n_out = permuted.shape[0]
         src_idx = _inverse(row_id_map, n_out)
+        need_perm = ctx.needs_input_grad[0]
+        need_probs = probs is not None and ctx.needs_input_grad[2]
+        if permute_backend(permuted) == "triton":
+            # one pass: grad rows gathered and weighted, and the probs-gradient dots
+            from primus_turbo.triton.moe.permute_kernel import unpermute_bwd_launch
+
+            g_perm, dots = unpermute_bwd_launch(g_out.contiguous(), permuted.contiguous(), src_idx, k, probs,
+                                                need_perm, need_probs)
+            g_probs = _scatter_back(dots, row_id_map).to(probs.dtype) if need_probs else None
+            return g_perm, None, g_probs
         src_tok = torch.where(src_idx >= 0, src_idx // k, src_idx)
         g_perm = g_probs = None
         w = _gather_flat(probs, src_idx).float() if probs is not None else None

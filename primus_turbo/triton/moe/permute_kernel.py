@@ -103,6 +103,74 @@ def _merge_rows_kernel(src_ptr, out_ptr, map_ptr, w_ptr, T, K, H, stride_src, st
                  mask=tmask[:, None] & cmask[None, :])
 
 
+@triton.jit
+def _unpermute_bwd_kernel(g_ptr, perm_ptr, src_ptr, probs_ptr, gp_ptr, dot_ptr, n_out, H, stride_g, stride_p,
+                          stride_gp, row_div, HAS_PROBS: tl.constexpr, NEED_GP: tl.constexpr,
+                          NEED_DOT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Backward of the weighted merge, one pass over each permuted row o (token t = src[o] // row_div):
+    gp[o] = g[t] * probs.flatten()[src[o]] and dot[o] = <g[t], perm[o]> (fp32), both 0 where
+    src[o] < 0. Reads g's row and perm's row once, instead of gathering g twice and materialising
+    fp32 copies for the dot."""
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < n_out
+    sidx = tl.load(src_ptr + rows, mask=rmask, other=-1).to(tl.int64)
+    valid = sidx >= 0
+    sidx = tl.where(valid, sidx, 0)
+    trow = sidx // row_div
+    if HAS_PROBS:
+        w = tl.load(probs_ptr + sidx, mask=rmask & valid, other=0).to(tl.float32)
+    acc = tl.zeros([BLOCK_R], dtype=tl.float32)
+    g_base = g_ptr + trow[:, None] * stride_g
+    r64 = rows.to(tl.int64)[:, None]
+    for c0 in range(0, H, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        cmask = cols < H
+        m = rmask[:, None] & cmask[None, :]
+        g = tl.load(g_base + cols[None, :], mask=valid[:, None] & cmask[None, :], other=0).to(tl.float32)
+        if NEED_GP:
+            gp = g * w[:, None] if HAS_PROBS else g
+            tl.store(gp_ptr + r64 * stride_gp + cols[None, :], gp.to(gp_ptr.dtype.element_ty), mask=m)
+        if NEED_DOT:
+            x = tl.load(perm_ptr + r64 * stride_p + cols[None, :], mask=m, other=0).to(tl.float32)
+            acc += tl.sum(g * x, axis=1)
+    if NEED_DOT:
+        tl.store(dot_ptr + rows, acc, mask=rmask)
+
+
+def unpermute_bwd_launch(g: torch.Tensor, permuted: torch.Tensor, src_idx: torch.Tensor, row_div: int,
+                         probs: Optional[torch.Tensor], need_grad_permuted: bool, need_dot: bool):
+    """``(grad_permuted or None, dot or None)`` of the weighted merge (see _unpermute_bwd_kernel).
+    ``g`` ``[T, H]``, ``permuted`` ``[n_out, H]`` (unit column strides), ``src_idx`` ``[n_out]``,
+    ``probs`` contiguous ``[T, K]`` or None (weights of 1)."""
+    n_out, h = permuted.shape
+    dev = permuted.device
+    gp = torch.empty((n_out, h), dtype=permuted.dtype, device=dev) if need_grad_permuted else None
+    dot = torch.empty((n_out,), dtype=torch.float32, device=dev) if need_dot else None
+    if n_out == 0 or not (need_grad_permuted or need_dot):
+        return gp, dot
+    if h == 0:
+        if dot is not None:
+            dot.zero_()
+        return gp, dot
+    target = gp
+    if gp is not None and gp.dtype == torch.bfloat16 and _interp():
+        # the interpreter's fp32 -> bf16 cast truncates: store fp32, round (RNE) with torch after
+        target = torch.empty((n_out, h), dtype=torch.float32, device=dev)
+    num_warps = 4
+    block_r = 32 if _interp() else 4
+    bc = col_block(h, g.element_size(), num_warps)
+    _unpermute_bwd_kernel[(_cdiv(n_out, block_r),)](
+        g, permuted, src_idx, probs if probs is not None else src_idx,
+        target if target is not None else permuted, dot if dot is not None else src_idx,
+        n_out, h, g.stride(0), permuted.stride(0), target.stride(0) if target is not None else 0, row_div,
+        HAS_PROBS=probs is not None, NEED_GP=gp is not None, NEED_DOT=dot is not None,
+        BLOCK_R=block_r, BLOCK_C=bc, num_warps=num_warps)
+    if target is not gp:
+        gp.copy_(target)
+    return gp, dot
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)  # triton.cdiv is a jit function: slow to call from the host
 
