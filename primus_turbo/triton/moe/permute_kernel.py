@@ -129,7 +129,9 @@ def _unpermute_bwd_kernel(g_ptr, perm_ptr, src_ptr, probs_ptr, gp_ptr, dot_ptr, 
         m = rmask[:, None] & cmask[None, :]
         g = tl.load(g_base + cols[None, :], mask=valid[:, None] & cmask[None, :], other=0).to(tl.float32)
         if NEED_GP:
-            gp = g * w[:, None] if HAS_PROBS else g
+            gp = g
+            if HAS_PROBS:
+                gp = g * w[:, None]
             tl.store(gp_ptr + r64 * stride_gp + cols[None, :], gp.to(gp_ptr.dtype.element_ty), mask=m)
         if NEED_DOT:
             x = tl.load(perm_ptr + r64 * stride_p + cols[None, :], mask=m, other=0).to(tl.float32)
