@@ -31,6 +31,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "moe_permute's row map from three Triton kernels (1) or torch ops (0); auto: kernels on CPU "
         "(interpreter), torch ops on CUDA until the kernels are validated on the GPU.",
     ),
+    "PRIMUS_TURBO_ATTN_FP8_BACKWARD": (
+        "auto",
+        "flash_attn_fp8_func backward: 1 FP8 kernels, 0 bf16 kernels on the dequantized FP8 q/k/v; auto: FP8 on "
+        "CPU, bf16 on CUDA until the FP8 backward is validated on the GPU.",
+    ),
     "PRIMUS_TURBO_PRINT_CONFIGS": ("0", "1: log the kernel config chosen for each new shape (INFO level)."),
 }
 

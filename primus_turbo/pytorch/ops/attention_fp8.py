@@ -8,12 +8,17 @@ What is FP8, exactly:
   with the q and k scales applied to the fp32 scores; the softmax runs in fp32; ``P`` (in
   ``[0, 1]``) is quantized to E4M3 with the static scale 256 and ``P V`` is an FP8 ``tl.dot`` with V's
   scale (and ``1/256``) applied to the fp32 product. ``O`` is written in q's dtype, the LSE in fp32.
-* **Backward**: *not* FP8. dq, dk, dv (and dsink) are computed by our bf16/fp16 FlashAttention-2
-  backward kernels (flash_attn_bwd.py) from the **same quantized** q, k, v, dequantized to the input
-  dtype (exact: the scales are powers of two), with the forward's ``O`` and LSE; ``dO`` and ``dS``
-  stay in the input dtype. So the gradients are those of attention on the FP8-rounded inputs
-  (with ``P`` unquantized), and only the FP8 copies (1 byte per element) plus their scales are kept
-  for backward, not the bf16 inputs.
+* **Backward** (``PRIMUS_TURBO_ATTN_FP8_BACKWARD``: FP8 by default on CPU; on CUDA once the kernels
+  are validated on the GPU, the bf16 backward below until then): FP8 too (flash_attn_fp8_bwd.py). ``dO`` is quantized
+  to E4M3 like q (one power-of-two scale per ``(batch, head, block_size query tokens)``); ``P`` is
+  recomputed from the FP8 ``Q K^T`` and the saved LSE. The four GEMMs are FP8 x FP8 dots with fp32
+  accumulation, each rescaled by per-tile scalars: ``dV += P8^T dO8`` (P at the static scale 256),
+  ``dP = dO8 V8^T``, ``dS = P * (dP - delta)`` in fp32 then quantized to E4M3 per kernel tile with a
+  dynamic power-of-two scale (tile amax, in registers), ``dQ += dS8 K8``, ``dK += dS8^T Q8``. All scales
+  are computed on the device. Otherwise (``PRIMUS_TURBO_ATTN_FP8_BACKWARD=0``) the
+  backward is the bf16/fp16 FlashAttention-2 backward (flash_attn_bwd.py) on the **same quantized**
+  q, k, v dequantized to the input dtype, with ``dO`` and ``dS`` in the input dtype. Either way only
+  the FP8 copies of q, k, v (1 byte per element) plus their scales are kept for backward.
 
 Layouts (bshd / sbhd / bhsd, read through strides), GQA/MQA, causal (bottom-right), sliding windows,
 sinks (with a gradient) and ``return_lse`` work as in :func:`flash_attn_func`. Everything stays on
@@ -36,6 +41,25 @@ _FN = "flash_attn_fp8_func"
 _DTYPES = (torch.bfloat16, torch.float16)
 DEFAULT_FP8_ATTN_BLOCK = 128
 _BLOCK_SIZES = (32, 64, 128, 256)  # = flash_attn_fp8.FP8_ATTN_BLOCK_SIZES (kept here: no triton import)
+#: internal switch, read at each forward call: True runs the FP8 backward kernels
+#: (flash_attn_fp8_bwd.py); False the bf16/fp16 backward on the dequantized FP8 q, k, v (for
+#: comparison); None follows PRIMUS_TURBO_ATTN_FP8_BACKWARD (docs/env_vars.md)
+FP8_BACKWARD: Optional[bool] = None
+
+
+def _use_fp8_backward(q: torch.Tensor) -> bool:
+    if FP8_BACKWARD is not None:
+        return bool(FP8_BACKWARD)
+    from ..core.env import env_str
+
+    mode = env_str("PRIMUS_TURBO_ATTN_FP8_BACKWARD").lower()
+    if mode in ("1", "true", "yes", "on"):
+        return True
+    if mode in ("0", "false", "no", "off"):
+        return False
+    # auto: the FP8 backward kernels transpose FP8 operands for Hopper's K-major FP8 MMA and have
+    # only run in the CPU interpreter so far; on CUDA the validated bf16 backward stays the default
+    return not q.is_cuda
 
 
 def _block_size(fp8_config) -> int:
@@ -46,8 +70,8 @@ def _block_size(fp8_config) -> int:
         raise TypeError(f"{_FN}: fp8_config must be a Float8QuantConfig or None, got {type(fp8_config).__name__}")
     if fp8_config.format != Format.E4M3:
         raise NotImplementedError(
-            f"{_FN}: fp8_config.format={fp8_config.format.name} is not supported; only E4M3 (the backward is not "
-            "FP8, so E5M2 / HYBRID gradients do not apply)"
+            f"{_FN}: fp8_config.format={fp8_config.format.name} is not supported; only E4M3 (q, k, v and, in "
+            "backward, dO and dS are E4M3 with fine-grained power-of-two scales)"
         )
     if fp8_config.granularity != ScalingGranularity.BLOCKWISE:
         raise NotImplementedError(
@@ -116,18 +140,26 @@ def _fwd_fake(q, k, v, sink, softmax_scale, win_left, win_right, blk):
 def _bwd_eager(
     dout: torch.Tensor, q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, qs: torch.Tensor, ks: torch.Tensor,
     vs: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sink: Optional[torch.Tensor], softmax_scale: float,
-    win_left: int, win_right: int, blk: int, dtype: torch.dtype,
+    win_left: int, win_right: int, blk: int, dtype: torch.dtype, fp8_bwd: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dq, dk, dv, dsink)`` in ``dtype`` from the dequantized FP8 operands (dsink empty without sinks)."""
-    from primus_turbo.triton.attention import flash_attn_bwd_triton
-    from primus_turbo.triton.attention.flash_attn_fp8 import dequantize_tokens_fp8
+    """``(dq, dk, dv, dsink)`` in ``dtype`` (dsink empty without sinks): the FP8 backward kernels
+    (``fp8_bwd``), or the bf16/fp16 backward on the dequantized FP8 operands."""
+    if fp8_bwd:
+        from primus_turbo.triton.attention.flash_attn_fp8_bwd import flash_attn_fp8_bwd_triton
 
-    qd = dequantize_tokens_fp8(q8, qs, blk, dtype)
-    kd = dequantize_tokens_fp8(k8, ks, blk, dtype)
-    vd = dequantize_tokens_fp8(v8t, vs, blk, dtype, transpose_sd=True)
-    dq, dk, dv, dsink = flash_attn_bwd_triton(
-        dout.to(dtype).contiguous(), qd, kd, vd, out, lse, sink, softmax_scale, win_left, win_right
-    )
+        dq, dk, dv, dsink = flash_attn_fp8_bwd_triton(
+            dout, q8, k8, v8t, qs, ks, vs, out, lse, sink, softmax_scale, blk, win_left, win_right, dtype
+        )
+    else:
+        from primus_turbo.triton.attention import flash_attn_bwd_triton
+        from primus_turbo.triton.attention.flash_attn_fp8 import dequantize_tokens_fp8
+
+        qd = dequantize_tokens_fp8(q8, qs, blk, dtype)
+        kd = dequantize_tokens_fp8(k8, ks, blk, dtype)
+        vd = dequantize_tokens_fp8(v8t, vs, blk, dtype, transpose_sd=True)
+        dq, dk, dv, dsink = flash_attn_bwd_triton(
+            dout.to(dtype).contiguous(), qd, kd, vd, out, lse, sink, softmax_scale, win_left, win_right
+        )
     if dsink is None:  # custom ops return tensors: an empty one stands for "no sink"
         dsink = q8.new_empty((0,), dtype=torch.float32)
     return dq, dk, dv, dsink
@@ -137,7 +169,8 @@ flash_attn_fp8_bwd = torch.library.custom_op("primus_turbo::flash_attn_fp8_bwd",
 
 
 @flash_attn_fp8_bwd.register_fake
-def _bwd_fake(dout, q8, k8, v8t, qs, ks, vs, out, lse, sink, softmax_scale, win_left, win_right, blk, dtype):
+def _bwd_fake(dout, q8, k8, v8t, qs, ks, vs, out, lse, sink, softmax_scale, win_left, win_right, blk, dtype,
+              fp8_bwd):
     b, h, sq, d = q8.shape
     hk, sk = k8.size(1), k8.size(2)
     dv = v8t.size(2)
@@ -160,7 +193,7 @@ def _bwd(*args):
 
 
 class FlashAttnFp8Function(torch.autograd.Function):
-    """FP8 forward; backward in the input dtype from the dequantized FP8 q, k, v (see the module doc)."""
+    """FP8 forward and (by default) FP8 backward (see the module doc)."""
 
     @staticmethod
     def forward(ctx, q, k, v, sink, softmax_scale, win_left, win_right, blk):
@@ -168,6 +201,7 @@ class FlashAttnFp8Function(torch.autograd.Function):
         ctx.save_for_backward(q8, k8, v8t, qs, ks, vs, out, lse, sink)
         ctx.softmax_scale, ctx.win_left, ctx.win_right, ctx.blk = softmax_scale, win_left, win_right, blk
         ctx.in_dtype = q.dtype
+        ctx.fp8_bwd = _use_fp8_backward(q)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -175,7 +209,7 @@ class FlashAttnFp8Function(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q8, k8, v8t, qs, ks, vs, out, lse, sink = ctx.saved_tensors
         dq, dk, dv, dsink = _bwd(dout, q8, k8, v8t, qs, ks, vs, out, lse, sink, ctx.softmax_scale, ctx.win_left,
-                                 ctx.win_right, ctx.blk, ctx.in_dtype)
+                                 ctx.win_right, ctx.blk, ctx.in_dtype, ctx.fp8_bwd)
         if sink is None or not ctx.needs_input_grad[3]:
             dsink = None
         else:
@@ -199,7 +233,7 @@ def flash_attn_fp8_func(
     sink: Optional[torch.Tensor] = None,
     fp8_config: Optional[Float8QuantConfig] = None,
 ):
-    """Softmax attention with an FP8 (E4M3) forward, block-scaled per token block and head, with autograd.
+    """Softmax attention with FP8 (E4M3) forward and backward, block-scaled per token block and head.
 
     Args:
         q: ``[batch, seq_q, heads_q, head_dim_qk]``; k: ``[batch, seq_kv, heads_kv, head_dim_qk]``;
@@ -224,9 +258,10 @@ def flash_attn_fp8_func(
         * softmax in fp32; ``P`` quantized to E4M3 with the static scale 256 (``P`` is in
           ``[0, 1]`` after the max subtraction, FA3-style static scaling), ``P V``: FP8 x FP8
           dot, V's scale applied to the fp32 product;
-        * the backward is **not** FP8: it runs the bf16/fp16 FlashAttention-2 backward on the
-          dequantized FP8 q, k, v (the values the forward used, exact in the input dtype), ``dO``
-          and ``dS`` in the input dtype, fp32 accumulation.
+        * backward: dO quantized to E4M3 per ``(batch, head, block_size tokens)`` (power-of-two
+          scales); ``dV = P8^T dO8``, ``dP = dO8 V8^T``, ``dQ = dS8 K8``, ``dK = dS8^T Q8`` are FP8 x
+          FP8 dots (fp32 accumulation, per-tile scalar scales), ``dS`` quantized per tile with a
+          dynamic power-of-two scale; softmax recomputation and ``dS = P (dP - delta)`` in fp32.
 
     Returns:
         ``out [batch, seq_q, heads_q, head_dim_v]`` in q's dtype, or ``(out, lse)`` with
