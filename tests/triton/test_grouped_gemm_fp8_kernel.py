@@ -1,18 +1,22 @@
 """The FP8 grouped GEMM kernels (primus_turbo/triton/grouped_gemm/grouped_gemm_fp8_kernel.py) against
 float64 products of the dequantized operands: M-grouped (TENSORWISE, ROWWISE, BLOCKWISE; mixed
-E4M3 x E5M2) and variable-K (TENSORWISE, ROWWISE), empty and unbalanced groups, the zeroed tail
-rows, accumulation, num_cu and input validation."""
+E4M3 x E5M2) and variable-K (TENSORWISE, ROWWISE, and BLOCKWISE 1 x bs token blocks on the padded
+group layout), empty and unbalanced groups, the zeroed tail rows, accumulation, num_cu and input
+validation."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from primus_turbo.pytorch.backends.grouped_gemm_fp8 import gather_rows, padded_group_layout
 from primus_turbo.pytorch.core.low_precision import ScalingGranularity, ScalingRecipe
 from primus_turbo.pytorch.ops.quantization import quantize_fp8
 from primus_turbo.testing import grouped_gemm_ref, grouped_gemm_variable_k_ref, snr_db
 from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_kernel import (
+    GroupedGemmFP8Config,
     check_grouped_gemm_fp8_triton,
+    check_grouped_gemm_fp8_variable_k_triton,
     grouped_gemm_fp8_triton,
     grouped_gemm_fp8_variable_k_triton,
 )
@@ -134,3 +138,76 @@ def test_grouped_fp8_validation(device):
     assert "float8" in check_grouped_gemm_fp8_triton(aq.float(), sa, bq, sb, "ROWWISE", gl)
     with pytest.raises(ValueError, match="K mismatch"):
         grouped_gemm_fp8_triton(aq, sa, bq[:, :, :32], sb, "ROWWISE", gl)
+
+
+# ----------------------------------------------------------------------------------------------
+# BLOCKWISE variable-K (wgrad): 1 x bs token blocks on the padded group layout
+# ----------------------------------------------------------------------------------------------
+def _blockwise_token_copy(x, src, dtype, bs):
+    """The padded layout's column-wise copy stored transposed ([C, M_pad], fp32 scales [C, M_pad/bs])
+    and its dequantized value ([M_pad, C], float64)."""
+    q, s = quantize_fp8(gather_rows(x, src), dtype, ScalingGranularity.BLOCKWISE, block_size=bs, axis=0)
+    deq = q.double() * s.double().repeat_interleave(bs, 0)
+    return q.t().contiguous(), s.t().contiguous(), deq
+
+
+@pytest.mark.parametrize("lens, bs", [([300], 128), ([130, 0, 77], 128), ([0, 5, 64], 64)],
+                         ids=["G1-300", "G3-unbalanced-empty", "G3-bs64"])
+def test_grouped_fp8_variable_k_blockwise_exact(lens, bs, device):
+    """out[g] = dequant(x_t)[:, segment g] @ dequant(y_t)[:, segment g].T with each segment padded
+    to a multiple of bs: every K step is promoted with its two token-block scales."""
+    G, P, Q = len(lens), 96, 64
+    M = sum(lens) + 6  # tail rows past offs[G] are dropped by the layout
+    x = torch.randn(M, P, device=device) * (torch.rand(M, 1, device=device) * 4 + 0.1)  # scales vary by block
+    y = torch.randn(M, Q, device=device) * 3
+    gl = torch.tensor(lens, dtype=torch.int64, device=device)
+    offs = torch.zeros(G + 1, dtype=torch.int64, device=device)
+    offs[1:] = gl.cumsum(0)
+    src, poffs = padded_group_layout(offs, M, bs)
+    assert not (poffs % bs).any() and src.numel() % bs == 0
+    xt, sx, dx = _blockwise_token_copy(x, src, E5M2, bs)
+    yt, sy, dy = _blockwise_token_copy(y, src, E4M3, bs)
+    # each padded segment's blocks are the per-segment quantization of that group's tokens alone
+    for g in range(G):
+        s, e, ps = int(offs[g]), int(offs[g + 1]), int(poffs[g])
+        if e > s:
+            seg = torch.zeros(-(-(e - s) // bs) * bs, P, device=device)
+            seg[: e - s] = x[s:e]
+            _, _, dseg = _blockwise_token_copy(seg, torch.arange(seg.shape[0], device=device), E5M2, bs)
+            assert torch.equal(dseg, dx[ps:ps + seg.shape[0]])
+    ref = grouped_gemm_variable_k_ref(dx, dy, poffs[1:] - poffs[:-1])
+    assert check_grouped_gemm_fp8_variable_k_triton(xt, sx, yt, sy, "BLOCKWISE", gl, poffs, block_size=bs) is None
+    run = lambda **kw: grouped_gemm_fp8_variable_k_triton(xt, sx, yt, sy, "BLOCKWISE", gl, poffs,  # noqa: E731
+                                                          block_size=bs, **kw)
+    out = run(out_dtype=torch.float32)
+    assert out.shape == (G, P, Q) and snr_db(ref, out) >= MIN_SNR[torch.float32]
+    for g, n in enumerate(lens):
+        if n == 0:
+            assert torch.equal(out[g], torch.zeros_like(out[g]))
+    assert snr_db(ref, run(out_dtype=torch.bfloat16)) >= MIN_SNR[torch.bfloat16]
+    assert torch.equal(run(out_dtype=torch.float32, num_cu=1), out)  # the schedule changes no tile's sum
+    # BLOCK_K 32 < bs: several K steps per token block, each promoted with that block's scales
+    small_k = GroupedGemmFP8Config(32, 32, 32, group_m=2, num_stages=1, num_warps=4)
+    assert snr_db(ref, run(out_dtype=torch.float32, config=small_k)) >= MIN_SNR[torch.float32]
+    acc = torch.randn(G, P, Q, device=device)
+    expected = acc.double() + ref
+    run(out=acc, accumulate=True)
+    assert snr_db(expected, acc) >= MIN_SNR[torch.float32]
+
+
+def test_grouped_fp8_variable_k_blockwise_validation(device):
+    x = torch.randn(256, 64, device=device)
+    src = torch.arange(256, device=device)
+    xt, sx, _ = _blockwise_token_copy(x, src, E4M3, 128)
+    gl = torch.tensor([100, 28], dtype=torch.int64, device=device)
+    offs = torch.tensor([0, 128, 256], dtype=torch.int64, device=device)
+    check = check_grouped_gemm_fp8_variable_k_triton
+    assert check(xt, sx, xt, sx, "BLOCKWISE", gl, offs) is None
+    assert "multiple of block_size" in check(xt[:, :200], sx, xt[:, :200], sx, "BLOCKWISE", gl, offs)
+    assert "x_scale" in check(xt, sx[:, :1], xt, sx, "BLOCKWISE", gl, offs)
+    assert "y_scale" in check(xt, sx, xt, sx[:1], "BLOCKWISE", gl, offs)
+    assert "[64, 4]" in check(xt, sx, xt, sx, "BLOCKWISE", gl, offs, block_size=64)  # scales of 64-token blocks
+    assert "float32" in check(xt, sx.half(), xt, sx, "BLOCKWISE", gl, offs)
+    assert "power of two" in check(xt, sx, xt, sx, "BLOCKWISE", gl, offs, block_size=96)
+    with pytest.raises(ValueError, match="multiple of block_size"):
+        grouped_gemm_fp8_variable_k_triton(xt[:, :200], sx, xt[:, :200], sx, "BLOCKWISE", gl, offs)

@@ -10,9 +10,11 @@ Two problems, each with a dispatcher in the ``grouped_gemm`` family at precision
   block_size=128, num_cu=None``. Modes TENSORWISE, ROWWISE, BLOCKWISE, MX_BLOCKWISE (E8M0 scales
   ``[M_total, K/32]`` / ``[G, N, K/32]``, emulated exactly on bf16 tensor cores).
 * variable-K (wgrad): ``out[g] (+)= (x_t * x_scale)[:, rows of g] @ ((y_t * y_scale)[:, rows of g]).T``
-  (TENSORWISE / ROWWISE / MX_BLOCKWISE; MX needs every group offset to be a multiple of 32: the op
-  feeds the layout of :func:`padded_group_layout`). Keyword arguments: ``x_t, x_scale, y_t, y_scale,
-  mode, group_lens, group_offs, out=None, accumulate=False, out_dtype, num_cu=None``.
+  (TENSORWISE / ROWWISE / BLOCKWISE / MX_BLOCKWISE; BLOCKWISE (fp32 scales ``[P, M_total/bs]``,
+  1 x ``block_size`` token blocks) and MX (32-token blocks) need every group offset to be a
+  multiple of the token block: the op feeds the layout of :func:`padded_group_layout`). Keyword
+  arguments: ``x_t, x_scale, y_t, y_scale, mode, group_lens, group_offs, out=None,
+  accumulate=False, out_dtype, num_cu=None, block_size=128``.
 
 TORCH (``torch._scaled_grouped_mm``, CUTLASS, sm_90+): TENSORWISE / ROWWISE with E4M3 operands on
 both sides (not E5M2, so not HYBRID's backward), bf16 output, K and N multiples of 16, no
@@ -239,7 +241,7 @@ class GroupedGemmFP8VariableKTritonBackend(KernelBackend):
 
     @classmethod
     def check(cls, x_t, x_scale, y_t, y_scale, mode, group_lens, group_offs, out=None, accumulate=False,
-              out_dtype=torch.bfloat16, num_cu=None, **_) -> Optional[str]:
+              out_dtype=torch.bfloat16, num_cu=None, block_size=128, **_) -> Optional[str]:
         try:
             from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_kernel import (
                 check_grouped_gemm_fp8_variable_k_triton,
@@ -247,16 +249,17 @@ class GroupedGemmFP8VariableKTritonBackend(KernelBackend):
         except ImportError as exc:
             return f"triton is not available ({exc})"
         return check_grouped_gemm_fp8_variable_k_triton(x_t, x_scale, y_t, y_scale, mode, group_lens, group_offs,
-                                                        out=out, accumulate=accumulate, out_dtype=out_dtype)
+                                                        out=out, accumulate=accumulate, out_dtype=out_dtype,
+                                                        block_size=block_size)
 
     @classmethod
     def execute(cls, x_t, x_scale, y_t, y_scale, mode, group_lens, group_offs, out=None, accumulate=False,
-                out_dtype=torch.bfloat16, num_cu=None, **_) -> torch.Tensor:
+                out_dtype=torch.bfloat16, num_cu=None, block_size=128, **_) -> torch.Tensor:
         from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_kernel import grouped_gemm_fp8_variable_k_triton
 
         return grouped_gemm_fp8_variable_k_triton(
             x_t, x_scale, y_t, y_scale, _mode_name(mode), group_lens, group_offs, out=out, accumulate=accumulate,
-            out_dtype=out_dtype, num_cu=num_cu, checked=True)
+            out_dtype=out_dtype, num_cu=num_cu, block_size=block_size, checked=True)
 
 
 class GroupedGemmFP8VariableKTorchBackend(KernelBackend):
@@ -314,10 +317,10 @@ class GroupedGemmFP8VariableKTorchBackend(KernelBackend):
 
 
 def _make_key_vk(x_t, x_scale, y_t, y_scale, mode, group_lens, group_offs, out=None, accumulate=False,
-                 out_dtype=torch.bfloat16, num_cu=None, **_):
+                 out_dtype=torch.bfloat16, num_cu=None, block_size=128, **_):
     return (x_t.size(1), x_t.size(0), y_t.size(0), group_offs.numel() - 1, x_t.dtype, y_t.dtype,
             None if out is None else out.dtype, out_dtype, _mode_name(mode), bool(accumulate), num_cu,
-            x_t.device.type)
+            block_size, x_t.device.type)
 
 
 def _tune_kwargs_vk(out=None, **kw):

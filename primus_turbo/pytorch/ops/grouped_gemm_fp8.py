@@ -9,12 +9,16 @@ with every operand quantized on the fly to FP8 and the GEMMs run on K-major FP8 
   (``[G, N, K]``).
 * grad_input:  M-grouped FP8 GEMM of ``dC`` (quantized along N with ``config.bwd_dtype()``, E5M2
   under HYBRID) with the weights quantized along N (``[G, K, N]``).
-* grad_weight: variable-K grouped GEMM over each group's rows. TENSORWISE / ROWWISE run it in FP8
-  on the column-wise copies of ``dC`` and ``a`` (stored transposed ``[cols, M_total]``, one scale
-  per column over all routed tokens for ROWWISE; one per tensor for TENSORWISE). BLOCKWISE runs it
-  in the input precision (bf16/fp16/fp32) through the variable-K kernel of ``turbo.ops.grouped_gemm``:
-  1 x 128 blocks along the token dim would straddle group boundaries, so the FP8 version needs
-  per-group-segment quantization, which is not implemented yet.
+* grad_weight: variable-K grouped GEMM over each group's rows, in FP8 for every granularity.
+  TENSORWISE / ROWWISE run it on the column-wise copies of ``dC`` and ``a`` (stored transposed
+  ``[cols, M_total]``, one scale per column over all routed tokens for ROWWISE; one per tensor for
+  TENSORWISE). BLOCKWISE quantizes along the tokens in 1 x ``block_size`` blocks **per group
+  segment**, exactly as MX below (with ``block_size``-token blocks instead of 32): ``dC`` (E5M2
+  under HYBRID) and ``a`` are gathered into the padded token layout (``padded_group_layout`` with
+  ``align = block_size``: ``round_up(M_total + block_size G, block_size)`` rows), quantized along
+  the tokens (fp32 scales ``[cols, M_pad/block_size]``) and reduced by the BLOCKWISE mode of the
+  FP8 variable-K kernel, which promotes every K step into fp32 with the two operands' scales of
+  that step's token block (as the M-grouped BLOCKWISE kernel does along K).
 * MX_BLOCKWISE (OCP MXFP8: 1 x 32 blocks, E8M0 scales, each operand quantized along its GEMM's K;
   emulated exactly on Hopper's bf16 tensor cores, as the dense ``gemm_fp8``): forward along K,
   grad_input along N (the weights' dgrad copy is quantized along N per expert), and grad_weight in
@@ -49,7 +53,7 @@ from ..backends.grouped_gemm_fp8 import (
 from ..core.backend import PrecisionType
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingRecipe
 from .gemm import _megatron_dummy_wgrad
-from .grouped_gemm import _offsets, _vk, _vk_accum
+from .grouped_gemm import _offsets
 
 __all__ = ["grouped_gemm_fp8"]
 
@@ -115,13 +119,21 @@ def _mx_weight_copies(b: torch.Tensor, trans_b: bool, quant, pack: int, need_fwd
 
 def _mx_token_copy(x: torch.Tensor, src: torch.Tensor, quant, pack: int):
     """The column-wise copy of ``x [M_total, C]`` in the padded token layout ``src``, stored
-    transposed: ``[C, M_pad/pack]`` + scales ``[C, M_pad/32]`` (32-token blocks inside one group)."""
-    q, s = quant(gather_rows(x, src), 0)  # [M_pad/pack, C], [M_pad/32, C]
-    return _transpose_bytes(q), _transpose_bytes(s)
+    transposed: ``[C, M_pad/pack]`` + scales ``[C, M_pad/blk]`` (token blocks inside one group:
+    32 for MX, E8M0 bytes; ``block_size`` for BLOCKWISE, fp32)."""
+    q, s = quant(gather_rows(x, src), 0)  # [M_pad/pack, C], [M_pad/blk, C]
+    return _transpose_bytes(q), (_transpose_bytes(s) if s.element_size() == 1 else s.t().contiguous())
 
 
 def _quant_fp8_mx(dtype):
     return lambda x, axis: _quantize_fp8(x, dtype, _G.MX_BLOCKWISE, axis=axis)
+
+
+def _token_quant(gran: str, dtype, bs: int):
+    """(token block, quantizer) of the padded-layout wgrad copies: MX 32, BLOCKWISE ``bs`` (fp32 scales)."""
+    if gran == _MX:
+        return _MX_BLOCK, _quant_fp8_mx(dtype)
+    return bs, lambda x, axis: _quantize_fp8(x, dtype, _G.BLOCKWISE, block_size=bs, axis=axis)
 
 
 def _quant_cols_t(x: torch.Tensor, dtype, gran: str, row_copy=None):
@@ -171,10 +183,11 @@ def _mm(A, B, gran, group_lens, group_offs, out_dtype, bs, num_cu):
         group_offs=group_offs, out_dtype=out_dtype, block_size=bs, num_cu=num_cu)
 
 
-def _vk_fp8(X, Y, gran, group_lens, group_offs, out_dtype, num_cu, out=None):
+def _vk_fp8(X, Y, gran, group_lens, group_offs, out_dtype, num_cu, out=None, bs=128):
     return grouped_gemm_fp8_variable_k_dispatcher.dispatch(
         PrecisionType.FP8, x_t=X[0], x_scale=X[1], y_t=Y[0], y_scale=Y[1], mode=gran, group_lens=group_lens,
-        group_offs=group_offs, out=out, accumulate=out is not None, out_dtype=out_dtype, num_cu=num_cu)
+        group_offs=group_offs, out=out, accumulate=out is not None, out_dtype=out_dtype, num_cu=num_cu,
+        block_size=bs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -192,14 +205,15 @@ class GroupedGemmFP8Function(torch.autograd.Function):
         out = _mm(a_row, w_fwd, gran, group_lens, group_offs, out_dtype, bs, num_cu)
         saved_w = w_dgrad if need_ga else (None, None)
         src = poffs = None
-        if need_gb and gran == _MX:  # per-group-segment 32-token blocks: the padded token layout
-            src, poffs = padded_group_layout(group_offs, a.size(0), _MX_BLOCK)
-            saved_a = (*_mx_token_copy(a, src, _quant_fp8_mx(fwd_dtype), 1), None)
-        elif need_gb and gran != "BLOCKWISE":
-            a_col = _quant_cols_t(a, fwd_dtype, gran, a_row)
-            saved_a = (*a_col, None)
+        if need_gb and gran in (_MX, "BLOCKWISE"):
+            # per-group-segment token blocks (MX 32, BLOCKWISE bs): the padded token layout
+            blk, quant = _token_quant(gran, fwd_dtype, bs)
+            src, poffs = padded_group_layout(group_offs, a.size(0), blk)
+            saved_a = _mx_token_copy(a, src, quant, 1)
+        elif need_gb:
+            saved_a = _quant_cols_t(a, fwd_dtype, gran, a_row)
         else:
-            saved_a = (None, None, a if need_gb else None)  # BLOCKWISE wgrad runs in a's precision
+            saved_a = (None, None)
         ctx.save_for_backward(*saved_w, *saved_a, group_lens, group_offs, src, poffs,
                               b if (fuse_accum and need_gb) else None)
         if fuse_accum and need_gb:
@@ -208,7 +222,7 @@ class GroupedGemmFP8Function(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        wq, ws, aq_t, as_t, a_hp, group_lens, group_offs, src, poffs, b = ctx.saved_tensors
+        wq, ws, aq_t, as_t, group_lens, group_offs, src, poffs, b = ctx.saved_tensors
         gran, bs, num_cu = ctx.gran, ctx.bs, ctx.num_cu
         grad_out = grad_out.contiguous()
         grad_a = grad_b = None
@@ -219,21 +233,14 @@ class GroupedGemmFP8Function(torch.autograd.Function):
             grad_a = _mm(dy_row, (wq, ws), gran, group_lens, group_offs, ctx.a_dtype, bs, num_cu)
         if ctx.needs_input_grad[1]:
             fuse = ctx.fuse_accum
-            if gran == "BLOCKWISE":
-                g = grad_out.to(a_hp.dtype)
-                x, y = (g, a_hp) if ctx.trans_b else (a_hp, g)
-                if fuse:
-                    _vk_accum(x, y, group_lens, group_offs, b.main_grad, num_cu)
-                else:
-                    grad_b = _vk(x, y, group_lens, group_offs, num_cu).to(ctx.b_dtype)
-            elif gran == _MX:
-                dy_col = _mx_token_copy(grad_out, src, _quant_fp8_mx(ctx.bwd_dtype), 1)
+            if gran in (_MX, "BLOCKWISE"):  # on the padded token layout of forward (offsets poffs)
+                dy_col = _mx_token_copy(grad_out, src, _token_quant(gran, ctx.bwd_dtype, bs)[1], 1)
                 A = (aq_t, as_t)
                 X, Y = (dy_col, A) if ctx.trans_b else (A, dy_col)
                 if fuse:
-                    _vk_fp8(X, Y, gran, group_lens, poffs, b.main_grad.dtype, num_cu, out=b.main_grad)
+                    _vk_fp8(X, Y, gran, group_lens, poffs, b.main_grad.dtype, num_cu, out=b.main_grad, bs=bs)
                 else:
-                    grad_b = _vk_fp8(X, Y, gran, group_lens, poffs, ctx.b_dtype, num_cu)
+                    grad_b = _vk_fp8(X, Y, gran, group_lens, poffs, ctx.b_dtype, num_cu, bs=bs)
             else:
                 tw_row = dy_row if (gran == "TENSORWISE" and dy_row is not None) else None
                 dy_col = _quant_cols_t(grad_out, ctx.bwd_dtype, gran, tw_row)
@@ -352,10 +359,11 @@ def grouped_gemm_fp8(
         fuse_bgrad_accum_pattern: ``None`` or ``"megatron"``: the weight gradient is added into
             ``b.main_grad`` (fp32 or ``b.dtype``) in the kernel epilogue and a placeholder is returned.
 
-    Forward and grad_input run in FP8; grad_weight runs in FP8 for TENSORWISE / ROWWISE / MX and in
-    the input precision for BLOCKWISE (see the module docstring). Backends: TRITON (the default:
-    persistent kernels with a device-side group schedule; CPU through the Triton interpreter) and
-    TORCH (``torch._scaled_grouped_mm``, sm_90, TENSORWISE / ROWWISE E4M3, by pin or autotune).
+    Forward, grad_input and grad_weight run in FP8 (BLOCKWISE and MX grad_weight on a token layout
+    padded per group to whole token blocks: see the module docstring). Backends: TRITON (persistent
+    kernels with a device-side group schedule; CPU through the Triton interpreter; the default
+    except below) and TORCH (``torch._scaled_grouped_mm``, sm_90: the forward/grad_input default for
+    TENSORWISE / ROWWISE with E4M3 operands and bf16 output; the wgrad by pin or autotune).
     """
     config = Float8QuantConfig() if config is None else config
     _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern)

@@ -27,11 +27,14 @@ the bf16 kernels of ``grouped_gemm_kernel.py`` whose schedule they mirror.
   ((Y_t * sy)[:, rows of g])^T`` for ``X_t [P, M_total]``, ``Y_t [Q, M_total]`` (the column-wise
   quantized copies, stored transposed so the reduction dim is contiguous) and ``C [G, P, Q]``.
   Modes 0 (``sx``, ``sy`` one fp32 each), 1 (``sx [P]``, ``sy [Q]``: one scale per column of
-  the untransposed tensor, over all tokens) and 3 (MX: ``sx [P, M_total/32]``, ``sy [Q, M_total/32]``
-  E8M0, 32-token blocks along the reduction dim; **every group offset must be a multiple of 32**, so
-  no block straddles two experts: the op layer feeds a token layout whose group segments are padded
-  with zero rows to multiples of 32, which cannot be checked here without a host sync); optional
-  ``C +=`` epilogue (Megatron ``main_grad``).
+  the untransposed tensor, over all tokens), 2 (BLOCKWISE: ``sx [P, M_total/bs]``,
+  ``sy [Q, M_total/bs]`` fp32, 1 x bs blocks along the reduction dim; ``BLOCK_K`` divides ``bs`` and
+  every K step's FP8 dot is promoted into the fp32 accumulator with its two scales, as mode 2 of
+  the M-grouped kernel) and 3 (MX: ``sx [P, M_total/32]``, ``sy [Q, M_total/32]`` E8M0, 32-token
+  blocks along the reduction dim). Modes 2 and 3 need **every group offset to be a multiple of
+  the token block** (bs / 32), so no block straddles two experts: the op layer feeds a token layout
+  whose group segments are padded with zero rows to multiples of it, which cannot be checked here
+  without a host sync; optional ``C +=`` epilogue (Megatron ``main_grad``).
 
 Masked pointer loads (any strides), no tensor descriptors yet.
 """
@@ -154,7 +157,7 @@ def _grouped_gemm_fp8_variable_k_kernel(
     stride_xp, stride_xm, stride_yq, stride_ym, stride_cg, stride_cp, stride_cq, stride_sx, stride_sy,
     stride_sxk, stride_syk,
     NUM_PROGRAMS: tl.constexpr,
-    SCALE_MODE: tl.constexpr,
+    SCALE_MODE: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     ACCUMULATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
@@ -182,7 +185,15 @@ def _grouped_gemm_fp8_variable_k_kernel(
             mask_r = r < r_end
             x = tl.load(x_rows + r64[None, :] * stride_xm, mask=mask_p[:, None] & mask_r[None, :], other=0.0)
             y = tl.load(y_rows + r64[None, :] * stride_ym, mask=mask_q[:, None] & mask_r[None, :], other=0.0)
-            if SCALE_MODE == 3:  # MX: 32-token blocks (group offsets are multiples of 32)
+            if SCALE_MODE == 2:  # BLOCKWISE: SCALE_BLOCK-token blocks (group offsets are multiples of it)
+                # BLOCK_K divides SCALE_BLOCK and r0 - r_start is a multiple of BLOCK_K: the step
+                # lies in the token block r0 // SCALE_BLOCK; promote it into fp32 with its scales
+                partial = tl.dot(x, tl.trans(y))
+                kb = r0 // SCALE_BLOCK
+                sxb = tl.load(sx_ptr + ps.to(tl.int64) * stride_sx + kb * stride_sxk, mask=mask_p, other=0.0)
+                syb = tl.load(sy_ptr + qs.to(tl.int64) * stride_sy + kb * stride_syk, mask=mask_q, other=0.0)
+                acc += partial * sxb[:, None] * syb[None, :]
+            elif SCALE_MODE == 3:  # MX: 32-token blocks (group offsets are multiples of 32)
                 NG: tl.constexpr = BLOCK_K // 32
                 rg = r0 // 32 + tl.arange(0, NG)
                 rg_ok = rg * 32 < r_end
@@ -225,6 +236,9 @@ class GroupedGemmFP8Config:
 _INTERPRETER_CONFIG = GroupedGemmFP8Config(32, 32, 32, group_m=2, num_stages=1, num_warps=4)
 # MX: BLOCK_K 64 so a tile holds two 32-wide scale groups (the reshape path runs)
 _INTERPRETER_CONFIG_MX = GroupedGemmFP8Config(32, 32, 64, group_m=2, num_stages=1, num_warps=4)
+# BLOCKWISE variable-K: whole token blocks per K step (padded segments are block multiples, and the
+# interpreter's cost is per step); BLOCK_K is capped at block_size below
+_INTERPRETER_CONFIG_VK_BLOCKWISE = GroupedGemmFP8Config(64, 64, 128, group_m=2, num_stages=1, num_warps=4)
 _INTERPRETER_NUM_PROGRAMS = 3
 
 
@@ -247,6 +261,8 @@ def _default_config(m_avg: int, n: int, mode: int, block_size: int, variable_k: 
     """Static-shape analytic config (sm_90, FP8 tiles of 1 byte per element)."""
     if is_interpreter():
         cfg = _INTERPRETER_CONFIG_MX if mode == _MX else _INTERPRETER_CONFIG
+        if mode == _BLOCKWISE and variable_k:
+            cfg = _INTERPRETER_CONFIG_VK_BLOCKWISE
     elif mode == _MX:  # tiles are widened to bf16 in registers: bf16-sized tiles, shorter K steps
         cfg = GroupedGemmFP8Config(128, 128, 64, 8, 3, 8) if (variable_k or m_avg > 64) else \
             GroupedGemmFP8Config(64, 128, 64, 8, 3, 4)
@@ -366,10 +382,9 @@ def _validate(a, sa, b, sb, mode, group_lens, group_offs, out_dtype, block_size)
     return mode
 
 
-def _validate_variable_k(xt, sx, yt, sy, mode, group_lens, group_offs, out, accumulate, out_dtype) -> int:
+def _validate_variable_k(xt, sx, yt, sy, mode, group_lens, group_offs, out, accumulate, out_dtype,
+                         block_size=128) -> int:
     mode = _mode_of(mode)
-    if mode == _BLOCKWISE:
-        raise ValueError("the FP8 variable-K kernel supports TENSORWISE, ROWWISE and MX_BLOCKWISE only")
     for n, t in (("x_t", xt), ("y_t", yt)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
@@ -395,6 +410,15 @@ def _validate_variable_k(xt, sx, yt, sy, mode, group_lens, group_offs, out, accu
         _check_mx_interpreter(xt.device)
         _check_scale("x_scale", sx, (P, Mt // MX_BLOCK), xt.device, mx=True)
         _check_scale("y_scale", sy, (Q, Mt // MX_BLOCK), xt.device, mx=True)
+    elif mode == _BLOCKWISE:
+        Mt = xt.shape[1]
+        if not isinstance(block_size, int) or block_size < 16 or block_size & (block_size - 1):
+            raise ValueError(f"BLOCKWISE needs block_size to be a power of two >= 16, got {block_size!r}")
+        if Mt % block_size:
+            raise ValueError(f"BLOCKWISE needs the token dim of x_t / y_t to be a multiple of block_size={block_size} "
+                             f"(a layout with group segments padded to multiples of it), got {Mt}")
+        _check_scale("x_scale (BLOCKWISE)", sx, (P, Mt // block_size), xt.device)
+        _check_scale("y_scale (BLOCKWISE)", sy, (Q, Mt // block_size), xt.device)
     else:
         _check_scale("x_scale", sx, (P,), xt.device)
         _check_scale("y_scale", sy, (Q,), xt.device)
@@ -422,9 +446,10 @@ def check_grouped_gemm_fp8_triton(a, sa, b, sb, mode, group_lens, group_offs=Non
 
 
 def check_grouped_gemm_fp8_variable_k_triton(xt, sx, yt, sy, mode, group_lens, group_offs=None, out=None,
-                                             accumulate=False, out_dtype=torch.bfloat16) -> Optional[str]:
+                                             accumulate=False, out_dtype=torch.bfloat16,
+                                             block_size=128) -> Optional[str]:
     try:
-        _validate_variable_k(xt, sx, yt, sy, mode, group_lens, group_offs, out, accumulate, out_dtype)
+        _validate_variable_k(xt, sx, yt, sy, mode, group_lens, group_offs, out, accumulate, out_dtype, block_size)
     except Exception as exc:  # noqa: BLE001
         return str(exc)
     return None
@@ -496,18 +521,22 @@ def grouped_gemm_fp8_variable_k_triton(
     x_t: torch.Tensor, sx: torch.Tensor, y_t: torch.Tensor, sy: torch.Tensor, mode,
     group_lens: Optional[torch.Tensor], group_offs: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None, accumulate: bool = False, out_dtype: torch.dtype = torch.bfloat16,
-    num_cu: Optional[int] = None, config: Optional[GroupedGemmFP8Config] = None, *, checked: bool = False,
+    num_cu: Optional[int] = None, config: Optional[GroupedGemmFP8Config] = None, *, block_size: int = 128,
+    checked: bool = False,
 ) -> torch.Tensor:
     """``out[g] (+)= (x_t * sx)[:, rows of g] @ ((y_t * sy)[:, rows of g]).T``: ``[G, P, Q]``.
 
     ``x_t [P, M_total]``, ``y_t [Q, M_total]`` FP8 (the reduction runs along dim 1, over the
-    group's tokens); TENSORWISE ``sx``, ``sy`` 0-dim, ROWWISE ``sx [P]``, ``sy [Q]``, MX_BLOCKWISE
-    ``sx [P, M_total/32]``, ``sy [Q, M_total/32]`` E8M0 with every group offset a multiple of 32
-    (not checked: it would need a host sync; the op layer pads group segments). An empty
-    group gives zeros (or leaves ``out[g]`` unchanged when accumulating). No host synchronisation.
+    group's tokens); TENSORWISE ``sx``, ``sy`` 0-dim, ROWWISE ``sx [P]``, ``sy [Q]``, BLOCKWISE
+    ``sx [P, M_total/bs]``, ``sy [Q, M_total/bs]`` fp32 (1 x ``block_size`` blocks along the tokens,
+    ``M_total % bs == 0``), MX_BLOCKWISE ``sx [P, M_total/32]``, ``sy [Q, M_total/32]`` E8M0.
+    BLOCKWISE and MX need every group offset to be a multiple of the token block (not checked: it
+    would need a host sync; the op layer pads group segments). An empty group gives zeros (or
+    leaves ``out[g]`` unchanged when accumulating). No host synchronisation.
     """
     if not checked:
-        mode = _validate_variable_k(x_t, sx, y_t, sy, mode, group_lens, group_offs, out, accumulate, out_dtype)
+        mode = _validate_variable_k(x_t, sx, y_t, sy, mode, group_lens, group_offs, out, accumulate, out_dtype,
+                                    block_size)
     else:
         mode = _mode_of(mode)
     G = group_lens.numel() if group_lens is not None else group_offs.numel() - 1
@@ -521,7 +550,9 @@ def grouped_gemm_fp8_variable_k_triton(
         return out
     if M == 0:
         return out if accumulate else out.zero_()
-    cfg = config or _default_config(max(1, M // G), Q, mode, 128, True)
+    cfg = config or _default_config(max(1, M // G), Q, mode, block_size, True)
+    if mode == _BLOCKWISE and block_size % cfg.block_k:
+        raise ValueError(f"BLOCKWISE needs BLOCK_K ({cfg.block_k}) to divide block_size ({block_size})")
     if mode == _MX and cfg.block_k % MX_BLOCK:
         raise ValueError(f"MX_BLOCKWISE needs BLOCK_K ({cfg.block_k}) to be a multiple of 32")
     programs = _num_programs(x_t.device, num_cu)
@@ -531,6 +562,7 @@ def grouped_gemm_fp8_variable_k_triton(
     ssxk = ssyk = 0
     if mode == _MX:  # E8M0 bytes are read as uint8 and decoded in the kernel
         sx, sy = sx.view(torch.uint8), sy.view(torch.uint8)
+    if mode in (_MX, _BLOCKWISE):  # [P, M_total / block], [Q, M_total / block]
         ssx, ssxk, ssy, ssyk = sx.stride(0), sx.stride(1), sy.stride(0), sy.stride(1)
 
     def launch():
@@ -538,7 +570,8 @@ def grouped_gemm_fp8_variable_k_triton(
             x_t, y_t, out, group_offs, sx, sy, M, P, Q, G,
             x_t.stride(0), x_t.stride(1), y_t.stride(0), y_t.stride(1),
             out.stride(0), out.stride(1), out.stride(2), ssx, ssy, ssxk, ssyk,
-            NUM_PROGRAMS=grid[0], SCALE_MODE=mode, ACCUMULATE=accumulate,
+            NUM_PROGRAMS=grid[0], SCALE_MODE=mode, SCALE_BLOCK=block_size if mode == _BLOCKWISE else MX_BLOCK,
+            ACCUMULATE=accumulate,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             num_stages=cfg.num_stages, num_warps=cfg.num_warps,
         )

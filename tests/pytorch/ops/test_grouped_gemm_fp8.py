@@ -2,8 +2,10 @@
 inputs: forward and both gradients for TENSORWISE / ROWWISE / BLOCKWISE x E4M3 / E5M2 / HYBRID,
 1 to 8 experts with balanced, unbalanced and empty groups, both weight layouts; the zeroed tail,
 Megatron's fused wgrad accumulation, repeatability, bad input, and (on the GPU) proof that no host
-synchronisation happens. MX_BLOCKWISE (emulated MXFP8, per-group-segment wgrad blocks) at small
-shapes; the TORCH backend (torch._scaled_grouped_mm) against TRITON on the GPU."""
+synchronisation happens. BLOCKWISE's FP8 wgrad (per-group-segment 1 x 128 token blocks on the padded
+layout) with groups longer than a block and not multiples of it. MX_BLOCKWISE (emulated MXFP8,
+per-group-segment wgrad blocks) at small shapes; the TORCH backend (torch._scaled_grouped_mm)
+against TRITON on the GPU."""
 
 from __future__ import annotations
 
@@ -204,6 +206,81 @@ def test_backend_pin(device):
     GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON, precision="FP8")
     a, b, gl = _make([5, 11], 64, 128, True, device)
     assert snr_db(grouped_gemm_ref(a, b, gl, True), grouped_gemm_fp8(a, b, gl)) >= 25.0
+
+
+# ----------------------------------------------------------------------------------------------
+# BLOCKWISE grad_weight in FP8: 1 x 128 token blocks per group segment (padded layout)
+# ----------------------------------------------------------------------------------------------
+BW = ScalingGranularity.BLOCKWISE
+BW_CASES = [  # (group lens, N, K, trans_b, format, input dtype, extra tail rows): blocks of 128 tokens
+    ([300], 64, 128, True, Format.E4M3, torch.bfloat16, 0),  # 2 full blocks + a partial one
+    ([130, 0, 77], 96, 64, False, Format.E5M2, torch.bfloat16, 5),  # unbalanced, empty, not multiples of 128
+    ([0, 129, 3], 64, 128, True, Format.HYBRID, torch.float32, 7),  # E5M2 dC, fp32 inputs, tail rows
+]
+
+
+@pytest.mark.parametrize("lens, n, k, trans_b, fmt, dtype, extra", BW_CASES,
+                         ids=[f"G{len(c[0])}-{c[0]}-{'NT' if c[3] else 'NN'}-{c[4].name}" for c in BW_CASES])
+def test_grouped_gemm_fp8_blockwise_wgrad(lens, n, k, trans_b, fmt, dtype, extra, device):
+    a, b, gl = _make(lens, n, k, trans_b, device, dtype=dtype, extra_rows=extra)
+    _check(a, b, gl, trans_b, _cfg(BW, fmt), MIN_SNR[fmt])
+
+
+def _segment_blockwise_wgrad(dc, a, lens, fp8_dc, fp8_a, bs=128):
+    """float64 dC^T @ a per group, each operand quantized along the tokens in bs-token blocks of its
+    own group segment (zero-padded to a multiple of bs): what the FP8 BLOCKWISE wgrad computes."""
+    from primus_turbo.pytorch.ops.quantization import quantize_fp8
+
+    def deq(x, dtype):
+        seg = x.new_zeros(-(-x.shape[0] // bs) * bs, x.shape[1])
+        seg[: x.shape[0]] = x
+        q, sc = quantize_fp8(seg, dtype, BW, block_size=bs, axis=0)
+        return q.double() * sc.double().repeat_interleave(bs, 0)
+
+    out, s = [], 0
+    for n in lens:
+        if n == 0:
+            out.append(torch.zeros(dc.shape[1], a.shape[1], dtype=torch.float64, device=dc.device))
+        else:
+            out.append(deq(dc[s:s + n], fp8_dc).t() @ deq(a[s:s + n], fp8_a))
+        s += n
+    return torch.stack(out)
+
+
+def test_grouped_gemm_fp8_blockwise_wgrad_is_fp8(device, monkeypatch):
+    """The BLOCKWISE wgrad runs the FP8 variable-K kernel in BLOCKWISE mode on 128-aligned group
+    offsets (E5M2 dC under HYBRID), its result is the product of the per-segment quantized
+    operands, and it is no longer the bf16 product (whose SNR against fp64 is far higher)."""
+    from primus_turbo.pytorch.backends import grouped_gemm_fp8 as backends
+
+    calls = []
+    disp = backends.grouped_gemm_fp8_variable_k_dispatcher
+    real = disp.dispatch
+
+    def spy(precision, **kw):
+        calls.append(dict(mode=str(kw["mode"]), x=kw["x_t"].dtype, y=kw["y_t"].dtype, bs=kw.get("block_size"),
+                          offs=kw["group_offs"].clone(), sx=kw["x_scale"].shape, m=kw["x_t"].shape[1]))
+        return real(precision, **kw)
+
+    monkeypatch.setattr(disp, "dispatch", spy)
+    lens = [150, 0, 40]
+    a, b, gl = _make(lens, 64, 128, True, device, extra_rows=3)
+    a.requires_grad_()
+    b.requires_grad_()
+    out = grouped_gemm_fp8(a, b, gl, config=_cfg(BW, Format.HYBRID))
+    dc = torch.randn_like(out)
+    out.backward(dc)
+    assert len(calls) == 1
+    c = calls[0]
+    assert c["mode"] == "BLOCKWISE" and c["bs"] == 128
+    assert c["x"] == torch.float8_e5m2 and c["y"] == torch.float8_e4m3fn  # NT: x = dC^T (E5M2), y = a^T
+    assert c["offs"].tolist() == [0, 256, 256, 384] and c["m"] % 128 == 0 and c["sx"] == (64, c["m"] // 128)
+    ref = grouped_gemm_variable_k_ref(dc, a, gl)
+    snr = snr_db(ref, b.grad)
+    assert MIN_SNR[Format.HYBRID] <= snr < 35.0  # quantized (a bf16 wgrad is ~50 dB)
+    emulated = _segment_blockwise_wgrad(dc, a, lens, torch.float8_e5m2, torch.float8_e4m3fn)
+    assert snr_db(emulated, b.grad) >= 40.0  # equal up to the bf16 output rounding
+    assert not b.grad[1].any()
 
 
 # ----------------------------------------------------------------------------------------------
