@@ -11,9 +11,9 @@ the first GPU call. This script closes that gap in two steps:
     # 2. compile each distinct launch for sm_90 (PTX, then cubin with the bundled ptxas)
     PYTHONPATH=. python scripts/aot_compile_check.py compile /tmp/launches.json [--configs gpu]
 
-``--configs gpu`` additionally recompiles each kernel with GPU-sized constexprs where the
-recorded ones are the interpreter's small tiles (the block-size constexprs are scaled up to the
-values given in GPU_OVERRIDES, kernel by kernel). Prints one line per distinct compile and a
+``--configs gpu`` additionally recompiles each kernel with its GPU constexpr values: ``SOFT=False``
+(the hardware-conversion path the interpreter never takes) and, kernel by kernel, GPU-sized tiles
+in place of the interpreter's small ones (GPU_OVERRIDES). Prints one line per distinct compile and a
 summary; exits 1 if any compile failed or needs more than the H200's 227 KiB of shared memory.
 """
 
@@ -101,7 +101,12 @@ GPU_OVERRIDES: dict[str, list[dict]] = {
                              dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64)],
     "_grouped_gemm_variable_k_kernel": [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64),
                                         dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64)],
+    "_attn_fp8_fwd_kernel": [dict(BLOCK_M=128, BLOCK_N=128)],
+    "_attn_fp8_bwd_dkdv_kernel": [dict(BLOCK_M=64, BLOCK_N=64)],
+    "_attn_fp8_bwd_dq_kernel": [dict(BLOCK_M=64, BLOCK_N=64)],
 }
+#: constexprs whose GPU value differs from the interpreter's (kernels take a soft-float path there)
+GPU_VALUES = {"SOFT": False}
 
 
 def compile_all(path: str, gpu_configs: bool) -> int:
@@ -117,9 +122,12 @@ def compile_all(path: str, gpu_configs: bool) -> int:
     for e in entries:
         jobs.append((e, e["constexprs"], "recorded"))
         if gpu_configs:
+            gpu_vals = {k: v for k, v in GPU_VALUES.items() if k in e["constexprs"]}
+            if gpu_vals:
+                jobs.append((e, dict(e["constexprs"], **gpu_vals), f"gpu {gpu_vals}"))
             for ov in GPU_OVERRIDES.get(e["kernel"], []):
                 if all(k in e["constexprs"] for k in ov):
-                    jobs.append((e, dict(e["constexprs"], **ov), f"gpu {ov}"))
+                    jobs.append((e, dict(e["constexprs"], **ov, **gpu_vals), f"gpu {dict(ov, **gpu_vals)}"))
     done, failed, over = set(), 0, 0
     for e, consts, how in jobs:
         sig = {k: v for k, v in e["signature"].items() if v != "none"}
