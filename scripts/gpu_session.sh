@@ -19,7 +19,8 @@ TESTS="${GPU_SESSION_TESTS:-tests/pytorch/ops/test_grouped_gemm.py tests/pytorch
 tests/pytorch/ops/test_grouped_gemm_fp4.py tests/triton/test_grouped_gemm_mx_kernel.py tests/triton/test_zero_tail.py \
 tests/triton/test_grouped_gemm_fp8_kernel.py tests/pytorch/ops/test_attention_fp8.py tests/pytorch/ops/test_quantization.py \
 tests/pytorch/ops/test_gemm_fp4.py tests/pytorch/ops/test_gemm_fp8.py tests/pytorch/ops/test_moe_permute.py \
-tests/pytorch/modules tests/pytorch/core/test_quantized_tensor.py tests/testing/test_bench_moe_layer_smoke.py}"
+tests/pytorch/modules tests/pytorch/core/test_quantized_tensor.py tests/testing/test_bench_moe_layer_smoke.py \
+tests/triton/test_permute_map_kernel.py}"
 existing=""
 for t in $TESTS; do [ -e "$t" ] && existing="$existing $t"; done
 
@@ -49,6 +50,8 @@ run_bench moe_layer 70 benchmarks/bench_moe_layer.py --out "$R/moe" --quick
 run_bench grouped 60 benchmarks/bench_grouped_gemm.py --out "$R/grouped" --models DeepSeek-V3 Qwen3-30B-A3B \
     --ep 8 --tokens 2048 --routings balanced --warmup-ms 5 --rep-ms 25
 run_bench memory 40 benchmarks/run_all.py --out "$R/mem" --only quantization norm_act moe_permute
+# the fused permute map (off on CUDA by default until validated): same benchmark with it on
+PRIMUS_TURBO_PERMUTE_FUSED_MAP=1 run_bench permute_fused 30 benchmarks/bench_moe_permute.py --out "$R/pf"
 run_bench attention 50 benchmarks/bench_attention.py --out "$R/attn" --quick \
     --impls sdpa-cudnn sdpa-flash turbo-default turbo-triton turbo-fp8
 
