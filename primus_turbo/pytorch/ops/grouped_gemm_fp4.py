@@ -107,10 +107,10 @@ def _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_
         raise TypeError(f"{op}: config must be a Float4QuantConfig or None, got {type(config).__name__}")
     if config.use_gradient_sr:
         raise NotImplementedError(f"{op}: Float4QuantConfig.use_gradient_sr=True (stochastic rounding of "
-                                  "gradients) is not implemented by the MXFP4 quantizers")
+                                  "gradients) is not wired into the grouped MXFP4 GEMM yet (turbo.ops.gemm_fp4 has it)")
     if config.use_rht:
         raise NotImplementedError(f"{op}: Float4QuantConfig.use_rht=True (random Hadamard transform) is not "
-                                  "implemented by the MXFP4 quantizers")
+                                  "wired into the grouped MXFP4 GEMM yet (turbo.ops.gemm_fp4 has it)")
     # the shared checks (types, devices, shapes, offsets, num_cu, main_grad) and MX's 32-multiples
     from ..core.low_precision import Float8QuantConfig, ScalingGranularity
 
