@@ -54,6 +54,18 @@ def _sm90_bf16(t: torch.Tensor) -> Optional[str]:
     return None
 
 
+def zero_tail_rows(out: torch.Tensor, group_offs: torch.Tensor) -> torch.Tensor:
+    """In place, on the device: ``out[group_offs[-1]:] = 0``, the rows a vendor grouped GEMM leaves
+    unwritten. Touches only those rows (a Triton kernel): a masked fill of the whole output would
+    add a full memory pass per GEMM. The masked fill remains where Triton is absent."""
+    try:
+        from primus_turbo.triton.grouped_gemm.zero_tail import zero_tail_rows_
+    except ImportError:
+        tail = torch.arange(out.size(0), device=out.device) >= group_offs[-1]
+        return out.masked_fill_(tail[:, None], 0)
+    return zero_tail_rows_(out, group_offs)
+
+
 def _aligned(t: torch.Tensor) -> bool:
     """16-byte aligned base and non-unit strides (what the CUTLASS grouped kernel requires)."""
     nbytes = t.element_size()
@@ -88,14 +100,7 @@ class GroupedGemmTorchBackend(KernelBackend):
         if b.size(0) == 0 or a.size(1) == 0:
             return torch.zeros((a.size(0), b.size(2)), dtype=a.dtype, device=a.device)
         out = torch._grouped_mm(a, b, offs=group_offs[1:].to(torch.int32))
-        # torch._grouped_mm leaves rows past offs[-1] uninitialised: zero them on the device,
-        # touching only those rows (a masked fill of the whole output would add a memory pass)
-        try:
-            from primus_turbo.triton.grouped_gemm.zero_tail import zero_tail_rows_
-        except ImportError:
-            tail = torch.arange(a.size(0), device=a.device) >= group_offs[-1]
-            return out.masked_fill_(tail[:, None], 0)
-        return zero_tail_rows_(out, group_offs)
+        return zero_tail_rows(out, group_offs)  # torch._grouped_mm leaves them uninitialised
 
 
 class GroupedGemmTritonBackend(KernelBackend):

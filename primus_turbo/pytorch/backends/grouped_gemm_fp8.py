@@ -40,6 +40,7 @@ from typing import Optional
 import torch
 
 from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend, cuda_capability
+from .grouped_gemm import zero_tail_rows
 
 __all__ = [
     "GroupedGemmFP8TorchBackend",
@@ -181,13 +182,7 @@ class GroupedGemmFP8TorchBackend(KernelBackend):
                                        out_dtype=torch.bfloat16)
         if not out.is_contiguous():
             out = out.contiguous()
-        # rows past offs[G] are left uninitialised: zero only them, on the device
-        try:
-            from primus_turbo.triton.grouped_gemm.zero_tail import zero_tail_rows_
-        except ImportError:
-            tail = torch.arange(M, device=a_q.device) >= group_offs[-1]
-            return out.masked_fill_(tail[:, None], 0)
-        return zero_tail_rows_(out, group_offs)
+        return zero_tail_rows(out, group_offs)  # rows past offs[G] are left uninitialised
 
 
 class GroupedGemmFP8TritonBackend(KernelBackend):

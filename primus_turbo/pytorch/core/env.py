@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["ENV_VARS", "env_str", "env_flag"]
+__all__ = ["ENV_VARS", "env_str", "env_flag", "env_auto_flag"]
 
 #: name -> (default, meaning). Kept in sync with docs/env_vars.md (a test checks this).
 ENV_VARS: dict[str, tuple[str, str]] = {
@@ -48,3 +48,16 @@ def env_str(name: str) -> str:
 
 def env_flag(name: str) -> bool:
     return env_str(name).lower() in ("1", "true", "yes", "on")
+
+
+def env_auto_flag(name: str) -> "bool | None":
+    """A switch with an ``auto`` default: True / False when set to an on / off value, None for
+    ``auto`` (the caller decides). Anything else raises ValueError naming the value."""
+    v = env_str(name).lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    if v in ("", "auto"):
+        return None
+    raise ValueError(f"{name}={v!r}: expected auto, 1/true/yes/on or 0/false/no/off")

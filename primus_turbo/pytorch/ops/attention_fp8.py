@@ -50,16 +50,12 @@ FP8_BACKWARD: Optional[bool] = None
 def _use_fp8_backward(q: torch.Tensor) -> bool:
     if FP8_BACKWARD is not None:
         return bool(FP8_BACKWARD)
-    from ..core.env import env_str
+    from ..core.env import env_auto_flag
 
-    mode = env_str("PRIMUS_TURBO_ATTN_FP8_BACKWARD").lower()
-    if mode in ("1", "true", "yes", "on"):
-        return True
-    if mode in ("0", "false", "no", "off"):
-        return False
+    choice = env_auto_flag("PRIMUS_TURBO_ATTN_FP8_BACKWARD")
     # auto: the FP8 backward kernels transpose FP8 operands for Hopper's K-major FP8 MMA and have
     # only run in the CPU interpreter so far; on CUDA the validated bf16 backward stays the default
-    return not q.is_cuda
+    return (not q.is_cuda) if choice is None else choice
 
 
 def _block_size(fp8_config) -> int:

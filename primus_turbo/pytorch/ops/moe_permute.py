@@ -81,14 +81,10 @@ def _fused_map(x: torch.Tensor) -> bool:
     """Build the row map with the Triton kernels? (PRIMUS_TURBO_PERMUTE_FUSED_MAP, docs/env_vars.md)"""
     if permute_backend(x) != "triton":
         return False
-    from ..core.env import env_str
+    from ..core.env import env_auto_flag
 
-    mode = env_str("PRIMUS_TURBO_PERMUTE_FUSED_MAP").lower()
-    if mode in ("1", "true", "yes", "on"):
-        return True
-    if mode in ("0", "false", "no", "off"):
-        return False
-    return not x.is_cuda  # auto: kernels validated on CPU only so far
+    choice = env_auto_flag("PRIMUS_TURBO_PERMUTE_FUSED_MAP")
+    return (not x.is_cuda) if choice is None else choice  # auto: kernels validated on CPU only so far
 
 
 def permute_backend(x: torch.Tensor) -> str:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import Callable, Optional
 
 import torch
@@ -33,6 +32,7 @@ import triton
 import triton.language as tl
 
 from primus_turbo.triton import is_interpreter
+from primus_turbo.triton.gemm.gemm_kernel import _autotune_enabled  # one switch, dense and grouped
 from primus_turbo.triton.interpreter import bf16_dot_fixed
 
 __all__ = [
@@ -220,11 +220,6 @@ _CANDIDATES_FP32 = (
 )
 
 _tuned: dict = {}
-
-
-def _autotune_enabled() -> bool:
-    # one switch for the Triton GEMM kernels, dense and grouped (docs/env_vars.md)
-    return os.environ.get("PRIMUS_TURBO_GEMM_TRITON_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def _time_ms(fn: Callable[[], object]) -> float:

@@ -46,3 +46,17 @@ def test_log_level(monkeypatch):
     monkeypatch.setattr(logger, "_primus_turbo_configured", False, raising=False)
     monkeypatch.setenv("PRIMUS_TURBO_LOG_LEVEL", "WARNING")
     plog.get_logger()
+
+
+def test_env_auto_flag(monkeypatch):
+    from primus_turbo.pytorch.core.env import env_auto_flag
+
+    name = "PRIMUS_TURBO_PERMUTE_FUSED_MAP"
+    monkeypatch.delenv(name, raising=False)
+    assert env_auto_flag(name) is None  # default "auto"
+    for v, want in (("auto", None), ("1", True), ("ON", True), ("0", False), ("off", False)):
+        monkeypatch.setenv(name, v)
+        assert env_auto_flag(name) is want
+    monkeypatch.setenv(name, "maybe")
+    with pytest.raises(ValueError, match="PRIMUS_TURBO_PERMUTE_FUSED_MAP='maybe'"):
+        env_auto_flag(name)
