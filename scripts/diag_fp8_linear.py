@@ -20,7 +20,7 @@ if str(_ROOT) not in sys.path:
 import torch  # noqa: E402
 
 
-def _profile(step, n: int = 5) -> str:
+def _profile(step, n: int = 5, top: int = 14) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
@@ -39,7 +39,7 @@ def _profile(step, n: int = 5) -> str:
         total += t
         rows.append((t, e.count // n, e.key[:110]))
     rows.sort(reverse=True)
-    lines = [f"  {t:8.3f} ms  x{c:<3d} {k}" for t, c, k in rows[:14]]
+    lines = [f"  {t:8.3f} ms  x{c:<3d} {k}" for t, c, k in rows[:top]]
     lines.append(f"  {total:8.3f} ms  GPU total per step")
     return "\n".join(lines)
 

@@ -1,0 +1,71 @@
+"""Where the time of a MoE layer step goes: per-kernel GPU time (torch.profiler) of one
+forward + backward of ``turbo.modules.MoELayer`` in BF16 and with FP8 BLOCKWISE experts, and the
+step's wall time (``do_bench`` median) next to its GPU total (a gap means host-bound launches).
+
+    PYTHONPATH=. python scripts/diag_moe_layer.py --out /tmp/diag [--tokens 8192 --hidden 7168 --ffn 2048 --experts 32 --topk 8]
+
+Writes ``diag_moe_layer.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+import torch  # noqa: E402
+
+from scripts.diag_fp8_linear import _profile  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--hidden", type=int, default=7168)
+    p.add_argument("--ffn", type=int, default=2048)
+    p.add_argument("--experts", type=int, default=32)
+    p.add_argument("--topk", type=int, default=8)
+    args = p.parse_args(argv)
+    import triton
+
+    import primus_turbo.pytorch as turbo
+    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
+
+    dev = torch.device("cuda")
+    t, h, f, e, k = args.tokens, args.hidden, args.ffn, args.experts, args.topk
+    flops = 18 * t * k * h * f
+    out = [f"MoE layer step T={t} H={h} F={f} E={e} topk={k} on {torch.cuda.get_device_name()}"]
+    x = torch.randn(t, h, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(t, h, device=dev, dtype=torch.bfloat16)
+    configs = {"bf16": None, "fp8 BLOCKWISE": Float8QuantConfig(granularity="BLOCKWISE", block_size=128)}
+    for name, cfg in configs.items():
+        layer = turbo.modules.MoELayer(h, f, e, k, score_function="softmax", router_dtype=torch.float32,
+                                       config=cfg, dtype=torch.bfloat16, device=dev)
+
+        def step(layer=layer):
+            layer(x, num_out_tokens=t * k).backward(dy)
+            x.grad = None
+            for prm in layer.parameters():
+                prm.grad = None
+
+        try:
+            ms = triton.testing.do_bench(step, warmup=20, rep=100, return_mode="median")
+            out.append(f"\n== {name}: step {ms:.3f} ms ({flops / ms / 1e9:.0f} TFLOP/s expert GEMMs)")
+            out.append(_profile(step, top=24))
+        except Exception as exc:
+            out.append(f"\n== {name}: {type(exc).__name__}: {exc}"[:400])
+        print("\n".join(out[-2:]), flush=True)
+        del layer
+        torch.cuda.empty_cache()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "diag_moe_layer.txt").write_text("\n".join(out) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
