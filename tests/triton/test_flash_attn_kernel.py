@@ -24,6 +24,13 @@ def _win(causal, window):
         ((45, 45, 2, 2, 16, 16), False, (5, 3), True),
         ((33, 70, 4, 2, 32, 16), True, (20, -1), True),
         ((40, 40, 2, 1, 32, 32), False, (-1, 0), False),  # right=0 without causal = causal
+        # several blocks per row / column (the CPU tiles are 32): masked edge blocks around an
+        # unmasked interior, whole and partial blocks, head dims with and without padding
+        ((128, 128, 2, 1, 32, 32), True, (-1, -1), False),
+        ((100, 164, 2, 1, 32, 32), True, (-1, -1), True),
+        ((164, 100, 2, 2, 32, 32), False, (40, 10), False),
+        ((130, 130, 2, 2, 24, 40), False, (50, -1), True),
+        ((96, 160, 1, 1, 32, 32), False, (-1, -1), False),
     ],
 )
 def test_kernels_vs_fp64(cfg, causal, window, sink, device):

@@ -26,9 +26,69 @@ import triton.language as tl
 
 from primus_turbo.triton import is_interpreter
 
-from .flash_attn_fwd import LOG2E, _visible, attn_block_dims, dot_precision, window_flags, _kv_range
+from .flash_attn_fwd import (
+    LOG2E, _kv_range, _unmasked_kv_blocks, _visible, attn_block_dims, dot_precision, even_head_dims, window_flags,
+)
 
 __all__ = ["flash_attn_bwd_triton", "flash_attn_varlen_bwd_triton"]
+
+
+@triton.jit
+def _unmasked_q_blocks(n_start, lo, hi, offset, win_left, win_right, SEQ_Q, SEQ_K,
+                       HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
+    """The dK/dV twin of ``_unmasked_kv_blocks``: split the query blocks ``[lo, hi)`` that see keys
+    ``n_start..n_start+BLOCK_N-1`` into masked ``[lo, a)``, fully visible and in bounds ``[a, b)``,
+    masked ``[b, hi)`` (``a``, ``b`` multiples of BLOCK_M)."""
+    a = lo
+    if HAS_RIGHT:  # row i sees the block's last key once i >= n_start + BLOCK_N - 1 - offset - right
+        first = tl.maximum(n_start + BLOCK_N - 1 - offset - win_right, 0)
+        a = tl.maximum(lo, (first + BLOCK_M - 1) // BLOCK_M * BLOCK_M)
+    if n_start + BLOCK_N > SEQ_K:  # a partial key block: every step masks
+        a = hi
+    b = (SEQ_Q // BLOCK_M) * BLOCK_M  # whole query blocks only
+    if HAS_LEFT:  # row i still sees the block's first key while i <= n_start - offset + left
+        b = tl.minimum(b, tl.maximum(n_start - offset + win_left + 1, 0) // BLOCK_M * BLOCK_M)
+    a = tl.minimum(a, hi)
+    b = tl.minimum(tl.maximum(b, a), hi)
+    return a, b
+
+
+@triton.jit
+def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_m0, offs_n, offs_dqk, offs_dv,
+               stride_qs, stride_qd, stride_dos, stride_dod, seq_q, seq_k, off, win_left, win_right, qk_scale,
+               D_QK, D_V, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASKED: tl.constexpr,
+               EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One query block's contribution to a key block's dK and dV (``MASKED=False``: whole block,
+    every pair visible: no masks)."""
+    offs_m = start_m + offs_m0
+    q_ptrs = q_base + offs_m[:, None] * stride_qs + offs_dqk[None, :] * stride_qd
+    do_ptrs = do_base + offs_m[:, None] * stride_dos + offs_dv[None, :] * stride_dod
+    if MASKED:
+        m_ok = offs_m < seq_q
+        q = tl.load(q_ptrs, mask=m_ok[:, None] & (offs_dqk[None, :] < D_QK), other=0.0)
+        do = tl.load(do_ptrs, mask=m_ok[:, None] & (offs_dv[None, :] < D_V), other=0.0)
+        lse = tl.load(lse_base + offs_m, mask=m_ok, other=0.0) * 1.4426950408889634
+        delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
+    else:
+        if EVEN_D:
+            q = tl.load(q_ptrs)
+            do = tl.load(do_ptrs)
+        else:
+            q = tl.load(q_ptrs, mask=offs_dqk[None, :] < D_QK, other=0.0)
+            do = tl.load(do_ptrs, mask=offs_dv[None, :] < D_V, other=0.0)
+        lse = tl.load(lse_base + offs_m) * 1.4426950408889634
+        delta = tl.load(delta_base + offs_m)
+    st = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_N, BLOCK_M]
+    pt = tl.exp2(st - lse[None, :])
+    if MASKED:
+        ok = tl.trans(_visible(offs_m, offs_n, seq_q, seq_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT))
+        pt = tl.where(ok, pt, 0.0)
+    dv += tl.dot(pt.to(do.dtype), do, input_precision=DOT_PRECISION)
+    dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
+    dst = pt * (dpt - delta[None, :])
+    dk += tl.dot(dst.to(q.dtype), q, input_precision=DOT_PRECISION)
+    return dk, dv
 
 
 @triton.jit
@@ -45,7 +105,7 @@ def _attn_bwd_dkdv_kernel(
     qk_scale, sm_scale, offset, win_left, win_right,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -70,12 +130,12 @@ def _attn_bwd_dkdv_kernel(
         seq_q = SEQ_Q
         seq_k = SEQ_K
         off = offset
-        q_row = b * stride_qb
-        do_row = b * stride_dob
-        k_row = b * stride_kb
-        v_row = b * stride_vb
-        dk_row = b * stride_dkb
-        dv_row = b * stride_dvb
+        q_row = b.to(tl.int64) * stride_qb
+        do_row = b.to(tl.int64) * stride_dob
+        k_row = b.to(tl.int64) * stride_kb
+        v_row = b.to(tl.int64) * stride_vb
+        dk_row = b.to(tl.int64) * stride_dkb
+        dv_row = b.to(tl.int64) * stride_dvb
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m0 = tl.arange(0, BLOCK_M)
@@ -103,6 +163,8 @@ def _attn_bwd_dkdv_kernel(
         lo = (lo // BLOCK_M) * BLOCK_M
     if HAS_LEFT:
         hi = tl.minimum(n_start + BLOCK_N - off + win_left, seq_q)
+    a, bb = _unmasked_q_blocks(n_start, lo, hi, off, win_left, win_right, seq_q, seq_k, HAS_LEFT, HAS_RIGHT,
+                               BLOCK_M, BLOCK_N)
 
     for g in range(0, GROUP):
         h = hk * GROUP + g
@@ -111,27 +173,24 @@ def _attn_bwd_dkdv_kernel(
         if IS_VARLEN:
             row_base = h.to(tl.int64) * stride_lh + q_start
         else:
-            row_base = (b * H + h) * seq_q
-        for start_m in range(lo, hi, BLOCK_M):
-            offs_m = start_m + offs_m0
-            m_ok = offs_m < seq_q
-            q = tl.load(
-                q_base + offs_m[:, None] * stride_qs + offs_dqk[None, :] * stride_qd,
-                mask=m_ok[:, None] & (offs_dqk[None, :] < D_QK), other=0.0,
-            )
-            do = tl.load(
-                do_base + offs_m[:, None] * stride_dos + offs_dv[None, :] * stride_dod,
-                mask=m_ok[:, None] & (offs_dv[None, :] < D_V), other=0.0,
-            )
-            lse = tl.load(LSE + row_base + offs_m, mask=m_ok, other=0.0) * 1.4426950408889634
-            delta = tl.load(DELTA + row_base + offs_m, mask=m_ok, other=0.0)
-            st = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_N, BLOCK_M]
-            ok = tl.trans(_visible(offs_m, offs_n, seq_q, seq_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT))
-            pt = tl.where(ok, tl.exp2(st - lse[None, :]), 0.0)
-            dv += tl.dot(pt.to(do.dtype), do, input_precision=DOT_PRECISION)
-            dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
-            dst = pt * (dpt - delta[None, :])
-            dk += tl.dot(dst.to(q.dtype), q, input_precision=DOT_PRECISION)
+            row_base = (b * H + h).to(tl.int64) * seq_q
+        lse_base = LSE + row_base
+        delta_base = DELTA + row_base
+        for start_m in range(lo, a, BLOCK_M):
+            dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_m0, offs_n,
+                                offs_dqk, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod, seq_q, seq_k,
+                                off, win_left, win_right, qk_scale, D_QK, D_V, HAS_LEFT, HAS_RIGHT, True,
+                                EVEN_D, DOT_PRECISION)
+        for start_m in range(a, bb, BLOCK_M):
+            dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_m0, offs_n,
+                                offs_dqk, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod, seq_q, seq_k,
+                                off, win_left, win_right, qk_scale, D_QK, D_V, HAS_LEFT, HAS_RIGHT, False,
+                                EVEN_D, DOT_PRECISION)
+        for start_m in range(bb, hi, BLOCK_M):
+            dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_m0, offs_n,
+                                offs_dqk, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod, seq_q, seq_k,
+                                off, win_left, win_right, qk_scale, D_QK, D_V, HAS_LEFT, HAS_RIGHT, True,
+                                EVEN_D, DOT_PRECISION)
 
     dk = dk * sm_scale
     tl.store(
@@ -142,6 +201,36 @@ def _attn_bwd_dkdv_kernel(
         DV + dv_row + hk * stride_dvh + offs_n[:, None] * stride_dvs + offs_dv[None, :] * stride_dvd,
         dv.to(DV.dtype.element_ty), mask=n_ok[:, None] & (offs_dv[None, :] < D_V),
     )
+
+
+@triton.jit
+def _dq_step(dq, q, do, lse, delta, k_base, v_base, start_n, offs_m, offs_n0, offs_dqk, offs_dv,
+             stride_ks, stride_kd, stride_vs, stride_vd, seq_q, seq_k, off, win_left, win_right, qk_scale,
+             D_QK, D_V, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASKED: tl.constexpr,
+             EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One key block's contribution to a query block's dQ (``MASKED=False``: no masks)."""
+    offs_n = start_n + offs_n0
+    k_ptrs = k_base + offs_n[:, None] * stride_ks + offs_dqk[None, :] * stride_kd
+    vt_ptrs = v_base + offs_n[None, :] * stride_vs + offs_dv[:, None] * stride_vd
+    if MASKED:
+        n_ok = offs_n < seq_k
+        k = tl.load(k_ptrs, mask=n_ok[:, None] & (offs_dqk[None, :] < D_QK), other=0.0)
+        vt = tl.load(vt_ptrs, mask=n_ok[None, :] & (offs_dv[:, None] < D_V), other=0.0)
+    elif EVEN_D:
+        k = tl.load(k_ptrs)
+        vt = tl.load(vt_ptrs)
+    else:
+        k = tl.load(k_ptrs, mask=offs_dqk[None, :] < D_QK, other=0.0)
+        vt = tl.load(vt_ptrs, mask=offs_dv[:, None] < D_V, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    p = tl.exp2(s - lse[:, None])
+    if MASKED:
+        ok = _visible(offs_m, offs_n, seq_q, seq_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
+        p = tl.where(ok, p, 0.0)
+    dp = tl.dot(do, vt, input_precision=DOT_PRECISION)
+    ds = p * (dp - delta[:, None])
+    dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+    return dq
 
 
 @triton.jit
@@ -157,7 +246,7 @@ def _attn_bwd_dq_kernel(
     qk_scale, sm_scale, offset, win_left, win_right,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -183,12 +272,12 @@ def _attn_bwd_dq_kernel(
         seq_q = SEQ_Q
         seq_k = SEQ_K
         off = offset
-        q_row = b * stride_qb
-        do_row = b * stride_dob
-        dq_row = b * stride_dqb
-        k_row = b * stride_kb
-        v_row = b * stride_vb
-        lse_row = pid_bh * SEQ_Q
+        q_row = b.to(tl.int64) * stride_qb
+        do_row = b.to(tl.int64) * stride_dob
+        dq_row = b.to(tl.int64) * stride_dqb
+        k_row = b.to(tl.int64) * stride_kb
+        v_row = b.to(tl.int64) * stride_vb
+        lse_row = pid_bh.to(tl.int64) * SEQ_Q
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
@@ -204,30 +293,29 @@ def _attn_bwd_dq_kernel(
         DO + do_row + h * stride_doh + offs_m[:, None] * stride_dos + offs_dv[None, :] * stride_dod,
         mask=m_ok[:, None] & (offs_dv[None, :] < D_V), other=0.0,
     )
+    # rows past seq_q (a partial last block) compute garbage that is never stored
     lse = tl.load(LSE + lse_row + offs_m, mask=m_ok, other=0.0) * 1.4426950408889634
     delta = tl.load(DELTA + lse_row + offs_m, mask=m_ok, other=0.0)
     k_base = K + k_row + hk * stride_kh
     v_base = V + v_row + hk * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_DQK], dtype=tl.float32)
 
-    lo, hi = _kv_range(pid_m * BLOCK_M, off, win_left, win_right, seq_k, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + offs_n0
-        n_ok = offs_n < seq_k
-        k = tl.load(
-            k_base + offs_n[:, None] * stride_ks + offs_dqk[None, :] * stride_kd,
-            mask=n_ok[:, None] & (offs_dqk[None, :] < D_QK), other=0.0,
-        )
-        vt = tl.load(
-            v_base + offs_n[None, :] * stride_vs + offs_dv[:, None] * stride_vd,
-            mask=n_ok[None, :] & (offs_dv[:, None] < D_V), other=0.0,
-        )
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        ok = _visible(offs_m, offs_n, seq_q, seq_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
-        p = tl.where(ok, tl.exp2(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, vt, input_precision=DOT_PRECISION)
-        ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+    m_start = pid_m * BLOCK_M
+    lo, hi = _kv_range(m_start, off, win_left, win_right, seq_k, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+    a, bb = _unmasked_kv_blocks(m_start, lo, hi, off, win_left, win_right, seq_k, HAS_LEFT, HAS_RIGHT,
+                                BLOCK_M, BLOCK_N)
+    for start_n in range(lo, a, BLOCK_N):
+        dq = _dq_step(dq, q, do, lse, delta, k_base, v_base, start_n, offs_m, offs_n0, offs_dqk, offs_dv,
+                      stride_ks, stride_kd, stride_vs, stride_vd, seq_q, seq_k, off, win_left, win_right,
+                      qk_scale, D_QK, D_V, HAS_LEFT, HAS_RIGHT, True, EVEN_D, DOT_PRECISION)
+    for start_n in range(a, bb, BLOCK_N):
+        dq = _dq_step(dq, q, do, lse, delta, k_base, v_base, start_n, offs_m, offs_n0, offs_dqk, offs_dv,
+                      stride_ks, stride_kd, stride_vs, stride_vd, seq_q, seq_k, off, win_left, win_right,
+                      qk_scale, D_QK, D_V, HAS_LEFT, HAS_RIGHT, False, EVEN_D, DOT_PRECISION)
+    for start_n in range(bb, hi, BLOCK_N):
+        dq = _dq_step(dq, q, do, lse, delta, k_base, v_base, start_n, offs_m, offs_n0, offs_dqk, offs_dv,
+                      stride_ks, stride_kd, stride_vs, stride_vd, seq_q, seq_k, off, win_left, win_right,
+                      qk_scale, D_QK, D_V, HAS_LEFT, HAS_RIGHT, True, EVEN_D, DOT_PRECISION)
 
     dq = dq * sm_scale
     tl.store(
@@ -236,15 +324,23 @@ def _attn_bwd_dq_kernel(
     )
 
 
-def _bwd_config(d_max: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) shared by both backward kernels."""
+#: sm_90 backward tiles per padded head dim: ((dK/dV kernel), (dQ kernel)), each
+#: (BLOCK_M, BLOCK_N, num_warps, num_stages); measured with scripts/tune_attention.py
+BWD_CONFIGS = {
+    64: ((64, 64, 4, 2), (64, 64, 4, 2)),
+    128: ((64, 64, 8, 1), (64, 64, 8, 1)),
+    256: ((32, 32, 4, 1), (32, 32, 4, 1)),
+}
+
+
+def _bwd_config(d_max: int):
+    """((BLOCK_M, BLOCK_N, num_warps, num_stages) of the dK/dV kernel, the same of the dQ kernel)."""
     if is_interpreter():
-        return 32, 32, 4, 1
-    if d_max <= 64:
-        return 64, 64, 4, 2
-    if d_max <= 128:
-        return 64, 64, 8, 1
-    return 32, 32, 4, 1
+        return (32, 32, 4, 1), (32, 32, 4, 1)
+    for d, cfg in sorted(BWD_CONFIGS.items()):
+        if d_max <= d:
+            return cfg
+    return BWD_CONFIGS[max(BWD_CONFIGS)]
 
 
 def _launch_bwd(q, k, v, dout, lse, delta, dq, dk, dv, strides, softmax_scale, win_left, win_right,
@@ -253,27 +349,28 @@ def _launch_bwd(q, k, v, dout, lse, delta, dq, dk, dv, strides, softmax_scale, w
     qs, ks, vs, dos, dqs, dks, dvs = strides
     Dqk, Dv = q.size(-1), v.size(-1)
     block_dqk, block_dv = attn_block_dims(Dqk, Dv)
-    bm, bn, warps, stages = _bwd_config(max(block_dqk, block_dv))
+    (bm1, bn1, warps1, stages1), (bm2, bn2, warps2, stages2) = _bwd_config(max(block_dqk, block_dv))
     has_left, has_right, wl, wr = window_flags(win_left, win_right)
     varlen = cu_q is not None
     cu_q, cu_k = (cu_q, cu_k) if varlen else (lse, lse)
     common = dict(
-        HAS_LEFT=has_left, HAS_RIGHT=has_right, IS_VARLEN=varlen, BLOCK_M=bm, BLOCK_N=bn,
-        BLOCK_DQK=block_dqk, BLOCK_DV=block_dv, DOT_PRECISION=dot_precision(q.dtype), num_warps=warps,
-        num_stages=stages,
+        HAS_LEFT=has_left, HAS_RIGHT=has_right, IS_VARLEN=varlen, BLOCK_DQK=block_dqk, BLOCK_DV=block_dv,
+        EVEN_D=even_head_dims(Dqk, Dv), DOT_PRECISION=dot_precision(q.dtype),
     )
     qk_scale = float(softmax_scale) * LOG2E
-    _attn_bwd_dkdv_kernel[(triton.cdiv(Sk, bn), B * Hk)](
+    _attn_bwd_dkdv_kernel[(triton.cdiv(Sk, bn1), B * Hk)](
         q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k,
         *qs, *ks, *vs, *dos, *dks, *dvs, stride_lh,
         H, Hk, Sq, Sk, H // Hk, Dqk, Dv,
-        qk_scale, float(softmax_scale), Sk - Sq, wl, wr, **common,
+        qk_scale, float(softmax_scale), Sk - Sq, wl, wr,
+        BLOCK_M=bm1, BLOCK_N=bn1, num_warps=warps1, num_stages=stages1, **common,
     )
-    _attn_bwd_dq_kernel[(triton.cdiv(Sq, bm), B * H)](
+    _attn_bwd_dq_kernel[(triton.cdiv(Sq, bm2), B * H)](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k,
         *qs, *ks, *vs, *dos, *dqs, stride_lh,
         H, Sq, Sk, H // Hk, Dqk, Dv,
-        qk_scale, float(softmax_scale), Sk - Sq, wl, wr, **common,
+        qk_scale, float(softmax_scale), Sk - Sq, wl, wr,
+        BLOCK_M=bm2, BLOCK_N=bn2, num_warps=warps2, num_stages=stages2, **common,
     )
 
 

@@ -71,6 +71,64 @@ def _visible(offs_m, offs_n, SEQ_Q, SEQ_K, offset, win_left, win_right,
 
 
 @triton.jit
+def _unmasked_kv_blocks(m_start, lo, hi, offset, win_left, win_right, SEQ_K,
+                        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr):
+    """Split the key blocks ``[lo, hi)`` of query rows ``m_start..m_start+BLOCK_M-1`` into
+    ``[lo, a)`` masked, ``[a, b)`` fully visible and in bounds (no mask work at all), ``[b, hi)``
+    masked. Interior blocks are most of the work; skipping their mask arithmetic and load masks is
+    what lets the loop run at MMA speed. ``a`` and ``b`` are multiples of BLOCK_N, ``lo <= a <= b <= hi``."""
+    a = lo
+    if HAS_LEFT:  # key n0 visible to the block's last row: n0 >= m_start + BLOCK_M - 1 + offset - left
+        first = tl.maximum(m_start + BLOCK_M - 1 + offset - win_left, 0)
+        a = tl.maximum(lo, (first + BLOCK_N - 1) // BLOCK_N * BLOCK_N)
+    b = (SEQ_K // BLOCK_N) * BLOCK_N  # whole key blocks only
+    if HAS_RIGHT:  # last key of the block visible to the first row: n0 + BLOCK_N - 1 <= m_start + offset + right
+        b = tl.minimum(b, tl.maximum(m_start + offset + win_right + 1, 0) // BLOCK_N * BLOCK_N)
+    a = tl.minimum(a, hi)
+    b = tl.minimum(tl.maximum(b, a), hi)
+    return a, b
+
+
+@triton.jit
+def _attn_fwd_step(acc, m_i, l_i, q, k_base, v_base, start_n, offs_m, offs_n0, offs_dqk, offs_dv,
+                   stride_ks, stride_kd, stride_vs, stride_vd, seq_q, seq_k, off, win_left, win_right,
+                   qk_scale, D_QK, D_V, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                   MASKED: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One key block of the online softmax. ``MASKED=False``: the block is whole and every
+    (row, key) pair is visible, so no load mask and no score mask."""
+    offs_n = start_n + offs_n0
+    kt_ptrs = k_base + offs_n[None, :] * stride_ks + offs_dqk[:, None] * stride_kd
+    v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd
+    if MASKED:
+        kt = tl.load(kt_ptrs, mask=(offs_n[None, :] < seq_k) & (offs_dqk[:, None] < D_QK), other=0.0)
+    elif EVEN_D:
+        kt = tl.load(kt_ptrs)
+    else:
+        kt = tl.load(kt_ptrs, mask=offs_dqk[:, None] < D_QK, other=0.0)
+    s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
+    if MASKED:
+        ok = _visible(offs_m, offs_n, seq_q, seq_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:  # every score is finite, so the new maximum is too
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = m_new
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if MASKED:
+        v = tl.load(v_ptrs, mask=(offs_n[:, None] < seq_k) & (offs_dv[None, :] < D_V), other=0.0)
+    elif EVEN_D:
+        v = tl.load(v_ptrs)
+    else:
+        v = tl.load(v_ptrs, mask=offs_dv[None, :] < D_V, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _attn_fwd_kernel(
     Q, K, V, O, LSE, SINK, CU_Q, CU_K,
     stride_qb, stride_qs, stride_qh, stride_qd,
@@ -82,7 +140,7 @@ def _attn_fwd_kernel(
     qk_scale, offset, win_left, win_right,
     HAS_SINK: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -107,11 +165,11 @@ def _attn_fwd_kernel(
         seq_q = SEQ_Q
         seq_k = SEQ_K
         off = offset
-        q_row = b * stride_qb
-        k_row = b * stride_kb
-        v_row = b * stride_vb
-        o_row = b * stride_ob
-        lse_row = pid_bh * SEQ_Q
+        q_row = b.to(tl.int64) * stride_qb
+        k_row = b.to(tl.int64) * stride_kb
+        v_row = b.to(tl.int64) * stride_vb
+        o_row = b.to(tl.int64) * stride_ob
+        lse_row = pid_bh.to(tl.int64) * SEQ_Q
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
@@ -132,27 +190,26 @@ def _attn_fwd_kernel(
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
-    lo, hi = _kv_range(pid_m * BLOCK_M, off, win_left, win_right, seq_k, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + offs_n0
-        kt = tl.load(
-            k_base + offs_n[None, :] * stride_ks + offs_dqk[:, None] * stride_kd,
-            mask=(offs_n[None, :] < seq_k) & (offs_dqk[:, None] < D_QK), other=0.0,
-        )
-        s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
-        ok = _visible(offs_m, offs_n, seq_q, seq_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
-        s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_base + offs_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd,
-            mask=(offs_n[:, None] < seq_k) & (offs_dv[None, :] < D_V), other=0.0,
-        )
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    m_start = pid_m * BLOCK_M
+    lo, hi = _kv_range(m_start, off, win_left, win_right, seq_k, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+    a, bb = _unmasked_kv_blocks(m_start, lo, hi, off, win_left, win_right, seq_k, HAS_LEFT, HAS_RIGHT,
+                                BLOCK_M, BLOCK_N)
+    # rows past seq_q (a partial last query block) read zero queries and are never stored
+    for start_n in range(lo, a, BLOCK_N):
+        acc, m_i, l_i = _attn_fwd_step(acc, m_i, l_i, q, k_base, v_base, start_n, offs_m, offs_n0, offs_dqk,
+                                       offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seq_q, seq_k, off,
+                                       win_left, win_right, qk_scale, D_QK, D_V, HAS_LEFT, HAS_RIGHT,
+                                       True, EVEN_D, DOT_PRECISION)
+    for start_n in range(a, bb, BLOCK_N):
+        acc, m_i, l_i = _attn_fwd_step(acc, m_i, l_i, q, k_base, v_base, start_n, offs_m, offs_n0, offs_dqk,
+                                       offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seq_q, seq_k, off,
+                                       win_left, win_right, qk_scale, D_QK, D_V, HAS_LEFT, HAS_RIGHT,
+                                       False, EVEN_D, DOT_PRECISION)
+    for start_n in range(bb, hi, BLOCK_N):
+        acc, m_i, l_i = _attn_fwd_step(acc, m_i, l_i, q, k_base, v_base, start_n, offs_m, offs_n0, offs_dqk,
+                                       offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seq_q, seq_k, off,
+                                       win_left, win_right, qk_scale, D_QK, D_V, HAS_LEFT, HAS_RIGHT,
+                                       True, EVEN_D, DOT_PRECISION)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -196,14 +253,24 @@ def check_flash_attn_triton(q, k, v, sink=None) -> Optional[str]:
     return None
 
 
+#: sm_90 forward tiles per padded head dim: (BLOCK_M, BLOCK_N, num_warps, num_stages); measured
+#: with scripts/tune_attention.py (benchmarks/results/h200/NOTES.md has the sweep)
+FWD_CONFIGS = {64: (128, 64, 4, 3), 128: (128, 64, 8, 2), 256: (64, 32, 4, 2)}
+
+
 def _fwd_config(d_max: int) -> tuple[int, int, int, int]:
     if is_interpreter():
         return 32, 32, 4, 1
-    if d_max <= 64:
-        return 128, 64, 4, 3
-    if d_max <= 128:
-        return 128, 64, 8, 2
-    return 64, 32, 4, 2
+    for d, cfg in sorted(FWD_CONFIGS.items()):
+        if d_max <= d:
+            return cfg
+    return FWD_CONFIGS[max(FWD_CONFIGS)]
+
+
+def even_head_dims(d_qk: int, d_v: int) -> bool:
+    """Head dims equal to their padded block dims: loads need no head-dim mask."""
+    block_dqk, block_dv = attn_block_dims(d_qk, d_v)
+    return d_qk == block_dqk and d_v == block_dv
 
 
 def _launch_fwd(q4, k4, v4, out4, lse, sink, softmax_scale, win_left, win_right,
@@ -223,7 +290,7 @@ def _launch_fwd(q4, k4, v4, out4, lse, sink, softmax_scale, win_left, win_right,
         H, Sq, Sk, H // Hk, Dqk, Dv,
         float(softmax_scale) * LOG2E, Sk - Sq, wl, wr,
         HAS_SINK=sink is not None, HAS_LEFT=has_left, HAS_RIGHT=has_right, IS_VARLEN=varlen,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_DQK=block_dqk, BLOCK_DV=block_dv,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_DQK=block_dqk, BLOCK_DV=block_dv, EVEN_D=even_head_dims(Dqk, Dv),
         DOT_PRECISION=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
     )
 
