@@ -327,9 +327,9 @@ def _attn_bwd_dq_kernel(
 #: sm_90 backward tiles per padded head dim: ((dK/dV kernel), (dQ kernel)), each
 #: (BLOCK_M, BLOCK_N, num_warps, num_stages); measured with scripts/tune_attention.py
 BWD_CONFIGS = {
-    64: ((64, 64, 4, 2), (64, 64, 4, 2)),
-    128: ((64, 64, 8, 1), (64, 64, 8, 1)),
-    256: ((32, 32, 4, 1), (32, 32, 4, 1)),
+    64: ((32, 128, 4, 3), (64, 32, 4, 3)),
+    128: ((32, 64, 4, 3), (128, 32, 4, 3)),
+    256: ((32, 64, 4, 2), (64, 32, 4, 2)),
 }
 
 

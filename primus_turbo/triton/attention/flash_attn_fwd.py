@@ -255,7 +255,7 @@ def check_flash_attn_triton(q, k, v, sink=None) -> Optional[str]:
 
 #: sm_90 forward tiles per padded head dim: (BLOCK_M, BLOCK_N, num_warps, num_stages); measured
 #: with scripts/tune_attention.py (benchmarks/results/h200/NOTES.md has the sweep)
-FWD_CONFIGS = {64: (128, 64, 4, 3), 128: (128, 64, 8, 2), 256: (64, 32, 4, 2)}
+FWD_CONFIGS = {64: (128, 64, 4, 3), 128: (64, 64, 4, 3), 256: (128, 64, 8, 2)}
 
 
 def _fwd_config(d_max: int) -> tuple[int, int, int, int]:
