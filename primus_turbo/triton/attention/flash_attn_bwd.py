@@ -324,6 +324,48 @@ def _attn_bwd_dq_kernel(
     )
 
 
+@triton.jit
+def _attn_bwd_delta_kernel(O, DO, DELTA, S, H, D,
+                           stride_ob, stride_os, stride_oh, stride_od,
+                           stride_db, stride_ds, stride_dh, stride_dd,
+                           stride_lb, stride_lh,
+                           BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``delta[b, h, s] = sum_d dO[b, s, h, d] * O[b, s, h, d]`` in fp32, one read of each (torch's
+    ``(dO.float() * O.float()).sum(-1)`` materialises three fp32 copies first)."""
+    pid_s = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_s[:, None] < S) & (offs_d[None, :] < D)
+    s64 = offs_s.to(tl.int64)
+    o = tl.load(O + b.to(tl.int64) * stride_ob + h * stride_oh + s64[:, None] * stride_os + offs_d[None, :] * stride_od,
+                mask=mask, other=0.0)
+    do = tl.load(DO + b.to(tl.int64) * stride_db + h * stride_dh + s64[:, None] * stride_ds
+                 + offs_d[None, :] * stride_dd, mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(DELTA + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + s64, delta, mask=offs_s < S)
+
+
+def _delta(out: torch.Tensor, dout: torch.Tensor, varlen: bool) -> torch.Tensor:
+    """fp32 ``rowsum(dO * O)`` laid out like the LSE: ``[B, H, S]`` (varlen: ``[H, T]``)."""
+    if varlen:  # [T, H, D] as one logical batch
+        out4, dout4 = out.unsqueeze(0), dout.unsqueeze(0)
+    else:
+        out4, dout4 = out, dout
+    B, S, H, D = out4.shape
+    delta = torch.empty((H, S) if varlen else (B, H, S), dtype=torch.float32, device=out.device)
+    if delta.numel() == 0:
+        return delta
+    stride_lb, stride_lh = (0, S) if varlen else (H * S, S)
+    block_s = 32 if is_interpreter() else 64
+    _attn_bwd_delta_kernel[(triton.cdiv(S, block_s), B * H)](
+        out4, dout4, delta, S, H, D, *out4.stride(), *dout4.stride(), stride_lb, stride_lh,
+        BLOCK_S=block_s, BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4)
+    return delta
+
+
 #: sm_90 backward tiles per padded head dim: ((dK/dV kernel), (dQ kernel)), each
 #: (BLOCK_M, BLOCK_N, num_warps, num_stages); measured with scripts/tune_attention.py
 BWD_CONFIGS = {
@@ -385,7 +427,7 @@ def flash_attn_bwd_triton(
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     # delta_i = rowsum(dO * O) in fp32, as [B, H, Sq] like the LSE
-    delta = (dout.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
+    delta = _delta(out, dout, varlen=False)
     dsink = None
     if sink is not None:
         p_sink = torch.exp(sink.float().view(1, H, 1) - lse)  # 0 where LSE = +inf
@@ -414,7 +456,7 @@ def flash_attn_varlen_bwd_triton(
     dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
-    delta = (dout.float() * out.float()).sum(-1).transpose(0, 1).contiguous()  # [H, Tq] like the LSE
+    delta = _delta(out, dout, varlen=True)  # [H, Tq] like the LSE
     dsink = None
     if sink is not None:
         p_sink = torch.exp(sink.float().view(H, 1) - lse)  # 0 where LSE = +inf
