@@ -37,6 +37,11 @@ DKDV = {
     128: [(64, 64, 8, 1), (32, 128, 4, 3), (64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 4, 3), (32, 64, 4, 3)],
     256: [(32, 32, 4, 1), (32, 64, 4, 2), (64, 64, 8, 1), (32, 64, 8, 2), (16, 64, 4, 2)],
 }
+FP8_FWD = {
+    64: [(128, 128, 4, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 3)],
+    128: [(128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 128, 4, 3)],
+    256: [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 2), (64, 32, 4, 2)],
+}
 DQ = {
     64: [(64, 64, 4, 2), (128, 32, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3)],
     128: [(64, 64, 8, 1), (128, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 3), (128, 32, 8, 3), (64, 32, 4, 3)],
@@ -55,11 +60,14 @@ def main(argv=None) -> int:
     p.add_argument("--dims", type=int, nargs="+", default=[128, 64, 256])
     p.add_argument("--quick", action="store_true", help="fewer candidates (the first three of each list)")
     p.add_argument("--rep-ms", type=float, default=30)
+    p.add_argument("--fp8", action="store_true", help="also sweep the FP8 forward kernel's tiles")
+    p.add_argument("--no-bwd", action="store_true", help="skip the backward sweeps")
     args = p.parse_args(argv)
     import triton
 
     from primus_turbo.testing import snr_db
     from primus_turbo.triton.attention import flash_attn_bwd as B
+    from primus_turbo.triton.attention import flash_attn_fp8 as F8
     from primus_turbo.triton.attention import flash_attn_fwd as F
 
     dev = torch.device("cuda")
@@ -73,7 +81,7 @@ def main(argv=None) -> int:
     for d in args.dims:
         b, s, hq, hk, dqk, dv = SHAPES[d]
         cut = (lambda xs: xs[:3]) if args.quick else (lambda xs: xs)
-        fwd_t, dkdv_t, dq_t = {}, {}, {}
+        fwd_t, dkdv_t, dq_t, fp8_t = {}, {}, {}, {}
         default_bwd = B.BWD_CONFIGS[d]
         for causal in (False, True):
             g = torch.Generator(device=dev).manual_seed(0)
@@ -109,6 +117,30 @@ def main(argv=None) -> int:
                 results.append(row)
                 print(json.dumps(row), flush=True)
             F.FWD_CONFIGS[d] = FWD[d][0]
+            if args.fp8:
+                blk = 128
+                q8, qsi = F8.quantize_tokens_fp8(q, blk)
+                k8, ksi = F8.quantize_tokens_fp8(k, blk)
+                v8, vsi = F8.quantize_tokens_fp8(v, blk, transpose_sd=True)
+
+                def run_fp8():
+                    return F8.flash_attn_fp8_fwd_triton(q8, k8, v8, qsi, ksi, vsi, blk, None, scale, -1, wr)
+
+                for cfg in cut(FP8_FWD[d]):
+                    F8.FP8_FWD_CONFIGS[d] = cfg
+                    row = {"kernel": "fp8_fwd", "d": d, "causal": causal, "cfg": cfg}
+                    try:
+                        row["snr"] = snr_db(ref_out, run_fp8()[0])
+                        row["ms"] = bench(run_fp8)
+                        row["tflops"] = _flops(b, s, hq, dqk, dv, causal, "fwd") / row["ms"] / 1e9
+                        fp8_t.setdefault(cfg, []).append(row["ms"])
+                    except Exception as exc:
+                        row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+                    results.append(row)
+                    print(json.dumps(row), flush=True)
+                F8.FP8_FWD_CONFIGS[d] = FP8_FWD[d][0]
+            if args.no_bwd:
+                continue
 
             def run_bwd():
                 return B.flash_attn_bwd_triton(dout, q, k, v, out, lse, None, scale, -1, wr)
@@ -138,7 +170,8 @@ def main(argv=None) -> int:
             full = {c: t for c, t in times.items() if len(t) == 2}  # ran with both mask kinds
             return min(full, key=lambda c: sum(map(math.log, full[c]))) if full else None
 
-        line = f"d{d}: fwd {best(fwd_t)}  dkdv {best(dkdv_t)}  dq {best(dq_t)}  ({time.time() - t0:.0f} s)"
+        line = (f"d{d}: fwd {best(fwd_t)}  dkdv {best(dkdv_t)}  dq {best(dq_t)}  fp8_fwd {best(fp8_t)}"
+                f"  ({time.time() - t0:.0f} s)")
         best_lines.append(line)
         print("BEST " + line, flush=True)
         Path(args.out).mkdir(parents=True, exist_ok=True)

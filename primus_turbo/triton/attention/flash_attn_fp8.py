@@ -37,7 +37,7 @@ import triton.language as tl
 from primus_turbo.triton import is_interpreter
 from primus_turbo.triton.quantization.quant_fp8_kernel import _fp8_bits, _round_for_store
 
-from .flash_attn_fwd import LOG2E, _kv_range, _visible, window_flags
+from .flash_attn_fwd import LOG2E, _kv_range, _unmasked_kv_blocks, _visible, window_flags
 
 __all__ = [
     "FP8_ATTN_P_SCALE", "FP8_ATTN_BLOCK_SIZES", "quantize_tokens_fp8", "dequantize_tokens_fp8",
@@ -100,6 +100,50 @@ def _quant_tokens_kernel(
 
 
 @triton.jit
+def _attn_fp8_fwd_step(acc, m_i, l_i, q, q_scale, k_base, v_base, ks_base, vs_base, start_n, offs_m, offs_n0,
+                       offs_dqk, offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seq_q, seq_k, off,
+                       win_left, win_right, D_QK, D_V, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                       BLK: tl.constexpr, P_SCALE: tl.constexpr, SOFT: tl.constexpr, MASKED: tl.constexpr,
+                       EVEN_D: tl.constexpr):
+    """One key block (see ``_attn_fwd_step``; ``MASKED=False``: whole, fully visible block)."""
+    offs_n = start_n + offs_n0
+    kt_ptrs = k_base + offs_n[None, :] * stride_ks + offs_dqk[:, None] * stride_kd
+    v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd
+    if MASKED:
+        n_ok = offs_n < seq_k
+        kt = tl.load(kt_ptrs, mask=n_ok[None, :] & (offs_dqk[:, None] < D_QK), other=0.0)
+        k_scale = tl.load(ks_base + offs_n // BLK, mask=n_ok, other=0.0)
+    else:
+        if EVEN_D:
+            kt = tl.load(kt_ptrs)
+        else:
+            kt = tl.load(kt_ptrs, mask=offs_dqk[:, None] < D_QK, other=0.0)
+        k_scale = tl.load(ks_base + offs_n // BLK)
+    s = tl.dot(q, kt) * q_scale[:, None] * k_scale[None, :]
+    if MASKED:
+        ok = _visible(offs_m, offs_n, seq_q, seq_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = m_new
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    p8 = _to_e4m3(p * P_SCALE, SOFT)
+    if MASKED:
+        v = tl.load(v_ptrs, mask=(offs_n[:, None] < seq_k) & (offs_dv[None, :] < D_V), other=0.0)
+    elif EVEN_D:
+        v = tl.load(v_ptrs)
+    else:
+        v = tl.load(v_ptrs, mask=offs_dv[None, :] < D_V, other=0.0)
+    v_scale = tl.load(vs_base + start_n // BLK)  # one v scale per key tile (BLOCK_N divides BLK)
+    acc = acc * alpha[:, None] + tl.dot(p8, v) * (v_scale / P_SCALE)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _attn_fp8_fwd_kernel(
     Q, K, V, QS, KS, VS, O, LSE, SINK,
     stride_qb, stride_qs, stride_qh, stride_qd,
@@ -111,6 +155,7 @@ def _attn_fp8_fwd_kernel(
     HAS_SINK: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     BLK: tl.constexpr, P_SCALE: tl.constexpr, SOFT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN_D: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -147,31 +192,25 @@ def _attn_fp8_fwd_kernel(
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
-    lo, hi = _kv_range(pid_m * BLOCK_M, off, win_left, win_right, seq_k, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + offs_n0
-        n_ok = offs_n < seq_k
-        kt = tl.load(
-            k_base + offs_n[None, :] * stride_ks + offs_dqk[:, None] * stride_kd,
-            mask=n_ok[None, :] & (offs_dqk[:, None] < D_QK), other=0.0,
-        )
-        k_scale = tl.load(ks_base + offs_n // BLK, mask=n_ok, other=0.0)
-        s = tl.dot(q, kt) * q_scale[:, None] * k_scale[None, :]
-        ok = _visible(offs_m, offs_n, seq_q, seq_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
-        s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        p8 = _to_e4m3(p * P_SCALE, SOFT)
-        v = tl.load(
-            v_base + offs_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd,
-            mask=n_ok[:, None] & (offs_dv[None, :] < D_V), other=0.0,
-        )
-        v_scale = tl.load(vs_base + start_n // BLK)  # one v scale per key tile (BLOCK_N divides BLK)
-        acc = acc * alpha[:, None] + tl.dot(p8, v) * (v_scale / P_SCALE)
-        m_i = m_new
+    m_start = pid_m * BLOCK_M
+    lo, hi = _kv_range(m_start, off, win_left, win_right, seq_k, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+    a, bb = _unmasked_kv_blocks(m_start, lo, hi, off, win_left, win_right, seq_k, HAS_LEFT, HAS_RIGHT,
+                                BLOCK_M, BLOCK_N)
+    for start_n in range(lo, a, BLOCK_N):
+        acc, m_i, l_i = _attn_fp8_fwd_step(acc, m_i, l_i, q, q_scale, k_base, v_base, ks_base, vs_base, start_n,
+                                           offs_m, offs_n0, offs_dqk, offs_dv, stride_ks, stride_kd, stride_vs,
+                                           stride_vd, seq_q, seq_k, off, win_left, win_right, D_QK, D_V,
+                                           HAS_LEFT, HAS_RIGHT, BLK, P_SCALE, SOFT, True, EVEN_D)
+    for start_n in range(a, bb, BLOCK_N):
+        acc, m_i, l_i = _attn_fp8_fwd_step(acc, m_i, l_i, q, q_scale, k_base, v_base, ks_base, vs_base, start_n,
+                                           offs_m, offs_n0, offs_dqk, offs_dv, stride_ks, stride_kd, stride_vs,
+                                           stride_vd, seq_q, seq_k, off, win_left, win_right, D_QK, D_V,
+                                           HAS_LEFT, HAS_RIGHT, BLK, P_SCALE, SOFT, False, EVEN_D)
+    for start_n in range(bb, hi, BLOCK_N):
+        acc, m_i, l_i = _attn_fp8_fwd_step(acc, m_i, l_i, q, q_scale, k_base, v_base, ks_base, vs_base, start_n,
+                                           offs_m, offs_n0, offs_dqk, offs_dv, stride_ks, stride_kd, stride_vs,
+                                           stride_vd, seq_q, seq_k, off, win_left, win_right, D_QK, D_V,
+                                           HAS_LEFT, HAS_RIGHT, BLK, P_SCALE, SOFT, True, EVEN_D)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -187,16 +226,17 @@ def _fp8_dims(d_qk: int, d_v: int) -> tuple[int, int]:
     return max(32, triton.next_power_of_2(d_qk)), max(32, triton.next_power_of_2(d_v))
 
 
+#: sm_90 tiles per padded head dim (BLOCK_M, BLOCK_N, num_warps, num_stages); scripts/tune_attention.py --fp8
+FP8_FWD_CONFIGS = {64: (128, 128, 4, 3), 128: (128, 128, 8, 3), 256: (128, 64, 8, 2)}
+
+
 def _fwd_config(d_max: int, blk: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages); BLOCK_N always divides the scale block ``blk``."""
     if is_interpreter():
         bm, bn, warps, stages = 32, 32, 4, 1
-    elif d_max <= 64:
-        bm, bn, warps, stages = 128, 128, 4, 3
-    elif d_max <= 128:
-        bm, bn, warps, stages = 128, 128, 8, 3
     else:
-        bm, bn, warps, stages = 128, 64, 8, 2
+        bm, bn, warps, stages = next((c for d, c in sorted(FP8_FWD_CONFIGS.items()) if d_max <= d),
+                                     FP8_FWD_CONFIGS[max(FP8_FWD_CONFIGS)])
     return bm, min(bn, blk), warps, stages
 
 
@@ -269,6 +309,7 @@ def flash_attn_fp8_fwd_triton(
         float(softmax_scale) * LOG2E, Sk - Sq, wl, wr,
         HAS_SINK=sink is not None, HAS_LEFT=has_left, HAS_RIGHT=has_right,
         BLK=blk, P_SCALE=FP8_ATTN_P_SCALE, SOFT=is_interpreter(),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_DQK=block_dqk, BLOCK_DV=block_dv, num_warps=warps, num_stages=stages,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_DQK=block_dqk, BLOCK_DV=block_dv,
+        EVEN_D=(Dqk == block_dqk and Dv == block_dv), num_warps=warps, num_stages=stages,
     )
     return out, lse
