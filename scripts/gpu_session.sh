@@ -6,7 +6,10 @@
 #
 #   bash scripts/gpu_session.sh OUT_DIR
 #
-# Environment: GPU_SESSION_TESTS="tests/..." overrides the test selection.
+# Environment: GPU_SESSION_TESTS="tests/..." overrides the test selection (GPU_SESSION_TEST_S its
+# time limit); GPU_SESSION_STAGES picks the stages after the tests (default: diag_fp8 diag_moe
+# moe_layer grouped memory permute_fused attention; also tune_attn with GPU_SESSION_TUNE_ARGS);
+# GPU_SESSION_ATTN_S the attention benchmark's time limit.
 set -u
 OUT="${1:?usage: bash scripts/gpu_session.sh OUT_DIR}"
 R="$OUT/r"
@@ -25,22 +28,46 @@ existing=""
 for t in $TESTS; do [ -e "$t" ] && existing="$existing $t"; done
 
 echo "== tests"
-# shellcheck disable=SC2086
-PRIMUS_TURBO_GEMM_TRITON_AUTOTUNE=0 PRIMUS_TURBO_TEST_FAILURE_LOG="$R/failures.log" \
-    timeout "${GPU_SESSION_TEST_S:-120}" "$PY" -m pytest -q -n 14 -p no:cacheprovider --timeout=110 $existing \
-    > "$R/pytest.log" 2>&1
-echo "pytest exit $?: $(tail -n 1 "$R/pytest.log")"
+if [ -n "$existing" ]; then  # GPU_SESSION_TESTS=none skips them
+    # shellcheck disable=SC2086
+    PRIMUS_TURBO_GEMM_TRITON_AUTOTUNE=0 PRIMUS_TURBO_TEST_FAILURE_LOG="$R/failures.log" \
+        timeout "${GPU_SESSION_TEST_S:-120}" "$PY" -m pytest -q -n 14 -p no:cacheprovider --timeout=110 $existing \
+        > "$R/pytest.log" 2>&1
+    echo "pytest exit $?: $(tail -n 1 "$R/pytest.log")"
+else
+    echo "(none)" > "$R/pytest.log"
+fi
 pack() { (cd "$OUT" && tar czf results.tgz r); }  # after every stage: a run cut short keeps what it has
 pack
 
-echo "== FP8 linear step profile"
-timeout 40 "$PY" scripts/diag_fp8_linear.py --out "$R" > "$R/diag.log" 2>&1
-grep "^== " "$R/diag.log"
-pack
+STAGES="${GPU_SESSION_STAGES:-diag_fp8 diag_moe moe_layer grouped memory permute_fused attention}"
+want() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
+
+if want diag_fp8; then
+    echo "== FP8 linear step profile"
+    timeout 40 "$PY" scripts/diag_fp8_linear.py --out "$R" > "$R/diag.log" 2>&1
+    grep "^== " "$R/diag.log"
+    pack
+fi
+if want diag_moe; then
+    echo "== MoE layer step profile"
+    timeout 60 "$PY" scripts/diag_moe_layer.py --out "$R" > "$R/diag_moe.log" 2>&1
+    grep "^== " "$R/diag_moe.log"
+    pack
+fi
+if want tune_attn; then
+    echo "== attention tile sweep (${GPU_SESSION_TUNE_ARGS:---fp8 --no-bwd --dims 128 64})"
+    # shellcheck disable=SC2086
+    timeout 120 "$PY" scripts/tune_attention.py --out "$R" ${GPU_SESSION_TUNE_ARGS:---fp8 --no-bwd --dims 128 64} \
+        > "$R/tune_attn.log" 2>&1
+    grep "^d[0-9]*:" "$R/tune_attn.log"
+    pack
+fi
 
 run_bench() {  # name, seconds, command...
     local name=$1 secs=$2
     shift 2
+    want "$name" || return 0
     echo "== $name"
     timeout "$secs" "$PY" "$@" > "$R/$name.log" 2>&1
     echo "exit $?"
@@ -52,14 +79,14 @@ run_bench grouped 60 benchmarks/bench_grouped_gemm.py --out "$R/grouped" --model
 run_bench memory 40 benchmarks/run_all.py --out "$R/mem" --only quantization norm_act moe_permute
 # the fused permute map (off on CUDA by default until validated): same benchmark with it on
 PRIMUS_TURBO_PERMUTE_FUSED_MAP=1 run_bench permute_fused 30 benchmarks/bench_moe_permute.py --out "$R/pf"
-run_bench attention 50 benchmarks/bench_attention.py --out "$R/attn" --quick \
+run_bench attention "${GPU_SESSION_ATTN_S:-50}" benchmarks/bench_attention.py --out "$R/attn" --quick \
     --impls sdpa-cudnn sdpa-flash turbo-default turbo-triton turbo-fp8
 
 echo
 echo "===== summary ====="
 echo "tests: $(tail -n 1 "$R/pytest.log")"
 [ -s "$R/failures.log" ] && grep '^==== ' "$R/failures.log" | sort -u | head -20
-grep -h "step" "$R/diag.log" | head -6
+grep -h "step" "$R"/diag*.log 2>/dev/null | head -8
 for f in "$R"/*.log; do
     sed -n '/^## Geomean/,/^$/p' "$f" | grep '^| [a-z]' | grep -v '^| op '
 done
