@@ -227,7 +227,7 @@ def _fp8_dims(d_qk: int, d_v: int) -> tuple[int, int]:
 
 
 #: sm_90 tiles per padded head dim (BLOCK_M, BLOCK_N, num_warps, num_stages); scripts/tune_attention.py --fp8
-FP8_FWD_CONFIGS = {64: (128, 128, 4, 3), 128: (128, 128, 8, 3), 256: (128, 64, 8, 2)}
+FP8_FWD_CONFIGS = {64: (64, 64, 4, 3), 128: (64, 128, 4, 3), 256: (128, 64, 8, 2)}
 
 
 def _fwd_config(d_max: int, blk: int) -> tuple[int, int, int, int]:
