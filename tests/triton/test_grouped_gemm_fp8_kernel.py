@@ -127,6 +127,56 @@ def test_grouped_fp8_variable_k_exact(lens, mode, device):
     assert snr_db(expected, acc) >= MIN_SNR[torch.float32]
 
 
+# Group offsets of every alignment from a first offset of 3 (as the bf16 kernel's test): head-only,
+# head + tail, head + body + tail, single-row, empty and aligned-start groups
+UNALIGNED_FIRST = 3
+UNALIGNED_LENS = [0, 5, 37, 16, 0, 70, 1, 12, 100]
+
+
+@pytest.mark.parametrize("mode", ["TENSORWISE", "ROWWISE"])
+def test_grouped_fp8_variable_k_unaligned_offsets(mode, device):
+    """The K loop's masked head up to a multiple of 16, unmasked whole BLOCK_K steps and masked tail
+    on token-contiguous operands, with the op layer's row stride rounded up to 16 and a plain
+    contiguous odd one, at BLOCK_K 32 and 64."""
+    from primus_turbo.pytorch.ops.quantization import _transpose_bytes
+
+    G, P, Q = len(UNALIGNED_LENS), 48, 40
+    M = UNALIGNED_FIRST + sum(UNALIGNED_LENS) + 5  # 249: not a multiple of 16
+    x = torch.randn(M, P, device=device) * (torch.rand(1, P, device=device) + 0.1)
+    y = torch.randn(M, Q, device=device) * 3
+    gl = torch.tensor(UNALIGNED_LENS, dtype=torch.int64, device=device)
+    offs = torch.full((G + 1,), UNALIGNED_FIRST, dtype=torch.int64, device=device)
+    offs[1:] += gl.cumsum(0)
+    if mode == "TENSORWISE":
+        (xq, sx), (yq, sy) = (quantize_fp8(t, d, ScalingGranularity.TENSORWISE) for t, d in ((x, E5M2), (y, E4M3)))
+        dx, dy = xq.double() * sx.double(), yq.double() * sy.double()
+    else:
+        (xq, sx), (yq, sy) = (quantize_fp8(t, d, ScalingGranularity.ROWWISE, axis=0) for t, d in ((x, E5M2), (y, E4M3)))
+        dx, dy = xq.double() * sx.double(), yq.double() * sy.double()
+        sx, sy = sx.reshape(P), sy.reshape(Q)
+    ref = grouped_gemm_variable_k_ref(dx[UNALIGNED_FIRST:], dy[UNALIGNED_FIRST:], gl)
+    aligned = _transpose_bytes(xq, 16), _transpose_bytes(yq, 16)
+    assert aligned[0].stride() == (256, 1) and torch.equal(aligned[0].view(torch.uint8), xq.view(torch.uint8).t())
+    first = None
+    for xt, yt in (aligned, (xq.t().contiguous(), yq.t().contiguous())):
+        for bk in (32, 64):
+            cfg = GroupedGemmFP8Config(32, 32, bk, group_m=2, num_stages=1, num_warps=4)
+            out = grouped_gemm_fp8_variable_k_triton(xt, sx, yt, sy, mode, gl, offs, out_dtype=torch.float32,
+                                                     config=cfg)
+            assert out.shape == (G, P, Q) and snr_db(ref, out) >= MIN_SNR[torch.float32], bk
+            for g, n in enumerate(UNALIGNED_LENS):
+                if n == 0:
+                    assert torch.equal(out[g], torch.zeros_like(out[g]))
+            if bk == 32:
+                first = out if first is None else first
+                assert torch.equal(out, first)  # the row stride changes no sum
+    acc = torch.randn(G, P, Q, device=device)
+    expected = acc.double() + ref
+    grouped_gemm_fp8_variable_k_triton(*aligned[:1], sx, aligned[1], sy, mode, gl, offs, out=acc, accumulate=True,
+                                       num_cu=1)
+    assert snr_db(expected, acc) >= MIN_SNR[torch.float32]
+
+
 def test_grouped_fp8_validation(device):
     aq, sa, bq, sb, _, _, gl = _operands([4, 5], 32, 64, "ROWWISE", device)
     assert check_grouped_gemm_fp8_triton(aq, sa, bq, sb, "ROWWISE", gl) is None
@@ -193,6 +243,34 @@ def test_grouped_fp8_variable_k_blockwise_exact(lens, bs, device):
     expected = acc.double() + ref
     run(out=acc, accumulate=True)
     assert snr_db(expected, acc) >= MIN_SNR[torch.float32]
+
+
+@pytest.mark.parametrize("bs", [32, 64])
+def test_grouped_fp8_variable_k_blockwise_small_blocks(bs, device):
+    """BLOCKWISE on padded segments of 0 to several token blocks at BLOCK_K = bs and 32 (whole
+    unmasked steps from each block-aligned group start, no head or tail; a step never leaves its
+    token block), and a token dim longer than the last segment. (BLOCK_K 16 is not tested: an FP8
+    dot needs K >= 32 on sm_90.)"""
+    lens = [0, 40, 7, 0, 64, 1, 33]
+    G, P, Q = len(lens), 48, 40
+    M = sum(lens) + 3
+    x = torch.randn(M, P, device=device) * (torch.rand(M, 1, device=device) * 4 + 0.1)
+    y = torch.randn(M, Q, device=device) * 3
+    gl = torch.tensor(lens, dtype=torch.int64, device=device)
+    offs = torch.zeros(G + 1, dtype=torch.int64, device=device)
+    offs[1:] = gl.cumsum(0)
+    src, poffs = padded_group_layout(offs, M, bs)
+    xt, sx, dx = _blockwise_token_copy(x, src, E5M2, bs)
+    yt, sy, dy = _blockwise_token_copy(y, src, E4M3, bs)
+    ref = grouped_gemm_variable_k_ref(dx, dy, poffs[1:] - poffs[:-1])
+    for bk in sorted({bs, 32}):
+        cfg = GroupedGemmFP8Config(32, 32, bk, group_m=2, num_stages=1, num_warps=4)
+        out = grouped_gemm_fp8_variable_k_triton(xt, sx, yt, sy, "BLOCKWISE", gl, poffs, out_dtype=torch.float32,
+                                                 block_size=bs, config=cfg)
+        assert snr_db(ref, out) >= MIN_SNR[torch.float32], bk
+        for g, n in enumerate(lens):
+            if n == 0:
+                assert torch.equal(out[g], torch.zeros_like(out[g]))
 
 
 def test_grouped_fp8_variable_k_blockwise_validation(device):

@@ -93,6 +93,54 @@ def test_variable_k(dtype, device):
     assert snr_db(ref, out) >= MIN_SNR[dtype]
 
 
+# Group offsets of every alignment, from a first offset of 3: the kernel walks each group as a
+# masked head up to a multiple of 16, unmasked whole BLOCK_K steps and a masked tail. These give
+# a head-only group ([3, 8)), head + tail without a body ([8, 45) at BLOCK_K 32, [45, 61)),
+# head + body + tail ([61, 131)), a single row, empty groups, a group shorter than BLOCK_K, and
+# an aligned start with body and tail ([144, 244)).
+UNALIGNED_FIRST = 3
+UNALIGNED_LENS = [0, 5, 37, 16, 0, 70, 1, 12, 100]
+
+
+def _unaligned_offsets(device):
+    gl = _lens(UNALIGNED_LENS, device)
+    offs = torch.full((len(UNALIGNED_LENS) + 1,), UNALIGNED_FIRST, dtype=torch.int64, device=device)
+    offs[1:] += gl.cumsum(0)
+    return gl, offs
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("layout", ["row-major", "token-contiguous"])
+def test_variable_k_unaligned_offsets(dtype, layout, device):
+    """Offsets not multiples of 16, empty and short groups and K tails, at BLOCK_K 16, 32 and 64;
+    token-contiguous operands (x = x_t.t() with x_t [P, M], an odd M) are the layout whose loads
+    the unmasked body vectorizes."""
+    gl, offs = _unaligned_offsets(device)
+    G, P, Q = len(UNALIGNED_LENS), 33, 40
+    M = UNALIGNED_FIRST + sum(UNALIGNED_LENS) + 5
+    if layout == "row-major":
+        x = torch.randn(M, P, dtype=dtype, device=device)
+        y = torch.randn(M, Q, dtype=dtype, device=device)
+    else:
+        x = torch.randn(P, M, dtype=dtype, device=device).t()
+        y = torch.randn(Q, M, dtype=dtype, device=device).t()
+    first = UNALIGNED_FIRST
+    ref = grouped_gemm_variable_k_ref(x[first:], y[first:], gl)
+    outs = []
+    for bk in (16, 32, 64):
+        cfg = GroupedGemmConfig(32, 32, bk, group_m=2, num_stages=1, num_warps=4)
+        out = grouped_gemm_variable_k_triton(x, y, gl, offs, config=cfg)
+        assert out.shape == (G, P, Q) and snr_db(ref, out) >= MIN_SNR[dtype], bk
+        for g, n in enumerate(UNALIGNED_LENS):
+            if n == 0:
+                assert torch.equal(out[g], torch.zeros_like(out[g]))
+        outs.append(out)
+    cfg = GroupedGemmConfig(32, 32, 32, group_m=2, num_stages=1, num_warps=4)
+    assert torch.equal(grouped_gemm_variable_k_triton(x, y, gl, offs, config=cfg, num_cu=1), outs[1])
+    with pytest.raises(ValueError, match="BLOCK_K must be >= 16"):
+        grouped_gemm_variable_k_triton(x, y, gl, offs, config=GroupedGemmConfig(32, 32, 8, 2, 1, 4))
+
+
 @pytest.mark.parametrize("acc_dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_variable_k_accumulate(acc_dtype, device):
     lens = [12, 0, 30]

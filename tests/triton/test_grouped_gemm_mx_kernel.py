@@ -103,10 +103,11 @@ def test_padded_group_layout(device):
 
 
 @pytest.mark.parametrize("kind", ["fp8", "fp4"])
-@pytest.mark.parametrize("lens", [[64], [20, 0, 45]], ids=["G1", "G3"])
+@pytest.mark.parametrize("lens", [[64], [20, 0, 45], [70, 0, 10]], ids=["G1", "G3", "G3-body-and-tail"])
 def test_grouped_mx_variable_k_exact(kind, lens, device):
     """wgrad on the padded layout: 32-token blocks inside each group; equals the per-group
-    MX quantization of each segment (zero padding rows change no block)."""
+    MX quantization of each segment (zero padding rows change no block). At BLOCK_K 64 a 96-token
+    segment is one unmasked step and a masked 32-token tail step, a 32-token one a tail alone."""
     G, P, Q = len(lens), 96, 64
     M = sum(lens) + 4
     x = torch.randn(M, P, device=device) * (torch.rand(1, P, device=device) + 0.1)

@@ -122,8 +122,11 @@ def _mm_accum(A, B, c):
 # Quantized copies
 # ----------------------------------------------------------------------------------------------
 def _transpose_bytes(t: torch.Tensor) -> torch.Tensor:
-    """Contiguous transpose of a 1-byte tensor (packed FP4 / E8M0), through its uint8 view."""
-    return t.view(torch.uint8).t().contiguous().view(t.dtype)
+    """Contiguous transpose of a 1-byte tensor (packed FP4 / E8M0) by the byte-transpose kernel
+    (torch's strided copy of it is far slower)."""
+    from .quantization import _transpose_bytes as transpose  # a sibling module: imported late
+
+    return transpose(t)
 
 
 def _quantize(x: torch.Tensor, need_row: bool, need_col: bool, sr: bool = False):

@@ -85,9 +85,12 @@ def _quant_rows(x: torch.Tensor, dtype, gran: str, bs: int):
     return _quantize_fp8(x, dtype, _G.BLOCKWISE, block_size=bs, axis=-1)
 
 
-def _transpose_bytes(t: torch.Tensor, d0: int = 0, d1: int = 1) -> torch.Tensor:
-    """Contiguous transpose of a 1-byte tensor (FP8 / packed FP4 / E8M0) through its uint8 view."""
-    return t.view(torch.uint8).transpose(d0, d1).contiguous().view(t.dtype)
+def _transpose_bytes(t: torch.Tensor, row_align: int = 1) -> torch.Tensor:
+    """Transpose of the last two dims of a 1-byte tensor (FP8 / packed FP4 / E8M0), ``[R, C]`` or
+    ``[G, R, C]``, by the byte-transpose kernel (torch's strided copy of it is far slower)."""
+    from .quantization import _transpose_bytes as transpose  # a sibling module: imported late
+
+    return transpose(t, row_align)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -108,8 +111,7 @@ def _mx_weight_copies(b: torch.Tensor, trans_b: bool, quant, pack: int, need_fwd
 
     def along_r():  # [G, C, R/pack], scales [G, C, R/32]
         q, s = quant(b2, 0)
-        return (_transpose_bytes(q.view(G, R // pack, C), 1, 2),
-                _transpose_bytes(s.view(G, R // _MX_BLOCK, C), 1, 2))
+        return _transpose_bytes(q.view(G, R // pack, C)), _transpose_bytes(s.view(G, R // _MX_BLOCK, C))
 
     # trans_b: b is [G, N, K] (forward along C = K, dgrad along R = N); else [G, K, N] (the reverse)
     fwd = (along_c() if trans_b else along_r()) if need_fwd else None
@@ -137,12 +139,15 @@ def _token_quant(gran: str, dtype, bs: int):
 
 
 def _quant_cols_t(x: torch.Tensor, dtype, gran: str, row_copy=None):
-    """The column-wise copy of ``x [M, C]`` stored transposed: (q [C, M], scale [] / [C])."""
+    """The column-wise copy of ``x [M, C]`` stored transposed: (q [C, M], scale [] / [C]).
+
+    q's rows start at multiples of 16 bytes (a row stride rounded up to 16): the variable-K kernel
+    reads each group's tokens from arbitrary offsets and vectorizes only with a 16-divisible stride."""
     if gran == "TENSORWISE":
         q, s = row_copy if row_copy is not None else _quantize_fp8(x, dtype, _G.TENSORWISE)
-        return q.t().contiguous(), s
+        return _transpose_bytes(q, 16), s
     q, s = _quantize_fp8(x, dtype, _G.ROWWISE, axis=0)  # s: [1, C]
-    return q.t().contiguous(), s.reshape(x.shape[1])
+    return _transpose_bytes(q, 16), s.reshape(x.shape[1])
 
 
 def _quant_weight(w: torch.Tensor, dtype, gran: str, bs: int):
@@ -156,6 +161,12 @@ def _quant_weight(w: torch.Tensor, dtype, gran: str, bs: int):
         q, s = _quantize_fp8(w.reshape(G * R, C), dtype, _G.ROWWISE, axis=-1)
         return q.view(G, R, C), s.reshape(G, R)
     recipe = ScalingRecipe(use_2d_block=True)
+    if R % bs == 0:
+        # the bs x bs tiles of [G * R, C] never straddle two experts: one launch, the same blocks
+        # (and bytes) as quantizing each expert alone
+        q, s = _quantize_fp8(w.reshape(G * R, C), dtype, _G.BLOCKWISE, block_size=bs, axis=-1,
+                             scaling_recipe=recipe)
+        return q.view(G, R, C), s.view(G, R // bs, s.shape[-1])
     qs = [_quantize_fp8(w[g], dtype, _G.BLOCKWISE, block_size=bs, axis=-1, scaling_recipe=recipe) for g in range(G)]
     return torch.stack([q for q, _ in qs]), torch.stack([s for _, s in qs])
 
@@ -173,7 +184,7 @@ def _weight_copies(b: torch.Tensor, trans_b: bool, dtype, gran: str, bs: int, ne
     q, s = _quant_weight(w_nk, dtype, gran, bs)
     dgr = None
     if need_dgrad:
-        dgr = (q.transpose(1, 2).contiguous(), s if gran == "TENSORWISE" else s.transpose(1, 2))
+        dgr = (_transpose_bytes(q), s if gran == "TENSORWISE" else s.transpose(1, 2))
     return ((q, s) if need_fwd else None), dgr
 
 

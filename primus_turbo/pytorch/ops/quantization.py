@@ -440,6 +440,34 @@ def _call(op, eager, *args):
 
 
 # ----------------------------------------------------------------------------------------------
+# Byte transpose of quantized data (the GEMM ops' K-major copies)
+# ----------------------------------------------------------------------------------------------
+def _transpose_bytes(t: torch.Tensor, row_align: int = 1) -> torch.Tensor:
+    """``t.transpose(-2, -1)`` of a 1-byte tensor (FP8, packed FP4, E8M0) as a new tensor:
+    ``[R, C] -> [C, R]`` or batched ``[G, R, C] -> [G, C, R]``.
+
+    The Triton byte-transpose kernel (one launch for any G, near copy speed) on CUDA and under the
+    interpreter; torch's copy of the uint8 view on CPU without it and under torch.compile (which
+    generates its own copy kernel). torch's eager strided copy of a byte transpose runs far below
+    copy speed, which is why the kernel exists. ``row_align > 1``: the result's rows start at
+    multiples of ``row_align`` elements (it is a ``[..., :R]`` view of a buffer whose rows are
+    rounded up), so a kernel reading it sees a 16-divisible row stride (16-byte vectors) whatever R.
+    """
+    *lead, r, c = t.shape
+    rp = -(-r // row_align) * row_align if r else r
+    buf = torch.empty((*lead, c, rp), dtype=torch.uint8, device=t.device)
+    out = buf[..., :r] if rp != r else buf
+    src = t.view(torch.uint8)
+    if torch.compiler.is_compiling() or quant_backend(t) != "triton":
+        out.copy_(src.transpose(-2, -1))
+    else:
+        from primus_turbo.triton.quantization import transpose_bytes
+
+        transpose_bytes(src, out)
+    return out.view(t.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------------------------
 def quantize_fp8(

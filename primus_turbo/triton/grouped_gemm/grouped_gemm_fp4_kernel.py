@@ -41,7 +41,7 @@ from primus_turbo.triton.interpreter import bf16_dot_fixed
 
 from . import grouped_gemm_fp8_kernel as _fp8k
 from .grouped_gemm_fp8_kernel import GroupedGemmFP8Config as GroupedGemmFP4Config
-from .grouped_gemm_kernel import _swizzle, group_offsets
+from .grouped_gemm_kernel import _swizzle, _token_split, group_offsets
 
 __all__ = [
     "GroupedGemmFP4Config",
@@ -126,6 +126,38 @@ def _grouped_gemm_fp4_kernel(
 
 
 @triton.jit
+def _vk_fp4_step(
+    acc, x_rows, y_rows, sx_rows, sy_rows, mask_p, mask_q, rp0, rg0, r_hi,
+    stride_xm, stride_ym, stride_sxm, stride_sym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MASKED: tl.constexpr,
+):
+    """One K step of the variable-K kernel: BLOCK_K tokens from packed byte ``rp0`` and 32-token
+    block ``rg0`` (tokens past ``r_hi`` read as zero bytes with scale 1 when MASKED). MASKED is
+    constexpr so the unmasked body carries no token mask: a mask along the contiguous token dim
+    forces 1-byte scalar loads."""
+    BKP: tl.constexpr = BLOCK_K // 2
+    NG: tl.constexpr = BLOCK_K // 32
+    rp = rp0 + tl.arange(0, BKP)  # packed byte index along the tokens
+    rp64 = rp.to(tl.int64)
+    rg = rg0 + tl.arange(0, NG)
+    if MASKED:
+        mask_r = rp * 2 < r_hi
+        mask_g = rg * 32 < r_hi
+        x = tl.load(x_rows + rp64[None, :] * stride_xm, mask=mask_p[:, None] & mask_r[None, :], other=0)
+        y = tl.load(y_rows + rp64[None, :] * stride_ym, mask=mask_q[:, None] & mask_r[None, :], other=0)
+        ex = tl.load(sx_rows + rg[None, :] * stride_sxm, mask=mask_p[:, None] & mask_g[None, :], other=127)
+        ey = tl.load(sy_rows + rg[None, :] * stride_sym, mask=mask_q[:, None] & mask_g[None, :], other=127)
+    else:
+        x = tl.load(x_rows + rp64[None, :] * stride_xm, mask=mask_p[:, None], other=0)
+        y = tl.load(y_rows + rp64[None, :] * stride_ym, mask=mask_q[:, None], other=0)
+        ex = tl.load(sx_rows + rg[None, :] * stride_sxm, mask=mask_p[:, None], other=127)
+        ey = tl.load(sy_rows + rg[None, :] * stride_sym, mask=mask_q[:, None], other=127)
+    x16 = _fp4_widen(x, ex, BLOCK_M, BLOCK_K)
+    y16 = _fp4_widen(y, ey, BLOCK_N, BLOCK_K)
+    return tl.dot(x16, tl.trans(y16), acc)
+
+
+@triton.jit
 def _grouped_gemm_fp4_variable_k_kernel(
     x_ptr, y_ptr, c_ptr, offs_ptr, sx_ptr, sy_ptr,
     M, P, Q, G,
@@ -141,10 +173,6 @@ def _grouped_gemm_fp4_variable_k_kernel(
     num_pid_n = tl.cdiv(Q, BLOCK_N)
     tiles_per_group = num_pid_m * num_pid_n
     total = G * tiles_per_group
-    BKP: tl.constexpr = BLOCK_K // 2
-    NG: tl.constexpr = BLOCK_K // 32
-    offs_rp = tl.arange(0, BKP)
-    offs_g = tl.arange(0, NG)
     for tile_id in range(pid, total, NUM_PROGRAMS):
         g = tile_id // tiles_per_group
         pid_m, pid_n = _swizzle(tile_id % tiles_per_group, num_pid_m, num_pid_n, GROUP_M)
@@ -159,19 +187,23 @@ def _grouped_gemm_fp4_variable_k_kernel(
         sx_rows = sx_ptr + ps.to(tl.int64)[:, None] * stride_sxp
         sy_rows = sy_ptr + qs.to(tl.int64)[:, None] * stride_syq
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for r0 in range(r_start, r_end, BLOCK_K):
-            rp = r0 // 2 + offs_rp  # packed byte index along the tokens
-            rp64 = rp.to(tl.int64)
-            mask_r = rp * 2 < r_end
-            rg = r0 // 32 + offs_g
-            mask_g = rg * 32 < r_end
-            x = tl.load(x_rows + rp64[None, :] * stride_xm, mask=mask_p[:, None] & mask_r[None, :], other=0)
-            y = tl.load(y_rows + rp64[None, :] * stride_ym, mask=mask_q[:, None] & mask_r[None, :], other=0)
-            ex = tl.load(sx_rows + rg[None, :] * stride_sxm, mask=mask_p[:, None] & mask_g[None, :], other=127)
-            ey = tl.load(sy_rows + rg[None, :] * stride_sym, mask=mask_q[:, None] & mask_g[None, :], other=127)
-            x16 = _fp4_widen(x, ex, BLOCK_M, BLOCK_K)
-            y16 = _fp4_widen(y, ey, BLOCK_N, BLOCK_K)
-            acc = tl.dot(x16, tl.trans(y16), acc)
+        # head (masked), body of whole steps from a multiple of 32 tokens = 16 packed bytes
+        # (unmasked: 16-byte vector loads along the contiguous tokens), tail (masked): see
+        # _token_split. Offsets are multiples of 32, so the head is empty; the tail is a partial
+        # step of whole 32-token blocks
+        body_start, head_end, n_body, tail_start = _token_split(r_start, r_end, 32, BLOCK_K)
+        if r_start < head_end:
+            acc = _vk_fp4_step(acc, x_rows, y_rows, sx_rows, sy_rows, mask_p, mask_q, r_start // 2, r_start // 32,
+                               head_end, stride_xm, stride_ym, stride_sxm, stride_sym, BLOCK_M, BLOCK_N, BLOCK_K, True)
+        for i in range(n_body):
+            r0 = body_start + i * BLOCK_K
+            acc = _vk_fp4_step(acc, x_rows, y_rows, sx_rows, sy_rows, mask_p, mask_q, tl.multiple_of(r0 // 2, 16),
+                               r0 // 32, r_end, stride_xm, stride_ym, stride_sxm, stride_sym,
+                               BLOCK_M, BLOCK_N, BLOCK_K, False)
+        if tail_start < r_end:
+            acc = _vk_fp4_step(acc, x_rows, y_rows, sx_rows, sy_rows, mask_p, mask_q, tail_start // 2,
+                               tail_start // 32, r_end, stride_xm, stride_ym, stride_sxm, stride_sym,
+                               BLOCK_M, BLOCK_N, BLOCK_K, True)
         c_ptrs = (c_ptr + tl.cast(g, tl.int64) * stride_cg + ps.to(tl.int64)[:, None] * stride_cp
                   + qs.to(tl.int64)[None, :] * stride_cq)
         mask = mask_p[:, None] & mask_q[None, :]

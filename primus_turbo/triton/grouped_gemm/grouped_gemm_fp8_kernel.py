@@ -34,7 +34,10 @@ the bf16 kernels of ``grouped_gemm_kernel.py`` whose schedule they mirror.
   blocks along the reduction dim). Modes 2 and 3 need **every group offset to be a multiple of
   the token block** (bs / 32), so no block straddles two experts: the op layer feeds a token layout
   whose group segments are padded with zero rows to multiples of it, which cannot be checked here
-  without a host sync; optional ``C +=`` epilogue (Megatron ``main_grad``).
+  without a host sync; optional ``C +=`` epilogue (Megatron ``main_grad``). Each group's token
+  range is walked as a masked head step up to a multiple of 16, unmasked whole ``BLOCK_K`` steps
+  and a masked tail step (``_token_split``): a load masked along the contiguous token dim, or from
+  an offset of unknown alignment, is a 1-byte scalar load, the unmasked body loads 16-byte vectors.
 
 Masked pointer loads (any strides), no tensor descriptors yet.
 """
@@ -53,7 +56,7 @@ from primus_turbo.triton import is_interpreter
 from primus_turbo.triton.gemm.gemm_fp8_kernel import _e8m0_to_fp32, _mx_widen
 from primus_turbo.triton.interpreter import bf16_dot_fixed
 
-from .grouped_gemm_kernel import _swizzle, group_offsets
+from .grouped_gemm_kernel import _swizzle, _token_split, group_offsets
 
 __all__ = [
     "GroupedGemmFP8Config",
@@ -151,6 +154,56 @@ def _grouped_gemm_fp8_kernel(
 
 
 @triton.jit
+def _vk_fp8_step(
+    acc, x_rows, y_rows, sx_ptr, sy_ptr, ps, qs, mask_p, mask_q, r0, r_hi,
+    stride_xm, stride_ym, stride_sx, stride_sy, stride_sxk, stride_syk,
+    SCALE_MODE: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MASKED: tl.constexpr,
+):
+    """One K step of the variable-K kernel over tokens ``[r0, r0 + BLOCK_K)`` (``[r0, r_hi)`` when
+    MASKED). MASKED is constexpr so the unmasked body carries no token mask at all: a mask along
+    the contiguous token dim (constancy 1) forces 1-byte scalar loads."""
+    r = r0 + tl.arange(0, BLOCK_K)
+    r64 = r.to(tl.int64)
+    if MASKED:
+        mask_r = r < r_hi
+        x = tl.load(x_rows + r64[None, :] * stride_xm, mask=mask_p[:, None] & mask_r[None, :], other=0.0)
+        y = tl.load(y_rows + r64[None, :] * stride_ym, mask=mask_q[:, None] & mask_r[None, :], other=0.0)
+    else:
+        x = tl.load(x_rows + r64[None, :] * stride_xm, mask=mask_p[:, None], other=0.0)
+        y = tl.load(y_rows + r64[None, :] * stride_ym, mask=mask_q[:, None], other=0.0)
+    if SCALE_MODE == 2:  # BLOCKWISE: SCALE_BLOCK-token blocks (group offsets are multiples of it)
+        # BLOCK_K divides SCALE_BLOCK and r0 is a multiple of BLOCK_K past a block-aligned group
+        # start: the step lies in the token block r0 // SCALE_BLOCK; promote it into fp32 with its
+        # scales
+        partial = tl.dot(x, tl.trans(y))
+        kb = r0 // SCALE_BLOCK
+        sxb = tl.load(sx_ptr + ps.to(tl.int64) * stride_sx + kb * stride_sxk, mask=mask_p, other=0.0)
+        syb = tl.load(sy_ptr + qs.to(tl.int64) * stride_sy + kb * stride_syk, mask=mask_q, other=0.0)
+        acc += partial * sxb[:, None] * syb[None, :]
+    elif SCALE_MODE == 3:  # MX: 32-token blocks (group offsets are multiples of 32)
+        NG: tl.constexpr = BLOCK_K // 32
+        rg = r0 // 32 + tl.arange(0, NG)
+        if MASKED:  # groups past r_hi read exponent 127 (scale 1) on zero-filled data
+            rg_ok = rg * 32 < r_hi
+            ex = tl.load(sx_ptr + ps.to(tl.int64)[:, None] * stride_sx + rg[None, :] * stride_sxk,
+                         mask=mask_p[:, None] & rg_ok[None, :], other=127)
+            ey = tl.load(sy_ptr + qs.to(tl.int64)[:, None] * stride_sy + rg[None, :] * stride_syk,
+                         mask=mask_q[:, None] & rg_ok[None, :], other=127)
+        else:
+            ex = tl.load(sx_ptr + ps.to(tl.int64)[:, None] * stride_sx + rg[None, :] * stride_sxk,
+                         mask=mask_p[:, None], other=127)
+            ey = tl.load(sy_ptr + qs.to(tl.int64)[:, None] * stride_sy + rg[None, :] * stride_syk,
+                         mask=mask_q[:, None], other=127)
+        x16 = _mx_widen(x, _e8m0_to_fp32(ex.to(tl.int32)), BLOCK_M, BLOCK_K)
+        y16 = _mx_widen(y, _e8m0_to_fp32(ey.to(tl.int32)), BLOCK_N, BLOCK_K)
+        acc = tl.dot(x16, tl.trans(y16), acc)
+    else:
+        acc = tl.dot(x, tl.trans(y), acc)
+    return acc
+
+
+@triton.jit
 def _grouped_gemm_fp8_variable_k_kernel(
     x_ptr, y_ptr, c_ptr, offs_ptr, sx_ptr, sy_ptr,
     M, P, Q, G,
@@ -166,7 +219,6 @@ def _grouped_gemm_fp8_variable_k_kernel(
     num_pid_n = tl.cdiv(Q, BLOCK_N)
     tiles_per_group = num_pid_m * num_pid_n
     total = G * tiles_per_group
-    offs_r = tl.arange(0, BLOCK_K)
     for tile_id in range(pid, total, NUM_PROGRAMS):
         g = tile_id // tiles_per_group
         pid_m, pid_n = _swizzle(tile_id % tiles_per_group, num_pid_m, num_pid_n, GROUP_M)
@@ -179,33 +231,24 @@ def _grouped_gemm_fp8_variable_k_kernel(
         x_rows = x_ptr + ps.to(tl.int64)[:, None] * stride_xp
         y_rows = y_ptr + qs.to(tl.int64)[:, None] * stride_yq
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for r0 in range(r_start, r_end, BLOCK_K):
-            r = r0 + offs_r
-            r64 = r.to(tl.int64)
-            mask_r = r < r_end
-            x = tl.load(x_rows + r64[None, :] * stride_xm, mask=mask_p[:, None] & mask_r[None, :], other=0.0)
-            y = tl.load(y_rows + r64[None, :] * stride_ym, mask=mask_q[:, None] & mask_r[None, :], other=0.0)
-            if SCALE_MODE == 2:  # BLOCKWISE: SCALE_BLOCK-token blocks (group offsets are multiples of it)
-                # BLOCK_K divides SCALE_BLOCK and r0 - r_start is a multiple of BLOCK_K: the step
-                # lies in the token block r0 // SCALE_BLOCK; promote it into fp32 with its scales
-                partial = tl.dot(x, tl.trans(y))
-                kb = r0 // SCALE_BLOCK
-                sxb = tl.load(sx_ptr + ps.to(tl.int64) * stride_sx + kb * stride_sxk, mask=mask_p, other=0.0)
-                syb = tl.load(sy_ptr + qs.to(tl.int64) * stride_sy + kb * stride_syk, mask=mask_q, other=0.0)
-                acc += partial * sxb[:, None] * syb[None, :]
-            elif SCALE_MODE == 3:  # MX: 32-token blocks (group offsets are multiples of 32)
-                NG: tl.constexpr = BLOCK_K // 32
-                rg = r0 // 32 + tl.arange(0, NG)
-                rg_ok = rg * 32 < r_end
-                ex = tl.load(sx_ptr + ps.to(tl.int64)[:, None] * stride_sx + rg[None, :] * stride_sxk,
-                             mask=mask_p[:, None] & rg_ok[None, :], other=127)
-                ey = tl.load(sy_ptr + qs.to(tl.int64)[:, None] * stride_sy + rg[None, :] * stride_syk,
-                             mask=mask_q[:, None] & rg_ok[None, :], other=127)
-                x16 = _mx_widen(x, _e8m0_to_fp32(ex.to(tl.int32)), BLOCK_M, BLOCK_K)
-                y16 = _mx_widen(y, _e8m0_to_fp32(ey.to(tl.int32)), BLOCK_N, BLOCK_K)
-                acc = tl.dot(x16, tl.trans(y16), acc)
-            else:
-                acc = tl.dot(x, tl.trans(y), acc)
+        # head (masked), body of whole 16-aligned steps (unmasked: 16-byte vector loads along the
+        # contiguous tokens), tail (masked): see _token_split. BLOCKWISE / MX group offsets are
+        # multiples of the token block (>= 16), so their head is empty and every step stays in one
+        # token block; the tail is a partial MX step at most (BLOCK_K divides a BLOCKWISE block)
+        body_start, head_end, n_body, tail_start = _token_split(r_start, r_end, 16, BLOCK_K)
+        if r_start < head_end:
+            acc = _vk_fp8_step(acc, x_rows, y_rows, sx_ptr, sy_ptr, ps, qs, mask_p, mask_q, r_start, head_end,
+                               stride_xm, stride_ym, stride_sx, stride_sy, stride_sxk, stride_syk,
+                               SCALE_MODE, SCALE_BLOCK, BLOCK_M, BLOCK_N, BLOCK_K, True)
+        for i in range(n_body):
+            r0 = tl.multiple_of(body_start + i * BLOCK_K, 16)
+            acc = _vk_fp8_step(acc, x_rows, y_rows, sx_ptr, sy_ptr, ps, qs, mask_p, mask_q, r0, r_end,
+                               stride_xm, stride_ym, stride_sx, stride_sy, stride_sxk, stride_syk,
+                               SCALE_MODE, SCALE_BLOCK, BLOCK_M, BLOCK_N, BLOCK_K, False)
+        if tail_start < r_end:
+            acc = _vk_fp8_step(acc, x_rows, y_rows, sx_ptr, sy_ptr, ps, qs, mask_p, mask_q, tail_start, r_end,
+                               stride_xm, stride_ym, stride_sx, stride_sy, stride_sxk, stride_syk,
+                               SCALE_MODE, SCALE_BLOCK, BLOCK_M, BLOCK_N, BLOCK_K, True)
         if SCALE_MODE == 0:
             acc = acc * (tl.load(sx_ptr) * tl.load(sy_ptr))
         elif SCALE_MODE == 1:
@@ -551,6 +594,8 @@ def grouped_gemm_fp8_variable_k_triton(
     if M == 0:
         return out if accumulate else out.zero_()
     cfg = config or _default_config(max(1, M // G), Q, mode, block_size, True)
+    if cfg.block_k < 16:  # the head step covers up to 15 tokens (to the next multiple of 16)
+        raise ValueError(f"the variable-K kernel needs BLOCK_K >= 16, got {cfg.block_k}")
     if mode == _BLOCKWISE and block_size % cfg.block_k:
         raise ValueError(f"BLOCKWISE needs BLOCK_K ({cfg.block_k}) to divide block_size ({block_size})")
     if mode == _MX and cfg.block_k % MX_BLOCK:

@@ -15,6 +15,9 @@ on the device, inside the kernels; the grid size depends on tensor shapes alone)
   [M_total, P]``, ``Y [M_total, Q]``, ``C [G, P, Q]``: the reduction runs over the group's rows, so
   the tile count ``G * cdiv(P, BM) * cdiv(Q, BN)`` is static and only the K loop length is read from
   the device. Optional ``C += ...`` epilogue (Megatron's ``main_grad`` in fp32 or the input dtype).
+  Each group's row range is walked as one masked head step up to a multiple of 16, unmasked whole
+  ``BLOCK_K`` steps, and one masked tail step (:func:`_token_split`), so operands whose rows are
+  the contiguous dim load in 16-byte vectors whatever the group offsets (``BLOCK_K >= 16``).
 
 Operands are read with masked pointer loads (any strides), not tensor descriptors. The launch
 configuration is tuned per static shape on the GPU (see :func:`_pick_config`): with balanced
@@ -57,6 +60,24 @@ def _swizzle(t, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     band_rows = tl.minimum(num_pid_m - band_first_m, GROUP_M)
     in_band = t % tiles_per_band
     return band_first_m + in_band % band_rows, in_band // band_rows
+
+
+@triton.jit
+def _token_split(r_start, r_end, ALIGN: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Split a group's reduction range ``[r_start, r_end)`` for the variable-K kernels into a head
+    ``[r_start, head_end)`` (shorter than ALIGN <= BLOCK_K: at most one masked step), ``n_body``
+    whole BLOCK_K steps from the ALIGN-aligned ``body_start`` (unmasked), and a tail
+    ``[tail_start, r_end)`` (shorter than BLOCK_K: at most one masked step).
+
+    Why: the wgrad operands are often stored with the reduction (token) dim contiguous, and a load
+    masked along the contiguous dim, or starting at an offset of unknown alignment, cannot be
+    vectorized (1-element loads). The body steps carry no token mask and start at multiples of
+    ALIGN, which the caller states with ``tl.multiple_of``: true by construction here."""
+    body_start = (r_start + (ALIGN - 1)) // ALIGN * ALIGN
+    head_end = tl.minimum(body_start, r_end)
+    n_body = tl.maximum(r_end - body_start, 0) // BLOCK_K
+    tail_start = body_start + n_body * BLOCK_K
+    return body_start, head_end, n_body, tail_start
 
 
 @triton.jit
@@ -108,6 +129,23 @@ def _grouped_gemm_kernel(
 
 
 @triton.jit
+def _vk_step(acc, x_cols, y_cols, mask_p, mask_q, r0, r_hi, stride_xm, stride_ym,
+             DOT_PRECISION: tl.constexpr, BLOCK_K: tl.constexpr, MASKED: tl.constexpr):
+    """acc += X[r0:r0+BLOCK_K].T @ Y[r0:r0+BLOCK_K] (rows past r_hi read as zero when MASKED).
+    MASKED is constexpr so the unmasked body carries no row mask at all (see _token_split)."""
+    r = r0 + tl.arange(0, BLOCK_K)
+    r64 = r.to(tl.int64)
+    if MASKED:
+        mask_r = r < r_hi
+        x = tl.load(x_cols + r64[:, None] * stride_xm, mask=mask_r[:, None] & mask_p[None, :], other=0.0)
+        y = tl.load(y_cols + r64[:, None] * stride_ym, mask=mask_r[:, None] & mask_q[None, :], other=0.0)
+    else:
+        x = tl.load(x_cols + r64[:, None] * stride_xm, mask=mask_p[None, :], other=0.0)
+        y = tl.load(y_cols + r64[:, None] * stride_ym, mask=mask_q[None, :], other=0.0)
+    return tl.dot(tl.trans(x), y, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
 def _grouped_gemm_variable_k_kernel(
     x_ptr, y_ptr, c_ptr, offs_ptr,
     M, P, Q, G,
@@ -123,7 +161,6 @@ def _grouped_gemm_variable_k_kernel(
     num_pid_n = tl.cdiv(Q, BLOCK_N)
     tiles_per_group = num_pid_m * num_pid_n
     total = G * tiles_per_group
-    offs_r = tl.arange(0, BLOCK_K)
     for tile_id in range(pid, total, NUM_PROGRAMS):
         g = tile_id // tiles_per_group
         pid_m, pid_n = _swizzle(tile_id % tiles_per_group, num_pid_m, num_pid_n, GROUP_M)
@@ -136,13 +173,20 @@ def _grouped_gemm_variable_k_kernel(
         x_cols = x_ptr + ps.to(tl.int64)[None, :] * stride_xp
         y_cols = y_ptr + qs.to(tl.int64)[None, :] * stride_yq
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for r0 in range(r_start, r_end, BLOCK_K):
-            r = r0 + offs_r
-            r64 = r.to(tl.int64)
-            mask_r = r < r_end
-            x = tl.load(x_cols + r64[:, None] * stride_xm, mask=mask_r[:, None] & mask_p[None, :], other=0.0)
-            y = tl.load(y_cols + r64[:, None] * stride_ym, mask=mask_r[:, None] & mask_q[None, :], other=0.0)
-            acc = tl.dot(tl.trans(x), y, acc, input_precision=DOT_PRECISION)
+        # head (masked), body of whole 16-aligned steps (unmasked), tail (masked): see _token_split.
+        # 16 tokens are >= 16 bytes for every dtype here, so token-contiguous operands load in
+        # 16-byte vectors in the body (given a 16-divisible stride_xp / stride_yq and base)
+        body_start, head_end, n_body, tail_start = _token_split(r_start, r_end, 16, BLOCK_K)
+        if r_start < head_end:
+            acc = _vk_step(acc, x_cols, y_cols, mask_p, mask_q, r_start, head_end, stride_xm, stride_ym,
+                           DOT_PRECISION, BLOCK_K, True)
+        for i in range(n_body):
+            r0 = tl.multiple_of(body_start + i * BLOCK_K, 16)
+            acc = _vk_step(acc, x_cols, y_cols, mask_p, mask_q, r0, r_end, stride_xm, stride_ym,
+                           DOT_PRECISION, BLOCK_K, False)
+        if tail_start < r_end:
+            acc = _vk_step(acc, x_cols, y_cols, mask_p, mask_q, tail_start, r_end, stride_xm, stride_ym,
+                           DOT_PRECISION, BLOCK_K, True)
         c_ptrs = (c_ptr + tl.cast(g, tl.int64) * stride_cg + ps.to(tl.int64)[:, None] * stride_cp
                   + qs.to(tl.int64)[None, :] * stride_cq)
         mask = mask_p[:, None] & mask_q[None, :]
@@ -438,6 +482,9 @@ def grouped_gemm_variable_k_triton(
     if M == 0:
         return out if accumulate else out.zero_()
     programs = _num_programs(x.device, num_cu)
+    if config is not None and config.block_k < 16:
+        # the head step covers up to 15 rows (to the next multiple of 16): one step must hold it
+        raise ValueError(f"grouped_gemm_variable_k_triton: BLOCK_K must be >= 16, got {config.block_k}")
 
     def launch(cfg: GroupedGemmConfig, offs: torch.Tensor, target: torch.Tensor):
         grid = (min(programs, G * triton.cdiv(P, cfg.block_m) * triton.cdiv(Q, cfg.block_n)),)

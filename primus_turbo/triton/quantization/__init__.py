@@ -15,6 +15,7 @@ if triton_available():
         fp8_quant_launch,
         fp8_quant_with_trans_launch,
         tile_config,
+        transpose_bytes,
     )
 
     __all__ += [
@@ -25,4 +26,5 @@ if triton_available():
         "fp4_quant_launch",
         "fp4_dequant_launch",
         "tile_config",
+        "transpose_bytes",
     ]

@@ -45,6 +45,7 @@ __all__ = [
     "fp8_quant_launch",
     "fp8_quant_with_trans_launch",
     "fp8_dequant_launch",
+    "transpose_bytes",
     "MAX_TILE_GROUP",
 ]
 
@@ -338,32 +339,54 @@ def _quant_fp8_long_kernel(
 
 
 @triton.jit
-def _transpose_bytes_kernel(src_ptr, dst_ptr, rows, cols, n_tiles_c, T: tl.constexpr):
-    """dst [cols, rows] = src [rows, cols].T for 1-byte elements (both row-major). The tile is
-    widened to int32 for the transpose: an 8-bit register transpose is the pattern that
-    miscompiled on sm_90 (see fp8_quant_with_trans_launch); the widening costs registers only."""
+def _transpose_bytes_kernel(
+    src_ptr, dst_ptr,
+    rows, cols, n_tiles_r, n_tiles_c,
+    stride_sg, stride_sr, stride_sc, stride_dg, stride_dc, stride_dr,
+    T: tl.constexpr,
+):
+    """dst[g, c, r] = src[g, r, c] for 1-byte elements, any strides; program = (batch, T x T tile).
+    The tile is widened to int32 for the transpose: an 8-bit register transpose is the pattern
+    that miscompiled on sm_90 (see fp8_quant_with_trans_launch); the widening costs registers only."""
     pid = tl.program_id(0)
-    pid_r = pid // n_tiles_c
-    pid_c = pid % n_tiles_c
+    tiles = n_tiles_r * n_tiles_c
+    g = (pid // tiles).to(tl.int64)
+    t = pid % tiles
+    pid_r = t // n_tiles_c
+    pid_c = t % n_tiles_c
     r = pid_r * T + tl.arange(0, T)
     c = pid_c * T + tl.arange(0, T)
+    r64, c64 = r.to(tl.int64), c.to(tl.int64)
     m = (r < rows)[:, None] & (c < cols)[None, :]
-    v = tl.load(src_ptr + r.to(tl.int64)[:, None] * cols + c[None, :], mask=m, other=0).to(tl.int32)
-    vt = tl.trans(v).to(tl.uint8)
+    v = tl.load(src_ptr + g * stride_sg + r64[:, None] * stride_sr + c64[None, :] * stride_sc, mask=m, other=0)
+    vt = tl.trans(v.to(tl.int32)).to(tl.uint8)
     mt = (c < cols)[:, None] & (r < rows)[None, :]
-    tl.store(dst_ptr + c.to(tl.int64)[:, None] * rows + r[None, :], vt, mask=mt)
+    tl.store(dst_ptr + g * stride_dg + c64[:, None] * stride_dc + r64[None, :] * stride_dr, vt, mask=mt)
 
 
 def transpose_bytes(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
-    """``dst.copy_(src.t())`` for contiguous 1-byte 2-D tensors, at copy speed (torch's generic
-    strided copy of an FP8 transpose runs far below it)."""
-    rows, cols = src.shape
-    if rows == 0 or cols == 0:
+    """``dst.copy_(src.transpose(-2, -1))`` for 1-byte tensors (FP8, packed FP4, E8M0, uint8), at
+    copy speed (torch's generic strided copy of a byte transpose runs far below it): ``src [R, C]``
+    -> ``dst [C, R]``, or batched ``src [G, R, C]`` -> ``dst [G, C, R]`` in one launch. Any strides
+    (16-byte vector accesses where the unit-stride dims and the other strides allow them)."""
+    if src.dim() not in (2, 3) or dst.dim() != src.dim():
+        raise ValueError(f"transpose_bytes: src and dst must both be 2-D or 3-D, got {tuple(src.shape)} and "
+                         f"{tuple(dst.shape)}")
+    if src.element_size() != 1 or dst.element_size() != 1:
+        raise TypeError(f"transpose_bytes: 1-byte dtypes only, got {src.dtype} and {dst.dtype}")
+    s3 = src if src.dim() == 3 else src.unsqueeze(0)
+    d3 = dst if dst.dim() == 3 else dst.unsqueeze(0)
+    G, rows, cols = s3.shape
+    if tuple(d3.shape) != (G, cols, rows):
+        raise ValueError(f"transpose_bytes: dst must be the transposed shape of src {tuple(src.shape)}, got "
+                         f"{tuple(dst.shape)}")
+    if G == 0 or rows == 0 or cols == 0:
         return dst
     t = 64
-    n_tc = triton.cdiv(cols, t)
-    _transpose_bytes_kernel[(triton.cdiv(rows, t) * n_tc,)](
-        src.view(torch.uint8), dst.view(torch.uint8), rows, cols, n_tc, T=t, num_warps=4)
+    n_tr, n_tc = triton.cdiv(rows, t), triton.cdiv(cols, t)
+    s3, d3 = s3.view(torch.uint8), d3.view(torch.uint8)
+    _transpose_bytes_kernel[(G * n_tr * n_tc,)](
+        s3, d3, rows, cols, n_tr, n_tc, *s3.stride(), *d3.stride(), T=t, num_warps=4)
     return dst
 
 

@@ -283,6 +283,38 @@ def test_grouped_gemm_fp8_blockwise_wgrad_is_fp8(device, monkeypatch):
     assert not b.grad[1].any()
 
 
+@pytest.mark.parametrize("r, c, bs", [(256, 200, 128), (64, 96, 32), (200, 64, 128)],
+                         ids=["R-2-blocks", "bs32", "R-not-a-multiple"])
+def test_blockwise_weight_quantization_one_launch(r, c, bs, device, monkeypatch):
+    """BLOCKWISE weights [G, R, C]: one quantization of [G * R, C] when bs divides R (its bs x bs
+    tiles never straddle two experts), bit-identical to quantizing each expert alone; the
+    per-expert loop otherwise. The dgrad copy is the byte transpose of the forward copy."""
+    import importlib
+
+    from primus_turbo.pytorch.core.low_precision import ScalingRecipe
+    from primus_turbo.pytorch.ops.quantization import quantize_fp8
+
+    ops = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm_fp8")  # the module, not the op
+
+    G = 3
+    w = torch.randn(G, r, c, device=device) * torch.exp2(torch.randint(-6, 7, (G, 1, 1), device=device).float())
+    launches = []
+    real = ops._quantize_fp8
+    monkeypatch.setattr(ops, "_quantize_fp8", lambda x, *a, **kw: launches.append(x.shape) or real(x, *a, **kw))
+    q, s = ops._quant_weight(w, torch.float8_e4m3fn, "BLOCKWISE", bs)
+    assert len(launches) == (1 if r % bs == 0 else G)
+    recipe = ScalingRecipe(use_2d_block=True)
+    per = [quantize_fp8(w[g], torch.float8_e4m3fn, BW, block_size=bs, axis=-1, scaling_recipe=recipe)
+           for g in range(G)]
+    assert q.shape == (G, r, c) and s.shape == (G, -(-r // bs), -(-c // bs))
+    assert torch.equal(q.view(torch.uint8), torch.stack([p[0] for p in per]).view(torch.uint8))
+    assert torch.equal(s, torch.stack([p[1] for p in per]))
+    fwd, dgr = ops._weight_copies(w, True, torch.float8_e4m3fn, "BLOCKWISE", bs, True, True)
+    assert torch.equal(fwd[0].view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(dgr[0].view(torch.uint8), q.view(torch.uint8).transpose(1, 2))
+    assert torch.equal(dgr[1], s.transpose(1, 2))
+
+
 # ----------------------------------------------------------------------------------------------
 # MX_BLOCKWISE (emulated MXFP8)
 # ----------------------------------------------------------------------------------------------

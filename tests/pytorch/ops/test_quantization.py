@@ -367,6 +367,64 @@ def test_long_rowwise_path(device):
     assert_bits_equal(st, st_ref)
 
 
+# ---- byte transpose (the GEMM ops' K-major copies) -------------------------------------------
+# odd sizes (partial 64 x 64 tiles on both dims), a single element, an empty dim, batches
+TRANSPOSE_SHAPES = [(1, 1), (65, 130), (3, 67, 129), (5, 0, 7), (2, 64, 64), (1, 200, 33)]
+
+
+@pytest.mark.parametrize("shape", TRANSPOSE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_transpose_bytes_kernel(shape, device):
+    """dst[..., c, r] = src[..., r, c] exactly, 2-D and batched in one launch, any strides."""
+    pytest.importorskip("triton")
+    from primus_turbo.triton.quantization import transpose_bytes
+
+    src = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
+    want = src.transpose(-2, -1)
+    dst = torch.full(want.shape, 7, dtype=torch.uint8, device=device).contiguous()  # poisoned
+    assert transpose_bytes(src, dst) is dst and torch.equal(dst, want)
+    # strided source (a slice of a wider buffer) into a strided destination, FP8 and E8M0 views
+    *lead, r, c = shape
+    wide = torch.randint(0, 256, (*lead, r, 2 * c + 3), dtype=torch.uint8, device=device)
+    src = wide[..., 1:2 * c + 1:2]
+    out_buf = torch.zeros((*lead, c, r + 5), dtype=torch.uint8, device=device)
+    dst = out_buf[..., 2:r + 2]
+    transpose_bytes(src.view(E4M3), dst.view(torch.float8_e8m0fnu))
+    assert torch.equal(dst, src.transpose(-2, -1))
+    assert not out_buf[..., :2].any() and not out_buf[..., r + 2:].any()  # nothing written outside dst
+
+
+def test_transpose_bytes_kernel_errors(device):
+    pytest.importorskip("triton")
+    from primus_turbo.triton.quantization import transpose_bytes
+
+    src = torch.zeros(4, 6, dtype=torch.uint8, device=device)
+    with pytest.raises(ValueError, match="transposed shape"):
+        transpose_bytes(src, torch.empty(4, 6, dtype=torch.uint8, device=device))
+    with pytest.raises(ValueError, match="2-D or 3-D"):
+        transpose_bytes(src, torch.empty(1, 6, 4, dtype=torch.uint8, device=device))
+    with pytest.raises(TypeError, match="1-byte"):
+        transpose_bytes(src.half(), torch.empty(6, 4, dtype=torch.float16, device=device))
+
+
+@pytest.mark.parametrize("interpret", ["1", "0"])
+def test_transpose_bytes_op_helper(interpret, monkeypatch, device):
+    """The op layer's byte transpose: the kernel (CUDA, interpreter) or torch's copy elsewhere, same
+    bytes; ``row_align`` pads the row stride of the result only."""
+    if interpret == "0":
+        if device != "cpu":
+            pytest.skip("the reference path is the CPU one without the interpreter")
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        assert Q.quant_backend(torch.zeros(1)) == "reference"
+    x = torch.randint(0, 256, (3, 45, 70), dtype=torch.uint8, device=device).view(E5M2)
+    t = Q._transpose_bytes(x)
+    assert t.dtype == E5M2 and t.shape == (3, 70, 45) and t.is_contiguous()
+    assert torch.equal(t.view(torch.uint8), x.view(torch.uint8).transpose(1, 2))
+    t16 = Q._transpose_bytes(x[1], row_align=16)
+    assert t16.shape == (70, 45) and t16.stride() == (48, 1)
+    assert torch.equal(t16.view(torch.uint8), x[1].view(torch.uint8).t())
+    assert Q._transpose_bytes(x[:, :0]).shape == (3, 70, 0)
+
+
 def test_reference_fallback_without_interpreter(monkeypatch):
     x = _sample((32, 64), torch.bfloat16, "cpu")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
