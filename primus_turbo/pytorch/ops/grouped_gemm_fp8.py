@@ -312,6 +312,9 @@ def _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_
                          f"trans_b={trans_b} has K={k_b}")
     if gran == _MX:
         _check_mx_dims(op, a, b, trans_b)
+    if gran == "BLOCKWISE" and config.block_size < 32:
+        # a K step of the kernels stays inside one scale block, and an FP8 MMA step on sm_90 is 32 deep
+        raise ValueError(f"{op}: BLOCKWISE needs block_size >= 32, got {config.block_size}")
     G = b.size(0)
     for name, t, n in (("group_lens", group_lens, G), ("group_offs", group_offs, G + 1)):
         if t is None and name == "group_offs":

@@ -171,6 +171,8 @@ def test_bad_inputs(device):
         grouped_gemm_fp8(a, b, gl, group_offs=gl)
     with pytest.raises(ValueError, match="K to be a multiple of 32"):  # K = 128 - 16
         grouped_gemm_fp8(a[:, :112], b[:, :, :112], gl, config=_cfg(MX))
+    with pytest.raises(ValueError, match="block_size >= 32, got 16"):
+        grouped_gemm_fp8(a, b, gl, config=Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE, block_size=16))
     with pytest.raises(TypeError, match="dtype"):
         grouped_gemm_fp8(a.to(torch.float8_e4m3fn), b, gl)
     with pytest.raises(TypeError, match="config"):
