@@ -96,6 +96,11 @@ def padded_group_layout(group_offs: torch.Tensor, m_total: int, align: int,
 def gather_rows(x: torch.Tensor, src: torch.Tensor, dim: int = 0) -> torch.Tensor:
     """``x`` re-laid along ``dim`` by ``src`` (from :func:`padded_group_layout`); -1 rows are zero.
     1-byte dtypes (FP8, packed FP4, E8M0) are gathered through their uint8 view (zero bytes are +0)."""
+    if dim == 0 and x.dim() == 2 and x.size(0) > 0 and not torch.compiler.is_compiling():
+        from primus_turbo.pytorch.ops.moe_permute import _gather_rows, permute_backend
+
+        if permute_backend(x) == "triton":  # one pass at copy speed (index_select + masked_fill is three)
+            return _gather_rows(x, src)
     one_byte = x.element_size() == 1 and x.dtype != torch.uint8
     xv = x.view(torch.uint8) if one_byte else x
     if x.size(dim) == 0:
