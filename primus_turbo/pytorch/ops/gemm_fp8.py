@@ -34,6 +34,7 @@ from ..backends.gemm_fp8 import gemm_fp8_dispatcher
 from ..core.backend import PrecisionType
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingRecipe
 from .gemm import _FUSE_PATTERNS, _megatron_dummy_wgrad
+from .quantization import _transpose_bytes  # FP8 transposes at copy speed (torch's strided copy is not)
 
 __all__ = ["gemm_fp8"]
 
@@ -145,7 +146,7 @@ def _quantize(x: torch.Tensor, dtype: torch.dtype, granularity: str, block_size:
         # groups down the columns, then an FP8 transpose: the same bits as the with_trans column
         # copy, without the row copy (and without MX's need for whole 32-groups along c as well)
         q, s = quantize_fp8(x, dtype, g, block_size=bs, axis=0, scaling_recipe=recipe)
-        return None, (q.t().contiguous(), _orient(s, c, r, granularity, block_size, weight))
+        return None, (_transpose_bytes(q), _orient(s, c, r, granularity, block_size, weight))
     q, s, qt, st = quantize_fp8_with_trans(x, dtype, g, block_size=bs, scaling_recipe=recipe,
                                            scaling_recipe_for_trans=recipe)
     row = (q, _orient(s, r, c, granularity, block_size, weight)) if need_row else None
@@ -176,13 +177,13 @@ def _prequantized_copies(x, name: str, granularity: str, block_size: int, need_r
     shared = granularity == "TENSORWISE" or weight  # one grid of scales serves both orientations
     row = col = None
     if x.axis == 0 and not shared:  # groups down the columns: the column-wise copy, transposed
-        col = (x.data.t().contiguous(), _orient(x.scale_inv, c, r, granularity, block_size, weight))
+        col = (_transpose_bytes(x.data), _orient(x.scale_inv, c, r, granularity, block_size, weight))
     else:
         row = (x.data, _orient(x.scale_inv, r, c, granularity, block_size, weight))
         if pair_t is not None:
             col = (pair_t.data, _orient(pair_t.scale_inv, c, r, granularity, block_size, weight))
         elif need_col and shared:  # same scales, transposed FP8 data
-            col = (x.data.t().contiguous(), x.scale_inv.t() if x.scale_inv.dim() == 2 else x.scale_inv)
+            col = (_transpose_bytes(x.data), x.scale_inv.t() if x.scale_inv.dim() == 2 else x.scale_inv)
     for needed, have, what in ((need_row, row, "grouped along its last dim"),
                                (need_col, col, "grouped along its first dim (the transposed copy)")):
         if needed and have is None:
