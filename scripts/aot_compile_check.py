@@ -103,7 +103,10 @@ GPU_OVERRIDES: dict[str, list[dict]] = {
                                         dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64)],
     "_grouped_gemm_fp8_variable_k_kernel": [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64)],
     "_grouped_gemm_fp4_variable_k_kernel": [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64)],
-    "_attn_fp8_fwd_kernel": [dict(BLOCK_M=128, BLOCK_N=128)],
+    "_attn_fp8_fwd_kernel": [dict(BLOCK_M=128, BLOCK_N=128), dict(BLOCK_M=64, BLOCK_N=128)],
+    "_attn_fwd_kernel": [dict(BLOCK_M=64, BLOCK_N=64), dict(BLOCK_M=128, BLOCK_N=64)],
+    "_attn_bwd_dkdv_kernel": [dict(BLOCK_M=32, BLOCK_N=64), dict(BLOCK_M=32, BLOCK_N=128)],
+    "_attn_bwd_dq_kernel": [dict(BLOCK_M=128, BLOCK_N=32), dict(BLOCK_M=64, BLOCK_N=32)],
     "_attn_fp8_bwd_dkdv_kernel": [dict(BLOCK_M=64, BLOCK_N=64)],
     "_attn_fp8_bwd_dq_kernel": [dict(BLOCK_M=64, BLOCK_N=64)],
 }

@@ -34,6 +34,17 @@ def _win(causal, window):
     ],
 )
 def test_kernels_vs_fp64(cfg, causal, window, sink, device):
+    _check_vs_fp64(cfg, causal, window, sink, device, 0.3)
+
+
+@pytest.mark.parametrize("scale", [-0.3, 0.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_kernels_nonpositive_scale(scale, causal, device):
+    """The forward takes the row extreme before scaling: a negative scale needs the row minimum."""
+    _check_vs_fp64((100, 164, 2, 1, 32, 32), causal, (-1, -1), True, device, scale)
+
+
+def _check_vs_fp64(cfg, causal, window, sink, device, scale):
     if triton_attn.check_flash_attn_triton(torch.empty(1, device=device), None, torch.empty(1, device=device)):
         pytest.skip("Triton attention kernels cannot run on this device")
     sq, sk, hq, hk, dqk, dv = cfg
@@ -41,7 +52,6 @@ def test_kernels_vs_fp64(cfg, causal, window, sink, device):
     k = torch.randn(2, sk, hk, dqk, dtype=torch.float64, device=device, requires_grad=True)
     v = torch.randn(2, sk, hk, dv, dtype=torch.float64, device=device, requires_grad=True)
     s = torch.randn(hq, dtype=torch.float64, device=device, requires_grad=True) if sink else None
-    scale = 0.3
     wl, wr = _win(causal, window)
     f = lambda t: None if t is None else t.detach().float()  # noqa: E731
     out, lse = triton_attn.flash_attn_fwd_triton(f(q), f(k), f(v), f(s), scale, wl, wr)

@@ -94,7 +94,8 @@ def _unmasked_kv_blocks(m_start, lo, hi, offset, win_left, win_right, SEQ_K,
 def _attn_fwd_step(acc, m_i, l_i, q, k_base, v_base, start_n, offs_m, offs_n0, offs_dqk, offs_dv,
                    stride_ks, stride_kd, stride_vs, stride_vd, seq_q, seq_k, off, win_left, win_right,
                    qk_scale, D_QK, D_V, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                   MASKED: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   MASKED: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   NEG_SCALE: tl.constexpr):
     """One key block of the online softmax. ``MASKED=False``: the block is whole and every
     (row, key) pair is visible, so no load mask and no score mask."""
     offs_n = start_n + offs_n0
@@ -106,16 +107,28 @@ def _attn_fwd_step(acc, m_i, l_i, q, k_base, v_base, start_n, offs_m, offs_n0, o
         kt = tl.load(kt_ptrs)
     else:
         kt = tl.load(kt_ptrs, mask=offs_dqk[:, None] < D_QK, other=0.0)
-    s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
+    # raw scores: the row extreme is taken before scaling (the max for qk_scale >= 0, the min for a
+    # negative scale), so the scale folds into one FMA per score with the running maximum
+    s = tl.dot(q, kt, input_precision=DOT_PRECISION)
     if MASKED:
         ok = _visible(offs_m, offs_n, seq_q, seq_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
-        s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if NEG_SCALE:
+            ext = tl.min(tl.where(ok, s, float("inf")), 1)
+            seen = ext != float("inf")
+        else:
+            ext = tl.max(tl.where(ok, s, float("-inf")), 1)
+            seen = ext != float("-inf")
+        # a row with no visible key in this block contributes -inf (never inf * scale: NaN at scale 0)
+        m_new = tl.maximum(m_i, tl.where(seen, ext * qk_scale, float("-inf")))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.where(ok, tl.exp2(s * qk_scale - m_safe[:, None]), 0.0)
     else:  # every score is finite, so the new maximum is too
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if NEG_SCALE:
+            m_new = tl.maximum(m_i, tl.min(s, 1) * qk_scale)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         m_safe = m_new
-    p = tl.exp2(s - m_safe[:, None])
+        p = tl.exp2(s * qk_scale - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
     if MASKED:
@@ -140,7 +153,7 @@ def _attn_fwd_kernel(
     qk_scale, offset, win_left, win_right,
     HAS_SINK: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-    EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, NEG_SCALE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -199,17 +212,17 @@ def _attn_fwd_kernel(
         acc, m_i, l_i = _attn_fwd_step(acc, m_i, l_i, q, k_base, v_base, start_n, offs_m, offs_n0, offs_dqk,
                                        offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seq_q, seq_k, off,
                                        win_left, win_right, qk_scale, D_QK, D_V, HAS_LEFT, HAS_RIGHT,
-                                       True, EVEN_D, DOT_PRECISION)
+                                       True, EVEN_D, DOT_PRECISION, NEG_SCALE)
     for start_n in range(a, bb, BLOCK_N):
         acc, m_i, l_i = _attn_fwd_step(acc, m_i, l_i, q, k_base, v_base, start_n, offs_m, offs_n0, offs_dqk,
                                        offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seq_q, seq_k, off,
                                        win_left, win_right, qk_scale, D_QK, D_V, HAS_LEFT, HAS_RIGHT,
-                                       False, EVEN_D, DOT_PRECISION)
+                                       False, EVEN_D, DOT_PRECISION, NEG_SCALE)
     for start_n in range(bb, hi, BLOCK_N):
         acc, m_i, l_i = _attn_fwd_step(acc, m_i, l_i, q, k_base, v_base, start_n, offs_m, offs_n0, offs_dqk,
                                        offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seq_q, seq_k, off,
                                        win_left, win_right, qk_scale, D_QK, D_V, HAS_LEFT, HAS_RIGHT,
-                                       True, EVEN_D, DOT_PRECISION)
+                                       True, EVEN_D, DOT_PRECISION, NEG_SCALE)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -291,7 +304,7 @@ def _launch_fwd(q4, k4, v4, out4, lse, sink, softmax_scale, win_left, win_right,
         float(softmax_scale) * LOG2E, Sk - Sq, wl, wr,
         HAS_SINK=sink is not None, HAS_LEFT=has_left, HAS_RIGHT=has_right, IS_VARLEN=varlen,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_DQK=block_dqk, BLOCK_DV=block_dv, EVEN_D=even_head_dims(Dqk, Dv),
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=warps, num_stages=stages,
+        DOT_PRECISION=dot_precision(q.dtype), NEG_SCALE=softmax_scale < 0, num_warps=warps, num_stages=stages,
     )
 
 
