@@ -74,3 +74,30 @@ def test_balanced_offsets():
     offs = gk._balanced_offsets(1000, 7, torch.device("cpu"))
     lens = offs.diff()
     assert int(offs[0]) == 0 and int(offs[-1]) == 1000 and int(lens.max() - lens.min()) <= 1
+
+
+def test_candidate_with_other_output_is_never_picked(tuner, monkeypatch):
+    """With ``same``, a candidate whose output differs from the default's is skipped however fast."""
+    default = gk._CANDIDATES_16BIT[0]
+    wrong, good = gk._CANDIDATES_TMA[0], gk._CANDIDATES_16BIT[3]
+    speed = {c: 5.0 for c in gk._CANDIDATES_16BIT + gk._CANDIDATES_TMA}
+    speed[wrong], speed[good] = 0.5, 1.0
+    last = []
+
+    def run(cfg):
+        last.append(cfg)
+        return torch.full((4,), 9.0 if cfg == wrong else 1.0)
+
+    monkeypatch.setattr(gk, "_time_ms", lambda fn: (fn(), speed[last[-1]])[1])
+    got = gk._pick_config(("k4",), default, torch.bfloat16, torch.device("cuda"), run, gk._CANDIDATES_TMA, gk._close)
+    assert got == good
+    assert wrong in last  # it ran (its output was compared), it was not chosen
+
+
+def test_close():
+    r = torch.randn(64, 64)
+    assert gk._close(r, r + 1e-4 * r.abs().max())
+    assert not gk._close(r, r * 1.5)
+    bad = r.clone()
+    bad[0, 0] = float("nan")
+    assert not gk._close(r, bad)

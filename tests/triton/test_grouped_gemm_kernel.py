@@ -191,3 +191,38 @@ def test_checks(device):
     assert "expected" in check_grouped_gemm_variable_k_triton(a, a, _lens([4, 4], device), out=bad_out)
     with pytest.raises(TypeError, match="int64"):
         grouped_gemm_triton(a, b, _lens([4, 4], device).int())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("b_layout", ["kn", "nk"])
+def test_m_grouped_tma(dtype, b_layout, device):
+    """The TMA variant (tensor descriptors): tiles that read the next group's rows and the unrouted
+    rows, a K tail zero-filled per expert (K = 40, BLOCK_K 32), empty groups, the zeroed tail."""
+    lens = [7, 0, 40, 33]
+    G, K, N = len(lens), 40, 24  # 16-byte multiple row strides in bf16/fp16: describable
+    a = torch.randn(sum(lens) + 5, K, dtype=dtype, device=device)
+    a[sum(lens):] = float("nan")  # unrouted rows: read by the last tile, never stored
+    if b_layout == "kn":
+        b = torch.randn(G, K, N, dtype=dtype, device=device)
+    else:
+        b = torch.randn(G, N, K, dtype=dtype, device=device).transpose(1, 2)
+    gl = _lens(lens, device)
+    cfg = GroupedGemmConfig(32, 32, 32, group_m=2, num_stages=1, num_warps=4, use_tma=True)
+    out = grouped_gemm_triton(a, b, gl, config=cfg)
+    ref = grouped_gemm_ref(a[:sum(lens)], b, gl)
+    assert snr_db(ref, out[:sum(lens)]) >= MIN_SNR[dtype]
+    assert torch.equal(out[sum(lens):], torch.zeros_like(out[sum(lens):]))
+    ptr = grouped_gemm_triton(a, b, gl, config=GroupedGemmConfig(32, 32, 32, 2, 1, 4))
+    assert torch.equal(out[:sum(lens)], ptr[:sum(lens)])  # same tiles, same summation order
+
+
+def test_tma_layout_rules(device):
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import _tma_layout
+
+    a = torch.randn(16, 40, dtype=torch.bfloat16, device=device)
+    assert _tma_layout(a, torch.randn(2, 40, 24, dtype=torch.bfloat16, device=device)) is False
+    assert _tma_layout(a, torch.randn(2, 24, 40, dtype=torch.bfloat16, device=device).transpose(1, 2)) is True
+    a39 = torch.randn(16, 39, dtype=torch.bfloat16, device=device)
+    assert _tma_layout(a39, torch.randn(2, 39, 24, dtype=torch.bfloat16, device=device)) is None  # 78-byte rows
+    assert _tma_layout(a.float(), torch.randn(2, 40, 24, device=device)) is None  # fp32: pointer kernel
+    assert _tma_layout(a, torch.randn(2, 40, 48, dtype=torch.bfloat16, device=device)[:, :, ::2]) is None

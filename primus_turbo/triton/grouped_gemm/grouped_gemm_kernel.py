@@ -19,9 +19,11 @@ on the device, inside the kernels; the grid size depends on tensor shapes alone)
   ``BLOCK_K`` steps, and one masked tail step (:func:`_token_split`), so operands whose rows are
   the contiguous dim load in 16-byte vectors whatever the group offsets (``BLOCK_K >= 16``).
 
-Operands are read with masked pointer loads (any strides), not tensor descriptors. The launch
-configuration is tuned per static shape on the GPU (see :func:`_pick_config`): with balanced
-synthetic group sizes of the same total, so the choice never depends on (or reads) the routing.
+Operands are read with masked pointer loads (any strides); the M-grouped kernel also has a TMA
+variant (tensor descriptors, 16-bit operands with unit inner strides), which the tuner tries as
+extra candidates. The launch configuration is tuned per static shape on the GPU (see
+:func:`_pick_config`): with balanced synthetic group sizes of the same total, so the choice never
+depends on (or reads) the routing; each candidate's output is compared with the default's first.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import triton.language as tl
 
 from primus_turbo.triton import is_interpreter
 from primus_turbo.triton.gemm.gemm_kernel import _autotune_enabled  # one switch, dense and grouped
+from primus_turbo.triton.gemm.gemm_kernel import _ensure_allocator  # device-side descriptors' scratch
 from primus_turbo.triton.interpreter import bf16_dot_fixed
 
 __all__ = [
@@ -88,8 +91,24 @@ def _grouped_gemm_kernel(
     NUM_PROGRAMS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    USE_TMA: tl.constexpr = False, B_KMAJOR: tl.constexpr = False,
 ):
-    """C[offs[g]:offs[g+1]] = A[offs[g]:offs[g+1]] @ B[g]; C[offs[G]:M] = 0."""
+    """C[offs[g]:offs[g+1]] = A[offs[g]:offs[g+1]] @ B[g]; C[offs[G]:M] = 0.
+
+    ``USE_TMA``: A and B arrive through tensor descriptors (A row-major ``[M, K]``; B as its 3-D
+    storage, ``[G, N, K]`` when ``B_KMAJOR`` else ``[G, K, N]``, unit last stride). A tile may read
+    rows of the next group (or past ``offs[G]``): row i of C depends on row i of A alone, and those
+    rows are not stored. K tails are zero-filled per expert by the 3-D B descriptor and A's bounds."""
+    if USE_TMA:
+        # the last stride is the literal 1: a descriptor needs it to be a compile-time 1
+        a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [stride_am, 1], [BLOCK_M, BLOCK_K])
+        if B_KMAJOR:
+            b_desc = tl.make_tensor_descriptor(b_ptr, [G, N, K], [stride_bg, stride_bn, 1], [1, BLOCK_N, BLOCK_K])
+        else:
+            b_desc = tl.make_tensor_descriptor(b_ptr, [G, K, N], [stride_bg, stride_bk, 1], [1, BLOCK_K, BLOCK_N])
+    else:
+        a_desc = a_ptr  # placeholders, unused on the pointer path
+        b_desc = b_ptr
     pid = tl.program_id(axis=0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -114,15 +133,29 @@ def _grouped_gemm_kernel(
             mask_n = cols < N
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             if g < G:
-                a_rows = a_ptr + rows.to(tl.int64)[:, None] * stride_am
-                b_cols = b_g + cols.to(tl.int64)[None, :] * stride_bn
-                for ki in range(k_tiles):
-                    k = ki * BLOCK_K + offs_k
-                    k64 = k.to(tl.int64)
-                    mask_k = k < K
-                    a = tl.load(a_rows + k64[None, :] * stride_ak, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-                    b = tl.load(b_cols + k64[:, None] * stride_bk, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-                    acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+                if USE_TMA:
+                    row0 = m_start + pid_m * BLOCK_M
+                    col0 = pid_n * BLOCK_N
+                    for ki in range(k_tiles):
+                        off_k = ki * BLOCK_K
+                        a = a_desc.load([row0, off_k])
+                        if B_KMAJOR:
+                            b = tl.reshape(b_desc.load([g, col0, off_k]), [BLOCK_N, BLOCK_K]).T
+                        else:
+                            b = tl.reshape(b_desc.load([g, off_k, col0]), [BLOCK_K, BLOCK_N])
+                        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+                else:
+                    a_rows = a_ptr + rows.to(tl.int64)[:, None] * stride_am
+                    b_cols = b_g + cols.to(tl.int64)[None, :] * stride_bn
+                    for ki in range(k_tiles):
+                        k = ki * BLOCK_K + offs_k
+                        k64 = k.to(tl.int64)
+                        mask_k = k < K
+                        a = tl.load(a_rows + k64[None, :] * stride_ak, mask=mask_m[:, None] & mask_k[None, :],
+                                    other=0.0)
+                        b = tl.load(b_cols + k64[:, None] * stride_bk, mask=mask_k[:, None] & mask_n[None, :],
+                                    other=0.0)
+                        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
             c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols.to(tl.int64)[None, :] * stride_cn
             tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
         tile_base += tiles_g
@@ -208,6 +241,7 @@ class GroupedGemmConfig:
     group_m: int = 8
     num_stages: int = 3
     num_warps: int = 8
+    use_tma: bool = False  # M-grouped kernel only: operands through tensor descriptors (when describable)
 
 
 # Small tiles under the interpreter, and few programs, so the persistent loops take several turns.
@@ -256,6 +290,13 @@ _CANDIDATES_16BIT = (
     GroupedGemmConfig(64, 128, 64, 8, 4, 4),
     GroupedGemmConfig(128, 64, 64, 8, 4, 4),
 )
+# TMA variants of the M-grouped kernel, tried when both operands are describable (16-bit only)
+_CANDIDATES_TMA = (
+    GroupedGemmConfig(128, 128, 64, 8, 3, 8, use_tma=True),
+    GroupedGemmConfig(128, 128, 64, 8, 4, 8, use_tma=True),
+    GroupedGemmConfig(128, 256, 64, 8, 3, 8, use_tma=True),
+    GroupedGemmConfig(64, 128, 64, 8, 4, 4, use_tma=True),
+)
 _CANDIDATES_FP32 = (
     GroupedGemmConfig(64, 64, 32, 8, 4, 4),
     GroupedGemmConfig(128, 64, 32, 8, 3, 8),
@@ -276,23 +317,35 @@ def _balanced_offsets(M: int, G: int, device: torch.device) -> torch.Tensor:
 
 
 def _pick_config(key: tuple, default: GroupedGemmConfig, dtype: torch.dtype, device: torch.device,
-                 run: Callable[[GroupedGemmConfig], object]) -> GroupedGemmConfig:
+                 run: Callable[[GroupedGemmConfig], object], extra: tuple = (),
+                 same: Optional[Callable[[torch.Tensor, torch.Tensor], bool]] = None) -> GroupedGemmConfig:
     """The tuned config of this static shape (``key``), tuning it on first sight.
 
     ``run(cfg)`` launches the kernel with ``cfg`` on balanced synthetic groups (and a scratch output
-    where the real one accumulates). No tuning under the interpreter, on CPU, during CUDA-graph
-    capture (nothing can be timed there; the default is used and not cached) or with
-    PRIMUS_TURBO_GEMM_TRITON_AUTOTUNE=0."""
+    where the real one accumulates) and returns its output. ``extra``: candidates beyond the dtype's
+    pool (e.g. the TMA variants where the operands allow them). ``same(ref, out)``: when given, each
+    candidate's output is first compared with the default's (the first candidate that runs), and
+    one that computes something else is never picked: a miscompiled variant can be slower or
+    faster, and only the comparison keeps a fast wrong one out. No tuning under the interpreter, on
+    CPU, during CUDA-graph capture (nothing can be timed there; the default is used and not cached)
+    or with PRIMUS_TURBO_GEMM_TRITON_AUTOTUNE=0."""
     cfg = _tuned.get(key)
     if cfg is not None:
         return cfg
     if is_interpreter() or device.type != "cuda" or not _autotune_enabled() or torch.cuda.is_current_stream_capturing():
         return default
-    pool = _CANDIDATES_FP32 if dtype == torch.float32 else _CANDIDATES_16BIT
+    pool = (_CANDIDATES_FP32 if dtype == torch.float32 else _CANDIDATES_16BIT) + tuple(extra)
     candidates = [default] + [c for c in pool if c != default]
     best, best_ms = default, float("inf")
+    ref = None
     for c in candidates:
         try:
+            if same is not None:
+                out = run(c)
+                if ref is None:
+                    ref = out.clone()
+                elif not same(ref, out):
+                    continue
             ms = _time_ms(lambda c=c: run(c))
         except Exception:  # noqa: BLE001 - e.g. out of shared memory or registers: skip it
             continue
@@ -300,6 +353,33 @@ def _pick_config(key: tuple, default: GroupedGemmConfig, dtype: torch.dtype, dev
             best, best_ms = c, ms
     _tuned[key] = best
     return best
+
+
+def _close(ref: torch.Tensor, out: torch.Tensor) -> bool:
+    """Two tile configs of one GEMM agree up to fp32 summation order (tuning only: reads the device)."""
+    r, o = ref.float(), out.float()
+    if not bool(torch.isfinite(o).all()) and bool(torch.isfinite(r).all()):
+        return False
+    return bool((o - r).abs().max() <= 1e-2 * r.abs().max() + 1e-3)
+
+
+def _tma_layout(a: torch.Tensor, b: torch.Tensor) -> Optional[bool]:
+    """``B_KMAJOR`` when the M-grouped TMA kernel can describe ``a [M, K]`` and ``b [G, K, N]``
+    (16-bit; a row-major; b with a unit stride on K or N; 16-byte aligned bases and strides), else None."""
+    if a.dtype not in (torch.float16, torch.bfloat16) or not (a.is_cuda or is_interpreter()):
+        return None
+    es = a.element_size()
+    if a.stride(1) != 1 or (a.stride(0) * es) % 16 or a.data_ptr() % 16:
+        return None
+    if b.stride(2) == 1 and b.size(2) > 1:
+        kmajor, inner = False, b.stride(1)
+    elif b.stride(1) == 1:
+        kmajor, inner = True, b.stride(2)
+    else:
+        return None
+    if b.data_ptr() % 16 or (b.stride(0) * es) % 16 or (inner * es) % 16:
+        return None
+    return kmajor
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -425,15 +505,21 @@ def grouped_gemm_triton(
         return out.zero_()
     programs = _num_programs(a.device, num_cu)
 
+    b_kmajor = _tma_layout(a, b)  # None: not describable, the pointer kernel runs
+
     def launch(cfg: GroupedGemmConfig, offs: torch.Tensor):
         # static upper bound on the tiles: each group adds at most one partial row tile, plus the tail
         max_tiles = (triton.cdiv(M, cfg.block_m) + G + 1) * triton.cdiv(N, cfg.block_n)
         grid = (min(programs, max_tiles),)
+        use_tma = cfg.use_tma and b_kmajor is not None
+        if use_tma and a.is_cuda:
+            _ensure_allocator()
         _grouped_gemm_kernel[grid](
             a, b, out, offs, M, N, K, G,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), out.stride(0), out.stride(1),
             NUM_PROGRAMS=grid[0], DOT_PRECISION=_precision(a.dtype),
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            USE_TMA=use_tma, B_KMAJOR=bool(b_kmajor),
             num_stages=cfg.num_stages, num_warps=cfg.num_warps,
         )
         return out
@@ -445,7 +531,7 @@ def grouped_gemm_triton(
         # M is bucketed to a power of two: a routed-row count that moves from step to step does
         # not retune, and the best tiles do not depend on its exact value
         key = ("m", triton.next_power_of_2(M), N, K, G, a.dtype, b.stride(2) == 1, b.stride(1) == 1, num_cu,
-               a.device.index)
+               a.device.index, b_kmajor)
         bal = None
 
         def run(cfg):
@@ -453,7 +539,8 @@ def grouped_gemm_triton(
             bal = _balanced_offsets(M, G, a.device) if bal is None else bal
             return launch(cfg, bal)  # the output is overwritten by the real launch below
 
-        return _pick_config(key, default, a.dtype, a.device, run)
+        extra = _CANDIDATES_TMA if b_kmajor is not None else ()
+        return _pick_config(key, default, a.dtype, a.device, run, extra, _close)
 
     return _run_on_device(a.device, lambda: launch(pick(), group_offs))
 
