@@ -187,8 +187,19 @@ def _grouped_gemm_variable_k_kernel(
     ACCUMULATE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    USE_TMA: tl.constexpr = False,
 ):
-    """C[g] (+)= X[offs[g]:offs[g+1]].T @ Y[offs[g]:offs[g+1]] (C[g]: [P, Q]; BLOCK_K walks rows)."""
+    """C[g] (+)= X[offs[g]:offs[g+1]].T @ Y[offs[g]:offs[g+1]] (C[g]: [P, Q]; BLOCK_K walks rows).
+
+    ``USE_TMA`` (X and Y row-major, unit stride on P and Q): the unmasked body steps load through
+    tensor descriptors (whole BLOCK_K row blocks inside the group: nothing to mask; P and Q edges
+    zero-filled); the head and tail steps keep the masked pointer loads."""
+    if USE_TMA:
+        x_desc = tl.make_tensor_descriptor(x_ptr, [M, P], [stride_xm, 1], [BLOCK_K, BLOCK_M])
+        y_desc = tl.make_tensor_descriptor(y_ptr, [M, Q], [stride_ym, 1], [BLOCK_K, BLOCK_N])
+    else:
+        x_desc = x_ptr  # placeholders, unused on the pointer path
+        y_desc = y_ptr
     pid = tl.program_id(axis=0)
     num_pid_m = tl.cdiv(P, BLOCK_M)
     num_pid_n = tl.cdiv(Q, BLOCK_N)
@@ -215,8 +226,13 @@ def _grouped_gemm_variable_k_kernel(
                            DOT_PRECISION, BLOCK_K, True)
         for i in range(n_body):
             r0 = tl.multiple_of(body_start + i * BLOCK_K, 16)
-            acc = _vk_step(acc, x_cols, y_cols, mask_p, mask_q, r0, r_end, stride_xm, stride_ym,
-                           DOT_PRECISION, BLOCK_K, False)
+            if USE_TMA:
+                x = x_desc.load([r0, pid_m * BLOCK_M])
+                y = y_desc.load([r0, pid_n * BLOCK_N])
+                acc = tl.dot(tl.trans(x), y, acc, input_precision=DOT_PRECISION)
+            else:
+                acc = _vk_step(acc, x_cols, y_cols, mask_p, mask_q, r0, r_end, stride_xm, stride_ym,
+                               DOT_PRECISION, BLOCK_K, False)
         if tail_start < r_end:
             acc = _vk_step(acc, x_cols, y_cols, mask_p, mask_q, tail_start, r_end, stride_xm, stride_ym,
                            DOT_PRECISION, BLOCK_K, True)
@@ -241,7 +257,7 @@ class GroupedGemmConfig:
     group_m: int = 8
     num_stages: int = 3
     num_warps: int = 8
-    use_tma: bool = False  # M-grouped kernel only: operands through tensor descriptors (when describable)
+    use_tma: bool = False  # operands through tensor descriptors where describable (see the kernels)
 
 
 # Small tiles under the interpreter, and few programs, so the persistent loops take several turns.
@@ -290,7 +306,8 @@ _CANDIDATES_16BIT = (
     GroupedGemmConfig(64, 128, 64, 8, 4, 4),
     GroupedGemmConfig(128, 64, 64, 8, 4, 4),
 )
-# TMA variants of the M-grouped kernel, tried when both operands are describable (16-bit only)
+# TMA variants (M-grouped kernel: every load; variable-K: the unmasked body), tried when the
+# operands are describable (16-bit only)
 _CANDIDATES_TMA = (
     GroupedGemmConfig(128, 128, 64, 8, 3, 8, use_tma=True),
     GroupedGemmConfig(128, 128, 64, 8, 4, 8, use_tma=True),
@@ -363,14 +380,20 @@ def _close(ref: torch.Tensor, out: torch.Tensor) -> bool:
     return bool((o - r).abs().max() <= 1e-2 * r.abs().max() + 1e-3)
 
 
+def _tma_rows(t: torch.Tensor) -> bool:
+    """A 16-bit row-major 2-D operand a descriptor can cover (unit inner stride, 16-byte aligned)."""
+    if t.dtype not in (torch.float16, torch.bfloat16) or not (t.is_cuda or is_interpreter()):
+        return False
+    es = t.element_size()
+    return t.stride(1) == 1 and (t.stride(0) * es) % 16 == 0 and t.data_ptr() % 16 == 0
+
+
 def _tma_layout(a: torch.Tensor, b: torch.Tensor) -> Optional[bool]:
     """``B_KMAJOR`` when the M-grouped TMA kernel can describe ``a [M, K]`` and ``b [G, K, N]``
     (16-bit; a row-major; b with a unit stride on K or N; 16-byte aligned bases and strides), else None."""
-    if a.dtype not in (torch.float16, torch.bfloat16) or not (a.is_cuda or is_interpreter()):
+    if not _tma_rows(a):
         return None
     es = a.element_size()
-    if a.stride(1) != 1 or (a.stride(0) * es) % 16 or a.data_ptr() % 16:
-        return None
     if b.stride(2) == 1 and b.size(2) > 1:
         kmajor, inner = False, b.stride(1)
     elif b.stride(1) == 1:
@@ -573,13 +596,18 @@ def grouped_gemm_variable_k_triton(
         # the head step covers up to 15 rows (to the next multiple of 16): one step must hold it
         raise ValueError(f"grouped_gemm_variable_k_triton: BLOCK_K must be >= 16, got {config.block_k}")
 
+    tma_ok = _tma_rows(x) and _tma_rows(y)
+
     def launch(cfg: GroupedGemmConfig, offs: torch.Tensor, target: torch.Tensor):
         grid = (min(programs, G * triton.cdiv(P, cfg.block_m) * triton.cdiv(Q, cfg.block_n)),)
+        use_tma = cfg.use_tma and tma_ok
+        if use_tma and x.is_cuda:
+            _ensure_allocator()
         _grouped_gemm_variable_k_kernel[grid](
             x, y, target, offs, M, P, Q, G,
             x.stride(0), x.stride(1), y.stride(0), y.stride(1), target.stride(0), target.stride(1), target.stride(2),
             NUM_PROGRAMS=grid[0], ACCUMULATE=accumulate, DOT_PRECISION=_precision(x.dtype),
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, USE_TMA=use_tma,
             num_stages=cfg.num_stages, num_warps=cfg.num_warps,
         )
         return target
@@ -589,7 +617,7 @@ def grouped_gemm_variable_k_triton(
             return config
         default = _default_config(max(1, M // G), Q, P, x.dtype, True)
         key = ("k", triton.next_power_of_2(M), P, Q, G, x.dtype, x.stride(0) == 1, y.stride(0) == 1, out.dtype,
-               accumulate, num_cu, x.device.index)
+               accumulate, num_cu, x.device.index, tma_ok)
         scratch = None
 
         def run(cfg):
@@ -600,6 +628,8 @@ def grouped_gemm_variable_k_triton(
                            torch.zeros_like(out) if accumulate else out)
             return launch(cfg, scratch[0], scratch[1])
 
-        return _pick_config(key, default, x.dtype, x.device, run)
+        # outputs are compared only without accumulation (timing repeats would pile up in scratch)
+        return _pick_config(key, default, x.dtype, x.device, run, _CANDIDATES_TMA if tma_ok else (),
+                            None if accumulate else _close)
 
     return _run_on_device(x.device, lambda: launch(pick(), group_offs, out))
