@@ -28,6 +28,7 @@ codes are formed with exact fp32 arithmetic (``quant_fp8_kernel._fp8_bits``), as
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -104,34 +105,44 @@ def _attn_fp8_fwd_step(acc, m_i, l_i, q, q_scale, k_base, v_base, ks_base, vs_ba
                        offs_dqk, offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seq_q, seq_k, off,
                        win_left, win_right, D_QK, D_V, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                        BLK: tl.constexpr, P_SCALE: tl.constexpr, SOFT: tl.constexpr, MASKED: tl.constexpr,
-                       EVEN_D: tl.constexpr):
+                       EVEN_D: tl.constexpr, P_LOG2: tl.constexpr, NEG_SCALE: tl.constexpr):
     """One key block (see ``_attn_fwd_step``; ``MASKED=False``: whole, fully visible block)."""
     offs_n = start_n + offs_n0
     kt_ptrs = k_base + offs_n[None, :] * stride_ks + offs_dqk[:, None] * stride_kd
     v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd
     if MASKED:
-        n_ok = offs_n < seq_k
-        kt = tl.load(kt_ptrs, mask=n_ok[None, :] & (offs_dqk[:, None] < D_QK), other=0.0)
-        k_scale = tl.load(ks_base + offs_n // BLK, mask=n_ok, other=0.0)
+        kt = tl.load(kt_ptrs, mask=(offs_n[None, :] < seq_k) & (offs_dqk[:, None] < D_QK), other=0.0)
+    elif EVEN_D:
+        kt = tl.load(kt_ptrs)
     else:
-        if EVEN_D:
-            kt = tl.load(kt_ptrs)
-        else:
-            kt = tl.load(kt_ptrs, mask=offs_dqk[:, None] < D_QK, other=0.0)
-        k_scale = tl.load(ks_base + offs_n // BLK)
-    s = tl.dot(q, kt) * q_scale[:, None] * k_scale[None, :]
+        kt = tl.load(kt_ptrs, mask=offs_dqk[:, None] < D_QK, other=0.0)
+    # the tile lies in one k scale block (BLOCK_N divides BLK), so the score scale is per row:
+    # rs = q_scale * k_scale (softmax_scale * log2(e) already in q_scale). The row extreme is taken
+    # on the raw FP8 products and scaled once per row, so each score costs one FMA
+    # (dot * rs - m) and the static P scale (2**P_LOG2) is folded into the exponent.
+    rs = q_scale * tl.load(ks_base + start_n // BLK)
+    d = tl.dot(q, kt)
     if MASKED:
         ok = _visible(offs_m, offs_n, seq_q, seq_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
-        s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if NEG_SCALE:
+            ext = tl.min(tl.where(ok, d, float("inf")), 1)
+            seen = ext != float("inf")
+        else:
+            ext = tl.max(tl.where(ok, d, float("-inf")), 1)
+            seen = ext != float("-inf")
+        m_new = tl.maximum(m_i, tl.where(seen, ext * rs, float("-inf")))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        ps = tl.where(ok, tl.exp2(d * rs[:, None] - (m_safe[:, None] - P_LOG2)), 0.0)
     else:
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if NEG_SCALE:
+            m_new = tl.maximum(m_i, tl.min(d, 1) * rs)
+        else:
+            m_new = tl.maximum(m_i, tl.max(d, 1) * rs)
         m_safe = m_new
-    p = tl.exp2(s - m_safe[:, None])
+        ps = tl.exp2(d * rs[:, None] - (m_safe[:, None] - P_LOG2))  # = P * P_SCALE, in [0, P_SCALE]
     alpha = tl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    p8 = _to_e4m3(p * P_SCALE, SOFT)
+    l_i = l_i * alpha + tl.sum(ps, 1) * (1.0 / P_SCALE)
+    p8 = _to_e4m3(ps, SOFT)
     if MASKED:
         v = tl.load(v_ptrs, mask=(offs_n[:, None] < seq_k) & (offs_dv[None, :] < D_V), other=0.0)
     elif EVEN_D:
@@ -155,7 +166,7 @@ def _attn_fp8_fwd_kernel(
     HAS_SINK: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     BLK: tl.constexpr, P_SCALE: tl.constexpr, SOFT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-    EVEN_D: tl.constexpr,
+    EVEN_D: tl.constexpr, P_LOG2: tl.constexpr, NEG_SCALE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -200,17 +211,20 @@ def _attn_fp8_fwd_kernel(
         acc, m_i, l_i = _attn_fp8_fwd_step(acc, m_i, l_i, q, q_scale, k_base, v_base, ks_base, vs_base, start_n,
                                            offs_m, offs_n0, offs_dqk, offs_dv, stride_ks, stride_kd, stride_vs,
                                            stride_vd, seq_q, seq_k, off, win_left, win_right, D_QK, D_V,
-                                           HAS_LEFT, HAS_RIGHT, BLK, P_SCALE, SOFT, True, EVEN_D)
+                                           HAS_LEFT, HAS_RIGHT, BLK, P_SCALE, SOFT, True, EVEN_D,
+                                           P_LOG2, NEG_SCALE)
     for start_n in range(a, bb, BLOCK_N):
         acc, m_i, l_i = _attn_fp8_fwd_step(acc, m_i, l_i, q, q_scale, k_base, v_base, ks_base, vs_base, start_n,
                                            offs_m, offs_n0, offs_dqk, offs_dv, stride_ks, stride_kd, stride_vs,
                                            stride_vd, seq_q, seq_k, off, win_left, win_right, D_QK, D_V,
-                                           HAS_LEFT, HAS_RIGHT, BLK, P_SCALE, SOFT, False, EVEN_D)
+                                           HAS_LEFT, HAS_RIGHT, BLK, P_SCALE, SOFT, False, EVEN_D,
+                                           P_LOG2, NEG_SCALE)
     for start_n in range(bb, hi, BLOCK_N):
         acc, m_i, l_i = _attn_fp8_fwd_step(acc, m_i, l_i, q, q_scale, k_base, v_base, ks_base, vs_base, start_n,
                                            offs_m, offs_n0, offs_dqk, offs_dv, stride_ks, stride_kd, stride_vs,
                                            stride_vd, seq_q, seq_k, off, win_left, win_right, D_QK, D_V,
-                                           HAS_LEFT, HAS_RIGHT, BLK, P_SCALE, SOFT, True, EVEN_D)
+                                           HAS_LEFT, HAS_RIGHT, BLK, P_SCALE, SOFT, True, EVEN_D,
+                                           P_LOG2, NEG_SCALE)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -310,6 +324,7 @@ def flash_attn_fp8_fwd_triton(
         HAS_SINK=sink is not None, HAS_LEFT=has_left, HAS_RIGHT=has_right,
         BLK=blk, P_SCALE=FP8_ATTN_P_SCALE, SOFT=is_interpreter(),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_DQK=block_dqk, BLOCK_DV=block_dv,
-        EVEN_D=(Dqk == block_dqk and Dv == block_dv), num_warps=warps, num_stages=stages,
+        EVEN_D=(Dqk == block_dqk and Dv == block_dv), P_LOG2=float(math.log2(FP8_ATTN_P_SCALE)),
+        NEG_SCALE=softmax_scale < 0, num_warps=warps, num_stages=stages,
     )
     return out, lse

@@ -103,6 +103,17 @@ def test_fp8_vs_fp64(case, device, monkeypatch):
         assert snr_db(rg, g) >= bar, (name, snr_db(rg, g))
 
 
+@pytest.mark.parametrize("scale", [-0.2, 0.0])
+def test_fp8_nonpositive_softmax_scale(scale, device):
+    """The forward takes the row extreme of the raw FP8 products before scaling: a negative scale
+    needs the row minimum; a zero scale gives a uniform softmax (no inf * 0)."""
+    q, k, v, _ = _inputs(1, 128, 160, 2, 1, 64, torch.bfloat16, device)
+    out = flash_attn_fp8_func(q, k, v, softmax_scale=scale, causal=True)
+    leaves = [t.detach().double() for t in (q, k, v)]
+    ref = attention_ref(*leaves, causal=True, softmax_scale=scale)
+    assert snr_db(ref, out) >= FP8_SNR_DB
+
+
 def _pow2_quant_ref(x, blk):
     """Reference of the per-(batch, head, token block) E4M3 quantization: x8 values and multipliers."""
     b, s, h, d = x.shape
