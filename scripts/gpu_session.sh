@@ -23,7 +23,7 @@ tests/pytorch/ops/test_grouped_gemm_fp4.py tests/triton/test_grouped_gemm_mx_ker
 tests/triton/test_grouped_gemm_fp8_kernel.py tests/pytorch/ops/test_attention_fp8.py tests/pytorch/ops/test_quantization.py \
 tests/pytorch/ops/test_gemm_fp4.py tests/pytorch/ops/test_gemm_fp8.py tests/pytorch/ops/test_moe_permute.py \
 tests/pytorch/modules tests/pytorch/core/test_quantized_tensor.py tests/testing/test_bench_moe_layer_smoke.py \
-tests/triton/test_permute_map_kernel.py}"
+tests/triton/test_permute_map_kernel.py tests/triton/test_grouped_gemm_kernel.py tests/triton/test_flash_attn_kernel.py}"
 existing=""
 for t in $TESTS; do [ -e "$t" ] && existing="$existing $t"; done
 
@@ -31,7 +31,7 @@ echo "== tests"
 if [ -n "$existing" ]; then  # GPU_SESSION_TESTS=none skips them
     # shellcheck disable=SC2086
     PRIMUS_TURBO_GEMM_TRITON_AUTOTUNE=0 PRIMUS_TURBO_TEST_FAILURE_LOG="$R/failures.log" \
-        timeout "${GPU_SESSION_TEST_S:-120}" "$PY" -m pytest -q -n 14 -p no:cacheprovider --timeout=110 $existing \
+        timeout "${GPU_SESSION_TEST_S:-180}" "$PY" -m pytest -q -n 14 -p no:cacheprovider --timeout=110 $existing \
         > "$R/pytest.log" 2>&1
     echo "pytest exit $?: $(tail -n 1 "$R/pytest.log")"
 else
