@@ -38,7 +38,7 @@ import triton.language as tl
 from primus_turbo.triton import is_interpreter
 from primus_turbo.triton.quantization.quant_fp8_kernel import _fp8_bits, _round_for_store
 
-from .flash_attn_fwd import LOG2E, _kv_range, _unmasked_kv_blocks, _visible, window_flags
+from .flash_attn_fwd import LOG2E, _kv_range, _running_max, _unmasked_kv_blocks, _visible, window_flags
 
 __all__ = [
     "FP8_ATTN_P_SCALE", "FP8_ATTN_BLOCK_SIZES", "quantize_tokens_fp8", "dequantize_tokens_fp8",
@@ -124,21 +124,10 @@ def _attn_fp8_fwd_step(acc, m_i, l_i, q, q_scale, k_base, v_base, ks_base, vs_ba
     d = tl.dot(q, kt)
     if MASKED:
         ok = _visible(offs_m, offs_n, seq_q, seq_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
-        if NEG_SCALE:
-            ext = tl.min(tl.where(ok, d, float("inf")), 1)
-            seen = ext != float("inf")
-        else:
-            ext = tl.max(tl.where(ok, d, float("-inf")), 1)
-            seen = ext != float("-inf")
-        m_new = tl.maximum(m_i, tl.where(seen, ext * rs, float("-inf")))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        m_new, m_safe = _running_max(m_i, d, ok, rs, True, NEG_SCALE)
         ps = tl.where(ok, tl.exp2(d * rs[:, None] - (m_safe[:, None] - P_LOG2)), 0.0)
     else:
-        if NEG_SCALE:
-            m_new = tl.maximum(m_i, tl.min(d, 1) * rs)
-        else:
-            m_new = tl.maximum(m_i, tl.max(d, 1) * rs)
-        m_safe = m_new
+        m_new, m_safe = _running_max(m_i, d, d, rs, False, NEG_SCALE)
         ps = tl.exp2(d * rs[:, None] - (m_safe[:, None] - P_LOG2))  # = P * P_SCALE, in [0, P_SCALE]
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(ps, 1) * (1.0 / P_SCALE)

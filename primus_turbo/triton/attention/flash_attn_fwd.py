@@ -91,6 +91,32 @@ def _unmasked_kv_blocks(m_start, lo, hi, offset, win_left, win_right, SEQ_K,
 
 
 @triton.jit
+def _running_max(m_i, s, ok, scale, MASKED: tl.constexpr, NEG_SCALE: tl.constexpr):
+    """``(m_new, m_safe)``: the running row maximum of the scaled scores ``s * scale`` (``scale`` a
+    scalar or one per row, of one sign: ``NEG_SCALE``), taken on the raw scores (the max, or the
+    min for a negative scale) and scaled once per row, so the caller's exponent ``s * scale - m``
+    is one FMA per score. ``MASKED``: only the ``ok`` pairs count; a row with none keeps ``m_i``
+    (its block value is -inf, never inf * scale, which is NaN at scale 0). ``m_safe`` is ``m_new``
+    with -inf replaced by 0 for the exponent."""
+    if MASKED:
+        if NEG_SCALE:
+            ext = tl.min(tl.where(ok, s, float("inf")), 1)
+            seen = ext != float("inf")
+        else:
+            ext = tl.max(tl.where(ok, s, float("-inf")), 1)
+            seen = ext != float("-inf")
+        m_new = tl.maximum(m_i, tl.where(seen, ext * scale, float("-inf")))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        if NEG_SCALE:
+            m_new = tl.maximum(m_i, tl.min(s, 1) * scale)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * scale)
+        m_safe = m_new
+    return m_new, m_safe
+
+
+@triton.jit
 def _attn_fwd_step(acc, m_i, l_i, q, k_base, v_base, start_n, offs_m, offs_n0, offs_dqk, offs_dv,
                    stride_ks, stride_kd, stride_vs, stride_vd, seq_q, seq_k, off, win_left, win_right,
                    qk_scale, D_QK, D_V, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
@@ -107,27 +133,14 @@ def _attn_fwd_step(acc, m_i, l_i, q, k_base, v_base, start_n, offs_m, offs_n0, o
         kt = tl.load(kt_ptrs)
     else:
         kt = tl.load(kt_ptrs, mask=offs_dqk[:, None] < D_QK, other=0.0)
-    # raw scores: the row extreme is taken before scaling (the max for qk_scale >= 0, the min for a
-    # negative scale), so the scale folds into one FMA per score with the running maximum
+    # raw scores: the row extreme is taken before scaling, so the scale folds into one FMA per score
     s = tl.dot(q, kt, input_precision=DOT_PRECISION)
     if MASKED:
         ok = _visible(offs_m, offs_n, seq_q, seq_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
-        if NEG_SCALE:
-            ext = tl.min(tl.where(ok, s, float("inf")), 1)
-            seen = ext != float("inf")
-        else:
-            ext = tl.max(tl.where(ok, s, float("-inf")), 1)
-            seen = ext != float("-inf")
-        # a row with no visible key in this block contributes -inf (never inf * scale: NaN at scale 0)
-        m_new = tl.maximum(m_i, tl.where(seen, ext * qk_scale, float("-inf")))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        m_new, m_safe = _running_max(m_i, s, ok, qk_scale, True, NEG_SCALE)
         p = tl.where(ok, tl.exp2(s * qk_scale - m_safe[:, None]), 0.0)
     else:  # every score is finite, so the new maximum is too
-        if NEG_SCALE:
-            m_new = tl.maximum(m_i, tl.min(s, 1) * qk_scale)
-        else:
-            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        m_safe = m_new
+        m_new, m_safe = _running_max(m_i, s, s, qk_scale, False, NEG_SCALE)
         p = tl.exp2(s * qk_scale - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
