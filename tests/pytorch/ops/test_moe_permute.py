@@ -363,3 +363,14 @@ def test_unpermute_backward_bf16_vs_fp64(need, device):
         assert snr_db(w64.grad, w.grad) >= 45.0
     else:
         assert w.grad is None
+
+
+def test_auto_fused_map_rule():
+    """PRIMUS_TURBO_PERMUTE_FUSED_MAP=auto: the map kernels always on CPU (CI runs them); on CUDA
+    for a bool routing map and for top-k indices up to FUSED_MAP_MAX_INDEX_ROWS routed rows."""
+    from primus_turbo.pytorch.ops.moe_permute import FUSED_MAP_MAX_INDEX_ROWS, auto_fused_map
+
+    assert auto_fused_map(False, False, 10**7)
+    assert auto_fused_map(True, True, 10**7)
+    assert auto_fused_map(True, False, FUSED_MAP_MAX_INDEX_ROWS)
+    assert not auto_fused_map(True, False, FUSED_MAP_MAX_INDEX_ROWS + 1)
