@@ -45,7 +45,7 @@ if str(_ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from benchmarks.bench_gemm import build_cases  # noqa: E402
-from benchmarks.common import Row, format_table, geomean_table, gpu_slug, write_results  # noqa: E402
+from benchmarks.common import Row, finish_run, gpu_slug  # noqa: E402
 from benchmarks.common import error_text as _error_text  # noqa: E402
 from benchmarks.common import free_memory as _free  # noqa: E402
 from benchmarks.common import time_interleaved  # noqa: E402
@@ -343,13 +343,7 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
         print(f"bench_gemm_fp8: fp8 linear fwd+bwd (quantization included): {len(cases)} shapes", flush=True)
         for case in cases:
             rows.extend(run_linear_case(case, impls, device, warmup_ms, rep_ms, _print_row))
-    path = write_results(rows, out_dir, RESULT_NAME)
-    print()
-    print(format_table(rows))
-    print()
-    print(f"## Geomean speedup ({RESULT_NAME})")
-    print(geomean_table(rows))
-    print(f"\nresults: {path} and {path.with_suffix('.md')}", flush=True)
+    path = finish_run(rows, out_dir, RESULT_NAME)
     return path, rows
 
 

@@ -52,7 +52,7 @@ if str(_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.common import Row, format_table, geomean_table, gpu_slug, write_results  # noqa: E402
+from benchmarks.common import Row, finish_run, gpu_slug, write_results  # noqa: E402
 from benchmarks.common import error_text as _error_text  # noqa: E402
 from benchmarks.common import free_memory as _free  # noqa: E402
 from benchmarks.common import time_interleaved  # noqa: E402
@@ -566,13 +566,7 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
                                      lambda c: bf16.get((c["case"], PEER))))
             write_results(rows, out_dir, RESULT_NAME)
 
-    path = write_results(rows, out_dir, RESULT_NAME)
-    print()
-    print(format_table(rows))
-    print()
-    print(f"## Geomean speedup ({RESULT_NAME})")
-    print(geomean_table(rows))
-    print(f"\nresults: {path} and {path.with_suffix('.md')}", flush=True)
+    path = finish_run(rows, out_dir, RESULT_NAME)
     return path, rows
 
 

@@ -77,7 +77,7 @@ if str(_ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks.common import Row, format_table, geomean_table, gpu_slug, write_results  # noqa: E402
+from benchmarks.common import Row, finish_run, gpu_slug  # noqa: E402
 from benchmarks.common import error_text as _error_text  # noqa: E402
 from benchmarks.common import free_memory as _free  # noqa: E402
 from benchmarks.common import time_interleaved  # noqa: E402
@@ -406,13 +406,7 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
     for case in cases:
         rows.extend(run_case(case, names, device, router_dtype, warmup_ms, rep_ms, _print_row))
 
-    path = write_results(rows, out_dir, RESULT_NAME)
-    print()
-    print(format_table(rows))
-    print()
-    print(f"## Geomean speedup ({RESULT_NAME})")
-    print(geomean_table(rows))
-    print(f"\nresults: {path} and {path.with_suffix('.md')}", flush=True)
+    path = finish_run(rows, out_dir, RESULT_NAME)
     return path, rows
 
 

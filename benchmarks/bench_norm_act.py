@@ -36,7 +36,7 @@ if str(_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.common import Row, format_table, geomean_table, gpu_slug, write_results  # noqa: E402
+from benchmarks.common import Row, finish_run, gpu_slug  # noqa: E402
 from benchmarks.common import bandwidth_rows  # noqa: E402
 from benchmarks.common import error_text as _error_text  # noqa: E402
 
@@ -219,13 +219,7 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
     rows: list[Row] = []
     for case in cases:
         rows.extend(run_case(case, device, warmup_ms, rep_ms, args.norm_act_impls, _print_row))
-    path = write_results(rows, out_dir, RESULT_NAME)
-    print()
-    print(format_table(rows))
-    print()
-    print(f"## Geomean speedup ({RESULT_NAME})")
-    print(geomean_table(rows))
-    print(f"\nresults: {path} and {path.with_suffix('.md')}", flush=True)
+    path = finish_run(rows, out_dir, RESULT_NAME)
     return path, rows
 
 

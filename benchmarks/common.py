@@ -254,6 +254,19 @@ def write_results(rows: Sequence[Row], out_dir: "str | os.PathLike[str]", name: 
     return json_path
 
 
+def finish_run(rows: Sequence[Row], out_dir: "str | os.PathLike[str]", name: str) -> Path:
+    """End of every benchmark run: write ``name``.json/.md, print the full table and the geomean
+    table, and say where the results are. Returns the .json path."""
+    path = write_results(rows, out_dir, name)
+    print()
+    print(format_table(rows))
+    print()
+    print(f"## Geomean speedup ({name})")
+    print(geomean_table(rows))
+    print(f"\nresults: {path} and {path.with_suffix('.md')}", flush=True)
+    return path
+
+
 def error_text(exc: BaseException) -> str:
     """One line for a result row's ``error`` field (at most 500 characters)."""
     msg = f"{type(exc).__name__}: {exc}".strip()
