@@ -73,17 +73,18 @@ def _triton_bwd_fake(dout, q, k, v, out, lse, sink, softmax_scale, win_left, win
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), q.new_empty((n_sink,), dtype=torch.float32)
 
 
-def _fwd(*args):
-    # Eager calls skip the custom-op dispatcher; traced code must see the op.
-    if torch.compiler.is_compiling():
-        return torch.ops.primus_turbo.flash_attn_triton_fwd(*args)
-    return _triton_fwd_eager(*args)
+def eager_or_traced(op_name: str, eager):
+    """``fn(*args)``: ``eager(*args)`` in eager mode (skips the custom-op dispatcher's overhead), the
+    registered ``torch.ops.primus_turbo.<op_name>`` while torch.compile traces (it must see the op)."""
+    def call(*args):
+        if torch.compiler.is_compiling():
+            return getattr(torch.ops.primus_turbo, op_name)(*args)
+        return eager(*args)
+    return call
 
 
-def _bwd(*args):
-    if torch.compiler.is_compiling():
-        return torch.ops.primus_turbo.flash_attn_triton_bwd(*args)
-    return _triton_bwd_eager(*args)
+_fwd = eager_or_traced("flash_attn_triton_fwd", _triton_fwd_eager)
+_bwd = eager_or_traced("flash_attn_triton_bwd", _triton_bwd_eager)
 
 
 class FlashAttnFunction(torch.autograd.Function):
@@ -163,16 +164,8 @@ def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), q.new_empty((n_sink,), dtype=torch.float32)
 
 
-def _varlen_fwd(*args):
-    if torch.compiler.is_compiling():
-        return torch.ops.primus_turbo.flash_attn_varlen_triton_fwd(*args)
-    return _varlen_fwd_eager(*args)
-
-
-def _varlen_bwd(*args):
-    if torch.compiler.is_compiling():
-        return torch.ops.primus_turbo.flash_attn_varlen_triton_bwd(*args)
-    return _varlen_bwd_eager(*args)
+_varlen_fwd = eager_or_traced("flash_attn_varlen_triton_fwd", _varlen_fwd_eager)
+_varlen_bwd = eager_or_traced("flash_attn_varlen_triton_bwd", _varlen_bwd_eager)
 
 
 class FlashAttnVarlenFunction(torch.autograd.Function):

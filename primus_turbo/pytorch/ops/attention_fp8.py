@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 
 from ..core.low_precision import Float8QuantConfig, Format, ScalingGranularity, ScalingStrategy, check_fp8_support
-from .attention import _check_inputs
+from .attention import _check_inputs, eager_or_traced
 
 __all__ = ["flash_attn_fp8_func"]
 
@@ -175,17 +175,8 @@ def _bwd_fake(dout, q8, k8, v8t, qs, ks, vs, out, lse, sink, softmax_scale, win_
             dout.new_empty((b, sk, hk, dv), dtype=dtype), dout.new_empty((n_sink,), dtype=torch.float32))
 
 
-def _fwd(*args):
-    # Eager calls skip the custom-op dispatcher; traced code (torch.compile) must see the op.
-    if torch.compiler.is_compiling():
-        return torch.ops.primus_turbo.flash_attn_fp8_fwd(*args)
-    return _fwd_eager(*args)
-
-
-def _bwd(*args):
-    if torch.compiler.is_compiling():
-        return torch.ops.primus_turbo.flash_attn_fp8_bwd(*args)
-    return _bwd_eager(*args)
+_fwd = eager_or_traced("flash_attn_fp8_fwd", _fwd_eager)
+_bwd = eager_or_traced("flash_attn_fp8_bwd", _bwd_eager)
 
 
 class FlashAttnFp8Function(torch.autograd.Function):
