@@ -28,6 +28,20 @@ __all__ = ["gemm"]
 _FUSE_PATTERNS = (None, "megatron")
 
 
+def check_main_grad(op: str, b: torch.Tensor, alt_dtype: torch.dtype, alt_name: Optional[str] = None) -> None:
+    """The Megatron fused-accumulation contract (``fuse_bgrad_accum_pattern='megatron'`` with a weight
+    gradient to produce): ``b.main_grad`` exists, matches ``b``'s shape and device, and is float32 or
+    ``alt_dtype`` (named ``alt_name`` in the message, ``alt_dtype`` itself by default)."""
+    mg = getattr(b, "main_grad", None)
+    if not isinstance(mg, torch.Tensor):
+        raise ValueError(f"{op}: fuse_bgrad_accum_pattern='megatron' needs b.main_grad (a tensor shaped like b)")
+    if mg.shape != b.shape or mg.device != b.device:
+        raise ValueError(f"{op}: b.main_grad must match b, got main_grad {tuple(mg.shape)} on {mg.device}, "
+                         f"b {tuple(b.shape)} on {b.device}")
+    if mg.dtype not in (torch.float32, alt_dtype):
+        raise TypeError(f"{op}: b.main_grad must be float32 or {alt_name or alt_dtype}, got {mg.dtype}")
+
+
 def _logical(x: torch.Tensor, trans: bool) -> torch.Tensor:
     return x.t() if trans else x
 
@@ -172,16 +186,7 @@ def _check_inputs(a, b, trans_a, trans_b, out_dtype, fuse_bgrad_accum_pattern):
     if fuse_bgrad_accum_pattern not in _FUSE_PATTERNS:
         raise ValueError(f"gemm: fuse_bgrad_accum_pattern must be None or 'megatron', got {fuse_bgrad_accum_pattern!r}")
     if fuse_bgrad_accum_pattern == "megatron" and b.requires_grad and torch.is_grad_enabled():
-        mg = getattr(b, "main_grad", None)
-        if not isinstance(mg, torch.Tensor):
-            raise ValueError("gemm: fuse_bgrad_accum_pattern='megatron' needs b.main_grad (a tensor shaped like b)")
-        if mg.shape != b.shape or mg.device != b.device:
-            raise ValueError(
-                f"gemm: b.main_grad must match b, got main_grad {tuple(mg.shape)} on {mg.device}, "
-                f"b {tuple(b.shape)} on {b.device}"
-            )
-        if mg.dtype not in (torch.float32, b.dtype):
-            raise TypeError(f"gemm: b.main_grad must be float32 or {b.dtype}, got {mg.dtype}")
+        check_main_grad("gemm", b, b.dtype)
 
 
 def gemm(

@@ -52,7 +52,7 @@ import torch
 from ..backends.gemm_fp4 import gemm_fp4_dispatcher
 from ..core.backend import PrecisionType
 from ..core.low_precision import Float4QuantConfig, ScalingRecipe
-from .gemm import _FUSE_PATTERNS, _megatron_dummy_wgrad
+from .gemm import _FUSE_PATTERNS, _megatron_dummy_wgrad, check_main_grad
 from .gemm_fp8 import _empty_result
 
 __all__ = ["gemm_fp4"]
@@ -270,14 +270,7 @@ def _check_inputs(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pa
             raise ValueError(f"gemm_fp4: MXFP4 needs {name} to be a multiple of 32, got {name}={dim} "
                              f"(m, n, k = {m}, {n}, {k})")
     if fuse_bgrad_accum_pattern == "megatron" and b.requires_grad and grads:
-        mg = getattr(b, "main_grad", None)
-        if not isinstance(mg, torch.Tensor):
-            raise ValueError("gemm_fp4: fuse_bgrad_accum_pattern='megatron' needs b.main_grad (a tensor shaped like b)")
-        if mg.shape != b.shape or mg.device != b.device:
-            raise ValueError(f"gemm_fp4: b.main_grad must match b, got main_grad {tuple(mg.shape)} on {mg.device}, "
-                             f"b {tuple(b.shape)} on {b.device}")
-        if mg.dtype not in (torch.float32, torch.bfloat16):
-            raise TypeError(f"gemm_fp4: b.main_grad must be float32 or bfloat16, got {mg.dtype}")
+        check_main_grad("gemm_fp4", b, torch.bfloat16, "bfloat16")
     return m, n, k
 
 

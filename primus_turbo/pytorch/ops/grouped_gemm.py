@@ -31,11 +31,10 @@ from ..backends.grouped_gemm import (
     grouped_gemm_variable_k_dispatcher,
 )
 from ..core.backend import PrecisionType
-from .gemm import _megatron_dummy_wgrad
+from .gemm import _FUSE_PATTERNS, _megatron_dummy_wgrad, check_main_grad
 
 __all__ = ["grouped_gemm"]
 
-_FUSE_PATTERNS = (None, "megatron")
 
 
 def _offsets(group_lens: torch.Tensor) -> torch.Tensor:
@@ -198,15 +197,7 @@ def _check_inputs(a, b, group_lens, group_offs, trans_b, num_cu, fuse_bgrad_accu
         raise ValueError(
             f"grouped_gemm: fuse_bgrad_accum_pattern must be None or 'megatron', got {fuse_bgrad_accum_pattern!r}")
     if fuse_bgrad_accum_pattern == "megatron" and b.requires_grad and torch.is_grad_enabled():
-        mg = getattr(b, "main_grad", None)
-        if not isinstance(mg, torch.Tensor):
-            raise ValueError("grouped_gemm: fuse_bgrad_accum_pattern='megatron' needs b.main_grad (a tensor shaped like b)")
-        if mg.shape != b.shape or mg.device != b.device:
-            raise ValueError(
-                f"grouped_gemm: b.main_grad must match b, got main_grad {tuple(mg.shape)} on {mg.device}, "
-                f"b {tuple(b.shape)} on {b.device}")
-        if mg.dtype not in (torch.float32, b.dtype):
-            raise TypeError(f"grouped_gemm: b.main_grad must be float32 or {b.dtype}, got {mg.dtype}")
+        check_main_grad("grouped_gemm", b, b.dtype)
 
 
 def grouped_gemm(

@@ -52,7 +52,7 @@ from ..backends.grouped_gemm_fp8 import (
 )
 from ..core.backend import PrecisionType
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingRecipe
-from .gemm import _megatron_dummy_wgrad
+from .gemm import _megatron_dummy_wgrad, check_main_grad
 from .grouped_gemm import _offsets
 
 __all__ = ["grouped_gemm_fp8"]
@@ -333,14 +333,7 @@ def _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_
     if fuse_bgrad_accum_pattern not in (None, "megatron"):
         raise ValueError(f"{op}: fuse_bgrad_accum_pattern must be None or 'megatron', got {fuse_bgrad_accum_pattern!r}")
     if fuse_bgrad_accum_pattern == "megatron" and b.requires_grad and torch.is_grad_enabled():
-        mg = getattr(b, "main_grad", None)
-        if not isinstance(mg, torch.Tensor):
-            raise ValueError(f"{op}: fuse_bgrad_accum_pattern='megatron' needs b.main_grad (a tensor shaped like b)")
-        if mg.shape != b.shape or mg.device != b.device:
-            raise ValueError(f"{op}: b.main_grad must match b, got main_grad {tuple(mg.shape)} on {mg.device}, "
-                             f"b {tuple(b.shape)} on {b.device}")
-        if mg.dtype not in (torch.float32, b.dtype):
-            raise TypeError(f"{op}: b.main_grad must be float32 or {b.dtype}, got {mg.dtype}")
+        check_main_grad("grouped_gemm_fp8", b, b.dtype)
 
 
 def grouped_gemm_fp8(
