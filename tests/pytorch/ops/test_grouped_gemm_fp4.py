@@ -11,6 +11,7 @@ import torch
 import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.core.low_precision import Float4QuantConfig
 from primus_turbo.testing import grouped_gemm_ref, grouped_gemm_variable_k_ref, snr_db
+from tests.grouped_gemm_checks import check_grouped_op
 
 MIN_SNR = 8.0
 CASES = [  # (group lens, N, K, trans_b, extra tail rows)
@@ -29,28 +30,7 @@ def _make(lens, n, k, trans_b, device, dtype=torch.bfloat16, extra_rows=0):
 
 
 def _check(a, b, gl, trans_b, out_dtype=None):
-    a = a.detach().requires_grad_()
-    b = b.detach().requires_grad_()
-    out = turbo.ops.grouped_gemm_fp4(a, b, gl, trans_b=trans_b, out_dtype=out_dtype)
-    n = b.shape[1] if trans_b else b.shape[2]
-    assert out.shape == (a.shape[0], n) and out.dtype == (out_dtype or a.dtype)
-    routed = int(gl.sum())
-    dc = torch.randn_like(out)
-    out.backward(dc)
-    assert a.grad.shape == a.shape and a.grad.dtype == a.dtype
-    assert b.grad.shape == b.shape and b.grad.dtype == b.dtype
-    for t in (out, a.grad):
-        assert torch.equal(t[routed:], torch.zeros_like(t[routed:]))
-    if routed == 0:
-        assert not out.any() and not a.grad.any() and not b.grad.any()
-        return
-    assert snr_db(grouped_gemm_ref(a, b, gl, trans_b), out) >= MIN_SNR
-    assert snr_db(grouped_gemm_ref(dc, b, gl, trans_b=not trans_b), a.grad) >= MIN_SNR
-    ref_db = grouped_gemm_variable_k_ref(dc, a, gl) if trans_b else grouped_gemm_variable_k_ref(a, dc, gl)
-    assert snr_db(ref_db, b.grad) >= MIN_SNR
-    for g in range(len(gl)):
-        if int(gl[g]) == 0:
-            assert not b.grad[g].any()
+    check_grouped_op(turbo.ops.grouped_gemm_fp4, a, b, gl, trans_b, MIN_SNR, out_dtype)
 
 
 @pytest.mark.parametrize("lens, n, k, trans_b, extra", CASES,
