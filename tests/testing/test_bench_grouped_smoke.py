@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import importlib
-import json
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.testing.bench_results import load_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -15,8 +16,6 @@ if str(ROOT) not in sys.path:
 
 pytest.importorskip("triton")
 
-TOP_KEYS = {"gpu", "torch", "triton", "cuda", "date", "rows"}
-ROW_KEYS = {"op", "case", "impl", "baseline", "ms", "baseline_ms", "speedup", "tflops", "snr_db", "error", "extra"}
 
 
 def _has_turbo_grouped_gemm() -> bool:
@@ -47,12 +46,7 @@ def test_bench_grouped_gemm_cpu_smoke(tmp_path):
     bench = importlib.import_module("benchmarks.bench_grouped_gemm")
     rc = bench.main(["--cpu-smoke", "--quick", "--out", str(tmp_path)])
     assert rc == 0
-    doc = json.loads((tmp_path / f"{bench.RESULT_NAME}.json").read_text())
-    assert TOP_KEYS <= set(doc) and doc["benchmark"] == bench.RESULT_NAME
-    rows = doc["rows"]
-    assert rows, "no rows"
-    for r in rows:
-        assert ROW_KEYS <= set(r), r
+    rows = load_rows(tmp_path, bench.RESULT_NAME)
     bf16 = [r for r in rows if r["op"].startswith("grouped_gemm_")]
     assert {r["op"] for r in bf16} == {"grouped_gemm_fwd", "grouped_gemm_fwd_bwd"}
     assert {r["impl"] for r in bf16} == {"torch_grouped_mm", "turbo-default", "turbo-triton"}
