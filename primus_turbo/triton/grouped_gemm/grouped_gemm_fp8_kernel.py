@@ -45,7 +45,6 @@ Masked pointer loads (any strides), no tensor descriptors yet.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Optional
 
 import torch
@@ -56,7 +55,8 @@ from primus_turbo.triton import is_interpreter
 from primus_turbo.triton.gemm.gemm_fp8_kernel import _e8m0_to_fp32, _mx_widen
 from primus_turbo.triton.interpreter import bf16_dot_fixed
 
-from .grouped_gemm_kernel import _swizzle, _token_split, group_offsets
+# persistent-grid size and device guard: the same as the 16-bit kernels'
+from .grouped_gemm_kernel import _num_programs, _run_on_device, _swizzle, _token_split, group_offsets
 
 __all__ = [
     "GroupedGemmFP8Config",
@@ -282,24 +282,6 @@ _INTERPRETER_CONFIG_MX = GroupedGemmFP8Config(32, 32, 64, group_m=2, num_stages=
 # BLOCKWISE variable-K: whole token blocks per K step (padded segments are block multiples, and the
 # interpreter's cost is per step); BLOCK_K is capped at block_size below
 _INTERPRETER_CONFIG_VK_BLOCKWISE = GroupedGemmFP8Config(64, 64, 128, group_m=2, num_stages=1, num_warps=4)
-_INTERPRETER_NUM_PROGRAMS = 3
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _num_programs(device: torch.device, num_cu: Optional[int]) -> int:
-    if device.type != "cuda":
-        n = _INTERPRETER_NUM_PROGRAMS
-    else:
-        n = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
-    if num_cu is not None:
-        n = max(1, min(n, int(num_cu)))
-    return n
-
-
 def _default_config(m_avg: int, n: int, mode: int, block_size: int, variable_k: bool) -> GroupedGemmFP8Config:
     """Static-shape analytic config (sm_90, FP8 tiles of 1 byte per element)."""
     if is_interpreter():
@@ -320,13 +302,6 @@ def _default_config(m_avg: int, n: int, mode: int, block_size: int, variable_k: 
     if mode == _BLOCKWISE and block_size % cfg.block_k:
         cfg = dataclasses.replace(cfg, block_k=min(cfg.block_k, block_size))
     return cfg
-
-
-def _run_on_device(device: torch.device, fn):
-    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
-        with torch.cuda.device(device):
-            return fn()
-    return fn()
 
 
 # ----------------------------------------------------------------------------------------------
