@@ -36,7 +36,9 @@ import triton
 import triton.language as tl
 
 from primus_turbo.triton import is_interpreter
-from primus_turbo.triton.gemm.gemm_fp4_kernel import _fp4_widen
+from primus_turbo.triton.gemm.gemm_fp4_kernel import (  # the dense MXFP4 GEMM's dtypes and decoder
+    _OUT_DTYPES, _SCALE_DTYPES, FP4_PACKED_DTYPES, MX_BLOCK, _fp4_widen,
+)
 from primus_turbo.triton.interpreter import bf16_dot_fixed
 
 from . import grouped_gemm_fp8_kernel as _fp8k
@@ -51,12 +53,6 @@ __all__ = [
     "grouped_gemm_fp4_variable_k_triton",
 ]
 
-_FP4 = getattr(torch, "float4_e2m1fn_x2", None)
-_E8M0 = getattr(torch, "float8_e8m0fnu", None)
-FP4_PACKED_DTYPES = tuple(d for d in (_FP4, torch.uint8) if d is not None)
-_SCALE_DTYPES = tuple(d for d in (_E8M0, torch.uint8) if d is not None)
-_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-MX_BLOCK = 32
 
 
 # ----------------------------------------------------------------------------------------------
