@@ -12,7 +12,9 @@ from typing import Optional
 
 import torch
 
-from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend, PrecisionType
+from ..core.backend import (
+    AutoKernelDispatcher, BackendType, KernelBackend, PrecisionType, scratch_out_tune_kwargs,
+)
 
 __all__ = [
     "GemmTorchBackend", "GemmTritonBackend", "gemm_dispatcher", "GEMM_DTYPES", "all_gemms_on_torch", "torch_autograd_mm",
@@ -121,19 +123,13 @@ def _default(a, b, out=None, out_dtype=None, accumulate=False, **_) -> BackendTy
     return BackendType.TORCH
 
 
-def _tune_kwargs(a, b, out=None, out_dtype=None, accumulate=False, **kw):
-    # Autotune times the accumulate variant on a zeroed scratch buffer: never on main_grad.
-    scratch = None if out is None else torch.zeros_like(out)
-    return dict(kw, a=a, b=b, out=scratch, out_dtype=out_dtype, accumulate=accumulate)
-
-
 gemm_dispatcher = AutoKernelDispatcher(
     op_name="gemm",
     family="gemm",
     backends=[GemmTorchBackend, GemmTritonBackend],
     make_key=_make_key,
     default=_default,
-    make_tune_kwargs=_tune_kwargs,
+    make_tune_kwargs=scratch_out_tune_kwargs,
 )
 
 

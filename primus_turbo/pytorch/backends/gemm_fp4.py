@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend
+from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend, scratch_out_tune_kwargs
 
 __all__ = ["GemmFP4TritonBackend", "gemm_fp4_dispatcher"]
 
@@ -55,16 +55,11 @@ def _default(**_) -> BackendType:
     return BackendType.TRITON
 
 
-def _tune_kwargs(out=None, **kw):
-    # Autotune times accumulating variants on a zeroed scratch buffer: never on main_grad.
-    return dict(kw, out=None if out is None else torch.zeros_like(out))
-
-
 gemm_fp4_dispatcher = AutoKernelDispatcher(
     op_name="gemm_fp4",
     family="gemm",
     backends=[GemmFP4TritonBackend],
     make_key=_make_key,
     default=_default,
-    make_tune_kwargs=_tune_kwargs,
+    make_tune_kwargs=scratch_out_tune_kwargs,
 )

@@ -13,7 +13,9 @@ from typing import Optional
 
 import torch
 
-from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend, cuda_capability
+from ..core.backend import (
+    AutoKernelDispatcher, BackendType, KernelBackend, cuda_capability, scratch_out_tune_kwargs,
+)
 from ..core.low_precision import ScalingGranularity
 
 __all__ = ["GemmFP8TorchBackend", "GemmFP8TritonBackend", "gemm_fp8_dispatcher", "FP8_GEMM_DTYPES"]
@@ -182,11 +184,6 @@ def _default(**kwargs) -> BackendType:
     return BackendType.TRITON
 
 
-def _tune_kwargs(out=None, **kw):
-    # Autotune times accumulating variants on a zeroed scratch buffer: never on main_grad.
-    return dict(kw, out=None if out is None else torch.zeros_like(out))
-
-
 gemm_fp8_dispatcher = AutoKernelDispatcher(
     op_name="gemm_fp8",
     family="gemm",
@@ -194,5 +191,5 @@ gemm_fp8_dispatcher = AutoKernelDispatcher(
     make_key=_make_key,
     default=_default,
     default_checked=BackendType.TORCH,
-    make_tune_kwargs=_tune_kwargs,
+    make_tune_kwargs=scratch_out_tune_kwargs,
 )

@@ -18,7 +18,9 @@ from typing import Optional
 
 import torch
 
-from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend, cuda_capability
+from ..core.backend import (
+    AutoKernelDispatcher, BackendType, KernelBackend, cuda_capability, scratch_out_tune_kwargs,
+)
 
 __all__ = [
     "GROUPED_GEMM_DTYPES",
@@ -204,13 +206,6 @@ def _make_key_vk(x, y, group_lens, group_offs, out=None, accumulate=False, num_c
             None if out is None else out.dtype, bool(accumulate), num_cu, x.device.type)
 
 
-def _tune_kwargs_vk(x, y, group_lens, group_offs, out=None, accumulate=False, num_cu=None, **kw):
-    # autotune never writes into the caller's accumulation buffer (main_grad)
-    scratch = None if out is None else torch.zeros_like(out)
-    return dict(kw, x=x, y=y, group_lens=group_lens, group_offs=group_offs, out=scratch, accumulate=accumulate,
-                num_cu=num_cu)
-
-
 grouped_gemm_variable_k_dispatcher = AutoKernelDispatcher(
     op_name="grouped_gemm_variable_k",
     family="grouped_gemm",
@@ -219,5 +214,5 @@ grouped_gemm_variable_k_dispatcher = AutoKernelDispatcher(
     default=lambda **kw: (
         BackendType.TORCH if GroupedGemmVariableKTorchBackend.can_handle(**kw) else BackendType.TRITON),
     default_checked=BackendType.TORCH,
-    make_tune_kwargs=_tune_kwargs_vk,
+    make_tune_kwargs=scratch_out_tune_kwargs,
 )

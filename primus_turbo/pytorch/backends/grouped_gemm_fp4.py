@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend
+from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend, scratch_out_tune_kwargs
 
 __all__ = [
     "GroupedGemmFP4TritonBackend",
@@ -96,16 +96,11 @@ def _make_key_vk(x_t, x_scale, y_t, y_scale, group_lens, group_offs, out=None, a
             out_dtype, bool(accumulate), num_cu, x_t.device.type)
 
 
-def _tune_kwargs_vk(out=None, **kw):
-    # autotune never writes into the caller's accumulation buffer (main_grad)
-    return dict(kw, out=None if out is None else torch.zeros_like(out))
-
-
 grouped_gemm_fp4_variable_k_dispatcher = AutoKernelDispatcher(
     op_name="grouped_gemm_fp4_variable_k",
     family="grouped_gemm",
     backends=[GroupedGemmFP4VariableKTritonBackend],
     make_key=_make_key_vk,
     default=lambda **kw: BackendType.TRITON,
-    make_tune_kwargs=_tune_kwargs_vk,
+    make_tune_kwargs=scratch_out_tune_kwargs,
 )

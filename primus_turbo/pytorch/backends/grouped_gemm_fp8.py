@@ -39,7 +39,9 @@ from typing import Optional
 
 import torch
 
-from ..core.backend import AutoKernelDispatcher, BackendType, KernelBackend, cuda_capability
+from ..core.backend import (
+    AutoKernelDispatcher, BackendType, KernelBackend, cuda_capability, scratch_out_tune_kwargs,
+)
 from .grouped_gemm import zero_tail_rows
 
 __all__ = [
@@ -323,16 +325,11 @@ def _make_key_vk(x_t, x_scale, y_t, y_scale, mode, group_lens, group_offs, out=N
             block_size, x_t.device.type)
 
 
-def _tune_kwargs_vk(out=None, **kw):
-    # autotune never writes into the caller's accumulation buffer (main_grad)
-    return dict(kw, out=None if out is None else torch.zeros_like(out))
-
-
 grouped_gemm_fp8_variable_k_dispatcher = AutoKernelDispatcher(
     op_name="grouped_gemm_fp8_variable_k",
     family="grouped_gemm",
     backends=[GroupedGemmFP8VariableKTritonBackend, GroupedGemmFP8VariableKTorchBackend],
     make_key=_make_key_vk,
     default=lambda **kw: BackendType.TRITON,
-    make_tune_kwargs=_tune_kwargs_vk,
+    make_tune_kwargs=scratch_out_tune_kwargs,
 )

@@ -337,6 +337,12 @@ def _time_call(fn: Callable[[], Any], on_cuda: bool, warmup: int = 10, iters: in
     return (time.perf_counter() - t0) * 1e3 / iters
 
 
+def scratch_out_tune_kwargs(out=None, **kw) -> dict:
+    """``make_tune_kwargs`` of the ops with an optional accumulation target ``out``: autotune times
+    the candidates on a zeroed scratch copy, never on the caller's buffer (e.g. Megatron's main_grad)."""
+    return dict(kw, out=None if out is None else torch.zeros_like(out))
+
+
 class AutoKernelDispatcher:
     """Holds the backends of one op and applies the priority rule (module docstring)."""
 
