@@ -97,6 +97,20 @@ def test_grouped_fp8_mixed_dtypes_offsets_num_cu(mode, device):
         assert torch.equal(out, outs[0])
 
 
+def _quant_wgrad_operands(x, y, mode):
+    """x (E5M2) and y (E4M3) ``[M, P]`` / ``[M, Q]`` quantized per tensor or per column (along the
+    tokens): ``(xq, sx, dx, yq, sy, dy)`` with the dequantized float64 copies and the kernel's
+    scale shapes (``[]`` or ``[P]`` / ``[Q]``)."""
+    if mode == "TENSORWISE":
+        (xq, sx), (yq, sy) = (quantize_fp8(t, d, ScalingGranularity.TENSORWISE) for t, d in ((x, E5M2), (y, E4M3)))
+    else:
+        (xq, sx), (yq, sy) = (quantize_fp8(t, d, ScalingGranularity.ROWWISE, axis=0) for t, d in ((x, E5M2), (y, E4M3)))
+    dx, dy = xq.double() * sx.double(), yq.double() * sy.double()
+    if mode != "TENSORWISE":
+        sx, sy = sx.reshape(x.shape[1]), sy.reshape(y.shape[1])
+    return xq, sx, dx, yq, sy, dy
+
+
 @pytest.mark.parametrize("mode", ["TENSORWISE", "ROWWISE"])
 @pytest.mark.parametrize("lens", [[64], [20, 0, 31], [0, 64, 3, 0, 9, 33, 0, 1]], ids=lambda l: f"G{len(l)}")
 def test_grouped_fp8_variable_k_exact(lens, mode, device):
@@ -105,13 +119,7 @@ def test_grouped_fp8_variable_k_exact(lens, mode, device):
     x = torch.randn(M, P, device=device) * (torch.rand(1, P, device=device) + 0.1)
     y = torch.randn(M, Q, device=device) * 3
     gl = torch.tensor(lens, dtype=torch.int64, device=device)
-    if mode == "TENSORWISE":
-        (xq, sx), (yq, sy) = (quantize_fp8(t, d, ScalingGranularity.TENSORWISE) for t, d in ((x, E5M2), (y, E4M3)))
-        dx, dy = xq.double() * sx.double(), yq.double() * sy.double()
-    else:
-        (xq, sx), (yq, sy) = (quantize_fp8(t, d, ScalingGranularity.ROWWISE, axis=0) for t, d in ((x, E5M2), (y, E4M3)))
-        dx, dy = xq.double() * sx.double(), yq.double() * sy.double()
-        sx, sy = sx.reshape(P), sy.reshape(Q)
+    xq, sx, dx, yq, sy, dy = _quant_wgrad_operands(x, y, mode)
     ref = grouped_gemm_variable_k_ref(dx, dy, gl)
     xt, yt = xq.t().contiguous(), yq.t().contiguous()
     out = grouped_gemm_fp8_variable_k_triton(xt, sx, yt, sy, mode, gl, out_dtype=torch.float32)
@@ -147,13 +155,7 @@ def test_grouped_fp8_variable_k_unaligned_offsets(mode, device):
     gl = torch.tensor(UNALIGNED_LENS, dtype=torch.int64, device=device)
     offs = torch.full((G + 1,), UNALIGNED_FIRST, dtype=torch.int64, device=device)
     offs[1:] += gl.cumsum(0)
-    if mode == "TENSORWISE":
-        (xq, sx), (yq, sy) = (quantize_fp8(t, d, ScalingGranularity.TENSORWISE) for t, d in ((x, E5M2), (y, E4M3)))
-        dx, dy = xq.double() * sx.double(), yq.double() * sy.double()
-    else:
-        (xq, sx), (yq, sy) = (quantize_fp8(t, d, ScalingGranularity.ROWWISE, axis=0) for t, d in ((x, E5M2), (y, E4M3)))
-        dx, dy = xq.double() * sx.double(), yq.double() * sy.double()
-        sx, sy = sx.reshape(P), sy.reshape(Q)
+    xq, sx, dx, yq, sy, dy = _quant_wgrad_operands(x, y, mode)
     ref = grouped_gemm_variable_k_ref(dx[UNALIGNED_FIRST:], dy[UNALIGNED_FIRST:], gl)
     aligned = _transpose_bytes(xq, 16), _transpose_bytes(yq, 16)
     assert aligned[0].stride() == (256, 1) and torch.equal(aligned[0].view(torch.uint8), xq.view(torch.uint8).t())
