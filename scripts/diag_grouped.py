@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Where does a grouped GEMM forward+backward spend its time? For each shape: the wall time
+(``do_bench`` median) and per-kernel GPU time (torch.profiler) of ``torch._grouped_mm`` under
+autograd and of ``turbo.ops.grouped_gemm`` (default dispatch), plus the host time of one call of
+each (a wall time well above the GPU total means the step is host-bound).
+
+    PYTHONPATH=. python scripts/diag_grouped.py --out /tmp/diag [--shape G M N K ...]
+
+Shapes default to the rows where the default dispatch trails the peer. Writes ``diag_grouped.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+import torch  # noqa: E402
+
+from scripts.diag_fp8_linear import _profile  # noqa: E402
+
+DEFAULT_SHAPES = ((16, 32768, 2048, 768), (16, 32768, 1536, 2048), (8, 4096, 2048, 768))
+
+
+def _host_us(step, n: int = 50) -> float:
+    """Host time of one call: the launches alone, with the GPU kept busy so it never waits on us."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--shape", type=int, nargs=4, action="append", metavar=("G", "M", "N", "K"),
+                   help="experts, routed rows, N, K (repeatable)")
+    args = p.parse_args(argv)
+    from triton.testing import do_bench
+
+    import primus_turbo.pytorch as turbo
+
+    dev = torch.device("cuda")
+    lines = []
+    for G, M, N, K in args.shape or DEFAULT_SHAPES:
+        lens = torch.full((G,), M // G, dtype=torch.int64, device=dev)
+        offs = torch.zeros(G + 1, dtype=torch.int64, device=dev)
+        offs[1:] = torch.cumsum(lens, 0)
+        offs32 = offs[1:].to(torch.int32)
+        a = torch.randn(M, K, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        w = (torch.randn(G, N, K, device=dev, dtype=torch.bfloat16) / K**0.5).requires_grad_(True)
+        grad = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
+        steps = {
+            "torch._grouped_mm": lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs32).backward(grad),
+            "turbo default": lambda: turbo.ops.grouped_gemm(a, w, lens, offs, trans_b=True).backward(grad),
+            "turbo fwd only": lambda: turbo.ops.grouped_gemm(a.detach(), w.detach(), lens, offs, trans_b=True),
+            "torch fwd only": lambda: torch._grouped_mm(a.detach(), w.detach().transpose(-2, -1), offs=offs32),
+        }
+        for name, step in steps.items():
+            for _ in range(3):
+                step()
+            ms = do_bench(step, warmup=10, rep=50, return_mode="median")
+            host = _host_us(step)
+            head = f"== G{G} M{M} N{N} K{K} {name}: {ms:.4f} ms wall, host {host:.0f} us per call"
+            print(head, flush=True)
+            lines += [head, _profile(step), ""]
+            a.grad = w.grad = None
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "diag_grouped.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
