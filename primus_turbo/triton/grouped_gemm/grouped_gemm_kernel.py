@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Callable, Optional
 
 import torch
@@ -39,6 +40,7 @@ import triton.language as tl
 from primus_turbo.triton import is_interpreter
 from primus_turbo.triton.gemm.gemm_kernel import _autotune_enabled  # one switch, dense and grouped
 from primus_turbo.triton.gemm.gemm_kernel import _ensure_allocator  # device-side descriptors' scratch
+from primus_turbo.triton.gemm.gemm_kernel import _logger
 from primus_turbo.triton.interpreter import bf16_dot_fixed
 
 __all__ = [
@@ -355,6 +357,7 @@ def _pick_config(key: tuple, default: GroupedGemmConfig, dtype: torch.dtype, dev
     candidates = [default] + [c for c in pool if c != default]
     best, best_ms = default, float("inf")
     ref = None
+    timed = []  # (config, ms or why it was skipped) for PRIMUS_TURBO_PRINT_CONFIGS
     for c in candidates:
         try:
             if same is not None:
@@ -362,14 +365,25 @@ def _pick_config(key: tuple, default: GroupedGemmConfig, dtype: torch.dtype, dev
                 if ref is None:
                     ref = out.clone()
                 elif not same(ref, out):
+                    timed.append((c, "differs from the default's output"))
                     continue
             ms = _time_ms(lambda c=c: run(c))
-        except Exception:  # noqa: BLE001 - e.g. out of shared memory or registers: skip it
+        except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory or registers: skip it
+            timed.append((c, type(exc).__name__))
             continue
+        timed.append((c, f"{ms:.4f} ms"))
         if ms < best_ms:
             best, best_ms = c, ms
     _tuned[key] = best
+    if os.environ.get("PRIMUS_TURBO_PRINT_CONFIGS", "0").strip().lower() in ("1", "true", "yes", "on"):
+        _logger().warning("grouped_gemm_triton tuned %s: %s (candidates: %s)", key, best,
+                          "; ".join(f"{_short(c)} {t}" for c, t in timed))
     return best
+
+
+def _short(c: GroupedGemmConfig) -> str:
+    return (f"{c.block_m}x{c.block_n}x{c.block_k} g{c.group_m} s{c.num_stages} w{c.num_warps}"
+            + (" tma" if c.use_tma else ""))
 
 
 def _close(ref: torch.Tensor, out: torch.Tensor) -> bool:
