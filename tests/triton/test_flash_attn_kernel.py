@@ -44,9 +44,13 @@ def test_kernels_nonpositive_scale(scale, causal, device):
     _check_vs_fp64((100, 164, 2, 1, 32, 32), causal, (-1, -1), True, device, scale)
 
 
-def _check_vs_fp64(cfg, causal, window, sink, device, scale):
+def _skip_if_no_triton(device):
     if triton_attn.check_flash_attn_triton(torch.empty(1, device=device), None, torch.empty(1, device=device)):
         pytest.skip("Triton attention kernels cannot run on this device")
+
+
+def _check_vs_fp64(cfg, causal, window, sink, device, scale, **bwd_kw):
+    _skip_if_no_triton(device)
     sq, sk, hq, hk, dqk, dv = cfg
     q = torch.randn(2, sq, hq, dqk, dtype=torch.float64, device=device, requires_grad=True)
     k = torch.randn(2, sk, hk, dqk, dtype=torch.float64, device=device, requires_grad=True)
@@ -58,7 +62,8 @@ def _check_vs_fp64(cfg, causal, window, sink, device, scale):
     ref, ref_lse = attention_ref(q, k, v, causal, window, s, scale, return_lse=True)
     dout = torch.randn_like(ref)
     ref.backward(dout)
-    dq, dk, dv_, dsink = triton_attn.flash_attn_bwd_triton(dout.float(), f(q), f(k), f(v), out, lse, f(s), scale, wl, wr)
+    dq, dk, dv_, dsink = triton_attn.flash_attn_bwd_triton(dout.float(), f(q), f(k), f(v), out, lse, f(s), scale, wl, wr,
+                                                           **bwd_kw)
     assert snr_db(ref, out) >= 40.0
     fin = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), fin)
@@ -72,8 +77,7 @@ def _check_vs_fp64(cfg, causal, window, sink, device, scale):
 
 
 def test_zero_length_kv(device):
-    if triton_attn.check_flash_attn_triton(torch.empty(1, device=device), None, torch.empty(1, device=device)):
-        pytest.skip("Triton attention kernels cannot run on this device")
+    _skip_if_no_triton(device)
     q = torch.randn(1, 8, 2, 16, device=device)
     k = torch.randn(1, 0, 2, 16, device=device)
     v = torch.randn(1, 0, 2, 16, device=device)
@@ -81,3 +85,126 @@ def test_zero_length_kv(device):
     assert torch.equal(out, torch.zeros_like(out)) and bool((lse == float("inf")).all())
     dq, dk, dv, _ = triton_attn.flash_attn_bwd_triton(torch.randn_like(out), q, k, v, out, lse, None, 0.25)
     assert torch.equal(dq, torch.zeros_like(dq)) and dk.numel() == 0 and dv.numel() == 0
+
+
+# ---- the one-kernel backward with atomic dQ accumulation --------------------------------------
+@pytest.fixture
+def launches(monkeypatch):
+    """The ``atomic`` flag of every backward launch (spies on flash_attn_bwd._launch_bwd)."""
+    from primus_turbo.triton.attention import flash_attn_bwd as bwd_mod
+
+    seen = []
+    orig = bwd_mod._launch_bwd
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("atomic", False))
+        return orig(*args, **kwargs)
+
+    monkeypatch.setattr(bwd_mod, "_launch_bwd", spy)
+    return seen
+
+
+@pytest.mark.parametrize(
+    "cfg,causal,window,sink",
+    [
+        # several 32-row / 32-key blocks per row and column: masked edges around an unmasked interior
+        ((128, 128, 2, 1, 32, 32), True, (-1, -1), False),  # GQA, whole blocks, causal
+        ((100, 164, 4, 2, 32, 32), True, (-1, -1), True),  # GQA, partial blocks, seq_q < seq_kv, sink
+        ((164, 100, 2, 2, 32, 32), False, (40, 10), False),  # two-sided window, seq_q > seq_kv
+        ((130, 130, 2, 2, 24, 40), False, (50, -1), True),  # left window, padded head dims
+        ((50, 37, 3, 3, 40, 24), True, (-1, -1), False),  # empty causal rows
+        ((96, 160, 1, 1, 32, 32), False, (-1, -1), False),  # no mask at all
+        ((70, 90, 2, 1, 192, 128), True, (-1, -1), True),  # head_dim_qk 192 != head_dim_v 128, GQA
+    ],
+)
+def test_atomic_dq_vs_fp64(cfg, causal, window, sink, device, launches):
+    _check_vs_fp64(cfg, causal, window, sink, device, 0.3, deterministic=False, atomic_dq=True)
+    assert launches == [True]
+
+
+def test_atomic_dq_bf16_matches_two_kernel(device, launches):
+    """bf16: the atomic variant's gradients are as close to the two-kernel ones as rounding allows."""
+    _skip_if_no_triton(device)
+    q = torch.randn(1, 96, 4, 64, dtype=torch.bfloat16, device=device)
+    k = torch.randn(1, 80, 2, 64, dtype=torch.bfloat16, device=device)
+    v = torch.randn(1, 80, 2, 64, dtype=torch.bfloat16, device=device)
+    out, lse = triton_attn.flash_attn_fwd_triton(q, k, v, None, 0.125, -1, 0)
+    dout = torch.randn_like(out)
+    two = triton_attn.flash_attn_bwd_triton(dout, q, k, v, out, lse, None, 0.125, -1, 0)
+    one = triton_attn.flash_attn_bwd_triton(dout, q, k, v, out, lse, None, 0.125, -1, 0, deterministic=False,
+                                            atomic_dq=True)
+    assert launches == [False, True]
+    for name, a, b in zip(("dq", "dk", "dv"), two, one):
+        assert b.dtype == torch.bfloat16 and b.shape == a.shape and b.is_contiguous(), name
+        assert snr_db(a.float(), b.float()) >= 40.0, name
+    assert torch.equal(two[1], one[1]) and torch.equal(two[2], one[2])  # dK, dV: the same program
+
+
+@pytest.mark.parametrize("causal,window,sink", [(True, (-1, -1), True), (False, (20, 5), False)])
+def test_atomic_dq_varlen_vs_fp64(causal, window, sink, device, launches):
+    """Packed sequences of ragged lengths (one empty), GQA, padding rows outside cu_seqlens."""
+    _skip_if_no_triton(device)
+    lens_q, lens_k = [70, 0, 33, 100], [45, 12, 80, 100]
+    hq, hk, dqk, dv = 4, 2, 48, 32
+    pad = 5  # trailing rows outside every sequence: zero gradients
+    tq, tk = sum(lens_q) + pad, sum(lens_k)
+    q = torch.randn(tq, hq, dqk, dtype=torch.float64, device=device, requires_grad=True)
+    k = torch.randn(tk, hk, dqk, dtype=torch.float64, device=device, requires_grad=True)
+    v = torch.randn(tk, hk, dv, dtype=torch.float64, device=device, requires_grad=True)
+    s = torch.randn(hq, dtype=torch.float64, device=device, requires_grad=True) if sink else None
+    cu = lambda lens: torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=device)  # noqa: E731
+    cu_q, cu_k = cu(lens_q), cu(lens_k)
+    wl, wr = _win(causal, window)
+    f = lambda t: None if t is None else t.detach().float()  # noqa: E731
+    out, lse = triton_attn.flash_attn_varlen_fwd_triton(f(q), f(k), f(v), cu_q, cu_k, max(lens_q), max(lens_k), f(s),
+                                                        0.3, wl, wr)
+    refs, cq, ck = [], 0, 0
+    for nq, nk in zip(lens_q, lens_k):
+        if nq:
+            refs.append(attention_ref(q[cq:cq + nq][None], k[ck:ck + nk][None], v[ck:ck + nk][None], causal, window, s,
+                                      0.3)[0])
+        cq, ck = cq + nq, ck + nk
+    ref = torch.cat(refs)
+    dout = torch.randn(tq, hq, dv, dtype=torch.float64, device=device)
+    ref.backward(dout[: ref.shape[0]])
+    dq, dk, dv_, dsink = triton_attn.flash_attn_varlen_bwd_triton(
+        dout.float(), f(q), f(k), f(v), out, lse, cu_q, cu_k, max(lens_q), max(lens_k), f(s), 0.3, wl, wr,
+        deterministic=False, atomic_dq=True)
+    assert launches == [True]
+    assert snr_db(ref, out[: ref.shape[0]]) >= 40.0
+    assert bool((dq[-pad:] == 0).all())
+    for name, g, rg in (("dq", dq[:-pad], q.grad[:-pad]), ("dk", dk, k.grad), ("dv", dv_, v.grad)):
+        assert snr_db(rg, g) >= 40.0, name
+    if sink:
+        assert snr_db(s.grad, dsink) >= 40.0
+
+
+def test_atomic_dq_selection_rule(monkeypatch):
+    """One function decides; deterministic=True always refuses the atomic path, whatever else says."""
+    from primus_turbo.triton.attention.flash_attn_bwd import use_atomic_dq
+
+    name = "PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ"
+    monkeypatch.delenv(name, raising=False)
+    assert not use_atomic_dq(False)  # auto: two kernels until measured
+    assert use_atomic_dq(False, atomic_dq=True)
+    assert not use_atomic_dq(True, atomic_dq=True)
+    for value, want in (("1", True), ("0", False), ("auto", False)):
+        monkeypatch.setenv(name, value)
+        assert use_atomic_dq(False) is want
+        assert use_atomic_dq(True) is False
+        assert use_atomic_dq(False, atomic_dq=not want) is (not want)
+    monkeypatch.setenv(name, "sometimes")
+    with pytest.raises(ValueError, match=name):
+        use_atomic_dq(False)
+
+
+def test_kernel_level_default_is_deterministic(device, launches, monkeypatch):
+    """Callers of the kernel functions that do not say deterministic=False (FP8 fallback) stay two-kernel."""
+    _skip_if_no_triton(device)
+    monkeypatch.setenv("PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ", "1")
+    q = torch.randn(1, 40, 2, 16, device=device)
+    k = torch.randn(1, 40, 2, 16, device=device)
+    out, lse = triton_attn.flash_attn_fwd_triton(q, k, k, None, 0.25)
+    triton_attn.flash_attn_bwd_triton(torch.randn_like(out), q, k, k, out, lse, None, 0.25)
+    triton_attn.flash_attn_bwd_triton(torch.randn_like(out), q, k, k, out, lse, None, 0.25, deterministic=False)
+    assert launches == [False, True]

@@ -84,7 +84,8 @@ class AttnTorchBackend(KernelBackend):
 
 
 class AttnTritonBackend(KernelBackend):
-    """Our FlashAttention-2 style kernels: forward writes O and LSE; deterministic two-kernel backward."""
+    """Our FlashAttention-2 style kernels: forward writes O and LSE; two-kernel deterministic backward, or
+    (``deterministic=False`` and ``PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ``) one kernel with atomic dQ."""
 
     backend_type = BackendType.TRITON
     native_autograd: ClassVar[bool] = False
@@ -111,14 +112,17 @@ class AttnTritonBackend(KernelBackend):
 
     @classmethod
     def backward(cls, dout, q, k, v, out, lse, softmax_scale, sink=None, win_left=-1, win_right=-1,
-                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
-        """``(dq, dk, dv, dsink)`` of :meth:`execute` (dsink fp32 ``[Hq]`` or None)."""
+                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, deterministic=True):
+        """``(dq, dk, dv, dsink)`` of :meth:`execute` (dsink fp32 ``[Hq]`` or None). ``deterministic=False``
+        lets the one-kernel atomic-dQ backward run where ``PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ`` selects it."""
         from primus_turbo.triton.attention import flash_attn_bwd_triton, flash_attn_varlen_bwd_triton
 
         if cu_seqlens_q is not None:
             return flash_attn_varlen_bwd_triton(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                max_seqlen_k, sink, softmax_scale, win_left, win_right)
-        return flash_attn_bwd_triton(dout, q, k, v, out, lse, sink, softmax_scale, win_left, win_right)
+                                                max_seqlen_k, sink, softmax_scale, win_left, win_right,
+                                                deterministic=deterministic)
+        return flash_attn_bwd_triton(dout, q, k, v, out, lse, sink, softmax_scale, win_left, win_right,
+                                     deterministic=deterministic)
 
 
 def _make_key(q, k, v, sink=None, win_left=-1, win_right=-1, return_lse=False, cu_seqlens_q=None,

@@ -36,6 +36,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "flash_attn_fp8_func backward: 1 FP8 kernels, 0 bf16 kernels on the dequantized FP8 q/k/v; auto: FP8 on "
         "CPU, bf16 on CUDA until the FP8 backward is validated on the GPU.",
     ),
+    "PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ": (
+        "auto",
+        "Triton attention backward: 1 one kernel with fp32 atomic dQ accumulation, 0 the two-kernel backward; "
+        "auto: two-kernel until measured on the H200. deterministic=True is always two-kernel.",
+    ),
     "PRIMUS_TURBO_PRINT_CONFIGS": ("0", "1: log the kernel config chosen for each new shape (INFO level)."),
 }
 

@@ -54,9 +54,10 @@ def _triton_fwd_fake(q, k, v, sink, softmax_scale, win_left, win_right):
 
 def _triton_bwd_eager(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-    sink: Optional[torch.Tensor], softmax_scale: float, win_left: int, win_right: int,
+    sink: Optional[torch.Tensor], softmax_scale: float, win_left: int, win_right: int, deterministic: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    dq, dk, dv, dsink = AttnTritonBackend.backward(dout, q, k, v, out, lse, softmax_scale, sink, win_left, win_right)
+    dq, dk, dv, dsink = AttnTritonBackend.backward(dout, q, k, v, out, lse, softmax_scale, sink, win_left, win_right,
+                                                   deterministic=deterministic)
     if dsink is None:  # custom ops return tensors: an empty one stands for "no sink"
         dsink = q.new_empty((0,), dtype=torch.float32)
     return dq, dk, dv, dsink
@@ -68,7 +69,7 @@ flash_attn_triton_bwd = torch.library.custom_op(
 
 
 @flash_attn_triton_bwd.register_fake
-def _triton_bwd_fake(dout, q, k, v, out, lse, sink, softmax_scale, win_left, win_right):
+def _triton_bwd_fake(dout, q, k, v, out, lse, sink, softmax_scale, win_left, win_right, deterministic=True):
     n_sink = 0 if sink is None else sink.numel()
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), q.new_empty((n_sink,), dtype=torch.float32)
 
@@ -91,10 +92,11 @@ class FlashAttnFunction(torch.autograd.Function):
     """Autograd for the non-native backends (TRITON): the backend chosen in forward runs backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sink, softmax_scale, win_left, win_right, backend):
+    def forward(ctx, q, k, v, sink, softmax_scale, win_left, win_right, backend, deterministic=False):
         out, lse = _fwd(q, k, v, sink, softmax_scale, win_left, win_right)
         ctx.save_for_backward(q, k, v, out, lse, sink)
         ctx.softmax_scale, ctx.win_left, ctx.win_right = softmax_scale, win_left, win_right
+        ctx.deterministic = deterministic  # True: never the atomic-dQ backward
         ctx.backend = backend  # resolved once, in forward; pins changed later do not move backward
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -105,13 +107,14 @@ class FlashAttnFunction(torch.autograd.Function):
         if ctx.backend is not AttnTritonBackend:  # only TRITON runs through this Function today
             raise RuntimeError(f"flash_attn: no backward for backend {ctx.backend.backend_type.name}")
         dq, dk, dv, dsink = _bwd(
-            dout.contiguous(), q, k, v, out, lse, sink, ctx.softmax_scale, ctx.win_left, ctx.win_right
+            dout.contiguous(), q, k, v, out, lse, sink, ctx.softmax_scale, ctx.win_left, ctx.win_right,
+            ctx.deterministic,
         )
         if sink is None or not ctx.needs_input_grad[3]:
             dsink = None
         else:
             dsink = dsink.to(sink.dtype)
-        return dq, dk, dv, dsink, None, None, None, None
+        return dq, dk, dv, dsink, None, None, None, None, None
 
 
 # ---- varlen (packed THD) TRITON path ---------------------------------------------------------
@@ -141,11 +144,12 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 def _varlen_bwd_eager(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
-    sink: Optional[torch.Tensor], softmax_scale: float, win_left: int, win_right: int,
+    sink: Optional[torch.Tensor], softmax_scale: float, win_left: int, win_right: int, deterministic: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dq, dk, dv, dsink = AttnTritonBackend.backward(
         dout, q, k, v, out, lse, softmax_scale, sink, win_left, win_right,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+        deterministic=deterministic,
     )
     if dsink is None:
         dsink = q.new_empty((0,), dtype=torch.float32)
@@ -159,7 +163,7 @@ flash_attn_varlen_triton_bwd = torch.library.custom_op(
 
 @flash_attn_varlen_triton_bwd.register_fake
 def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sink,
-                     softmax_scale, win_left, win_right):
+                     softmax_scale, win_left, win_right, deterministic=True):
     n_sink = 0 if sink is None else sink.numel()
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), q.new_empty((n_sink,), dtype=torch.float32)
 
@@ -173,13 +177,14 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                win_left, win_right, backend):
+                win_left, win_right, backend, deterministic=False):
         out, lse = _varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sink,
                                softmax_scale, win_left, win_right)
         ctx.save_for_backward(q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k)
         ctx.max_seqlen_q, ctx.max_seqlen_k = max_seqlen_q, max_seqlen_k
         ctx.softmax_scale, ctx.win_left, ctx.win_right = softmax_scale, win_left, win_right
         ctx.backend = backend
+        ctx.deterministic = deterministic
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -190,13 +195,13 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
             raise RuntimeError(f"flash_attn_varlen: no backward for backend {ctx.backend.backend_type.name}")
         dq, dk, dv, dsink = _varlen_bwd(
             dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, ctx.max_seqlen_q, ctx.max_seqlen_k, sink,
-            ctx.softmax_scale, ctx.win_left, ctx.win_right,
+            ctx.softmax_scale, ctx.win_left, ctx.win_right, ctx.deterministic,
         )
         if sink is None or not ctx.needs_input_grad[3]:
             dsink = None
         else:
             dsink = dsink.to(sink.dtype)
-        return dq, dk, dv, dsink, None, None, None, None, None, None, None, None
+        return dq, dk, dv, dsink, None, None, None, None, None, None, None, None, None
 
 
 # ---- validation -----------------------------------------------------------------------------
@@ -285,8 +290,10 @@ def flash_attn_func(
         window_size: ``(left, right)``; query ``i`` sees keys in
             ``[i + off - left, i + off + right]`` with ``off = seq_kv - seq_q``; ``-1`` is unbounded.
         bias, alibi_slopes, return_attn_probs: not implemented (NotImplementedError naming them).
-        deterministic: ask for a bitwise-reproducible backward. The TRITON backward is always
-            deterministic (no atomics); on CUDA this flag keeps the call off SDPA.
+        deterministic: ask for a bitwise-reproducible backward: on CUDA this flag keeps the call off
+            SDPA, and TRITON runs its two-kernel backward (no atomics). With ``False`` TRITON may run
+            the one-kernel backward that accumulates dQ with fp32 atomics
+            (``PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ``; off by default).
         return_lse: also return the log-sum-exp ``[batch, heads_q, seq_q]`` fp32 (natural log,
             including the sink; ``+inf`` for a row that sees no key and has no sink). Not
             differentiable.
@@ -317,7 +324,7 @@ def flash_attn_func(
         t is not None and t.requires_grad for t in (q, k, v, sink)
     )
     if needs_grad:
-        out, lse = FlashAttnFunction.apply(q, k, v, sink, scale, win_left, win_right, backend)
+        out, lse = FlashAttnFunction.apply(q, k, v, sink, scale, win_left, win_right, backend, bool(deterministic))
     else:
         out, lse = _fwd(q, k, v, sink, scale, win_left, win_right)
     return (out, lse) if return_lse else out
@@ -419,7 +426,8 @@ def flash_attn_varlen_func(
     args = (cu_seqlens_q, cu_seqlens_k, max_q, max_k)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sink))
     if needs_grad:
-        out, lse = FlashAttnVarlenFunction.apply(q, k, v, sink, *args, scale, win_left, win_right, backend)
+        out, lse = FlashAttnVarlenFunction.apply(q, k, v, sink, *args, scale, win_left, win_right, backend,
+                                                 bool(deterministic))
     else:
         out, lse = _varlen_fwd(q, k, v, *args, sink, scale, win_left, win_right)
     return (out, lse) if return_lse else out

@@ -1,4 +1,5 @@
-"""FlashAttention-2 style backward in Triton: two kernels, no atomics, so it is deterministic.
+"""FlashAttention-2 style backward in Triton: two kernels without atomics (deterministic), or one
+kernel that accumulates dQ with fp32 atomics (fewer MMAs, not bitwise reproducible).
 
 With ``P = exp(S * scale - LSE)`` recomputed from the forward's LSE and
 ``delta_i = sum_d dO[i, d] * O[i, d]``:
@@ -9,7 +10,12 @@ With ``P = exp(S * scale - LSE)`` recomputed from the forward's LSE and
 ``_attn_bwd_dkdv_kernel`` owns a block of keys of one (batch, kv head) and loops over every query
 head of its GQA group and every query block that sees it; ``_attn_bwd_dq_kernel`` owns a block of
 queries and loops over key blocks. Each output element is written by exactly one program in a
-fixed order, so results are bitwise reproducible.
+fixed order, so results are bitwise reproducible. That recomputes S, P and dP in both kernels: 7 MMAs
+per (query block, key block) pair.
+
+The one-kernel variant (``_attn_bwd_atomic_dq_kernel``, chosen by :func:`use_atomic_dq`, never for
+``deterministic=True``) runs the dK/dV program and also adds each pair's ``scale * dS K`` into a
+zeroed fp32 dQ accumulator with relaxed atomics (5 MMAs per pair); a cast copies it into dQ.
 
 Sink gradient: the sink logit ``s_h`` only enters the denominator, so with
 ``P_sink(i) = exp(s_h - LSE_i)``, ``dO_i/ds_h = -P_sink(i) * O_i`` and
@@ -55,12 +61,13 @@ def _unmasked_q_blocks(n_start, lo, hi, offset, win_left, win_right, SEQ_Q, SEQ_
 
 
 @triton.jit
-def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_m0, offs_n, offs_dqk, offs_dv,
-               stride_qs, stride_qd, stride_dos, stride_dod, seq_q, seq_k, off, win_left, win_right, qk_scale,
-               D_QK, D_V, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASKED: tl.constexpr,
-               EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dqa_base, start_m, offs_m0, offs_n, offs_dqk,
+               offs_dv, stride_qs, stride_qd, stride_dos, stride_dod, stride_dqas, stride_dqad, seq_q, seq_k, off,
+               win_left, win_right, qk_scale, sm_scale, D_QK, D_V, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+               MASKED: tl.constexpr, EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     """One query block's contribution to a key block's dK and dV (``MASKED=False``: whole block,
-    every pair visible: no masks)."""
+    every pair visible: no masks). ``ATOMIC_DQ``: also add the block pair's ``scale * dS K`` to the
+    fp32 dQ accumulator at ``dqa_base`` (relaxed fp32 atomics: the one-kernel backward)."""
     offs_m = start_m + offs_m0
     q_ptrs = q_base + offs_m[:, None] * stride_qs + offs_dqk[None, :] * stride_qd
     do_ptrs = do_base + offs_m[:, None] * stride_dos + offs_dv[None, :] * stride_dod
@@ -88,25 +95,37 @@ def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, off
     dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
     dst = pt * (dpt - delta[None, :])
     dk += tl.dot(dst.to(q.dtype), q, input_precision=DOT_PRECISION)
+    if ATOMIC_DQ:
+        dq = tl.dot(tl.trans(dst.to(k.dtype)), k, input_precision=DOT_PRECISION) * sm_scale  # [BLOCK_M, BLOCK_DQK]
+        dqa_ptrs = dqa_base + offs_m[:, None] * stride_dqas + offs_dqk[None, :] * stride_dqad
+        if MASKED:
+            tl.atomic_add(dqa_ptrs, dq, mask=(offs_m[:, None] < seq_q) & (offs_dqk[None, :] < D_QK), sem="relaxed")
+        elif EVEN_D:
+            tl.atomic_add(dqa_ptrs, dq, sem="relaxed")
+        else:
+            tl.atomic_add(dqa_ptrs, dq, mask=offs_dqk[None, :] < D_QK, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def _attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
+def _dkdv_program(
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQA, CU_Q, CU_K,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
     stride_dob, stride_dos, stride_doh, stride_dod,
     stride_dkb, stride_dks, stride_dkh, stride_dkd,
     stride_dvb, stride_dvs, stride_dvh, stride_dvd,
+    stride_dqab, stride_dqas, stride_dqah, stride_dqad,
     stride_lh,
     H, HK, SEQ_Q, SEQ_K, GROUP, D_QK, D_V,
     qk_scale, sm_scale, offset, win_left, win_right,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-    EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
 ):
+    """One key block of one (batch, kv head): dK and dV over every query head of its GQA group and
+    every query block that sees it; with ``ATOMIC_DQ`` also each pair's dQ share, atomically."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // HK
@@ -126,6 +145,7 @@ def _attn_bwd_dkdv_kernel(
         v_row = k_start.to(tl.int64) * stride_vs
         dk_row = k_start.to(tl.int64) * stride_dks
         dv_row = k_start.to(tl.int64) * stride_dvs
+        dqa_row = q_start.to(tl.int64) * stride_dqas
     else:
         seq_q = SEQ_Q
         seq_k = SEQ_K
@@ -136,6 +156,7 @@ def _attn_bwd_dkdv_kernel(
         v_row = b.to(tl.int64) * stride_vb
         dk_row = b.to(tl.int64) * stride_dkb
         dv_row = b.to(tl.int64) * stride_dvb
+        dqa_row = b.to(tl.int64) * stride_dqab
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m0 = tl.arange(0, BLOCK_M)
@@ -170,6 +191,7 @@ def _attn_bwd_dkdv_kernel(
         h = hk * GROUP + g
         q_base = Q + q_row + h * stride_qh
         do_base = DO + do_row + h * stride_doh
+        dqa_base = DQA + dqa_row + h.to(tl.int64) * stride_dqah
         if IS_VARLEN:
             row_base = h.to(tl.int64) * stride_lh + q_start
         else:
@@ -177,20 +199,20 @@ def _attn_bwd_dkdv_kernel(
         lse_base = LSE + row_base
         delta_base = DELTA + row_base
         for start_m in range(lo, a, BLOCK_M):
-            dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_m0, offs_n,
-                                offs_dqk, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod, seq_q, seq_k,
-                                off, win_left, win_right, qk_scale, D_QK, D_V, HAS_LEFT, HAS_RIGHT, True,
-                                EVEN_D, DOT_PRECISION)
+            dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dqa_base, start_m, offs_m0,
+                                offs_n, offs_dqk, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod, stride_dqas,
+                                stride_dqad, seq_q, seq_k, off, win_left, win_right, qk_scale, sm_scale, D_QK, D_V,
+                                HAS_LEFT, HAS_RIGHT, True, EVEN_D, DOT_PRECISION, ATOMIC_DQ)
         for start_m in range(a, bb, BLOCK_M):
-            dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_m0, offs_n,
-                                offs_dqk, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod, seq_q, seq_k,
-                                off, win_left, win_right, qk_scale, D_QK, D_V, HAS_LEFT, HAS_RIGHT, False,
-                                EVEN_D, DOT_PRECISION)
+            dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dqa_base, start_m, offs_m0,
+                                offs_n, offs_dqk, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod, stride_dqas,
+                                stride_dqad, seq_q, seq_k, off, win_left, win_right, qk_scale, sm_scale, D_QK, D_V,
+                                HAS_LEFT, HAS_RIGHT, False, EVEN_D, DOT_PRECISION, ATOMIC_DQ)
         for start_m in range(bb, hi, BLOCK_M):
-            dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_m0, offs_n,
-                                offs_dqk, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod, seq_q, seq_k,
-                                off, win_left, win_right, qk_scale, D_QK, D_V, HAS_LEFT, HAS_RIGHT, True,
-                                EVEN_D, DOT_PRECISION)
+            dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dqa_base, start_m, offs_m0,
+                                offs_n, offs_dqk, offs_dv, stride_qs, stride_qd, stride_dos, stride_dod, stride_dqas,
+                                stride_dqad, seq_q, seq_k, off, win_left, win_right, qk_scale, sm_scale, D_QK, D_V,
+                                HAS_LEFT, HAS_RIGHT, True, EVEN_D, DOT_PRECISION, ATOMIC_DQ)
 
     dk = dk * sm_scale
     tl.store(
@@ -200,6 +222,75 @@ def _attn_bwd_dkdv_kernel(
     tl.store(
         DV + dv_row + hk * stride_dvh + offs_n[:, None] * stride_dvs + offs_dv[None, :] * stride_dvd,
         dv.to(DV.dtype.element_ty), mask=n_ok[:, None] & (offs_dv[None, :] < D_V),
+    )
+
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_dob, stride_dos, stride_doh, stride_dod,
+    stride_dkb, stride_dks, stride_dkh, stride_dkd,
+    stride_dvb, stride_dvs, stride_dvh, stride_dvd,
+    stride_lh,
+    H, HK, SEQ_Q, SEQ_K, GROUP, D_QK, D_V,
+    qk_scale, sm_scale, offset, win_left, win_right,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """dK and dV only (the deterministic two-kernel backward; dQ comes from ``_attn_bwd_dq_kernel``)."""
+    _dkdv_program(
+        Q, K, V, DO, LSE, DELTA, DK, DV, DK, CU_Q, CU_K,
+        stride_qb, stride_qs, stride_qh, stride_qd,
+        stride_kb, stride_ks, stride_kh, stride_kd,
+        stride_vb, stride_vs, stride_vh, stride_vd,
+        stride_dob, stride_dos, stride_doh, stride_dod,
+        stride_dkb, stride_dks, stride_dkh, stride_dkd,
+        stride_dvb, stride_dvs, stride_dvh, stride_dvd,
+        0, 0, 0, 0,
+        stride_lh,
+        H, HK, SEQ_Q, SEQ_K, GROUP, D_QK, D_V,
+        qk_scale, sm_scale, offset, win_left, win_right,
+        HAS_LEFT, HAS_RIGHT, IS_VARLEN, BLOCK_M, BLOCK_N, BLOCK_DQK, BLOCK_DV, EVEN_D, DOT_PRECISION, False,
+    )
+
+
+@triton.jit
+def _attn_bwd_atomic_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQA, CU_Q, CU_K,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_dob, stride_dos, stride_doh, stride_dod,
+    stride_dkb, stride_dks, stride_dkh, stride_dkd,
+    stride_dvb, stride_dvs, stride_dvh, stride_dvd,
+    stride_dqab, stride_dqas, stride_dqah, stride_dqad,
+    stride_lh,
+    H, HK, SEQ_Q, SEQ_K, GROUP, D_QK, D_V,
+    qk_scale, sm_scale, offset, win_left, win_right,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """The one-kernel backward: dK, dV and ``scale * dS K`` added (fp32, relaxed atomics) into the
+    zeroed fp32 dQ accumulator ``DQA`` (5 MMAs per block pair instead of the two kernels' 7)."""
+    _dkdv_program(
+        Q, K, V, DO, LSE, DELTA, DK, DV, DQA, CU_Q, CU_K,
+        stride_qb, stride_qs, stride_qh, stride_qd,
+        stride_kb, stride_ks, stride_kh, stride_kd,
+        stride_vb, stride_vs, stride_vh, stride_vd,
+        stride_dob, stride_dos, stride_doh, stride_dod,
+        stride_dkb, stride_dks, stride_dkh, stride_dkd,
+        stride_dvb, stride_dvs, stride_dvh, stride_dvd,
+        stride_dqab, stride_dqas, stride_dqah, stride_dqad,
+        stride_lh,
+        H, HK, SEQ_Q, SEQ_K, GROUP, D_QK, D_V,
+        qk_scale, sm_scale, offset, win_left, win_right,
+        HAS_LEFT, HAS_RIGHT, IS_VARLEN, BLOCK_M, BLOCK_N, BLOCK_DQK, BLOCK_DV, EVEN_D, DOT_PRECISION, True,
     )
 
 
@@ -375,23 +466,75 @@ BWD_CONFIGS = {
 }
 
 
+#: sm_90 tiles of the one-kernel (atomic dQ) backward per padded head dim: (BLOCK_M, BLOCK_N,
+#: num_warps, num_stages). Not yet measured: time them with ``scripts/tune_attention.py --bwd-variant atomic``.
+BWD_ATOMIC_CONFIGS = {
+    64: (64, 128, 8, 2),
+    128: (64, 128, 8, 2),
+    256: (64, 64, 8, 1),
+}
+
+
+def _by_head_dim(table: dict, d_max: int):
+    for d, cfg in sorted(table.items()):
+        if d_max <= d:
+            return cfg
+    return table[max(table)]
+
+
 def _bwd_config(d_max: int):
     """((BLOCK_M, BLOCK_N, num_warps, num_stages) of the dK/dV kernel, the same of the dQ kernel)."""
     if is_interpreter():
         return (32, 32, 4, 1), (32, 32, 4, 1)
-    for d, cfg in sorted(BWD_CONFIGS.items()):
-        if d_max <= d:
-            return cfg
-    return BWD_CONFIGS[max(BWD_CONFIGS)]
+    return _by_head_dim(BWD_CONFIGS, d_max)
+
+
+def _bwd_atomic_config(d_max: int):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the one-kernel (atomic dQ) backward. Under the
+    interpreter the tiles are small but num_warps / num_stages are the GPU's: the interpreter ignores
+    them and scripts/aot_compile_check.py compiles the recorded launches with them."""
+    if is_interpreter():
+        return 32, 32, 8, 2
+    return _by_head_dim(BWD_ATOMIC_CONFIGS, d_max)
+
+
+def use_atomic_dq(deterministic: bool, atomic_dq: Optional[bool] = None) -> bool:
+    """Whether a backward runs the one-kernel variant with atomic dQ accumulation (the only place
+    this is decided). ``deterministic=True`` always gets the two-kernel path (fp32 atomics add in a
+    run-dependent order); otherwise an explicit ``atomic_dq`` wins, then
+    ``PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ`` (``1`` / ``0``; ``auto``, the default: the two-kernel path
+    until the atomic variant is measured on the H200). The variant covers every case the two-kernel
+    path does (masks, GQA, sinks, varlen, head_dim_qk != head_dim_v, padded head dims, layouts)."""
+    if deterministic:
+        return False
+    if atomic_dq is not None:
+        return bool(atomic_dq)
+    from primus_turbo.pytorch.core.env import env_auto_flag
+
+    choice = env_auto_flag("PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ")
+    return bool(choice)  # auto (None): two-kernel
+
+
+def _dq_accumulator(dq: torch.Tensor) -> torch.Tensor:
+    """The atomic variant's zeroed fp32 dQ accumulator, laid out like ``dq`` (``dq`` itself when fp32)."""
+    if dq.dtype == torch.float32:
+        return dq.zero_()
+    return torch.zeros(dq.shape, dtype=torch.float32, device=dq.device)
+
+
+def _dq_epilogue(dq: torch.Tensor, dq_acc: torch.Tensor) -> None:
+    """Cast the fp32 accumulator into ``dq`` (nothing to do when it is ``dq``: the two-kernel path, fp32)."""
+    if dq_acc is not dq:
+        dq.copy_(dq_acc)
 
 
 def _launch_bwd(q, k, v, dout, lse, delta, dq, dk, dv, strides, softmax_scale, win_left, win_right,
-                B, H, Hk, Sq, Sk, stride_lh, cu_q=None, cu_k=None):
-    """Both backward kernels on logical 4-D stride tuples ``strides = (q, k, v, dout, dq, dk, dv)``."""
+                B, H, Hk, Sq, Sk, stride_lh, cu_q=None, cu_k=None, atomic=False):
+    """The backward kernels on logical 4-D stride tuples ``strides = (q, k, v, dout, dq, dk, dv)``:
+    the dK/dV and dQ kernels, or (``atomic``) the one kernel, with ``dq`` then a zeroed fp32 accumulator."""
     qs, ks, vs, dos, dqs, dks, dvs = strides
     Dqk, Dv = q.size(-1), v.size(-1)
     block_dqk, block_dv = attn_block_dims(Dqk, Dv)
-    (bm1, bn1, warps1, stages1), (bm2, bn2, warps2, stages2) = _bwd_config(max(block_dqk, block_dv))
     has_left, has_right, wl, wr = window_flags(win_left, win_right)
     varlen = cu_q is not None
     cu_q, cu_k = (cu_q, cu_k) if varlen else (lse, lse)
@@ -400,6 +543,17 @@ def _launch_bwd(q, k, v, dout, lse, delta, dq, dk, dv, strides, softmax_scale, w
         EVEN_D=even_head_dims(Dqk, Dv), DOT_PRECISION=dot_precision(q.dtype),
     )
     qk_scale = float(softmax_scale) * LOG2E
+    if atomic:
+        bm, bn, warps, stages = _bwd_atomic_config(max(block_dqk, block_dv))
+        _attn_bwd_atomic_dq_kernel[(triton.cdiv(Sk, bn), B * Hk)](
+            q, k, v, dout, lse, delta, dk, dv, dq, cu_q, cu_k,
+            *qs, *ks, *vs, *dos, *dks, *dvs, *dqs, stride_lh,
+            H, Hk, Sq, Sk, H // Hk, Dqk, Dv,
+            qk_scale, float(softmax_scale), Sk - Sq, wl, wr,
+            BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **common,
+        )
+        return
+    (bm1, bn1, warps1, stages1), (bm2, bn2, warps2, stages2) = _bwd_config(max(block_dqk, block_dv))
     _attn_bwd_dkdv_kernel[(triton.cdiv(Sk, bn1), B * Hk)](
         q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k,
         *qs, *ks, *vs, *dos, *dks, *dvs, stride_lh,
@@ -419,10 +573,16 @@ def _launch_bwd(q, k, v, dout, lse, delta, dq, dk, dv, strides, softmax_scale, w
 def flash_attn_bwd_triton(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     lse: torch.Tensor, sink: Optional[torch.Tensor], softmax_scale: float, win_left: int = -1, win_right: int = -1,
+    deterministic: bool = True, atomic_dq: Optional[bool] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """Gradients of :func:`flash_attn_fwd_triton`: ``(dq, dk, dv, dsink)`` (dsink fp32 ``[Hq]`` or None)."""
+    """Gradients of :func:`flash_attn_fwd_triton`: ``(dq, dk, dv, dsink)`` (dsink fp32 ``[Hq]`` or None).
+
+    ``deterministic=False`` allows the one-kernel variant with atomic dQ accumulation where
+    :func:`use_atomic_dq` picks it (``atomic_dq`` forces it on or off); ``True``, the default here, is
+    always the bitwise-reproducible two-kernel backward."""
     B, Sq, H, Dqk = q.shape
     _, Sk, Hk, Dv = v.shape
+    atomic = use_atomic_dq(deterministic, atomic_dq)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -437,9 +597,11 @@ def flash_attn_bwd_triton(
         dk.zero_()
         dv.zero_()
         return dq, dk, dv, dsink
-    strides = tuple(t.stride() for t in (q, k, v, dout, dq, dk, dv))
-    _launch_bwd(q, k, v, dout, lse, delta, dq, dk, dv, strides, softmax_scale, win_left, win_right,
-                B, H, Hk, Sq, Sk, Sq)
+    dq_acc = _dq_accumulator(dq) if atomic else dq
+    strides = tuple(t.stride() for t in (q, k, v, dout, dq_acc, dk, dv))
+    _launch_bwd(q, k, v, dout, lse, delta, dq_acc, dk, dv, strides, softmax_scale, win_left, win_right,
+                B, H, Hk, Sq, Sk, Sq, atomic=atomic)
+    _dq_epilogue(dq, dq_acc)
     return dq, dk, dv, dsink
 
 
@@ -447,9 +609,11 @@ def flash_attn_varlen_bwd_triton(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
     sink: Optional[torch.Tensor], softmax_scale: float, win_left: int = -1, win_right: int = -1,
+    deterministic: bool = True, atomic_dq: Optional[bool] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Gradients of :func:`flash_attn_varlen_fwd_triton` (packed ``[T, H, D]`` tensors, LSE ``[Hq, Tq]``).
-    Rows outside the ``cu_seqlens`` ranges get zero gradients."""
+    Rows outside the ``cu_seqlens`` ranges get zero gradients. ``deterministic`` / ``atomic_dq``: as
+    :func:`flash_attn_bwd_triton`."""
     Tq, H, _ = q.shape
     Hk = v.shape[1]
     B = cu_seqlens_q.numel() - 1
@@ -463,7 +627,11 @@ def flash_attn_varlen_bwd_triton(
         dsink = -(p_sink * delta).sum(dim=1)
     if B <= 0 or H == 0 or Tq == 0 or k.shape[0] == 0 or max_seqlen_q <= 0 or max_seqlen_k <= 0:
         return dq, dk, dv, dsink
-    strides = tuple((0, *t.stride()) for t in (q, k, v, dout, dq, dk, dv))
-    _launch_bwd(q, k, v, dout, lse, delta, dq, dk, dv, strides, softmax_scale, win_left, win_right,
-                B, H, Hk, int(max_seqlen_q), int(max_seqlen_k), lse.stride(0), cu_seqlens_q, cu_seqlens_k)
+    atomic = use_atomic_dq(deterministic, atomic_dq)
+    dq_acc = _dq_accumulator(dq) if atomic else dq
+    strides = tuple((0, *t.stride()) for t in (q, k, v, dout, dq_acc, dk, dv))
+    _launch_bwd(q, k, v, dout, lse, delta, dq_acc, dk, dv, strides, softmax_scale, win_left, win_right,
+                B, H, Hk, int(max_seqlen_q), int(max_seqlen_k), lse.stride(0), cu_seqlens_q, cu_seqlens_k,
+                atomic=atomic)
+    _dq_epilogue(dq, dq_acc)
     return dq, dk, dv, dsink

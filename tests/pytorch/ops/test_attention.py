@@ -235,6 +235,59 @@ def test_triton_backward_deterministic(device):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_atomic_dq_switch_and_deterministic(deterministic, device, monkeypatch):
+    """PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ=1 runs the one-kernel atomic-dQ backward (dense and varlen),
+    except with deterministic=True, which always gets the two-kernel path."""
+    from primus_turbo.pytorch.ops.attention import flash_attn_varlen_func
+    from primus_turbo.triton.attention import flash_attn_bwd as bwd_mod
+
+    seen = []
+    orig = bwd_mod._launch_bwd
+    monkeypatch.setattr(bwd_mod, "_launch_bwd", lambda *a, **kw: seen.append(kw.get("atomic", False)) or orig(*a, **kw))
+    monkeypatch.setenv("PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ", "1")
+    GlobalBackendManager.set_attn_backend(BackendType.TRITON)
+    cfg = CONFIGS[1]
+    q, k, v, s = _inputs(cfg, 2, torch.float32, device, sink=True)
+    dout = torch.randn(2, cfg[0], cfg[2], cfg[5], device=device)
+    out, grads = _run(q, k, v, s, True, (-1, -1), dout, deterministic=deterministic)
+    assert seen == [not deterministic]
+    ref, ref_grads = _ref(q, k, v, s, True, (-1, -1), dout=dout)
+    for name, g, rg in zip(["dq", "dk", "dv", "dsink"], grads, ref_grads):
+        assert snr_db(rg, g) >= 40.0, name
+    # varlen: the same switch, the same rule
+    qv, kv, vv = (t.detach()[0].clone().requires_grad_() for t in (q, k, v))
+    cu = torch.tensor([0, 20, cfg[0]], dtype=torch.int32, device=device)
+    flash_attn_varlen_func(qv, kv, vv, cu, cu, cfg[0] - 20, cfg[0] - 20, causal=True,
+                           deterministic=deterministic).backward(dout[0])
+    assert seen == [not deterministic] * 2
+
+
+def test_atomic_dq_env_default_is_two_kernel(device, monkeypatch):
+    from primus_turbo.triton.attention import flash_attn_bwd as bwd_mod
+
+    seen = []
+    orig = bwd_mod._launch_bwd
+    monkeypatch.setattr(bwd_mod, "_launch_bwd", lambda *a, **kw: seen.append(kw.get("atomic", False)) or orig(*a, **kw))
+    monkeypatch.delenv("PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ", raising=False)
+    GlobalBackendManager.set_attn_backend(BackendType.TRITON)
+    q, k, v, _ = _inputs(CONFIGS[0], 1, torch.float32, device)
+    flash_attn_func(q, k, v, causal=True).sum().backward()
+    assert seen == [False]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_atomic_dq_low_precision_flash_rule(dtype, device, monkeypatch):
+    monkeypatch.setenv("PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ", "1")
+    GlobalBackendManager.set_attn_backend(BackendType.TRITON)
+    cfg, causal, window = (64, 96, 4, 2, 48, 32), False, (16, 8)
+    q, k, v, s = _inputs(cfg, 1, dtype, device, sink=True)
+    dout = torch.randn(1, cfg[0], cfg[2], cfg[5], dtype=dtype, device=device)
+    out, grads = _run(q, k, v, s, causal, window, dout)
+    assert grads[0].dtype == dtype and grads[0].shape == q.shape
+    _check_flash_rule(out, grads, q, k, v, s, causal, window, dout)
+
+
 def test_no_grad_path(device):
     GlobalBackendManager.set_attn_backend(BackendType.TRITON)
     q, k, v, s = _inputs(CONFIGS[0], 1, torch.float32, device, sink=True)
