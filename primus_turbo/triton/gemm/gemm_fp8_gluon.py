@@ -1,0 +1,425 @@
+"""Hopper (sm_90) Gluon kernel for the BLOCKWISE FP8 GEMM (DeepSeek-V3 recipe).
+
+``out[M, N] = sum_kb (a[:, kb] @ b[:, kb]^T) * sa[:, kb] * sb[n // 128, kb]`` with fp32
+accumulation: ``a`` ``[M, K]`` and ``b`` ``[N, K]`` float8_e4m3fn (K contiguous), ``sa``
+``[M, K/128]`` fp32 (1 x 128 activation groups), ``sb`` ``[N/128, K/128]`` fp32 (128 x 128 weight
+blocks), dequantization multipliers. The same product as the BLOCKWISE mode of
+``gemm_fp8_kernel.py``; only the summation order of the fp32 promotions differs.
+
+Why a second kernel: the ``triton.language`` kernel promotes each 128-deep partial with
+``acc += tl.dot(a, b.T) * scale``, so every K step waits for its wgmma before the multiply and the
+tensor cores idle during the promotion and the restart of the next MMA. This kernel follows the
+structure of DeepGEMM's FP8 GEMM (read for ideas; this is our own code):
+
+* persistent grid, GROUP_M-swizzled tile order (as gemm_kernel.py);
+* warp specialization (``gl.warp_specialize``): one producer warp issues the TMA loads of the A and
+  B tiles into a STAGES-deep shared-memory ring guarded by ``ready``/``empty`` mbarriers;
+* two consumer warpgroups, each owning 64 rows of the 128 x BLOCK_N tile, run async
+  ``warpgroup_mma`` into a per-K-block fp32 partial and promote it into their main accumulator
+  with the row's A scale times the block's B scale. Inside a warpgroup the wgmma of block k+1 is
+  issued before the promotion of block k (``warpgroup_mma_wait(1)``), so the tensor core always
+  has queued work while the CUDA cores promote; across the two warpgroups the warp scheduler
+  overlaps one's promotion with the other's MMA as well;
+* scales are read by the consumers straight from global memory (L2-resident, a few KB per tile),
+  issued one K block ahead so their latency hides behind the MMA;
+* epilogue: bf16 tile through shared memory and a TMA store (which clips the M and N tails),
+  waited on only before that buffer is rewritten, i.e. overlapped with the next tile's main loop.
+
+Requirements (``gluon_blockwise_reason`` returns the first one that fails): CUDA sm_90, Gluon
+importable, E4M3 operands with unit K stride and 16-byte aligned rows (so K % 16 == 0), scales of
+the shapes above, an output (bf16, fp16 or fp32) with 16-byte aligned rows. M, N and K tails are
+TMA's zero fill and store clipping; BLOCK_N = 128 keeps every tile inside one B scale block.
+Anything else goes to the ``triton.language`` kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Optional
+
+import torch
+
+__all__ = [
+    "GluonBlockwiseConfig",
+    "GLUON_AVAILABLE",
+    "gemm_fp8_blockwise_gluon",
+    "gluon_blockwise_reason",
+]
+
+SCALE_BLOCK = 128
+SMEM_LIMIT = 232448  # bytes of dynamic shared memory per block on sm_90
+
+try:  # Gluon ships with triton >= 3.4; CPU-only installs may import it but can never run it
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    GLUON_AVAILABLE = True
+    _GLUON_IMPORT_ERROR = ""
+except Exception as _exc:  # noqa: BLE001 - any failure means "no Gluon here"
+    GLUON_AVAILABLE = False
+    _GLUON_IMPORT_ERROR = f"{type(_exc).__name__}: {_exc}"
+
+
+@dataclasses.dataclass(frozen=True)
+class GluonBlockwiseConfig:
+    """Tile and pipeline shape. BLOCK_M is fixed at 128 (two consumer warpgroups of 64 rows) and
+    BLOCK_K at the scale block (128), so one partial is one promotion. ``consumer_regs`` and
+    ``producer_regs``: the per-thread register budgets the partitions ask for (setmaxnreg); the
+    two consumer warpgroups and the producer's warpgroup must fit 65536 registers.
+    """
+
+    block_n: int = 128
+    stages: int = 5
+    group_m: int = 8
+    consumer_regs: int = 232
+    producer_regs: int = 40
+
+    BLOCK_M = 128
+    BLOCK_K = SCALE_BLOCK
+
+    def smem_bytes(self, out_bytes: int = 2) -> int:
+        stage = self.BLOCK_M * self.BLOCK_K + self.block_n * self.BLOCK_K  # FP8: one byte per element
+        return self.stages * stage + self.BLOCK_M * self.block_n * out_bytes + 2 * 8 * self.stages
+
+    def short(self) -> str:
+        return f"n{self.block_n}s{self.stages}g{self.group_m}r{self.consumer_regs}w{self.producer_regs}"
+
+    @classmethod
+    def parse(cls, text: str) -> "GluonBlockwiseConfig":
+        """``"n128s5"``, ``"n128s4g16"``, ``"n128s5r240w24"`` -> config (scripts, env variables)."""
+        m = re.fullmatch(r"n(\d+)s(\d+)(?:g(\d+))?(?:r(\d+))?(?:w(\d+))?", text.strip())
+        if not m:
+            raise ValueError(f"bad Gluon config {text!r}; expected e.g. n128s5, n128s4g16, n128s5r240w24")
+        bn, st, g, r, w = m.groups()
+        return cls(int(bn), int(st), int(g or 8), int(r or 232), int(w or 40))
+
+
+DEFAULT_CONFIG = GluonBlockwiseConfig()
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel
+# ----------------------------------------------------------------------------------------------
+if GLUON_AVAILABLE:
+
+    @gluon.jit
+    def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+        """tile_id -> (pid_m, pid_n), GROUP_M tile rows per band (L2 reuse, as gemm_kernel.py)."""
+        tiles_per_band = GROUP_M * num_pid_n
+        band_first_m = (tile_id // tiles_per_band) * GROUP_M
+        band_rows = gl.minimum(num_pid_m - band_first_m, GROUP_M)
+        in_band = tile_id % tiles_per_band
+        return band_first_m + in_band % band_rows, in_band // band_rows
+
+    @gluon.jit
+    def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
+                  BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+        """One warp: TMA A (two 64-row halves) and B tiles into the ring, STAGES blocks ahead."""
+        HALF_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        STAGE_BYTES: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
+        num_pid_m = gl.cdiv(M, 2 * HALF_M)
+        num_pid_n = gl.cdiv(N, BLOCK_N)
+        num_tiles = num_pid_m * num_pid_n
+        k_tiles = gl.cdiv(K, BLOCK_K)  # a K tail arrives zero-filled
+        it = 0
+        for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+            pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+            off_m = pid_m * (2 * HALF_M)
+            off_n = pid_n * BLOCK_N
+            for kk in range(k_tiles):
+                s = it % STAGES
+                # empty barriers start "one phase behind": the first pass over the ring never waits
+                mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+                bar = ready.index(s)
+                mbarrier.expect(bar, STAGE_BYTES)
+                k = kk * BLOCK_K
+                # rows past M arrive zero-filled and still count their full box bytes
+                tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(2 * s))
+                tma.async_copy_global_to_shared(a_desc, [off_m + HALF_M, k], bar, a_bufs.index(2 * s + 1))
+                tma.async_copy_global_to_shared(b_desc, [off_n, k], bar, b_bufs.index(s))
+                it += 1
+
+    @gluon.jit
+    def _issue(a_bufs, b_bufs, ready, it, regs, WG: gl.constexpr, STAGES: gl.constexpr):
+        """Wait for ring slot ``it`` and start the warpgroup's async MMA of that K block into
+        ``regs`` (a fresh partial: use_acc=False; ``regs`` only names the registers to reuse)."""
+        s = it % STAGES
+        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        return warpgroup_mma(a_bufs.index(2 * s + WG), b_bufs.index(s).permute((1, 0)), regs,
+                             use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _block_scale(sa_rows, sb_blk, mask_m, kb, stride_sak, stride_sbk):
+        """sa[rows, kb] * sb[tile's n block, kb]: the factor promoting K block kb's partial."""
+        return gl.load(sa_rows + kb * stride_sak, mask=mask_m, other=0.0) * gl.load(sb_blk + kb * stride_sbk)
+
+    @gluon.jit
+    def _mainloop(acc, regs, a_bufs, b_bufs, ready, empty, it, k_tiles,
+                  sa_rows, sb_blk, mask_m, stride_sak, stride_sbk, WG: gl.constexpr, STAGES: gl.constexpr):
+        """Per K block: MMA into a fresh partial, wait, release the slot, promote (DeepGEMM's
+        loop). The two consumer warpgroups run it independently, so the warp scheduler overlaps
+        one's promotion with the other's MMA. The scales of block kb+1 are loaded while block kb
+        computes: used right away, their L2 latency would sit in front of every MMA issue."""
+        scale = _block_scale(sa_rows, sb_blk, mask_m, 0, stride_sak, stride_sbk)
+        for kb in range(k_tiles):
+            part = _issue(a_bufs, b_bufs, ready, it, regs, WG, STAGES)
+            next_scale = _block_scale(sa_rows, sb_blk, mask_m, gl.minimum(kb + 1, k_tiles - 1),
+                                      stride_sak, stride_sbk)
+            regs = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
+            mbarrier.arrive(empty.index(it % STAGES), count=1)
+            acc = acc + regs * gl.expand_dims(scale, 1)
+            scale = next_scale
+            it += 1
+        return acc, regs, it
+
+    @gluon.jit
+    def _consumer(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, M, N, K,
+                  stride_sam, stride_sak, stride_sbn, stride_sbk,
+                  WG: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+        """One warpgroup: rows [WG*64, WG*64+64) of every tile: MMA, promotion, bf16 store."""
+        HALF_M: gl.constexpr = c_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
+        # wgmma m64nNk32 over the warpgroup's 64 rows: one instruction per 32 of K
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, BLOCK_N, 32])
+        row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+        num_pid_m = gl.cdiv(M, 2 * HALF_M)
+        num_pid_n = gl.cdiv(N, BLOCK_N)
+        num_tiles = num_pid_m * num_pid_n
+        k_tiles = gl.cdiv(K, BLOCK_K)  # a K tail arrives zero-filled
+        c_buf = c_bufs.index(WG)
+        # the partial's registers, handed back to each MMA (use_acc=False ignores their values)
+        regs = gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_layout)
+        it = 0
+        for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+            pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+            off_m = pid_m * (2 * HALF_M) + WG * HALF_M
+            off_n = pid_n * BLOCK_N
+            offs_m = off_m + gl.arange(0, HALF_M, layout=row_layout)
+            mask_m = offs_m < M
+            sa_rows = sa_ptr + offs_m.to(gl.int64) * stride_sam
+            sb_blk = sb_ptr + pid_n * stride_sbn  # BLOCK_N == 128: one B scale per K block
+            acc = gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_layout)
+            acc, regs, it = _mainloop(acc, regs, a_bufs, b_bufs, ready, empty, it, k_tiles,
+                                      sa_rows, sb_blk, mask_m, stride_sak, stride_sbk, WG, STAGES)
+
+            # the previous tile's TMA store must have read c_buf before it is overwritten
+            tma.store_wait(pendings=0)
+            c_buf.store(acc.to(c_desc.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_buf)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _gemm_fp8_blockwise_ws_kernel(
+        a_desc, b_desc, c_desc,
+        sa_ptr, sb_ptr,
+        M, N, K,
+        stride_sam, stride_sak, stride_sbn, stride_sbk,
+        GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    ):
+        """out = sum_kb (A_kb @ B_kb^T) * sa[:, kb] * sb[n/128, kb]: persistent, warp-specialized."""
+        HALF_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, HALF_M, BLOCK_K], a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+        c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2, HALF_M, BLOCK_N], c_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)  # the producer's expect + TMA bytes
+            mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
+        gl.warp_specialize([
+            (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, M, N, K,
+                         stride_sam, stride_sak, stride_sbn, stride_sbk, 0, BLOCK_N, GROUP_M, STAGES)),
+            (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, M, N, K,
+                         stride_sam, stride_sak, stride_sbn, stride_sbk, 1, BLOCK_N, GROUP_M, STAGES)),
+            (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks and launch
+# ----------------------------------------------------------------------------------------------
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_HALF_M = 64
+
+
+def _tma_rows_ok(t: torch.Tensor) -> bool:
+    """TMA can address t [rows, cols] by rows: unit inner stride, 16-byte aligned base and rows."""
+    return t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+
+
+def gluon_blockwise_reason(a, sa, b, sb, out: Optional[torch.Tensor] = None,
+                           out_dtype: Optional[torch.dtype] = torch.bfloat16) -> Optional[str]:
+    """None when :func:`gemm_fp8_blockwise_gluon` can run these inputs, else why not. Never raises."""
+    try:
+        return _reason(a, sa, b, sb, out, out_dtype)
+    except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _reason(a, sa, b, sb, out, out_dtype) -> Optional[str]:
+    if not GLUON_AVAILABLE:
+        return f"triton.experimental.gluon is not importable ({_GLUON_IMPORT_ERROR})"
+    for name, t in (("a", a), ("sa", sa), ("b", b), ("sb", sb)):
+        if not isinstance(t, torch.Tensor):
+            return f"{name} must be a torch.Tensor, got {type(t).__name__}"
+    for name, t in (("a", a), ("b", b)):
+        if t.dim() != 2:
+            return f"{name} must be 2-D, got shape {tuple(t.shape)}"
+        if t.dtype != torch.float8_e4m3fn:
+            return f"{name}.dtype={t.dtype}; the Gluon kernel takes float8_e4m3fn only"
+    M, K = a.shape
+    N = b.shape[0]
+    if b.shape[1] != K:
+        return f"K mismatch: a is [M, K] = {list(a.shape)}, b is [N, K] = {list(b.shape)}"
+    devices = {t.device for t in (a, sa, b, sb) + ((out,) if out is not None else ())}
+    if len(devices) != 1:
+        return f"tensors on several devices: {sorted(str(d) for d in devices)}"
+    if a.device.type != "cuda":
+        return f"tensors on {a.device}; the Gluon kernel needs a CUDA sm_90 (Hopper) GPU"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "TRITON_INTERPRET=1: Gluon kernels do not run in the Triton interpreter"
+    cap = torch.cuda.get_device_capability(a.device)
+    if cap != (9, 0):
+        return f"the Gluon kernel is built for sm_90 (H100/H200), this GPU is sm_{cap[0]}{cap[1]}"
+    kb = -(-K // SCALE_BLOCK)
+    if sa.dtype != torch.float32 or sa.dim() != 2 or tuple(sa.shape) != (M, kb):
+        return (f"sa must be float32 [M, ceil(K/128)] = {[M, kb]} (1x128 groups), "
+                f"got {sa.dtype} {list(sa.shape)}")
+    nb = -(-N // SCALE_BLOCK)
+    if sb.dtype != torch.float32 or sb.dim() != 2 or tuple(sb.shape) != (nb, kb):
+        return (f"sb must be float32 [ceil(N/128), ceil(K/128)] = {[nb, kb]} (128x128 blocks), "
+                f"got {sb.dtype} {list(sb.shape)}")
+    for name, t in (("a", a), ("b", b)):
+        if t.numel() and not _tma_rows_ok(t):
+            return (f"{name} must be K-contiguous with 16-byte aligned base and rows for TMA "
+                    f"(strides {tuple(t.stride())}, K={K})")
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            return f"out must be a torch.Tensor, got {type(out).__name__}"
+        if tuple(out.shape) != (M, N):
+            return f"out has shape {tuple(out.shape)}, expected {(M, N)}"
+        dtype = out.dtype
+        if out.numel() and not _tma_rows_ok(out):
+            return f"out must be row-contiguous with 16-byte aligned base and rows (strides {tuple(out.stride())})"
+    else:
+        dtype = out_dtype if out_dtype is not None else torch.bfloat16
+    if dtype not in _OUT_DTYPES:
+        return f"output dtype {dtype} is not one of bfloat16, float16, float32"
+    if out is None and (N * dtype.itemsize) % 16:
+        return f"out rows of N={N} {dtype} elements are not 16-byte aligned for the TMA store"
+    return None
+
+
+def default_config(M: int, N: int, K: int, out_dtype: torch.dtype = torch.bfloat16) -> GluonBlockwiseConfig:
+    """128x128 tiles and DEFAULT_CONFIG's stages, fewer if they do not fit next to the output
+    staging buffer (5 stages fit for every output dtype)."""
+    del M, N, K
+    out_bytes = torch.empty((), dtype=out_dtype).element_size()
+    cfg = DEFAULT_CONFIG
+    while cfg.smem_bytes(out_bytes) > SMEM_LIMIT - 1024 and cfg.stages > 2:
+        cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
+    return cfg
+
+
+_NUM_SMS: dict = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _NUM_SMS:
+        _NUM_SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _NUM_SMS[index]
+
+
+def gemm_fp8_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+                             out: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
+                             config: Optional[GluonBlockwiseConfig] = None) -> torch.Tensor:
+    """``out = (a * sa) @ (b * sb)^T`` for BLOCKWISE-quantized FP8 operands on Hopper.
+
+    Args:
+        a: ``[M, K]`` float8_e4m3fn, K contiguous (the activation).
+        sa: ``[M, ceil(K/128)]`` float32 dequantization multipliers of a's 1 x 128 groups.
+        b: ``[N, K]`` float8_e4m3fn, K contiguous (the weight).
+        sb: ``[ceil(N/128), ceil(K/128)]`` float32 multipliers of b's 128 x 128 blocks.
+        out: ``[M, N]`` bf16/fp16/fp32, rows contiguous and 16-byte aligned; allocated when None.
+        out_dtype: dtype of the allocated ``out`` (ignored when ``out`` is given).
+        config: tile/pipeline choice (:class:`GluonBlockwiseConfig`); analytic default when None.
+
+    Raises ValueError with :func:`gluon_blockwise_reason`'s text when the inputs are not
+    supported (callers check first and fall back to ``gemm_fp8_triton``).
+
+    Example::
+
+        >>> a_q, sa = turbo.ops.quantize_fp8(x, torch.float8_e4m3fn, "BLOCKWISE")       # 1 x 128
+        >>> b_q, sb = turbo.ops.quantize_fp8(w, torch.float8_e4m3fn, "BLOCKWISE",
+        ...                                  scaling_recipe=ScalingRecipe(use_2d_block=True))  # 128 x 128
+        >>> y = gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb)  # [M, N] bf16
+    """
+    if out is not None:
+        out_dtype = out.dtype
+    reason = gluon_blockwise_reason(a, sa, b, sb, out, out_dtype)
+    if reason is not None:
+        raise ValueError(f"gemm_fp8_blockwise_gluon: {reason}")
+    M, K = a.shape
+    N = b.shape[0]
+    if out is None:
+        out = torch.empty((M, N), dtype=out_dtype, device=a.device)
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        return out.zero_()
+    cfg = config or default_config(M, N, K, out.dtype)
+    if cfg.block_n != SCALE_BLOCK:
+        raise ValueError(f"gemm_fp8_blockwise_gluon: block_n must be {SCALE_BLOCK} (one B scale per tile), "
+                         f"got {cfg.block_n}")
+    if cfg.smem_bytes(out.element_size()) > SMEM_LIMIT:
+        raise ValueError(f"gemm_fp8_blockwise_gluon: config {cfg.short()} needs {cfg.smem_bytes(out.element_size())} "
+                         f"bytes of shared memory, sm_90 has {SMEM_LIMIT}")
+    with torch.cuda.device(a.device):
+        _launch(a, sa, b, sb, out, cfg)
+    return out
+
+
+_GL_DTYPES = {}
+if GLUON_AVAILABLE:
+    _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
+                  torch.float8_e4m3fn: gl.float8e4nv}
+
+
+def _launch(a, sa, b, sb, out, cfg: GluonBlockwiseConfig) -> None:
+    M, K = a.shape
+    N = b.shape[0]
+    bn, bk = cfg.block_n, cfg.BLOCK_K
+    a_layout = gl.NVMMASharedLayout.get_default_for([_HALF_M, bk], gl.float8e4nv)
+    b_layout = gl.NVMMASharedLayout.get_default_for([bn, bk], gl.float8e4nv)
+    c_layout = gl.NVMMASharedLayout.get_default_for([_HALF_M, bn], _GL_DTYPES[out.dtype])
+    # the descriptors' global shapes are the true [M, K], [N, K], [M, N]: TMA zero-fills loads past
+    # them (M, N and K tails) and clips stores
+    a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [_HALF_M, bk], a_layout)
+    b_desc = TensorDescriptor(b, [N, K], [b.stride(0), 1], [bn, bk], b_layout)
+    c_desc = TensorDescriptor(out, [M, N], [out.stride(0), 1], [_HALF_M, bn], c_layout)
+    tiles = -(-M // cfg.BLOCK_M) * -(-N // bn)
+    grid = (min(_num_sms(a.device), tiles),)
+    _gemm_fp8_blockwise_ws_kernel[grid](
+        a_desc, b_desc, c_desc, sa, sb, M, N, K,
+        sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1),
+        GROUP_M=cfg.group_m, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+        num_warps=4,
+    )

@@ -1,0 +1,116 @@
+"""Compile the Gluon BLOCKWISE FP8 GEMM for sm_90 on a machine without a GPU.
+
+Gluon kernels cannot run in the Triton interpreter, so this is the CPU-side check that they
+compile: ttgir -> PTX -> cubin with the bundled ptxas, for each config given, and reports
+shared memory, registers and spills (ptxas ``-v`` output and the cubin's metadata).
+
+    PYTHONPATH=. python scripts/gluon_compile_check.py [n128s5 n128s4 ...] [--dump DIR] [--sass]
+
+Exit status 1 if any config fails to compile, spills, or needs more shared memory than sm_90 has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+
+def _ptxas_report(ptx: str, ptxas: str) -> str:
+    """ptxas -v on the PTX: register count, spill stores/loads per entry function."""
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        Path(src).write_text(ptx)
+        out = subprocess.run([ptxas, "-v", "-arch=sm_90a", src, "-o", os.path.join(d, "k.cubin")],
+                             capture_output=True, text=True)
+        return out.stdout + out.stderr
+
+
+def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass: bool = False) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon import language as gl
+
+    from primus_turbo.triton.gemm import gemm_fp8_gluon as g
+
+    a_layout = gl.NVMMASharedLayout.get_default_for([64, 128], gl.float8e4nv)
+    b_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_n, 128], gl.float8e4nv)
+    c_ty = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp32": gl.float32}[out_dtype]
+    c_layout = gl.NVMMASharedLayout.get_default_for([64, cfg.block_n], c_ty)
+    sig = {
+        "a_desc": f"tensordesc<fp8e4nv[64, 128],{a_layout!r}>",
+        "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, 128],{b_layout!r}>",
+        "c_desc": f"tensordesc<{out_dtype}[64, {cfg.block_n}],{c_layout!r}>",
+        "sa_ptr": "*fp32", "sb_ptr": "*fp32",
+        "M": "i32", "N": "i32", "K": "i32",
+        "stride_sam": "i32", "stride_sak": "i32", "stride_sbn": "i32", "stride_sbk": "i32",
+    }
+    consts = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+                  PRODUCER_REGS=cfg.producer_regs)
+    sig.update({k: "constexpr" for k in consts})
+    src = GluonASTSource(g._gemm_fp8_blockwise_ws_kernel, sig, consts)
+    opts = dict(num_warps=4)  # the default partition's warps; Triton sets .maxnreg for all 12
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    md = k.metadata
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    report = _ptxas_report(k.asm["ptx"], ptxas)
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", report)]
+    res = dict(config=cfg.short(), shared=md.shared, num_warps=md.num_warps, regs=max(regs) if regs else None,
+               spill_bytes=sum(spills), n_spills=getattr(md, "n_spills", None), n_regs=getattr(md, "n_regs", None),
+               setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", k.asm["ptx"]))),
+               ptxas=report.strip().splitlines()[-3:])
+    if dump:
+        d = Path(dump)
+        d.mkdir(parents=True, exist_ok=True)
+        stem = f"gluon_fp8_{cfg.short()}"
+        for ext in ("ttgir", "llir", "ptx"):
+            (d / f"{stem}.{ext}").write_text(k.asm[ext])
+        (d / f"{stem}.cubin").write_bytes(k.asm["cubin"])
+        if sass:
+            nvdisasm = os.path.join(os.path.dirname(ptxas), "cuobjdump")
+            out = subprocess.run([nvdisasm, "-sass", str(d / f"{stem}.cubin")], capture_output=True, text=True)
+            (d / f"{stem}.sass").write_text(out.stdout + out.stderr)
+    return res
+
+
+def main(argv=None) -> int:
+    from primus_turbo.triton.gemm import gemm_fp8_gluon as g
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("configs", nargs="*", default=["n128s5", "n128s4", "n128s6"])
+    p.add_argument("--out-dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--dump", default=None, help="write ttgir/ptx/cubin (and --sass) here")
+    p.add_argument("--sass", action="store_true")
+    args = p.parse_args(argv)
+    bad = 0
+    for text in args.configs:
+        cfg = g.GluonBlockwiseConfig.parse(text)
+        try:
+            r = compile_config(cfg, args.out_dtype, args.dump, args.sass)
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            bad += 1
+            msg = str(exc).strip().splitlines()
+            print(f"FAIL {cfg.short()}: {type(exc).__name__}: {' | '.join(msg[-6:])[:2000]}")
+            continue
+        over = r["shared"] > g.SMEM_LIMIT
+        flag = ("  OVER SMEM" if over else "") + ("  SPILLS" if r["spill_bytes"] else "")
+        bad += bool(flag)
+        print(f"ok   {r['config']}: smem={r['shared']} regs={r['regs']} spill_bytes={r['spill_bytes']} "
+              f"n_regs={r['n_regs']} n_spills={r['n_spills']} setmaxnreg={r['setmaxnreg']}{flag}")
+        for line in r["ptxas"]:
+            print("     ", line)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
