@@ -1,0 +1,244 @@
+"""Check and time the Gluon BLOCKWISE FP8 GEMM on an H100/H200 (one GPU call).
+
+    PYTHONPATH=. python scripts/check_gluon_fp8.py --out DIR [--configs n128s5 n128s6 ...]
+        [--shapes 4096x4096x4096 ...] [--quick] [--rep-ms 100]
+
+Per shape (M, N, K): random bf16 ``x [M, K]`` and ``w [N, K]`` are quantized with the project's
+quantizers (``turbo.ops.quantize_fp8`` BLOCKWISE: 1 x 128 groups for x, 128 x 128 blocks for w),
+the output is poisoned with NaN, and every Gluon config runs and is compared with
+
+* the fp32 product of the dequantized operands (``dequant(x_q) @ dequant(w_q)^T``, TF32 off):
+  only the accumulation order differs, so SNR >= 40 dB (bf16 output rounding alone is ~50 dB);
+* the ``triton.language`` kernel's output (``gemm_fp8_triton`` BLOCKWISE).
+
+Then ``triton.testing.do_bench`` (median, L2 flushed) times each Gluon config, the tl kernel and
+cuBLAS bf16 ``torch.mm(x, w.T)``. A compile or launch failure is reported for that config and
+shape, never fatal. Prints a table and writes ``DIR/gluon_fp8.json``; exit status 1 if any Gluon
+config fails or misses the SNR bar.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+import torch  # noqa: E402
+
+SHAPES = [  # (M, N, K, label)
+    (4096, 4096, 4096, "square 4k"),
+    (16384, 14336, 4096, "Llama-3-8B gate_up"),
+    (16384, 4096, 14336, "Llama-3-8B down"),
+    (8192, 7168, 2048, "DeepSeek-V3-like"),
+    (8192, 4096, 7168, "DeepSeek-V3-like"),
+]
+QUICK_SHAPES = [(4096, 4096, 4096, "square 4k"), (1000, 1000, 384, "tails")]
+MIN_SNR_DB = 40.0
+
+
+def _parse_shape(text: str) -> tuple:
+    m, n, k = (int(v) for v in text.lower().split("x"))
+    return (m, n, k, "cli")
+
+
+def _dequant_a(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """1 x 128 groups along K."""
+    K = q.shape[1]
+    return q.float() * s.repeat_interleave(128, dim=1)[:, :K]
+
+
+def _dequant_b(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """128 x 128 blocks."""
+    N, K = q.shape
+    return q.float() * s.repeat_interleave(128, dim=0).repeat_interleave(128, dim=1)[:N, :K]
+
+
+def _quantize(x: torch.Tensor, w: torch.Tensor):
+    import primus_turbo.pytorch as turbo
+    from primus_turbo.pytorch.core.low_precision import ScalingRecipe
+
+    a_q, sa = turbo.ops.quantize_fp8(x, torch.float8_e4m3fn, "BLOCKWISE")
+    b_q, sb = turbo.ops.quantize_fp8(w, torch.float8_e4m3fn, "BLOCKWISE",
+                                     scaling_recipe=ScalingRecipe(use_2d_block=True))
+    return a_q, sa, b_q, sb
+
+
+def _err(exc: BaseException) -> str:
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    tail = " | ".join(lines[-4:]) if lines else ""
+    return f"{type(exc).__name__}: {tail}"[:600]
+
+
+def _bench(fn, rep_ms: int) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
+
+
+def _gpu_info() -> dict:
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    return dict(gpu=props.name, sms=props.multi_processor_count, capability=list(torch.cuda.get_device_capability()),
+                torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
+                python=platform.python_version(), date=time.strftime("%Y-%m-%d %H:%M:%S"))
+
+
+def run_shape(M: int, N: int, K: int, label: str, configs: list, rep_ms: int, do_time: bool) -> dict:
+    from primus_turbo.testing import snr_db
+    from primus_turbo.triton.gemm.gemm_fp8_gluon import (
+        default_config, gemm_fp8_blockwise_gluon, gluon_blockwise_reason,
+    )
+    from primus_turbo.triton.gemm.gemm_fp8_kernel import gemm_fp8_triton
+
+    dev = torch.device("cuda")
+    flops = 2.0 * M * N * K
+    res = dict(M=M, N=N, K=K, label=label, gluon={}, errors={})
+    torch.manual_seed(0)
+    x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+    w = (torch.randn(N, K, device=dev, dtype=torch.float32) * 0.02).to(torch.bfloat16)
+    a_q, sa, b_q, sb = _quantize(x, w)
+    res["reason"] = gluon_blockwise_reason(a_q, sa, b_q, sb)
+    res["default_config"] = default_config(M, N, K).short()
+
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        ref = _dequant_a(a_q, sa) @ _dequant_b(b_q, sb).T  # fp32, no TF32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+
+    # the triton.language kernel (its own config choice, autotune as the environment says)
+    tl_out = None
+    try:
+        tl_out = gemm_fp8_triton(a_q, sa, b_q, sb, "BLOCKWISE", out_dtype=torch.bfloat16)
+        torch.cuda.synchronize()
+        res["tl_snr_db"] = snr_db(ref, tl_out)
+        if do_time:
+            ms = _bench(lambda: gemm_fp8_triton(a_q, sa, b_q, sb, "BLOCKWISE", out_dtype=torch.bfloat16), rep_ms)
+            res["tl_ms"], res["tl_tflops"] = ms, flops / ms / 1e9
+    except Exception as exc:  # noqa: BLE001
+        res["errors"]["tl"] = _err(exc)
+
+    if do_time:
+        try:
+            wt = w.t()
+            ms = _bench(lambda: torch.mm(x, wt), rep_ms)
+            res["cublas_bf16_ms"], res["cublas_bf16_tflops"] = ms, flops / ms / 1e9
+        except Exception as exc:  # noqa: BLE001
+            res["errors"]["cublas"] = _err(exc)
+
+    for cfg in configs:
+        name = "default" if cfg is None else cfg.short()
+        entry = {}
+        res["gluon"][name] = entry
+        try:
+            out = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)  # poison
+            gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out=out, config=cfg)
+            torch.cuda.synchronize()
+            entry["nan_count"] = int(torch.isnan(out).sum())
+            entry["snr_db"] = snr_db(ref, out)
+            if tl_out is not None:
+                entry["snr_vs_tl_db"] = snr_db(tl_out.float(), out)
+            entry["ok"] = entry["nan_count"] == 0 and entry["snr_db"] >= MIN_SNR_DB
+            if do_time:
+                ms = _bench(lambda: gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out=out, config=cfg), rep_ms)
+                entry["ms"], entry["tflops"] = ms, flops / ms / 1e9
+        except Exception as exc:  # noqa: BLE001 - report per config, keep going
+            entry["ok"] = False
+            entry["error"] = _err(exc)
+            entry["traceback"] = traceback.format_exc()[-3000:]
+        torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return res
+
+
+def _fmt(v, spec=".1f") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return format(v, spec)
+
+
+def print_table(results: list) -> None:
+    head = (f"{'M':>6} {'N':>6} {'K':>6}  {'config':<22} {'SNR dB':>7} {'vs tl':>6} {'TFLOP/s':>8} "
+            f"{'tl':>7} {'cuBLAS':>7} {'x tl':>6} {'x cuBLAS':>8}")
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        tl, cb = r.get("tl_tflops"), r.get("cublas_bf16_tflops")
+        for name, e in r["gluon"].items():
+            t = e.get("tflops")
+            line = (f"{r['M']:>6} {r['N']:>6} {r['K']:>6}  {name:<22} {_fmt(e.get('snr_db')):>7} "
+                    f"{_fmt(e.get('snr_vs_tl_db')):>6} {_fmt(t):>8} {_fmt(tl):>7} {_fmt(cb):>7} "
+                    f"{_fmt(t / tl if t and tl else None, '.2f'):>6} {_fmt(t / cb if t and cb else None, '.2f'):>8}")
+            if not e.get("ok"):
+                line += "  FAIL " + (e.get("error") or f"nan={e.get('nan_count')}")[:160]
+            print(line)
+        if r["errors"]:
+            print(f"{'':>22}  errors: {r['errors']}")
+        print(f"{'':>22}  tl SNR {_fmt(r.get('tl_snr_db'))} dB; reason={r.get('reason')}")
+
+
+def main(argv=None) -> int:
+    from primus_turbo.triton.gemm.gemm_fp8_gluon import GluonBlockwiseConfig
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="folder for gluon_fp8.json")
+    p.add_argument("--configs", nargs="*", default=["default"],
+                   help="Gluon configs to sweep: 'default' and/or strings like n128s5, n128s6g16, n128s4r240w24")
+    p.add_argument("--shapes", nargs="*", default=None, help="MxNxK strings (default: the five model shapes)")
+    p.add_argument("--quick", action="store_true", help="two small shapes, correctness and timing")
+    p.add_argument("--no-time", action="store_true", help="correctness only")
+    p.add_argument("--rep-ms", type=int, default=100)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    configs = [None if c == "default" else GluonBlockwiseConfig.parse(c) for c in args.configs]
+    shapes = [_parse_shape(s) for s in args.shapes] if args.shapes else (QUICK_SHAPES if args.quick else SHAPES)
+    info = _gpu_info()
+    print(json.dumps(info))
+    results = []
+    for M, N, K, label in shapes:
+        t0 = time.time()
+        try:
+            r = run_shape(M, N, K, label, configs, args.rep_ms, not args.no_time)
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory for the reference
+            r = dict(M=M, N=N, K=K, label=label, gluon={}, errors={"shape": _err(exc)})
+        r["seconds"] = round(time.time() - t0, 1)
+        results.append(r)
+        print(f"done {M}x{N}x{K} in {r['seconds']} s", flush=True)
+    print()
+    print_table(results)
+    ratios = {}
+    for r in results:
+        for name, e in r["gluon"].items():
+            if e.get("tflops") and r.get("tl_tflops"):
+                ratios.setdefault(name, []).append(e["tflops"] / r["tl_tflops"])
+    for name, rs in ratios.items():
+        print(f"geomean Gluon/tl {name}: {math.exp(sum(map(math.log, rs)) / len(rs)):.3f} over {len(rs)} shapes")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "gluon_fp8.json"
+    path.write_text(json.dumps(dict(info=info, env={k: v for k, v in os.environ.items() if k.startswith("PRIMUS_")},
+                                    results=results), indent=1, default=str))
+    print(f"\nwrote {path}")
+    bad = [(r["M"], r["N"], r["K"], n) for r in results for n, e in r["gluon"].items() if not e.get("ok")]
+    bad += [(r["M"], r["N"], r["K"], "shape") for r in results if "shape" in r["errors"]]
+    if bad:
+        print(f"FAILED: {bad}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,215 @@
+"""The Gluon BLOCKWISE FP8 GEMM (primus_turbo/triton/gemm/gemm_fp8_gluon.py).
+
+Gluon kernels do not run in the Triton interpreter, so on CPU this file checks what can be checked
+without a GPU: the eligibility reasons, the config helpers, and that the kernel compiles for sm_90
+(PTX and cubin with the bundled ptxas) without register spills and within the shared memory of an
+SM. On an sm_90 GPU it runs the kernel against the fp32 product of the dequantized operands (only
+the accumulation order differs: >= 40 dB with bf16 output, which alone costs ~50 dB) and against
+the ``triton.language`` kernel, with M, N and K tails, every output dtype, a caller's strided
+``out``, and the inputs it must refuse.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from primus_turbo.triton.gemm import gemm_fp8_gluon as gg  # noqa: E402
+
+E4M3 = torch.float8_e4m3fn
+_ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+sm90 = pytest.mark.skipif(not _ON_SM90, reason="needs an sm_90 (Hopper) GPU")
+MIN_SNR = {torch.bfloat16: 40.0, torch.float16: 45.0, torch.float32: 55.0}
+
+
+def _quant_1x128(x: torch.Tensor):
+    """Activation: 1 x 128 groups along K -> (q [M, K] e4m3, scale_inv [M, ceil(K/128)])."""
+    M, K = x.shape
+    kb = math.ceil(K / 128)
+    g = torch.nn.functional.pad(x.float(), (0, kb * 128 - K)).view(M, kb, 128)
+    amax = g.abs().amax(-1).clamp(min=1e-12)
+    scale = 448.0 / amax
+    q = (g * scale[..., None]).clamp(-448, 448).to(E4M3).view(M, kb * 128)[:, :K].contiguous()
+    return q, (1.0 / scale).contiguous()
+
+
+def _quant_128x128(w: torch.Tensor):
+    """Weight: 128 x 128 blocks -> (q [N, K] e4m3, scale_inv [ceil(N/128), ceil(K/128)])."""
+    N, K = w.shape
+    nb, kb = math.ceil(N / 128), math.ceil(K / 128)
+    g = torch.nn.functional.pad(w.float(), (0, kb * 128 - K, 0, nb * 128 - N)).view(nb, 128, kb, 128)
+    amax = g.abs().amax(dim=(1, 3)).clamp(min=1e-12)
+    scale = 448.0 / amax
+    q = (g * scale[:, None, :, None]).clamp(-448, 448).to(E4M3).view(nb * 128, kb * 128)[:N, :K].contiguous()
+    return q, (1.0 / scale).contiguous()
+
+
+def _operands(M, N, K, device):
+    a_q, sa = _quant_1x128(torch.randn(M, K, device=device) * 2)
+    b_q, sb = _quant_128x128(torch.randn(N, K, device=device) * 0.05)
+    sa_full = sa.repeat_interleave(128, 1)[:, :K]
+    sb_full = sb.repeat_interleave(128, 0).repeat_interleave(128, 1)[:N, :K]
+    ref = (a_q.double() * sa_full.double()) @ (b_q.double() * sb_full.double()).T
+    return (a_q, sa, b_q, sb), ref
+
+
+def _snr(ref, out):
+    from primus_turbo.testing import snr_db
+
+    return snr_db(ref.double().cpu(), out.double().cpu())
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: reasons, config helpers, sm_90 compile
+# ---------------------------------------------------------------------------------------------
+def test_reason_on_cpu_tensors():
+    (a_q, sa, b_q, sb), _ = _operands(64, 128, 128, "cpu")
+    reason = gg.gluon_blockwise_reason(a_q, sa, b_q, sb)
+    assert reason is not None
+    if gg.GLUON_AVAILABLE:
+        assert "cpu" in reason and "sm_90" in reason, reason
+    else:
+        assert "gluon" in reason.lower()
+    with pytest.raises(ValueError, match="gemm_fp8_blockwise_gluon"):
+        gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb)
+
+
+@pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
+def test_reason_names_bad_inputs_before_device():
+    (a_q, sa, b_q, sb), _ = _operands(64, 128, 256, "cpu")
+    cases = [
+        (dict(a=a_q.to(torch.float8_e5m2)), "float8_e4m3fn only"),
+        (dict(b=b_q[:, :128]), "K mismatch"),
+        (dict(a=a_q.reshape(-1)), "must be 2-D"),
+        (dict(sa="x"), "must be a torch.Tensor"),
+    ]
+    for kw, match in cases:
+        args = {**dict(a=a_q, sa=sa, b=b_q, sb=sb), **kw}
+        reason = gg.gluon_blockwise_reason(args["a"], args["sa"], args["b"], args["sb"])
+        assert reason is not None and match in reason, (kw.keys(), reason)
+
+
+def test_config_parse_and_fit():
+    cfg = gg.GluonBlockwiseConfig.parse("n128s6g16r240w24")
+    assert (cfg.block_n, cfg.stages, cfg.group_m, cfg.consumer_regs, cfg.producer_regs) == (128, 6, 16, 240, 24)
+    assert gg.GluonBlockwiseConfig.parse(cfg.short()) == cfg
+    assert gg.GluonBlockwiseConfig.parse("n128s5") == gg.GluonBlockwiseConfig()
+    with pytest.raises(ValueError, match="bad Gluon config"):
+        gg.GluonBlockwiseConfig.parse("128x128")
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        cfg = gg.default_config(4096, 4096, 4096, dtype)
+        assert cfg.smem_bytes(dtype.itemsize) <= gg.SMEM_LIMIT
+
+
+def _compile_check_module():
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gluon_compile_check.py"
+    spec = importlib.util.spec_from_file_location("gluon_compile_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
+@pytest.mark.parametrize("out_dtype", ["bf16", "fp32"])
+def test_compiles_for_sm90_without_spills(out_dtype):
+    """The GPU-only kernel still compiles for sm_90 (catches API drift and register spills on CPU CI)."""
+    mod = _compile_check_module()
+    cfg = gg.default_config(4096, 4096, 4096, torch.bfloat16 if out_dtype == "bf16" else torch.float32)
+    try:
+        res = mod.compile_config(cfg, out_dtype)
+    except FileNotFoundError as exc:  # no bundled ptxas in this triton wheel
+        pytest.skip(f"ptxas not available: {exc}")
+    assert res["spill_bytes"] == 0, res
+    assert res["shared"] <= gg.SMEM_LIMIT, res
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: correctness
+# ---------------------------------------------------------------------------------------------
+# (M, N, K): aligned; M and N tails (partial tiles, a fully empty second A half); K tail
+# (336 = 2 x 128 + 80, zero-filled by TMA); M = 1; one tile column; multi-wave persistent grid
+SHAPES = [(256, 256, 256), (300, 200, 384), (130, 136, 336), (1, 256, 512), (70, 128, 128), (2048, 1536, 1024)]
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K", SHAPES)
+def test_matches_reference(M, N, K):
+    (a_q, sa, b_q, sb), ref = _operands(M, N, K, "cuda")
+    assert gg.gluon_blockwise_reason(a_q, sa, b_q, sb) is None
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    res = gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out=out)
+    assert res is out
+    assert not torch.isnan(out).any(), "unwritten output elements"
+    assert _snr(ref, out) >= MIN_SNR[torch.bfloat16], (M, N, K)
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_out_dtypes_and_configs(out_dtype):
+    M, N, K = 384, 640, 1024
+    (a_q, sa, b_q, sb), ref = _operands(M, N, K, "cuda")
+    out = gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out_dtype=out_dtype)
+    assert out.dtype == out_dtype and out.shape == (M, N)
+    assert _snr(ref, out) >= MIN_SNR[out_dtype]
+    for text in ("n128s3", "n128s4g1", "n128s6g16"):
+        if gg.GluonBlockwiseConfig.parse(text).smem_bytes(out_dtype.itemsize) > gg.SMEM_LIMIT:
+            continue
+        again = gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out_dtype=out_dtype,
+                                            config=gg.GluonBlockwiseConfig.parse(text))
+        assert _snr(ref, again) >= MIN_SNR[out_dtype], text
+
+
+@sm90
+@pytest.mark.gpu
+def test_matches_triton_kernel_and_strided_out():
+    from primus_turbo.triton.gemm.gemm_fp8_kernel import gemm_fp8_triton
+
+    M, N, K = 512, 384, 768
+    (a_q, sa, b_q, sb), ref = _operands(M, N, K, "cuda")
+    # a caller's out with padded rows (row stride N + 64): the padding must stay untouched
+    buf = torch.full((M, N + 64), 7.0, device="cuda", dtype=torch.bfloat16)
+    out = buf[:, :N]
+    gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out=out)
+    assert torch.all(buf[:, N:] == 7.0)
+    tl_out = gemm_fp8_triton(a_q, sa, b_q, sb, "BLOCKWISE", out_dtype=torch.bfloat16)
+    assert _snr(ref, out) >= 40.0
+    assert _snr(tl_out.float(), out) >= 40.0
+    # non-contiguous scales (a transposed copy) are read through their strides
+    sa_t = sa.t().contiguous().t()
+    again = gg.gemm_fp8_blockwise_gluon(a_q, sa_t, b_q, sb)
+    assert torch.equal(again, out)
+
+
+@sm90
+@pytest.mark.gpu
+def test_empty_and_refused_inputs():
+    (a_q, sa, b_q, sb), _ = _operands(256, 256, 256, "cuda")
+    # empty M: nothing launched
+    empty = gg.gemm_fp8_blockwise_gluon(a_q[:0], sa[:0], b_q, sb)
+    assert empty.shape == (0, 256)
+    refused = {
+        "K-contiguous": dict(a=a_q.t().contiguous().t()),  # column-major a
+        "1x128 groups": dict(sa=sa[:, :1]),
+        "128x128 blocks": dict(sb=sb.repeat_interleave(128, 0)),  # per-row weight scales
+        "float8_e4m3fn only": dict(b=b_q.to(torch.float8_e5m2)),
+    }
+    for match, kw in refused.items():
+        args = {**dict(a=a_q, sa=sa, b=b_q, sb=sb), **kw}
+        reason = gg.gluon_blockwise_reason(args["a"], args["sa"], args["b"], args["sb"])
+        assert reason is not None and match in reason, (match, reason)
+        with pytest.raises(ValueError, match="gemm_fp8_blockwise_gluon"):
+            gg.gemm_fp8_blockwise_gluon(args["a"], args["sa"], args["b"], args["sb"])
+    # K = 200: rows of 200 bytes are not 16-byte aligned for TMA
+    (a2, sa2, b2, sb2), _ = _operands(64, 128, 200, "cuda")
+    assert "16-byte" in gg.gluon_blockwise_reason(a2, sa2, b2, sb2)
+    # an output whose rows TMA cannot address
+    bad_out = torch.empty(256, 257, device="cuda", dtype=torch.bfloat16)[:, :256]
+    assert "16-byte" in gg.gluon_blockwise_reason(a_q, sa, b_q, sb, out=bad_out)
