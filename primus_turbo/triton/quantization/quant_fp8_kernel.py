@@ -284,6 +284,135 @@ def _quant_fp8_tile_kernel(
 
 
 @triton.jit
+def _fp8_codes(y, FP8_MAX: tl.constexpr, IS_E4M3: tl.constexpr, SOFT: tl.constexpr):
+    """Scaled fp32 -> FP8 codes (uint8), saturating, RNE. On the GPU the hardware conversion is
+    ``cvt.rn.satfinite``: it saturates to +-FP8_MAX and passes NaN, exactly what the clamp does,
+    so the clamp is left out there (one instruction per element less); the interpreter's soft
+    conversion needs the clamped input."""
+    if SOFT:
+        y = tl.clamp(y, -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+    return _fp8_bits(y, IS_E4M3, SOFT)
+
+
+@triton.jit
+def _block_scales(amax_bits, MODE: tl.constexpr, FP8_MAX: tl.constexpr, EMAX: tl.constexpr):
+    """(multiplier, scale to store) of a block amax: fp32 scales (MODE 0) or MX (MODE 1)."""
+    if MODE == 1:
+        return _mx_scales(amax_bits, EMAX)
+    else:
+        return _fp32_scales(amax_bits, FP8_MAX)
+
+
+@triton.jit
+def _load_raw(ptrs, mask, EVEN: tl.constexpr):
+    """Load in the input dtype: unmasked when EVEN (the tile grid covers the tensor), else zeros outside."""
+    if EVEN:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _widen(v):
+    """Input values -> fp32 (exact). bf16 by a shift of its bits: a different operation from the
+    ``.to(tl.float32)`` of the first use, so the compiler keeps the 16-bit values live instead of
+    the fp32 ones (half the registers)."""
+    if v.dtype == tl.bfloat16:
+        return (v.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return v.to(tl.float32)
+
+
+@triton.jit
+def _dual_row_copy(v, q_ptr, s_ptr, r, c, mask, stride_q, stride_s, pid_c, rows, cols,
+                   FP8_MAX: tl.constexpr, EMAX: tl.constexpr, MODE: tl.constexpr, GC: tl.constexpr,
+                   TQ: tl.constexpr, TC: tl.constexpr, EVEN: tl.constexpr, IS_E4M3: tl.constexpr,
+                   SOFT: tl.constexpr):
+    """One quarter [TQ, TC] (rows ``r``, input dtype ``v``) of the row-wise copy: 1 x GC blocks,
+    codes and scales stored. Returns |x| as int32 bits (for the column amax)."""
+    x = v.to(tl.float32)
+    a = _abs_bits(x)
+    amax = tl.max(tl.reshape(a, (TQ, TC // GC, GC)), axis=2)
+    m, s = _block_scales(amax, MODE, FP8_MAX, EMAX)
+    y = tl.reshape(tl.reshape(x, (TQ, TC // GC, GC)) * m[:, :, None], (TQ, TC))
+    r64 = r.to(tl.int64)
+    tl.store(q_ptr + r64[:, None] * stride_q + c[None, :], _fp8_codes(y, FP8_MAX, IS_E4M3, SOFT), mask=mask)
+    sc = pid_c * (TC // GC) + tl.arange(0, TC // GC)
+    smask = None if EVEN else (r < rows)[:, None] & (sc < tl.cdiv(cols, GC))[None, :]
+    tl.store(s_ptr + r64[:, None] * stride_s + sc[None, :], s.to(s_ptr.dtype.element_ty), mask=smask)
+    return a
+
+
+@triton.jit
+def _quant_fp8_dual_kernel(
+    # pointers: input; row-wise copy + scales; transposed column-wise copy (int32 words) + scales
+    x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr,
+    # sizes
+    rows, cols, n_tiles_c,
+    # row strides: x (elements), q (bytes), s, qt (int32 words: rows / 4), st
+    stride_x, stride_q, stride_s, stride_qt, stride_st,
+    # meta-parameters
+    FP8_MAX: tl.constexpr, EMAX: tl.constexpr, MODE: tl.constexpr,
+    GC: tl.constexpr, GR_T: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr,
+    EVEN: tl.constexpr, IS_E4M3: tl.constexpr, SOFT: tl.constexpr,
+):
+    """Both copies of ``quantize_fp8_with_trans`` for ``1 x GC`` row blocks and ``GR_T x 1``
+    column blocks (BLOCKWISE 1x128 / 128x1, MX 1x32 / 32x1) from one read of a [TR, TC] tile.
+
+    The tile is read as four row-interleaved quarters ``x_k = x[4i + k, :]`` (k = 0..3, each
+    [TR/4, TC], 16-byte loads): element (i, c) of the four quarters lives in one thread, so the
+    column-wise copy's codes of rows 4i..4i+3 pack into one int32 word in registers. The words
+    [TR/4, TC] are transposed (4-byte elements through shared memory) and stored as rows of the
+    transposed copy viewed as int32 ``[cols, rows/4]``: contiguous, vectorised stores, no byte
+    scatter. Needs rows % 4 == 0. ``EVEN``: the tile grid covers x exactly (no masks)."""
+    pid = tl.program_id(0)
+    pid_r = pid // n_tiles_c
+    pid_c = pid % n_tiles_c
+    TQ: tl.constexpr = TR // 4
+    i = pid_r * TQ + tl.arange(0, TQ)  # row quads
+    c = pid_c * TC + tl.arange(0, TC)
+    if EVEN:
+        mask = None
+    else:
+        mask = (i < rows // 4)[:, None] & (c < cols)[None, :]
+    base = x_ptr + (4 * i).to(tl.int64)[:, None] * stride_x + c[None, :]
+    # the quarters stay in the input dtype (half the registers of fp32 for 16-bit inputs) and are
+    # widened where used: the row-wise copy first, quarter by quarter, accumulating the column
+    # amax; then the column-wise copy widens them again
+    r0 = _load_raw(base, mask, EVEN)
+    r1 = _load_raw(base + stride_x, mask, EVEN)
+    r2 = _load_raw(base + 2 * stride_x, mask, EVEN)
+    r3 = _load_raw(base + 3 * stride_x, mask, EVEN)
+    acol = _dual_row_copy(r0, q_ptr, s_ptr, 4 * i + 0, c, mask, stride_q, stride_s, pid_c, rows, cols,
+                          FP8_MAX, EMAX, MODE, GC, TQ, TC, EVEN, IS_E4M3, SOFT)
+    acol = tl.maximum(acol, _dual_row_copy(r1, q_ptr, s_ptr, 4 * i + 1, c, mask, stride_q, stride_s, pid_c, rows,
+                                           cols, FP8_MAX, EMAX, MODE, GC, TQ, TC, EVEN, IS_E4M3, SOFT))
+    acol = tl.maximum(acol, _dual_row_copy(r2, q_ptr, s_ptr, 4 * i + 2, c, mask, stride_q, stride_s, pid_c, rows,
+                                           cols, FP8_MAX, EMAX, MODE, GC, TQ, TC, EVEN, IS_E4M3, SOFT))
+    acol = tl.maximum(acol, _dual_row_copy(r3, q_ptr, s_ptr, 4 * i + 3, c, mask, stride_q, stride_s, pid_c, rows,
+                                           cols, FP8_MAX, EMAX, MODE, GC, TQ, TC, EVEN, IS_E4M3, SOFT))
+
+    # column-wise copy: blocks of GR_T rows = GR_T / 4 quads, all four quarters
+    NB: tl.constexpr = TR // GR_T
+    acol = tl.max(tl.reshape(acol, (NB, GR_T // 4, TC)), axis=1)
+    mcol, scol = _block_scales(acol, MODE, FP8_MAX, EMAX)
+    mcol = mcol[:, None, :]
+    b0 = _fp8_codes(tl.reshape(tl.reshape(_widen(r0), (NB, GR_T // 4, TC)) * mcol, (TQ, TC)), FP8_MAX, IS_E4M3, SOFT)
+    b1 = _fp8_codes(tl.reshape(tl.reshape(_widen(r1), (NB, GR_T // 4, TC)) * mcol, (TQ, TC)), FP8_MAX, IS_E4M3, SOFT)
+    b2 = _fp8_codes(tl.reshape(tl.reshape(_widen(r2), (NB, GR_T // 4, TC)) * mcol, (TQ, TC)), FP8_MAX, IS_E4M3, SOFT)
+    b3 = _fp8_codes(tl.reshape(tl.reshape(_widen(r3), (NB, GR_T // 4, TC)) * mcol, (TQ, TC)), FP8_MAX, IS_E4M3, SOFT)
+    # rows 4i..4i+3 of column c, little-endian: the word's bytes in the transposed copy's order
+    w = (b0.to(tl.uint32) | (b1.to(tl.uint32) << 8) | (b2.to(tl.uint32) << 16) | (b3.to(tl.uint32) << 24))
+    wt = tl.trans(w.to(tl.int32, bitcast=True))  # [TC, TQ]: row c of the transposed copy
+    qt_ptrs = qt_ptr + c.to(tl.int64)[:, None] * stride_qt + i[None, :]
+    tl.store(qt_ptrs, wt, mask=None if EVEN else tl.trans(mask))
+    sb = pid_r * NB + tl.arange(0, NB)
+    st_ptrs = st_ptr + c.to(tl.int64)[None, :] * stride_st + sb[:, None]
+    smask = None if EVEN else (sb < tl.cdiv(rows, GR_T))[:, None] & (c < cols)[None, :]
+    tl.store(st_ptrs, scol.to(st_ptr.dtype.element_ty), mask=smask)
+
+
+@triton.jit
 def _quant_fp8_long_kernel(
     # pointers
     x_ptr, q_ptr, s_ptr,
@@ -632,13 +761,18 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
         q, s = fp8_quant_launch(x, out_dtype, row)
         st = _transposed_single(x, qt, col, out_dtype)
         return q, s, qt, st
+    cfg = tile if (tile is not None and len(tile) == 3) else None
+    if cfg is None and tile is None:
+        cfg = with_trans_config(rows, cols, row, col)
+    if cfg is not None and _dual_ok(rows, cols, row, col, cfg):
+        return _dual_launch(x, q, qt, out_dtype, row, col, cfg)
     amax = _amax_bits(x) if tensorwise else None
     s, s_strides, (n_sr, n_sc) = _scale_tensor(row, rows, cols, False, dev)
     st, st_strides, (n_str, n_stc) = _scale_tensor(col, rows, cols, True, dev)
     gr, gc = row.padded()
     gr_t, gc_t = col.padded()
     tr, tc, nw = tile_config(rows, cols, ((gr, gc), (gr_t, gc_t)), with_trans=True)
-    if tile is not None:
+    if tile is not None and len(tile) == 2:
         tr = tc = max(tile[0], gr, gc, gr_t, gc_t)
         nw = tile[1]
     n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
@@ -650,6 +784,54 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
         FP8_MAX=fmax, EMAX=mx_emax_of(out_dtype), MODE=row.mode, GR=gr, GC=gc,
         HAS_T=True, MODE_T=col.mode, GR_T=gr_t, GC_T=gc_t,
         TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
+    )
+    return q, s, qt, st
+
+
+#: candidate (TR, TC, num_warps) of the one-read two-copy kernel for ``1 x g`` row blocks with
+#: ``g x 1`` column blocks (scripts/tune_quant.py times each); the default is chosen by
+#: :func:`with_trans_config`. Each must hold whole blocks of both groupings (TR >= g, TC >= g).
+WITH_TRANS_CANDIDATES = (
+    (128, 128, 4), (128, 128, 8), (64, 128, 4), (128, 64, 4), (64, 64, 4), (32, 128, 4), (256, 128, 8),
+    (128, 256, 8), (64, 256, 8), (32, 256, 8),
+)
+
+
+def with_trans_config(rows: int, cols: int, row: QuantGrouping, col: QuantGrouping):
+    """The default launch configuration of :func:`fp8_quant_with_trans_launch`: ``(TR, TC,
+    num_warps)`` of the one-read two-copy kernel, or None for the generic tile kernel (the
+    configuration the H200 measured before the two-copy kernel: square 128 tile, 4 warps).
+
+    The one place the default is set: scripts/tune_quant.py prints the winner per shape."""
+    g = max(row.padded()[1], col.padded()[0])
+    tr = tc = max(128, g)
+    return tr, tc, 4
+
+
+def _dual_ok(rows: int, cols: int, row: QuantGrouping, col: QuantGrouping, cfg) -> bool:
+    """Whether the two-copy kernel covers these groupings and shape with tile ``cfg``."""
+    tr, tc, _ = cfg
+    if row.mode != col.mode or row.mode == _MODE_TENSOR or row.gr != 1 or col.gc != 1:
+        return False
+    gc, gr_t = row.padded()[1], col.padded()[0]
+    if gc != row.gc or gr_t != col.gr:  # partial (non power-of-two) blocks: generic kernel
+        return False
+    return rows % 4 == 0 and tr % gr_t == 0 and tc % gc == 0 and rows > 0 and cols > 0
+
+
+def _dual_launch(x, q, qt, out_dtype, row: QuantGrouping, col: QuantGrouping, cfg):
+    rows, cols = x.shape
+    tr, tc, nw = cfg
+    s, _, (n_sr, n_sc) = _scale_tensor(row, rows, cols, False, x.device)
+    st, _, (n_str, n_stc) = _scale_tensor(col, rows, cols, True, x.device)
+    n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
+    even = rows % tr == 0 and cols % tc == 0
+    qt_words = qt.view(torch.uint8).view(torch.int32)  # [cols, rows / 4]
+    _quant_fp8_dual_kernel[(n_tr * n_tc,)](
+        x, q.view(torch.uint8), s, qt_words, st, rows, cols, n_tc,
+        x.stride(0), cols, n_sc, rows // 4, n_str,
+        FP8_MAX=fp8_max_of(out_dtype), EMAX=mx_emax_of(out_dtype), MODE=row.mode, GC=row.gc, GR_T=col.gr,
+        TR=tr, TC=tc, EVEN=even, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
     )
     return q, s, qt, st
 
