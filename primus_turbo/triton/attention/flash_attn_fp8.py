@@ -157,7 +157,7 @@ def _attn_fp8_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, P_LOG2: tl.constexpr, NEG_SCALE: tl.constexpr,
 ):
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest causal rows first (see the bf16 kernel)
+    pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H

@@ -168,9 +168,7 @@ def _attn_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, NEG_SCALE: tl.constexpr,
 ):
-    # query blocks in reverse: under a causal mask the last blocks carry the most keys, and starting
-    # them first leaves the short ones to fill the final wave instead of the long ones trailing alone
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
