@@ -38,11 +38,29 @@ def _host_us(step, n: int = 50) -> float:
     return (t1 - t0) / n * 1e6
 
 
+def _cprofile(step, n: int = 200, top: int = 25) -> str:
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    return buf.getvalue()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--shape", type=int, nargs=4, action="append", metavar=("G", "M", "N", "K"),
                    help="experts, routed rows, N, K (repeatable)")
+    p.add_argument("--cprofile", action="store_true",
+                   help="also a cProfile of 200 host calls of each step (where the host time goes)")
     args = p.parse_args(argv)
     from triton.testing import do_bench
 
@@ -72,6 +90,8 @@ def main(argv=None) -> int:
             head = f"== G{G} M{M} N{N} K{K} {name}: {ms:.4f} ms wall, host {host:.0f} us per call"
             print(head, flush=True)
             lines += [head, _profile(step), ""]
+            if args.cprofile:
+                lines += [_cprofile(step), ""]
             a.grad = w.grad = None
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "diag_grouped.txt").write_text("\n".join(lines) + "\n")
