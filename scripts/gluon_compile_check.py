@@ -45,16 +45,16 @@ def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass: 
     a_layout = gl.NVMMASharedLayout.get_default_for([64, 128], gl.float8e4nv)
     b_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_n, 128], gl.float8e4nv)
     c_ty = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp32": gl.float32}[out_dtype]
-    c_layout = gl.NVMMASharedLayout.get_default_for([64, cfg.block_n], c_ty)
+    c_layout = gl.NVMMASharedLayout.get_default_for([64, 128], c_ty)
     sig = {
         "a_desc": f"tensordesc<fp8e4nv[64, 128],{a_layout!r}>",
         "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, 128],{b_layout!r}>",
-        "c_desc": f"tensordesc<{out_dtype}[64, {cfg.block_n}],{c_layout!r}>",
+        "c_desc": f"tensordesc<{out_dtype}[64, 128],{c_layout!r}>",
         "sa_ptr": "*fp32", "sb_ptr": "*fp32",
         "M": "i32", "N": "i32", "K": "i32",
         "stride_sam": "i32", "stride_sak": "i32", "stride_sbn": "i32", "stride_sbk": "i32",
     }
-    consts = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+    consts = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs)
     sig.update({k: "constexpr" for k in consts})
     src = GluonASTSource(g._gemm_fp8_blockwise_ws_kernel, sig, consts)

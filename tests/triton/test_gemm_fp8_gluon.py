@@ -96,15 +96,21 @@ def test_reason_names_bad_inputs_before_device():
 
 
 def test_config_parse_and_fit():
-    cfg = gg.GluonBlockwiseConfig.parse("n128s6g16r240w24")
-    assert (cfg.block_n, cfg.stages, cfg.group_m, cfg.consumer_regs, cfg.producer_regs) == (128, 6, 16, 240, 24)
+    cfg = gg.GluonBlockwiseConfig.parse("n256s3g16c2r240w24")
+    assert (cfg.block_n, cfg.stages, cfg.group_m, cfg.c_bufs, cfg.consumer_regs, cfg.producer_regs) == \
+        (256, 3, 16, 2, 240, 24)
     assert gg.GluonBlockwiseConfig.parse(cfg.short()) == cfg
     assert gg.GluonBlockwiseConfig.parse("n128s5") == gg.GluonBlockwiseConfig()
     with pytest.raises(ValueError, match="bad Gluon config"):
         gg.GluonBlockwiseConfig.parse("128x128")
+    assert cfg.check() is None
+    assert "block_n" in gg.GluonBlockwiseConfig.parse("n192s4").check()
+    assert "shared memory" in gg.GluonBlockwiseConfig.parse("n256s5").check()
+    assert "registers" in gg.GluonBlockwiseConfig.parse("n128s4r248w40").check()
+    assert "multiples of 8" in gg.GluonBlockwiseConfig.parse("n128s4r230").check()
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         cfg = gg.default_config(4096, 4096, 4096, dtype)
-        assert cfg.smem_bytes(dtype.itemsize) <= gg.SMEM_LIMIT
+        assert cfg.check(dtype.itemsize) is None
 
 
 def _compile_check_module():
@@ -116,11 +122,12 @@ def _compile_check_module():
 
 
 @pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
-@pytest.mark.parametrize("out_dtype", ["bf16", "fp32"])
-def test_compiles_for_sm90_without_spills(out_dtype):
+@pytest.mark.parametrize("out_dtype,config", [("bf16", None), ("fp32", None), ("bf16", "n256s4"), ("bf16", "n256s3c2")])
+def test_compiles_for_sm90_without_spills(out_dtype, config):
     """The GPU-only kernel still compiles for sm_90 (catches API drift and register spills on CPU CI)."""
     mod = _compile_check_module()
-    cfg = gg.default_config(4096, 4096, 4096, torch.bfloat16 if out_dtype == "bf16" else torch.float32)
+    cfg = (gg.GluonBlockwiseConfig.parse(config) if config else
+           gg.default_config(4096, 4096, 4096, torch.bfloat16 if out_dtype == "bf16" else torch.float32))
     try:
         res = mod.compile_config(cfg, out_dtype)
     except FileNotFoundError as exc:  # no bundled ptxas in this triton wheel
@@ -132,22 +139,26 @@ def test_compiles_for_sm90_without_spills(out_dtype):
 # ---------------------------------------------------------------------------------------------
 # GPU: correctness
 # ---------------------------------------------------------------------------------------------
-# (M, N, K): aligned; M and N tails (partial tiles, a fully empty second A half); K tail
+# (M, N, K): aligned; M and N tails (partial tiles, a fully empty second A half; with 256-wide
+# tiles N = 384 leaves a 128-column half wholly past N, N = 200 one partly past it); K tail
 # (336 = 2 x 128 + 80, zero-filled by TMA); M = 1; one tile column; multi-wave persistent grid
-SHAPES = [(256, 256, 256), (300, 200, 384), (130, 136, 336), (1, 256, 512), (70, 128, 128), (2048, 1536, 1024)]
+SHAPES = [(256, 256, 256), (300, 200, 384), (130, 136, 336), (1, 256, 512), (70, 128, 128), (520, 384, 256),
+          (2048, 1536, 1024)]
 
 
 @sm90
 @pytest.mark.gpu
+@pytest.mark.parametrize("config", [None, "n256s4", "n128s3g1"])
 @pytest.mark.parametrize("M,N,K", SHAPES)
-def test_matches_reference(M, N, K):
+def test_matches_reference(M, N, K, config):
     (a_q, sa, b_q, sb), ref = _operands(M, N, K, "cuda")
     assert gg.gluon_blockwise_reason(a_q, sa, b_q, sb) is None
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    res = gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out=out)
+    cfg = gg.GluonBlockwiseConfig.parse(config) if config else None
+    res = gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out=out, config=cfg)
     assert res is out
     assert not torch.isnan(out).any(), "unwritten output elements"
-    assert _snr(ref, out) >= MIN_SNR[torch.bfloat16], (M, N, K)
+    assert _snr(ref, out) >= MIN_SNR[torch.bfloat16], (M, N, K, config)
 
 
 @sm90
@@ -159,8 +170,8 @@ def test_out_dtypes_and_configs(out_dtype):
     out = gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out_dtype=out_dtype)
     assert out.dtype == out_dtype and out.shape == (M, N)
     assert _snr(ref, out) >= MIN_SNR[out_dtype]
-    for text in ("n128s3", "n128s4g1", "n128s6g16"):
-        if gg.GluonBlockwiseConfig.parse(text).smem_bytes(out_dtype.itemsize) > gg.SMEM_LIMIT:
+    for text in ("n128s3", "n128s4g1", "n128s6g16", "n256s4", "n256s3c2", "n256s2"):
+        if gg.GluonBlockwiseConfig.parse(text).check(out_dtype.itemsize) is not None:
             continue
         again = gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out_dtype=out_dtype,
                                             config=gg.GluonBlockwiseConfig.parse(text))

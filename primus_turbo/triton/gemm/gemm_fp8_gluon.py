@@ -2,7 +2,7 @@
 
 ``out[M, N] = sum_kb (a[:, kb] @ b[:, kb]^T) * sa[:, kb] * sb[n // 128, kb]`` with fp32
 accumulation: ``a`` ``[M, K]`` and ``b`` ``[N, K]`` float8_e4m3fn (K contiguous), ``sa``
-``[M, K/128]`` fp32 (1 x 128 activation groups), ``sb`` ``[N/128, K/128]`` fp32 (128 x 128 weight
+``[M, ceil(K/128)]`` fp32 (1 x 128 activation groups), ``sb`` ``[ceil(N/128), ceil(K/128)]`` fp32 (128 x 128 weight
 blocks), dequantization multipliers. The same product as the BLOCKWISE mode of
 ``gemm_fp8_kernel.py``; only the summation order of the fp32 promotions differs.
 
@@ -15,21 +15,25 @@ structure of DeepGEMM's FP8 GEMM (read for ideas; this is our own code):
 * warp specialization (``gl.warp_specialize``): one producer warp issues the TMA loads of the A and
   B tiles into a STAGES-deep shared-memory ring guarded by ``ready``/``empty`` mbarriers;
 * two consumer warpgroups, each owning 64 rows of the 128 x BLOCK_N tile, run async
-  ``warpgroup_mma`` into a per-K-block fp32 partial and promote it into their main accumulator
-  with the row's A scale times the block's B scale. Inside a warpgroup the wgmma of block k+1 is
-  issued before the promotion of block k (``warpgroup_mma_wait(1)``), so the tensor core always
-  has queued work while the CUDA cores promote; across the two warpgroups the warp scheduler
-  overlaps one's promotion with the other's MMA as well;
-* scales are read by the consumers straight from global memory (L2-resident, a few KB per tile),
-  issued one K block ahead so their latency hides behind the MMA;
+  ``warpgroup_mma`` into a per-K-block fp32 partial, wait for it, release the ring slot and
+  promote it into their fp32 accumulator with the row's A scale times the block's B scale. The
+  warpgroups are independent instruction streams, so one's promotion overlaps the other's MMA.
+  BLOCK_N = 256 (less L2 traffic per FLOP) runs each K block as two 128-column MMAs through the
+  same partial registers, each with its own B scale block;
+* scales are read by the consumers straight from global memory (L1/L2-resident, a few bytes per
+  row and K block), issued one K block ahead so their latency hides behind the MMA;
 * epilogue: bf16 tile through shared memory and a TMA store (which clips the M and N tails),
   waited on only before that buffer is rewritten, i.e. overlapped with the next tile's main loop.
 
 Requirements (``gluon_blockwise_reason`` returns the first one that fails): CUDA sm_90, Gluon
 importable, E4M3 operands with unit K stride and 16-byte aligned rows (so K % 16 == 0), scales of
 the shapes above, an output (bf16, fp16 or fp32) with 16-byte aligned rows. M, N and K tails are
-TMA's zero fill and store clipping; BLOCK_N = 128 keeps every tile inside one B scale block.
+TMA's zero fill and store clipping; BLOCK_N is a multiple of the 128-column B scale block.
 Anything else goes to the ``triton.language`` kernel.
+
+Keeping a second partial in flight inside a warpgroup (issue block k+1 before promoting block k)
+was tried: three 64 x 128 fp32 sets do not fit next to the rest in 232 registers, ptxas spills and
+then serializes every wgmma (its C7514/C7515 notes), so the overlap comes from the two warpgroups.
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ class GluonBlockwiseConfig:
     block_n: int = 128
     stages: int = 5
     group_m: int = 8
+    c_bufs: int = 1
     consumer_regs: int = 232
     producer_regs: int = 40
 
@@ -89,19 +94,38 @@ class GluonBlockwiseConfig:
 
     def smem_bytes(self, out_bytes: int = 2) -> int:
         stage = self.BLOCK_M * self.BLOCK_K + self.block_n * self.BLOCK_K  # FP8: one byte per element
-        return self.stages * stage + self.BLOCK_M * self.block_n * out_bytes + 2 * 8 * self.stages
+        staging = 2 * self.c_bufs * 64 * SCALE_BLOCK * out_bytes  # per warpgroup: c_bufs 64 x 128 tiles
+        return self.stages * stage + staging + 2 * 8 * self.stages
 
     def short(self) -> str:
-        return f"n{self.block_n}s{self.stages}g{self.group_m}r{self.consumer_regs}w{self.producer_regs}"
+        return (f"n{self.block_n}s{self.stages}g{self.group_m}c{self.c_bufs}"
+                f"r{self.consumer_regs}w{self.producer_regs}")
 
     @classmethod
     def parse(cls, text: str) -> "GluonBlockwiseConfig":
-        """``"n128s5"``, ``"n128s4g16"``, ``"n128s5r240w24"`` -> config (scripts, env variables)."""
-        m = re.fullmatch(r"n(\d+)s(\d+)(?:g(\d+))?(?:r(\d+))?(?:w(\d+))?", text.strip())
+        """``"n128s5"``, ``"n256s4g16"``, ``"n256s3c2"``, ``"n128s5r240w24"`` -> config.
+
+        n: BLOCK_N (128 or 256), s: stages, g: GROUP_M, c: output staging buffers per
+        warpgroup, r / w: consumer / producer registers per thread."""
+        m = re.fullmatch(r"n(\d+)s(\d+)(?:g(\d+))?(?:c(\d+))?(?:r(\d+))?(?:w(\d+))?", text.strip())
         if not m:
-            raise ValueError(f"bad Gluon config {text!r}; expected e.g. n128s5, n128s4g16, n128s5r240w24")
-        bn, st, g, r, w = m.groups()
-        return cls(int(bn), int(st), int(g or 8), int(r or 232), int(w or 40))
+            raise ValueError(f"bad Gluon config {text!r}; expected e.g. n128s5, n256s4g16, n256s3c2, n128s5r240w24")
+        bn, st, g, c, r, w = m.groups()
+        return cls(int(bn), int(st), int(g or 8), int(c or 1), int(r or 232), int(w or 40))
+
+    def check(self, out_bytes: int = 2) -> Optional[str]:
+        """None when the kernel can be built with this config, else why not."""
+        if self.block_n not in (128, 256):
+            return f"block_n must be 128 or 256 (whole B scale blocks per tile), got {self.block_n}"
+        if self.stages < 2 or self.c_bufs not in (1, 2) or self.group_m < 1:
+            return f"bad config {self.short()}: stages >= 2, c_bufs 1 or 2, group_m >= 1"
+        if any(r % 8 or not 24 <= r <= 256 for r in (self.consumer_regs, self.producer_regs)):
+            return f"setmaxnreg counts must be multiples of 8 in [24, 256], got {self.consumer_regs}, {self.producer_regs}"
+        if 2 * 128 * self.consumer_regs + 128 * self.producer_regs > 65536:
+            return f"registers: 2 x 128 x {self.consumer_regs} + 128 x {self.producer_regs} > 65536"
+        if self.smem_bytes(out_bytes) > SMEM_LIMIT:
+            return f"config {self.short()} needs {self.smem_bytes(out_bytes)} bytes of shared memory, sm_90 has {SMEM_LIMIT}"
+        return None
 
 
 DEFAULT_CONFIG = GluonBlockwiseConfig()
@@ -111,6 +135,7 @@ DEFAULT_CONFIG = GluonBlockwiseConfig()
 # Kernel
 # ----------------------------------------------------------------------------------------------
 if GLUON_AVAILABLE:
+    SCALE_N = gl.constexpr(SCALE_BLOCK)  # columns per B scale block = columns per wgmma
 
     @gluon.jit
     def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
@@ -151,56 +176,102 @@ if GLUON_AVAILABLE:
                 it += 1
 
     @gluon.jit
-    def _issue(a_bufs, b_bufs, ready, it, regs, WG: gl.constexpr, STAGES: gl.constexpr):
-        """Wait for ring slot ``it`` and start the warpgroup's async MMA of that K block into
-        ``regs`` (a fresh partial: use_acc=False; ``regs`` only names the registers to reuse)."""
-        s = it % STAGES
-        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-        return warpgroup_mma(a_bufs.index(2 * s + WG), b_bufs.index(s).permute((1, 0)), regs,
-                             use_acc=False, is_async=True)
+    def _issue(a_bufs, b_bufs, s, regs, use_acc, WG: gl.constexpr, SUB: gl.constexpr):
+        """Start the warpgroup's async MMA of ring slot ``s`` against B columns
+        [SUB*128, SUB*128+128) of the tile, into ``regs``. ``use_acc`` is always false (a fresh
+        partial; ``regs`` only names the registers to reuse, so no zeros are materialized)."""
+        b = b_bufs.index(s)
+        if b_bufs.type.shape[1] > SCALE_N:
+            b = b.slice(SUB * SCALE_N, SCALE_N, dim=0)
+        return warpgroup_mma(a_bufs.index(2 * s + WG), b.permute((1, 0)), regs, use_acc=use_acc, is_async=True)
 
     @gluon.jit
-    def _block_scale(sa_rows, sb_blk, mask_m, kb, stride_sak, stride_sbk):
-        """sa[rows, kb] * sb[tile's n block, kb]: the factor promoting K block kb's partial."""
-        return gl.load(sa_rows + kb * stride_sak, mask=mask_m, other=0.0) * gl.load(sb_blk + kb * stride_sbk)
+    def _load_scales(sa_rows, mask_m, sb0, sb1, kb, stride_sak, stride_sbk, N_SUB: gl.constexpr):
+        """K block kb's promotion factors: sa[rows, kb] * sb[n block, kb], one per 128 columns."""
+        sa = gl.load(sa_rows + kb * stride_sak, mask=mask_m, other=0.0)
+        scale0 = sa * gl.load(sb0 + kb * stride_sbk)
+        if N_SUB == 2:
+            scale1 = sa * gl.load(sb1 + kb * stride_sbk)
+        else:
+            scale1 = scale0
+        return scale0, scale1
 
     @gluon.jit
-    def _mainloop(acc, regs, a_bufs, b_bufs, ready, empty, it, k_tiles,
-                  sa_rows, sb_blk, mask_m, stride_sak, stride_sbk, WG: gl.constexpr, STAGES: gl.constexpr):
-        """Per K block: MMA into a fresh partial, wait, release the slot, promote (DeepGEMM's
-        loop). The two consumer warpgroups run it independently, so the warp scheduler overlaps
-        one's promotion with the other's MMA. The scales of block kb+1 are loaded while block kb
-        computes: used right away, their L2 latency would sit in front of every MMA issue."""
-        scale = _block_scale(sa_rows, sb_blk, mask_m, 0, stride_sak, stride_sbk)
+    def _pin(x):
+        """x, through an opaque side-effecting move per element. The wgmma is side-effecting
+        inline asm too, so LLVM may not sink the arithmetic that produced x below the next MMA
+        (it does otherwise, and then the partial being promoted and the next MMA's registers are
+        live together: a second 64 x 128 fp32 set, spilled). ptxas removes the moves."""
+        return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _mainloop(acc0, acc1, regs, a_bufs, b_bufs, ready, empty, it, k_tiles,
+                  sa_rows, mask_m, sb0, sb1, stride_sak, stride_sbk,
+                  WG: gl.constexpr, STAGES: gl.constexpr, N_SUB: gl.constexpr):
+        """Per K block: MMA into a fresh partial, wait, promote (DeepGEMM's loop). With N_SUB = 2
+        the tile's two 128-column halves go one after the other through the same partial
+        registers: two 64 x 128 accumulators and one partial fit in 232 registers, two partials
+        would not. The two consumer warpgroups run this independently, so the warp scheduler
+        overlaps one's promotion with the other's MMA. The scales of block kb+1 are loaded while
+        block kb computes: used right away, their L2 latency would sit in front of every MMA."""
+        scale0, scale1 = _load_scales(sa_rows, mask_m, sb0, sb1, 0, stride_sak, stride_sbk, N_SUB)
+        # False, but not to the compiler: with a constant False ptxas knows the second half's MMA
+        # ignores the partial registers and hoists it above the first half's promotion, which
+        # needs a second partial (256 registers in all) and spills. A runtime predicate keeps the
+        # registers an input, so the MMA waits for the promotion that reads them.
+        no_acc = k_tiles < 0
         for kb in range(k_tiles):
-            part = _issue(a_bufs, b_bufs, ready, it, regs, WG, STAGES)
-            next_scale = _block_scale(sa_rows, sb_blk, mask_m, gl.minimum(kb + 1, k_tiles - 1),
-                                      stride_sak, stride_sbk)
+            s = it % STAGES
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            part = _issue(a_bufs, b_bufs, s, regs, False, WG, 0)
+            next0, next1 = _load_scales(sa_rows, mask_m, sb0, sb1, gl.minimum(kb + 1, k_tiles - 1),
+                                        stride_sak, stride_sbk, N_SUB)
             regs = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
-            mbarrier.arrive(empty.index(it % STAGES), count=1)
-            acc = acc + regs * gl.expand_dims(scale, 1)
-            scale = next_scale
+            if N_SUB == 1:
+                mbarrier.arrive(empty.index(s), count=1)  # the slot's last reader in this warpgroup
+            acc0 = acc0 + regs * gl.expand_dims(scale0, 1)
+            if N_SUB == 2:
+                acc0 = _pin(acc0)
+                part = _issue(a_bufs, b_bufs, s, regs, no_acc, WG, 1)
+                regs = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
+                mbarrier.arrive(empty.index(s), count=1)
+                acc1 = acc1 + regs * gl.expand_dims(scale1, 1)
+            scale0 = next0
+            scale1 = next1
             it += 1
-        return acc, regs, it
+        return acc0, acc1, it
+
+    @gluon.jit
+    def _store_sub(c_desc, c_bufs, acc, off_m, off_n, WG: gl.constexpr, SUB: gl.constexpr,
+                   C_BUFS: gl.constexpr):
+        """acc (64 x 128 fp32) -> out dtype -> this warpgroup's staging buffer -> TMA store. With
+        C_BUFS buffers per warpgroup, C_BUFS - 1 stores may still be reading the others."""
+        c_buf = c_bufs.index(WG * C_BUFS + SUB % C_BUFS)
+        # the store that last read c_buf (a previous tile's) must be done before it is rewritten;
+        # waited here rather than after the store, so the store overlaps the next main loop
+        tma.store_wait(pendings=C_BUFS - 1)
+        c_buf.store(acc.to(c_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [off_m, off_n + SUB * SCALE_N], c_buf)
 
     @gluon.jit
     def _consumer(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, M, N, K,
                   stride_sam, stride_sak, stride_sbn, stride_sbk,
-                  WG: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
-        """One warpgroup: rows [WG*64, WG*64+64) of every tile: MMA, promotion, bf16 store."""
+                  WG: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                  C_BUFS: gl.constexpr):
+        """One warpgroup: rows [WG*64, WG*64+64) of every tile: MMA, promotion, store."""
         HALF_M: gl.constexpr = c_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
-        # wgmma m64nNk32 over the warpgroup's 64 rows: one instruction per 32 of K
+        N_SUB: gl.constexpr = BLOCK_N // SCALE_N
+        # wgmma m64n128k32 over the warpgroup's 64 rows: one instruction per 32 of K
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                             instr_shape=[16, BLOCK_N, 32])
+                                                             instr_shape=[16, SCALE_N, 32])
         row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
         num_pid_m = gl.cdiv(M, 2 * HALF_M)
         num_pid_n = gl.cdiv(N, BLOCK_N)
         num_tiles = num_pid_m * num_pid_n
         k_tiles = gl.cdiv(K, BLOCK_K)  # a K tail arrives zero-filled
-        c_buf = c_bufs.index(WG)
-        # the partial's registers, handed back to each MMA (use_acc=False ignores their values)
-        regs = gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_layout)
+        last_nb = gl.cdiv(N, SCALE_N) - 1
         it = 0
         for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
             pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
@@ -209,16 +280,23 @@ if GLUON_AVAILABLE:
             offs_m = off_m + gl.arange(0, HALF_M, layout=row_layout)
             mask_m = offs_m < M
             sa_rows = sa_ptr + offs_m.to(gl.int64) * stride_sam
-            sb_blk = sb_ptr + pid_n * stride_sbn  # BLOCK_N == 128: one B scale per K block
-            acc = gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_layout)
-            acc, regs, it = _mainloop(acc, regs, a_bufs, b_bufs, ready, empty, it, k_tiles,
-                                      sa_rows, sb_blk, mask_m, stride_sak, stride_sbk, WG, STAGES)
-
-            # the previous tile's TMA store must have read c_buf before it is overwritten
-            tma.store_wait(pendings=0)
-            c_buf.store(acc.to(c_desc.dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_buf)
+            # each 128 columns of the tile lie in one B scale block; a half past N (its columns
+            # are zero-filled and never stored) reads the last block's scale instead
+            sb0 = sb_ptr + (pid_n * N_SUB) * stride_sbn
+            sb1 = sb_ptr + gl.minimum(pid_n * N_SUB + 1, last_nb) * stride_sbn
+            acc0 = gl.zeros([HALF_M, SCALE_N], gl.float32, mma_layout)
+            acc1 = acc0
+            if N_SUB == 2:
+                acc1 = gl.zeros([HALF_M, SCALE_N], gl.float32, mma_layout)
+            # the partial's registers, handed to each MMA (which ignores their values); created per
+            # tile so they are not live across the epilogue
+            regs = gl.zeros([HALF_M, SCALE_N], gl.float32, mma_layout)
+            acc0, acc1, it = _mainloop(acc0, acc1, regs, a_bufs, b_bufs, ready, empty, it, k_tiles,
+                                             sa_rows, mask_m, sb0, sb1, stride_sak, stride_sbk,
+                                             WG, STAGES, N_SUB)
+            _store_sub(c_desc, c_bufs, acc0, off_m, off_n, WG, 0, C_BUFS)
+            if N_SUB == 2:
+                _store_sub(c_desc, c_bufs, acc1, off_m, off_n, WG, 1, C_BUFS)
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -227,16 +305,19 @@ if GLUON_AVAILABLE:
         sa_ptr, sb_ptr,
         M, N, K,
         stride_sam, stride_sak, stride_sbn, stride_sbk,
-        GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+        GROUP_M: gl.constexpr, STAGES: gl.constexpr, C_BUFS: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     ):
-        """out = sum_kb (A_kb @ B_kb^T) * sa[:, kb] * sb[n/128, kb]: persistent, warp-specialized."""
+        """out = sum_kb (A_kb @ B_kb^T) * sa[:, kb] * sb[n/128, kb]: persistent, warp-specialized.
+
+        Descriptors: a_desc boxes [64, 128] (a warpgroup's rows), b_desc [BLOCK_N, 128],
+        c_desc [64, 128] (one warpgroup's rows of one 128-column scale block)."""
         HALF_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, HALF_M, BLOCK_K], a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
-        c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2, HALF_M, BLOCK_N], c_desc.layout)
+        c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2 * C_BUFS, HALF_M, SCALE_N], c_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
@@ -244,13 +325,11 @@ if GLUON_AVAILABLE:
             mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
         gl.warp_specialize([
             (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, M, N, K,
-                         stride_sam, stride_sak, stride_sbn, stride_sbk, 0, BLOCK_N, GROUP_M, STAGES)),
+                         stride_sam, stride_sak, stride_sbn, stride_sbk, 0, BLOCK_N, GROUP_M, STAGES, C_BUFS)),
             (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, M, N, K,
-                         stride_sam, stride_sak, stride_sbn, stride_sbk, 1, BLOCK_N, GROUP_M, STAGES)),
+                         stride_sam, stride_sak, stride_sbn, stride_sbk, 1, BLOCK_N, GROUP_M, STAGES, C_BUFS)),
             (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-
-
 
 # ----------------------------------------------------------------------------------------------
 # Checks and launch
@@ -386,12 +465,9 @@ def gemm_fp8_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor,
     if K == 0:
         return out.zero_()
     cfg = config or default_config(M, N, K, out.dtype)
-    if cfg.block_n != SCALE_BLOCK:
-        raise ValueError(f"gemm_fp8_blockwise_gluon: block_n must be {SCALE_BLOCK} (one B scale per tile), "
-                         f"got {cfg.block_n}")
-    if cfg.smem_bytes(out.element_size()) > SMEM_LIMIT:
-        raise ValueError(f"gemm_fp8_blockwise_gluon: config {cfg.short()} needs {cfg.smem_bytes(out.element_size())} "
-                         f"bytes of shared memory, sm_90 has {SMEM_LIMIT}")
+    bad = cfg.check(out.element_size())
+    if bad is not None:
+        raise ValueError(f"gemm_fp8_blockwise_gluon: {bad}")
     with torch.cuda.device(a.device):
         _launch(a, sa, b, sb, out, cfg)
     return out
@@ -409,17 +485,18 @@ def _launch(a, sa, b, sb, out, cfg: GluonBlockwiseConfig) -> None:
     bn, bk = cfg.block_n, cfg.BLOCK_K
     a_layout = gl.NVMMASharedLayout.get_default_for([_HALF_M, bk], gl.float8e4nv)
     b_layout = gl.NVMMASharedLayout.get_default_for([bn, bk], gl.float8e4nv)
-    c_layout = gl.NVMMASharedLayout.get_default_for([_HALF_M, bn], _GL_DTYPES[out.dtype])
+    c_layout = gl.NVMMASharedLayout.get_default_for([_HALF_M, SCALE_BLOCK], _GL_DTYPES[out.dtype])
     # the descriptors' global shapes are the true [M, K], [N, K], [M, N]: TMA zero-fills loads past
     # them (M, N and K tails) and clips stores
     a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [_HALF_M, bk], a_layout)
     b_desc = TensorDescriptor(b, [N, K], [b.stride(0), 1], [bn, bk], b_layout)
-    c_desc = TensorDescriptor(out, [M, N], [out.stride(0), 1], [_HALF_M, bn], c_layout)
+    c_desc = TensorDescriptor(out, [M, N], [out.stride(0), 1], [_HALF_M, SCALE_BLOCK], c_layout)
     tiles = -(-M // cfg.BLOCK_M) * -(-N // bn)
     grid = (min(_num_sms(a.device), tiles),)
     _gemm_fp8_blockwise_ws_kernel[grid](
         a_desc, b_desc, c_desc, sa, sb, M, N, K,
         sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1),
-        GROUP_M=cfg.group_m, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+        GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs,
+        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         num_warps=4,
     )
