@@ -6,7 +6,9 @@ shared memory, registers and spills (ptxas ``-v`` output and the cubin's metadat
 
     PYTHONPATH=. python scripts/gluon_compile_check.py [n128s5 n128s4 ...] [--dump DIR] [--sass]
 
-Exit status 1 if any config fails to compile, spills, or needs more shared memory than sm_90 has.
+Exit status 1 if any config fails to compile, spills, has ptxas serialize its wgmmas (notes
+C7514/C7515: accumulator registers touched while an MMA is in flight), or needs more shared
+memory than sm_90 has.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def _ptxas_report(ptx: str, ptxas: str) -> str:
         return out.stdout + out.stderr
 
 
-def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass: bool = False) -> dict:
+def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass_out: bool = False) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -54,7 +56,7 @@ def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass: 
         "M": "i32", "N": "i32", "K": "i32",
         "stride_sam": "i32", "stride_sak": "i32", "stride_sbn": "i32", "stride_sbk": "i32",
     }
-    consts = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, CONSUMER_REGS=cfg.consumer_regs,
+    consts = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, PIPELINE=cfg.pipeline, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs)
     sig.update({k: "constexpr" for k in consts})
     src = GluonASTSource(g._gemm_fp8_blockwise_ws_kernel, sig, consts)
@@ -65,8 +67,11 @@ def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass: 
     report = _ptxas_report(k.asm["ptx"], ptxas)
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
     regs = [int(x) for x in re.findall(r"Used (\d+) registers", report)]
+    sass = _sass(k.asm["cubin"], os.path.join(os.path.dirname(ptxas), "cuobjdump"))
+    used = [int(x) for x in re.findall(r"\bR(\d+)\b", sass)]
     res = dict(config=cfg.short(), shared=md.shared, num_warps=md.num_warps, regs=max(regs) if regs else None,
-               spill_bytes=sum(spills), n_spills=getattr(md, "n_spills", None), n_regs=getattr(md, "n_regs", None),
+               max_reg=max(used) + 1 if used else None, spill_bytes=sum(spills),
+               serialized=sorted(set(re.findall(r"\((C75\d\d)\)", report))),
                setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", k.asm["ptx"]))),
                ptxas=report.strip().splitlines()[-3:])
     if dump:
@@ -76,18 +81,27 @@ def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass: 
         for ext in ("ttgir", "llir", "ptx"):
             (d / f"{stem}.{ext}").write_text(k.asm[ext])
         (d / f"{stem}.cubin").write_bytes(k.asm["cubin"])
-        if sass:
-            nvdisasm = os.path.join(os.path.dirname(ptxas), "cuobjdump")
-            out = subprocess.run([nvdisasm, "-sass", str(d / f"{stem}.cubin")], capture_output=True, text=True)
-            (d / f"{stem}.sass").write_text(out.stdout + out.stderr)
+        if sass_out:
+            (d / f"{stem}.sass").write_text(sass)
     return res
+
+
+def _sass(cubin: bytes, cuobjdump: str) -> str:
+    """SASS of the cubin (empty when the bundled cuobjdump is missing)."""
+    if not os.path.exists(cuobjdump):
+        return ""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        Path(path).write_bytes(cubin)
+        out = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True)
+        return out.stdout
 
 
 def main(argv=None) -> int:
     from primus_turbo.triton.gemm import gemm_fp8_gluon as g
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("configs", nargs="*", default=["n128s5", "n128s4", "n128s6"])
+    p.add_argument("configs", nargs="*", default=["n128s5", "n128s6", "n128s4c2", "n128s5x", "n128s6x", "n256s4", "n256s3c2"])
     p.add_argument("--out-dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--dump", default=None, help="write ttgir/ptx/cubin (and --sass) here")
     p.add_argument("--sass", action="store_true")
@@ -104,9 +118,10 @@ def main(argv=None) -> int:
             continue
         over = r["shared"] > g.SMEM_LIMIT
         flag = ("  OVER SMEM" if over else "") + ("  SPILLS" if r["spill_bytes"] else "")
+        flag += f"  WGMMA SERIALIZED {r['serialized']}" if r["serialized"] else ""
         bad += bool(flag)
-        print(f"ok   {r['config']}: smem={r['shared']} regs={r['regs']} spill_bytes={r['spill_bytes']} "
-              f"n_regs={r['n_regs']} n_spills={r['n_spills']} setmaxnreg={r['setmaxnreg']}{flag}")
+        print(f"ok   {r['config']}: smem={r['shared']} launch maxnreg={r['regs']} registers used (any "
+              f"partition)={r['max_reg']} spill_bytes={r['spill_bytes']} setmaxnreg={r['setmaxnreg']}{flag}")
         for line in r["ptxas"]:
             print("     ", line)
     return 1 if bad else 0

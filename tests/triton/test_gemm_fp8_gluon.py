@@ -105,6 +105,8 @@ def test_config_parse_and_fit():
         gg.GluonBlockwiseConfig.parse("128x128")
     assert cfg.check() is None
     assert "block_n" in gg.GluonBlockwiseConfig.parse("n192s4").check()
+    assert "pipelined" in gg.GluonBlockwiseConfig.parse("n256s3x").check()
+    assert gg.GluonBlockwiseConfig.parse("n128s5c2x").pipeline
     assert "shared memory" in gg.GluonBlockwiseConfig.parse("n256s5").check()
     assert "registers" in gg.GluonBlockwiseConfig.parse("n128s4r248w40").check()
     assert "multiples of 8" in gg.GluonBlockwiseConfig.parse("n128s4r230").check()
@@ -122,7 +124,8 @@ def _compile_check_module():
 
 
 @pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
-@pytest.mark.parametrize("out_dtype,config", [("bf16", None), ("fp32", None), ("bf16", "n256s4"), ("bf16", "n256s3c2")])
+@pytest.mark.parametrize("out_dtype,config", [("bf16", None), ("fp32", None), ("bf16", "n256s4"), ("bf16", "n256s3c2"),
+                                              ("bf16", "n128s5x"), ("fp32", "n128s4c2x")])
 def test_compiles_for_sm90_without_spills(out_dtype, config):
     """The GPU-only kernel still compiles for sm_90 (catches API drift and register spills on CPU CI)."""
     mod = _compile_check_module()
@@ -133,6 +136,7 @@ def test_compiles_for_sm90_without_spills(out_dtype, config):
     except FileNotFoundError as exc:  # no bundled ptxas in this triton wheel
         pytest.skip(f"ptxas not available: {exc}")
     assert res["spill_bytes"] == 0, res
+    assert not res["serialized"], res  # ptxas notes C7514/C7515: wgmmas serialized
     assert res["shared"] <= gg.SMEM_LIMIT, res
 
 
@@ -148,7 +152,7 @@ SHAPES = [(256, 256, 256), (300, 200, 384), (130, 136, 336), (1, 256, 512), (70,
 
 @sm90
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [None, "n256s4", "n128s3g1"])
+@pytest.mark.parametrize("config", [None, "n256s4", "n128s5x", "n128s3g1c2"])
 @pytest.mark.parametrize("M,N,K", SHAPES)
 def test_matches_reference(M, N, K, config):
     (a_q, sa, b_q, sb), ref = _operands(M, N, K, "cuda")
@@ -170,7 +174,7 @@ def test_out_dtypes_and_configs(out_dtype):
     out = gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out_dtype=out_dtype)
     assert out.dtype == out_dtype and out.shape == (M, N)
     assert _snr(ref, out) >= MIN_SNR[out_dtype]
-    for text in ("n128s3", "n128s4g1", "n128s6g16", "n256s4", "n256s3c2", "n256s2"):
+    for text in ("n128s3", "n128s4g1", "n128s6g16", "n256s4", "n256s3c2", "n256s2", "n128s5x", "n128s3c2x"):
         if gg.GluonBlockwiseConfig.parse(text).check(out_dtype.itemsize) is not None:
             continue
         again = gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out_dtype=out_dtype,

@@ -31,9 +31,15 @@ the shapes above, an output (bf16, fp16 or fp32) with 16-byte aligned rows. M, N
 TMA's zero fill and store clipping; BLOCK_N is a multiple of the 128-column B scale block.
 Anything else goes to the ``triton.language`` kernel.
 
-Keeping a second partial in flight inside a warpgroup (issue block k+1 before promoting block k)
-was tried: three 64 x 128 fp32 sets do not fit next to the rest in 232 registers, ptxas spills and
-then serializes every wgmma (its C7514/C7515 notes), so the overlap comes from the two warpgroups.
+``pipeline=True`` (configs ``...x``, BLOCK_N = 128) also overlaps inside each warpgroup: the MMA
+of block k+1 is issued before block k is waited for (``warpgroup_mma_wait(1)``) and promoted,
+so a warpgroup never leaves the tensor core without queued work while it promotes.
+
+Register discipline that makes these compile spill-free, checked with ptxas on CPU by
+scripts/gluon_compile_check.py (ptxas notes C7514/C7515 mean it serialized the wgmmas): partial
+sets keep fixed roles (no ``part = next`` rotation, which copies an in-flight wgmma's registers),
+each MMA is handed the registers of the partial promoted just before it, and each promotion is
+pinned before the next MMA (``_pin``) so LLVM cannot sink it below and double the live sets.
 """
 
 from __future__ import annotations
@@ -86,6 +92,7 @@ class GluonBlockwiseConfig:
     stages: int = 5
     group_m: int = 8
     c_bufs: int = 1
+    pipeline: bool = False
     consumer_regs: int = 232
     producer_regs: int = 40
 
@@ -98,25 +105,29 @@ class GluonBlockwiseConfig:
         return self.stages * stage + staging + 2 * 8 * self.stages
 
     def short(self) -> str:
-        return (f"n{self.block_n}s{self.stages}g{self.group_m}c{self.c_bufs}"
+        return (f"n{self.block_n}s{self.stages}g{self.group_m}c{self.c_bufs}{'x' if self.pipeline else ''}"
                 f"r{self.consumer_regs}w{self.producer_regs}")
 
     @classmethod
     def parse(cls, text: str) -> "GluonBlockwiseConfig":
-        """``"n128s5"``, ``"n256s4g16"``, ``"n256s3c2"``, ``"n128s5r240w24"`` -> config.
+        """``"n128s5"``, ``"n256s4g16"``, ``"n256s3c2"``, ``"n128s5x"``, ``"n128s5r240w24"`` -> config.
 
         n: BLOCK_N (128 or 256), s: stages, g: GROUP_M, c: output staging buffers per
-        warpgroup, r / w: consumer / producer registers per thread."""
-        m = re.fullmatch(r"n(\d+)s(\d+)(?:g(\d+))?(?:c(\d+))?(?:r(\d+))?(?:w(\d+))?", text.strip())
+        warpgroup, x: two partials in flight per warpgroup (BLOCK_N 128 only), r / w: consumer /
+        producer registers per thread."""
+        m = re.fullmatch(r"n(\d+)s(\d+)(?:g(\d+))?(?:c(\d+))?(x)?(?:r(\d+))?(?:w(\d+))?", text.strip())
         if not m:
-            raise ValueError(f"bad Gluon config {text!r}; expected e.g. n128s5, n256s4g16, n256s3c2, n128s5r240w24")
-        bn, st, g, c, r, w = m.groups()
-        return cls(int(bn), int(st), int(g or 8), int(c or 1), int(r or 232), int(w or 40))
+            raise ValueError(f"bad Gluon config {text!r}; expected e.g. n128s5, n256s4g16, n256s3c2, n128s5x, "
+                             "n128s5r240w24")
+        bn, st, g, c, x, r, w = m.groups()
+        return cls(int(bn), int(st), int(g or 8), int(c or 1), bool(x), int(r or 232), int(w or 40))
 
     def check(self, out_bytes: int = 2) -> Optional[str]:
         """None when the kernel can be built with this config, else why not."""
         if self.block_n not in (128, 256):
             return f"block_n must be 128 or 256 (whole B scale blocks per tile), got {self.block_n}"
+        if self.pipeline and self.block_n != 128:
+            return f"pipelined partials need block_n 128 (three 64 x block_n fp32 sets), got {self.block_n}"
         if self.stages < 2 or self.c_bufs not in (1, 2) or self.group_m < 1:
             return f"bad config {self.short()}: stages >= 2, c_bufs 1 or 2, group_m >= 1"
         if any(r % 8 or not 24 <= r <= 256 for r in (self.consumer_regs, self.producer_regs)):
@@ -242,23 +253,79 @@ if GLUON_AVAILABLE:
         return acc0, acc1, it
 
     @gluon.jit
-    def _store_sub(c_desc, c_bufs, acc, off_m, off_n, WG: gl.constexpr, SUB: gl.constexpr,
+    def _retire(acc, part, scale, empty, s, PENDING: gl.constexpr):
+        """Wait until at most PENDING MMAs are in flight (so ``part``'s is done), release its ring
+        slot, promote it. Returns (acc, the partial's registers for reuse)."""
+        done = warpgroup_mma_wait(num_outstanding=PENDING, deps=(part, ))
+        mbarrier.arrive(empty.index(s), count=1)
+        acc = _pin(acc + done * gl.expand_dims(scale, 1))
+        return acc, done
+
+    @gluon.jit
+    def _mainloop_pipelined(acc, regs_p, regs_q, a_bufs, b_bufs, ready, empty, it, k_tiles,
+                            sa_rows, mask_m, sb0, stride_sak, stride_sbk,
+                            WG: gl.constexpr, STAGES: gl.constexpr):
+        """Two partials, P and Q, alternate over the K blocks: block k+1 is issued into one
+        before block k, in the other, is waited for (``num_outstanding=1``) and promoted, so the
+        warpgroup always has an MMA queued while it promotes. Unrolled by two so P and Q keep
+        fixed registers (a rotating ``part = next`` copies an in-flight wgmma's registers and
+        ptxas serializes every wgmma, note C7514); each MMA takes the registers of the partial
+        promoted just before (runtime-false use_acc, see _mainloop) and each promotion is pinned
+        before the next MMA (see _pin). Needs three 64 x 128 fp32 sets: BLOCK_N = 128 only."""
+        no_acc = k_tiles < 0
+        scale_p, unused = _load_scales(sa_rows, mask_m, sb0, sb0, 0, stride_sak, stride_sbk, 1)
+        s_p = it % STAGES
+        mbarrier.wait(ready.index(s_p), (it // STAGES) & 1)
+        p = _issue(a_bufs, b_bufs, s_p, regs_p, no_acc, WG, 0)
+        it += 1
+        for kb in range(1, k_tiles - 1, 2):
+            # block kb -> Q; retire P (block kb - 1)
+            scale_q, unused = _load_scales(sa_rows, mask_m, sb0, sb0, kb, stride_sak, stride_sbk, 1)
+            s_q = it % STAGES
+            mbarrier.wait(ready.index(s_q), (it // STAGES) & 1)
+            q = _issue(a_bufs, b_bufs, s_q, regs_q, no_acc, WG, 0)
+            it += 1
+            acc, regs_p = _retire(acc, p, scale_p, empty, s_p, 1)
+            # block kb + 1 -> P; retire Q (block kb)
+            scale_p, unused = _load_scales(sa_rows, mask_m, sb0, sb0, kb + 1, stride_sak, stride_sbk, 1)
+            s_p = it % STAGES
+            mbarrier.wait(ready.index(s_p), (it // STAGES) & 1)
+            p = _issue(a_bufs, b_bufs, s_p, regs_p, no_acc, WG, 0)
+            it += 1
+            acc, regs_q = _retire(acc, q, scale_q, empty, s_q, 1)
+        if k_tiles % 2 == 0:  # one block left: it goes to Q
+            scale_q, unused = _load_scales(sa_rows, mask_m, sb0, sb0, k_tiles - 1, stride_sak, stride_sbk, 1)
+            s_q = it % STAGES
+            mbarrier.wait(ready.index(s_q), (it // STAGES) & 1)
+            q = _issue(a_bufs, b_bufs, s_q, regs_q, no_acc, WG, 0)
+            it += 1
+            acc, regs_p = _retire(acc, p, scale_p, empty, s_p, 1)
+            acc, regs_q = _retire(acc, q, scale_q, empty, s_q, 0)
+        else:
+            acc, regs_p = _retire(acc, p, scale_p, empty, s_p, 0)
+        return acc, regs_p, regs_q, it
+
+    @gluon.jit
+    def _store_sub(c_desc, c_bufs, acc, off_m, off_n, st, WG: gl.constexpr, SUB: gl.constexpr,
                    C_BUFS: gl.constexpr):
-        """acc (64 x 128 fp32) -> out dtype -> this warpgroup's staging buffer -> TMA store. With
-        C_BUFS buffers per warpgroup, C_BUFS - 1 stores may still be reading the others."""
-        c_buf = c_bufs.index(WG * C_BUFS + SUB % C_BUFS)
-        # the store that last read c_buf (a previous tile's) must be done before it is rewritten;
-        # waited here rather than after the store, so the store overlaps the next main loop
+        """acc (64 x 128 fp32) -> out dtype -> staging buffer -> TMA store; returns st + 1.
+
+        ``st`` counts this warpgroup's stores; they rotate over its C_BUFS buffers, so the store
+        that last read the buffer is C_BUFS stores old and waiting until at most C_BUFS - 1 are
+        in flight frees it. The wait sits here, not after the store, so the store overlaps the
+        next main loop."""
+        c_buf = c_bufs.index(WG * C_BUFS + st % C_BUFS)
         tma.store_wait(pendings=C_BUFS - 1)
         c_buf.store(acc.to(c_desc.dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(c_desc, [off_m, off_n + SUB * SCALE_N], c_buf)
+        return st + 1
 
     @gluon.jit
     def _consumer(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, M, N, K,
                   stride_sam, stride_sak, stride_sbn, stride_sbk,
                   WG: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                  C_BUFS: gl.constexpr):
+                  C_BUFS: gl.constexpr, PIPELINE: gl.constexpr):
         """One warpgroup: rows [WG*64, WG*64+64) of every tile: MMA, promotion, store."""
         HALF_M: gl.constexpr = c_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
@@ -273,6 +340,7 @@ if GLUON_AVAILABLE:
         k_tiles = gl.cdiv(K, BLOCK_K)  # a K tail arrives zero-filled
         last_nb = gl.cdiv(N, SCALE_N) - 1
         it = 0
+        st = 0
         for tile_id in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
             pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
             off_m = pid_m * (2 * HALF_M) + WG * HALF_M
@@ -291,12 +359,17 @@ if GLUON_AVAILABLE:
             # the partial's registers, handed to each MMA (which ignores their values); created per
             # tile so they are not live across the epilogue
             regs = gl.zeros([HALF_M, SCALE_N], gl.float32, mma_layout)
-            acc0, acc1, it = _mainloop(acc0, acc1, regs, a_bufs, b_bufs, ready, empty, it, k_tiles,
-                                             sa_rows, mask_m, sb0, sb1, stride_sak, stride_sbk,
-                                             WG, STAGES, N_SUB)
-            _store_sub(c_desc, c_bufs, acc0, off_m, off_n, WG, 0, C_BUFS)
+            if PIPELINE:
+                regs_q = gl.zeros([HALF_M, SCALE_N], gl.float32, mma_layout)
+                acc0, regs, regs_q, it = _mainloop_pipelined(acc0, regs, regs_q, a_bufs, b_bufs, ready, empty, it,
+                                                             k_tiles, sa_rows, mask_m, sb0, stride_sak, stride_sbk,
+                                                             WG, STAGES)
+            else:
+                acc0, acc1, it = _mainloop(acc0, acc1, regs, a_bufs, b_bufs, ready, empty, it, k_tiles,
+                                           sa_rows, mask_m, sb0, sb1, stride_sak, stride_sbk, WG, STAGES, N_SUB)
+            st = _store_sub(c_desc, c_bufs, acc0, off_m, off_n, st, WG, 0, C_BUFS)
             if N_SUB == 2:
-                _store_sub(c_desc, c_bufs, acc1, off_m, off_n, WG, 1, C_BUFS)
+                st = _store_sub(c_desc, c_bufs, acc1, off_m, off_n, st, WG, 1, C_BUFS)
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -305,7 +378,7 @@ if GLUON_AVAILABLE:
         sa_ptr, sb_ptr,
         M, N, K,
         stride_sam, stride_sak, stride_sbn, stride_sbk,
-        GROUP_M: gl.constexpr, STAGES: gl.constexpr, C_BUFS: gl.constexpr,
+        GROUP_M: gl.constexpr, STAGES: gl.constexpr, C_BUFS: gl.constexpr, PIPELINE: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     ):
         """out = sum_kb (A_kb @ B_kb^T) * sa[:, kb] * sb[n/128, kb]: persistent, warp-specialized.
@@ -325,9 +398,9 @@ if GLUON_AVAILABLE:
             mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
         gl.warp_specialize([
             (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, M, N, K,
-                         stride_sam, stride_sak, stride_sbn, stride_sbk, 0, BLOCK_N, GROUP_M, STAGES, C_BUFS)),
+                         stride_sam, stride_sak, stride_sbn, stride_sbk, 0, BLOCK_N, GROUP_M, STAGES, C_BUFS, PIPELINE)),
             (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, M, N, K,
-                         stride_sam, stride_sak, stride_sbn, stride_sbk, 1, BLOCK_N, GROUP_M, STAGES, C_BUFS)),
+                         stride_sam, stride_sak, stride_sbn, stride_sbk, 1, BLOCK_N, GROUP_M, STAGES, C_BUFS, PIPELINE)),
             (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -496,7 +569,7 @@ def _launch(a, sa, b, sb, out, cfg: GluonBlockwiseConfig) -> None:
     _gemm_fp8_blockwise_ws_kernel[grid](
         a_desc, b_desc, c_desc, sa, sb, M, N, K,
         sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1),
-        GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs,
+        GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, PIPELINE=cfg.pipeline,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         num_warps=4,
     )
