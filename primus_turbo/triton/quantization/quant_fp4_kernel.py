@@ -39,20 +39,21 @@ _FP4_EMAX = 2
 def _e2m1_nibbles(y):
     """fp32 values in [-6, 6] (or NaN) -> int32 nibbles: RNE magnitude code, sign in bit 3.
 
-    On q = 2|y| the E2M1 grid is the integers 0..4, the even integers 4..8 and the multiples of
-    4 from 8 to 12, so the code is rint(q) below 4, rint(q / 2) + 2 below 8, and rint(q / 4) + 4
-    above: ties to even in each segment are ties to the even code, and a value rounding up to a
-    segment's end gets the next segment's first code. rint is the fp32 ``(v + 1.5 * 2**23) -
-    1.5 * 2**23`` (exact round-half-even for |v| < 2**22): a few ALU operations per element, this
-    kernel's bottleneck, instead of one comparison per code. NaN gives 0."""
-    q = tl.abs(y) * 2.0
-    lo = q < 4.0
-    mid = q < 8.0
-    v = q * tl.where(lo, 1.0, tl.where(mid, 0.5, 0.25))
-    r = (v + 12582912.0) - 12582912.0
-    code = r.to(tl.int32) + tl.where(lo, 0, tl.where(mid, 2, 4))
-    sign = (y.to(tl.int32, bitcast=True) >> 31) & 1
-    return tl.where(y != y, 0, code | (sign << 3))
+    On t = |y| the E2M1 grid is uniform per segment: step 0.5 below 2 (codes 0..4), 1 in [2, 4)
+    (codes 4..6), 2 in [4, 6] (codes 6, 7). One fp32 addition of ``C = 1.5 * 2**(22 + seg)``
+    (seg = 0, 1, 2: the segment, read from t's exponent) rounds t to the segment's step, half to
+    even, and leaves the step count in the low bits of the sum: ``bits(t + C) - bits(C)``. Adding
+    ``2 * seg`` gives the code (a value rounding up to a segment's end gets the next segment's
+    first code, as the grid is continuous). All integer work on bit patterns: no float -> int
+    conversion (a slow pipe on the GPU) and no per-segment selects. NaN gives 0."""
+    b = y.to(tl.int32, bitcast=True)
+    tb = b & 0x7FFFFFFF
+    m = tl.maximum(tb >> 23, 127)  # 127 + seg for t < 8 (t < 1 counts as seg 0)
+    cb = (m << 23) + 188743680  # bits(1.5 * 2**(22 + seg)) = 0x4AC00000 + (seg << 23)
+    r = tb.to(tl.float32, bitcast=True) + cb.to(tl.float32, bitcast=True)
+    code = r.to(tl.int32, bitcast=True) - cb + 2 * m - 254
+    code = code | ((b >> 28) & 8)
+    return tl.where(tb > 0x7F800000, 0, code)
 
 
 @triton.jit
@@ -188,6 +189,138 @@ def _quant_mxfp4_kernel(
 
 
 @triton.jit
+def _fp4_dual_eighth(v, k: tl.constexpr, i, c, p_ptr, s_ptr, seed, rows, cols, stride_p, stride_s, mask,
+                     TE: tl.constexpr, TC: tl.constexpr, EVEN: tl.constexpr, SR: tl.constexpr):
+    """Row-wise copy of one eighth (rows 8i + k, input dtype ``v``) of the two-copy kernel: words
+    of eight nibbles and E8M0 bytes stored. Returns its |x| bits ([TE, TC] int32)."""
+    x = v.to(tl.float32)
+    r = 8 * i + k
+    r64 = r.to(tl.int64)[:, None]
+    u = tl.rand(seed, r64 * cols + c[None, :]) if SR else x
+    words, byte = _fp4_quantize_rows(x, u, TE, TC, SR)
+    wc = tl.program_id(0) % tl.cdiv(cols, TC) * (TC // 8) + tl.arange(0, TC // 8)
+    sc = tl.program_id(0) % tl.cdiv(cols, TC) * (TC // 32) + tl.arange(0, TC // 32)
+    if EVEN:
+        tl.store(p_ptr + r64 * stride_p + wc[None, :], words)
+        tl.store(s_ptr + r64 * stride_s + sc[None, :], byte)
+    else:
+        rm = (r < rows)[:, None]
+        tl.store(p_ptr + r64 * stride_p + wc[None, :], words, mask=rm & (wc < cols // 8)[None, :])
+        tl.store(s_ptr + r64 * stride_s + sc[None, :], byte, mask=rm & (sc < cols // 32)[None, :])
+    return _abs_bits(x)
+
+
+@triton.jit
+def _fp4_dual_col_nibbles(v, k: tl.constexpr, i, c, mult, seed, rows, TE: tl.constexpr, TC: tl.constexpr,
+                          SR_T: tl.constexpr):
+    """Column-wise nibbles of eighth k (rows 8i + k) under the column blocks' multipliers, shifted
+    to bits 4k..4k+3 of the transposed copy's word (uint32 [TE, TC])."""
+    x = tl.reshape(_widen16(v), (TE // 4, 4, TC))
+    y = tl.clamp(x * mult, -6.0, 6.0, propagate_nan=tl.PropagateNan.ALL)
+    if SR_T:
+        r = 8 * i + k
+        u = tl.reshape(tl.rand(seed + 1, c.to(tl.int64)[None, :] * rows + r[:, None]), (TE // 4, 4, TC))
+        nib = _e2m1_nibbles_sr(y, u)
+    else:
+        nib = _e2m1_nibbles(y)
+    return tl.reshape(nib, (TE, TC)).to(tl.uint32) << (4 * k)
+
+
+@triton.jit
+def _widen16(v):
+    """Input values -> fp32 (exact); bf16 by a shift of its bits, a different operation from the
+    row copy's ``.to(tl.float32)`` so the compiler keeps the 16-bit values live, not fp32 ones."""
+    if v.dtype == tl.bfloat16:
+        return (v.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return v.to(tl.float32)
+
+
+@triton.jit
+def _ld(ptrs, mask, EVEN: tl.constexpr):
+    if EVEN:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _quant_mxfp4_dual_kernel(
+    # pointers: input, row-wise copy (int32 words) + scales, transposed copy (int32 words) +
+    # scales, the int64 SR seed
+    x_ptr, p_ptr, s_ptr, pt_ptr, st_ptr, seed_ptr,
+    # sizes
+    rows, cols, n_tiles_c,
+    # row strides: x (elements), p (words), s (bytes), pt (words), st (bytes)
+    stride_x, stride_p, stride_s, stride_pt, stride_st,
+    # meta-parameters
+    TR: tl.constexpr, TC: tl.constexpr, EVEN: tl.constexpr, SR: tl.constexpr, SR_T: tl.constexpr,
+):
+    """``quantize_fp4_with_trans`` from one read of a [TR, TC] tile (rows, cols % 32 == 0).
+
+    The tile is read as eight row-interleaved eighths ``x_k = x[8i + k, :]`` (16-byte loads, the
+    same register layout for all eight), so the column-wise copy's nibbles of rows 8i..8i+7 of a
+    column are in one thread: they form one int32 word in registers (bits 4k..4k+3 = row 8i + k:
+    the packed byte order). The words [TR/8, TC] are transposed (4-byte elements through shared
+    memory) and stored as contiguous rows of the transposed copy viewed as int32 [cols, rows/8].
+    The row-wise copy is stored per eighth as words of eight nibbles along the row."""
+    pid = tl.program_id(0)
+    pid_r = pid // n_tiles_c
+    pid_c = pid % n_tiles_c
+    TE: tl.constexpr = TR // 8
+    i = pid_r * TE + tl.arange(0, TE)  # row octets
+    c = pid_c * TC + tl.arange(0, TC)
+    mask = None if EVEN else (i < rows // 8)[:, None] & (c < cols)[None, :]
+    base = x_ptr + (8 * i).to(tl.int64)[:, None] * stride_x + c[None, :]
+    seed = tl.load(seed_ptr) if (SR or SR_T) else 0
+    v0 = _ld(base, mask, EVEN)
+    v1 = _ld(base + stride_x, mask, EVEN)
+    v2 = _ld(base + 2 * stride_x, mask, EVEN)
+    v3 = _ld(base + 3 * stride_x, mask, EVEN)
+    v4 = _ld(base + 4 * stride_x, mask, EVEN)
+    v5 = _ld(base + 5 * stride_x, mask, EVEN)
+    v6 = _ld(base + 6 * stride_x, mask, EVEN)
+    v7 = _ld(base + 7 * stride_x, mask, EVEN)
+    a = _fp4_dual_eighth(v0, 0, i, c, p_ptr, s_ptr, seed, rows, cols, stride_p, stride_s, mask, TE, TC, EVEN, SR)
+    a = tl.maximum(a, _fp4_dual_eighth(v1, 1, i, c, p_ptr, s_ptr, seed, rows, cols, stride_p, stride_s, mask,
+                                       TE, TC, EVEN, SR))
+    a = tl.maximum(a, _fp4_dual_eighth(v2, 2, i, c, p_ptr, s_ptr, seed, rows, cols, stride_p, stride_s, mask,
+                                       TE, TC, EVEN, SR))
+    a = tl.maximum(a, _fp4_dual_eighth(v3, 3, i, c, p_ptr, s_ptr, seed, rows, cols, stride_p, stride_s, mask,
+                                       TE, TC, EVEN, SR))
+    a = tl.maximum(a, _fp4_dual_eighth(v4, 4, i, c, p_ptr, s_ptr, seed, rows, cols, stride_p, stride_s, mask,
+                                       TE, TC, EVEN, SR))
+    a = tl.maximum(a, _fp4_dual_eighth(v5, 5, i, c, p_ptr, s_ptr, seed, rows, cols, stride_p, stride_s, mask,
+                                       TE, TC, EVEN, SR))
+    a = tl.maximum(a, _fp4_dual_eighth(v6, 6, i, c, p_ptr, s_ptr, seed, rows, cols, stride_p, stride_s, mask,
+                                       TE, TC, EVEN, SR))
+    a = tl.maximum(a, _fp4_dual_eighth(v7, 7, i, c, p_ptr, s_ptr, seed, rows, cols, stride_p, stride_s, mask,
+                                       TE, TC, EVEN, SR))
+    # column blocks: 32 rows = 4 octets x 8 eighths
+    amax = tl.max(tl.reshape(a, (TE // 4, 4, TC)), axis=1)
+    mult, byte = _mx_scales(amax, 2)
+    mult = mult[:, None, :]
+    w = _fp4_dual_col_nibbles(v0, 0, i, c, mult, seed, rows, TE, TC, SR_T)
+    w |= _fp4_dual_col_nibbles(v1, 1, i, c, mult, seed, rows, TE, TC, SR_T)
+    w |= _fp4_dual_col_nibbles(v2, 2, i, c, mult, seed, rows, TE, TC, SR_T)
+    w |= _fp4_dual_col_nibbles(v3, 3, i, c, mult, seed, rows, TE, TC, SR_T)
+    w |= _fp4_dual_col_nibbles(v4, 4, i, c, mult, seed, rows, TE, TC, SR_T)
+    w |= _fp4_dual_col_nibbles(v5, 5, i, c, mult, seed, rows, TE, TC, SR_T)
+    w |= _fp4_dual_col_nibbles(v6, 6, i, c, mult, seed, rows, TE, TC, SR_T)
+    w |= _fp4_dual_col_nibbles(v7, 7, i, c, mult, seed, rows, TE, TC, SR_T)
+    wt = tl.trans(w.to(tl.int32, bitcast=True))  # [TC, TE]: row c of the transposed copy
+    c64 = c.to(tl.int64)
+    sb = pid_r * (TR // 32) + tl.arange(0, TR // 32)
+    if EVEN:
+        tl.store(pt_ptr + c64[:, None] * stride_pt + i[None, :], wt)
+        tl.store(st_ptr + c64[None, :] * stride_st + sb[:, None], byte.to(tl.uint8))
+    else:
+        tl.store(pt_ptr + c64[:, None] * stride_pt + i[None, :], wt, mask=tl.trans(mask))
+        tl.store(st_ptr + c64[None, :] * stride_st + sb[:, None], byte.to(tl.uint8),
+                 mask=(sb < rows // 32)[:, None] & (c < cols)[None, :])
+
+
+@triton.jit
 def _dequant_mxfp4_kernel(
     # pointers
     p_ptr, s_ptr, out_ptr,
@@ -225,9 +358,31 @@ def _dequant_mxfp4_kernel(
     tl.store(out_ptr + r64[:, None] * stride_or + c64[None, :], _round_for_store(v * s, out_ptr, SOFT), mask=mask)
 
 
+#: candidate (TR, TC, num_warps) per kernel, timed by scripts/tune_quant.py; defaults in :func:`fp4_config`
+FP4_CANDIDATES = (
+    (8, 1024, 8), (4, 1024, 4), (8, 1024, 4), (16, 1024, 8), (16, 512, 8), (16, 1024, 16), (32, 512, 16),
+    (32, 256, 8), (4, 512, 4),
+)
+#: the two-copy kernel: TR and TC multiples of 32
+FP4_WITH_TRANS_CANDIDATES = (
+    (64, 128, 4), (32, 128, 4), (64, 64, 4), (64, 256, 8), (32, 256, 4), (64, 128, 8), (128, 128, 8),
+    (128, 64, 4), (32, 64, 2),
+)
+
+
+def fp4_config(rows: int, cols: int, along_cols: bool, with_trans: bool):
+    """The default (TR, TC, num_warps) of a quantizer launch: the one place the defaults are set
+    (scripts/tune_quant.py prints the H200 winner per shape). With the transposed copy: the
+    two-copy kernel's tile (rows and cols multiples of 32)."""
+    if with_trans:
+        return 64, 128, 4
+    return _tile(rows, cols, along_cols, False)
+
+
 def _tile(rows: int, cols: int, along_cols: bool, with_trans: bool) -> tuple[int, int, int]:
     """(TR, TC, num_warps): like the FP8 heuristic, ~8192-element tiles holding whole 32-blocks;
-    a square 64 x 64 tile with the transposed copy (both copies >= 32-byte row segments)."""
+    a square 64 x 64 tile with the transposed copy in the generic kernel (both copies >= 32-byte
+    row segments)."""
     if with_trans:
         return 64, 64, 4
     if along_cols:
@@ -271,7 +426,19 @@ def fp4_quant_launch(x: torch.Tensor, along_cols: bool, with_trans: bool = False
         st = torch.empty((cols, rows // _BLOCK), dtype=torch.uint8, device=dev)
     else:
         pt, st = p, s
-    tr, tc, nw = tile or _tile(rows, cols, along_cols, with_trans)
+    if with_trans and (tile is None or len(tile) == 3) and rows % 32 == 0 and cols % 32 == 0:
+        # the one-read two-copy kernel (tile=(TR, TC, num_warps)); a 4-tuple tile (TR, TC,
+        # num_warps, "generic") runs the generic kernel below (for tuning)
+        tr, tc, nw = tile or fp4_config(rows, cols, True, True)
+        n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
+        _quant_mxfp4_dual_kernel[(n_tr * n_tc,)](
+            x, p.view(torch.int32), s, pt.view(torch.int32), st, seed if (sr or sr_t) else s, rows, cols, n_tc,
+            x.stride(0), cols // 8, s.stride(0), rows // 8, st.stride(0),
+            TR=tr, TC=tc, EVEN=rows % tr == 0 and cols % tc == 0, SR=bool(sr), SR_T=sr_t, num_warps=nw,
+        )
+        return p, s, pt, st
+    tr, tc, nw = tuple(tile[:3]) if tile else fp4_config(rows, cols, along_cols, False) if not with_trans \
+        else _tile(rows, cols, True, True)
     n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
     # the copy packed along its rows is written as uint32 words (rows hold a multiple of 32
     # values: 16-byte multiples, so the int32 view is exact)
