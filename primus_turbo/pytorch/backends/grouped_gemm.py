@@ -96,12 +96,13 @@ class GroupedGemmTorchBackend(KernelBackend):
         return None
 
     @classmethod
-    def execute(cls, a, b, group_lens, group_offs, num_cu=None, **_) -> torch.Tensor:
+    def execute(cls, a, b, group_lens, group_offs, num_cu=None, offs32=None, **_) -> torch.Tensor:
         if a.size(0) == 0 or b.size(2) == 0:
             return torch.empty((a.size(0), b.size(2)), dtype=a.dtype, device=a.device)
         if b.size(0) == 0 or a.size(1) == 0:
             return torch.zeros((a.size(0), b.size(2)), dtype=a.dtype, device=a.device)
-        out = torch._grouped_mm(a, b, offs=group_offs[1:].to(torch.int32))
+        # offs32: group_offs[1:] as int32 when the caller already has it (the op's forward makes it once)
+        out = torch._grouped_mm(a, b, offs=group_offs[1:].to(torch.int32) if offs32 is None else offs32)
         return zero_tail_rows(out, group_offs)  # torch._grouped_mm leaves them uninitialised
 
 
@@ -168,13 +169,14 @@ class GroupedGemmVariableKTorchBackend(KernelBackend):
         return None
 
     @classmethod
-    def execute(cls, x, y, group_lens, group_offs, out=None, accumulate=False, num_cu=None, **_) -> torch.Tensor:
+    def execute(cls, x, y, group_lens, group_offs, out=None, accumulate=False, num_cu=None, offs32=None,
+                **_) -> torch.Tensor:
         G = group_offs.numel() - 1
         if x.size(0) == 0 or G == 0 or x.size(1) == 0 or y.size(1) == 0:
             # empty contraction everywhere: torch._grouped_mm rejects it (pytorch#192497)
             res = torch.zeros((G, x.size(1), y.size(1)), dtype=x.dtype, device=x.device)
         else:
-            res = torch._grouped_mm(x.t(), y, offs=group_offs[1:].to(torch.int32))
+            res = torch._grouped_mm(x.t(), y, offs=group_offs[1:].to(torch.int32) if offs32 is None else offs32)
         if out is None:
             return res
         if accumulate:

@@ -49,12 +49,13 @@ def _offsets(group_lens: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 def _gmm_eager(
     a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor, group_offs: torch.Tensor, trans_b: bool,
-    num_cu: Optional[int],
+    num_cu: Optional[int], offs32: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """M-grouped: ``out[rows of g] = a[rows of g] @ op(b[g])``, rows past ``offs[G]`` zero."""
     B = b.transpose(1, 2) if trans_b else b  # logical [G, K, N], a view
     return grouped_gemm_dispatcher.dispatch(
-        PrecisionType.BF16_FP16_FP32, a=a, b=B, group_lens=group_lens, group_offs=group_offs, num_cu=num_cu)
+        PrecisionType.BF16_FP16_FP32, a=a, b=B, group_lens=group_lens, group_offs=group_offs, num_cu=num_cu,
+        offs32=offs32)
 
 
 grouped_gemm_impl = torch.library.custom_op("primus_turbo::grouped_gemm_impl", _gmm_eager, mutates_args=())
@@ -68,11 +69,12 @@ def _grouped_gemm_impl_fake(a, b, group_lens, group_offs, trans_b, num_cu):
 
 def _vk_eager(
     x: torch.Tensor, y: torch.Tensor, group_lens: torch.Tensor, group_offs: torch.Tensor, num_cu: Optional[int],
+    offs32: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Variable K: ``out[g] = x[rows of g].T @ y[rows of g]``, ``[G, P, Q]``."""
     return grouped_gemm_variable_k_dispatcher.dispatch(
         PrecisionType.BF16_FP16_FP32, x=x, y=y, group_lens=group_lens, group_offs=group_offs, out=None,
-        accumulate=False, num_cu=num_cu)
+        accumulate=False, num_cu=num_cu, offs32=offs32)
 
 
 grouped_gemm_variable_k_impl = torch.library.custom_op(
@@ -103,16 +105,25 @@ def _grouped_gemm_variable_k_accum_impl_fake(x, y, group_lens, group_offs, c, nu
     return None
 
 
-def _gmm(a, b, group_lens, group_offs, trans_b, num_cu):
+def _gmm(a, b, group_lens, group_offs, trans_b, num_cu, offs32=None):
     if torch.compiler.is_compiling():
         return torch.ops.primus_turbo.grouped_gemm_impl(a, b, group_lens, group_offs, trans_b, num_cu)
-    return _gmm_eager(a, b, group_lens, group_offs, trans_b, num_cu)
+    return _gmm_eager(a, b, group_lens, group_offs, trans_b, num_cu, offs32)
 
 
-def _vk(x, y, group_lens, group_offs, num_cu):
+def _vk(x, y, group_lens, group_offs, num_cu, offs32=None):
     if torch.compiler.is_compiling():
         return torch.ops.primus_turbo.grouped_gemm_variable_k_impl(x, y, group_lens, group_offs, num_cu)
-    return _vk_eager(x, y, group_lens, group_offs, num_cu)
+    return _vk_eager(x, y, group_lens, group_offs, num_cu, offs32)
+
+
+def _vendor_offsets(a: torch.Tensor, group_offs: torch.Tensor, num_cu) -> Optional[torch.Tensor]:
+    """``group_offs[1:]`` as int32 (``torch._grouped_mm``'s offsets) where that backend may run, made
+    once in the forward and reused by the backward's two GEMMs: each conversion is a launch, and
+    the host time of small expert GEMMs is what their step time is made of."""
+    if a.is_cuda and a.dtype == torch.bfloat16 and num_cu is None and not torch.compiler.is_compiling():
+        return group_offs[1:].to(torch.int32)
+    return None
 
 
 def _vk_accum(x, y, group_lens, group_offs, c, num_cu):
@@ -134,7 +145,8 @@ class GroupedGemmFunction(torch.autograd.Function):
             a if need_b else None, b if (need_a or (need_b and fuse_accum)) else None, group_lens, group_offs)
         if fuse_accum and need_b:
             b.grad_added_to_main_grad = True
-        return _gmm(a, b, group_lens, group_offs, trans_b, num_cu)
+        ctx.offs32 = _vendor_offsets(a, group_offs, num_cu)
+        return _gmm(a, b, group_lens, group_offs, trans_b, num_cu, ctx.offs32)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -144,7 +156,7 @@ class GroupedGemmFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             g = grad_out.to(b.dtype).contiguous()
             # grad_input: dA[rows of g] = dC[rows of g] @ op(b[g]).T; rows past offs[G] get zeros
-            grad_a = _gmm(g, b, group_lens, group_offs, not tb, num_cu)
+            grad_a = _gmm(g, b, group_lens, group_offs, not tb, num_cu, ctx.offs32)
         if ctx.needs_input_grad[1]:
             g = grad_out.to(a.dtype).contiguous()
             # grad_weight, stored like b: [G, K, N] = a_g.T @ dC_g, or [G, N, K] = dC_g.T @ a_g
@@ -154,7 +166,7 @@ class GroupedGemmFunction(torch.autograd.Function):
                 b.grad_added_to_main_grad = True
                 grad_b = _megatron_dummy_wgrad(b)
             else:
-                grad_b = _vk(x, y, group_lens, group_offs, num_cu)
+                grad_b = _vk(x, y, group_lens, group_offs, num_cu, ctx.offs32)
         return grad_a, grad_b, None, None, None, None, None
 
 

@@ -17,7 +17,10 @@ __all__ = ["zero_tail_rows_"]
 _BLOCK_R = 32
 
 
-@triton.jit
+# No value or alignment specialisation: one compiled kernel serves every shape, so after the first
+# call the launch skips Triton's per-call argument binding (this runs twice per grouped GEMM
+# forward+backward, where the host time of a small step is the cost that shows).
+@triton.jit(do_not_specialize=["G", "M", "N", "stride_m"], do_not_specialize_on_alignment=["out_ptr", "offs_ptr"])
 def _zero_tail_kernel(out_ptr, offs_ptr, G, M, N, stride_m, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
     r0 = tl.program_id(0) * BLOCK_R
     start = tl.load(offs_ptr + G)
@@ -31,12 +34,26 @@ def _zero_tail_kernel(out_ptr, offs_ptr, G, M, N, stride_m, BLOCK_R: tl.constexp
             tl.store(ptrs, zeros, mask=rmask[:, None] & (cols < N)[None, :])
 
 
+_compiled: dict = {}  # (device index, out dtype, BLOCK_N) -> the compiled kernel
+
+
 def zero_tail_rows_(out: torch.Tensor, group_offs: torch.Tensor) -> torch.Tensor:
     """In place: ``out[group_offs[-1]:] = 0`` for a 2-D ``out`` with unit column stride."""
     m, n = out.shape
     if m == 0 or n == 0:
         return out
     block_n = min(triton.next_power_of_2(n), 256)
-    _zero_tail_kernel[(triton.cdiv(m, _BLOCK_R),)](
-        out, group_offs, group_offs.numel() - 1, m, n, out.stride(0), BLOCK_R=_BLOCK_R, BLOCK_N=block_n, num_warps=4)
+    grid = (triton.cdiv(m, _BLOCK_R), 1, 1)
+    args = (out, group_offs, group_offs.numel() - 1, m, n, out.stride(0))
+    if out.is_cuda and group_offs.dtype == torch.int64:
+        key = (out.device.index, out.dtype, block_n)
+        kernel = _compiled.get(key)
+        if kernel is not None:
+            kernel[grid](*args, _BLOCK_R, block_n)
+            return out
+        kernel = _zero_tail_kernel[grid](*args, BLOCK_R=_BLOCK_R, BLOCK_N=block_n, num_warps=4)
+        if hasattr(kernel, "function"):  # a compiled kernel (not the interpreter's stand-in)
+            _compiled[key] = kernel
+        return out
+    _zero_tail_kernel[grid](*args, BLOCK_R=_BLOCK_R, BLOCK_N=block_n, num_warps=4)
     return out
