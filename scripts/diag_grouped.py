@@ -54,11 +54,35 @@ def _cprofile(step, n: int = 200, top: int = 25) -> str:
     return buf.getvalue()
 
 
+def _floor_function():
+    """The least a Python-level grouped GEMM op can cost: an autograd.Function whose forward and
+    backward are the three bare ``torch._grouped_mm`` calls (int32 offsets given, no checks, no
+    dispatch, no tail rows)."""
+
+    class _Bare(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, w, offs32):
+            ctx.save_for_backward(a, w, offs32)
+            return torch._grouped_mm(a, w.transpose(-2, -1), offs=offs32)
+
+        @staticmethod
+        def backward(ctx, g):
+            a, w, offs32 = ctx.saved_tensors
+            da = torch._grouped_mm(g, w, offs=offs32)
+            dw = torch._grouped_mm(g.t(), a, offs=offs32)
+            return da, dw, None
+
+    return _Bare
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--shape", type=int, nargs=4, action="append", metavar=("G", "M", "N", "K"),
                    help="experts, routed rows, N, K (repeatable)")
+    p.add_argument("--host-only", action="store_true",
+                   help="only the host time per call, also of a bare Python autograd.Function around "
+                        "torch._grouped_mm (the floor of any Python-level op)")
     p.add_argument("--cprofile", action="store_true",
                    help="also a cProfile of 200 host calls of each step (where the host time goes)")
     args = p.parse_args(argv)
@@ -76,6 +100,22 @@ def main(argv=None) -> int:
         a = torch.randn(M, K, device=dev, dtype=torch.bfloat16, requires_grad=True)
         w = (torch.randn(G, N, K, device=dev, dtype=torch.bfloat16) / K**0.5).requires_grad_(True)
         grad = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
+        if args.host_only:
+            floor = _floor_function()
+            for name, step in {
+                "torch fwd": lambda: torch._grouped_mm(a.detach(), w.detach().transpose(-2, -1), offs=offs32),
+                "turbo fwd": lambda: turbo.ops.grouped_gemm(a.detach(), w.detach(), lens, offs, trans_b=True),
+                "torch fwd+bwd": lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs32).backward(grad),
+                "bare autograd.Function fwd+bwd": lambda: floor.apply(a, w, offs32).backward(grad),
+                "turbo fwd+bwd": lambda: turbo.ops.grouped_gemm(a, w, lens, offs, trans_b=True).backward(grad),
+            }.items():
+                for _ in range(10):
+                    step()
+                line = f"== G{G} M{M} N{N} K{K} {name}: host {_host_us(step, 200):.1f} us per call"
+                print(line, flush=True)
+                lines.append(line)
+                a.grad = w.grad = None
+            continue
         steps = {
             "torch._grouped_mm": lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs32).backward(grad),
             "turbo default": lambda: turbo.ops.grouped_gemm(a, w, lens, offs, trans_b=True).backward(grad),
