@@ -229,3 +229,30 @@ def test_empty_and_refused_inputs():
     # an output whose rows TMA cannot address
     bad_out = torch.empty(256, 257, device="cuda", dtype=torch.bfloat16)[:, :256]
     assert "16-byte" in gg.gluon_blockwise_reason(a_q, sa, b_q, sb, out=bad_out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backend registration: GLUON is reachable by pin only
+# ---------------------------------------------------------------------------------------------
+def test_gluon_backend_is_pin_only(device):
+    import primus_turbo.pytorch as turbo
+    from primus_turbo.pytorch.backends import gemm_fp8 as be
+    from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager, PrecisionType
+
+    assert be.gemm_fp8_dispatcher.backends[BackendType.GLUON] is be.GemmFP8GluonBackend
+    assert be.GemmFP8GluonBackend.autotune is False
+    (a_q, sa, b_q, sb), ref = _operands(128, 256, 256, device)
+    kw = dict(a_q=a_q, a_scale=sa, b_q=b_q, b_scale=sb, mode=turbo.ScalingGranularity.BLOCKWISE, out=None,
+              out_dtype=torch.bfloat16, accumulate=False, block_size=128)
+    # the default stays TRITON for BLOCKWISE
+    assert be.gemm_fp8_dispatcher.resolve(PrecisionType.FP8, **kw).backend_type == BackendType.TRITON
+    assert "BLOCKWISE only" in be.GemmFP8GluonBackend.why_not(**dict(kw, mode=turbo.ScalingGranularity.ROWWISE))
+    assert "accumulate" in be.GemmFP8GluonBackend.why_not(**dict(kw, accumulate=True,
+                                                                 out=torch.zeros(128, 256, device=device)))
+    GlobalBackendManager.set_gemm_backend(BackendType.GLUON, precision=PrecisionType.FP8)
+    if not _ON_SM90:
+        with pytest.raises(ValueError, match="GLUON"):
+            be.gemm_fp8_dispatcher.resolve(PrecisionType.FP8, **kw)
+    else:
+        out = be.gemm_fp8_dispatcher.dispatch(PrecisionType.FP8, **kw)
+        assert _snr(ref, out) >= 40.0

@@ -1,4 +1,4 @@
-"""FP8 GEMM backends: TORCH (``torch._scaled_mm``, cuBLASLt / CUTLASS) and TRITON.
+"""FP8 GEMM backends: TORCH (``torch._scaled_mm``, cuBLASLt / CUTLASS), TRITON and GLUON.
 
 Every backend computes the canonical problem of docs/low_precision.md on pre-quantized K-major
 operands: ``C[M, N] = (a_q[M, K] * a_scale) @ (b_q[N, K] * b_scale)^T``, or ``out += C`` when
@@ -18,7 +18,8 @@ from ..core.backend import (
 )
 from ..core.low_precision import ScalingGranularity
 
-__all__ = ["GemmFP8TorchBackend", "GemmFP8TritonBackend", "gemm_fp8_dispatcher", "FP8_GEMM_DTYPES"]
+__all__ = ["GemmFP8TorchBackend", "GemmFP8TritonBackend", "GemmFP8GluonBackend", "gemm_fp8_dispatcher",
+           "FP8_GEMM_DTYPES"]
 
 FP8_GEMM_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -160,6 +161,44 @@ class GemmFP8TritonBackend(KernelBackend):
                                           block_size=block_size)
 
 
+class GemmFP8GluonBackend(KernelBackend):
+    """Warp-specialized Gluon kernel for Hopper: BLOCKWISE only (1x128 activation groups x 128x128
+    weight blocks, E4M3), no accumulation. Reached by pinning GLUON (``PRIMUS_TURBO_GEMM_BACKEND=
+    FP8:GLUON``); neither the default nor autotune picks it until it has been measured. A pin covers
+    every FP8 GEMM, and the backward ones (E5M2 gradients, 1x128 x 1x128 wgrad, accumulation) are
+    refused with a ValueError, as any pinned backend that cannot run its inputs: forward only."""
+
+    backend_type = BackendType.GLUON
+    autotune = False
+
+    @classmethod
+    def check(cls, a_q=None, a_scale=None, b_q=None, b_scale=None, mode=None, out=None, out_dtype=None,
+              accumulate=False, block_size=128, **_) -> Optional[str]:
+        reason = _common_check(a_q, a_scale, b_q, b_scale, mode, out, out_dtype, accumulate)
+        if reason is not None:
+            return reason
+        g = _granularity(mode)
+        if g != _G.BLOCKWISE:
+            return f"the Gluon FP8 kernel is BLOCKWISE only, got {g.name}"
+        if block_size != 128:
+            return f"the Gluon FP8 kernel takes 128-wide scale blocks, got block_size={block_size}"
+        if accumulate:
+            return "the Gluon FP8 kernel does not accumulate into out"
+        try:
+            from primus_turbo.triton.gemm.gemm_fp8_gluon import gluon_blockwise_reason
+        except ImportError as exc:
+            return f"the Gluon FP8 kernel is not importable ({exc})"
+        return gluon_blockwise_reason(a_q, a_scale, b_q, b_scale, out=out,
+                                      out_dtype=None if out is not None else (out_dtype or torch.bfloat16))
+
+    @classmethod
+    def execute(cls, a_q=None, a_scale=None, b_q=None, b_scale=None, mode=None, out=None, out_dtype=None,
+                accumulate=False, block_size=128, **_) -> torch.Tensor:
+        from primus_turbo.triton.gemm.gemm_fp8_gluon import gemm_fp8_blockwise_gluon
+
+        return gemm_fp8_blockwise_gluon(a_q, a_scale, b_q, b_scale, out=out, out_dtype=out_dtype or torch.bfloat16)
+
+
 def _make_key(a_q=None, a_scale=None, b_q=None, b_scale=None, mode=None, out=None, out_dtype=None,
               accumulate=False, block_size=128, **_):
     return (
@@ -187,7 +226,7 @@ def _default(**kwargs) -> BackendType:
 gemm_fp8_dispatcher = AutoKernelDispatcher(
     op_name="gemm_fp8",
     family="gemm",
-    backends=[GemmFP8TorchBackend, GemmFP8TritonBackend],
+    backends=[GemmFP8TorchBackend, GemmFP8TritonBackend, GemmFP8GluonBackend],
     make_key=_make_key,
     default=_default,
     default_checked=BackendType.TORCH,
