@@ -8,6 +8,13 @@ timed (``do_bench`` median) and its output checked against SDPA (SNR); the best 
 
 The backward sweeps the dK/dV tiles with the dQ tiles fixed at the current default, then the dQ
 tiles with the best dK/dV ones (the two kernels are independent launches).
+
+``--bwd-variant atomic`` instead times the one-kernel backward with atomic dQ accumulation
+(``PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ=1``) for each candidate tile of ATOMIC (or ``--atomic-tiles``)
+against the two-kernel backward at the current BWD_CONFIGS and SDPA's backward, printing TFLOP/s,
+the speedup over the two-kernel path and the line for ``BWD_ATOMIC_CONFIGS``; no forward sweep:
+
+    PYTHONPATH=. python scripts/tune_attention.py --out /tmp/tune_atomic --bwd-variant atomic [--dims 128]
 """
 
 from __future__ import annotations
@@ -48,6 +55,14 @@ DQ = {
     256: [(32, 32, 4, 1), (64, 32, 4, 2), (64, 64, 8, 1), (64, 32, 8, 2)],
 }
 
+# one-kernel (atomic dQ) backward tiles: (BLOCK_M, BLOCK_N, num_warps, num_stages)
+ATOMIC = {
+    64: [(64, 128, 8, 2), (128, 128, 8, 2), (64, 64, 4, 2), (128, 64, 8, 2), (64, 128, 4, 2), (64, 64, 8, 3)],
+    128: [(64, 128, 8, 2), (64, 64, 4, 2), (128, 64, 8, 2), (64, 128, 8, 1), (128, 128, 8, 1), (64, 64, 8, 2),
+          (32, 128, 4, 2)],
+    256: [(64, 64, 8, 1), (32, 64, 4, 2), (64, 32, 4, 2), (32, 128, 8, 1), (64, 64, 8, 2), (64, 128, 8, 1)],
+}
+
 
 def _flops(b, s, hq, dqk, dv, causal, mode):
     f = 2.0 * b * hq * s * s * (dqk + dv) * (0.5 if causal else 1.0)
@@ -62,7 +77,14 @@ def main(argv=None) -> int:
     p.add_argument("--rep-ms", type=float, default=30)
     p.add_argument("--fp8", action="store_true", help="also sweep the FP8 forward kernel's tiles")
     p.add_argument("--no-bwd", action="store_true", help="skip the backward sweeps")
+    p.add_argument("--bwd-variant", choices=("two", "atomic"), default="two",
+                   help="two: the forward / dK/dV / dQ tile sweeps; atomic: time the one-kernel atomic-dQ "
+                        "backward per tile against the two-kernel one (and SDPA)")
+    p.add_argument("--atomic-tiles", nargs="+", default=None, metavar="M,N,WARPS,STAGES",
+                   help="atomic tiles to time instead of the ATOMIC table, e.g. 64,128,8,2 128,64,8,2")
     args = p.parse_args(argv)
+    if args.bwd_variant == "atomic":
+        return _atomic_main(args)
     import triton
 
     from primus_turbo.testing import snr_db
@@ -177,6 +199,113 @@ def main(argv=None) -> int:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "tune_attention.json").write_text(json.dumps({"results": results, "best": best_lines},
                                                                        indent=1))
+    print("\n".join(best_lines))
+    return 0
+
+
+def _inputs(d, causal, dev):
+    """bf16 q, k, v, dout of SHAPES[d] and the fp32-math SDPA gradients (dq, dk, dv; GQA summed)."""
+    b, s, hq, hk, dqk, dv = SHAPES[d]
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(b, s, hq, dqk, device=dev, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(b, s, hk, dqk, device=dev, dtype=torch.bfloat16, generator=g)
+    v = torch.randn(b, s, hk, dv, device=dev, dtype=torch.bfloat16, generator=g)
+    dout = torch.randn(b, s, hq, dv, device=dev, dtype=torch.bfloat16, generator=g)
+    rep = hq // hk
+    qr, kr, vr = (t.float().transpose(1, 2).requires_grad_() for t in
+                  (q, k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)))
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        ref = torch.nn.functional.scaled_dot_product_attention(qr, kr, vr, is_causal=causal, scale=dqk ** -0.5)
+    ref.backward(dout.float().transpose(1, 2))
+    grads = (qr.grad.transpose(1, 2), kr.grad.transpose(1, 2).reshape(b, s, hk, rep, dqk).sum(3),
+             vr.grad.transpose(1, 2).reshape(b, s, hk, rep, dv).sum(3))
+    return (q, k, v, dout), grads
+
+
+def _atomic_main(args) -> int:
+    """``--bwd-variant atomic``: TFLOP/s of the one-kernel atomic-dQ backward per tile vs the two-kernel one."""
+    import triton
+
+    from primus_turbo.testing import snr_db
+    from primus_turbo.triton.attention import flash_attn_bwd as B
+    from primus_turbo.triton.attention import flash_attn_fwd as F
+
+    dev = torch.device("cuda")
+    results, best_lines = [], []
+    t0 = time.time()
+
+    def bench(fn):
+        return triton.testing.do_bench(fn, warmup=5, rep=args.rep_ms, return_mode="median")
+
+    for d in args.dims:
+        b, s, hq, hk, dqk, dv = SHAPES[d]
+        tiles = ([tuple(int(x) for x in t.split(",")) for t in args.atomic_tiles] if args.atomic_tiles
+                 else ATOMIC[d][:3] if args.quick else ATOMIC[d])
+        default_atomic = B.BWD_ATOMIC_CONFIGS[d]
+        times, two_times = {}, []
+        for causal in (False, True):
+            (q, k, v, dout), ref = _inputs(d, causal, dev)
+            scale = dqk ** -0.5
+            wr = 0 if causal else -1
+            out, lse = F.flash_attn_fwd_triton(q, k, v, None, scale, -1, wr)
+            flops = _flops(b, s, hq, dqk, dv, causal, "bwd")
+
+            def run(atomic):
+                return B.flash_attn_bwd_triton(dout, q, k, v, out, lse, None, scale, -1, wr, deterministic=not atomic,
+                                               atomic_dq=atomic)
+
+            def record(row, fn, grads=True):
+                try:
+                    if grads:
+                        for name, x, r in zip(("snr_dq", "snr_dk", "snr_dv"), fn(), ref):
+                            row[name] = round(snr_db(r, x), 1)
+                    row["ms"] = bench(fn)
+                    row["tflops"] = round(flops / row["ms"] / 1e9, 1)
+                except Exception as exc:  # out of shared memory / registers: skip the candidate
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+                results.append(row)
+                print(json.dumps(row), flush=True)
+                return row.get("ms")
+
+            two_ms = record({"kernel": "bwd_two", "d": d, "causal": causal, "cfg": B.BWD_CONFIGS[d]},
+                            lambda: run(False))
+            two_times.append(two_ms)
+            # SDPA (FlashAttention-2 / cuDNN on the H200): the 1.3x target's baseline
+            qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
+            try:
+                o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale,
+                                                                     enable_gqa=hq != hk)
+                sdpa_fn = lambda: torch.autograd.grad(o, (qt, kt, vt), dout.transpose(1, 2),  # noqa: E731
+                                                      retain_graph=True)
+                record({"kernel": "bwd_sdpa", "d": d, "causal": causal}, sdpa_fn, grads=False)
+            except Exception as exc:  # noqa: BLE001 - SDPA may refuse a shape (GQA + flash, head dim 192)
+                print(json.dumps({"kernel": "bwd_sdpa", "d": d, "causal": causal, "error": str(exc)[:200]}))
+            o = sdpa_fn = qt = kt = vt = None  # noqa: F841 - free the graph before the atomic runs
+            for cfg in tiles:
+                B.BWD_ATOMIC_CONFIGS[d] = cfg
+                row = {"kernel": "bwd_atomic", "d": d, "causal": causal, "cfg": cfg}
+                ms = record(row, lambda: run(True))
+                if ms is not None:
+                    times.setdefault(cfg, []).append(ms)
+                    if two_ms:
+                        print(f"  d{d} causal={causal} atomic {cfg}: {row['tflops']} TFLOP/s, "
+                              f"{two_ms / ms:.3f}x the two-kernel backward", flush=True)
+            B.BWD_ATOMIC_CONFIGS[d] = default_atomic
+            q = k = v = dout = ref = out = lse = None  # free before the next mask kind's inputs
+            torch.cuda.empty_cache()
+        full = {c: t for c, t in times.items() if len(t) == 2}
+        geo = lambda ts: math.exp(sum(map(math.log, ts)) / len(ts))  # noqa: E731
+        if full and all(two_times):
+            best = min(full, key=lambda c: geo(full[c]))
+            line = (f"d{d}: atomic {best}  {geo(two_times) / geo(full[best]):.3f}x the two-kernel backward "
+                    f"(geomean over causal and not)  ({time.time() - t0:.0f} s)")
+        else:
+            line = f"d{d}: atomic: no tile ran with both mask kinds"
+        best_lines.append(line)
+        print("BEST " + line, flush=True)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "tune_attention_atomic.json").write_text(
+            json.dumps({"results": results, "best": best_lines}, indent=1))
     print("\n".join(best_lines))
     return 0
 
