@@ -13,8 +13,10 @@ the output is poisoned with NaN, and every Gluon config runs and is compared wit
 
 Then ``triton.testing.do_bench`` (median, L2 flushed) times each Gluon config, the tl kernel and
 cuBLAS bf16 ``torch.mm(x, w.T)``. A compile or launch failure is reported for that config and
-shape, never fatal. Prints a table and writes ``DIR/gluon_fp8.json``; exit status 1 if any Gluon
-config fails or misses the SNR bar.
+shape, never fatal; so is a hang: each config first runs a small smoke GEMM in a child process
+with a time limit (``--smoke-timeout``), and configs that fail it are left out of the sweep.
+Prints a table and writes ``DIR/gluon_fp8.json``; exit status 1 if any Gluon config fails or
+misses the SNR bar.
 """
 
 from __future__ import annotations
@@ -189,11 +191,51 @@ def print_table(results: list) -> None:
         print(f"{'':>22}  tl SNR {_fmt(r.get('tl_snr_db'))} dB; reason={r.get('reason')}")
 
 
+SMOKE_SHAPES = [(300, 384, 640), (128, 256, 128)]  # M, N tails incl. a 256-wide tile's empty half
+
+
+def smoke(config_text: str) -> int:
+    """Child-process check of one config on small shapes (a deadlocked kernel only hangs this)."""
+    from primus_turbo.testing import snr_db
+    from primus_turbo.triton.gemm.gemm_fp8_gluon import GluonBlockwiseConfig, gemm_fp8_blockwise_gluon
+
+    cfg = None if config_text == "default" else GluonBlockwiseConfig.parse(config_text)
+    worst = float("inf")
+    for M, N, K in SMOKE_SHAPES:
+        torch.manual_seed(0)
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        w = (torch.randn(N, K, device="cuda") * 0.02).to(torch.bfloat16)
+        a_q, sa, b_q, sb = _quantize(x, w)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        ref = _dequant_a(a_q, sa) @ _dequant_b(b_q, sb).T
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out=out, config=cfg)
+        torch.cuda.synchronize()
+        worst = min(worst, snr_db(ref, out))
+    print(f"SMOKE {config_text} snr_db={worst:.1f}")
+    return 0 if worst >= MIN_SNR_DB else 1
+
+
+def _run_smoke(config_text: str, timeout_s: int) -> tuple:
+    """(ok, message) of ``smoke`` in a child process."""
+    import subprocess
+
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--smoke", config_text]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ))
+    except subprocess.TimeoutExpired:
+        return False, f"smoke test timed out after {timeout_s} s (deadlock or very slow compile)"
+    text = (r.stdout + r.stderr).strip().splitlines()
+    return r.returncode == 0, " | ".join(text[-3:])[:600]
+
+
 def main(argv=None) -> int:
     from primus_turbo.triton.gemm.gemm_fp8_gluon import GluonBlockwiseConfig
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="folder for gluon_fp8.json")
+    p.add_argument("--out", default=None, help="folder for gluon_fp8.json (required unless --smoke)")
+    p.add_argument("--smoke", default=None, help=argparse.SUPPRESS)  # child-process mode, see smoke()
+    p.add_argument("--smoke-timeout", type=int, default=240, help="seconds per config for the smoke test")
     p.add_argument("--configs", nargs="*", default=["default"],
                    help="Gluon configs to sweep: 'default' and/or strings like n128s5, n128s6g16, n128s4r240w24")
     p.add_argument("--shapes", nargs="*", default=None, help="MxNxK strings (default: the five model shapes)")
@@ -204,7 +246,18 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    configs = [None if c == "default" else GluonBlockwiseConfig.parse(c) for c in args.configs]
+    if args.smoke is not None:
+        return smoke(args.smoke)
+    if args.out is None:
+        p.error("--out is required")
+    configs, smoke_results = [], {}
+    for c in args.configs:
+        cfg = None if c == "default" else GluonBlockwiseConfig.parse(c)  # bad strings fail here, early
+        ok, msg = _run_smoke(c, args.smoke_timeout)
+        smoke_results[c] = dict(ok=ok, message=msg)
+        print(f"smoke {c}: {'ok' if ok else 'FAILED'}  {msg}", flush=True)
+        if ok:
+            configs.append(cfg)
     shapes = [_parse_shape(s) for s in args.shapes] if args.shapes else (QUICK_SHAPES if args.quick else SHAPES)
     info = _gpu_info()
     print(json.dumps(info))
@@ -231,9 +284,10 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "gluon_fp8.json"
     path.write_text(json.dumps(dict(info=info, env={k: v for k, v in os.environ.items() if k.startswith("PRIMUS_")},
-                                    results=results), indent=1, default=str))
+                                    smoke=smoke_results, results=results), indent=1, default=str))
     print(f"\nwrote {path}")
     bad = [(r["M"], r["N"], r["K"], n) for r in results for n, e in r["gluon"].items() if not e.get("ok")]
+    bad += [("smoke", c) for c, v in smoke_results.items() if not v["ok"]]
     bad += [(r["M"], r["N"], r["K"], "shape") for r in results if "shape" in r["errors"]]
     if bad:
         print(f"FAILED: {bad}")

@@ -45,6 +45,7 @@ pinned before the next MMA (``_pin``) so LLVM cannot sink it below and double th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 from typing import Optional
@@ -425,6 +426,11 @@ def gluon_blockwise_reason(a, sa, b, sb, out: Optional[torch.Tensor] = None,
         return f"{type(exc).__name__}: {exc}"
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple:
+    return torch.cuda.get_device_capability(index)
+
+
 def _reason(a, sa, b, sb, out, out_dtype) -> Optional[str]:
     if not GLUON_AVAILABLE:
         return f"triton.experimental.gluon is not importable ({_GLUON_IMPORT_ERROR})"
@@ -447,7 +453,7 @@ def _reason(a, sa, b, sb, out, out_dtype) -> Optional[str]:
         return f"tensors on {a.device}; the Gluon kernel needs a CUDA sm_90 (Hopper) GPU"
     if os.environ.get("TRITON_INTERPRET") == "1":
         return "TRITON_INTERPRET=1: Gluon kernels do not run in the Triton interpreter"
-    cap = torch.cuda.get_device_capability(a.device)
+    cap = _capability(a.device.index if a.device.index is not None else torch.cuda.current_device())
     if cap != (9, 0):
         return f"the Gluon kernel is built for sm_90 (H100/H200), this GPU is sm_{cap[0]}{cap[1]}"
     kb = -(-K // SCALE_BLOCK)
@@ -552,13 +558,19 @@ if GLUON_AVAILABLE:
                   torch.float8_e4m3fn: gl.float8e4nv}
 
 
+@functools.lru_cache(maxsize=None)
+def _layouts(block_n: int, out_dtype: torch.dtype) -> tuple:
+    """Shared-memory layouts of the A, B and C boxes (128-byte swizzle: whole wgmma/TMA rows)."""
+    return (gl.NVMMASharedLayout.get_default_for([_HALF_M, SCALE_BLOCK], gl.float8e4nv),
+            gl.NVMMASharedLayout.get_default_for([block_n, SCALE_BLOCK], gl.float8e4nv),
+            gl.NVMMASharedLayout.get_default_for([_HALF_M, SCALE_BLOCK], _GL_DTYPES[out_dtype]))
+
+
 def _launch(a, sa, b, sb, out, cfg: GluonBlockwiseConfig) -> None:
     M, K = a.shape
     N = b.shape[0]
     bn, bk = cfg.block_n, cfg.BLOCK_K
-    a_layout = gl.NVMMASharedLayout.get_default_for([_HALF_M, bk], gl.float8e4nv)
-    b_layout = gl.NVMMASharedLayout.get_default_for([bn, bk], gl.float8e4nv)
-    c_layout = gl.NVMMASharedLayout.get_default_for([_HALF_M, SCALE_BLOCK], _GL_DTYPES[out.dtype])
+    a_layout, b_layout, c_layout = _layouts(bn, out.dtype)
     # the descriptors' global shapes are the true [M, K], [N, K], [M, N]: TMA zero-fills loads past
     # them (M, N and K tails) and clips stores
     a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [_HALF_M, bk], a_layout)
