@@ -53,8 +53,10 @@ from typing import Optional
 import torch
 
 __all__ = [
+    "DEFAULT_CONFIG",
     "GluonBlockwiseConfig",
     "GLUON_AVAILABLE",
+    "default_config",
     "gemm_fp8_blockwise_gluon",
     "gluon_blockwise_reason",
 ]
@@ -103,7 +105,7 @@ class GluonBlockwiseConfig:
     def smem_bytes(self, out_bytes: int = 2) -> int:
         stage = self.BLOCK_M * self.BLOCK_K + self.block_n * self.BLOCK_K  # FP8: one byte per element
         staging = 2 * self.c_bufs * 64 * SCALE_BLOCK * out_bytes  # per warpgroup: c_bufs 64 x 128 tiles
-        return self.stages * stage + staging + 2 * 8 * self.stages
+        return self.stages * stage + staging + 2 * 8 * self.stages + 256  # + barriers' alignment
 
     def short(self) -> str:
         return (f"n{self.block_n}s{self.stages}g{self.group_m}c{self.c_bufs}{'x' if self.pipeline else ''}"
@@ -491,7 +493,7 @@ def default_config(M: int, N: int, K: int, out_dtype: torch.dtype = torch.bfloat
     del M, N, K
     out_bytes = torch.empty((), dtype=out_dtype).element_size()
     cfg = DEFAULT_CONFIG
-    while cfg.smem_bytes(out_bytes) > SMEM_LIMIT - 1024 and cfg.stages > 2:
+    while cfg.smem_bytes(out_bytes) > SMEM_LIMIT and cfg.stages > 2:
         cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
     return cfg
 
