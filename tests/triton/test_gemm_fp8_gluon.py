@@ -256,3 +256,40 @@ def test_gluon_backend_is_pin_only(device):
     else:
         out = be.gemm_fp8_dispatcher.dispatch(PrecisionType.FP8, **kw)
         assert _snr(ref, out) >= 40.0
+
+
+@pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
+@pytest.mark.parametrize("config,out_dtype", [("n128s5", torch.bfloat16), ("n128s5x", torch.float16),
+                                              ("n256s4", torch.bfloat16), ("n128s3c2", torch.float32)])
+def test_launcher_arguments_bind_and_compile_for_sm90(config, out_dtype, monkeypatch):
+    """The launcher's own arguments (host TMA descriptors, scales, strides, constexprs) go through
+    the JIT's binder and compile for sm_90, with a stand-in for the CUDA driver: what the first GPU
+    call would do up to the launch itself."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    class _Sm90:
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+    if not hasattr(driver, "_active"):
+        pytest.skip("triton's driver registry has changed")
+    (a_q, sa, b_q, sb), _ = _operands(300, 384, 640, "cpu")
+    out = torch.empty(300, 384, dtype=out_dtype)
+    cfg = gg.GluonBlockwiseConfig.parse(config)
+    assert cfg.check(out_dtype.itemsize) is None
+    args, kwargs = gg._kernel_args(a_q, sa, b_q, sb, out, cfg)
+    monkeypatch.setattr(driver, "_active", _Sm90())
+    try:
+        kernel = gg._gemm_fp8_blockwise_ws_kernel.warmup(*args, grid=(1,), **kwargs)
+    finally:
+        # the binder caches per device: drop what the stand-in produced
+        gg._gemm_fp8_blockwise_ws_kernel.device_caches.clear()
+    assert kernel.metadata.shared <= gg.SMEM_LIMIT
+    assert kernel.metadata.num_warps == 12  # 4 + 4 consumer warps, 1 producer warp, rounded up

@@ -568,7 +568,8 @@ def _layouts(block_n: int, out_dtype: torch.dtype) -> tuple:
             gl.NVMMASharedLayout.get_default_for([_HALF_M, SCALE_BLOCK], _GL_DTYPES[out_dtype]))
 
 
-def _launch(a, sa, b, sb, out, cfg: GluonBlockwiseConfig) -> None:
+def _kernel_args(a, sa, b, sb, out, cfg: GluonBlockwiseConfig) -> tuple:
+    """(positional args, keyword args) of the kernel launch for validated, non-empty inputs."""
     M, K = a.shape
     N = b.shape[0]
     bn, bk = cfg.block_n, cfg.BLOCK_K
@@ -578,12 +579,15 @@ def _launch(a, sa, b, sb, out, cfg: GluonBlockwiseConfig) -> None:
     a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [_HALF_M, bk], a_layout)
     b_desc = TensorDescriptor(b, [N, K], [b.stride(0), 1], [bn, bk], b_layout)
     c_desc = TensorDescriptor(out, [M, N], [out.stride(0), 1], [_HALF_M, SCALE_BLOCK], c_layout)
-    tiles = -(-M // cfg.BLOCK_M) * -(-N // bn)
-    grid = (min(_num_sms(a.device), tiles),)
-    _gemm_fp8_blockwise_ws_kernel[grid](
-        a_desc, b_desc, c_desc, sa, sb, M, N, K,
-        sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1),
-        GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, PIPELINE=cfg.pipeline,
-        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-        num_warps=4,
-    )
+    args = (a_desc, b_desc, c_desc, sa, sb, M, N, K, sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1))
+    kwargs = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, PIPELINE=cfg.pipeline,
+                  CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, num_warps=4)
+    return args, kwargs
+
+
+def _launch(a, sa, b, sb, out, cfg: GluonBlockwiseConfig) -> None:
+    M, N = out.shape
+    args, kwargs = _kernel_args(a, sa, b, sb, out, cfg)
+    tiles = -(-M // cfg.BLOCK_M) * -(-N // cfg.block_n)
+    grid = (min(_num_sms(a.device), tiles),)  # persistent: at most one CTA per SM
+    _gemm_fp8_blockwise_ws_kernel[grid](*args, **kwargs)
