@@ -763,3 +763,127 @@ def test_with_trans_large_gpu(case):
     p, ps, pt, pst = Q.quantize_fp4_with_trans(x)
     assert_bits_equal(pt.view(torch.uint8), quantize_fp4_ref(x.t().contiguous())[0].view(torch.uint8))
     assert math.isfinite(float(s.float().sum()))
+
+
+# ---- one-read two-copy kernels: tile configurations, tails, fallbacks ------------------------
+def _launch_with_trans(x, out_dtype, gran, tile, block_size=None):
+    from primus_turbo.triton.quantization.quant_fp8_kernel import QuantGrouping, fp8_quant_with_trans_launch
+
+    mode = 1 if gran == G.MX_BLOCKWISE else 0
+    b = 32 if gran == G.MX_BLOCKWISE else (block_size or 128)
+    return fp8_quant_with_trans_launch(x, out_dtype, QuantGrouping(mode, 1, b), QuantGrouping(mode, b, 1), tile=tile)
+
+
+def _with_trans_refs(x, out_dtype, gran, block_size=None):
+    q, s = quantize_fp8_ref(x, out_dtype, gran, block_size=block_size)
+    qt, st = quantize_fp8_ref(x.t().contiguous(), out_dtype, gran, block_size=block_size)
+    return q, s, qt, st
+
+
+# (granularity, block_size, shape, tile): exact tile grids (the unmasked path), partial tiles on
+# either dim, shapes smaller than one tile, and every default
+WT_TILE_CASES = [
+    (G.BLOCKWISE, None, (128, 128), (128, 128, 4)),
+    (G.BLOCKWISE, None, (256, 384), (128, 128, 4)),
+    (G.BLOCKWISE, None, (132, 200), (128, 128, 4)),   # row and column tails, partial blocks
+    (G.BLOCKWISE, None, (8, 136), (128, 128, 4)),     # fewer rows than one tile
+    (G.BLOCKWISE, None, (256, 256), (256, 128, 8)),
+    (G.BLOCKWISE, None, (128, 256), (128, 256, 8)),
+    (G.BLOCKWISE, 64, (192, 320), (64, 128, 4)),
+    (G.BLOCKWISE, 64, (68, 64), (64, 64, 4)),
+    (G.MX_BLOCKWISE, None, (64, 128), (64, 128, 4)),
+    (G.MX_BLOCKWISE, None, (96, 160), (64, 128, 4)),  # tails on both dims
+    (G.MX_BLOCKWISE, None, (128, 256), (32, 256, 4)),
+    (G.MX_BLOCKWISE, None, (64, 64), (32, 64, 2)),
+    (G.MX_BLOCKWISE, None, (32, 96), (128, 128, 8)),  # tile taller and wider than x
+]
+
+
+@pytest.mark.parametrize("case", WT_TILE_CASES, ids=lambda c: f"{c[0].name}-{c[1]}-{c[2][0]}x{c[2][1]}-{c[3]}")
+def test_with_trans_two_copy_kernel_tiles(case, device):
+    gran, bs, shape, tile = case
+    for out_dtype, in_dtype in ((E4M3, torch.bfloat16), (E5M2, torch.float32)):
+        x = _sample(shape, in_dtype, device, seed=shape[0] + shape[1])
+        x[1, 2] = float("nan")
+        x[2, 5] = float("inf")
+        x[3, 0] = -0.0
+        outs = _launch_with_trans(x, out_dtype, gran, tile, bs)
+        refs = _with_trans_refs(x, out_dtype, gran, bs)
+        for what, o, r in zip(("row copy", "row scale", "col copy", "col scale"), outs, refs):
+            assert_bits_equal(o.view(r.dtype) if o.dtype != r.dtype else o, r, f"{what} {tile} {out_dtype}")
+
+
+def test_with_trans_default_config_and_fallbacks(device):
+    from primus_turbo.triton.quantization import quant_fp8_kernel as K
+
+    row, col = K.QuantGrouping(0, 1, 128), K.QuantGrouping(0, 128, 1)
+    assert K.with_trans_config(16384, 7168, row, col) == (128, 128, 4)
+    assert K.with_trans_config(16384, 7168, K.QuantGrouping(1, 1, 32), K.QuantGrouping(1, 32, 1)) == (64, 128, 4)
+    assert K._dual_ok(16384, 7168, row, col, (128, 128, 4))
+    assert not K._dual_ok(130, 256, row, col, (128, 128, 4))  # rows % 4: generic kernel
+    assert not K._dual_ok(128, 256, row, col, (64, 128, 4))   # tile shorter than a column block
+    assert not K._dual_ok(128, 256, K.QuantGrouping(0, 128, 128), K.QuantGrouping(0, 128, 128), (128, 128, 4))
+    # rows % 4 != 0 and the generic (square tile) override give the same bytes as the reference
+    for shape, tile in (((130, 256), None), ((128, 256), (128, 4))):
+        x = _sample(shape, torch.float16, device, seed=4)
+        outs = _launch_with_trans(x, E4M3, G.BLOCKWISE, tile)
+        for o, r in zip(outs, _with_trans_refs(x, E4M3, G.BLOCKWISE)):
+            assert_bits_equal(o, r, f"{shape} {tile}")
+
+
+FP4_WT_TILES = [(64, 128, 4), (32, 64, 2), (128, 64, 4), (64, 64, 4, "generic")]
+
+
+@pytest.mark.parametrize("tile", FP4_WT_TILES, ids=lambda t: "x".join(map(str, t)))
+@pytest.mark.parametrize("shape", [(64, 128), (96, 160), (32, 32)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_fp4_with_trans_two_copy_kernel_tiles(shape, tile, device):
+    from primus_turbo.triton.quantization.quant_fp4_kernel import fp4_quant_launch
+
+    x = _sample(shape, torch.bfloat16, device, seed=shape[0])
+    x[0, 1] = float("nan")
+    x[4, 9] = float("-inf")
+    x[7, 3] = -0.0
+    outs = fp4_quant_launch(x, True, with_trans=True, tile=tile)
+    p_ref, s_ref = quantize_fp4_ref(x)
+    pt_ref, st_ref = quantize_fp4_ref(x.t().contiguous())
+    for what, o, r in zip(("data", "scale", "t data", "t scale"), outs, (p_ref, s_ref, pt_ref, st_ref)):
+        assert_bits_equal(o.view(torch.uint8), r.view(torch.uint8), f"{what} {tile}")
+
+
+def test_fp4_with_trans_two_copy_kernel_sr_matches_generic(device):
+    # stochastic rounding is keyed by element position, so the two-copy kernel and the generic
+    # kernel draw the same uniforms: bit-identical outputs (also with a fp32 input and tails)
+    from primus_turbo.triton.quantization.quant_fp4_kernel import fp4_quant_launch
+
+    seed = torch.tensor([1234], dtype=torch.int64, device=device)
+    for shape, dtype in (((64, 128), torch.bfloat16), ((96, 96), torch.float32)):
+        x = _sample(shape, dtype, device, seed=9)
+        for sr, sr_t in ((True, True), (False, True), (True, False)):
+            a = fp4_quant_launch(x, True, with_trans=True, tile=(64, 64, 4), seed=seed, sr=sr, sr_t=sr_t)
+            b = fp4_quant_launch(x, True, with_trans=True, tile=(64, 64, 4, "generic"), seed=seed, sr=sr, sr_t=sr_t)
+            for o, r in zip(a, b):
+                assert_bits_equal(o, r, f"{shape} sr={sr} sr_t={sr_t}")
+
+
+def test_fp4_e2m1_encoder_every_bf16(device):
+    # every finite bf16 magnitude (both signs) through the single-copy kernel: blocks of 32 whose
+    # amax is 4..8 put each value on the E2M1 grid's scale as given (block amax 6 -> scale 1)
+    bits = torch.arange(0, 0x7F80, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    vals = bits[bits.abs() <= 6.0]
+    n = (vals.numel() + 30) // 31 * 31
+    vals = torch.cat([vals, torch.zeros(n - vals.numel())]).view(-1, 31)
+    x = torch.cat([torch.full((vals.shape[0], 1), 6.0), vals], dim=1)  # amax 6 per block
+    x = torch.cat([x, -x]).to(torch.bfloat16).to(device)
+    p, s = Q.quantize_fp4(x)
+    p_ref, s_ref = quantize_fp4_ref(x)
+    assert_bits_equal(p.view(torch.uint8), p_ref.view(torch.uint8), "fp4 data")
+    assert_bits_equal(s, s_ref, "fp4 scale")
+
+
+def test_fp4_config_defaults():
+    from primus_turbo.triton.quantization import quant_fp4_kernel as K
+
+    assert K.fp4_config(16384, 7168, True, True) == (64, 128, 4)
+    assert K.fp4_config(16384, 7168, True, False) == (8, 1024, 8)
+    for tr, tc, _ in K.FP4_WITH_TRANS_CANDIDATES:
+        assert tr % 32 == 0 and tc % 32 == 0
