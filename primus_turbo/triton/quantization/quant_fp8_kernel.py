@@ -313,11 +313,11 @@ def _load_raw(ptrs, mask, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _widen(v):
-    """Input values -> fp32 (exact). bf16 by a shift of its bits: a different operation from the
-    ``.to(tl.float32)`` of the first use, so the compiler keeps the 16-bit values live instead of
-    the fp32 ones (half the registers)."""
-    if v.dtype == tl.bfloat16:
+def _widen(v, RECONVERT: tl.constexpr):
+    """Input values -> fp32 (exact). RECONVERT: bf16 by a shift of its bits, a different operation
+    from the ``.to(tl.float32)`` of the first use, so the compiler keeps the 16-bit values live
+    instead of the fp32 ones (half the registers, one instruction per element more)."""
+    if RECONVERT and v.dtype == tl.bfloat16:
         return (v.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
     else:
         return v.to(tl.float32)
@@ -354,7 +354,7 @@ def _quant_fp8_dual_kernel(
     # meta-parameters
     FP8_MAX: tl.constexpr, EMAX: tl.constexpr, MODE: tl.constexpr,
     GC: tl.constexpr, GR_T: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr,
-    EVEN: tl.constexpr, IS_E4M3: tl.constexpr, SOFT: tl.constexpr,
+    EVEN: tl.constexpr, RECONVERT: tl.constexpr, IS_E4M3: tl.constexpr, SOFT: tl.constexpr,
 ):
     """Both copies of ``quantize_fp8_with_trans`` for ``1 x GC`` row blocks and ``GR_T x 1``
     column blocks (BLOCKWISE 1x128 / 128x1, MX 1x32 / 32x1) from one read of a [TR, TC] tile.
@@ -397,12 +397,16 @@ def _quant_fp8_dual_kernel(
     acol = tl.max(tl.reshape(acol, (NB, GR_T // 4, TC)), axis=1)
     mcol, scol = _block_scales(acol, MODE, FP8_MAX, EMAX)
     mcol = mcol[:, None, :]
-    b0 = _fp8_codes(tl.reshape(tl.reshape(_widen(r0), (NB, GR_T // 4, TC)) * mcol, (TQ, TC)), FP8_MAX, IS_E4M3, SOFT)
-    b1 = _fp8_codes(tl.reshape(tl.reshape(_widen(r1), (NB, GR_T // 4, TC)) * mcol, (TQ, TC)), FP8_MAX, IS_E4M3, SOFT)
-    b2 = _fp8_codes(tl.reshape(tl.reshape(_widen(r2), (NB, GR_T // 4, TC)) * mcol, (TQ, TC)), FP8_MAX, IS_E4M3, SOFT)
-    b3 = _fp8_codes(tl.reshape(tl.reshape(_widen(r3), (NB, GR_T // 4, TC)) * mcol, (TQ, TC)), FP8_MAX, IS_E4M3, SOFT)
-    # rows 4i..4i+3 of column c, little-endian: the word's bytes in the transposed copy's order
-    w = (b0.to(tl.uint32) | (b1.to(tl.uint32) << 8) | (b2.to(tl.uint32) << 16) | (b3.to(tl.uint32) << 24))
+    y0 = tl.reshape(tl.reshape(_widen(r0, RECONVERT), (NB, GR_T // 4, TC)) * mcol, (TQ, TC))
+    y1 = tl.reshape(tl.reshape(_widen(r1, RECONVERT), (NB, GR_T // 4, TC)) * mcol, (TQ, TC))
+    y2 = tl.reshape(tl.reshape(_widen(r2, RECONVERT), (NB, GR_T // 4, TC)) * mcol, (TQ, TC))
+    y3 = tl.reshape(tl.reshape(_widen(r3, RECONVERT), (NB, GR_T // 4, TC)) * mcol, (TQ, TC))
+    # rows 4i..4i+3 of column c as two in-thread dims: element [.., h, l] is row 4i + 2h + l (join
+    # stacks along a new last dim), so the hardware cast converts rows 2h, 2h + 1 in one
+    # instruction; little-endian word byte k = row 4i + k, the transposed copy's byte order
+    b = _fp8_codes(tl.join(tl.join(y0, y2), tl.join(y1, y3)), FP8_MAX, IS_E4M3, SOFT).to(tl.uint32)
+    sh = (tl.arange(0, 2) * 8).to(tl.uint32)
+    w = tl.sum(tl.sum(b << sh[None, None, None, :], axis=3) << (2 * sh)[None, None, :], axis=2)
     wt = tl.trans(w.to(tl.int32, bitcast=True))  # [TC, TQ]: row c of the transposed copy
     qt_ptrs = qt_ptr + c.to(tl.int64)[:, None] * stride_qt + i[None, :]
     tl.store(qt_ptrs, wt, mask=None if EVEN else tl.trans(mask))
@@ -728,14 +732,18 @@ def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGro
 
 
 def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: QuantGrouping, col: QuantGrouping,
-                                tile: "tuple[int, int] | None" = None):
+                                tile: "tuple | None" = None):
     """One read of a contiguous 2-D ``x``: ``q [rows, cols]`` quantized with ``row`` and the
     column-wise copy ``qt [cols, rows]`` (stored transposed) quantized with ``col``; their scales
     (``col``'s stored transposed too: ``[n_sc, n_sr]``).
 
-    ROWWISE (a block spanning a whole row or column) cannot be formed from one tile: it runs as
-    two launches (row copy, then the transposed column copy), reading x twice. ``tile``
-    (square edge, num_warps) overrides the heuristic (for tuning)."""
+    ``1 x g`` row blocks with ``g x 1`` column blocks (BLOCKWISE, MX) run the two-copy kernel
+    ``_quant_fp8_dual_kernel`` when rows % 4 == 0, with :func:`with_trans_config`'s tile;
+    other groupings and shapes the generic tile kernel. ROWWISE (a block spanning a whole row or
+    column) cannot be formed from one tile: it runs as two launches (row copy, then the
+    transposed column copy), reading x twice. ``tile`` overrides the default (for tuning):
+    ``(TR, TC, num_warps[, maxnreg])`` for the two-copy kernel (where it applies), ``(edge,
+    num_warps)`` for the generic kernel with a square tile."""
     rows, cols = x.shape
     fmax = fp8_max_of(out_dtype)
     dev = x.device
@@ -761,7 +769,7 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
         q, s = fp8_quant_launch(x, out_dtype, row)
         st = _transposed_single(x, qt, col, out_dtype)
         return q, s, qt, st
-    cfg = tile if (tile is not None and len(tile) == 3) else None
+    cfg = tile if (tile is not None and len(tile) >= 3) else None
     if cfg is None and tile is None:
         cfg = with_trans_config(rows, cols, row, col)
     if cfg is not None and _dual_ok(rows, cols, row, col, cfg):
@@ -788,19 +796,21 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
     return q, s, qt, st
 
 
-#: candidate (TR, TC, num_warps) of the one-read two-copy kernel for ``1 x g`` row blocks with
-#: ``g x 1`` column blocks (scripts/tune_quant.py times each); the default is chosen by
-#: :func:`with_trans_config`. Each must hold whole blocks of both groupings (TR >= g, TC >= g).
+#: candidate (TR, TC, num_warps[, maxnreg]) of the one-read two-copy kernel for ``1 x g`` row
+#: blocks with ``g x 1`` column blocks (scripts/tune_quant.py times each); the default is chosen by
+#: :func:`with_trans_config`. Each must hold whole blocks of both groupings (TR >= g, TC >= g);
+#: ``maxnreg`` caps the registers per thread (more programs per SM, at the price of spills).
 WITH_TRANS_CANDIDATES = (
     (64, 128, 4), (128, 128, 4), (32, 128, 4), (64, 64, 4), (32, 256, 4), (64, 256, 8), (64, 128, 8),
     (128, 128, 8), (128, 256, 8), (256, 128, 8), (32, 64, 2),
+    (128, 128, 4, 168), (128, 128, 4, 128), (128, 128, 8, 128), (64, 128, 4, 96), (32, 256, 4, 96),
 )
 
 
 def with_trans_config(rows: int, cols: int, row: QuantGrouping, col: QuantGrouping):
     """The default launch configuration of :func:`fp8_quant_with_trans_launch`: ``(TR, TC,
-    num_warps)`` of the one-read two-copy kernel, or None for the generic tile kernel (the
-    configuration the H200 measured before the two-copy kernel: square 128 tile, 4 warps).
+    num_warps[, maxnreg])`` of the one-read two-copy kernel, or None for the generic tile kernel
+    (the configuration the H200 measured before the two-copy kernel: square 128 tile, 4 warps).
 
     The one place the default is set: scripts/tune_quant.py prints the winner per shape."""
     g = max(row.padded()[1], col.padded()[0])
@@ -813,7 +823,7 @@ def with_trans_config(rows: int, cols: int, row: QuantGrouping, col: QuantGroupi
 
 def _dual_ok(rows: int, cols: int, row: QuantGrouping, col: QuantGrouping, cfg) -> bool:
     """Whether the two-copy kernel covers these groupings and shape with tile ``cfg``."""
-    tr, tc, _ = cfg
+    tr, tc = cfg[0], cfg[1]
     if row.mode != col.mode or row.mode == _MODE_TENSOR or row.gr != 1 or col.gc != 1:
         return False
     gc, gr_t = row.padded()[1], col.padded()[0]
@@ -824,7 +834,9 @@ def _dual_ok(rows: int, cols: int, row: QuantGrouping, col: QuantGrouping, cfg) 
 
 def _dual_launch(x, q, qt, out_dtype, row: QuantGrouping, col: QuantGrouping, cfg):
     rows, cols = x.shape
-    tr, tc, nw = cfg
+    tr, tc, nw = cfg[:3]
+    # an optional 4th entry caps the registers per thread (ptx .maxnreg): more programs per SM
+    extra = {"maxnreg": cfg[3]} if len(cfg) > 3 and cfg[3] and not is_interpreter() else {}
     s, _, (n_sr, n_sc) = _scale_tensor(row, rows, cols, False, x.device)
     st, _, (n_str, n_stc) = _scale_tensor(col, rows, cols, True, x.device)
     n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
@@ -834,7 +846,8 @@ def _dual_launch(x, q, qt, out_dtype, row: QuantGrouping, col: QuantGrouping, cf
         x, q.view(torch.uint8), s, qt_words, st, rows, cols, n_tc,
         x.stride(0), cols, n_sc, rows // 4, n_str,
         FP8_MAX=fp8_max_of(out_dtype), EMAX=mx_emax_of(out_dtype), MODE=row.mode, GC=row.gc, GR_T=col.gr,
-        TR=tr, TC=tc, EVEN=even, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
+        TR=tr, TC=tc, EVEN=even, RECONVERT=tr * tc >= 128 * 32 * nw,  # >= 128 elements per thread: save registers
+        IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw, **extra,
     )
     return q, s, qt, st
 
