@@ -310,11 +310,18 @@ _CANDIDATES_16BIT = (
 )
 # TMA variants (M-grouped kernel: every load; variable-K: the unmasked body), tried when the
 # operands are describable (16-bit only)
+# (operands through TMA won almost every shape of the H200 grid, session 4: the deeper-pipelined
+# neighbours of those winners are tried too; largest: (128 * 64 + 64 * 256) * 2 B * 4 = 192 KiB)
 _CANDIDATES_TMA = (
     GroupedGemmConfig(128, 128, 64, 8, 3, 8, use_tma=True),
     GroupedGemmConfig(128, 128, 64, 8, 4, 8, use_tma=True),
+    GroupedGemmConfig(128, 128, 64, 8, 5, 8, use_tma=True),
     GroupedGemmConfig(128, 256, 64, 8, 3, 8, use_tma=True),
+    GroupedGemmConfig(128, 256, 64, 8, 4, 8, use_tma=True),
+    GroupedGemmConfig(256, 128, 64, 8, 3, 8, use_tma=True),
     GroupedGemmConfig(64, 128, 64, 8, 4, 4, use_tma=True),
+    GroupedGemmConfig(64, 128, 64, 8, 5, 4, use_tma=True),
+    GroupedGemmConfig(64, 256, 64, 8, 4, 8, use_tma=True),
 )
 _CANDIDATES_FP32 = (
     GroupedGemmConfig(64, 64, 32, 8, 4, 4),
