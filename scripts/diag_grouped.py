@@ -54,21 +54,39 @@ def _cprofile(step, n: int = 200, top: int = 25) -> str:
     return buf.getvalue()
 
 
-def _floor_function():
+def _floor_function(tail: bool = False, offs64=None, lens=None, dispatch: bool = False):
     """The least a Python-level grouped GEMM op can cost: an autograd.Function whose forward and
     backward are the three bare ``torch._grouped_mm`` calls (int32 offsets given, no checks, no
-    dispatch, no tail rows)."""
+    dispatch, no tail rows). ``tail``: plus the tail-row zeroing of the forward output and dgrad;
+    ``dispatch``: plus our dispatcher's backend choice for each GEMM (no execution). Together they
+    split our op's host time into its parts."""
+    from primus_turbo.pytorch.backends.grouped_gemm import (
+        grouped_gemm_dispatcher, grouped_gemm_variable_k_dispatcher, zero_tail_rows,
+    )
+    from primus_turbo.pytorch.core.backend import PrecisionType
+
+    prec = PrecisionType.BF16_FP16_FP32
 
     class _Bare(torch.autograd.Function):
         @staticmethod
         def forward(ctx, a, w, offs32):
             ctx.save_for_backward(a, w, offs32)
-            return torch._grouped_mm(a, w.transpose(-2, -1), offs=offs32)
+            if dispatch:
+                grouped_gemm_dispatcher.resolve(prec, a=a, b=w.transpose(-2, -1), group_lens=lens,
+                                                group_offs=offs64, num_cu=None)
+            out = torch._grouped_mm(a, w.transpose(-2, -1), offs=offs32)
+            return zero_tail_rows(out, offs64) if tail else out
 
         @staticmethod
         def backward(ctx, g):
             a, w, offs32 = ctx.saved_tensors
+            if dispatch:
+                grouped_gemm_dispatcher.resolve(prec, a=g, b=w, group_lens=lens, group_offs=offs64, num_cu=None)
+                grouped_gemm_variable_k_dispatcher.resolve(prec, x=g, y=a, group_lens=lens, group_offs=offs64,
+                                                           out=None, accumulate=False, num_cu=None)
             da = torch._grouped_mm(g, w, offs=offs32)
+            if tail:
+                zero_tail_rows(da, offs64)
             dw = torch._grouped_mm(g.t(), a, offs=offs32)
             return da, dw, None
 
@@ -102,7 +120,11 @@ def main(argv=None) -> int:
         grad = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
         if args.host_only:
             floor = _floor_function()
+            floor_tail = _floor_function(tail=True, offs64=offs)
+            floor_both = _floor_function(tail=True, offs64=offs, lens=lens, dispatch=True)
             for name, step in {
+                "bare + tail zeroing fwd+bwd": lambda: floor_tail.apply(a, w, offs32).backward(grad),
+                "bare + tail + dispatch fwd+bwd": lambda: floor_both.apply(a, w, offs32).backward(grad),
                 "torch fwd": lambda: torch._grouped_mm(a.detach(), w.detach().transpose(-2, -1), offs=offs32),
                 "turbo fwd": lambda: turbo.ops.grouped_gemm(a.detach(), w.detach(), lens, offs, trans_b=True),
                 "torch fwd+bwd": lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs32).backward(grad),
