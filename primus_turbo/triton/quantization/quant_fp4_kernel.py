@@ -37,22 +37,34 @@ _FP4_EMAX = 2
 
 @triton.jit
 def _e2m1_nibbles(y):
-    """fp32 values in [-6, 6] (or NaN) -> int32 nibbles: RNE magnitude code, sign in bit 3.
+    """fp32 values in [-6, 6] (or NaN) -> int32 nibbles: RNE magnitude code, sign in bit 3."""
+    return _e2m1_code(tl.abs(y), y)
 
-    On t = |y| the E2M1 grid is uniform per segment: step 0.5 below 2 (codes 0..4), 1 in [2, 4)
+
+@triton.jit
+def _e2m1_scaled_nibbles(x, mult):
+    """Nibbles of ``clamp(x * mult, -6, 6)`` (``mult`` > 0): the clamp is taken on the magnitude,
+    ``min(|x * mult|, 6)`` (one instruction, NaN kept), the sign from x."""
+    return _e2m1_code(tl.minimum(tl.abs(x * mult), 6.0, propagate_nan=tl.PropagateNan.ALL), x)
+
+
+@triton.jit
+def _e2m1_code(t, s):
+    """Magnitude ``t`` in [0, 6] (or NaN) and the sign of ``s`` -> int32 nibble.
+
+    On t the E2M1 grid is uniform per segment: step 0.5 below 2 (codes 0..4), 1 in [2, 4)
     (codes 4..6), 2 in [4, 6] (codes 6, 7). One fp32 addition of ``C = 1.5 * 2**(22 + seg)``
     (seg = 0, 1, 2: the segment, read from t's exponent) rounds t to the segment's step, half to
     even, and leaves the step count in the low bits of the sum: ``bits(t + C) - bits(C)``. Adding
     ``2 * seg`` gives the code (a value rounding up to a segment's end gets the next segment's
     first code, as the grid is continuous). All integer work on bit patterns: no float -> int
     conversion (a slow pipe on the GPU) and no per-segment selects. NaN gives 0."""
-    b = y.to(tl.int32, bitcast=True)
-    tb = b & 0x7FFFFFFF
+    tb = t.to(tl.int32, bitcast=True)
     m = tl.maximum(tb >> 23, 127)  # 127 + seg for t < 8 (t < 1 counts as seg 0)
     cb = (m << 23) + 188743680  # bits(1.5 * 2**(22 + seg)) = 0x4AC00000 + (seg << 23)
-    r = tb.to(tl.float32, bitcast=True) + cb.to(tl.float32, bitcast=True)
+    r = t + cb.to(tl.float32, bitcast=True)
     code = r.to(tl.int32, bitcast=True) - cb + 2 * m - 254
-    code = code | ((b >> 28) & 8)
+    code = code | ((s.to(tl.int32, bitcast=True) >> 28) & 8)
     return tl.where(tb > 0x7F800000, 0, code)
 
 
@@ -93,10 +105,10 @@ def _fp4_scaled_nibbles(x4, u4, SR: tl.constexpr):
     With SR the elements round stochastically with the uniforms ``u4`` (same view; else unused)."""
     amax_bits = tl.max(tl.max(_abs_bits(x4), axis=3), axis=1)
     mult, byte = _mx_scales(amax_bits, 2)
-    y = tl.clamp(x4 * mult[:, None, :, None], -6.0, 6.0, propagate_nan=tl.PropagateNan.ALL)
     if SR:
+        y = tl.clamp(x4 * mult[:, None, :, None], -6.0, 6.0, propagate_nan=tl.PropagateNan.ALL)
         return _e2m1_nibbles_sr(y, u4), byte
-    return _e2m1_nibbles(y), byte
+    return _e2m1_scaled_nibbles(x4, mult[:, None, :, None]), byte
 
 
 @triton.jit
@@ -216,13 +228,13 @@ def _fp4_dual_col_nibbles(v, k: tl.constexpr, i, c, mult, seed, rows, TE: tl.con
     """Column-wise nibbles of eighth k (rows 8i + k) under the column blocks' multipliers, shifted
     to bits 4k..4k+3 of the transposed copy's word (uint32 [TE, TC])."""
     x = tl.reshape(_widen16(v), (TE // 4, 4, TC))
-    y = tl.clamp(x * mult, -6.0, 6.0, propagate_nan=tl.PropagateNan.ALL)
     if SR_T:
+        y = tl.clamp(x * mult, -6.0, 6.0, propagate_nan=tl.PropagateNan.ALL)
         r = 8 * i + k
         u = tl.reshape(tl.rand(seed + 1, c.to(tl.int64)[None, :] * rows + r[:, None]), (TE // 4, 4, TC))
         nib = _e2m1_nibbles_sr(y, u)
     else:
-        nib = _e2m1_nibbles(y)
+        nib = _e2m1_scaled_nibbles(x, mult)
     return tl.reshape(nib, (TE, TC)).to(tl.uint32) << (4 * k)
 
 
@@ -363,19 +375,21 @@ FP4_CANDIDATES = (
     (8, 1024, 8), (4, 1024, 4), (8, 1024, 4), (16, 1024, 8), (16, 512, 8), (16, 1024, 16), (32, 512, 16),
     (32, 256, 8), (4, 512, 4),
 )
-#: the two-copy kernel: TR and TC multiples of 32
+#: the two-copy kernel: (TR, TC, num_warps[, maxnreg]), TR and TC multiples of 32; maxnreg caps the
+#: registers per thread (ptx .maxnreg: more programs per SM)
 FP4_WITH_TRANS_CANDIDATES = (
-    (64, 128, 4), (32, 128, 4), (64, 64, 4), (64, 256, 8), (32, 256, 4), (64, 128, 8), (128, 128, 8),
-    (128, 64, 4), (32, 64, 2),
+    (32, 256, 4, 128), (64, 128, 4), (32, 128, 4), (64, 64, 4), (64, 256, 8), (32, 256, 4), (64, 128, 8),
+    (128, 128, 8), (128, 64, 4), (32, 64, 2), (64, 128, 4, 128), (64, 128, 4, 96),
 )
 
 
 def fp4_config(rows: int, cols: int, along_cols: bool, with_trans: bool):
-    """The default (TR, TC, num_warps) of a quantizer launch: the one place the defaults are set
+    """The default (TR, TC, num_warps[, maxnreg]) of a quantizer launch: the one place the defaults are set
     (scripts/tune_quant.py prints the H200 winner per shape). With the transposed copy: the
     two-copy kernel's tile (rows and cols multiples of 32)."""
     if with_trans:
-        return 64, 128, 4
+        # 32 x 256 tiles, 4 warps, <= 128 registers (4 programs per SM, no spill on sm_90)
+        return 32, 256, 4, 128
     return _tile(rows, cols, along_cols, False)
 
 
@@ -396,14 +410,16 @@ def _tile(rows: int, cols: int, along_cols: bool, with_trans: bool) -> tuple[int
 
 
 def fp4_quant_launch(x: torch.Tensor, along_cols: bool, with_trans: bool = False,
-                     tile: "tuple[int, int, int] | None" = None, seed: "torch.Tensor | None" = None,
+                     tile: "tuple | None" = None, seed: "torch.Tensor | None" = None,
                      sr: bool = False, sr_t: bool = False):
     """MXFP4 of a contiguous 2-D x. Returns ``(packed, scale)`` or, with ``with_trans``,
     ``(packed, scale, packed_t, scale_t)``; packed tensors and E8M0 scales as uint8.
 
     along_cols: ``packed [rows, cols/2]``, ``scale [rows, cols/32]``; else ``[rows/2, cols]``,
     ``[rows/32, cols]``. The transposed copy (only with ``along_cols``): ``[cols, rows/2]`` and
-    ``[cols, rows/32]``. ``tile`` overrides the (TR, TC, num_warps) heuristic (for tuning).
+    ``[cols, rows/32]``. ``tile`` overrides :func:`fp4_config` (for tuning): ``(TR, TC, num_warps)``, with the transposed
+    copy ``(TR, TC, num_warps[, maxnreg])`` for the two-copy kernel (rows, cols % 32 == 0) or
+    ``(TR, TC, num_warps, "generic")`` for the generic kernel.
     ``sr`` / ``sr_t``: stochastic rounding of the first / the transposed copy, keyed by ``seed``
     (a one-element int64 tensor on x's device, read in the kernel: no host sync)."""
     rows, cols = x.shape
@@ -426,15 +442,18 @@ def fp4_quant_launch(x: torch.Tensor, along_cols: bool, with_trans: bool = False
         st = torch.empty((cols, rows // _BLOCK), dtype=torch.uint8, device=dev)
     else:
         pt, st = p, s
-    if with_trans and (tile is None or len(tile) == 3) and rows % 32 == 0 and cols % 32 == 0:
-        # the one-read two-copy kernel (tile=(TR, TC, num_warps)); a 4-tuple tile (TR, TC,
+    generic = tile is not None and len(tile) > 3 and tile[3] == "generic"
+    if with_trans and not generic and rows % 32 == 0 and cols % 32 == 0:
+        # the one-read two-copy kernel, tile (TR, TC, num_warps[, maxnreg]); a tile (TR, TC,
         # num_warps, "generic") runs the generic kernel below (for tuning)
-        tr, tc, nw = tile or fp4_config(rows, cols, True, True)
+        cfg = tile or fp4_config(rows, cols, True, True)
+        tr, tc, nw = cfg[:3]
+        extra = {"maxnreg": cfg[3]} if len(cfg) > 3 and cfg[3] and not is_interpreter() else {}
         n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
         _quant_mxfp4_dual_kernel[(n_tr * n_tc,)](
             x, p.view(torch.int32), s, pt.view(torch.int32), st, seed if (sr or sr_t) else s, rows, cols, n_tc,
             x.stride(0), cols // 8, s.stride(0), rows // 8, st.stride(0),
-            TR=tr, TC=tc, EVEN=rows % tr == 0 and cols % tc == 0, SR=bool(sr), SR_T=sr_t, num_warps=nw,
+            TR=tr, TC=tc, EVEN=rows % tr == 0 and cols % tc == 0, SR=bool(sr), SR_T=sr_t, num_warps=nw, **extra,
         )
         return p, s, pt, st
     tr, tc, nw = tuple(tile[:3]) if tile else fp4_config(rows, cols, along_cols, False) if not with_trans \

@@ -831,7 +831,7 @@ def test_with_trans_default_config_and_fallbacks(device):
             assert_bits_equal(o, r, f"{shape} {tile}")
 
 
-FP4_WT_TILES = [(64, 128, 4), (32, 64, 2), (128, 64, 4), (64, 64, 4, "generic")]
+FP4_WT_TILES = [(64, 128, 4), (32, 256, 4, 128), (32, 64, 2), (128, 64, 4), (64, 64, 4, "generic")]
 
 
 @pytest.mark.parametrize("tile", FP4_WT_TILES, ids=lambda t: "x".join(map(str, t)))
@@ -883,7 +883,7 @@ def test_fp4_e2m1_encoder_every_bf16(device):
 def test_fp4_config_defaults():
     from primus_turbo.triton.quantization import quant_fp4_kernel as K
 
-    assert K.fp4_config(16384, 7168, True, True) == (64, 128, 4)
+    assert K.fp4_config(16384, 7168, True, True) == (32, 256, 4, 128)
     assert K.fp4_config(16384, 7168, True, False) == (8, 1024, 8)
-    for tr, tc, _ in K.FP4_WITH_TRANS_CANDIDATES:
+    for tr, tc, *_ in K.FP4_WITH_TRANS_CANDIDATES:
         assert tr % 32 == 0 and tc % 32 == 0
