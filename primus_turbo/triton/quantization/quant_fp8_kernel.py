@@ -417,6 +417,112 @@ def _quant_fp8_dual_kernel(
 
 
 @triton.jit
+def _staged_scales(scr, n: tl.constexpr, FP8_MAX: tl.constexpr):
+    """Load ``n`` block amaxes (int32 bits) staged at ``scr``, form their fp32 scales with one
+    element per thread (no replication), write the multipliers back in place; returns scale_inv."""
+    e = tl.arange(0, n)
+    scale, scale_inv = _fp32_scales(tl.load(scr + e), FP8_MAX)
+    tl.store(scr + e, scale.to(tl.int32, bitcast=True))
+    return scale_inv
+
+
+@triton.jit
+def _quant_fp8_dual_staged_kernel(
+    # pointers: as _quant_fp8_dual_kernel, plus a per-program fp32 scratch of TR * TC / GC + TR / GR_T * TC
+    x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, scr_ptr,
+    rows, cols, n_tiles_c,
+    stride_x, stride_q, stride_s, stride_qt, stride_st,
+    FP8_MAX: tl.constexpr, GC: tl.constexpr, GR_T: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr,
+    EVEN: tl.constexpr, IS_E4M3: tl.constexpr, SOFT: tl.constexpr,
+):
+    """``_quant_fp8_dual_kernel`` for fp32 block scales (BLOCKWISE) with the scale divisions done
+    once per block. In the register layout of the tile every block amax is held by all the
+    threads that share its row (or column): 16 threads compute the same two IEEE divisions. Here
+    the amaxes are staged in a per-program scratch (global memory, L1/L2-resident), the program
+    synchronises, each thread forms the scales of one or two blocks (1-D layout), stores the
+    scale_inv outputs and writes the multipliers back, synchronises again, and the quantization
+    passes read their multipliers from the scratch. Same outputs bit for bit."""
+    pid = tl.program_id(0)
+    pid_r = pid // n_tiles_c
+    pid_c = pid % n_tiles_c
+    TQ: tl.constexpr = TR // 4
+    NR: tl.constexpr = TC // GC   # row blocks per tile row
+    NB: tl.constexpr = TR // GR_T  # column blocks per tile column
+    NS_R: tl.constexpr = TR * NR
+    scr = (scr_ptr + pid.to(tl.int64) * (NS_R + NB * TC)).to(tl.pointer_type(tl.int32))  # amax bits first
+    i = pid_r * TQ + tl.arange(0, TQ)
+    li = tl.arange(0, TQ)  # local quad index
+    c = pid_c * TC + tl.arange(0, TC)
+    if EVEN:
+        mask = None
+    else:
+        mask = (i < rows // 4)[:, None] & (c < cols)[None, :]
+    base = x_ptr + (4 * i).to(tl.int64)[:, None] * stride_x + c[None, :]
+    x0 = _load_raw(base, mask, EVEN).to(tl.float32)
+    x1 = _load_raw(base + stride_x, mask, EVEN).to(tl.float32)
+    x2 = _load_raw(base + 2 * stride_x, mask, EVEN).to(tl.float32)
+    x3 = _load_raw(base + 3 * stride_x, mask, EVEN).to(tl.float32)
+    a0, a1, a2, a3 = _abs_bits(x0), _abs_bits(x1), _abs_bits(x2), _abs_bits(x3)
+    # stage the amaxes: row blocks at [local row, block], column blocks after them at [b, c]
+    j = tl.arange(0, NR)
+    tl.store(scr + (4 * li + 0)[:, None] * NR + j[None, :], tl.max(tl.reshape(a0, (TQ, NR, GC)), axis=2))
+    tl.store(scr + (4 * li + 1)[:, None] * NR + j[None, :], tl.max(tl.reshape(a1, (TQ, NR, GC)), axis=2))
+    tl.store(scr + (4 * li + 2)[:, None] * NR + j[None, :], tl.max(tl.reshape(a2, (TQ, NR, GC)), axis=2))
+    tl.store(scr + (4 * li + 3)[:, None] * NR + j[None, :], tl.max(tl.reshape(a3, (TQ, NR, GC)), axis=2))
+    acol = tl.maximum(tl.maximum(a0, a1), tl.maximum(a2, a3))
+    acol = tl.max(tl.reshape(acol, (NB, GR_T // 4, TC)), axis=1)
+    lb = tl.arange(0, NB)
+    lc = tl.arange(0, TC)
+    tl.store(scr + NS_R + lb[:, None] * TC + lc[None, :], acol)
+    tl.debug_barrier()
+    inv_r = _staged_scales(scr, NS_R, FP8_MAX)
+    inv_c = _staged_scales(scr + NS_R, NB * TC, FP8_MAX)
+    # the scale_inv outputs, from the 1-D layout
+    e = tl.arange(0, NS_R)
+    sr = pid_r * TR + e // NR
+    sc = pid_c * NR + e % NR
+    tl.store(s_ptr + sr.to(tl.int64) * stride_s + sc, inv_r,
+             mask=None if EVEN else (sr < rows) & (sc < tl.cdiv(cols, GC)))
+    e = tl.arange(0, NB * TC)
+    sb = pid_r * NB + e // TC
+    cc = pid_c * TC + e % TC
+    tl.store(st_ptr + cc.to(tl.int64) * stride_st + sb, inv_c,
+             mask=None if EVEN else (sb < tl.cdiv(rows, GR_T)) & (cc < cols))
+    tl.debug_barrier()
+    scr_m = scr.to(tl.pointer_type(tl.float32))
+    # row-wise copy
+    _staged_row_copy(x0, scr_m + (4 * li + 0)[:, None] * NR + j[None, :], q_ptr, 4 * i + 0, c, mask, stride_q,
+                     FP8_MAX, GC, TQ, TC, NR, IS_E4M3, SOFT)
+    _staged_row_copy(x1, scr_m + (4 * li + 1)[:, None] * NR + j[None, :], q_ptr, 4 * i + 1, c, mask, stride_q,
+                     FP8_MAX, GC, TQ, TC, NR, IS_E4M3, SOFT)
+    _staged_row_copy(x2, scr_m + (4 * li + 2)[:, None] * NR + j[None, :], q_ptr, 4 * i + 2, c, mask, stride_q,
+                     FP8_MAX, GC, TQ, TC, NR, IS_E4M3, SOFT)
+    _staged_row_copy(x3, scr_m + (4 * li + 3)[:, None] * NR + j[None, :], q_ptr, 4 * i + 3, c, mask, stride_q,
+                     FP8_MAX, GC, TQ, TC, NR, IS_E4M3, SOFT)
+    # column-wise copy
+    mcol = tl.load(scr_m + NS_R + lb[:, None] * TC + lc[None, :])[:, None, :]
+    y0 = tl.reshape(tl.reshape(x0, (NB, GR_T // 4, TC)) * mcol, (TQ, TC))
+    y1 = tl.reshape(tl.reshape(x1, (NB, GR_T // 4, TC)) * mcol, (TQ, TC))
+    y2 = tl.reshape(tl.reshape(x2, (NB, GR_T // 4, TC)) * mcol, (TQ, TC))
+    y3 = tl.reshape(tl.reshape(x3, (NB, GR_T // 4, TC)) * mcol, (TQ, TC))
+    b = _fp8_codes(tl.join(tl.join(y0, y2), tl.join(y1, y3)), FP8_MAX, IS_E4M3, SOFT).to(tl.uint32)
+    sh = (tl.arange(0, 2) * 8).to(tl.uint32)
+    w = tl.sum(tl.sum(b << sh[None, None, None, :], axis=3) << (2 * sh)[None, None, :], axis=2)
+    wt = tl.trans(w.to(tl.int32, bitcast=True))
+    tl.store(qt_ptr + c.to(tl.int64)[:, None] * stride_qt + i[None, :], wt, mask=None if EVEN else tl.trans(mask))
+
+
+@triton.jit
+def _staged_row_copy(x, m_ptrs, q_ptr, r, c, mask, stride_q, FP8_MAX: tl.constexpr, GC: tl.constexpr,
+                     TQ: tl.constexpr, TC: tl.constexpr, NR: tl.constexpr, IS_E4M3: tl.constexpr,
+                     SOFT: tl.constexpr):
+    m = tl.load(m_ptrs)  # [TQ, NR] multipliers
+    y = tl.reshape(tl.reshape(x, (TQ, NR, GC)) * m[:, :, None], (TQ, TC))
+    tl.store(q_ptr + r.to(tl.int64)[:, None] * stride_q + c[None, :], _fp8_codes(y, FP8_MAX, IS_E4M3, SOFT),
+             mask=mask)
+
+
+@triton.jit
 def _quant_fp8_long_kernel(
     # pointers
     x_ptr, q_ptr, s_ptr,
@@ -796,14 +902,19 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
     return q, s, qt, st
 
 
-#: candidate (TR, TC, num_warps[, maxnreg]) of the one-read two-copy kernel for ``1 x g`` row
-#: blocks with ``g x 1`` column blocks (scripts/tune_quant.py times each); the default is chosen by
-#: :func:`with_trans_config`. Each must hold whole blocks of both groupings (TR >= g, TC >= g);
-#: ``maxnreg`` caps the registers per thread (more programs per SM, at the price of spills).
+#: candidate (TR, TC, num_warps[, maxnreg[, "staged"]]) of the one-read two-copy kernel for
+#: ``1 x g`` row blocks with ``g x 1`` column blocks (scripts/tune_quant.py times each); the
+#: default is chosen by :func:`with_trans_config`. Each must hold whole blocks of both groupings
+#: (TR >= g, TC >= g). ``maxnreg`` (0: none) caps the registers per thread (more programs per SM,
+#: at the price of spills); ``"staged"`` (fp32 scales only) forms each block's scales once per
+#: program through a scratch instead of in every thread that holds the block.
 WITH_TRANS_CANDIDATES = (
     (64, 128, 4), (128, 128, 4), (32, 128, 4), (64, 64, 4), (32, 256, 4), (64, 256, 8), (64, 128, 8),
     (128, 128, 8), (128, 256, 8), (256, 128, 8), (32, 64, 2),
     (128, 128, 4, 168), (128, 128, 4, 128), (128, 128, 8, 128), (64, 128, 4, 96), (32, 256, 4, 96),
+    (128, 128, 4, 168, "staged"), (128, 128, 4, 0, "staged"), (128, 128, 8, 0, "staged"),
+    (128, 128, 4, 128, "staged"), (128, 256, 8, 0, "staged"), (256, 128, 8, 0, "staged"),
+    (64, 128, 4, 0, "staged"), (64, 128, 4, 128, "staged"), (128, 64, 4, 0, "staged"),
 )
 
 
@@ -814,11 +925,16 @@ def with_trans_config(rows: int, cols: int, row: QuantGrouping, col: QuantGroupi
 
     The one place the default is set: scripts/tune_quant.py prints the winner per shape."""
     g = max(row.padded()[1], col.padded()[0])
-    if g <= 64:
-        # MX 1x32 / 32x1, BLOCKWISE 1x64: 64 x 128 tiles, 4 warps: <= 128 registers (4 programs
-        # per SM), ~20 SASS instructions per element (sm_90 compile)
+    if row.mode == _MODE_MX:
+        # MX 1x32 / 32x1: 64 x 128 tiles, 4 warps: 128 registers (4 programs per SM), ~17 SASS
+        # instructions per element (sm_90 compile)
         return 64, 128, 4
-    return max(128, g), max(128, g), 4
+    if g <= 64:
+        return 64, 128, 4, 0, "staged"
+    # BLOCKWISE 1x128 / 128x1: scales formed once per block (~13 SASS instructions per element,
+    # against ~20 with every thread of a block's row forming them), registers capped at 168 for
+    # 3 programs per SM
+    return 128, 128, 4, 168, "staged"
 
 
 def _dual_ok(rows: int, cols: int, row: QuantGrouping, col: QuantGrouping, cfg) -> bool:
@@ -828,6 +944,8 @@ def _dual_ok(rows: int, cols: int, row: QuantGrouping, col: QuantGrouping, cfg) 
         return False
     gc, gr_t = row.padded()[1], col.padded()[0]
     if gc != row.gc or gr_t != col.gr:  # partial (non power-of-two) blocks: generic kernel
+        return False
+    if len(cfg) > 4 and cfg[4] == "staged" and row.mode != _MODE_FP32:
         return False
     return rows % 4 == 0 and tr % gr_t == 0 and tc % gc == 0 and rows > 0 and cols > 0
 
@@ -842,6 +960,16 @@ def _dual_launch(x, q, qt, out_dtype, row: QuantGrouping, col: QuantGrouping, cf
     n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
     even = rows % tr == 0 and cols % tc == 0
     qt_words = qt.view(torch.uint8).view(torch.int32)  # [cols, rows / 4]
+    if len(cfg) > 4 and cfg[4] == "staged" and row.mode == _MODE_FP32:
+        n_scr = tr * (tc // row.gc) + (tr // col.gr) * tc
+        scr = torch.empty((n_tr * n_tc, n_scr), dtype=torch.float32, device=x.device)
+        _quant_fp8_dual_staged_kernel[(n_tr * n_tc,)](
+            x, q.view(torch.uint8), s, qt_words, st, scr, rows, cols, n_tc,
+            x.stride(0), cols, n_sc, rows // 4, n_str,
+            FP8_MAX=fp8_max_of(out_dtype), GC=row.gc, GR_T=col.gr, TR=tr, TC=tc, EVEN=even,
+            IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw, **extra,
+        )
+        return q, s, qt, st
     _quant_fp8_dual_kernel[(n_tr * n_tc,)](
         x, q.view(torch.uint8), s, qt_words, st, rows, cols, n_tc,
         x.stride(0), cols, n_sc, rows // 4, n_str,

@@ -796,10 +796,18 @@ WT_TILE_CASES = [
     (G.MX_BLOCKWISE, None, (128, 256), (32, 256, 4)),
     (G.MX_BLOCKWISE, None, (64, 64), (32, 64, 2)),
     (G.MX_BLOCKWISE, None, (32, 96), (128, 128, 8)),  # tile taller and wider than x
+    # BLOCKWISE with the scales staged through the per-program scratch
+    (G.BLOCKWISE, None, (256, 384), (128, 128, 4, 168, "staged")),
+    (G.BLOCKWISE, None, (132, 200), (128, 128, 4, 0, "staged")),
+    (G.BLOCKWISE, None, (8, 136), (128, 128, 8, 0, "staged")),
+    (G.BLOCKWISE, None, (256, 512), (128, 256, 8, 0, "staged")),
+    (G.BLOCKWISE, 64, (192, 320), (64, 128, 4, 0, "staged")),
+    (G.BLOCKWISE, 64, (68, 64), (128, 64, 4, 0, "staged")),
 ]
 
 
-@pytest.mark.parametrize("case", WT_TILE_CASES, ids=lambda c: f"{c[0].name}-{c[1]}-{c[2][0]}x{c[2][1]}-{c[3]}")
+@pytest.mark.parametrize("case", WT_TILE_CASES,
+                         ids=lambda c: f"{c[0].name}-{c[1]}-{c[2][0]}x{c[2][1]}-{'_'.join(map(str, c[3]))}")
 def test_with_trans_two_copy_kernel_tiles(case, device):
     gran, bs, shape, tile = case
     for out_dtype, in_dtype in ((E4M3, torch.bfloat16), (E5M2, torch.float32)):
@@ -817,12 +825,13 @@ def test_with_trans_default_config_and_fallbacks(device):
     from primus_turbo.triton.quantization import quant_fp8_kernel as K
 
     row, col = K.QuantGrouping(0, 1, 128), K.QuantGrouping(0, 128, 1)
-    assert K.with_trans_config(16384, 7168, row, col) == (128, 128, 4)
+    assert K.with_trans_config(16384, 7168, row, col) == (128, 128, 4, 168, "staged")
     assert K.with_trans_config(16384, 7168, K.QuantGrouping(1, 1, 32), K.QuantGrouping(1, 32, 1)) == (64, 128, 4)
     assert K._dual_ok(16384, 7168, row, col, (128, 128, 4))
     assert not K._dual_ok(130, 256, row, col, (128, 128, 4))  # rows % 4: generic kernel
     assert not K._dual_ok(128, 256, row, col, (64, 128, 4))   # tile shorter than a column block
     assert not K._dual_ok(128, 256, K.QuantGrouping(0, 128, 128), K.QuantGrouping(0, 128, 128), (128, 128, 4))
+    assert not K._dual_ok(128, 256, K.QuantGrouping(1, 1, 32), K.QuantGrouping(1, 32, 1), (64, 128, 4, 0, "staged"))
     # rows % 4 != 0 and the generic (square tile) override give the same bytes as the reference
     for shape, tile in (((130, 256), None), ((128, 256), (128, 4))):
         x = _sample(shape, torch.float16, device, seed=4)
