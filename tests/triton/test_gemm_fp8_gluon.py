@@ -232,30 +232,137 @@ def test_empty_and_refused_inputs():
 
 
 # ---------------------------------------------------------------------------------------------
-# Backend registration: GLUON is reachable by pin only
+# Backend registration and the default rule: GLUON for BLOCKWISE E4M3 forward-style GEMMs on sm_90
 # ---------------------------------------------------------------------------------------------
-def test_gluon_backend_is_pin_only(device):
+def _dispatch_kw(device, M=128, N=256, K=256):
+    import primus_turbo.pytorch as turbo
+
+    (a_q, sa, b_q, sb), ref = _operands(M, N, K, device)
+    kw = dict(a_q=a_q, a_scale=sa, b_q=b_q, b_scale=sb, mode=turbo.ScalingGranularity.BLOCKWISE, out=None,
+              out_dtype=torch.bfloat16, accumulate=False, block_size=128)
+    return kw, ref
+
+
+def test_gluon_backend_default_and_pin(device):
     import primus_turbo.pytorch as turbo
     from primus_turbo.pytorch.backends import gemm_fp8 as be
     from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager, PrecisionType
 
     assert be.gemm_fp8_dispatcher.backends[BackendType.GLUON] is be.GemmFP8GluonBackend
-    assert be.GemmFP8GluonBackend.autotune is False
-    (a_q, sa, b_q, sb), ref = _operands(128, 256, 256, device)
-    kw = dict(a_q=a_q, a_scale=sa, b_q=b_q, b_scale=sb, mode=turbo.ScalingGranularity.BLOCKWISE, out=None,
-              out_dtype=torch.bfloat16, accumulate=False, block_size=128)
-    # the default stays TRITON for BLOCKWISE
-    assert be.gemm_fp8_dispatcher.resolve(PrecisionType.FP8, **kw).backend_type == BackendType.TRITON
+    assert be.GemmFP8GluonBackend.autotune is True
+    assert BackendType.GLUON in be.gemm_fp8_dispatcher.default_checked
+    kw, ref = _dispatch_kw(device)
+    chosen = be.gemm_fp8_dispatcher.resolve(PrecisionType.FP8, **kw).backend_type
+    assert chosen == (BackendType.GLUON if _ON_SM90 and gg.GLUON_AVAILABLE else BackendType.TRITON)
     assert "BLOCKWISE only" in be.GemmFP8GluonBackend.why_not(**dict(kw, mode=turbo.ScalingGranularity.ROWWISE))
     assert "accumulate" in be.GemmFP8GluonBackend.why_not(**dict(kw, accumulate=True,
                                                                  out=torch.zeros(128, 256, device=device)))
     GlobalBackendManager.set_gemm_backend(BackendType.GLUON, precision=PrecisionType.FP8)
-    if not _ON_SM90:
-        with pytest.raises(ValueError, match="GLUON"):
-            be.gemm_fp8_dispatcher.resolve(PrecisionType.FP8, **kw)
-    else:
-        out = be.gemm_fp8_dispatcher.dispatch(PrecisionType.FP8, **kw)
-        assert _snr(ref, out) >= 40.0
+    try:
+        if not _ON_SM90:
+            with pytest.raises(ValueError, match="GLUON"):
+                be.gemm_fp8_dispatcher.resolve(PrecisionType.FP8, **kw)
+        else:
+            out = be.gemm_fp8_dispatcher.dispatch(PrecisionType.FP8, **kw)
+            assert _snr(ref, out) >= 40.0
+            # a pin that cannot run the inputs (E5M2 gradient) says so
+            with pytest.raises(ValueError, match="backend GLUON .* cannot run these inputs: .*float8_e4m3fn only"):
+                be.gemm_fp8_dispatcher.resolve(PrecisionType.FP8, **dict(kw, a_q=kw["a_q"].to(torch.float8_e5m2)))
+    finally:
+        GlobalBackendManager.reset()
+
+
+@pytest.fixture
+def fake_sm90(monkeypatch):
+    """Make gluon_platform_reason answer as on an sm_90 GPU (or as ``reason``) for CPU tensors."""
+    state = {"reason": None, "calls": 0}
+
+    def platform_reason(device):
+        state["calls"] += 1
+        return state["reason"]
+
+    monkeypatch.setattr(gg, "gluon_platform_reason", platform_reason)
+    return state
+
+
+@pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
+def test_default_rule_with_mocked_platform(fake_sm90):
+    """The rule of backends/gemm_fp8._default without a GPU: GLUON where the Gluon reason is None,
+    TRITON where the platform (not sm_90, interpreter) or the operands say no."""
+    import primus_turbo.pytorch as turbo
+    from primus_turbo.pytorch.backends import gemm_fp8 as be
+    from primus_turbo.pytorch.core.backend import BackendType, PrecisionType
+
+    kw, _ = _dispatch_kw("cpu")
+    G = turbo.ScalingGranularity
+    assert be._default(**kw) == BackendType.GLUON
+    assert be.gemm_fp8_dispatcher.resolve(PrecisionType.FP8, **kw) is be.GemmFP8GluonBackend
+    assert fake_sm90["calls"] >= 1
+    fake_sm90["reason"] = "the Gluon kernel is built for sm_90 (H100/H200), this GPU is sm_80"
+    assert be._default(**kw) == BackendType.TRITON
+    assert be.gemm_fp8_dispatcher.resolve(PrecisionType.FP8, **kw) is be.GemmFP8TritonBackend
+    fake_sm90["reason"] = None
+    a_q, b_q = kw["a_q"], kw["b_q"]
+    refused = [
+        dict(a_q=a_q.to(torch.float8_e5m2)),                                  # HYBRID dgrad: E5M2 dY
+        dict(b_q=b_q.to(torch.float8_e5m2)),
+        dict(b_scale=torch.ones(256, 2)),                                     # wgrad: 1x128 x 1x128
+        dict(accumulate=True, out=torch.zeros(128, 256)),                     # fused wgrad accumulation
+        dict(mode=G.MX_BLOCKWISE),
+        dict(block_size=64),
+        dict(out_dtype=torch.bfloat16, b_q=b_q[:250], b_scale=kw["b_scale"]),  # N=250: bf16 rows not 16 B
+        dict(a_q=torch.empty(128, 272, dtype=torch.float8_e4m3fn)[:, :264],   # K=264 rows not 16 B aligned
+             a_scale=torch.ones(128, 3), b_q=torch.empty(256, 264, dtype=torch.float8_e4m3fn),
+             b_scale=torch.ones(2, 3)),
+    ]
+    for over in refused:
+        assert be._default(**dict(kw, **over)) == BackendType.TRITON, over.keys()
+    # TENSORWISE / ROWWISE never go to GLUON (TORCH needs CUDA: TRITON on CPU)
+    assert be._default(**dict(kw, mode=G.TENSORWISE)) == BackendType.TRITON
+
+
+def test_platform_reason_cpu_and_interpreter(monkeypatch):
+    assert "cpu" in gg.gluon_platform_reason(torch.device("cpu"))
+    if gg.GLUON_AVAILABLE:
+        assert "TRITON_INTERPRET" in gg._platform_reason(0, True)
+
+
+@pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
+@pytest.mark.parametrize("trans_b", [True, False])
+def test_linear_dgrad_operands_are_gluon_shaped(trans_b, device, monkeypatch):
+    """The BLOCKWISE E4M3 FP8 linear: the forward and the dgrad (dY 1x128 x the weight's copy that
+    the op already keeps for dgrad, 128x128) are operands the Gluon kernel takes; the wgrad
+    (1x128 x 1x128) and the HYBRID dgrad (E5M2 dY) are not. Recorded through the dispatcher on CPU."""
+    from primus_turbo.pytorch.backends import gemm_fp8 as be
+    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
+    from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8
+
+    calls = []
+    real = be.gemm_fp8_dispatcher.dispatch
+
+    def record(precision, **kw):
+        calls.append(kw)
+        return real(precision, **kw)
+
+    monkeypatch.setattr(be.gemm_fp8_dispatcher, "dispatch", record)
+    M, N, K = 64, 256, 384
+    for fmt, dgrad_ok in (("E4M3", True), ("HYBRID", False)):
+        calls.clear()
+        x = torch.randn(M, K, dtype=torch.bfloat16, device=device, requires_grad=True)
+        w = (torch.randn((N, K) if trans_b else (K, N), device=device) / 16).to(torch.bfloat16).requires_grad_()
+        gemm_fp8(x, w, trans_b=trans_b, config=Float8QuantConfig(format=fmt, granularity="BLOCKWISE")).sum().backward()
+        assert len(calls) == 3  # forward, dgrad, wgrad
+
+        def ok(kw):
+            return gg.gluon_operand_reason(kw["a_q"], kw["a_scale"], kw["b_q"], kw["b_scale"],
+                                           out_dtype=kw["out_dtype"]) is None
+
+        fwd, dgrad, wgrad = calls
+        assert tuple(fwd["a_q"].shape) == (M, K) and ok(fwd)
+        assert tuple(dgrad["a_q"].shape) == (M, N) and tuple(dgrad["b_q"].shape) == (K, N)
+        assert ok(dgrad) == dgrad_ok, gg.gluon_operand_reason(dgrad["a_q"], dgrad["a_scale"], dgrad["b_q"],
+                                                              dgrad["b_scale"])
+        assert not ok(wgrad)
 
 
 @pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")

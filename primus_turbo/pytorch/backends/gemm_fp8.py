@@ -162,34 +162,40 @@ class GemmFP8TritonBackend(KernelBackend):
 
 
 class GemmFP8GluonBackend(KernelBackend):
-    """Warp-specialized Gluon kernel for Hopper: BLOCKWISE only (1x128 activation groups x 128x128
-    weight blocks, E4M3), no accumulation. Reached by pinning GLUON (``PRIMUS_TURBO_GEMM_BACKEND=
-    FP8:GLUON``); neither the default nor autotune picks it until it has been measured. A pin covers
-    every FP8 GEMM, and the backward ones (E5M2 gradients, 1x128 x 1x128 wgrad, accumulation) are
-    refused with a ValueError, as any pinned backend that cannot run its inputs: forward only."""
+    """Warp-specialized Gluon kernel for Hopper (triton/gemm/gemm_fp8_gluon.py): BLOCKWISE E4M3
+    only (1x128 activation groups x 128x128 weight blocks), no accumulation: the forward GEMM and
+    the E4M3 dgrad (``dY`` 1x128 x the weight's transposed copy, 128x128). The default for those
+    on sm_90 (see ``_default``); E5M2 gradients (HYBRID), the 1x128 x 1x128 wgrad, accumulation,
+    unaligned rows and every other platform go to TRITON. A pin (``PRIMUS_TURBO_GEMM_BACKEND=
+    FP8:GLUON``) covers every FP8 GEMM, and those it cannot run raise a ValueError saying why."""
 
     backend_type = BackendType.GLUON
-    autotune = False
 
     @classmethod
     def check(cls, a_q=None, a_scale=None, b_q=None, b_scale=None, mode=None, out=None, out_dtype=None,
               accumulate=False, block_size=128, **_) -> Optional[str]:
+        # cheapest refusals first: this check runs on every BLOCKWISE call (the default rule)
+        try:
+            g = _granularity(mode)
+        except KeyError:
+            return f"unknown scaling mode {mode!r}"
+        if g != _G.BLOCKWISE:
+            return f"the Gluon FP8 kernel is BLOCKWISE only, got {g.name}"
+        if accumulate:
+            return "the Gluon FP8 kernel does not accumulate into out"
+        if block_size != 128:
+            return f"the Gluon FP8 kernel takes 128-wide scale blocks, got block_size={block_size}"
+        for name, t in (("a_q", a_q), ("b_q", b_q)):
+            if isinstance(t, torch.Tensor) and t.dtype != torch.float8_e4m3fn:
+                return f"{name}.dtype={t.dtype}; the Gluon FP8 kernel takes float8_e4m3fn only"
         reason = _common_check(a_q, a_scale, b_q, b_scale, mode, out, out_dtype, accumulate)
         if reason is not None:
             return reason
-        g = _granularity(mode)
-        if g != _G.BLOCKWISE:
-            return f"the Gluon FP8 kernel is BLOCKWISE only, got {g.name}"
-        if block_size != 128:
-            return f"the Gluon FP8 kernel takes 128-wide scale blocks, got block_size={block_size}"
-        if accumulate:
-            return "the Gluon FP8 kernel does not accumulate into out"
-        try:
-            from primus_turbo.triton.gemm.gemm_fp8_gluon import gluon_blockwise_reason
-        except ImportError as exc:
-            return f"the Gluon FP8 kernel is not importable ({exc})"
-        return gluon_blockwise_reason(a_q, a_scale, b_q, b_scale, out=out,
-                                      out_dtype=None if out is not None else (out_dtype or torch.bfloat16))
+        gluon = _gluon_module()
+        if gluon is None:
+            return "the Gluon FP8 kernel is not importable"
+        return gluon.gluon_blockwise_reason(a_q, a_scale, b_q, b_scale, out=out,
+                                            out_dtype=None if out is not None else (out_dtype or torch.bfloat16))
 
     @classmethod
     def execute(cls, a_q=None, a_scale=None, b_q=None, b_scale=None, mode=None, out=None, out_dtype=None,
@@ -197,6 +203,20 @@ class GemmFP8GluonBackend(KernelBackend):
         from primus_turbo.triton.gemm.gemm_fp8_gluon import gemm_fp8_blockwise_gluon
 
         return gemm_fp8_blockwise_gluon(a_q, a_scale, b_q, b_scale, out=out, out_dtype=out_dtype or torch.bfloat16)
+
+
+_GLUON_MODULE: list = []
+
+
+def _gluon_module():
+    """primus_turbo.triton.gemm.gemm_fp8_gluon, or None where it cannot be imported (imported once)."""
+    if not _GLUON_MODULE:
+        try:
+            from primus_turbo.triton.gemm import gemm_fp8_gluon as mod
+        except ImportError:
+            mod = None
+        _GLUON_MODULE.append(mod)
+    return _GLUON_MODULE[0]
 
 
 def _make_key(a_q=None, a_scale=None, b_q=None, b_scale=None, mode=None, out=None, out_dtype=None,
@@ -210,16 +230,26 @@ def _make_key(a_q=None, a_scale=None, b_q=None, b_scale=None, mode=None, out=Non
 
 
 def _default(**kwargs) -> BackendType:
-    # TORCH (cuBLASLt / CUTLASS) where _scaled_mm can run the inputs (TENSORWISE / ROWWISE on
-    # CUDA); TRITON for BLOCKWISE and MX, and for what _scaled_mm refuses (CPU, E5M2 x E5M2,
-    # row-wise E5M2, unaligned operands, ...), without the dispatcher's fallback warning.
+    """The FP8 GEMM default, in one place:
+
+    * TENSORWISE / ROWWISE: TORCH (cuBLASLt / CUTLASS) where ``_scaled_mm`` can run the inputs;
+    * BLOCKWISE: GLUON where its check passes (sm_90, E4M3 x E4M3, 1x128 x 128x128 scales, no
+      accumulation, TMA-aligned rows: the forward GEMM and the E4M3 dgrad);
+    * TRITON for the rest (MX, CPU / interpreter, E5M2, the 1x128 x 1x128 wgrad, accumulation,
+      unaligned operands, ...), without the dispatcher's fallback warning.
+
+    Both TORCH and GLUON are returned only after their own check said yes (``default_checked``).
+    The checks read dtypes, shapes, strides and a cached device capability: no host sync."""
     mode = kwargs.get("mode")
     try:
         g = _granularity(mode)
     except KeyError:
         return BackendType.TRITON
-    if g in (_G.TENSORWISE, _G.ROWWISE) and GemmFP8TorchBackend.can_handle(**kwargs):
-        return BackendType.TORCH
+    if g in (_G.TENSORWISE, _G.ROWWISE):
+        if GemmFP8TorchBackend.can_handle(**kwargs):
+            return BackendType.TORCH
+    elif g == _G.BLOCKWISE and GemmFP8GluonBackend.can_handle(**kwargs):
+        return BackendType.GLUON
     return BackendType.TRITON
 
 
@@ -229,6 +259,6 @@ gemm_fp8_dispatcher = AutoKernelDispatcher(
     backends=[GemmFP8TorchBackend, GemmFP8TritonBackend, GemmFP8GluonBackend],
     make_key=_make_key,
     default=_default,
-    default_checked=BackendType.TORCH,
+    default_checked=(BackendType.TORCH, BackendType.GLUON),
     make_tune_kwargs=scratch_out_tune_kwargs,
 )

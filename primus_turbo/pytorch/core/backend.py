@@ -355,11 +355,15 @@ class AutoKernelDispatcher:
         default: Callable[..., Optional[BackendType]],
         make_tune_kwargs: Optional[Callable[..., dict]] = None,
         cache_capacity: int = 1024,
-        default_checked: Optional[BackendType] = None,
+        default_checked: Union[None, BackendType, Sequence[BackendType]] = None,
     ):
-        # default_checked: the backend that `default` returns only after its own can_handle()
+        # default_checked: the backend(s) that `default` returns only after their own can_handle()
         # said yes (the usual "vendor kernel where it runs" rule): not checked a second time
-        self.default_checked = default_checked
+        if default_checked is None:
+            default_checked = ()
+        elif isinstance(default_checked, BackendType):
+            default_checked = (default_checked,)
+        self.default_checked = tuple(default_checked)  # a tuple: `in` is an identity test, no enum hashing
         self.op_name = op_name
         self.family = family
         self.backends: "OrderedDict[BackendType, type[KernelBackend]]" = OrderedDict(
@@ -421,7 +425,7 @@ class AutoKernelDispatcher:
                 return winner
         default = self.default(**kwargs)
         if default is not None and default in self.backends and (
-                default is self.default_checked or self.backends[default].can_handle(**kwargs)):
+                default in self.default_checked or self.backends[default].can_handle(**kwargs)):
             return self.backends[default]
         reasons = []
         for impl in self.backends.values():

@@ -376,8 +376,10 @@ def gemm_fp8(
         ``C`` of shape ``[M, N]``, dtype ``out_dtype``.
 
     Backends (``PRIMUS_TURBO_GEMM_BACKEND=FP8:TRITON`` or ``set_gemm_backend(..., precision="FP8")``):
-    TORCH (``torch._scaled_mm``; the default for TENSORWISE and ROWWISE where it can run them)
-    and TRITON (every granularity; the default for BLOCKWISE and MX_BLOCKWISE).
+    TORCH (``torch._scaled_mm``; the default for TENSORWISE and ROWWISE where it can run them),
+    GLUON (Hopper sm_90 only; BLOCKWISE E4M3 without accumulation: the default for the forward
+    GEMM and, with E4M3 gradients, the dgrad) and TRITON (every granularity; the default for the
+    rest: MX_BLOCKWISE, the BLOCKWISE wgrad, HYBRID's E5M2 dgrad, non-Hopper devices).
     """
     config = Float8QuantConfig() if config is None else config
     m, n, k = _check_inputs(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pattern)

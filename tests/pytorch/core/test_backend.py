@@ -73,6 +73,34 @@ def test_default_is_used_when_it_can_handle():
     assert d.dispatch(BF16, x=torch.ones(4)) == BackendType.TORCH
 
 
+def test_default_checked_backends_are_not_checked_twice():
+    """default_checked: one backend or several; those the default returns run without a second
+    can_handle() (the default already asked), the others are still checked."""
+    checks = []
+
+    def counted(btype):
+        b = _make_backend(btype)
+        orig = b.check.__func__
+
+        def check(cls, x, **kw):
+            checks.append(btype)
+            return orig(cls, x, **kw)
+
+        b.check = classmethod(check)
+        return b
+
+    backends = [counted(BackendType.TORCH), counted(BackendType.TRITON), counted(BackendType.GLUON)]
+    for default, checked, want_checks in ((BackendType.GLUON, (BackendType.TORCH, BackendType.GLUON), 0),
+                                          (BackendType.TORCH, BackendType.TORCH, 0),
+                                          (BackendType.TRITON, (BackendType.TORCH, BackendType.GLUON), 1),
+                                          (BackendType.GLUON, None, 1)):
+        d = AutoKernelDispatcher(op_name="toy", family="gemm", backends=backends, make_key=lambda x, **_: (x.numel(),),
+                                 default=lambda _d=default, **_: _d, default_checked=checked)
+        checks.clear()
+        assert d.dispatch(BF16, x=torch.ones(4)) == default
+        assert len(checks) == want_checks, (default, checked, checks)
+
+
 def test_fallback_to_first_that_can_handle_warns_once(caplog):
     torch_b = _make_backend(BackendType.TORCH, reject=lambda x: True)
     d = _dispatcher([torch_b, _make_backend(BackendType.TRITON)])

@@ -165,7 +165,8 @@ def test_megatron_fused_wgrad_accumulation(gran, layout, main_grad_dtype, device
 # Backends
 # ---------------------------------------------------------------------------------------------
 def test_default_backend_choice(device):
-    """Default: TORCH (_scaled_mm) for TENSORWISE/ROWWISE where it can run, else TRITON."""
+    """Default: TORCH (_scaled_mm) for TENSORWISE/ROWWISE where it can run, GLUON for BLOCKWISE
+    on sm_90 (tests/triton/test_gemm_fp8_gluon.py mocks the platform), else TRITON."""
     from tests.fp8_quant_helpers import quantize
 
     for gran in GRANS:
@@ -176,6 +177,8 @@ def test_default_backend_choice(device):
                   block_size=128)
         chosen = be.gemm_fp8_dispatcher.resolve(PrecisionType.FP8, **kw).backend_type
         want = BackendType.TORCH if (ON_GPU and gran in ("TENSORWISE", "ROWWISE")) else BackendType.TRITON
+        if gran == "BLOCKWISE" and be.GemmFP8GluonBackend.can_handle(**kw):
+            want = BackendType.GLUON
         assert chosen == want, gran
     # E5M2 x E5M2 has no cuBLASLt kernel: TRITON, also on the GPU
     assert be._default(**dict(kw, a_q=kw["a_q"].to(torch.float8_e5m2), b_q=kw["b_q"].to(torch.float8_e5m2),
