@@ -49,21 +49,24 @@ def _skip_if_no_triton(device):
         pytest.skip("Triton attention kernels cannot run on this device")
 
 
-def _check_vs_fp64(cfg, causal, window, sink, device, scale, **bwd_kw):
+def _check_vs_fp64(cfg, causal, window, sink, device, scale, dtype=torch.float32, **bwd_kw):
+    """The kernels on ``dtype`` inputs (sink fp32) against float64 math on the same (rounded) values."""
     _skip_if_no_triton(device)
     sq, sk, hq, hk, dqk, dv = cfg
-    q = torch.randn(2, sq, hq, dqk, dtype=torch.float64, device=device, requires_grad=True)
-    k = torch.randn(2, sk, hk, dqk, dtype=torch.float64, device=device, requires_grad=True)
-    v = torch.randn(2, sk, hk, dv, dtype=torch.float64, device=device, requires_grad=True)
+    rnd = lambda *shape: torch.randn(*shape, dtype=torch.float64, device=device).to(dtype).double()  # noqa: E731
+    q, k, v = (rnd(2, sq, hq, dqk).requires_grad_(), rnd(2, sk, hk, dqk).requires_grad_(),
+               rnd(2, sk, hk, dv).requires_grad_())
     s = torch.randn(hq, dtype=torch.float64, device=device, requires_grad=True) if sink else None
     wl, wr = _win(causal, window)
-    f = lambda t: None if t is None else t.detach().float()  # noqa: E731
-    out, lse = triton_attn.flash_attn_fwd_triton(f(q), f(k), f(v), f(s), scale, wl, wr)
+    f = lambda t: None if t is None else t.detach().to(dtype)  # noqa: E731
+    fs = None if s is None else s.detach().float()
+    out, lse = triton_attn.flash_attn_fwd_triton(f(q), f(k), f(v), fs, scale, wl, wr)
     ref, ref_lse = attention_ref(q, k, v, causal, window, s, scale, return_lse=True)
-    dout = torch.randn_like(ref)
+    dout = rnd(*ref.shape)
     ref.backward(dout)
-    dq, dk, dv_, dsink = triton_attn.flash_attn_bwd_triton(dout.float(), f(q), f(k), f(v), out, lse, f(s), scale, wl, wr,
+    dq, dk, dv_, dsink = triton_attn.flash_attn_bwd_triton(f(dout), f(q), f(k), f(v), out, lse, fs, scale, wl, wr,
                                                            **bwd_kw)
+    assert dq.dtype == dtype and dq.shape == q.shape and dq.is_contiguous()
     assert snr_db(ref, out) >= 40.0
     fin = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), fin)
@@ -104,21 +107,29 @@ def launches(monkeypatch):
     return seen
 
 
+ATOMIC_CASES = [  # (cfg, causal, window, sink)
+    # several 32-row / 32-key blocks per row and column: masked edges around an unmasked interior
+    ((128, 128, 2, 1, 32, 32), True, (-1, -1), False),  # GQA, whole blocks, causal
+    ((100, 164, 4, 2, 32, 32), True, (-1, -1), True),  # GQA, partial blocks, seq_q < seq_kv, sink
+    ((164, 100, 2, 2, 32, 32), False, (40, 10), False),  # two-sided window, seq_q > seq_kv
+    ((130, 130, 2, 2, 24, 40), False, (50, -1), True),  # left window, padded head dims
+    ((50, 37, 3, 3, 40, 24), True, (-1, -1), False),  # empty causal rows
+    ((96, 160, 1, 1, 64, 64), False, (-1, -1), False),  # no mask at all
+    ((80, 100, 4, 1, 128, 128), True, (-1, -1), False),  # head dim 128 (the common GPU case), MQA
+    ((70, 90, 2, 1, 192, 128), True, (-1, -1), True),  # head_dim_qk 192 != head_dim_v 128, GQA
+]
+
+
 @pytest.mark.parametrize(
-    "cfg,causal,window,sink",
-    [
-        # several 32-row / 32-key blocks per row and column: masked edges around an unmasked interior
-        ((128, 128, 2, 1, 32, 32), True, (-1, -1), False),  # GQA, whole blocks, causal
-        ((100, 164, 4, 2, 32, 32), True, (-1, -1), True),  # GQA, partial blocks, seq_q < seq_kv, sink
-        ((164, 100, 2, 2, 32, 32), False, (40, 10), False),  # two-sided window, seq_q > seq_kv
-        ((130, 130, 2, 2, 24, 40), False, (50, -1), True),  # left window, padded head dims
-        ((50, 37, 3, 3, 40, 24), True, (-1, -1), False),  # empty causal rows
-        ((96, 160, 1, 1, 32, 32), False, (-1, -1), False),  # no mask at all
-        ((70, 90, 2, 1, 192, 128), True, (-1, -1), True),  # head_dim_qk 192 != head_dim_v 128, GQA
-    ],
+    "cfg,causal,window,sink,dtype",
+    [(*c, torch.float16) for c in ATOMIC_CASES]
+    # bf16 without sinks: dsink = -sum P_sink * rowsum(dO * O) (torch, the same on both paths) inherits
+    # the bf16 rounding of the forward's O and reaches only ~35 dB against float64
+    + [(*c, torch.bfloat16) for c in ATOMIC_CASES if not c[3]],
 )
-def test_atomic_dq_vs_fp64(cfg, causal, window, sink, device, launches):
-    _check_vs_fp64(cfg, causal, window, sink, device, 0.3, deterministic=False, atomic_dq=True)
+def test_atomic_dq_vs_fp64(cfg, causal, window, sink, dtype, device, launches):
+    """The one-kernel backward (16-bit inputs: the only ones it takes) against float64 math."""
+    _check_vs_fp64(cfg, causal, window, sink, device, 0.3, dtype, deterministic=False, atomic_dq=True)
     assert launches == [True]
 
 
@@ -148,15 +159,15 @@ def test_atomic_dq_varlen_vs_fp64(causal, window, sink, device, launches):
     hq, hk, dqk, dv = 4, 2, 48, 32
     pad = 5  # trailing rows outside every sequence: zero gradients
     tq, tk = sum(lens_q) + pad, sum(lens_k)
-    q = torch.randn(tq, hq, dqk, dtype=torch.float64, device=device, requires_grad=True)
-    k = torch.randn(tk, hk, dqk, dtype=torch.float64, device=device, requires_grad=True)
-    v = torch.randn(tk, hk, dv, dtype=torch.float64, device=device, requires_grad=True)
+    rnd = lambda *shape: torch.randn(*shape, dtype=torch.float64, device=device).half().double()  # noqa: E731
+    q, k, v = rnd(tq, hq, dqk).requires_grad_(), rnd(tk, hk, dqk).requires_grad_(), rnd(tk, hk, dv).requires_grad_()
     s = torch.randn(hq, dtype=torch.float64, device=device, requires_grad=True) if sink else None
     cu = lambda lens: torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=device)  # noqa: E731
     cu_q, cu_k = cu(lens_q), cu(lens_k)
     wl, wr = _win(causal, window)
-    f = lambda t: None if t is None else t.detach().float()  # noqa: E731
-    out, lse = triton_attn.flash_attn_varlen_fwd_triton(f(q), f(k), f(v), cu_q, cu_k, max(lens_q), max(lens_k), f(s),
+    f = lambda t: None if t is None else t.detach().half()  # noqa: E731
+    fs = None if s is None else s.detach().float()
+    out, lse = triton_attn.flash_attn_varlen_fwd_triton(f(q), f(k), f(v), cu_q, cu_k, max(lens_q), max(lens_k), fs,
                                                         0.3, wl, wr)
     refs, cq, ck = [], 0, 0
     for nq, nk in zip(lens_q, lens_k):
@@ -165,10 +176,10 @@ def test_atomic_dq_varlen_vs_fp64(causal, window, sink, device, launches):
                                       0.3)[0])
         cq, ck = cq + nq, ck + nk
     ref = torch.cat(refs)
-    dout = torch.randn(tq, hq, dv, dtype=torch.float64, device=device)
+    dout = rnd(tq, hq, dv)
     ref.backward(dout[: ref.shape[0]])
     dq, dk, dv_, dsink = triton_attn.flash_attn_varlen_bwd_triton(
-        dout.float(), f(q), f(k), f(v), out, lse, cu_q, cu_k, max(lens_q), max(lens_k), f(s), 0.3, wl, wr,
+        f(dout), f(q), f(k), f(v), out, lse, cu_q, cu_k, max(lens_q), max(lens_k), fs, 0.3, wl, wr,
         deterministic=False, atomic_dq=True)
     assert launches == [True]
     assert snr_db(ref, out[: ref.shape[0]]) >= 40.0
@@ -180,31 +191,37 @@ def test_atomic_dq_varlen_vs_fp64(causal, window, sink, device, launches):
 
 
 def test_atomic_dq_selection_rule(monkeypatch):
-    """One function decides; deterministic=True always refuses the atomic path, whatever else says."""
+    """One function decides; deterministic=True and fp32 always refuse the atomic path, whatever else says."""
     from primus_turbo.triton.attention.flash_attn_bwd import use_atomic_dq
 
     name = "PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ"
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
     monkeypatch.delenv(name, raising=False)
-    assert not use_atomic_dq(False)  # auto: two kernels until measured
-    assert use_atomic_dq(False, atomic_dq=True)
-    assert not use_atomic_dq(True, atomic_dq=True)
+    assert not use_atomic_dq(False, bf16)  # auto: two kernels until measured
+    assert use_atomic_dq(False, bf16, atomic_dq=True) and use_atomic_dq(False, fp16, atomic_dq=True)
+    assert not use_atomic_dq(True, bf16, atomic_dq=True)
+    assert not use_atomic_dq(False, fp32, atomic_dq=True)
     for value, want in (("1", True), ("0", False), ("auto", False)):
         monkeypatch.setenv(name, value)
-        assert use_atomic_dq(False) is want
-        assert use_atomic_dq(True) is False
-        assert use_atomic_dq(False, atomic_dq=not want) is (not want)
+        assert use_atomic_dq(False, bf16) is want
+        assert use_atomic_dq(True, bf16) is False
+        assert use_atomic_dq(False, fp32) is False
+        assert use_atomic_dq(False, fp16, atomic_dq=not want) is (not want)
     monkeypatch.setenv(name, "sometimes")
     with pytest.raises(ValueError, match=name):
-        use_atomic_dq(False)
+        use_atomic_dq(False, bf16)
 
 
 def test_kernel_level_default_is_deterministic(device, launches, monkeypatch):
     """Callers of the kernel functions that do not say deterministic=False (FP8 fallback) stay two-kernel."""
     _skip_if_no_triton(device)
     monkeypatch.setenv("PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ", "1")
-    q = torch.randn(1, 40, 2, 16, device=device)
-    k = torch.randn(1, 40, 2, 16, device=device)
+    q = torch.randn(1, 40, 2, 16, device=device, dtype=torch.float16)
+    k = torch.randn(1, 40, 2, 16, device=device, dtype=torch.float16)
     out, lse = triton_attn.flash_attn_fwd_triton(q, k, k, None, 0.25)
-    triton_attn.flash_attn_bwd_triton(torch.randn_like(out), q, k, k, out, lse, None, 0.25)
-    triton_attn.flash_attn_bwd_triton(torch.randn_like(out), q, k, k, out, lse, None, 0.25, deterministic=False)
-    assert launches == [False, True]
+    dout = torch.randn_like(out)
+    triton_attn.flash_attn_bwd_triton(dout, q, k, k, out, lse, None, 0.25)
+    triton_attn.flash_attn_bwd_triton(dout, q, k, k, out, lse, None, 0.25, deterministic=False)
+    triton_attn.flash_attn_bwd_triton(dout.float(), q.float(), k.float(), k.float(), out.float(), lse, None, 0.25,
+                                      deterministic=False)  # fp32: two kernels
+    assert launches == [False, True, False]

@@ -38,8 +38,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
     "PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ": (
         "auto",
-        "Triton attention backward: 1 one kernel with fp32 atomic dQ accumulation, 0 the two-kernel backward; "
-        "auto: two-kernel until measured on the H200. deterministic=True is always two-kernel.",
+        "Triton attention backward: 1 one kernel with fp32 atomic dQ accumulation (fp16/bf16), 0 the two-kernel "
+        "backward; auto: two-kernel until measured on the H200. deterministic=True and fp32 are always two-kernel.",
     ),
     "PRIMUS_TURBO_PRINT_CONFIGS": ("0", "1: log the kernel config chosen for each new shape (INFO level)."),
 }

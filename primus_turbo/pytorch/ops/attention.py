@@ -292,7 +292,7 @@ def flash_attn_func(
         bias, alibi_slopes, return_attn_probs: not implemented (NotImplementedError naming them).
         deterministic: ask for a bitwise-reproducible backward: on CUDA this flag keeps the call off
             SDPA, and TRITON runs its two-kernel backward (no atomics). With ``False`` TRITON may run
-            the one-kernel backward that accumulates dQ with fp32 atomics
+            (fp16 / bf16) the one-kernel backward that accumulates dQ with fp32 atomics
             (``PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ``; off by default).
         return_lse: also return the log-sum-exp ``[batch, heads_q, seq_q]`` fp32 (natural log,
             including the sink; ``+inf`` for a row that sees no key and has no sink). Not

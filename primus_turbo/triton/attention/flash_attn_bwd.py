@@ -13,8 +13,8 @@ queries and loops over key blocks. Each output element is written by exactly one
 fixed order, so results are bitwise reproducible. That recomputes S, P and dP in both kernels: 7 MMAs
 per (query block, key block) pair.
 
-The one-kernel variant (``_attn_bwd_atomic_dq_kernel``, chosen by :func:`use_atomic_dq`, never for
-``deterministic=True``) runs the dK/dV program and also adds each pair's ``scale * dS K`` into a
+The one-kernel variant (``_attn_bwd_atomic_dq_kernel``, chosen by :func:`use_atomic_dq`: fp16 / bf16,
+never for ``deterministic=True``) runs the dK/dV program and also adds each pair's ``scale * dS K`` into a
 zeroed fp32 dQ accumulator with relaxed atomics (5 MMAs per pair); a cast copies it into dQ.
 
 Sink gradient: the sink logit ``s_h`` only enters the denominator, so with
@@ -493,19 +493,23 @@ def _bwd_atomic_config(d_max: int):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the one-kernel (atomic dQ) backward. Under the
     interpreter the tiles are small but num_warps / num_stages are the GPU's: the interpreter ignores
     them and scripts/aot_compile_check.py compiles the recorded launches with them."""
-    if is_interpreter():
-        return 32, 32, 8, 2
-    return _by_head_dim(BWD_ATOMIC_CONFIGS, d_max)
+    cfg = _by_head_dim(BWD_ATOMIC_CONFIGS, d_max)
+    return (32, 32, *cfg[2:]) if is_interpreter() else cfg
 
 
-def use_atomic_dq(deterministic: bool, atomic_dq: Optional[bool] = None) -> bool:
+def use_atomic_dq(deterministic: bool, dtype: torch.dtype, atomic_dq: Optional[bool] = None) -> bool:
     """Whether a backward runs the one-kernel variant with atomic dQ accumulation (the only place
-    this is decided). ``deterministic=True`` always gets the two-kernel path (fp32 atomics add in a
-    run-dependent order); otherwise an explicit ``atomic_dq`` wins, then
-    ``PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ`` (``1`` / ``0``; ``auto``, the default: the two-kernel path
-    until the atomic variant is measured on the H200). The variant covers every case the two-kernel
-    path does (masks, GQA, sinks, varlen, head_dim_qk != head_dim_v, padded head dims, layouts)."""
-    if deterministic:
+    this is decided). The two-kernel path, whatever else says, for
+
+    * ``deterministic=True``: fp32 atomics add in a run-dependent order;
+    * fp32 inputs: its fp32 tiles would need about twice the shared memory of the 16-bit tiles
+      BWD_ATOMIC_CONFIGS holds (and fp32 training is not what the variant is for).
+
+    Otherwise an explicit ``atomic_dq`` wins, then ``PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ`` (``1`` / ``0``;
+    ``auto``, the default: the two-kernel path until the atomic variant is measured on the H200).
+    For fp16 / bf16 the variant covers every case the two-kernel path does (masks, GQA, sinks,
+    varlen, head_dim_qk != head_dim_v, padded head dims, layouts)."""
+    if deterministic or dtype not in (torch.float16, torch.bfloat16):
         return False
     if atomic_dq is not None:
         return bool(atomic_dq)
@@ -516,14 +520,12 @@ def use_atomic_dq(deterministic: bool, atomic_dq: Optional[bool] = None) -> bool
 
 
 def _dq_accumulator(dq: torch.Tensor) -> torch.Tensor:
-    """The atomic variant's zeroed fp32 dQ accumulator, laid out like ``dq`` (``dq`` itself when fp32)."""
-    if dq.dtype == torch.float32:
-        return dq.zero_()
+    """The atomic variant's zeroed fp32 dQ accumulator, laid out like ``dq``."""
     return torch.zeros(dq.shape, dtype=torch.float32, device=dq.device)
 
 
 def _dq_epilogue(dq: torch.Tensor, dq_acc: torch.Tensor) -> None:
-    """Cast the fp32 accumulator into ``dq`` (nothing to do when it is ``dq``: the two-kernel path, fp32)."""
+    """Cast the fp32 accumulator into ``dq`` (nothing to do on the two-kernel path, where it is ``dq``)."""
     if dq_acc is not dq:
         dq.copy_(dq_acc)
 
@@ -578,11 +580,11 @@ def flash_attn_bwd_triton(
     """Gradients of :func:`flash_attn_fwd_triton`: ``(dq, dk, dv, dsink)`` (dsink fp32 ``[Hq]`` or None).
 
     ``deterministic=False`` allows the one-kernel variant with atomic dQ accumulation where
-    :func:`use_atomic_dq` picks it (``atomic_dq`` forces it on or off); ``True``, the default here, is
-    always the bitwise-reproducible two-kernel backward."""
+    :func:`use_atomic_dq` picks it (fp16 / bf16; ``atomic_dq`` forces it on or off); ``True``, the
+    default here, is always the bitwise-reproducible two-kernel backward."""
     B, Sq, H, Dqk = q.shape
     _, Sk, Hk, Dv = v.shape
-    atomic = use_atomic_dq(deterministic, atomic_dq)
+    atomic = use_atomic_dq(deterministic, q.dtype, atomic_dq)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -627,7 +629,7 @@ def flash_attn_varlen_bwd_triton(
         dsink = -(p_sink * delta).sum(dim=1)
     if B <= 0 or H == 0 or Tq == 0 or k.shape[0] == 0 or max_seqlen_q <= 0 or max_seqlen_k <= 0:
         return dq, dk, dv, dsink
-    atomic = use_atomic_dq(deterministic, atomic_dq)
+    atomic = use_atomic_dq(deterministic, q.dtype, atomic_dq)
     dq_acc = _dq_accumulator(dq) if atomic else dq
     strides = tuple((0, *t.stride()) for t in (q, k, v, dout, dq_acc, dk, dv))
     _launch_bwd(q, k, v, dout, lse, delta, dq_acc, dk, dv, strides, softmax_scale, win_left, win_right,

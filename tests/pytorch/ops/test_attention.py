@@ -237,7 +237,7 @@ def test_triton_backward_deterministic(device):
 
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_atomic_dq_switch_and_deterministic(deterministic, device, monkeypatch):
-    """PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ=1 runs the one-kernel atomic-dQ backward (dense and varlen),
+    """PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ=1 runs the one-kernel atomic-dQ backward (dense and varlen, fp16),
     except with deterministic=True, which always gets the two-kernel path."""
     from primus_turbo.pytorch.ops.attention import flash_attn_varlen_func
     from primus_turbo.triton.attention import flash_attn_bwd as bwd_mod
@@ -248,8 +248,8 @@ def test_atomic_dq_switch_and_deterministic(deterministic, device, monkeypatch):
     monkeypatch.setenv("PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ", "1")
     GlobalBackendManager.set_attn_backend(BackendType.TRITON)
     cfg = CONFIGS[1]
-    q, k, v, s = _inputs(cfg, 2, torch.float32, device, sink=True)
-    dout = torch.randn(2, cfg[0], cfg[2], cfg[5], device=device)
+    q, k, v, s = _inputs(cfg, 2, torch.float16, device, sink=True)
+    dout = torch.randn(2, cfg[0], cfg[2], cfg[5], device=device, dtype=torch.float16)
     out, grads = _run(q, k, v, s, True, (-1, -1), dout, deterministic=deterministic)
     assert seen == [not deterministic]
     ref, ref_grads = _ref(q, k, v, s, True, (-1, -1), dout=dout)
@@ -271,7 +271,7 @@ def test_atomic_dq_env_default_is_two_kernel(device, monkeypatch):
     monkeypatch.setattr(bwd_mod, "_launch_bwd", lambda *a, **kw: seen.append(kw.get("atomic", False)) or orig(*a, **kw))
     monkeypatch.delenv("PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ", raising=False)
     GlobalBackendManager.set_attn_backend(BackendType.TRITON)
-    q, k, v, _ = _inputs(CONFIGS[0], 1, torch.float32, device)
+    q, k, v, _ = _inputs(CONFIGS[0], 1, torch.bfloat16, device)
     flash_attn_func(q, k, v, causal=True).sum().backward()
     assert seen == [False]
 
