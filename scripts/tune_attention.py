@@ -11,8 +11,8 @@ tiles with the best dK/dV ones (the two kernels are independent launches).
 
 ``--bwd-variant atomic`` instead times the one-kernel backward with atomic dQ accumulation
 (``PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ=1``) for each candidate tile of ATOMIC (or ``--atomic-tiles``)
-against the two-kernel backward at the current BWD_CONFIGS and SDPA's backward, printing TFLOP/s,
-the speedup over the two-kernel path and the line for ``BWD_ATOMIC_CONFIGS``; no forward sweep:
+against the two-kernel backward at the current BWD_CONFIGS and SDPA's FlashAttention-2 backward,
+printing TFLOP/s, the speedups over both and the line for ``BWD_ATOMIC_CONFIGS``; no forward sweep:
 
     PYTHONPATH=. python scripts/tune_attention.py --out /tmp/tune_atomic --bwd-variant atomic [--dims 128]
 """
@@ -242,7 +242,7 @@ def _atomic_main(args) -> int:
         tiles = ([tuple(int(x) for x in t.split(",")) for t in args.atomic_tiles] if args.atomic_tiles
                  else ATOMIC[d][:3] if args.quick else ATOMIC[d])
         default_atomic = B.BWD_ATOMIC_CONFIGS[d]
-        times, two_times = {}, []
+        times, two_times, sdpa_times = {}, [], []
         for causal in (False, True):
             (q, k, v, dout), ref = _inputs(d, causal, dev)
             scale = dqk ** -0.5
@@ -270,17 +270,29 @@ def _atomic_main(args) -> int:
             two_ms = record({"kernel": "bwd_two", "d": d, "causal": causal, "cfg": B.BWD_CONFIGS[d]},
                             lambda: run(False))
             two_times.append(two_ms)
-            # SDPA (FlashAttention-2 / cuDNN on the H200): the 1.3x target's baseline
-            qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
-            try:
-                o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale,
-                                                                     enable_gqa=hq != hk)
+            # SDPA's FlashAttention-2 backward (the peer of benchmarks/bench_attention.py, the 1.3x target's
+            # baseline): enable_gqa, else k/v repeated to heads_q; a row with "error" if flash refuses the case
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            o = sdpa_fn = qt = kt = vt = sdpa_ms = None
+            for gqa in ((True, False) if hq != hk else (False,)):
+                rep_kv = (lambda t: t) if gqa or hq == hk else (lambda t: t.repeat_interleave(hq // hk, 2))  # noqa: E731
+                qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, rep_kv(k), rep_kv(v)))
+                try:
+                    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                        o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                                             scale=scale, enable_gqa=gqa)
+                    break
+                except Exception as exc:  # noqa: BLE001 - flash may refuse (GQA, head dim 192 != 128)
+                    o, err = None, f"{type(exc).__name__}: {exc}"[:200]
+            if o is not None:
                 sdpa_fn = lambda: torch.autograd.grad(o, (qt, kt, vt), dout.transpose(1, 2),  # noqa: E731
                                                       retain_graph=True)
-                record({"kernel": "bwd_sdpa", "d": d, "causal": causal}, sdpa_fn, grads=False)
-            except Exception as exc:  # noqa: BLE001 - SDPA may refuse a shape (GQA + flash, head dim 192)
-                print(json.dumps({"kernel": "bwd_sdpa", "d": d, "causal": causal, "error": str(exc)[:200]}))
+                sdpa_ms = record({"kernel": "bwd_sdpa_flash", "d": d, "causal": causal}, sdpa_fn, grads=False)
+            else:
+                print(json.dumps({"kernel": "bwd_sdpa_flash", "d": d, "causal": causal, "error": err}), flush=True)
             o = sdpa_fn = qt = kt = vt = None  # noqa: F841 - free the graph before the atomic runs
+            sdpa_times.append(sdpa_ms)
             for cfg in tiles:
                 B.BWD_ATOMIC_CONFIGS[d] = cfg
                 row = {"kernel": "bwd_atomic", "d": d, "causal": causal, "cfg": cfg}
@@ -288,8 +300,9 @@ def _atomic_main(args) -> int:
                 if ms is not None:
                     times.setdefault(cfg, []).append(ms)
                     if two_ms:
+                        vs_sdpa = f", {sdpa_ms / ms:.3f}x SDPA flash" if sdpa_ms else ""
                         print(f"  d{d} causal={causal} atomic {cfg}: {row['tflops']} TFLOP/s, "
-                              f"{two_ms / ms:.3f}x the two-kernel backward", flush=True)
+                              f"{two_ms / ms:.3f}x the two-kernel backward{vs_sdpa}", flush=True)
             B.BWD_ATOMIC_CONFIGS[d] = default_atomic
             q = k = v = dout = ref = out = lse = None  # free before the next mask kind's inputs
             torch.cuda.empty_cache()
@@ -297,8 +310,9 @@ def _atomic_main(args) -> int:
         geo = lambda ts: math.exp(sum(map(math.log, ts)) / len(ts))  # noqa: E731
         if full and all(two_times):
             best = min(full, key=lambda c: geo(full[c]))
-            line = (f"d{d}: atomic {best}  {geo(two_times) / geo(full[best]):.3f}x the two-kernel backward "
-                    f"(geomean over causal and not)  ({time.time() - t0:.0f} s)")
+            vs_sdpa = (f", {geo(sdpa_times) / geo(full[best]):.3f}x SDPA flash" if all(sdpa_times) else "")
+            line = (f"d{d}: atomic {best}  {geo(two_times) / geo(full[best]):.3f}x the two-kernel backward"
+                    f"{vs_sdpa} (geomean over causal and not)  ({time.time() - t0:.0f} s)")
         else:
             line = f"d{d}: atomic: no tile ran with both mask kinds"
         best_lines.append(line)
