@@ -418,12 +418,9 @@ def _quant_fp8_dual_kernel(
 
 @triton.jit
 def _staged_scales(scr, n: tl.constexpr, FP8_MAX: tl.constexpr):
-    """Load ``n`` block amaxes (int32 bits) staged at ``scr``, form their fp32 scales with one
-    element per thread (no replication), write the multipliers back in place; returns scale_inv."""
-    e = tl.arange(0, n)
-    scale, scale_inv = _fp32_scales(tl.load(scr + e), FP8_MAX)
-    tl.store(scr + e, scale.to(tl.int32, bitcast=True))
-    return scale_inv
+    """Load ``n`` block amaxes (int32 bits) staged at ``scr`` and form their fp32 scales with
+    one element per thread (a 1-D layout: no replication across the threads of a block)."""
+    return _fp32_scales(tl.load(scr + tl.arange(0, n)), FP8_MAX)
 
 
 @triton.jit
@@ -437,11 +434,13 @@ def _quant_fp8_dual_staged_kernel(
 ):
     """``_quant_fp8_dual_kernel`` for fp32 block scales (BLOCKWISE) with the scale divisions done
     once per block. In the register layout of the tile every block amax is held by all the
-    threads that share its row (or column): 16 threads compute the same two IEEE divisions. Here
-    the amaxes are staged in a per-program scratch (global memory, L1/L2-resident), the program
-    synchronises, each thread forms the scales of one or two blocks (1-D layout), stores the
-    scale_inv outputs and writes the multipliers back, synchronises again, and the quantization
-    passes read their multipliers from the scratch. Same outputs bit for bit."""
+    threads that share its row (or column): 16 threads compute the same two IEEE divisions (a
+    third of the kernel's instructions). Here the amaxes are staged in a per-program scratch
+    (global memory, L1/L2-resident), the program synchronises (``bar.sync`` orders the global
+    accesses of the program's threads), each thread forms the scales of one or two blocks
+    (1-D layout), stores the scale_inv outputs and writes the multipliers back, synchronises
+    again, and the quantization passes read their multipliers from the scratch. Same outputs
+    bit for bit."""
     pid = tl.program_id(0)
     pid_r = pid // n_tiles_c
     pid_c = pid % n_tiles_c
@@ -475,8 +474,13 @@ def _quant_fp8_dual_staged_kernel(
     lc = tl.arange(0, TC)
     tl.store(scr + NS_R + lb[:, None] * TC + lc[None, :], acol)
     tl.debug_barrier()
-    inv_r = _staged_scales(scr, NS_R, FP8_MAX)
-    inv_c = _staged_scales(scr + NS_R, NB * TC, FP8_MAX)
+    m_r, inv_r = _staged_scales(scr, NS_R, FP8_MAX)
+    m_c, inv_c = _staged_scales(scr + NS_R, NB * TC, FP8_MAX)
+    # every thread has read its amaxes before any multiplier overwrites them (a 1-D tensor
+    # smaller than the program is replicated: its copies must not read a rewritten slot)
+    tl.debug_barrier()
+    tl.store(scr + tl.arange(0, NS_R), m_r.to(tl.int32, bitcast=True))
+    tl.store(scr + NS_R + tl.arange(0, NB * TC), m_c.to(tl.int32, bitcast=True))
     # the scale_inv outputs, from the 1-D layout
     e = tl.arange(0, NS_R)
     sr = pid_r * TR + e // NR
