@@ -17,6 +17,19 @@ shape, never fatal; so is a hang: each config first runs a small smoke GEMM in a
 with a time limit (``--smoke-timeout``), and configs that fail it are left out of the sweep.
 Prints a table and writes ``DIR/gluon_fp8.json``; exit status 1 if any Gluon config fails or
 misses the SNR bar.
+
+``--grouped``: the M-grouped MoE kernel (triton/grouped_gemm/grouped_gemm_fp8_gluon.py) on
+DeepSeek-V3 EP8 (G = 32, 2048 rows per group; (N, K) = (4096, 7168) gate_up, (7168, 2048) down)
+and Qwen3-30B-A3B (G = 16; (1536, 2048), (2048, 768)) experts, each with balanced groups and one
+unbalanced pattern (an empty group, sizes that are not tile multiples, 100 rows past
+``group_offs[G]``). Per case: the Gluon output (poisoned with NaN first) must have no NaN, zero
+rows past ``group_offs[G]``, SNR >= 40 dB against the fp32 product of the dequantized operands on
+sampled rows (the first and last rows of every group) and against the tl grouped BLOCKWISE
+kernel's whole output; then the Gluon configs, the tl kernel and ``torch._grouped_mm`` bf16 are
+timed. Each config is smoke-tested in a child process first (``--smoke-timeout``). Writes
+``DIR/gluon_grouped_fp8.json``. About 60-90 s of GPU time with ``--rep-ms 40``::
+
+    PYTHONPATH=. python scripts/check_gluon_fp8.py --grouped --out DIR --rep-ms 40 --smoke-timeout 120
 """
 
 from __future__ import annotations
@@ -216,17 +229,261 @@ def smoke(config_text: str) -> int:
     return 0 if worst >= MIN_SNR_DB else 1
 
 
-def _run_smoke(config_text: str, timeout_s: int) -> tuple:
-    """(ok, message) of ``smoke`` in a child process."""
+def _run_smoke(config_text: str, timeout_s: int, grouped: bool = False) -> tuple:
+    """(ok, message) of ``smoke`` (``grouped``: ``smoke_grouped``) in a child process."""
     import subprocess
 
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--smoke", config_text]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--smoke", config_text] + (["--grouped"] if grouped else [])
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ))
     except subprocess.TimeoutExpired:
         return False, f"smoke test timed out after {timeout_s} s (deadlock or very slow compile)"
     text = (r.stdout + r.stderr).strip().splitlines()
     return r.returncode == 0, " | ".join(text[-3:])[:600]
+
+
+# ----------------------------------------------------------------------------------------------
+# --grouped: the M-grouped MoE kernel
+# ----------------------------------------------------------------------------------------------
+GROUPED_CASES = [  # (G, rows per group, N, K, label)
+    (32, 2048, 4096, 7168, "DeepSeek-V3 EP8 gate_up"),
+    (32, 2048, 7168, 2048, "DeepSeek-V3 EP8 down"),
+    (16, 2048, 1536, 2048, "Qwen3-30B-A3B gate_up"),
+    (16, 2048, 2048, 768, "Qwen3-30B-A3B down"),
+]
+GROUPED_TAIL_ROWS = 100  # rows past group_offs[G] in the unbalanced pattern (must come back zero)
+GROUPED_SAMPLE_ROWS = 16  # reference rows at each end of every group
+
+
+def _group_lens(G: int, rows: int, pattern: str) -> list:
+    """Balanced: ``rows`` each. Unbalanced: the same total, group 1 empty, the others spread
+    0.25x-1.75x by a fixed generator (sizes that are not multiples of 64 or 128)."""
+    if pattern == "balanced":
+        return [rows] * G
+    gen = torch.Generator().manual_seed(1234)
+    w = torch.rand(G, generator=gen) * 1.5 + 0.25
+    w[1] = 0.0
+    lens = (w / w.sum() * rows * G).floor().long()
+    lens[0] += rows * G - int(lens.sum())
+    return [int(v) for v in lens]
+
+
+def _quantize_grouped(x: torch.Tensor, w: torch.Tensor):
+    """x [M, K] 1 x 128; w [G, N, K] 128 x 128 per expert (N % 128 == 0: one launch)."""
+    import primus_turbo.pytorch as turbo
+    from primus_turbo.pytorch.core.low_precision import ScalingRecipe
+
+    G, N, K = w.shape
+    a_q, sa = turbo.ops.quantize_fp8(x, torch.float8_e4m3fn, "BLOCKWISE")
+    b_q, sb = turbo.ops.quantize_fp8(w.reshape(G * N, K), torch.float8_e4m3fn, "BLOCKWISE",
+                                     scaling_recipe=ScalingRecipe(use_2d_block=True))
+    return a_q, sa, b_q.view(G, N, K), sb.view(G, N // 128, sb.shape[-1])
+
+
+def _grouped_ref_rows(a_q, sa, b_q, sb, lens: list) -> tuple:
+    """(row indices, fp32 reference rows): the first and last GROUPED_SAMPLE_ROWS rows of each group."""
+    idx, refs = [], []
+    start = 0
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for g, n in enumerate(lens):
+            if n:
+                r = sorted(set(range(start, start + min(n, GROUPED_SAMPLE_ROWS)))
+                           | set(range(max(start, start + n - GROUPED_SAMPLE_ROWS), start + n)))
+                rows = torch.tensor(r, device=a_q.device)
+                refs.append(_dequant_a(a_q[rows], sa[rows]) @ _dequant_b(b_q[g], sb[g]).T)
+                idx.append(rows)
+            start += n
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+    return torch.cat(idx), torch.cat(refs)
+
+
+def run_grouped_case(G: int, rows: int, N: int, K: int, label: str, pattern: str, configs: list, rep_ms: int,
+                     do_time: bool) -> dict:
+    from primus_turbo.testing import snr_db
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_gluon import (
+        gluon_grouped_blockwise_reason, grouped_default_config, grouped_gemm_fp8_blockwise_gluon,
+    )
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_kernel import grouped_gemm_fp8_triton
+
+    dev = torch.device("cuda")
+    lens = _group_lens(G, rows, pattern)
+    tail = GROUPED_TAIL_ROWS if pattern != "balanced" else 0
+    M = sum(lens) + tail
+    flops = 2.0 * sum(lens) * N * K
+    res = dict(G=G, rows=rows, N=N, K=K, M=M, label=label, pattern=pattern, lens=lens, gluon={}, errors={})
+    torch.manual_seed(0)
+    x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+    w = (torch.randn(G, N, K, device=dev, dtype=torch.float32) * 0.02).to(torch.bfloat16)
+    a_q, sa, b_q, sb = _quantize_grouped(x, w)
+    offs = torch.zeros(G + 1, dtype=torch.int64)
+    offs[1:] = torch.tensor(lens, dtype=torch.int64).cumsum(0)
+    offs = offs.to(dev)
+    end = int(offs[-1])
+    res["reason"] = gluon_grouped_blockwise_reason(a_q, sa, b_q, sb, offs)
+    res["default_config"] = grouped_default_config(M, N, K, G).short()
+    rows_idx, ref = _grouped_ref_rows(a_q, sa, b_q, sb, lens)
+
+    tl_out = None
+    try:
+        tl_out = grouped_gemm_fp8_triton(a_q, sa, b_q, sb, "BLOCKWISE", None, offs, out_dtype=torch.bfloat16)
+        torch.cuda.synchronize()
+        res["tl_snr_db"] = snr_db(ref, tl_out[rows_idx])
+        if do_time:
+            ms = _bench(lambda: grouped_gemm_fp8_triton(a_q, sa, b_q, sb, "BLOCKWISE", None, offs,
+                                                        out_dtype=torch.bfloat16), rep_ms)
+            res["tl_ms"], res["tl_tflops"] = ms, flops / ms / 1e9
+    except Exception as exc:  # noqa: BLE001
+        res["errors"]["tl"] = _err(exc)
+
+    if do_time:
+        try:
+            wt = w.transpose(-2, -1)
+            offs32 = offs[1:].to(torch.int32)
+            ms = _bench(lambda: torch._grouped_mm(x, wt, offs=offs32), rep_ms)
+            res["bf16_ms"], res["bf16_tflops"] = ms, flops / ms / 1e9
+        except Exception as exc:  # noqa: BLE001
+            res["errors"]["grouped_mm_bf16"] = _err(exc)
+
+    for cfg in configs:
+        name = "default" if cfg is None else cfg.short()
+        entry = {}
+        res["gluon"][name] = entry
+        try:
+            out = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)  # poison
+            grouped_gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, offs, config=cfg, out=out)
+            torch.cuda.synchronize()
+            entry["nan_count"] = int(torch.isnan(out).sum())
+            entry["tail_nonzero"] = int((out[end:] != 0).sum())
+            entry["snr_db"] = snr_db(ref, out[rows_idx])
+            if tl_out is not None:
+                entry["snr_vs_tl_db"] = snr_db(tl_out.float(), out)
+            entry["ok"] = (entry["nan_count"] == 0 and entry["tail_nonzero"] == 0 and entry["snr_db"] >= MIN_SNR_DB
+                           and entry.get("snr_vs_tl_db", MIN_SNR_DB) >= MIN_SNR_DB)
+            if do_time:
+                ms = _bench(lambda: grouped_gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, offs, config=cfg, out=out),
+                            rep_ms)
+                entry["ms"], entry["tflops"] = ms, flops / ms / 1e9
+        except Exception as exc:  # noqa: BLE001
+            entry["ok"] = False
+            entry["error"] = _err(exc)
+            entry["traceback"] = traceback.format_exc()[-3000:]
+        torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return res
+
+
+def print_grouped_table(results: list) -> None:
+    head = (f"{'case':<26} {'pattern':<10} {'config':<22} {'SNR dB':>7} {'vs tl':>6} {'TFLOP/s':>8} "
+            f"{'tl':>7} {'bf16':>7} {'x tl':>6} {'x bf16':>7}")
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        tl, bf = r.get("tl_tflops"), r.get("bf16_tflops")
+        for name, e in r["gluon"].items():
+            t = e.get("tflops")
+            line = (f"{r['label']:<26} {r['pattern']:<10} {name:<22} {_fmt(e.get('snr_db')):>7} "
+                    f"{_fmt(e.get('snr_vs_tl_db')):>6} {_fmt(t):>8} {_fmt(tl):>7} {_fmt(bf):>7} "
+                    f"{_fmt(t / tl if t and tl else None, '.2f'):>6} {_fmt(t / bf if t and bf else None, '.2f'):>7}")
+            if not e.get("ok"):
+                line += "  FAIL " + (e.get("error") or f"nan={e.get('nan_count')} tail={e.get('tail_nonzero')}")[:160]
+            print(line)
+        if r["errors"]:
+            print(f"{'':>26}  errors: {r['errors']}")
+        print(f"{'':>26}  tl SNR {_fmt(r.get('tl_snr_db'))} dB; reason={r.get('reason')}")
+
+
+# small grouped smoke cases: (lens, N, K, rows past offs[G]): empty and partial groups, N and K tails
+GROUPED_SMOKE = [([300, 0, 1, 129, 64], 384, 640, 20), ([256, 256], 256, 256, 0), ([70, 5], 136, 336, 3)]
+
+
+def smoke_grouped(config_text: str) -> int:
+    """Child-process check of one config on small grouped problems (a deadlock only hangs this)."""
+    import primus_turbo.pytorch as turbo
+    from primus_turbo.pytorch.core.low_precision import ScalingRecipe
+    from primus_turbo.testing import snr_db
+    from primus_turbo.triton.gemm.gemm_fp8_gluon import GluonBlockwiseConfig
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_gluon import grouped_gemm_fp8_blockwise_gluon
+
+    cfg = None if config_text == "default" else GluonBlockwiseConfig.parse(config_text)
+    worst, bad = float("inf"), []
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for lens, N, K, tail in GROUPED_SMOKE:
+        torch.manual_seed(0)
+        G, M = len(lens), sum(lens) + tail
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        w = (torch.randn(G, N, K, device="cuda") * 0.02).to(torch.bfloat16)
+        a_q, sa = turbo.ops.quantize_fp8(x, torch.float8_e4m3fn, "BLOCKWISE")
+        qs = [turbo.ops.quantize_fp8(w[g], torch.float8_e4m3fn, "BLOCKWISE",
+                                     scaling_recipe=ScalingRecipe(use_2d_block=True)) for g in range(G)]
+        b_q = torch.stack([q for q, _ in qs])
+        sb = torch.stack([s for _, s in qs])
+        offs = torch.zeros(G + 1, dtype=torch.int64)
+        offs[1:] = torch.tensor(lens).cumsum(0)
+        offs = offs.cuda()
+        ref = torch.zeros(M, N, device="cuda")
+        start = 0
+        for g, n in enumerate(lens):
+            ref[start:start + n] = _dequant_a(a_q[start:start + n], sa[start:start + n]) @ _dequant_b(b_q[g], sb[g]).T
+            start += n
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        grouped_gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, offs, config=cfg, out=out)
+        torch.cuda.synchronize()
+        if torch.isnan(out).any() or (out[sum(lens):] != 0).any():
+            bad.append((lens, N, K))
+        worst = min(worst, snr_db(ref, out.float().nan_to_num(0.0)))
+    print(f"SMOKE grouped {config_text} snr_db={worst:.1f} bad={bad}")
+    return 0 if worst >= MIN_SNR_DB and not bad else 1
+
+
+def main_grouped(args) -> int:
+    from primus_turbo.triton.gemm.gemm_fp8_gluon import GluonBlockwiseConfig
+
+    configs, smoke_results = [], {}
+    for c in args.configs:
+        cfg = None if c == "default" else GluonBlockwiseConfig.parse(c)
+        ok, msg = _run_smoke(c, args.smoke_timeout, grouped=True)
+        smoke_results[c] = dict(ok=ok, message=msg)
+        print(f"smoke grouped {c}: {'ok' if ok else 'FAILED'}  {msg}", flush=True)
+        if ok:
+            configs.append(cfg)
+    info = _gpu_info()
+    print(json.dumps(info))
+    results = []
+    for G, rows, N, K, label in GROUPED_CASES:
+        for pattern in ("balanced", "unbalanced"):
+            t0 = time.time()
+            try:
+                r = run_grouped_case(G, rows, N, K, label, pattern, configs, args.rep_ms, not args.no_time)
+            except Exception as exc:  # noqa: BLE001
+                r = dict(G=G, rows=rows, N=N, K=K, label=label, pattern=pattern, gluon={}, errors={"case": _err(exc)})
+            r["seconds"] = round(time.time() - t0, 1)
+            results.append(r)
+            print(f"done {label} {pattern} in {r['seconds']} s", flush=True)
+    print()
+    print_grouped_table(results)
+    for base in ("tl", "bf16"):
+        ratios = {}
+        for r in results:
+            for name, e in r["gluon"].items():
+                if e.get("tflops") and r.get(f"{base}_tflops"):
+                    ratios.setdefault(name, []).append(e["tflops"] / r[f"{base}_tflops"])
+        for name, rs in ratios.items():
+            print(f"geomean Gluon/{base} {name}: {math.exp(sum(map(math.log, rs)) / len(rs)):.3f} over {len(rs)} cases")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "gluon_grouped_fp8.json"
+    path.write_text(json.dumps(dict(info=info, env={k: v for k, v in os.environ.items() if k.startswith("PRIMUS_")},
+                                    smoke=smoke_results, results=results), indent=1, default=str))
+    print(f"\nwrote {path}")
+    bad = [(r["label"], r["pattern"], n) for r in results for n, e in r["gluon"].items() if not e.get("ok")]
+    bad += [("smoke", c) for c, v in smoke_results.items() if not v["ok"]]
+    bad += [(r["label"], r["pattern"], "case") for r in results if "case" in r["errors"]]
+    if bad:
+        print(f"FAILED: {bad}")
+    return 1 if bad else 0
 
 
 def main(argv=None) -> int:
@@ -242,14 +499,18 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="two small shapes, correctness and timing")
     p.add_argument("--no-time", action="store_true", help="correctness only")
     p.add_argument("--rep-ms", type=int, default=100)
+    p.add_argument("--grouped", action="store_true",
+                   help="the M-grouped MoE kernel on DeepSeek-V3 / Qwen3 expert shapes (see the module docstring)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     if args.smoke is not None:
-        return smoke(args.smoke)
+        return smoke_grouped(args.smoke) if args.grouped else smoke(args.smoke)
     if args.out is None:
         p.error("--out is required")
+    if args.grouped:
+        return main_grouped(args)
     configs, smoke_results = [], {}
     for c in args.configs:
         cfg = None if c == "default" else GluonBlockwiseConfig.parse(c)  # bad strings fail here, early

@@ -4,7 +4,9 @@ Gluon kernels cannot run in the Triton interpreter, so this is the CPU-side chec
 compile: ttgir -> PTX -> cubin with the bundled ptxas, for each config given, and reports
 shared memory, registers and spills (ptxas ``-v`` output and the cubin's metadata).
 
-    PYTHONPATH=. python scripts/gluon_compile_check.py [n128s5 n128s4 ...] [--dump DIR] [--sass]
+    PYTHONPATH=. python scripts/gluon_compile_check.py [n128s5 n128s4 ...] [--dump DIR] [--sass] [--grouped]
+
+``--grouped`` compiles the M-grouped MoE kernel (triton/grouped_gemm/grouped_gemm_fp8_gluon.py).
 
 Exit status 1 if any config fails to compile, spills, has ptxas serialize its wgmmas (notes
 C7514/C7515: accumulator registers touched while an MMA is in flight), or needs more shared
@@ -36,7 +38,10 @@ def _ptxas_report(ptx: str, ptxas: str) -> str:
         return out.stdout + out.stderr
 
 
-def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass_out: bool = False) -> dict:
+def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass_out: bool = False,
+                   grouped: bool = False) -> dict:
+    """Compile the dense kernel (or, ``grouped``, the M-grouped MoE kernel of
+    triton/grouped_gemm/grouped_gemm_fp8_gluon.py) for sm_90 with config ``cfg``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -52,14 +57,23 @@ def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass_o
         "a_desc": f"tensordesc<fp8e4nv[64, 128],{a_layout!r}>",
         "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, 128],{b_layout!r}>",
         "c_desc": f"tensordesc<{out_dtype}[64, 128],{c_layout!r}>",
-        "sa_ptr": "*fp32", "sb_ptr": "*fp32",
-        "M": "i32", "N": "i32", "K": "i32",
-        "stride_sam": "i32", "stride_sak": "i32", "stride_sbn": "i32", "stride_sbk": "i32",
     }
+    if grouped:
+        from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_gluon as gg
+
+        kernel = gg._grouped_gemm_fp8_blockwise_ws_kernel
+        sig.update({"c_ptr": f"*{out_dtype}", "sa_ptr": "*fp32", "sb_ptr": "*fp32", "offs_ptr": "*i64",
+                    "M": "i32", "N": "i32", "K": "i32", "G": "i32", "stride_cm": "i32",
+                    "stride_sam": "i32", "stride_sak": "i32", "stride_sbg": "i32", "stride_sbn": "i32",
+                    "stride_sbk": "i32"})
+    else:
+        kernel = g._gemm_fp8_blockwise_ws_kernel
+        sig.update({"sa_ptr": "*fp32", "sb_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
+                    "stride_sam": "i32", "stride_sak": "i32", "stride_sbn": "i32", "stride_sbk": "i32"})
     consts = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, PIPELINE=cfg.pipeline, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs)
     sig.update({k: "constexpr" for k in consts})
-    src = GluonASTSource(g._gemm_fp8_blockwise_ws_kernel, sig, consts)
+    src = GluonASTSource(kernel, sig, consts)
     opts = dict(num_warps=4)  # the default partition's warps; Triton sets .maxnreg for all 12
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     md = k.metadata
@@ -77,7 +91,7 @@ def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass_o
     if dump:
         d = Path(dump)
         d.mkdir(parents=True, exist_ok=True)
-        stem = f"gluon_fp8_{cfg.short()}"
+        stem = f"gluon_fp8_{'grouped_' if grouped else ''}{cfg.short()}"
         for ext in ("ttgir", "llir", "ptx"):
             (d / f"{stem}.{ext}").write_text(k.asm[ext])
         (d / f"{stem}.cubin").write_bytes(k.asm["cubin"])
@@ -105,12 +119,14 @@ def main(argv=None) -> int:
     p.add_argument("--out-dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--dump", default=None, help="write ttgir/ptx/cubin (and --sass) here")
     p.add_argument("--sass", action="store_true")
+    p.add_argument("--grouped", action="store_true",
+                   help="the M-grouped MoE kernel (triton/grouped_gemm/grouped_gemm_fp8_gluon.py) instead")
     args = p.parse_args(argv)
     bad = 0
     for text in args.configs:
         cfg = g.GluonBlockwiseConfig.parse(text)
         try:
-            r = compile_config(cfg, args.out_dtype, args.dump, args.sass)
+            r = compile_config(cfg, args.out_dtype, args.dump, args.sass, grouped=args.grouped)
         except Exception as exc:  # noqa: BLE001 - report and go on
             bad += 1
             msg = str(exc).strip().splitlines()

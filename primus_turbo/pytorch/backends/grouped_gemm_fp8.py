@@ -29,6 +29,11 @@ can run (TRITON elsewhere); the variable-K problem defaults to TRITON (no paddin
 precision="FP8")``, ``PRIMUS_TURBO_GROUPED_GEMM_BACKEND=FP8:TORCH``) or let autotune pick it. A pin
 on inputs it cannot run (BLOCKWISE, MX, E5M2, CPU, ...) raises ``ValueError`` naming the reason.
 
+GLUON (triton/grouped_gemm/grouped_gemm_fp8_gluon.py, sm_90): the M-grouped BLOCKWISE problem with
+E4M3 operands (forward, E4M3 dgrad), a warp-specialized TMA / wgmma kernel. Opt-in
+(``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON=1``) until measured on the GPU; see
+:class:`GroupedGemmFP8GluonBackend`.
+
 Keys read shapes, dtypes and devices only: never a device value (no host sync).
 """
 
@@ -42,9 +47,11 @@ import torch
 from ..core.backend import (
     AutoKernelDispatcher, BackendType, KernelBackend, cuda_capability, scratch_out_tune_kwargs,
 )
+from ..core.env import env_auto_flag
 from .grouped_gemm import zero_tail_rows
 
 __all__ = [
+    "GroupedGemmFP8GluonBackend",
     "GroupedGemmFP8TorchBackend",
     "GroupedGemmFP8TritonBackend",
     "GroupedGemmFP8VariableKTorchBackend",
@@ -53,6 +60,7 @@ __all__ = [
     "grouped_gemm_fp8_variable_k_dispatcher",
     "padded_group_layout",
     "gather_rows",
+    "gluon_grouped_enabled",
 ]
 
 
@@ -216,6 +224,71 @@ class GroupedGemmFP8TritonBackend(KernelBackend):
                                        out_dtype=out_dtype, block_size=block_size, num_cu=num_cu, checked=True)
 
 
+class GroupedGemmFP8GluonBackend(KernelBackend):
+    """Warp-specialized Gluon kernel for Hopper (triton/grouped_gemm/grouped_gemm_fp8_gluon.py):
+    M-grouped BLOCKWISE E4M3 x E4M3 (1x128 activation groups x 128x128 expert-weight blocks),
+    the forward and the E4M3 dgrad. Opt-in until measured on the GPU:
+    ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON=1`` makes it the M-grouped default where it can run (the
+    variable-K wgrad stays on TRITON); a GLUON pin reaches it as well but, covering the wgrad
+    dispatcher too (no GLUON there), suits forward-only runs. Not autotuned until measured."""
+
+    backend_type = BackendType.GLUON
+    autotune = False
+
+    @classmethod
+    def check(cls, a_q, a_scale, b_q, b_scale, mode, group_lens, group_offs, out_dtype, block_size=128,
+              num_cu=None, **_) -> Optional[str]:
+        mode = _mode_name(mode)
+        if mode != "BLOCKWISE":
+            return f"the Gluon grouped FP8 kernel is BLOCKWISE only, got {mode}"
+        for name, t in (("a_q", a_q), ("b_q", b_q)):
+            if isinstance(t, torch.Tensor) and t.dtype != torch.float8_e4m3fn:
+                return f"{name}.dtype={t.dtype}; the Gluon grouped FP8 kernel takes float8_e4m3fn only"
+        if num_cu is not None and (not isinstance(num_cu, int) or num_cu < 1):
+            return f"num_cu must be a positive int, got {num_cu!r}"
+        if group_offs is None:
+            G = b_q.size(0) if isinstance(b_q, torch.Tensor) and b_q.dim() == 3 else -1
+            if not (isinstance(group_lens, torch.Tensor) and group_lens.dtype == torch.int64
+                    and group_lens.dim() == 1 and group_lens.numel() == G and group_lens.device == a_q.device):
+                return "group_offs, or group_lens int64 [G] on the operands' device, is needed"
+        gluon = _gluon_grouped_module()
+        if gluon is None:
+            return "the Gluon grouped FP8 kernel is not importable"
+        return gluon.gluon_grouped_blockwise_reason(a_q, a_scale, b_q, b_scale, group_offs, out_dtype, block_size)
+
+    @classmethod
+    def execute(cls, a_q, a_scale, b_q, b_scale, mode, group_lens, group_offs, out_dtype, block_size=128,
+                num_cu=None, **_) -> torch.Tensor:
+        from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_gluon import grouped_gemm_fp8_blockwise_gluon
+
+        if group_offs is None:
+            from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import group_offsets
+
+            group_offs = group_offsets(group_lens)
+        return grouped_gemm_fp8_blockwise_gluon(a_q, a_scale, b_q, b_scale, group_offs, out_dtype=out_dtype,
+                                                num_programs=num_cu)
+
+
+_GLUON_GROUPED: list = []
+
+
+def _gluon_grouped_module():
+    """primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_gluon, or None where it cannot be imported."""
+    if not _GLUON_GROUPED:
+        try:
+            from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_gluon as mod
+        except ImportError:
+            mod = None
+        _GLUON_GROUPED.append(mod)
+    return _GLUON_GROUPED[0]
+
+
+def gluon_grouped_enabled() -> bool:
+    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON``: True for 1, False for 0 and auto (auto: off until the
+    Gluon grouped kernel is measured on the H200). Read per call (it may change at run time)."""
+    return bool(env_auto_flag("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON"))
+
+
 def _make_key(a_q, a_scale, b_q, b_scale, mode, group_lens, group_offs, out_dtype, block_size=128, num_cu=None,
               **_):
     return (a_q.size(0), b_q.size(1), a_q.size(1), b_q.size(0), a_q.dtype, b_q.dtype, out_dtype, _mode_name(mode),
@@ -223,18 +296,25 @@ def _make_key(a_q, a_scale, b_q, b_scale, mode, group_lens, group_offs, out_dtyp
 
 
 def _default_mgrouped(**kwargs) -> BackendType:
-    # the vendor kernel where it runs (TENSORWISE / ROWWISE, E4M3, bf16 out, aligned): measured on
-    # the H200 our Triton kernel reaches 0.73-1.00x of it on the forward; TRITON everywhere else
+    """The M-grouped FP8 default, in one place: the vendor kernel where it runs (TENSORWISE /
+    ROWWISE, E4M3, bf16 out, aligned: measured on the H200 our Triton kernel reaches 0.73-1.00x of
+    it on the forward); with ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON=1``, the Gluon kernel for
+    BLOCKWISE where its check passes (sm_90, E4M3, aligned rows); TRITON everywhere else. TORCH
+    and GLUON are returned only after their own check said yes (``default_checked``)."""
+    if _mode_name(kwargs.get("mode")) == "BLOCKWISE":
+        if gluon_grouped_enabled() and GroupedGemmFP8GluonBackend.can_handle(**kwargs):
+            return BackendType.GLUON
+        return BackendType.TRITON
     return BackendType.TORCH if GroupedGemmFP8TorchBackend.can_handle(**kwargs) else BackendType.TRITON
 
 
 grouped_gemm_fp8_dispatcher = AutoKernelDispatcher(
     op_name="grouped_gemm_fp8",
     family="grouped_gemm",
-    backends=[GroupedGemmFP8TritonBackend, GroupedGemmFP8TorchBackend],
+    backends=[GroupedGemmFP8TritonBackend, GroupedGemmFP8TorchBackend, GroupedGemmFP8GluonBackend],
     make_key=_make_key,
     default=_default_mgrouped,
-    default_checked=BackendType.TORCH,
+    default_checked=(BackendType.TORCH, BackendType.GLUON),
 )
 
 

@@ -41,6 +41,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "Triton attention backward: 1 one kernel with fp32 atomic dQ accumulation (fp16/bf16), 0 the two-kernel "
         "backward; auto: two-kernel until measured on the H200. deterministic=True and fp32 are always two-kernel.",
     ),
+    "PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON": (
+        "auto",
+        "M-grouped FP8 BLOCKWISE GEMM (grouped_gemm_fp8 forward and E4M3 dgrad) on sm_90: 1 the Gluon kernel "
+        "where it can run, 0 the Triton kernel; auto: Triton until the Gluon grouped kernel is measured on the H200.",
+    ),
     "PRIMUS_TURBO_PRINT_CONFIGS": ("0", "1: log the kernel config chosen for each new shape (INFO level)."),
 }
 

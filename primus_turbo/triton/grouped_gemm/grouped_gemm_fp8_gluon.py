@@ -1,0 +1,404 @@
+"""Hopper (sm_90) Gluon kernel for the M-grouped BLOCKWISE FP8 GEMM of MoE experts.
+
+``out[offs[g]:offs[g+1]] = (a * sa)[rows of g] @ (b[g] * sb[g])^T`` and ``out[offs[G]:] = 0``:
+``a [M_total, K]`` float8_e4m3fn (K contiguous) with 1 x 128 scales ``sa [M_total, ceil(K/128)]``
+fp32, ``b [G, N, K]`` float8_e4m3fn (K contiguous: the ``trans_b=True`` weight layout, or the
+dgrad copy ``[G, K, N]`` the op already keeps) with 128 x 128 scales
+``sb [G, ceil(N/128), ceil(K/128)]`` fp32, ``group_offs [G+1]`` int64 on the device. The same
+product as the BLOCKWISE mode of ``grouped_gemm_fp8_kernel.py`` (the ``triton.language`` kernel);
+only the summation order of the fp32 promotions differs.
+
+Structure: the dense Gluon kernel's (``triton/gemm/gemm_fp8_gluon.py``, whose main loops, scale
+loads and TMA-store epilogue are reused), walked over a device-side tile schedule:
+
+* persistent grid; every partition (producer warp, two consumer warpgroups) walks the groups in
+  order, reading ``group_offs`` from global memory, and takes the tiles ``t`` of group ``g`` with
+  ``(tile_base + t) % num_programs == program_id`` (the schedule of the tl grouped kernels), so
+  no group size is ever read on the host and the three partitions agree on every tile;
+* the producer warp issues TMA loads of A (two 64-row halves at the group's row offset) and B
+  (a ``[G * N, K]`` view of the experts, rows ``g * N + off_n``) into a STAGES-deep ring guarded
+  by ready/empty mbarriers. A rows past the group's end belong to the next group (or are
+  zero-filled past M_total); they only feed output rows that are not stored. B rows past N of a
+  partial column tile likewise only feed columns that are not stored;
+* the two consumer warpgroups run the dense kernel's main loop (wgmma into a fresh partial per
+  128-deep K block, promotion with ``sa[row, kb] * sb[g, n/128, kb]``);
+* epilogue: a warpgroup half whose 64 rows all lie in the group goes through shared memory and a
+  TMA store (clipped at N); a half that reaches past the group's end is stored from registers
+  with masked pointer stores (rows < group end, cols < N), so no tile ever writes into the next
+  group's rows. The pseudo-group ``g == G`` covers rows ``[offs[G], M_total)`` with zero tiles
+  (no loads, no MMAs), the output-tail contract of the tl kernels.
+
+Requirements (``gluon_grouped_blockwise_reason``): sm_90, Gluon importable, E4M3 operands with
+unit K stride and 16-byte aligned rows, ``b``'s expert and row dims mergeable into one ``[G * N,
+K]`` view, scales of the shapes above, ``group_offs`` int64 ``[G+1]`` on the same device, an
+output dtype (bf16, fp16 or fp32) whose rows of N elements are 16-byte aligned. Offsets are
+clamped to ``[0, M_total]`` and made non-decreasing on the device as the tl kernel does.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+from primus_turbo.triton.gemm import gemm_fp8_gluon as _dense
+from primus_turbo.triton.gemm.gemm_fp8_gluon import (
+    GLUON_AVAILABLE,
+    SCALE_BLOCK,
+    GluonBlockwiseConfig,
+    gluon_platform_reason,
+)
+
+__all__ = [
+    "GROUPED_DEFAULT_CONFIG",
+    "grouped_gemm_fp8_blockwise_gluon",
+    "gluon_grouped_blockwise_reason",
+    "gluon_grouped_operand_reason",
+    "grouped_default_config",
+]
+
+# Not measured on the GPU yet: the dense kernel's measured default (n256s3c2), whose tile shape
+# also divides every MoE N of the check script's shapes (1536, 2048, 4096, 7168).
+GROUPED_DEFAULT_CONFIG = _dense.DEFAULT_CONFIG
+
+if GLUON_AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from primus_turbo.triton.gemm.gemm_fp8_gluon import (
+        SCALE_N,
+        _mainloop,
+        _mainloop_pipelined,
+        _store_sub,
+        _tile_coords,
+    )
+
+    @gluon.jit
+    def _group_rows(offs_ptr, g, G, M):
+        """[m_start, m_end) of group g, clamped to [0, M] and non-decreasing; g == G: the tail
+        [offs[G], M) (as the tl grouped kernel)."""
+        m_start = gl.load(offs_ptr + g)
+        m_next = gl.load(offs_ptr + gl.minimum(g + 1, G))
+        m_start = gl.minimum(gl.maximum(m_start, 0), M).to(gl.int32)
+        if g < G:
+            m_end = gl.minimum(m_next, M).to(gl.int32)
+        else:
+            m_end = M
+        m_end = gl.maximum(m_end, m_start)
+        return m_start, m_end
+
+    @gluon.jit
+    def _g_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N, K, G,
+                    BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+        """One warp: the TMA loads of every tile of every real group (the tail needs none)."""
+        HALF_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        STAGE_BYTES: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
+        num_programs = gl.num_programs(0)
+        pid = gl.program_id(0)
+        num_pid_n = gl.cdiv(N, BLOCK_N)
+        k_tiles = gl.cdiv(K, BLOCK_K)
+        it = 0
+        tile_base = 0
+        for g in range(G):
+            m_start, m_end = _group_rows(offs_ptr, g, G, M)
+            num_pid_m = gl.cdiv(m_end - m_start, 2 * HALF_M)
+            tiles_g = num_pid_m * num_pid_n
+            first = (pid - tile_base % num_programs + num_programs) % num_programs
+            for t in range(first, tiles_g, num_programs):
+                pid_m, pid_n = _tile_coords(t, num_pid_m, num_pid_n, GROUP_M)
+                off_m = m_start + pid_m * (2 * HALF_M)
+                off_b = g * N + pid_n * BLOCK_N  # row of the [G * N, K] expert view
+                for kk in range(k_tiles):
+                    s = it % STAGES
+                    mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+                    bar = ready.index(s)
+                    mbarrier.expect(bar, STAGE_BYTES)
+                    k = kk * BLOCK_K
+                    tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(2 * s))
+                    tma.async_copy_global_to_shared(a_desc, [off_m + HALF_M, k], bar, a_bufs.index(2 * s + 1))
+                    tma.async_copy_global_to_shared(b_desc, [off_b, k], bar, b_bufs.index(s))
+                    it += 1
+            tile_base += tiles_g
+
+    @gluon.jit
+    def _store_masked(c_ptr, acc, offs_m, mask_m, off_n, N, stride_cm, SUB: gl.constexpr):
+        """acc (64 x 128 fp32, wgmma layout) -> out rows offs_m (where mask_m), columns
+        [off_n + SUB*128, +128) below N: pointer stores that never touch another group's rows."""
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, SCALE_N, 32])
+        col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
+        offs_n = off_n + SUB * SCALE_N + gl.arange(0, SCALE_N, layout=col_layout)
+        rows = gl.expand_dims(offs_m.to(gl.int64) * stride_cm, 1)
+        cols = gl.expand_dims(offs_n, 0)
+        mask = gl.expand_dims(mask_m, 1) & gl.expand_dims(offs_n < N, 0)
+        gl.store(c_ptr + rows + cols, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+    @gluon.jit
+    def _g_consumer(c_desc, c_ptr, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
+                    stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+                    WG: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                    C_BUFS: gl.constexpr, PIPELINE: gl.constexpr):
+        """One warpgroup: rows [WG*64, WG*64+64) of every tile of every group, and of the tail."""
+        HALF_M: gl.constexpr = c_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
+        N_SUB: gl.constexpr = BLOCK_N // SCALE_N
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, SCALE_N, 32])
+        row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+        num_programs = gl.num_programs(0)
+        pid = gl.program_id(0)
+        num_pid_n = gl.cdiv(N, BLOCK_N)
+        k_tiles = gl.cdiv(K, BLOCK_K)
+        last_nb = gl.cdiv(N, SCALE_N) - 1
+        it = 0
+        st = 0
+        tile_base = 0
+        for g in range(G + 1):  # g == G: the zeroed rows past offs[G]
+            m_start, m_end = _group_rows(offs_ptr, g, G, M)
+            num_pid_m = gl.cdiv(m_end - m_start, 2 * HALF_M)
+            tiles_g = num_pid_m * num_pid_n
+            first = (pid - tile_base % num_programs + num_programs) % num_programs
+            sb_g = sb_ptr + gl.minimum(g, G - 1).to(gl.int64) * stride_sbg
+            for t in range(first, tiles_g, num_programs):
+                pid_m, pid_n = _tile_coords(t, num_pid_m, num_pid_n, GROUP_M)
+                off_m = m_start + pid_m * (2 * HALF_M) + WG * HALF_M
+                off_n = pid_n * BLOCK_N
+                offs_m = off_m + gl.arange(0, HALF_M, layout=row_layout)
+                mask_m = offs_m < m_end
+                sa_rows = sa_ptr + offs_m.to(gl.int64) * stride_sam
+                sb0 = sb_g + (pid_n * N_SUB) * stride_sbn
+                sb1 = sb_g + gl.minimum(pid_n * N_SUB + 1, last_nb) * stride_sbn
+                acc0 = gl.zeros([HALF_M, SCALE_N], gl.float32, mma_layout)
+                acc1 = acc0
+                if N_SUB == 2:
+                    acc1 = gl.zeros([HALF_M, SCALE_N], gl.float32, mma_layout)
+                if g < G:
+                    regs = gl.zeros([HALF_M, SCALE_N], gl.float32, mma_layout)
+                    if PIPELINE:
+                        regs_q = gl.zeros([HALF_M, SCALE_N], gl.float32, mma_layout)
+                        acc0, regs, regs_q, it = _mainloop_pipelined(
+                            acc0, regs, regs_q, a_bufs, b_bufs, ready, empty, it, k_tiles, sa_rows, mask_m, sb0,
+                            stride_sak, stride_sbk, WG, STAGES)
+                    else:
+                        acc0, acc1, it = _mainloop(acc0, acc1, regs, a_bufs, b_bufs, ready, empty, it, k_tiles,
+                                                   sa_rows, mask_m, sb0, sb1, stride_sak, stride_sbk, WG, STAGES,
+                                                   N_SUB)
+                if off_m + HALF_M <= m_end:  # the whole half is in the group: TMA store (clips at N)
+                    st = _store_sub(c_desc, c_bufs, acc0, off_m, off_n, st, WG, 0, C_BUFS)
+                    if N_SUB == 2:
+                        st = _store_sub(c_desc, c_bufs, acc1, off_m, off_n, st, WG, 1, C_BUFS)
+                else:  # the group's last rows: masked stores, the next group's rows untouched
+                    _store_masked(c_ptr, acc0, offs_m, mask_m, off_n, N, stride_cm, 0)
+                    if N_SUB == 2:
+                        _store_masked(c_ptr, acc1, offs_m, mask_m, off_n, N, stride_cm, 1)
+            tile_base += tiles_g
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _grouped_gemm_fp8_blockwise_ws_kernel(
+        a_desc, b_desc, c_desc, c_ptr,
+        sa_ptr, sb_ptr, offs_ptr,
+        M, N, K, G,
+        stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+        GROUP_M: gl.constexpr, STAGES: gl.constexpr, C_BUFS: gl.constexpr, PIPELINE: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    ):
+        """Persistent, warp-specialized M-grouped BLOCKWISE GEMM; descriptors as the dense
+        kernel's (a_desc [64, 128] boxes, b_desc [BLOCK_N, 128] boxes of the [G * N, K] view,
+        c_desc [64, 128] boxes), plus the output pointer for the masked group-end stores."""
+        HALF_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, HALF_M, BLOCK_K], a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+        c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2 * C_BUFS, HALF_M, SCALE_N], c_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)
+        gl.warp_specialize([
+            (_g_consumer, (c_desc, c_ptr, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
+                           stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+                           0, BLOCK_N, GROUP_M, STAGES, C_BUFS, PIPELINE)),
+            (_g_consumer, (c_desc, c_ptr, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
+                           stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+                           1, BLOCK_N, GROUP_M, STAGES, C_BUFS, PIPELINE)),
+            (_g_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N, K, G, BLOCK_N, GROUP_M,
+                           STAGES)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks and launch
+# ----------------------------------------------------------------------------------------------
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_HALF_M = 64
+
+
+def _rows_16(t: torch.Tensor, row_stride: int) -> bool:
+    return (row_stride * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+
+
+def gluon_grouped_operand_reason(a, sa, b, sb, group_offs, out_dtype: Optional[torch.dtype] = torch.bfloat16,
+                                 block_size: int = 128) -> Optional[str]:
+    """The operand half of :func:`gluon_grouped_blockwise_reason` (no platform test: checkable on
+    CPU). None when dtypes, shapes, strides and devices are ones the kernel takes."""
+    if not GLUON_AVAILABLE:
+        return "triton.experimental.gluon is not importable"
+    for name, t in (("a", a), ("sa", sa), ("b", b), ("sb", sb)):
+        if not isinstance(t, torch.Tensor):
+            return f"{name} must be a torch.Tensor, got {type(t).__name__}"
+    if block_size != SCALE_BLOCK:
+        return f"the Gluon grouped kernel takes 128-wide scale blocks, got block_size={block_size}"
+    if a.dim() != 2 or b.dim() != 3:
+        return f"a must be [M_total, K] and b [G, N, K], got {tuple(a.shape)} and {tuple(b.shape)}"
+    for name, t in (("a", a), ("b", b)):
+        if t.dtype != torch.float8_e4m3fn:
+            return f"{name}.dtype={t.dtype}; the Gluon grouped kernel takes float8_e4m3fn only"
+    M, K = a.shape
+    G, N, Kb = b.shape
+    if Kb != K:
+        return f"K mismatch: a is [M, K] = {list(a.shape)}, b is [G, N, K] = {list(b.shape)}"
+    dev = a.device
+    if any(t.device != dev for t in (sa, b, sb)):
+        return "a, sa, b and sb must be on one device"
+    if group_offs is not None:  # None: the caller derives it from group_lens on the device
+        if not isinstance(group_offs, torch.Tensor) or group_offs.device != dev:
+            return f"group_offs must be a tensor on {dev}"
+        if group_offs.dtype != torch.int64 or group_offs.dim() != 1 or group_offs.numel() != G + 1:
+            return f"group_offs must be int64 [G+1] = [{G + 1}], got {group_offs.dtype} {list(group_offs.shape)}"
+    kb = -(-K // SCALE_BLOCK)
+    nb = -(-N // SCALE_BLOCK)
+    if sa.dtype != torch.float32 or tuple(sa.shape) != (M, kb):
+        return f"sa must be float32 [M_total, ceil(K/128)] = {[M, kb]}, got {sa.dtype} {list(sa.shape)}"
+    if sb.dtype != torch.float32 or tuple(sb.shape) != (G, nb, kb):
+        return f"sb must be float32 [G, ceil(N/128), ceil(K/128)] = {[G, nb, kb]}, got {sb.dtype} {list(sb.shape)}"
+    if a.numel() and not (a.stride(1) == 1 and _rows_16(a, a.stride(0))):
+        return f"a must be K-contiguous with 16-byte aligned base and rows for TMA (strides {tuple(a.stride())})"
+    if b.numel():
+        if b.stride(2) != 1 or not _rows_16(b, b.stride(1)):
+            return f"b must be K-contiguous with 16-byte aligned base and rows for TMA (strides {tuple(b.stride())})"
+        if G > 1 and b.stride(0) != N * b.stride(1):
+            return (f"b's experts must be stacked row after row (stride(0) == N * stride(1)) for the [G * N, K] "
+                    f"view, strides {tuple(b.stride())}")
+    dtype = out_dtype if out_dtype is not None else torch.bfloat16
+    if dtype not in _OUT_DTYPES:
+        return f"output dtype {dtype} is not one of bfloat16, float16, float32"
+    if (N * dtype.itemsize) % 16:
+        return f"out rows of N={N} {dtype} elements are not 16-byte aligned for the TMA store"
+    return None
+
+
+def gluon_grouped_blockwise_reason(a, sa, b, sb, group_offs, out_dtype: Optional[torch.dtype] = torch.bfloat16,
+                                   block_size: int = 128) -> Optional[str]:
+    """None when :func:`grouped_gemm_fp8_blockwise_gluon` can run these inputs, else why not.
+    Never raises, never synchronizes (shapes, dtypes, strides, a cached capability)."""
+    try:
+        reason = gluon_grouped_operand_reason(a, sa, b, sb, group_offs, out_dtype, block_size)
+        if reason is None:
+            reason = gluon_platform_reason(a.device)
+        return reason
+    except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
+        return f"{type(exc).__name__}: {exc}"
+
+
+def grouped_default_config(M: int, N: int, K: int, G: int,
+                           out_dtype: torch.dtype = torch.bfloat16) -> GluonBlockwiseConfig:
+    """GROUPED_DEFAULT_CONFIG, shrunk to fit next to the output staging buffers (as the dense one)."""
+    del M, N, K, G
+    return _fitted(out_dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _fitted(out_dtype: torch.dtype) -> GluonBlockwiseConfig:
+    import dataclasses
+
+    cfg = GROUPED_DEFAULT_CONFIG
+    out_bytes = out_dtype.itemsize
+    if cfg.smem_bytes(out_bytes) > _dense.SMEM_LIMIT and cfg.c_bufs > 1:
+        cfg = dataclasses.replace(cfg, c_bufs=1)
+    while cfg.smem_bytes(out_bytes) > _dense.SMEM_LIMIT and cfg.stages > 2:
+        cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
+    return cfg
+
+
+def _kernel_args(a, sa, b, sb, group_offs, out, cfg: GluonBlockwiseConfig) -> tuple:
+    """(positional args, keyword args) of the launch for validated, non-empty inputs."""
+    M, K = a.shape
+    G, N, _ = b.shape
+    bn, bk = cfg.block_n, cfg.BLOCK_K
+    a_layout, b_layout, c_layout = _dense._layouts(bn, out.dtype)
+    a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [_HALF_M, bk], a_layout)
+    # the experts as one [G * N, K] matrix (rows g * N + n); a K tail zero-fills per row
+    b_desc = TensorDescriptor(b, [G * N, K], [b.stride(1), 1], [bn, bk], b_layout)
+    c_desc = TensorDescriptor(out, [M, N], [out.stride(0), 1], [_HALF_M, SCALE_BLOCK], c_layout)
+    args = (a_desc, b_desc, c_desc, out, sa, sb, group_offs, M, N, K, G,
+            out.stride(0), sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1), sb.stride(2))
+    kwargs = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, PIPELINE=cfg.pipeline,
+                  CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, num_warps=4)
+    return args, kwargs
+
+
+def _launch_reason(a, b, group_offs, out, num_programs) -> Optional[str]:
+    """What the launcher needs beyond the operand checks: the offsets themselves, a usable out."""
+    if group_offs is None:
+        return "group_offs [G+1] on the device is needed"
+    M, N = a.shape[0], b.shape[1]
+    if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, N) or not out.is_contiguous()
+                            or out.device != a.device or out.data_ptr() % 16):
+        return f"out must be a contiguous, 16-byte aligned [M_total, N] = {[M, N]} tensor on {a.device}"
+    if num_programs is not None and (not isinstance(num_programs, int) or num_programs < 1):
+        return f"num_programs must be a positive int, got {num_programs!r}"
+    return None
+
+
+def grouped_gemm_fp8_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+                                     group_offs: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16,
+                                     config: Optional[GluonBlockwiseConfig] = None,
+                                     out: Optional[torch.Tensor] = None,
+                                     num_programs: Optional[int] = None) -> torch.Tensor:
+    """``out[rows of g] = (a * sa)[rows of g] @ (b[g] * sb[g])^T``, rows past ``group_offs[G]`` zero.
+
+    Args:
+        a: ``[M_total, K]`` float8_e4m3fn, K contiguous (tokens sorted by expert).
+        sa: ``[M_total, ceil(K/128)]`` float32 multipliers of a's 1 x 128 groups.
+        b: ``[G, N, K]`` float8_e4m3fn, K contiguous, experts stacked (``b.view(G * N, K)`` valid).
+        sb: ``[G, ceil(N/128), ceil(K/128)]`` float32 multipliers of b's 128 x 128 blocks.
+        group_offs: ``[G+1]`` int64 on the device (read only there: no host sync).
+        out_dtype: bf16, fp16 or fp32 (ignored when ``out`` is given).
+        config: :class:`GluonBlockwiseConfig` (the dense kernel's; default when None).
+        out: optional contiguous ``[M_total, N]`` output (every row is written, the tail with zeros).
+        num_programs: cap on the persistent grid (``num_cu`` of the op); all SMs when None.
+
+    Raises ValueError with :func:`gluon_grouped_blockwise_reason`'s text on inputs it cannot run.
+    """
+    if out is not None:
+        out_dtype = out.dtype
+    reason = gluon_grouped_blockwise_reason(a, sa, b, sb, group_offs, out_dtype) or _launch_reason(
+        a, b, group_offs, out, num_programs)
+    if reason is not None:
+        raise ValueError(f"grouped_gemm_fp8_blockwise_gluon: {reason}")
+    M, K = a.shape
+    G, N, _ = b.shape
+    if out is None:
+        out = torch.empty((M, N), dtype=out_dtype, device=a.device)
+    if M == 0 or N == 0:
+        return out
+    if G == 0 or K == 0:
+        return out.zero_()
+    cfg = config or grouped_default_config(M, N, K, G, out_dtype)
+    bad = cfg.check(out.element_size())
+    if bad is not None:
+        raise ValueError(f"grouped_gemm_fp8_blockwise_gluon: {bad}")
+    args, kwargs = _kernel_args(a, sa, b, sb, group_offs, out, cfg)
+    # a static bound on the tiles (every group may add one partial row tile, plus the tail)
+    tiles = (-(-M // cfg.BLOCK_M) + G + 1) * -(-N // cfg.block_n)
+    with torch.cuda.device(a.device):
+        grid = (min(num_programs or _dense._num_sms(a.device), tiles),)
+        _grouped_gemm_fp8_blockwise_ws_kernel[grid](*args, **kwargs)
+    return out

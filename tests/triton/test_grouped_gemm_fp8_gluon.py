@@ -1,0 +1,368 @@
+"""The Gluon M-grouped BLOCKWISE FP8 GEMM (primus_turbo/triton/grouped_gemm/grouped_gemm_fp8_gluon.py).
+
+On CPU: the eligibility reasons (also for the operands ``turbo.ops.grouped_gemm_fp8`` builds for
+its forward and dgrad), the backend's opt-in default rule with a mocked platform, and that the
+kernel compiles for sm_90 without spills or serialized wgmmas, also through the launcher's own
+arguments. On an sm_90 GPU: against the fp32 product of the dequantized operands and the
+``triton.language`` grouped kernel, with balanced, unbalanced, empty and partial-tile groups, rows
+past ``group_offs[G]`` (zero), M / N / K tails, every output dtype, several configs, the backend
+and the op.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from primus_turbo.triton.gemm import gemm_fp8_gluon as dense  # noqa: E402
+from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_gluon as gg  # noqa: E402
+
+E4M3 = torch.float8_e4m3fn
+_ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+sm90 = pytest.mark.skipif(not _ON_SM90, reason="needs an sm_90 (Hopper) GPU")
+needs_gluon = pytest.mark.skipif(not dense.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
+MIN_SNR = {torch.bfloat16: 40.0, torch.float16: 45.0, torch.float32: 55.0}
+
+
+def _quant_1x128(x: torch.Tensor):
+    M, K = x.shape
+    kb = math.ceil(K / 128)
+    g = torch.nn.functional.pad(x.float(), (0, kb * 128 - K)).view(M, kb, 128)
+    scale = 448.0 / g.abs().amax(-1).clamp(min=1e-12)
+    q = (g * scale[..., None]).clamp(-448, 448).to(E4M3).view(M, kb * 128)[:, :K].contiguous()
+    return q, (1.0 / scale).contiguous()
+
+
+def _quant_128x128(w: torch.Tensor):
+    """w [G, N, K] -> (q [G, N, K], scale_inv [G, ceil(N/128), ceil(K/128)])."""
+    G, N, K = w.shape
+    nb, kb = math.ceil(N / 128), math.ceil(K / 128)
+    g = torch.nn.functional.pad(w.float(), (0, kb * 128 - K, 0, nb * 128 - N)).view(G, nb, 128, kb, 128)
+    scale = 448.0 / g.abs().amax(dim=(2, 4)).clamp(min=1e-12)
+    q = (g * scale[:, :, None, :, None]).clamp(-448, 448).to(E4M3).view(G, nb * 128, kb * 128)[:, :N, :K]
+    return q.contiguous(), (1.0 / scale).contiguous()
+
+
+def _offsets(lens, device):
+    offs = torch.zeros(len(lens) + 1, dtype=torch.int64)
+    offs[1:] = torch.tensor(lens, dtype=torch.int64).cumsum(0)
+    return offs.to(device)
+
+
+def _operands(lens, N, K, device, extra_rows=0):
+    """a [sum(lens) + extra_rows, K] (the extra rows lie past offs[G]), b [G, N, K], and the
+    float64 reference of the dequantized operands (rows past offs[G]: zero)."""
+    G = len(lens)
+    M = sum(lens) + extra_rows
+    a_q, sa = _quant_1x128(torch.randn(M, K, device=device) * 2)
+    b_q, sb = _quant_128x128(torch.randn(G, N, K, device=device) * 0.05)
+    offs = _offsets(lens, device)
+    a_d = a_q.double() * sa.double().repeat_interleave(128, 1)[:, :K]
+    b_d = b_q.double() * sb.double().repeat_interleave(128, 1).repeat_interleave(128, 2)[:, :N, :K]
+    ref = torch.zeros(M, N, dtype=torch.float64, device=device)
+    start = 0
+    for g, n in enumerate(lens):
+        ref[start:start + n] = a_d[start:start + n] @ b_d[g].T
+        start += n
+    return (a_q, sa, b_q, sb, offs), ref
+
+
+def _snr(ref, out):
+    from primus_turbo.testing import snr_db
+
+    return snr_db(ref.double().cpu(), out.double().cpu())
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: reasons
+# ---------------------------------------------------------------------------------------------
+def test_reason_on_cpu_tensors():
+    (a_q, sa, b_q, sb, offs), _ = _operands([64, 0, 100], 256, 256, "cpu")
+    reason = gg.gluon_grouped_blockwise_reason(a_q, sa, b_q, sb, offs)
+    assert reason is not None
+    if dense.GLUON_AVAILABLE:
+        assert gg.gluon_grouped_operand_reason(a_q, sa, b_q, sb, offs) is None
+        assert "cpu" in reason and "sm_90" in reason, reason
+    with pytest.raises(ValueError, match="grouped_gemm_fp8_blockwise_gluon"):
+        gg.grouped_gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, offs)
+
+
+@needs_gluon
+def test_operand_reasons():
+    (a_q, sa, b_q, sb, offs), _ = _operands([64, 0, 100], 256, 256, "cpu")
+    base = dict(a=a_q, sa=sa, b=b_q, sb=sb, group_offs=offs)
+    G = b_q.shape[0]
+    wide = torch.empty(G, 256, 512, dtype=E4M3)[:, :, :256]  # K-contiguous, rows 512 apart: fine
+    gapped = torch.empty(G, 320, 256, dtype=E4M3)[:, :256]   # experts 320 rows apart: no [G*N, K] view
+    cases = [
+        (dict(a=a_q.to(torch.float8_e5m2)), "float8_e4m3fn only"),
+        (dict(b=b_q.to(torch.float8_e5m2)), "float8_e4m3fn only"),
+        (dict(sb=sb[:, :1]), "[G, ceil(N/128), ceil(K/128)]"),
+        (dict(sa=sa[:, :1]), "[M_total, ceil(K/128)]"),
+        (dict(group_offs=offs.to(torch.int32)), "int64 [G+1]"),
+        (dict(group_offs=offs[:-1]), "int64 [G+1]"),
+        (dict(b=b_q[:, :, :128]), "K mismatch"),
+        (dict(a=a_q.t().contiguous().t()), "K-contiguous"),
+        (dict(b=b_q.transpose(1, 2).contiguous().transpose(1, 2)), "K-contiguous"),
+        (dict(b=gapped), "stacked row after row"),
+        (dict(b=b_q[0]), "[G, N, K]"),
+    ]
+    for over, match in cases:
+        kw = {**base, **over}
+        reason = gg.gluon_grouped_operand_reason(kw["a"], kw["sa"], kw["b"], kw["sb"], kw["group_offs"])
+        assert reason is not None and match in reason, (over.keys(), reason)
+    assert gg.gluon_grouped_operand_reason(a_q, sa, wide, sb, offs) is None
+    assert "block_size" in gg.gluon_grouped_operand_reason(a_q, sa, b_q, sb, offs, block_size=64)
+    # N = 196 bf16: rows of 392 bytes (fp32: 784, aligned)
+    (a2, sa2, b2, sb2, o2), _ = _operands([8, 8], 196, 128, "cpu")
+    assert "16-byte" in gg.gluon_grouped_operand_reason(a2, sa2, b2, sb2, o2)
+    assert gg.gluon_grouped_operand_reason(a2, sa2, b2, sb2, o2, out_dtype=torch.float32) is None
+    # group_offs may be left to the caller (the backend derives it from group_lens)
+    assert gg.gluon_grouped_operand_reason(a_q, sa, b_q, sb, None) is None
+
+
+@needs_gluon
+@pytest.mark.parametrize("trans_b", [True, False])
+def test_op_forward_and_dgrad_operands_are_gluon_shaped(trans_b):
+    """The operands grouped_gemm_fp8 BLOCKWISE builds (forward: a 1x128 x the [G, N, K] weight
+    copy; dgrad: dY 1x128 x the [G, K, N] copy it keeps anyway) pass the operand checks with
+    E4M3; the HYBRID dgrad (E5M2 dY) does not."""
+    # the module, not the function that turbo.ops re-exports under the same name
+    op = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm_fp8")
+
+    G, N, K, M = 3, 256, 384, 96
+    b = torch.randn((G, N, K) if trans_b else (G, K, N)) / 16
+    fwd, dgr = op._weight_copies(b, trans_b, E4M3, "BLOCKWISE", 128, True, True)
+    a_q, sa = op._quant_rows(torch.randn(M, K), E4M3, "BLOCKWISE", 128)
+    offs = _offsets([32, 0, 64], "cpu")
+    assert tuple(fwd[0].shape) == (G, N, K) and tuple(dgr[0].shape) == (G, K, N)
+    assert gg.gluon_grouped_operand_reason(a_q, sa, fwd[0], fwd[1], offs) is None
+    for dtype, ok in ((E4M3, True), (torch.float8_e5m2, False)):
+        dy_q, dy_s = op._quant_rows(torch.randn(M, N), dtype, "BLOCKWISE", 128)
+        reason = gg.gluon_grouped_operand_reason(dy_q, dy_s, dgr[0], dgr[1], offs)
+        assert (reason is None) == ok, reason
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the backend and its opt-in default rule
+# ---------------------------------------------------------------------------------------------
+def _dispatch_kw(device, lens=(64, 0, 100), N=256, K=256):
+    (a_q, sa, b_q, sb, offs), ref = _operands(list(lens), N, K, device)
+    return dict(a_q=a_q, a_scale=sa, b_q=b_q, b_scale=sb, mode="BLOCKWISE", group_lens=None, group_offs=offs,
+                out_dtype=torch.bfloat16, block_size=128, num_cu=None), ref
+
+
+@pytest.fixture
+def fake_sm90(monkeypatch):
+    state = {"reason": None}
+    monkeypatch.setattr(gg, "gluon_platform_reason", lambda device: state["reason"])
+    return state
+
+
+@needs_gluon
+def test_default_rule_is_opt_in(fake_sm90, monkeypatch):
+    from primus_turbo.pytorch.backends import grouped_gemm_fp8 as be
+    from primus_turbo.pytorch.core.backend import BackendType, PrecisionType
+
+    d = be.grouped_gemm_fp8_dispatcher
+    assert d.backends[BackendType.GLUON] is be.GroupedGemmFP8GluonBackend
+    assert be.GroupedGemmFP8GluonBackend.autotune is False
+    kw, _ = _dispatch_kw("cpu")
+    assert be.GroupedGemmFP8GluonBackend.why_not(**kw) is None  # the mocked platform says sm_90
+    for value in (None, "auto", "0"):
+        if value is None:
+            monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON", raising=False)
+        else:
+            monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON", value)
+        assert be._default_mgrouped(**kw) == BackendType.TRITON, value
+    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON", "1")
+    assert be._default_mgrouped(**kw) == BackendType.GLUON
+    assert d.resolve(PrecisionType.FP8, **kw) is be.GroupedGemmFP8GluonBackend
+    # group_lens instead of group_offs
+    lens = kw["group_offs"].diff()
+    assert be._default_mgrouped(**dict(kw, group_offs=None, group_lens=lens)) == BackendType.GLUON
+    refused = [dict(a_q=kw["a_q"].to(torch.float8_e5m2)), dict(mode="ROWWISE"), dict(block_size=64),
+               dict(num_cu=0), dict(group_offs=None, group_lens=lens.to(torch.int32))]
+    for over in refused:
+        assert be._default_mgrouped(**dict(kw, **over)) != BackendType.GLUON, over.keys()
+    fake_sm90["reason"] = "the Gluon kernel is built for sm_90 (H100/H200), this GPU is sm_80"
+    assert be._default_mgrouped(**kw) == BackendType.TRITON
+    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON", "maybe")
+    with pytest.raises(ValueError, match="PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON"):
+        be.gluon_grouped_enabled()
+
+
+def test_pin_on_cpu_raises(device):
+    from primus_turbo.pytorch.backends import grouped_gemm_fp8 as be
+    from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager, PrecisionType
+
+    if _ON_SM90:
+        pytest.skip("CPU behaviour")
+    kw, _ = _dispatch_kw(device)
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.GLUON, precision=PrecisionType.FP8)
+    try:
+        with pytest.raises(ValueError, match="GLUON"):
+            be.grouped_gemm_fp8_dispatcher.resolve(PrecisionType.FP8, **kw)
+    finally:
+        GlobalBackendManager.reset()
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: sm_90 compile
+# ---------------------------------------------------------------------------------------------
+def _compile_check_module():
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gluon_compile_check.py"
+    spec = importlib.util.spec_from_file_location("gluon_compile_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@needs_gluon
+@pytest.mark.parametrize("out_dtype,config", [("bf16", None), ("fp32", None), ("bf16", "n128s5x"),
+                                              ("bf16", "n256s4"), ("fp16", "n128s5")])
+def test_compiles_for_sm90_without_spills(out_dtype, config):
+    mod = _compile_check_module()
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[out_dtype]
+    cfg = dense.GluonBlockwiseConfig.parse(config) if config else gg.grouped_default_config(1, 1, 1, 1, torch_dtype)
+    assert cfg.check(torch_dtype.itemsize) is None
+    try:
+        res = mod.compile_config(cfg, out_dtype, grouped=True)
+    except FileNotFoundError as exc:
+        pytest.skip(f"ptxas not available: {exc}")
+    assert res["spill_bytes"] == 0, res
+    assert not res["serialized"], res
+    assert res["shared"] <= dense.SMEM_LIMIT, res
+
+
+@needs_gluon
+@pytest.mark.parametrize("config,out_dtype", [("n256s3c2", torch.bfloat16), ("n128s5x", torch.float32)])
+def test_launcher_arguments_bind_and_compile_for_sm90(config, out_dtype, monkeypatch):
+    """The launcher's own arguments (host TMA descriptors incl. the [G*N, K] expert view, the
+    output pointer, scales, offsets, strides) bind and compile for sm_90 with a stand-in driver."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    class _Sm90:
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+    if not hasattr(driver, "_active"):
+        pytest.skip("triton's driver registry has changed")
+    (a_q, sa, b_q, sb, offs), _ = _operands([100, 0, 200], 384, 640, "cpu", extra_rows=20)
+    out = torch.empty(a_q.shape[0], 384, dtype=out_dtype)
+    cfg = dense.GluonBlockwiseConfig.parse(config)
+    assert cfg.check(out_dtype.itemsize) is None
+    args, kwargs = gg._kernel_args(a_q, sa, b_q, sb, offs, out, cfg)
+    monkeypatch.setattr(driver, "_active", _Sm90())
+    try:
+        kernel = gg._grouped_gemm_fp8_blockwise_ws_kernel.warmup(*args, grid=(1,), **kwargs)
+    finally:
+        gg._grouped_gemm_fp8_blockwise_ws_kernel.device_caches.clear()
+    assert kernel.metadata.shared <= dense.SMEM_LIMIT
+    assert kernel.metadata.num_warps == 12
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: correctness
+# ---------------------------------------------------------------------------------------------
+# group sizes: balanced whole tiles; unbalanced with an empty group and partial tiles (rows not
+# multiples of 64 or 128, a group smaller than one warpgroup half); a single group; many tiny groups
+LENS = {
+    "balanced": [256, 256, 256, 256],
+    "unbalanced": [300, 0, 1, 64, 129, 500],
+    "single": [333],
+    "tiny": [1, 2, 3, 0, 5, 70, 0, 9],
+}
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [None, "n128s5x", "n256s4", "n128s3g1c2"])
+@pytest.mark.parametrize("pattern", list(LENS))
+@pytest.mark.parametrize("N,K", [(256, 512), (384, 336), (136, 128)])
+def test_matches_reference_and_tl(pattern, N, K, config):
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_kernel import grouped_gemm_fp8_triton
+
+    (a_q, sa, b_q, sb, offs), ref = _operands(LENS[pattern], N, K, "cuda", extra_rows=37)
+    assert gg.gluon_grouped_blockwise_reason(a_q, sa, b_q, sb, offs) is None
+    M = a_q.shape[0]
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cfg = dense.GluonBlockwiseConfig.parse(config) if config else None
+    res = gg.grouped_gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, offs, config=cfg, out=out)
+    assert res is out
+    assert not torch.isnan(out).any(), "unwritten output elements"
+    end = int(offs[-1])
+    assert torch.all(out[end:] == 0), "rows past group_offs[G] must be zero"
+    assert _snr(ref, out) >= MIN_SNR[torch.bfloat16], (pattern, N, K, config)
+    tl_out = grouped_gemm_fp8_triton(a_q, sa, b_q, sb, "BLOCKWISE", None, offs, out_dtype=torch.bfloat16)
+    assert _snr(tl_out.float(), out) >= 40.0
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_out_dtypes_num_programs_and_non_contiguous_scales(out_dtype):
+    (a_q, sa, b_q, sb, offs), ref = _operands([200, 0, 384, 77], 512, 1024, "cuda", extra_rows=5)
+    out = gg.grouped_gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, offs, out_dtype=out_dtype)
+    assert out.dtype == out_dtype
+    assert _snr(ref, out) >= MIN_SNR[out_dtype]
+    few = gg.grouped_gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, offs, out_dtype=out_dtype, num_programs=3)
+    assert torch.equal(few, out)
+    sb_t = sb.transpose(1, 2).contiguous().transpose(1, 2)  # the op's dgrad copy's scales are a view
+    again = gg.grouped_gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb_t, offs, out_dtype=out_dtype)
+    assert torch.equal(again, out)
+
+
+@sm90
+@pytest.mark.gpu
+def test_offsets_past_m_are_clamped():
+    (a_q, sa, b_q, sb, offs), ref = _operands([64, 64], 256, 256, "cuda")
+    bad = offs.clone()
+    bad[-1] = 10_000  # past M_total: clamped on the device, as the tl kernel does
+    out = gg.grouped_gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, bad)
+    assert _snr(ref, out) >= 40.0
+
+
+@sm90
+@pytest.mark.gpu
+def test_backend_and_op_with_the_switch(monkeypatch):
+    import primus_turbo.pytorch as turbo
+    from primus_turbo.pytorch.backends import grouped_gemm_fp8 as be
+    from primus_turbo.pytorch.core.backend import BackendType, PrecisionType
+    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
+
+    kw, ref = _dispatch_kw("cuda", lens=(300, 0, 129))
+    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON", "1")
+    assert be.grouped_gemm_fp8_dispatcher.resolve(PrecisionType.FP8, **kw).backend_type == BackendType.GLUON
+    out = be.grouped_gemm_fp8_dispatcher.dispatch(PrecisionType.FP8, **kw)
+    assert _snr(ref[:429], out[:429]) >= 40.0
+    # the op: forward and dgrad on GLUON, wgrad on TRITON; against the switch off
+    G, N, K, M = 4, 512, 768, 1000
+    lens = torch.tensor([300, 0, 450, 200], dtype=torch.int64, device="cuda")
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(G, N, K, device="cuda") / 32).to(torch.bfloat16)
+    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    cfg = Float8QuantConfig(format="E4M3", granularity="BLOCKWISE")
+    results = {}
+    for value in ("0", "1"):
+        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON", value)
+        xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = turbo.ops.grouped_gemm_fp8(xi, wi, lens, trans_b=True, config=cfg)
+        y.backward(dy)
+        results[value] = (y.detach(), xi.grad, wi.grad)
+    for a, b in zip(results["0"], results["1"]):
+        assert _snr(a.float(), b) >= 40.0
