@@ -3,12 +3,16 @@
 Same structure as the FP8 tile kernel (quant_fp8_kernel.py): one program per ``[TR, TC]`` tile,
 x read once, the block amax reduced on a ``[.., 32, ..]`` view, the OCP MX shared exponent taken
 from the amax's exponent field (emax = 2 for E2M1). E2M1 rounding is round-to-nearest-even on the
-scaled, clamped (+-6) value, computed as a sum of threshold comparisons (the midpoints between
-neighbouring codes, ``>`` where the lower code is even and ``>=`` where it is odd). Nibbles are
-packed along the quantized axis: element ``2i`` in the low nibble, ``2i + 1`` in the high one.
-Copies packed along their rows are stored as 32-bit words of eight nibbles. With ``HAS_T`` the
-same tile also yields the column-wise copy (blocks and packing along x's columns), stored
-transposed ``[cols, rows / 2]``.
+scaled, clamped (+-6) value: one fp32 addition of a per-segment magic constant picked from the
+value's exponent bits, then integer work on the bit patterns (``_e2m1_code``: no float -> int
+conversion, no per-code comparisons). Nibbles are packed along the quantized axis: element ``2i``
+in the low nibble, ``2i + 1`` in the high one. Copies packed along their rows are stored as 32-bit
+words of eight nibbles. ``quantize_fp4_with_trans`` (rows, cols % 32 == 0) runs
+``_quant_mxfp4_dual_kernel``: the tile is read as eight row-interleaved eighths, so the column
+copy's nibbles of 8 consecutive rows meet in one thread and form one int32 word, and the words
+are transposed and stored as contiguous rows of the transposed copy. The generic kernel's
+``HAS_T`` (blocks and packing along x's columns, stored through transposed strides) remains for
+tuning. Launch configurations: ``fp4_config`` (the one place the defaults are set).
 
 Stochastic rounding (``SR``): the scale (amax, E8M0 exponent) and the +-6 saturation are unchanged;
 only the element's rounding is random. A scaled value between the neighbouring E2M1 codes ``lo <

@@ -14,6 +14,15 @@ MX ``(1, 32)`` / ``(32, 1)``. The kernels:
   registers (e.g. ``(b, 1)`` next to ``(1, b)``) and writes it through the transposed strides:
   ``quantize_fp8_with_trans`` reads x once. ``MODE`` 2 (TENSORWISE) takes the amax from the
   one-int buffer the amax kernel filled and forms the scale on the device (no host sync).
+* ``_quant_fp8_dual_kernel``: the two copies of ``quantize_fp8_with_trans`` for ``1 x g`` row
+  blocks with ``g x 1`` column blocks (BLOCKWISE, MX), rows % 4 == 0. The tile is read as four
+  row-interleaved quarters, so the column copy's codes of 4 consecutive rows meet in one thread
+  and pack into an int32 word; the words are transposed (4-byte elements through shared memory)
+  and stored as contiguous rows of the transposed copy (16-byte stores instead of strided byte
+  stores). ``_quant_fp8_dual_staged_kernel``: the same with fp32 scales (BLOCKWISE) formed once
+  per block through a per-program scratch rather than by every thread holding the block (the
+  IEEE divisions were a third of the instructions). Launch configuration: ``with_trans_config``
+  (the one place the default is set; ``WITH_TRANS_CANDIDATES`` for scripts/tune_quant.py).
 * ``_quant_fp8_long_kernel``: ROWWISE whose row (or column) does not fit a tile: two passes over
   the strip (amax, then scale + cast); the second pass mostly hits L2.
 * ``_amax_kernel``: TENSORWISE first pass, ``atomic_max`` of ``|x|`` bit patterns into one int32.
@@ -23,6 +32,8 @@ MX ``(1, 32)`` / ``(32, 1)``. The kernels:
 
 Scale arithmetic is the contract's, bit for bit: ``tl.math.div_rn`` (IEEE-rounded division, not
 the approximate ``div.full``), the MX shared exponent from the exponent field of the amax bits.
+On the GPU the FP8 cast is the saturating hardware conversion, so the two-copy kernels leave out
+the clamp before it (``_fp8_codes``); the interpreter's soft cast gets the clamped value.
 Offsets are int64. Tiles aim at 8192 elements (16 KiB of bf16 in flight per program), see
 :func:`tile_config`.
 """
