@@ -447,7 +447,8 @@ def fp4_quant_launch(x: torch.Tensor, along_cols: bool, with_trans: bool = False
     else:
         pt, st = p, s
     generic = tile is not None and len(tile) > 3 and tile[3] == "generic"
-    if with_trans and not generic and rows % 32 == 0 and cols % 32 == 0:
+    if with_trans and not generic and rows % 32 == 0 and cols % 32 == 0 and rows > 0 and cols > 0 \
+            and x.stride(1) == 1:
         # the one-read two-copy kernel, tile (TR, TC, num_warps[, maxnreg]); a tile (TR, TC,
         # num_warps, "generic") runs the generic kernel below (for tuning)
         cfg = tile or fp4_config(rows, cols, True, True)

@@ -893,7 +893,7 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
     cfg = tile if (tile is not None and len(tile) >= 3) else None
     if cfg is None and tile is None:
         cfg = with_trans_config(rows, cols, row, col)
-    if cfg is not None and _dual_ok(rows, cols, row, col, cfg):
+    if cfg is not None and x.stride(1) == 1 and _dual_ok(rows, cols, row, col, cfg):
         return _dual_launch(x, q, qt, out_dtype, row, col, cfg)
     amax = _amax_bits(x) if tensorwise else None
     s, s_strides, (n_sr, n_sc) = _scale_tensor(row, rows, cols, False, dev)

@@ -896,3 +896,17 @@ def test_fp4_config_defaults():
     assert K.fp4_config(16384, 7168, True, False) == (8, 1024, 8)
     for tr, tc, *_ in K.FP4_WITH_TRANS_CANDIDATES:
         assert tr % 32 == 0 and tc % 32 == 0
+
+
+def test_two_copy_launchers_strided_input(device):
+    # a view with a non-unit column stride takes the generic kernels (the two-copy kernels read
+    # 16-byte row vectors): same bytes as the contiguous input through the two-copy kernels
+    from primus_turbo.triton.quantization.quant_fp4_kernel import fp4_quant_launch
+
+    big = _sample((128, 64), torch.bfloat16, device, seed=2)
+    xt = big.t()  # [64, 128], strides (1, 64)
+    for a, b in zip(_launch_with_trans(xt, E4M3, G.MX_BLOCKWISE, None),
+                    _launch_with_trans(xt.contiguous(), E4M3, G.MX_BLOCKWISE, None)):
+        assert_bits_equal(a, b, "fp8 mx")
+    for a, b in zip(fp4_quant_launch(xt, True, with_trans=True), fp4_quant_launch(xt.contiguous(), True, with_trans=True)):
+        assert_bits_equal(a, b, "fp4")
