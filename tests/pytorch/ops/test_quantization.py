@@ -760,7 +760,11 @@ def test_with_trans_large_gpu(case):
                                       scaling_recipe=kw.get("scaling_recipe_for_trans", rec))
     assert_bits_equal(qt, qt_ref)
     assert_bits_equal(st, st_ref)
+    q_ref, s_ref = quantize_fp8_ref(x, E4M3, gran, block_size=kw.get("block_size"), scaling_recipe=rec)
+    assert_bits_equal(q, q_ref, "row copy")
+    assert_bits_equal(s, s_ref, "row scale")
     p, ps, pt, pst = Q.quantize_fp4_with_trans(x)
+    assert_bits_equal(p.view(torch.uint8), quantize_fp4_ref(x)[0].view(torch.uint8))
     assert_bits_equal(pt.view(torch.uint8), quantize_fp4_ref(x.t().contiguous())[0].view(torch.uint8))
     assert math.isfinite(float(s.float().sum()))
 
@@ -892,8 +896,8 @@ def test_fp4_e2m1_encoder_every_bf16(device):
 def test_fp4_config_defaults():
     from primus_turbo.triton.quantization import quant_fp4_kernel as K
 
-    assert K.fp4_config(16384, 7168, True, True) == (32, 256, 4, 128)
-    assert K.fp4_config(16384, 7168, True, False) == (8, 1024, 8)
+    assert K.fp4_config(16384, 7168, True, True) == (64, 128, 4, 128)
+    assert K.fp4_config(16384, 7168, True, False) == (8, 1024, 4)
     for tr, tc, *_ in K.FP4_WITH_TRANS_CANDIDATES:
         assert tr % 32 == 0 and tc % 32 == 0
 
