@@ -20,6 +20,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from primus_turbo.triton import is_interpreter  # noqa: E402
 from primus_turbo.triton.gemm import gemm_fp8_gluon as gg  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
@@ -286,6 +287,8 @@ def fake_sm90(monkeypatch):
 
 
 @pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
+@pytest.mark.skipif(not is_interpreter(), reason="the mocked rule resolves CPU tensors, which the TRITON "
+                    "backend runs only under the interpreter (a GPU run covers the real rule)")
 def test_default_rule_with_mocked_platform(fake_sm90):
     """The rule of backends/gemm_fp8._default without a GPU: GLUON where the Gluon reason is None,
     TRITON where the platform (not sm_90, interpreter) or the operands say no."""
