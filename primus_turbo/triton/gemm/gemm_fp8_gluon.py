@@ -8,8 +8,8 @@ blocks), dequantization multipliers. The same product as the BLOCKWISE mode of
 
 Why a second kernel: the ``triton.language`` kernel promotes each 128-deep partial with
 ``acc += tl.dot(a, b.T) * scale``, so every K step waits for its wgmma before the multiply and the
-tensor cores idle during the promotion and the restart of the next MMA. This kernel follows the
-structure of DeepGEMM's FP8 GEMM (read for ideas; this is our own code):
+tensor cores idle during the promotion and the restart of the next MMA. This kernel splits the
+work so that one warpgroup's promotion overlaps the other's MMA:
 
 * persistent grid, GROUP_M-swizzled tile order (as gemm_kernel.py);
 * warp specialization (``gl.warp_specialize``): one producer warp issues the TMA loads of the A and
@@ -237,7 +237,7 @@ if GLUON_AVAILABLE:
     def _mainloop(acc0, acc1, regs, a_bufs, b_bufs, ready, empty, it, k_tiles,
                   sa_rows, mask_m, sb0, sb1, stride_sak, stride_sbk,
                   WG: gl.constexpr, STAGES: gl.constexpr, N_SUB: gl.constexpr):
-        """Per K block: MMA into a fresh partial, wait, promote (DeepGEMM's loop). With N_SUB = 2
+        """Per K block: MMA into a fresh partial, wait, promote (the default loop). With N_SUB = 2
         the tile's two 128-column halves go one after the other through the same partial
         registers: two 64 x 128 accumulators and one partial fit in 232 registers, two partials
         would not. The two consumer warpgroups run this independently, so the warp scheduler
