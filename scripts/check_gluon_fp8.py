@@ -30,6 +30,18 @@ timed. Each config is smoke-tested in a child process first (``--smoke-timeout``
 ``DIR/gluon_grouped_fp8.json``. About 60-90 s of GPU time with ``--rep-ms 40``::
 
     PYTHONPATH=. python scripts/check_gluon_fp8.py --grouped --out DIR --rep-ms 40 --smoke-timeout 120
+
+``--wgrad``: the per-row B scale path (``B_ROW_SCALES``) on the BLOCKWISE FP8 linear's weight
+gradient ``dW[N_out, K_in] = dY^T[N_out, T] @ X[T, K_in]`` with T = 16384 tokens, both operands
+quantized 1 x 128 along the tokens exactly as ``gemm_fp8``'s backward does (its column-wise
+copies), for Llama-3.1-8B's gate_up (``dW [28672, 4096]``) and down (``dW [4096, 14336]``)
+projections; shapes are ``M x N x K`` = ``N_out x K_in x T``. Per shape: Gluon (output poisoned
+with NaN first) against the fp32 product of the dequantized operands (>= 40 dB) and the tl
+kernel's output; timing of each Gluon config, the tl kernel (today's wgrad) and cuBLAS bf16
+``dY.t() @ X``. Each config is smoke-tested in a child process first. Writes
+``DIR/gluon_fp8_wgrad.json``. Configs must be 128-wide and not pipelined (n128s4 ... n128s6)::
+
+    PYTHONPATH=. python scripts/check_gluon_fp8.py --wgrad --out DIR --configs default n128s5 n128s4c2 --rep-ms 60
 """
 
 from __future__ import annotations
@@ -58,6 +70,12 @@ SHAPES = [  # (M, N, K, label)
     (8192, 4096, 7168, "DeepSeek-V3-like"),
 ]
 QUICK_SHAPES = [(4096, 4096, 4096, "square 4k"), (1000, 1000, 384, "tails")]
+WGRAD_TOKENS = 16384
+WGRAD_SHAPES = [  # (M, N, K) = (N_out, K_in, tokens) of dW = dY^T X
+    (28672, 4096, WGRAD_TOKENS, "Llama-3.1-8B gate_up wgrad"),
+    (4096, 14336, WGRAD_TOKENS, "Llama-3.1-8B down wgrad"),
+]
+WGRAD_QUICK_SHAPES = [(4096, 4096, 4096, "square 4k wgrad"), (1000, 1000, 384, "tails wgrad")]
 MIN_SNR_DB = 40.0
 
 
@@ -207,6 +225,121 @@ def print_table(results: list) -> None:
 SMOKE_SHAPES = [(300, 384, 640), (128, 256, 128)]  # M, N tails incl. a 256-wide tile's empty half
 
 
+# ----------------------------------------------------------------------------------------------
+# --wgrad: per-row B scales (the FP8 linear's weight gradient)
+# ----------------------------------------------------------------------------------------------
+def _wgrad_operands(dy: torch.Tensor, x: torch.Tensor):
+    """dY [T, N_out], X [T, K_in] -> (dY^T q [N_out, T], its scales [N_out, T/128], X^T q [K_in, T],
+    its scales [K_in, T/128]): gemm_fp8's own column-wise copies (1 x 128 groups along T)."""
+    from primus_turbo.pytorch.ops.gemm_fp8 import _quantize as op_quantize
+
+    _, (a_q, sa) = op_quantize(dy, torch.float8_e4m3fn, "BLOCKWISE", 128, False, need_row=False, need_col=True)
+    _, (b_q, sb) = op_quantize(x, torch.float8_e4m3fn, "BLOCKWISE", 128, False, need_row=False, need_col=True)
+    return a_q, sa, b_q, sb
+
+
+def run_wgrad_shape(M: int, N: int, K: int, label: str, configs: list, rep_ms: int, do_time: bool) -> dict:
+    """dW [M, N] = dY^T [M, K] @ X [K, N] with K the tokens (see the module docstring)."""
+    from primus_turbo.testing import snr_db
+    from primus_turbo.triton.gemm.gemm_fp8_gluon import (
+        default_config, gemm_fp8_blockwise_gluon, gluon_blockwise_reason,
+    )
+    from primus_turbo.triton.gemm.gemm_fp8_kernel import gemm_fp8_triton
+
+    dev = torch.device("cuda")
+    flops = 2.0 * M * N * K
+    res = dict(M=M, N=N, K=K, label=label, gluon={}, errors={})
+    torch.manual_seed(0)
+    dy = (torch.randn(K, M, device=dev, dtype=torch.float32) * 0.01).to(torch.bfloat16)
+    x = torch.randn(K, N, device=dev, dtype=torch.bfloat16)
+    a_q, sa, b_q, sb = _wgrad_operands(dy, x)
+    res["scale_shapes"] = dict(sa=list(sa.shape), sa_strides=list(sa.stride()), sb=list(sb.shape),
+                               sb_strides=list(sb.stride()))
+    res["reason"] = gluon_blockwise_reason(a_q, sa, b_q, sb, allow_b_row_scales=True)
+    res["reason_default_dispatch"] = gluon_blockwise_reason(a_q, sa, b_q, sb)  # the env switch decides
+    res["default_config"] = default_config(M, N, K, b_row_scales=True).short()
+
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        ref = _dequant_a(a_q, sa) @ _dequant_a(b_q, sb).T  # both 1 x 128 along K; fp32, no TF32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+
+    tl_out = None
+    try:
+        tl_out = gemm_fp8_triton(a_q, sa, b_q, sb, "BLOCKWISE", out_dtype=torch.bfloat16)
+        torch.cuda.synchronize()
+        res["tl_snr_db"] = snr_db(ref, tl_out)
+        if do_time:
+            ms = _bench(lambda: gemm_fp8_triton(a_q, sa, b_q, sb, "BLOCKWISE", out_dtype=torch.bfloat16), rep_ms)
+            res["tl_ms"], res["tl_tflops"] = ms, flops / ms / 1e9
+    except Exception as exc:  # noqa: BLE001
+        res["errors"]["tl"] = _err(exc)
+
+    if do_time:
+        try:
+            dyt = dy.t()
+            ms = _bench(lambda: torch.mm(dyt, x), rep_ms)
+            res["cublas_bf16_ms"], res["cublas_bf16_tflops"] = ms, flops / ms / 1e9
+        except Exception as exc:  # noqa: BLE001
+            res["errors"]["cublas"] = _err(exc)
+
+    for cfg in configs:
+        name = "default" if cfg is None else cfg.short()
+        entry = {}
+        res["gluon"][name] = entry
+        try:
+            out = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)  # poison
+            gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out=out, config=cfg, allow_b_row_scales=True)
+            torch.cuda.synchronize()
+            entry["nan_count"] = int(torch.isnan(out).sum())
+            entry["snr_db"] = snr_db(ref, out)
+            if tl_out is not None:
+                entry["snr_vs_tl_db"] = snr_db(tl_out.float(), out)
+            entry["ok"] = (entry["nan_count"] == 0 and entry["snr_db"] >= MIN_SNR_DB
+                           and entry.get("snr_vs_tl_db", MIN_SNR_DB) >= MIN_SNR_DB)
+            if do_time:
+                ms = _bench(lambda: gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out=out, config=cfg,
+                                                             allow_b_row_scales=True), rep_ms)
+                entry["ms"], entry["tflops"] = ms, flops / ms / 1e9
+        except Exception as exc:  # noqa: BLE001
+            entry["ok"] = False
+            entry["error"] = _err(exc)
+            entry["traceback"] = traceback.format_exc()[-3000:]
+        torch.cuda.synchronize()
+    del ref, tl_out
+    torch.cuda.empty_cache()
+    return res
+
+
+WGRAD_SMOKE_SHAPES = [(300, 200, 640), (256, 384, 128), (130, 136, 336)]  # M, N, K tails; N not a 128 multiple
+
+
+def smoke_wgrad(config_text: str) -> int:
+    """Child-process check of one config of the per-row B scale path on small wgrad problems."""
+    from primus_turbo.testing import snr_db
+    from primus_turbo.triton.gemm.gemm_fp8_gluon import GluonBlockwiseConfig, gemm_fp8_blockwise_gluon
+
+    cfg = None if config_text == "default" else GluonBlockwiseConfig.parse(config_text)
+    worst, bad = float("inf"), []
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for M, N, K in WGRAD_SMOKE_SHAPES:
+        torch.manual_seed(0)
+        dy = (torch.randn(K, M, device="cuda") * 0.01).to(torch.bfloat16)
+        x = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+        a_q, sa, b_q, sb = _wgrad_operands(dy, x)
+        ref = _dequant_a(a_q, sa) @ _dequant_a(b_q, sb).T
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out=out, config=cfg, allow_b_row_scales=True)
+        torch.cuda.synchronize()
+        if torch.isnan(out).any():
+            bad.append((M, N, K))
+        worst = min(worst, snr_db(ref, out.float().nan_to_num(0.0)))
+    print(f"SMOKE wgrad {config_text} snr_db={worst:.1f} bad={bad}")
+    return 0 if worst >= MIN_SNR_DB and not bad else 1
+
+
 def smoke(config_text: str) -> int:
     """Child-process check of one config on small shapes (a deadlocked kernel only hangs this)."""
     from primus_turbo.testing import snr_db
@@ -229,11 +362,13 @@ def smoke(config_text: str) -> int:
     return 0 if worst >= MIN_SNR_DB else 1
 
 
-def _run_smoke(config_text: str, timeout_s: int, grouped: bool = False) -> tuple:
-    """(ok, message) of ``smoke`` (``grouped``: ``smoke_grouped``) in a child process."""
+def _run_smoke(config_text: str, timeout_s: int, grouped: bool = False, wgrad: bool = False) -> tuple:
+    """(ok, message) of ``smoke`` (``grouped``: ``smoke_grouped``, ``wgrad``: ``smoke_wgrad``) in a
+    child process."""
     import subprocess
 
     cmd = [sys.executable, str(Path(__file__).resolve()), "--smoke", config_text] + (["--grouped"] if grouped else [])
+    cmd += ["--wgrad"] if wgrad else []
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ))
     except subprocess.TimeoutExpired:
@@ -501,11 +636,15 @@ def main(argv=None) -> int:
     p.add_argument("--rep-ms", type=int, default=100)
     p.add_argument("--grouped", action="store_true",
                    help="the M-grouped MoE kernel on DeepSeek-V3 / Qwen3 expert shapes (see the module docstring)")
+    p.add_argument("--wgrad", action="store_true",
+                   help="the per-row B scale path on Llama-3.1-8B wgrad shapes (see the module docstring)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     if args.smoke is not None:
+        if args.wgrad:
+            return smoke_wgrad(args.smoke)
         return smoke_grouped(args.smoke) if args.grouped else smoke(args.smoke)
     if args.out is None:
         p.error("--out is required")
@@ -514,19 +653,27 @@ def main(argv=None) -> int:
     configs, smoke_results = [], {}
     for c in args.configs:
         cfg = None if c == "default" else GluonBlockwiseConfig.parse(c)  # bad strings fail here, early
-        ok, msg = _run_smoke(c, args.smoke_timeout)
+        if args.wgrad and cfg is not None and cfg.check(2, b_row_scales=True) is not None:
+            p.error(f"--wgrad config {c}: {cfg.check(2, b_row_scales=True)}")
+        ok, msg = _run_smoke(c, args.smoke_timeout, wgrad=args.wgrad)
         smoke_results[c] = dict(ok=ok, message=msg)
         print(f"smoke {c}: {'ok' if ok else 'FAILED'}  {msg}", flush=True)
         if ok:
             configs.append(cfg)
-    shapes = [_parse_shape(s) for s in args.shapes] if args.shapes else (QUICK_SHAPES if args.quick else SHAPES)
+    if args.wgrad:
+        default_shapes, quick_shapes, run_fn = WGRAD_SHAPES, WGRAD_QUICK_SHAPES, run_wgrad_shape
+        json_name = "gluon_fp8_wgrad.json"
+    else:
+        default_shapes, quick_shapes, run_fn = SHAPES, QUICK_SHAPES, run_shape
+        json_name = "gluon_fp8.json"
+    shapes = [_parse_shape(s) for s in args.shapes] if args.shapes else (quick_shapes if args.quick else default_shapes)
     info = _gpu_info()
     print(json.dumps(info))
     results = []
     for M, N, K, label in shapes:
         t0 = time.time()
         try:
-            r = run_shape(M, N, K, label, configs, args.rep_ms, not args.no_time)
+            r = run_fn(M, N, K, label, configs, args.rep_ms, not args.no_time)
         except Exception as exc:  # noqa: BLE001 - e.g. out of memory for the reference
             r = dict(M=M, N=N, K=K, label=label, gluon={}, errors={"shape": _err(exc)})
         r["seconds"] = round(time.time() - t0, 1)
@@ -534,16 +681,17 @@ def main(argv=None) -> int:
         print(f"done {M}x{N}x{K} in {r['seconds']} s", flush=True)
     print()
     print_table(results)
-    ratios = {}
-    for r in results:
-        for name, e in r["gluon"].items():
-            if e.get("tflops") and r.get("tl_tflops"):
-                ratios.setdefault(name, []).append(e["tflops"] / r["tl_tflops"])
-    for name, rs in ratios.items():
-        print(f"geomean Gluon/tl {name}: {math.exp(sum(map(math.log, rs)) / len(rs)):.3f} over {len(rs)} shapes")
+    for base in ("tl", "cublas_bf16"):
+        ratios = {}
+        for r in results:
+            for name, e in r["gluon"].items():
+                if e.get("tflops") and r.get(f"{base}_tflops"):
+                    ratios.setdefault(name, []).append(e["tflops"] / r[f"{base}_tflops"])
+        for name, rs in ratios.items():
+            print(f"geomean Gluon/{base} {name}: {math.exp(sum(map(math.log, rs)) / len(rs)):.3f} over {len(rs)} shapes")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "gluon_fp8.json"
+    path = out_dir / json_name
     path.write_text(json.dumps(dict(info=info, env={k: v for k, v in os.environ.items() if k.startswith("PRIMUS_")},
                                     smoke=smoke_results, results=results), indent=1, default=str))
     print(f"\nwrote {path}")

@@ -5,8 +5,10 @@ compile: ttgir -> PTX -> cubin with the bundled ptxas, for each config given, an
 shared memory, registers and spills (ptxas ``-v`` output and the cubin's metadata).
 
     PYTHONPATH=. python scripts/gluon_compile_check.py [n128s5 n128s4 ...] [--dump DIR] [--sass] [--grouped]
+        [--row-scales]
 
-``--grouped`` compiles the M-grouped MoE kernel (triton/grouped_gemm/grouped_gemm_fp8_gluon.py).
+``--grouped`` compiles the M-grouped MoE kernel (triton/grouped_gemm/grouped_gemm_fp8_gluon.py),
+``--row-scales`` the dense kernel's per-row B scale path (the FP8 linear's wgrad; BLOCK_N 128).
 
 Exit status 1 if any config fails to compile, spills, has ptxas serialize its wgmmas (notes
 C7514/C7515: accumulator registers touched while an MMA is in flight), or needs more shared
@@ -39,9 +41,10 @@ def _ptxas_report(ptx: str, ptxas: str) -> str:
 
 
 def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass_out: bool = False,
-                   grouped: bool = False) -> dict:
+                   grouped: bool = False, row_scales: bool = False) -> dict:
     """Compile the dense kernel (or, ``grouped``, the M-grouped MoE kernel of
-    triton/grouped_gemm/grouped_gemm_fp8_gluon.py) for sm_90 with config ``cfg``."""
+    triton/grouped_gemm/grouped_gemm_fp8_gluon.py) for sm_90 with config ``cfg``; ``row_scales``:
+    the dense kernel's B_ROW_SCALES path (per-row B scales, the FP8 linear's wgrad)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -72,6 +75,10 @@ def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass_o
                     "stride_sam": "i32", "stride_sak": "i32", "stride_sbn": "i32", "stride_sbk": "i32"})
     consts = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, PIPELINE=cfg.pipeline, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs)
+    if row_scales:
+        if grouped:
+            raise ValueError("row_scales is a path of the dense kernel only")
+        consts["B_ROW_SCALES"] = True
     sig.update({k: "constexpr" for k in consts})
     src = GluonASTSource(kernel, sig, consts)
     opts = dict(num_warps=4)  # the default partition's warps; Triton sets .maxnreg for all 12
@@ -91,7 +98,7 @@ def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass_o
     if dump:
         d = Path(dump)
         d.mkdir(parents=True, exist_ok=True)
-        stem = f"gluon_fp8_{'grouped_' if grouped else ''}{cfg.short()}"
+        stem = f"gluon_fp8_{'grouped_' if grouped else ''}{'rows_' if row_scales else ''}{cfg.short()}"
         for ext in ("ttgir", "llir", "ptx"):
             (d / f"{stem}.{ext}").write_text(k.asm[ext])
         (d / f"{stem}.cubin").write_bytes(k.asm["cubin"])
@@ -121,12 +128,15 @@ def main(argv=None) -> int:
     p.add_argument("--sass", action="store_true")
     p.add_argument("--grouped", action="store_true",
                    help="the M-grouped MoE kernel (triton/grouped_gemm/grouped_gemm_fp8_gluon.py) instead")
+    p.add_argument("--row-scales", action="store_true",
+                   help="the dense kernel's B_ROW_SCALES path (per-row B scales: the FP8 linear's wgrad)")
     args = p.parse_args(argv)
     bad = 0
     for text in args.configs:
         cfg = g.GluonBlockwiseConfig.parse(text)
         try:
-            r = compile_config(cfg, args.out_dtype, args.dump, args.sass, grouped=args.grouped)
+            r = compile_config(cfg, args.out_dtype, args.dump, args.sass, grouped=args.grouped,
+                               row_scales=args.row_scales)
         except Exception as exc:  # noqa: BLE001 - report and go on
             bad += 1
             msg = str(exc).strip().splitlines()

@@ -408,3 +408,241 @@ def test_launcher_arguments_bind_and_compile_for_sm90(config, out_dtype, monkeyp
         gg._gemm_fp8_blockwise_ws_kernel.device_caches.clear()
     assert kernel.metadata.shared <= gg.SMEM_LIMIT
     assert kernel.metadata.num_warps == 12  # 4 + 4 consumer warps, 1 producer warp, rounded up
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-row B scales (B_ROW_SCALES): the FP8 linear's wgrad, 1x128 x 1x128
+# ---------------------------------------------------------------------------------------------
+WGRAD_ENV = "PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD"
+
+
+def _operands_rows(M, N, K, device):
+    """a 1x128 along K, b 1x128 along K as well (sb [N, ceil(K/128)]): the wgrad's operands."""
+    a_q, sa = _quant_1x128(torch.randn(M, K, device=device) * 2)
+    b_q, sb = _quant_1x128(torch.randn(N, K, device=device) * 0.05)
+    ref = ((a_q.double() * sa.repeat_interleave(128, 1)[:, :K].double())
+           @ (b_q.double() * sb.repeat_interleave(128, 1)[:, :K].double()).T)
+    return (a_q, sa, b_q, sb), ref
+
+
+@pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
+def test_row_scales_reason_follows_the_switch(monkeypatch):
+    (a_q, sa, b_q, sb), _ = _operands_rows(64, 256, 384, "cpu")
+    assert tuple(sb.shape) == (256, 3)
+    monkeypatch.delenv(WGRAD_ENV, raising=False)
+    for value in (None, "auto", "0"):
+        if value is not None:
+            monkeypatch.setenv(WGRAD_ENV, value)
+        reason = gg.gluon_operand_reason(a_q, sa, b_q, sb)
+        assert reason is not None and "per-row" in reason and WGRAD_ENV in reason and "128x128 blocks" in reason
+    assert gg.gluon_operand_reason(a_q, sa, b_q, sb, allow_b_row_scales=True) is None
+    monkeypatch.setenv(WGRAD_ENV, "1")
+    assert gg.gluon_operand_reason(a_q, sa, b_q, sb) is None
+    assert gg.gluon_operand_reason(a_q, sa, b_q, sb, allow_b_row_scales=False) is not None
+    # still the platform's answer for CPU tensors, and other scale shapes stay refused
+    assert "sm_90" in gg.gluon_blockwise_reason(a_q, sa, b_q, sb)
+    assert "128x128 blocks" in gg.gluon_operand_reason(a_q, sa, b_q, sb[:, :2])
+    assert "128x128 blocks" in gg.gluon_operand_reason(a_q, sa, b_q, sb.double())
+    monkeypatch.setenv(WGRAD_ENV, "maybe")
+    assert "ValueError" in gg.gluon_blockwise_reason(a_q, sa, b_q, sb)  # never raises
+
+
+def test_row_scales_config_and_padding():
+    assert gg.ROW_SCALES_DEFAULT_CONFIG.check(2, b_row_scales=True) is None
+    for text in ("n256s3c2", "n128s5x"):
+        assert "per-row B scales" in gg.GluonBlockwiseConfig.parse(text).check(2, b_row_scales=True)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        cfg = gg.default_config(4096, 4096, 4096, dtype, b_row_scales=True)
+        assert cfg.block_n == 128 and not cfg.pipeline and cfg.check(dtype.itemsize, True) is None
+    assert gg.default_config(1, 1, 1, torch.bfloat16) == gg.default_config(1, 1, 1, torch.bfloat16, False)
+    # row-major [N, kb] with N = 200: copied to unit stride along N, padded with zeros to 256
+    sb = torch.rand(200, 3)
+    p = gg._column_major_padded(sb)
+    assert torch.equal(p, sb) and p.stride() == (1, 256)
+    assert torch.all(p.as_strided((3, 256), (256, 1))[:, 200:] == 0)
+    # the transpose of a [kb, N] grid with N % 128 == 0 is taken as is
+    sb_t = torch.rand(3, 256).t()
+    assert gg._column_major_padded(sb_t) is sb_t
+    assert gg._is_b_row_scales(torch.ones(256, 3), 256, 384)
+    assert not gg._is_b_row_scales(torch.ones(2, 3), 256, 384)
+    assert not gg._is_b_row_scales(torch.ones(1, 3), 1, 384)  # N = 1: one block, one row
+
+
+@pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
+@pytest.mark.parametrize("out_dtype,config", [("bf16", None), ("fp32", None), ("bf16", "n128s5"), ("bf16", "n128s4c2")])
+def test_row_scales_compile_for_sm90_without_spills(out_dtype, config, request):
+    """The B_ROW_SCALES path compiles for sm_90 without spills or wgmma serialization."""
+    if rerun_outside_interpreter(request):
+        return
+    mod = _compile_check_module()
+    dtype = torch.bfloat16 if out_dtype == "bf16" else torch.float32
+    cfg = gg.GluonBlockwiseConfig.parse(config) if config else gg.default_config(4096, 4096, 4096, dtype, True)
+    assert cfg.check(dtype.itemsize, b_row_scales=True) is None
+    try:
+        res = mod.compile_config(cfg, out_dtype, row_scales=True)
+    except FileNotFoundError as exc:
+        pytest.skip(f"ptxas not available: {exc}")
+    assert res["spill_bytes"] == 0, res
+    assert not res["serialized"], res
+    assert res["shared"] <= gg.SMEM_LIMIT, res
+
+
+@pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
+@pytest.mark.parametrize("N", [384, 200])
+def test_row_scales_launcher_arguments_bind_and_compile_for_sm90(N, monkeypatch, request):
+    """The launcher's B_ROW_SCALES arguments (padded unit-stride scales) bind and compile for sm_90."""
+    if rerun_outside_interpreter(request):
+        return
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    class _Sm90:
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+    if not hasattr(driver, "_active"):
+        pytest.skip("triton's driver registry has changed")
+    (a_q, sa, b_q, sb), _ = _operands_rows(300, N, 640, "cpu")
+    out = torch.empty(300, N, dtype=torch.bfloat16)
+    cfg = gg.default_config(300, N, 640, torch.bfloat16, True)
+    args, kwargs = gg._kernel_args(a_q, sa, b_q, sb, out, cfg)
+    assert kwargs["B_ROW_SCALES"] is True and args[4].stride(0) == 1
+    monkeypatch.setattr(driver, "_active", _Sm90())
+    try:
+        kernel = gg._gemm_fp8_blockwise_ws_kernel.warmup(*args, grid=(1,), **kwargs)
+    finally:
+        gg._gemm_fp8_blockwise_ws_kernel.device_caches.clear()
+    assert kernel.metadata.shared <= gg.SMEM_LIMIT
+
+
+@pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
+@pytest.mark.skipif(not is_interpreter(), reason="the mocked rule resolves CPU tensors, which the TRITON "
+                    "backend runs only under the interpreter (a GPU run covers the real rule)")
+def test_default_rule_row_scales_switch(fake_sm90, monkeypatch):
+    """The wgrad (1x128 x 1x128) goes to GLUON only with the switch on, and never with accumulation
+    or an E5M2 gradient."""
+    from primus_turbo.pytorch.backends import gemm_fp8 as be
+    from primus_turbo.pytorch.core.backend import BackendType
+
+    kw, _ = _dispatch_kw("cpu")
+    (a_q, sa, b_q, sb), _ = _operands_rows(128, 256, 256, "cpu")
+    kw = dict(kw, a_q=a_q, a_scale=sa, b_q=b_q, b_scale=sb)
+    monkeypatch.delenv(WGRAD_ENV, raising=False)
+    assert be._default(**kw) == BackendType.TRITON
+    monkeypatch.setenv(WGRAD_ENV, "0")
+    assert be._default(**kw) == BackendType.TRITON
+    monkeypatch.setenv(WGRAD_ENV, "1")
+    assert be._default(**kw) == BackendType.GLUON
+    assert be._default(**dict(kw, accumulate=True, out=torch.zeros(128, 256))) == BackendType.TRITON
+    assert be._default(**dict(kw, a_q=a_q.to(torch.float8_e5m2))) == BackendType.TRITON
+
+
+@pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
+@pytest.mark.parametrize("trans_b", [True, False])
+def test_linear_wgrad_operands_take_row_scales_with_switch(trans_b, device, monkeypatch):
+    """With PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD=1 the E4M3 BLOCKWISE linear's wgrad operands are ones
+    the Gluon kernel takes (per-row B scales); the fused main_grad accumulation is not."""
+    from primus_turbo.pytorch.backends import gemm_fp8 as be
+    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
+    from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8
+
+    calls = []
+    real = be.gemm_fp8_dispatcher.dispatch
+
+    def record(precision, **kw):
+        calls.append(kw)
+        return real(precision, **kw)
+
+    monkeypatch.setattr(be.gemm_fp8_dispatcher, "dispatch", record)
+    monkeypatch.setenv(WGRAD_ENV, "1")
+    M, N, K = 256, 384, 256
+    x = torch.randn(M, K, dtype=torch.bfloat16, device=device, requires_grad=True)
+    w = (torch.randn((N, K) if trans_b else (K, N), device=device) / 16).to(torch.bfloat16).requires_grad_()
+    gemm_fp8(x, w, trans_b=trans_b, config=Float8QuantConfig(format="E4M3", granularity="BLOCKWISE")).sum().backward()
+    assert len(calls) == 3
+    wgrad = calls[2]
+    assert not wgrad["accumulate"]
+    assert gg._is_b_row_scales(wgrad["b_scale"], wgrad["b_q"].shape[0], wgrad["b_q"].shape[1])
+    assert gg.gluon_operand_reason(wgrad["a_q"], wgrad["a_scale"], wgrad["b_q"], wgrad["b_scale"],
+                                   out_dtype=wgrad["out_dtype"]) is None
+    assert be.GemmFP8GluonBackend.why_not(**dict(wgrad, accumulate=True, out=torch.zeros(
+        wgrad["a_q"].shape[0], wgrad["b_q"].shape[0], device=device))) is not None
+
+
+ROW_SHAPES = [(256, 256, 256), (300, 200, 384), (130, 136, 336), (1, 256, 512), (520, 384, 256), (2048, 1536, 1024)]
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [None, "n128s5", "n128s3g1c2"])
+@pytest.mark.parametrize("M,N,K", ROW_SHAPES)
+def test_row_scales_match_reference(M, N, K, config):
+    (a_q, sa, b_q, sb), ref = _operands_rows(M, N, K, "cuda")
+    assert gg.gluon_blockwise_reason(a_q, sa, b_q, sb, allow_b_row_scales=True) is None
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cfg = gg.GluonBlockwiseConfig.parse(config) if config else None
+    gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out=out, config=cfg, allow_b_row_scales=True)
+    assert not torch.isnan(out).any(), "unwritten output elements"
+    assert _snr(ref, out) >= MIN_SNR[torch.bfloat16], (M, N, K, config)
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_row_scales_match_triton_kernel(out_dtype):
+    from primus_turbo.triton.gemm.gemm_fp8_kernel import gemm_fp8_triton
+
+    M, N, K = 384, 640, 1024
+    (a_q, sa, b_q, sb), ref = _operands_rows(M, N, K, "cuda")
+    out = gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out_dtype=out_dtype, allow_b_row_scales=True)
+    assert _snr(ref, out) >= MIN_SNR[out_dtype]
+    tl_out = gemm_fp8_triton(a_q, sa, b_q, sb, "BLOCKWISE", out_dtype=out_dtype)
+    assert _snr(tl_out.double(), out) >= MIN_SNR[out_dtype]
+    # the same scales stored [kb, N] (a transposed view: used without a copy) give the same bits
+    sb_t = sb.t().contiguous().t()
+    assert torch.equal(gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb_t, out_dtype=out_dtype,
+                                                   allow_b_row_scales=True), out)
+    with pytest.raises(ValueError, match="per-row B scales"):
+        gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, config=gg.GluonBlockwiseConfig.parse("n256s3c2"),
+                                    allow_b_row_scales=True)
+    with pytest.raises(ValueError, match=WGRAD_ENV):
+        gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, allow_b_row_scales=False)
+
+
+@sm90
+@pytest.mark.gpu
+def test_row_scales_linear_wgrad_through_dispatch(monkeypatch):
+    """The E4M3 BLOCKWISE linear with the switch on: the wgrad runs GLUON and matches the TRITON wgrad."""
+    from primus_turbo.pytorch.backends import gemm_fp8 as be
+    from primus_turbo.pytorch.core.backend import BackendType
+    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
+    from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8
+
+    chosen = []
+    real = be.gemm_fp8_dispatcher.resolve
+
+    def record(precision, **kw):
+        impl = real(precision, **kw)
+        chosen.append(impl.backend_type)
+        return impl
+
+    monkeypatch.setattr(be.gemm_fp8_dispatcher, "resolve", record)
+    torch.manual_seed(0)
+    x = torch.randn(512, 768, dtype=torch.bfloat16, device="cuda")
+    w = (torch.randn(640, 768, device="cuda") / 16).to(torch.bfloat16)
+    cfg = Float8QuantConfig(format="E4M3", granularity="BLOCKWISE")
+    grads = {}
+    for value in ("0", "1"):
+        monkeypatch.setenv(WGRAD_ENV, value)
+        wv = w.clone().requires_grad_()
+        chosen.clear()
+        gemm_fp8(x, wv, trans_b=True, config=cfg).float().pow(2).sum().backward()
+        grads[value] = wv.grad.float()
+        assert chosen[-1] == (BackendType.GLUON if value == "1" else BackendType.TRITON), (value, chosen)
+    assert _snr(grads["0"], grads["1"]) >= 40.0

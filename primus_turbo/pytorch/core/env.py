@@ -46,6 +46,12 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "M-grouped FP8 BLOCKWISE GEMM (grouped_gemm_fp8 forward and E4M3 dgrad) on sm_90: 1 the Gluon kernel "
         "where it can run, 0 the Triton kernel; auto: Triton until the Gluon grouped kernel is measured on the H200.",
     ),
+    "PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD": (
+        "auto",
+        "FP8 BLOCKWISE GEMMs with per-row B scales (the FP8 linear's wgrad, 1x128 x 1x128, no accumulation) on "
+        "sm_90: 1 the Gluon kernel's B_ROW_SCALES path where it can run them, 0 the Triton kernel; auto: Triton "
+        "until the path is measured on the H200.",
+    ),
     "PRIMUS_TURBO_PRINT_CONFIGS": ("0", "1: log the kernel config chosen for each new shape (INFO level)."),
 }
 

@@ -31,6 +31,14 @@ the shapes above, an output (bf16, fp16 or fp32) with 16-byte aligned rows. M, N
 TMA's zero fill and store clipping; BLOCK_N is a multiple of the 128-column B scale block.
 Anything else goes to the ``triton.language`` kernel.
 
+Per-row B scales (``B_ROW_SCALES``, BLOCK_N = 128, not pipelined): ``sb`` ``[N, ceil(K/128)]``,
+b's 1 x 128 groups along K, as the FP8 linear's wgrad presents them (``dW = dY^T X``, both
+operands grouped along the tokens). The promotion is the outer product ``partial * sa[rows] *
+sb[cols]``; each thread's 32 column scales of block k+1 are loaded while block k's MMA runs, from
+a unit-stride copy padded to whole 128-column blocks (see ``_column_major_padded``). Taken by
+:func:`gluon_blockwise_reason` only with ``PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD=1`` (or
+``allow_b_row_scales=True``) until measured on the H200.
+
 ``pipeline=True`` (configs ``...x``, BLOCK_N = 128) also overlaps inside each warpgroup: the MMA
 of block k+1 is issued before block k is waited for (``warpgroup_mma_wait(1)``) and promoted,
 so a warpgroup never leaves the tensor core without queued work while it promotes.
@@ -55,6 +63,8 @@ import torch
 __all__ = [
     "DEFAULT_CONFIG",
     "GluonBlockwiseConfig",
+    "ROW_SCALES_DEFAULT_CONFIG",
+    "WGRAD_ENV",
     "GLUON_AVAILABLE",
     "default_config",
     "gemm_fp8_blockwise_gluon",
@@ -64,6 +74,7 @@ __all__ = [
 ]
 
 SCALE_BLOCK = 128
+WGRAD_ENV = "PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD"  # enables per-row B scales in gluon_blockwise_reason
 SMEM_LIMIT = 232448  # bytes of dynamic shared memory per block on sm_90
 
 try:  # Gluon ships with triton >= 3.4; CPU-only installs may import it but can never run it
@@ -127,8 +138,12 @@ class GluonBlockwiseConfig:
         bn, st, g, c, x, r, w = m.groups()
         return cls(int(bn), int(st), int(g or 8), int(c or 1), bool(x), int(r or 232), int(w or 40))
 
-    def check(self, out_bytes: int = 2) -> Optional[str]:
-        """None when the kernel can be built with this config, else why not."""
+    def check(self, out_bytes: int = 2, b_row_scales: bool = False) -> Optional[str]:
+        """None when the kernel can be built with this config (``b_row_scales``: for the per-row
+        B scale path), else why not."""
+        if b_row_scales and (self.block_n != 128 or self.pipeline):
+            return (f"per-row B scales (the B_ROW_SCALES path) need block_n 128 without pipelining (the column "
+                    f"scale vectors of two K blocks take 64 registers), got {self.short()}")
         if self.block_n not in (128, 256):
             return f"block_n must be 128 or 256 (whole B scale blocks per tile), got {self.block_n}"
         if self.pipeline and self.block_n != 128:
@@ -158,6 +173,12 @@ class GluonBlockwiseConfig:
 # FLOP and the second staging buffer lets the two 128-column stores of a tile overlap.
 DEFAULT_CONFIG = GluonBlockwiseConfig(block_n=256, stages=3, group_m=8, c_bufs=2, pipeline=False,
                                       consumer_regs=232, producer_regs=40)
+
+# Per-row B scales (B_ROW_SCALES, the FP8 linear's wgrad): BLOCK_N = 128, not pipelined (see
+# GluonBlockwiseConfig.check). n128s6 as the best non-pipelined 128-wide tile of the forward
+# sweep above; not yet measured on the H200 (scripts/check_gluon_fp8.py --wgrad).
+ROW_SCALES_DEFAULT_CONFIG = GluonBlockwiseConfig(block_n=128, stages=6, group_m=8, c_bufs=1, pipeline=False,
+                                                 consumer_regs=232, producer_regs=40)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -324,6 +345,35 @@ if GLUON_AVAILABLE:
         return acc, regs_p, regs_q, it
 
     @gluon.jit
+    def _mainloop_row_scales(acc, regs, a_bufs, b_bufs, ready, empty, it, k_tiles, sa_rows, mask_m, sb_tile, cols,
+                             stride_sak, stride_sbk, WG: gl.constexpr, STAGES: gl.constexpr):
+        """B_ROW_SCALES (the wgrad's B, 1 x 128 groups along K: one scale per output column and
+        K block; BLOCK_N = 128, not pipelined): per K block MMA into a fresh partial, wait,
+        promote with the outer product ``sa[rows] x sb[cols]``. Both scale vectors of block kb+1
+        (the column vector: 32 registers per thread) are loaded while block kb's MMA runs.
+
+        ``sb_tile`` points at the tile's first column of K block 0; columns are unit-stride and
+        padded to whole 128-column blocks by the launcher, so ``sb_tile + kb * stride_sbk + cols``
+        is one scalar base plus per-thread constant offsets (no pointer or mask vectors, which
+        cost 96 registers and spill) and a tile past N reads zeros of the padding."""
+        sa = gl.load(sa_rows, mask=mask_m, other=0.0)
+        sbv = gl.load(sb_tile + cols)
+        for kb in range(k_tiles):
+            s = it % STAGES
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            part = _issue(a_bufs, b_bufs, s, regs, False, WG, 0)
+            kn = gl.minimum(kb + 1, k_tiles - 1)
+            next_sa = gl.load(sa_rows + kn * stride_sak, mask=mask_m, other=0.0)
+            next_sbv = gl.load(sb_tile + kn * stride_sbk + cols)
+            regs = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
+            mbarrier.arrive(empty.index(s), count=1)
+            acc = acc + (regs * gl.expand_dims(sa, 1)) * gl.expand_dims(sbv, 0)
+            sa = next_sa
+            sbv = next_sbv
+            it += 1
+        return acc, it
+
+    @gluon.jit
     def _store_sub(c_desc, c_bufs, acc, off_m, off_n, st, WG: gl.constexpr, SUB: gl.constexpr,
                    C_BUFS: gl.constexpr):
         """acc (64 x 128 fp32) -> out dtype -> staging buffer -> TMA store; returns st + 1.
@@ -343,7 +393,7 @@ if GLUON_AVAILABLE:
     def _consumer(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, M, N, K,
                   stride_sam, stride_sak, stride_sbn, stride_sbk,
                   WG: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                  C_BUFS: gl.constexpr, PIPELINE: gl.constexpr):
+                  C_BUFS: gl.constexpr, PIPELINE: gl.constexpr, B_ROW_SCALES: gl.constexpr):
         """One warpgroup: rows [WG*64, WG*64+64) of every tile: MMA, promotion, store."""
         HALF_M: gl.constexpr = c_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
@@ -377,7 +427,13 @@ if GLUON_AVAILABLE:
             # the partial's registers, handed to each MMA (which ignores their values); created per
             # tile so they are not live across the epilogue
             regs = gl.zeros([HALF_M, SCALE_N], gl.float32, mma_layout)
-            if PIPELINE:
+            if B_ROW_SCALES:
+                gl.static_assert(N_SUB == 1 and not PIPELINE, "B_ROW_SCALES: BLOCK_N 128, not pipelined")
+                # per-row B scales, stored [ceil(K/128), N padded to 128] (stride_sbn is 1)
+                cols = gl.arange(0, SCALE_N, layout=gl.SliceLayout(0, mma_layout))
+                acc0, it = _mainloop_row_scales(acc0, regs, a_bufs, b_bufs, ready, empty, it, k_tiles, sa_rows,
+                                                mask_m, sb_ptr + off_n, cols, stride_sak, stride_sbk, WG, STAGES)
+            elif PIPELINE:
                 regs_q = gl.zeros([HALF_M, SCALE_N], gl.float32, mma_layout)
                 acc0, regs, regs_q, it = _mainloop_pipelined(acc0, regs, regs_q, a_bufs, b_bufs, ready, empty, it,
                                                              k_tiles, sa_rows, mask_m, sb0, stride_sak, stride_sbk,
@@ -397,7 +453,7 @@ if GLUON_AVAILABLE:
         M, N, K,
         stride_sam, stride_sak, stride_sbn, stride_sbk,
         GROUP_M: gl.constexpr, STAGES: gl.constexpr, C_BUFS: gl.constexpr, PIPELINE: gl.constexpr,
-        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, B_ROW_SCALES: gl.constexpr = False,
     ):
         """out = sum_kb (A_kb @ B_kb^T) * sa[:, kb] * sb[n/128, kb]: persistent, warp-specialized.
 
@@ -416,9 +472,11 @@ if GLUON_AVAILABLE:
             mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
         gl.warp_specialize([
             (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, M, N, K,
-                         stride_sam, stride_sak, stride_sbn, stride_sbk, 0, BLOCK_N, GROUP_M, STAGES, C_BUFS, PIPELINE)),
+                         stride_sam, stride_sak, stride_sbn, stride_sbk, 0, BLOCK_N, GROUP_M, STAGES, C_BUFS, PIPELINE,
+                         B_ROW_SCALES)),
             (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, M, N, K,
-                         stride_sam, stride_sak, stride_sbn, stride_sbk, 1, BLOCK_N, GROUP_M, STAGES, C_BUFS, PIPELINE)),
+                         stride_sam, stride_sak, stride_sbn, stride_sbk, 1, BLOCK_N, GROUP_M, STAGES, C_BUFS, PIPELINE,
+                         B_ROW_SCALES)),
             (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
@@ -435,11 +493,16 @@ def _tma_rows_ok(t: torch.Tensor) -> bool:
 
 
 def gluon_blockwise_reason(a, sa, b, sb, out: Optional[torch.Tensor] = None,
-                           out_dtype: Optional[torch.dtype] = torch.bfloat16) -> Optional[str]:
+                           out_dtype: Optional[torch.dtype] = torch.bfloat16,
+                           allow_b_row_scales: Optional[bool] = None) -> Optional[str]:
     """None when :func:`gemm_fp8_blockwise_gluon` can run these inputs, else why not. Never raises,
-    never synchronizes: dtypes, shapes, strides and the (cached) platform of the device."""
+    never synchronizes: dtypes, shapes, strides and the (cached) platform of the device.
+
+    ``allow_b_row_scales``: whether per-row B scales (``sb`` ``[N, ceil(K/128)]``, the FP8
+    linear's wgrad) are taken; None reads ``PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD`` (auto: no, until
+    that path is measured on the H200)."""
     try:
-        reason = gluon_operand_reason(a, sa, b, sb, out, out_dtype)
+        reason = gluon_operand_reason(a, sa, b, sb, out, out_dtype, allow_b_row_scales)
         if reason is None:
             reason = gluon_platform_reason(a.device)
         return reason
@@ -473,8 +536,24 @@ def _capability(index: int) -> tuple:
     return torch.cuda.get_device_capability(index)
 
 
+def wgrad_enabled() -> bool:
+    """``PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD``: 1 takes per-row B scales (the wgrad), 0 and auto
+    do not (auto: off until the B_ROW_SCALES path is measured on the H200)."""
+    from primus_turbo.pytorch.core.env import env_auto_flag
+
+    return bool(env_auto_flag(WGRAD_ENV))
+
+
+def _is_b_row_scales(sb, N: int, K: int) -> bool:
+    """sb is one scale per row of b and K block ([N, ceil(K/128)]) rather than per 128 x 128
+    block. N = 1 reads as blocks (the same numbers either way)."""
+    kb = -(-K // SCALE_BLOCK)
+    return N > 1 and sb.dim() == 2 and tuple(sb.shape) == (N, kb) and -(-N // SCALE_BLOCK) != N
+
+
 def gluon_operand_reason(a, sa, b, sb, out: Optional[torch.Tensor] = None,
-                         out_dtype: Optional[torch.dtype] = torch.bfloat16) -> Optional[str]:
+                         out_dtype: Optional[torch.dtype] = torch.bfloat16,
+                         allow_b_row_scales: Optional[bool] = None) -> Optional[str]:
     """The operand half of :func:`gluon_blockwise_reason` (no device or platform test, so it is
     checkable on CPU): None when the dtypes, shapes and strides are ones the kernel takes."""
     if not GLUON_AVAILABLE:
@@ -500,7 +579,12 @@ def gluon_operand_reason(a, sa, b, sb, out: Optional[torch.Tensor] = None,
         return (f"sa must be float32 [M, ceil(K/128)] = {[M, kb]} (1x128 groups), "
                 f"got {sa.dtype} {list(sa.shape)}")
     nb = -(-N // SCALE_BLOCK)
-    if sb.dtype != torch.float32 or sb.dim() != 2 or tuple(sb.shape) != (nb, kb):
+    if sb.dtype == torch.float32 and _is_b_row_scales(sb, N, K):
+        if not (wgrad_enabled() if allow_b_row_scales is None else allow_b_row_scales):
+            return (f"sb {list(sb.shape)} is per-row (1x128 groups of b along K: the wgrad); the Gluon kernel "
+                    f"takes sb as [ceil(N/128), ceil(K/128)] = {[nb, kb]} (128x128 blocks), and per-row scales "
+                    f"only with {WGRAD_ENV}=1")
+    elif sb.dtype != torch.float32 or sb.dim() != 2 or tuple(sb.shape) != (nb, kb):
         return (f"sb must be float32 [ceil(N/128), ceil(K/128)] = {[nb, kb]} (128x128 blocks), "
                 f"got {sb.dtype} {list(sb.shape)}")
     for name, t in (("a", a), ("b", b)):
@@ -524,17 +608,19 @@ def gluon_operand_reason(a, sa, b, sb, out: Optional[torch.Tensor] = None,
     return None
 
 
-def default_config(M: int, N: int, K: int, out_dtype: torch.dtype = torch.bfloat16) -> GluonBlockwiseConfig:
-    """DEFAULT_CONFIG, shrunk until it fits next to the output staging buffers: first one staging
-    buffer per warpgroup, then fewer stages (fp32 output: n256s3 with one buffer)."""
+def default_config(M: int, N: int, K: int, out_dtype: torch.dtype = torch.bfloat16,
+                   b_row_scales: bool = False) -> GluonBlockwiseConfig:
+    """DEFAULT_CONFIG (``b_row_scales``: ROW_SCALES_DEFAULT_CONFIG), shrunk until it fits next to
+    the output staging buffers: first one staging buffer per warpgroup, then fewer stages (fp32
+    output: n256s3 with one buffer; per-row B scales: n128s5)."""
     del M, N, K
-    return _fitted_default(out_dtype)
+    return _fitted_default(out_dtype, bool(b_row_scales))
 
 
 @functools.lru_cache(maxsize=None)
-def _fitted_default(out_dtype: torch.dtype) -> GluonBlockwiseConfig:
+def _fitted_default(out_dtype: torch.dtype, b_row_scales: bool = False) -> GluonBlockwiseConfig:
     out_bytes = out_dtype.itemsize
-    cfg = DEFAULT_CONFIG
+    cfg = ROW_SCALES_DEFAULT_CONFIG if b_row_scales else DEFAULT_CONFIG
     if cfg.smem_bytes(out_bytes) > SMEM_LIMIT and cfg.c_bufs > 1:
         cfg = dataclasses.replace(cfg, c_bufs=1)
     while cfg.smem_bytes(out_bytes) > SMEM_LIMIT and cfg.stages > 2:
@@ -554,17 +640,21 @@ def _num_sms(device: torch.device) -> int:
 
 def gemm_fp8_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
                              out: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
-                             config: Optional[GluonBlockwiseConfig] = None) -> torch.Tensor:
+                             config: Optional[GluonBlockwiseConfig] = None,
+                             allow_b_row_scales: Optional[bool] = None) -> torch.Tensor:
     """``out = (a * sa) @ (b * sb)^T`` for BLOCKWISE-quantized FP8 operands on Hopper.
 
     Args:
         a: ``[M, K]`` float8_e4m3fn, K contiguous (the activation).
         sa: ``[M, ceil(K/128)]`` float32 dequantization multipliers of a's 1 x 128 groups.
         b: ``[N, K]`` float8_e4m3fn, K contiguous (the weight).
-        sb: ``[ceil(N/128), ceil(K/128)]`` float32 multipliers of b's 128 x 128 blocks.
+        sb: ``[ceil(N/128), ceil(K/128)]`` float32 multipliers of b's 128 x 128 blocks, or, where
+            per-row B scales are allowed, ``[N, ceil(K/128)]``: b's 1 x 128 groups (the wgrad).
         out: ``[M, N]`` bf16/fp16/fp32, rows contiguous and 16-byte aligned; allocated when None.
         out_dtype: dtype of the allocated ``out`` (ignored when ``out`` is given).
         config: tile/pipeline choice (:class:`GluonBlockwiseConfig`); analytic default when None.
+        allow_b_row_scales: take per-row ``sb`` (the B_ROW_SCALES path); None reads
+            ``PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD`` (auto: off).
 
     Raises ValueError with :func:`gluon_blockwise_reason`'s text when the inputs are not
     supported (callers check first and fall back to ``gemm_fp8_triton``).
@@ -578,7 +668,7 @@ def gemm_fp8_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor,
     """
     if out is not None:
         out_dtype = out.dtype
-    reason = gluon_blockwise_reason(a, sa, b, sb, out, out_dtype)
+    reason = gluon_blockwise_reason(a, sa, b, sb, out, out_dtype, allow_b_row_scales)
     if reason is not None:
         raise ValueError(f"gemm_fp8_blockwise_gluon: {reason}")
     M, K = a.shape
@@ -589,8 +679,9 @@ def gemm_fp8_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor,
         return out
     if K == 0:
         return out.zero_()
-    cfg = config or default_config(M, N, K, out.dtype)
-    bad = cfg.check(out.element_size())
+    rows = _is_b_row_scales(sb, N, K)
+    cfg = config or default_config(M, N, K, out.dtype, rows)
+    bad = cfg.check(out.element_size(), rows)
     if bad is not None:
         raise ValueError(f"gemm_fp8_blockwise_gluon: {bad}")
     with torch.cuda.device(a.device):
@@ -623,10 +714,28 @@ def _kernel_args(a, sa, b, sb, out, cfg: GluonBlockwiseConfig) -> tuple:
     a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [_HALF_M, bk], a_layout)
     b_desc = TensorDescriptor(b, [N, K], [b.stride(0), 1], [bn, bk], b_layout)
     c_desc = TensorDescriptor(out, [M, N], [out.stride(0), 1], [_HALF_M, SCALE_BLOCK], c_layout)
+    rows = _is_b_row_scales(sb, N, K)
+    if rows:
+        sb = _column_major_padded(sb)
     args = (a_desc, b_desc, c_desc, sa, sb, M, N, K, sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1))
     kwargs = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, PIPELINE=cfg.pipeline,
-                  CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, num_warps=4)
+                  CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, B_ROW_SCALES=rows,
+                  num_warps=4)
     return args, kwargs
+
+
+def _column_major_padded(sb: torch.Tensor) -> torch.Tensor:
+    """Per-row B scales [N, kb] as the B_ROW_SCALES path reads them: unit stride along N and N
+    padded with zeros to whole 128-column blocks (a view of a [kb, N_pad] buffer). Returned as
+    is when already so (e.g. the transpose of a [kb, N] scale grid with N % 128 == 0); else one
+    small copy (N x kb x 4 bytes, no host sync)."""
+    N, kb = sb.shape
+    if sb.stride(0) == 1 and N % SCALE_BLOCK == 0:
+        return sb
+    n_pad = -(-N // SCALE_BLOCK) * SCALE_BLOCK
+    buf = torch.zeros((kb, n_pad), dtype=sb.dtype, device=sb.device)
+    buf[:, :N].copy_(sb.t())
+    return buf.t()[:N]
 
 
 def _launch(a, sa, b, sb, out, cfg: GluonBlockwiseConfig) -> None:
