@@ -105,11 +105,11 @@ GPU_OVERRIDES: dict[str, list[dict]] = {
     "_grouped_gemm_fp4_variable_k_kernel": [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64)],
     "_attn_fp8_fwd_kernel": [dict(BLOCK_M=128, BLOCK_N=128), dict(BLOCK_M=64, BLOCK_N=128)],
     "_attn_fwd_kernel": [dict(BLOCK_M=64, BLOCK_N=64), dict(BLOCK_M=128, BLOCK_N=64)],
-    "_attn_bwd_dkdv_kernel": [dict(BLOCK_M=32, BLOCK_N=64), dict(BLOCK_M=32, BLOCK_N=128)],
+    # the two-kernel tiles, then the atomic-dQ variant's (BWD_ATOMIC_CONFIGS; recorded with its warps / stages)
+    "_attn_bwd_dkdv_kernel": [dict(BLOCK_M=32, BLOCK_N=64), dict(BLOCK_M=32, BLOCK_N=128),
+                              dict(BLOCK_M=64, BLOCK_N=128), dict(BLOCK_M=64, BLOCK_N=64),
+                              dict(BLOCK_M=128, BLOCK_N=64)],
     "_attn_bwd_dq_kernel": [dict(BLOCK_M=128, BLOCK_N=32), dict(BLOCK_M=64, BLOCK_N=32)],
-    # recorded with BWD_ATOMIC_CONFIGS' num_warps / num_stages (flash_attn_bwd._bwd_atomic_config)
-    "_attn_bwd_atomic_dq_kernel": [dict(BLOCK_M=64, BLOCK_N=128), dict(BLOCK_M=64, BLOCK_N=64),
-                                   dict(BLOCK_M=128, BLOCK_N=64)],
     "_attn_fp8_bwd_dkdv_kernel": [dict(BLOCK_M=64, BLOCK_N=64)],
     "_attn_fp8_bwd_dq_kernel": [dict(BLOCK_M=64, BLOCK_N=64)],
 }

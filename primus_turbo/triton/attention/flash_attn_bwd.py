@@ -13,8 +13,8 @@ queries and loops over key blocks. Each output element is written by exactly one
 fixed order, so results are bitwise reproducible. That recomputes S, P and dP in both kernels: 7 MMAs
 per (query block, key block) pair.
 
-The one-kernel variant (``_attn_bwd_atomic_dq_kernel``, chosen by :func:`use_atomic_dq`: fp16 / bf16,
-never for ``deterministic=True``) runs the dK/dV program and also adds each pair's ``scale * dS K`` into a
+The one-kernel variant (``_attn_bwd_dkdv_kernel`` with ``ATOMIC_DQ``, chosen by :func:`use_atomic_dq`: fp16 /
+bf16, never for ``deterministic=True``) runs the dK/dV kernel and also adds each pair's ``scale * dS K`` into a
 zeroed fp32 dQ accumulator with relaxed atomics (5 MMAs per pair); a cast copies it into dQ.
 
 Sink gradient: the sink logit ``s_h`` only enters the denominator, so with
@@ -108,7 +108,7 @@ def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dqa_base, st
 
 
 @triton.jit
-def _dkdv_program(
+def _attn_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, DQA, CU_Q, CU_K,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
@@ -125,7 +125,10 @@ def _dkdv_program(
     EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
 ):
     """One key block of one (batch, kv head): dK and dV over every query head of its GQA group and
-    every query block that sees it; with ``ATOMIC_DQ`` also each pair's dQ share, atomically."""
+    every query block that sees it. ``ATOMIC_DQ=False``: the deterministic two-kernel backward (dQ
+    comes from ``_attn_bwd_dq_kernel``; ``DQA`` and its strides are unused placeholders). ``True``: the
+    one-kernel backward, which also adds each pair's ``scale * dS K`` (fp32, relaxed atomics) into the
+    zeroed fp32 dQ accumulator ``DQA`` (5 MMAs per block pair instead of the two kernels' 7)."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // HK
@@ -224,74 +227,6 @@ def _dkdv_program(
         dv.to(DV.dtype.element_ty), mask=n_ok[:, None] & (offs_dv[None, :] < D_V),
     )
 
-
-
-@triton.jit
-def _attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
-    stride_qb, stride_qs, stride_qh, stride_qd,
-    stride_kb, stride_ks, stride_kh, stride_kd,
-    stride_vb, stride_vs, stride_vh, stride_vd,
-    stride_dob, stride_dos, stride_doh, stride_dod,
-    stride_dkb, stride_dks, stride_dkh, stride_dkd,
-    stride_dvb, stride_dvs, stride_dvh, stride_dvd,
-    stride_lh,
-    H, HK, SEQ_Q, SEQ_K, GROUP, D_QK, D_V,
-    qk_scale, sm_scale, offset, win_left, win_right,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-    EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    """dK and dV only (the deterministic two-kernel backward; dQ comes from ``_attn_bwd_dq_kernel``)."""
-    _dkdv_program(
-        Q, K, V, DO, LSE, DELTA, DK, DV, DK, CU_Q, CU_K,
-        stride_qb, stride_qs, stride_qh, stride_qd,
-        stride_kb, stride_ks, stride_kh, stride_kd,
-        stride_vb, stride_vs, stride_vh, stride_vd,
-        stride_dob, stride_dos, stride_doh, stride_dod,
-        stride_dkb, stride_dks, stride_dkh, stride_dkd,
-        stride_dvb, stride_dvs, stride_dvh, stride_dvd,
-        0, 0, 0, 0,
-        stride_lh,
-        H, HK, SEQ_Q, SEQ_K, GROUP, D_QK, D_V,
-        qk_scale, sm_scale, offset, win_left, win_right,
-        HAS_LEFT, HAS_RIGHT, IS_VARLEN, BLOCK_M, BLOCK_N, BLOCK_DQK, BLOCK_DV, EVEN_D, DOT_PRECISION, False,
-    )
-
-
-@triton.jit
-def _attn_bwd_atomic_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, DQA, CU_Q, CU_K,
-    stride_qb, stride_qs, stride_qh, stride_qd,
-    stride_kb, stride_ks, stride_kh, stride_kd,
-    stride_vb, stride_vs, stride_vh, stride_vd,
-    stride_dob, stride_dos, stride_doh, stride_dod,
-    stride_dkb, stride_dks, stride_dkh, stride_dkd,
-    stride_dvb, stride_dvs, stride_dvh, stride_dvd,
-    stride_dqab, stride_dqas, stride_dqah, stride_dqad,
-    stride_lh,
-    H, HK, SEQ_Q, SEQ_K, GROUP, D_QK, D_V,
-    qk_scale, sm_scale, offset, win_left, win_right,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-    EVEN_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    """The one-kernel backward: dK, dV and ``scale * dS K`` added (fp32, relaxed atomics) into the
-    zeroed fp32 dQ accumulator ``DQA`` (5 MMAs per block pair instead of the two kernels' 7)."""
-    _dkdv_program(
-        Q, K, V, DO, LSE, DELTA, DK, DV, DQA, CU_Q, CU_K,
-        stride_qb, stride_qs, stride_qh, stride_qd,
-        stride_kb, stride_ks, stride_kh, stride_kd,
-        stride_vb, stride_vs, stride_vh, stride_vd,
-        stride_dob, stride_dos, stride_doh, stride_dod,
-        stride_dkb, stride_dks, stride_dkh, stride_dkd,
-        stride_dvb, stride_dvs, stride_dvh, stride_dvd,
-        stride_dqab, stride_dqas, stride_dqah, stride_dqad,
-        stride_lh,
-        H, HK, SEQ_Q, SEQ_K, GROUP, D_QK, D_V,
-        qk_scale, sm_scale, offset, win_left, win_right,
-        HAS_LEFT, HAS_RIGHT, IS_VARLEN, BLOCK_M, BLOCK_N, BLOCK_DQK, BLOCK_DV, EVEN_D, DOT_PRECISION, True,
-    )
 
 
 @triton.jit
@@ -547,21 +482,21 @@ def _launch_bwd(q, k, v, dout, lse, delta, dq, dk, dv, strides, softmax_scale, w
     qk_scale = float(softmax_scale) * LOG2E
     if atomic:
         bm, bn, warps, stages = _bwd_atomic_config(max(block_dqk, block_dv))
-        _attn_bwd_atomic_dq_kernel[(triton.cdiv(Sk, bn), B * Hk)](
+        _attn_bwd_dkdv_kernel[(triton.cdiv(Sk, bn), B * Hk)](
             q, k, v, dout, lse, delta, dk, dv, dq, cu_q, cu_k,
             *qs, *ks, *vs, *dos, *dks, *dvs, *dqs, stride_lh,
             H, Hk, Sq, Sk, H // Hk, Dqk, Dv,
             qk_scale, float(softmax_scale), Sk - Sq, wl, wr,
-            BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **common,
+            BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, ATOMIC_DQ=True, **common,
         )
         return
     (bm1, bn1, warps1, stages1), (bm2, bn2, warps2, stages2) = _bwd_config(max(block_dqk, block_dv))
     _attn_bwd_dkdv_kernel[(triton.cdiv(Sk, bn1), B * Hk)](
-        q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k,
-        *qs, *ks, *vs, *dos, *dks, *dvs, stride_lh,
+        q, k, v, dout, lse, delta, dk, dv, dk, cu_q, cu_k,
+        *qs, *ks, *vs, *dos, *dks, *dvs, 0, 0, 0, 0, stride_lh,
         H, Hk, Sq, Sk, H // Hk, Dqk, Dv,
         qk_scale, float(softmax_scale), Sk - Sq, wl, wr,
-        BLOCK_M=bm1, BLOCK_N=bn1, num_warps=warps1, num_stages=stages1, **common,
+        BLOCK_M=bm1, BLOCK_N=bn1, num_warps=warps1, num_stages=stages1, ATOMIC_DQ=False, **common,
     )
     _attn_bwd_dq_kernel[(triton.cdiv(Sq, bm2), B * H)](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k,
