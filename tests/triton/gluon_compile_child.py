@@ -44,3 +44,40 @@ def rerun_outside_interpreter(request) -> bool:
         reason = re.findall(r"SKIPPED \[\d+\] [^:]+:\d+: (.*)", out)
         pytest.skip(f"(child process) {reason[-1] if reason else summary}")
     pytest.fail(f"child pytest outside the interpreter failed (exit {proc.returncode}):\n{out[-6000:]}")
+
+
+def compile_check_module():
+    """scripts/gluon_compile_check.py as a module (its compile_config / compile_grouped helpers)."""
+    import importlib.util
+
+    path = _ROOT / "scripts" / "gluon_compile_check.py"
+    spec = importlib.util.spec_from_file_location("gluon_compile_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def warmup_for_sm90(kernel, args, kwargs, monkeypatch):
+    """``kernel.warmup`` with a launcher's real arguments under a stand-in sm_90 CUDA driver: the
+    JIT binds them and compiles, as the first GPU call would up to the launch. Returns the compiled
+    kernel; the binder's per-device cache is dropped afterwards."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    class _Sm90:
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+    if not hasattr(driver, "_active"):
+        pytest.skip("triton's driver registry has changed")
+    monkeypatch.setattr(driver, "_active", _Sm90())
+    try:
+        return kernel.warmup(*args, grid=(1,), **kwargs)
+    finally:
+        kernel.device_caches.clear()

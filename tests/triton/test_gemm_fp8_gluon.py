@@ -11,9 +11,7 @@ the ``triton.language`` kernel, with M, N and K tails, every output dtype, a cal
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +20,9 @@ pytest.importorskip("triton")
 
 from primus_turbo.triton import is_interpreter  # noqa: E402
 from primus_turbo.triton.gemm import gemm_fp8_gluon as gg  # noqa: E402
-from tests.triton.gluon_compile_child import rerun_outside_interpreter  # noqa: E402
+from tests.triton.gluon_compile_child import (  # noqa: E402
+    compile_check_module, rerun_outside_interpreter, warmup_for_sm90,
+)
 
 E4M3 = torch.float8_e4m3fn
 _ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -117,14 +117,6 @@ def test_config_parse_and_fit():
         assert cfg.check(dtype.itemsize) is None
 
 
-def _compile_check_module():
-    path = Path(__file__).resolve().parents[2] / "scripts" / "gluon_compile_check.py"
-    spec = importlib.util.spec_from_file_location("gluon_compile_check", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
 @pytest.mark.parametrize("out_dtype,config", [("bf16", None), ("fp32", None), ("bf16", "n256s4"), ("bf16", "n256s3c2"),
                                               ("bf16", "n128s5x"), ("fp32", "n128s3c2x")])
@@ -132,7 +124,7 @@ def test_compiles_for_sm90_without_spills(out_dtype, config, request):
     """The GPU-only kernel still compiles for sm_90 (catches API drift and register spills on CPU CI)."""
     if rerun_outside_interpreter(request):
         return
-    mod = _compile_check_module()
+    mod = compile_check_module()
     cfg = (gg.GluonBlockwiseConfig.parse(config) if config else
            gg.default_config(4096, 4096, 4096, torch.bfloat16 if out_dtype == "bf16" else torch.float32))
     assert cfg.check(2 if out_dtype == "bf16" else 4) is None
@@ -380,32 +372,12 @@ def test_launcher_arguments_bind_and_compile_for_sm90(config, out_dtype, monkeyp
     call would do up to the launch itself."""
     if rerun_outside_interpreter(request):
         return
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime import driver
-
-    class _Sm90:
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-    if not hasattr(driver, "_active"):
-        pytest.skip("triton's driver registry has changed")
     (a_q, sa, b_q, sb), _ = _operands(300, 384, 640, "cpu")
     out = torch.empty(300, 384, dtype=out_dtype)
     cfg = gg.GluonBlockwiseConfig.parse(config)
     assert cfg.check(out_dtype.itemsize) is None
     args, kwargs = gg._kernel_args(a_q, sa, b_q, sb, out, cfg)
-    monkeypatch.setattr(driver, "_active", _Sm90())
-    try:
-        kernel = gg._gemm_fp8_blockwise_ws_kernel.warmup(*args, grid=(1,), **kwargs)
-    finally:
-        # the binder caches per device: drop what the stand-in produced
-        gg._gemm_fp8_blockwise_ws_kernel.device_caches.clear()
+    kernel = warmup_for_sm90(gg._gemm_fp8_blockwise_ws_kernel, args, kwargs, monkeypatch)
     assert kernel.metadata.shared <= gg.SMEM_LIMIT
     assert kernel.metadata.num_warps == 12  # 4 + 4 consumer warps, 1 producer warp, rounded up
 
@@ -474,7 +446,7 @@ def test_row_scales_compile_for_sm90_without_spills(out_dtype, config, request):
     """The B_ROW_SCALES path compiles for sm_90 without spills or wgmma serialization."""
     if rerun_outside_interpreter(request):
         return
-    mod = _compile_check_module()
+    mod = compile_check_module()
     dtype = torch.bfloat16 if out_dtype == "bf16" else torch.float32
     cfg = gg.GluonBlockwiseConfig.parse(config) if config else gg.default_config(4096, 4096, 4096, dtype, True)
     assert cfg.check(dtype.itemsize, b_row_scales=True) is None
@@ -493,31 +465,12 @@ def test_row_scales_launcher_arguments_bind_and_compile_for_sm90(N, monkeypatch,
     """The launcher's B_ROW_SCALES arguments (padded unit-stride scales) bind and compile for sm_90."""
     if rerun_outside_interpreter(request):
         return
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime import driver
-
-    class _Sm90:
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-    if not hasattr(driver, "_active"):
-        pytest.skip("triton's driver registry has changed")
     (a_q, sa, b_q, sb), _ = _operands_rows(300, N, 640, "cpu")
     out = torch.empty(300, N, dtype=torch.bfloat16)
     cfg = gg.default_config(300, N, 640, torch.bfloat16, True)
     args, kwargs = gg._kernel_args(a_q, sa, b_q, sb, out, cfg)
     assert kwargs["B_ROW_SCALES"] is True and args[4].stride(0) == 1
-    monkeypatch.setattr(driver, "_active", _Sm90())
-    try:
-        kernel = gg._gemm_fp8_blockwise_ws_kernel.warmup(*args, grid=(1,), **kwargs)
-    finally:
-        gg._gemm_fp8_blockwise_ws_kernel.device_caches.clear()
+    kernel = warmup_for_sm90(gg._gemm_fp8_blockwise_ws_kernel, args, kwargs, monkeypatch)
     assert kernel.metadata.shared <= gg.SMEM_LIMIT
 
 

@@ -12,9 +12,7 @@ and the op.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,7 +21,9 @@ pytest.importorskip("triton")
 
 from primus_turbo.triton.gemm import gemm_fp8_gluon as dense  # noqa: E402
 from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_gluon as gg  # noqa: E402
-from tests.triton.gluon_compile_child import rerun_outside_interpreter  # noqa: E402
+from tests.triton.gluon_compile_child import (  # noqa: E402
+    compile_check_module, rerun_outside_interpreter, warmup_for_sm90,
+)
 
 E4M3 = torch.float8_e4m3fn
 _ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -219,21 +219,13 @@ def test_pin_on_cpu_raises(device):
 # ---------------------------------------------------------------------------------------------
 # CPU: sm_90 compile
 # ---------------------------------------------------------------------------------------------
-def _compile_check_module():
-    path = Path(__file__).resolve().parents[2] / "scripts" / "gluon_compile_check.py"
-    spec = importlib.util.spec_from_file_location("gluon_compile_check", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @needs_gluon
 @pytest.mark.parametrize("out_dtype,config", [("bf16", None), ("fp32", None), ("bf16", "n128s5x"),
                                               ("bf16", "n256s4"), ("fp16", "n128s5")])
 def test_compiles_for_sm90_without_spills(out_dtype, config, request):
     if rerun_outside_interpreter(request):
         return
-    mod = _compile_check_module()
+    mod = compile_check_module()
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[out_dtype]
     cfg = dense.GluonBlockwiseConfig.parse(config) if config else gg.grouped_default_config(1, 1, 1, 1, torch_dtype)
     assert cfg.check(torch_dtype.itemsize) is None
@@ -253,31 +245,12 @@ def test_launcher_arguments_bind_and_compile_for_sm90(config, out_dtype, monkeyp
     output pointer, scales, offsets, strides) bind and compile for sm_90 with a stand-in driver."""
     if rerun_outside_interpreter(request):
         return
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime import driver
-
-    class _Sm90:
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-    if not hasattr(driver, "_active"):
-        pytest.skip("triton's driver registry has changed")
     (a_q, sa, b_q, sb, offs), _ = _operands([100, 0, 200], 384, 640, "cpu", extra_rows=20)
     out = torch.empty(a_q.shape[0], 384, dtype=out_dtype)
     cfg = dense.GluonBlockwiseConfig.parse(config)
     assert cfg.check(out_dtype.itemsize) is None
     args, kwargs = gg._kernel_args(a_q, sa, b_q, sb, offs, out, cfg)
-    monkeypatch.setattr(driver, "_active", _Sm90())
-    try:
-        kernel = gg._grouped_gemm_fp8_blockwise_ws_kernel.warmup(*args, grid=(1,), **kwargs)
-    finally:
-        gg._grouped_gemm_fp8_blockwise_ws_kernel.device_caches.clear()
+    kernel = warmup_for_sm90(gg._grouped_gemm_fp8_blockwise_ws_kernel, args, kwargs, monkeypatch)
     assert kernel.metadata.shared <= dense.SMEM_LIMIT
     assert kernel.metadata.num_warps == 12
 
