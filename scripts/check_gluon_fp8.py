@@ -127,30 +127,27 @@ def _gpu_info() -> dict:
                 python=platform.python_version(), date=time.strftime("%Y-%m-%d %H:%M:%S"))
 
 
-def run_shape(M: int, N: int, K: int, label: str, configs: list, rep_ms: int, do_time: bool) -> dict:
-    from primus_turbo.testing import snr_db
-    from primus_turbo.triton.gemm.gemm_fp8_gluon import (
-        default_config, gemm_fp8_blockwise_gluon, gluon_blockwise_reason,
-    )
-    from primus_turbo.triton.gemm.gemm_fp8_kernel import gemm_fp8_triton
-
-    dev = torch.device("cuda")
-    flops = 2.0 * M * N * K
-    res = dict(M=M, N=N, K=K, label=label, gluon={}, errors={})
-    torch.manual_seed(0)
-    x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-    w = (torch.randn(N, K, device=dev, dtype=torch.float32) * 0.02).to(torch.bfloat16)
-    a_q, sa, b_q, sb = _quantize(x, w)
-    res["reason"] = gluon_blockwise_reason(a_q, sa, b_q, sb)
-    res["default_config"] = default_config(M, N, K).short()
-
+def _fp32_ref(fn) -> torch.Tensor:
+    """``fn()`` with TF32 off: the fp32 product of the dequantized operands."""
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        ref = _dequant_a(a_q, sa) @ _dequant_b(b_q, sb).T  # fp32, no TF32
+        return fn()
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
 
+
+def _compare(res: dict, a_q, sa, b_q, sb, ref, cublas, configs: list, flops: float, rep_ms: int, do_time: bool,
+             row_scales: bool = False) -> None:
+    """Into ``res``: the tl kernel's SNR (and time), cuBLAS bf16's time (``cublas()``), then each Gluon
+    config on a NaN-poisoned output: SNR against ``ref`` and the tl output, and time. ``row_scales``:
+    per-row B scales (the wgrad path), where a config must also match the tl kernel."""
+    from primus_turbo.testing import snr_db
+    from primus_turbo.triton.gemm.gemm_fp8_gluon import gemm_fp8_blockwise_gluon
+    from primus_turbo.triton.gemm.gemm_fp8_kernel import gemm_fp8_triton
+
+    gluon_kw = dict(allow_b_row_scales=True) if row_scales else {}
+    M, N = ref.shape
     # the triton.language kernel (its own config choice, autotune as the environment says)
     tl_out = None
     try:
@@ -165,8 +162,7 @@ def run_shape(M: int, N: int, K: int, label: str, configs: list, rep_ms: int, do
 
     if do_time:
         try:
-            wt = w.t()
-            ms = _bench(lambda: torch.mm(x, wt), rep_ms)
+            ms = _bench(cublas, rep_ms)
             res["cublas_bf16_ms"], res["cublas_bf16_tflops"] = ms, flops / ms / 1e9
         except Exception as exc:  # noqa: BLE001
             res["errors"]["cublas"] = _err(exc)
@@ -176,23 +172,45 @@ def run_shape(M: int, N: int, K: int, label: str, configs: list, rep_ms: int, do
         entry = {}
         res["gluon"][name] = entry
         try:
-            out = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)  # poison
-            gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out=out, config=cfg)
+            out = torch.full((M, N), float("nan"), device=ref.device, dtype=torch.bfloat16)  # poison
+            gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out=out, config=cfg, **gluon_kw)
             torch.cuda.synchronize()
             entry["nan_count"] = int(torch.isnan(out).sum())
             entry["snr_db"] = snr_db(ref, out)
             if tl_out is not None:
                 entry["snr_vs_tl_db"] = snr_db(tl_out.float(), out)
             entry["ok"] = entry["nan_count"] == 0 and entry["snr_db"] >= MIN_SNR_DB
+            if row_scales:
+                entry["ok"] = entry["ok"] and entry.get("snr_vs_tl_db", MIN_SNR_DB) >= MIN_SNR_DB
             if do_time:
-                ms = _bench(lambda: gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out=out, config=cfg), rep_ms)
+                ms = _bench(lambda: gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out=out, config=cfg, **gluon_kw),
+                            rep_ms)
                 entry["ms"], entry["tflops"] = ms, flops / ms / 1e9
         except Exception as exc:  # noqa: BLE001 - report per config, keep going
             entry["ok"] = False
             entry["error"] = _err(exc)
             entry["traceback"] = traceback.format_exc()[-3000:]
         torch.cuda.synchronize()
+    del tl_out
     torch.cuda.empty_cache()
+
+
+def run_shape(M: int, N: int, K: int, label: str, configs: list, rep_ms: int, do_time: bool) -> dict:
+    from primus_turbo.triton.gemm.gemm_fp8_gluon import default_config, gluon_blockwise_reason
+
+    dev = torch.device("cuda")
+    flops = 2.0 * M * N * K
+    res = dict(M=M, N=N, K=K, label=label, gluon={}, errors={})
+    torch.manual_seed(0)
+    x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+    w = (torch.randn(N, K, device=dev, dtype=torch.float32) * 0.02).to(torch.bfloat16)
+    a_q, sa, b_q, sb = _quantize(x, w)
+    res["reason"] = gluon_blockwise_reason(a_q, sa, b_q, sb)
+    res["default_config"] = default_config(M, N, K).short()
+
+    ref = _fp32_ref(lambda: _dequant_a(a_q, sa) @ _dequant_b(b_q, sb).T)
+    wt = w.t()
+    _compare(res, a_q, sa, b_q, sb, ref, lambda: torch.mm(x, wt), configs, flops, rep_ms, do_time)
     return res
 
 
@@ -240,11 +258,7 @@ def _wgrad_operands(dy: torch.Tensor, x: torch.Tensor):
 
 def run_wgrad_shape(M: int, N: int, K: int, label: str, configs: list, rep_ms: int, do_time: bool) -> dict:
     """dW [M, N] = dY^T [M, K] @ X [K, N] with K the tokens (see the module docstring)."""
-    from primus_turbo.testing import snr_db
-    from primus_turbo.triton.gemm.gemm_fp8_gluon import (
-        default_config, gemm_fp8_blockwise_gluon, gluon_blockwise_reason,
-    )
-    from primus_turbo.triton.gemm.gemm_fp8_kernel import gemm_fp8_triton
+    from primus_turbo.triton.gemm.gemm_fp8_gluon import default_config, gluon_blockwise_reason
 
     dev = torch.device("cuda")
     flops = 2.0 * M * N * K
@@ -259,57 +273,10 @@ def run_wgrad_shape(M: int, N: int, K: int, label: str, configs: list, rep_ms: i
     res["reason_default_dispatch"] = gluon_blockwise_reason(a_q, sa, b_q, sb)  # the env switch decides
     res["default_config"] = default_config(M, N, K, b_row_scales=True).short()
 
-    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        ref = _dequant_a(a_q, sa) @ _dequant_a(b_q, sb).T  # both 1 x 128 along K; fp32, no TF32
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
-
-    tl_out = None
-    try:
-        tl_out = gemm_fp8_triton(a_q, sa, b_q, sb, "BLOCKWISE", out_dtype=torch.bfloat16)
-        torch.cuda.synchronize()
-        res["tl_snr_db"] = snr_db(ref, tl_out)
-        if do_time:
-            ms = _bench(lambda: gemm_fp8_triton(a_q, sa, b_q, sb, "BLOCKWISE", out_dtype=torch.bfloat16), rep_ms)
-            res["tl_ms"], res["tl_tflops"] = ms, flops / ms / 1e9
-    except Exception as exc:  # noqa: BLE001
-        res["errors"]["tl"] = _err(exc)
-
-    if do_time:
-        try:
-            dyt = dy.t()
-            ms = _bench(lambda: torch.mm(dyt, x), rep_ms)
-            res["cublas_bf16_ms"], res["cublas_bf16_tflops"] = ms, flops / ms / 1e9
-        except Exception as exc:  # noqa: BLE001
-            res["errors"]["cublas"] = _err(exc)
-
-    for cfg in configs:
-        name = "default" if cfg is None else cfg.short()
-        entry = {}
-        res["gluon"][name] = entry
-        try:
-            out = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)  # poison
-            gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out=out, config=cfg, allow_b_row_scales=True)
-            torch.cuda.synchronize()
-            entry["nan_count"] = int(torch.isnan(out).sum())
-            entry["snr_db"] = snr_db(ref, out)
-            if tl_out is not None:
-                entry["snr_vs_tl_db"] = snr_db(tl_out.float(), out)
-            entry["ok"] = (entry["nan_count"] == 0 and entry["snr_db"] >= MIN_SNR_DB
-                           and entry.get("snr_vs_tl_db", MIN_SNR_DB) >= MIN_SNR_DB)
-            if do_time:
-                ms = _bench(lambda: gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out=out, config=cfg,
-                                                             allow_b_row_scales=True), rep_ms)
-                entry["ms"], entry["tflops"] = ms, flops / ms / 1e9
-        except Exception as exc:  # noqa: BLE001
-            entry["ok"] = False
-            entry["error"] = _err(exc)
-            entry["traceback"] = traceback.format_exc()[-3000:]
-        torch.cuda.synchronize()
-    del ref, tl_out
-    torch.cuda.empty_cache()
+    ref = _fp32_ref(lambda: _dequant_a(a_q, sa) @ _dequant_a(b_q, sb).T)  # both 1 x 128 along K
+    dyt = dy.t()
+    _compare(res, a_q, sa, b_q, sb, ref, lambda: torch.mm(dyt, x), configs, flops, rep_ms, do_time,
+             row_scales=True)
     return res
 
 
