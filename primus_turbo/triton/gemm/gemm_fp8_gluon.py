@@ -197,12 +197,34 @@ if GLUON_AVAILABLE:
         return band_first_m + in_band % band_rows, in_band // band_rows
 
     @gluon.jit
+    def _load_tile(a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_m, off_b, k_tiles, it,
+                   STAGES: gl.constexpr):
+        """The TMA loads of one output tile: per K block, A rows [off_m, off_m + 2 * HALF_M) as two
+        halves and B rows [off_b, off_b + BLOCK_N) into ring slot ``it % STAGES``. Returns the next
+        ring position."""
+        HALF_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        STAGE_BYTES: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
+        for kk in range(k_tiles):
+            s = it % STAGES
+            # empty barriers start "one phase behind": the first pass over the ring never waits
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+            bar = ready.index(s)
+            mbarrier.expect(bar, STAGE_BYTES)
+            k = kk * BLOCK_K
+            # rows past M arrive zero-filled and still count their full box bytes
+            tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(2 * s))
+            tma.async_copy_global_to_shared(a_desc, [off_m + HALF_M, k], bar, a_bufs.index(2 * s + 1))
+            tma.async_copy_global_to_shared(b_desc, [off_b, k], bar, b_bufs.index(s))
+            it += 1
+        return it
+
+    @gluon.jit
     def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
                   BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
         """One warp: TMA A (two 64-row halves) and B tiles into the ring, STAGES blocks ahead."""
         HALF_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-        STAGE_BYTES: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
         num_pid_m = gl.cdiv(M, 2 * HALF_M)
         num_pid_n = gl.cdiv(N, BLOCK_N)
         num_tiles = num_pid_m * num_pid_n
@@ -212,18 +234,7 @@ if GLUON_AVAILABLE:
             pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
             off_m = pid_m * (2 * HALF_M)
             off_n = pid_n * BLOCK_N
-            for kk in range(k_tiles):
-                s = it % STAGES
-                # empty barriers start "one phase behind": the first pass over the ring never waits
-                mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-                bar = ready.index(s)
-                mbarrier.expect(bar, STAGE_BYTES)
-                k = kk * BLOCK_K
-                # rows past M arrive zero-filled and still count their full box bytes
-                tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(2 * s))
-                tma.async_copy_global_to_shared(a_desc, [off_m + HALF_M, k], bar, a_bufs.index(2 * s + 1))
-                tma.async_copy_global_to_shared(b_desc, [off_n, k], bar, b_bufs.index(s))
-                it += 1
+            it = _load_tile(a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, k_tiles, it, STAGES)
 
     @gluon.jit
     def _issue(a_bufs, b_bufs, s, regs, use_acc, WG: gl.constexpr, SUB: gl.constexpr):

@@ -101,7 +101,6 @@ if GLUON_AVAILABLE:
         """One warp: the TMA loads of every tile of every real group (the tail needs none)."""
         HALF_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-        STAGE_BYTES: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
         num_programs = gl.num_programs(0)
         pid = gl.program_id(0)
         num_pid_n = gl.cdiv(N, BLOCK_N)
@@ -117,16 +116,8 @@ if GLUON_AVAILABLE:
                 pid_m, pid_n = _tile_coords(t, num_pid_m, num_pid_n, GROUP_M)
                 off_m = m_start + pid_m * (2 * HALF_M)
                 off_b = g * N + pid_n * BLOCK_N  # row of the [G * N, K] expert view
-                for kk in range(k_tiles):
-                    s = it % STAGES
-                    mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-                    bar = ready.index(s)
-                    mbarrier.expect(bar, STAGE_BYTES)
-                    k = kk * BLOCK_K
-                    tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(2 * s))
-                    tma.async_copy_global_to_shared(a_desc, [off_m + HALF_M, k], bar, a_bufs.index(2 * s + 1))
-                    tma.async_copy_global_to_shared(b_desc, [off_b, k], bar, b_bufs.index(s))
-                    it += 1
+                it = _dense._load_tile(a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_m, off_b, k_tiles, it,
+                                       STAGES)
             tile_base += tiles_g
 
     @gluon.jit
