@@ -71,7 +71,6 @@ import contextlib
 import math
 import os
 import random
-import statistics
 import sys
 import traceback
 from pathlib import Path
@@ -87,7 +86,7 @@ import torch.nn.functional as F  # noqa: E402
 from benchmarks.common import Row, finish_run, gpu_slug  # noqa: E402
 from benchmarks.common import error_text as _error_text  # noqa: E402
 from benchmarks.common import free_memory as _free  # noqa: E402
-from benchmarks.common import time_interleaved  # noqa: E402
+from benchmarks.common import record_times, time_interleaved  # noqa: E402
 from primus_turbo.testing import MODELS, snr_db  # noqa: E402
 
 RESULT_NAME = "attention_bf16"
@@ -411,15 +410,7 @@ def run_case(
         # Pass 2: timing, interleaved over rounds so clock and thermal drift hit every
         # implementation alike; each row keeps the median of its per-round medians.
         times, errors = time_interleaved(steps, _rounds, warmup_ms, rep_ms, grads if mode == "bwd" else None)
-        for i, row in enumerate(mode_rows):
-            if i in errors:
-                row.error = errors[i]
-            ts = times.get(i)
-            if row.error or not ts:
-                continue
-            row.ms = statistics.median(ts)
-            row.extra["round_ms"] = [round(t, 5) for t in ts]
-            row.tflops = flops / (row.ms * 1e-3) / 1e12
+        record_times(mode_rows, times, errors, flops)
         _fill_ratios(mode_rows, impls)
         for row in mode_rows:
             rows.append(row)
@@ -713,15 +704,7 @@ def run_varlen_case(
                     traceback.print_exc()
                 _free(device)
         times, errors = time_interleaved(steps, _rounds, warmup_ms, rep_ms, grads if mode == "bwd" else None)
-        for i, row in enumerate(mode_rows):
-            if i in errors:
-                row.error = errors[i]
-            ts = times.get(i)
-            if row.error or not ts:
-                continue
-            row.ms = statistics.median(ts)
-            row.extra["round_ms"] = [round(t, 5) for t in ts]
-            row.tflops = flops / (row.ms * 1e-3) / 1e12
+        record_times(mode_rows, times, errors, flops)
         _fill_ratios(mode_rows, impls, VARLEN_PEERS, VARLEN_PEER, VARLEN_LOOP, "cudnn_loop")
         for row in mode_rows:
             rows.append(row)

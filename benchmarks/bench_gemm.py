@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import statistics
 import os
 import sys
 import traceback
@@ -38,7 +37,7 @@ import torch  # noqa: E402
 from benchmarks.common import Row, finish_run, gpu_slug  # noqa: E402
 from benchmarks.common import error_text as _error_text  # noqa: E402
 from benchmarks.common import free_memory as _free  # noqa: E402
-from benchmarks.common import time_interleaved  # noqa: E402
+from benchmarks.common import record_times, time_interleaved  # noqa: E402
 from primus_turbo.testing import DENSE_BENCH_MODELS, dense_gemm_shapes, snr_db  # noqa: E402
 
 RESULT_NAME = "gemm_bf16"
@@ -213,16 +212,9 @@ def run_case(
         times, errors = time_interleaved(
             {i: (step, impls[i].ctx) for i, step in steps.items()}, ROUNDS, warmup_ms, rep_ms, grads
         )
-        for i, err in errors.items():
-            mode_rows[i].error = err
-        for i, ts in times.items():
-            row = mode_rows[i]
-            if row.error or not ts:
-                continue
-            row.ms = statistics.median(ts)
-            row.extra["round_ms"] = [round(t, 5) for t in ts]
-            row.tflops = flops / (row.ms * 1e-3) / 1e12
-            if impls[i].name == PEER:
+        record_times(mode_rows, times, errors, flops)
+        for i, row in enumerate(mode_rows):
+            if row.ms is not None and impls[i].name == PEER:
                 baseline_ms = row.ms
         for row in mode_rows:
             row.baseline_ms = baseline_ms

@@ -40,7 +40,6 @@ import contextlib
 import importlib
 import math
 import os
-import statistics
 import sys
 import traceback
 from pathlib import Path
@@ -55,7 +54,7 @@ import torch  # noqa: E402
 from benchmarks.common import Row, finish_run, gpu_slug, write_results  # noqa: E402
 from benchmarks.common import error_text as _error_text  # noqa: E402
 from benchmarks.common import free_memory as _free  # noqa: E402
-from benchmarks.common import time_interleaved  # noqa: E402
+from benchmarks.common import record_times, time_interleaved  # noqa: E402
 from primus_turbo.testing import MODELS, moe_gemm_shapes, snr_db  # noqa: E402
 
 RESULT_NAME = "grouped_gemm_bf16"
@@ -317,16 +316,9 @@ def run_case(
         # Pass 2: timing, interleaved over rounds.
         times, errors = _time_interleaved(steps, warmup_ms, rep_ms, [a_g, w_g] if mode == "fwd_bwd" else None)
         baseline_ms: Optional[float] = None
+        record_times(mode_rows, times, errors, flops)
         for i, row in enumerate(mode_rows):
-            if i in errors:
-                row.error = errors[i]
-            ts = times.get(i)
-            if row.error or not ts:
-                continue
-            row.ms = statistics.median(ts)
-            row.extra["round_ms"] = [round(t, 5) for t in ts]
-            row.tflops = flops / (row.ms * 1e-3) / 1e12
-            if impls[i].name == PEER:
+            if row.ms is not None and impls[i].name == PEER:
                 baseline_ms = row.ms
         for row in mode_rows:
             row.baseline_ms = baseline_ms
@@ -451,15 +443,10 @@ def run_fp8_case(case, impl_names, grans, device, warmup_ms, rep_ms, log, bf16_m
                     traceback.print_exc()
         times, errors = _time_interleaved(steps, warmup_ms, rep_ms)
         peer_ms = None
-        for i, row in enumerate(mode_rows):
-            if i in errors:
-                row.error = errors[i]
-            ts = times.get(i)
-            if row.error or not ts:
+        record_times(mode_rows, times, errors, flops)
+        for row in mode_rows:
+            if row.ms is None:
                 continue
-            row.ms = statistics.median(ts)
-            row.extra["round_ms"] = [round(t, 5) for t in ts]
-            row.tflops = flops / (row.ms * 1e-3) / 1e12
             if bf16_ms:
                 row.extra["speedup_vs_bf16"] = bf16_ms / row.ms
             if row.impl == FP8_PEER:

@@ -267,6 +267,21 @@ def finish_run(rows: Sequence[Row], out_dir: "str | os.PathLike[str]", name: str
     return path
 
 
+def record_times(rows, times: dict, errors: dict, flops: float) -> None:
+    """Write :func:`time_interleaved`'s result into the rows it timed (``rows[key]``, a list or a
+    dict): the error of a step that raised; else the median of its per-round times, the rounds
+    and TFLOP/s. A row that already carries an error (from its correctness pass) stays untimed."""
+    for k, err in errors.items():
+        rows[k].error = err
+    for k, ts in times.items():
+        row = rows[k]
+        if row.error or not ts:
+            continue
+        row.ms = statistics.median(ts)
+        row.extra["round_ms"] = [round(t, 5) for t in ts]
+        row.tflops = flops / (row.ms * 1e-3) / 1e12
+
+
 def error_text(exc: BaseException) -> str:
     """One line for a result row's ``error`` field (at most 500 characters)."""
     msg = f"{type(exc).__name__}: {exc}".strip()
