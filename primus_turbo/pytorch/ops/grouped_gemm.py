@@ -27,6 +27,7 @@ import torch
 
 from ..backends.grouped_gemm import (
     GROUPED_GEMM_DTYPES,
+    _sm90_bf16,
     grouped_gemm_dispatcher,
     grouped_gemm_variable_k_dispatcher,
 )
@@ -121,7 +122,7 @@ def _vendor_offsets(a: torch.Tensor, group_offs: torch.Tensor, num_cu) -> Option
     """``group_offs[1:]`` as int32 (``torch._grouped_mm``'s offsets) where that backend may run, made
     once in the forward and reused by the backward's two GEMMs: each conversion is a launch, and
     the host time of small expert GEMMs is what their step time is made of."""
-    if a.is_cuda and a.dtype == torch.bfloat16 and num_cu is None and not torch.compiler.is_compiling():
+    if num_cu is None and not torch.compiler.is_compiling() and _sm90_bf16(a) is None:  # the backend's own rule
         return group_offs[1:].to(torch.int32)
     return None
 
