@@ -34,7 +34,7 @@ def _zero_tail_kernel(out_ptr, offs_ptr, G, M, N, stride_m, BLOCK_R: tl.constexp
             tl.store(ptrs, zeros, mask=rmask[:, None] & (cols < N)[None, :])
 
 
-_compiled: dict = {}  # (device index, out dtype, BLOCK_N) -> the compiled kernel
+_compiled: dict = {}  # (device index, out dtype, offsets dtype, BLOCK_N) -> the compiled CUDA kernel
 
 
 def zero_tail_rows_(out: torch.Tensor, group_offs: torch.Tensor) -> torch.Tensor:
@@ -45,15 +45,12 @@ def zero_tail_rows_(out: torch.Tensor, group_offs: torch.Tensor) -> torch.Tensor
     block_n = min(triton.next_power_of_2(n), 256)
     grid = (triton.cdiv(m, _BLOCK_R), 1, 1)
     args = (out, group_offs, group_offs.numel() - 1, m, n, out.stride(0))
-    if out.is_cuda and group_offs.dtype == torch.int64:
-        key = (out.device.index, out.dtype, block_n)
-        kernel = _compiled.get(key)
-        if kernel is not None:
-            kernel[grid](*args, _BLOCK_R, block_n)
-            return out
-        kernel = _zero_tail_kernel[grid](*args, BLOCK_R=_BLOCK_R, BLOCK_N=block_n, num_warps=4)
-        if hasattr(kernel, "function"):  # a compiled kernel (not the interpreter's stand-in)
-            _compiled[key] = kernel
+    key = (out.device.index, out.dtype, group_offs.dtype, block_n)
+    kernel = _compiled.get(key) if out.is_cuda else None
+    if kernel is not None:
+        kernel[grid](*args, _BLOCK_R, block_n)
         return out
-    _zero_tail_kernel[grid](*args, BLOCK_R=_BLOCK_R, BLOCK_N=block_n, num_warps=4)
+    kernel = _zero_tail_kernel[grid](*args, BLOCK_R=_BLOCK_R, BLOCK_N=block_n, num_warps=4)
+    if out.is_cuda:  # the interpreter has no compiled kernel to keep
+        _compiled[key] = kernel
     return out
