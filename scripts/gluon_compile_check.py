@@ -10,6 +10,9 @@ shared memory, registers and spills (ptxas ``-v`` output and the cubin's metadat
 ``--grouped`` compiles the M-grouped MoE kernel (triton/grouped_gemm/grouped_gemm_fp8_gluon.py),
 ``--row-scales`` the dense kernel's per-row B scale path (the FP8 linear's wgrad; BLOCK_N 128).
 
+``--attn`` compiles every variant of the attention forward (triton/attention/flash_attn_fwd_gluon.py;
+configs are ignored) and checks its SASS: HGMMA present, no local-memory STL/LDL.
+
 Exit status 1 if any config fails to compile, spills, has ptxas serialize its wgmmas (notes
 C7514/C7515: accumulator registers touched while an MMA is in flight), or needs more shared
 memory than sm_90 has.
@@ -126,11 +129,21 @@ def main(argv=None) -> int:
     p.add_argument("--out-dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--dump", default=None, help="write ttgir/ptx/cubin (and --sass) here")
     p.add_argument("--sass", action="store_true")
+    p.add_argument("--attn", action="store_true",
+                   help="the attention forward (triton/attention/flash_attn_fwd_gluon.py), every shipped variant: "
+                        "registers, spills (STL/LDL), HGMMA count")
     p.add_argument("--grouped", action="store_true",
                    help="the M-grouped MoE kernel (triton/grouped_gemm/grouped_gemm_fp8_gluon.py) instead")
     p.add_argument("--row-scales", action="store_true",
                    help="the dense kernel's B_ROW_SCALES path (per-row B scales: the FP8 linear's wgrad)")
     args = p.parse_args(argv)
+    if args.attn:  # the attention forward's compile check lives with its GPU check script
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("check_gluon_attn", _ROOT / "scripts" / "check_gluon_attn.py")
+        attn = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(attn)
+        return 1 if attn.compile_report(args.dump, args.sass)[1] else 0
     bad = 0
     for text in args.configs:
         cfg = g.GluonBlockwiseConfig.parse(text)

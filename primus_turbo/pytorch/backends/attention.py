@@ -1,5 +1,7 @@
 """Attention backends: TORCH (``F.scaled_dot_product_attention``: cuDNN / flash / efficient / math,
-and what runs on plain CPU) and TRITON (our FlashAttention-2 style kernels, primus_turbo/triton/attention).
+and what runs on plain CPU) and TRITON (our FlashAttention-2 style kernels, primus_turbo/triton/attention;
+on sm_90 with ``PRIMUS_TURBO_ATTN_FWD_GLUON=1`` its dense forward runs the warp-specialized Gluon
+kernel where that takes the inputs).
 
 Every backend takes already-validated, *logical* ``[batch, seq, heads, head_dim]`` tensors (any
 strides) and the normalised mask bounds ``win_left`` / ``win_right`` (``-1`` = unbounded, causal
@@ -108,6 +110,10 @@ class AttnTritonBackend(KernelBackend):
         if cu_seqlens_q is not None:
             return flash_attn_varlen_fwd_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                 sink, softmax_scale, win_left, win_right)
+        if q.is_cuda:
+            out_lse = _gluon_fwd(q, k, v, sink, softmax_scale, win_left, win_right)
+            if out_lse is not None:
+                return out_lse
         return flash_attn_fwd_triton(q, k, v, sink, softmax_scale, win_left, win_right)
 
     @classmethod
@@ -123,6 +129,19 @@ class AttnTritonBackend(KernelBackend):
                                                 deterministic=deterministic)
         return flash_attn_bwd_triton(dout, q, k, v, out, lse, sink, softmax_scale, win_left, win_right,
                                      deterministic=deterministic)
+
+
+def _gluon_fwd(q, k, v, sink, softmax_scale, win_left, win_right):
+    """The warp-specialized Gluon forward (sm_90) where ``PRIMUS_TURBO_ATTN_FWD_GLUON`` asks for it and
+    it takes the inputs, else None. Its O and LSE are the Triton forward's, so TRITON's backward runs
+    on them unchanged."""
+    from primus_turbo.triton.attention.flash_attn_fwd_gluon import (
+        flash_attn_fwd_gluon, gluon_attn_fwd_reason, use_gluon_attn_fwd,
+    )
+
+    if not use_gluon_attn_fwd() or gluon_attn_fwd_reason(q, k, v, sink, softmax_scale, win_left, win_right):
+        return None
+    return flash_attn_fwd_gluon(q, k, v, sink, softmax_scale, win_left, win_right)
 
 
 def _make_key(q, k, v, sink=None, win_left=-1, win_right=-1, return_lse=False, cu_seqlens_q=None,

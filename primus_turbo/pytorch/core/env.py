@@ -41,6 +41,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "Triton attention backward: 1 one kernel with fp32 atomic dQ accumulation (fp16/bf16), 0 the two-kernel "
         "backward; auto: two-kernel until measured on the H200. deterministic=True and fp32 are always two-kernel.",
     ),
+    "PRIMUS_TURBO_ATTN_FWD_GLUON": (
+        "auto",
+        "TRITON attention forward (flash_attn_func, fp16/bf16, head dims 64/128, no left window) on sm_90: 1 the "
+        "warp-specialized Gluon kernel where it can run, 0 the Triton kernel; auto: Triton until measured on the H200.",
+    ),
     "PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON": (
         "auto",
         "M-grouped FP8 BLOCKWISE GEMM (grouped_gemm_fp8 forward and E4M3 dgrad) on sm_90: 1 the Gluon kernel "

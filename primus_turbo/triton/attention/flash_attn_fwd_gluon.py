@@ -1,0 +1,488 @@
+"""Hopper (sm_90) Gluon forward for softmax attention, warp-specialized (FlashAttention-3 ideas).
+
+Same contract as ``flash_attn_fwd.py``'s :func:`flash_attn_fwd_triton` for the cases it takes:
+``O = softmax(q k^T * scale [+ mask]) v`` in q's dtype and ``LSE`` fp32 ``[batch, heads_q, seq_q]``
+in natural log (``+inf`` for a row that sees no key and has no sink), so the ``triton.language``
+backward consumes this forward's O and LSE unchanged. Masks are bottom-right aligned
+(``off = seq_k - seq_q``): query ``i`` sees key ``j`` iff ``j <= i + off + right`` when a right
+bound is set (causal: ``right = 0``).
+
+Algorithm: FlashAttention-2's online softmax (Dao 2023) laid out as FlashAttention-3 lays it out
+on Hopper (Shah et al. 2024); the code is ours. One CTA owns ``128`` query rows of one
+(batch, query head):
+
+* warp specialization (``gl.warp_specialize``): one producer warp issues TMA loads: Q once (two
+  64-row halves), then the K and V blocks into a STAGES-deep ring. K and V have separate
+  ready/empty mbarriers because they are released at different times (K after ``S = Q K^T``, V
+  after ``O += P V``, one iteration later); a shared slot would hold K for a whole extra
+  iteration;
+* two consumer warpgroups, 64 query rows each, run ``warpgroup_mma``. The two are independent
+  instruction streams, so one's softmax overlaps the other's MMAs (the scheduler's ping-pong);
+* inside a warpgroup the MMAs are software-pipelined: iteration ``j`` issues ``S_j = Q K_j^T``
+  and then ``O += P_{j-1} V_{j-1}``, waits only for ``S_j`` (wgmma groups retire in order), runs
+  the softmax of ``S_j`` while the PV MMA is still on the tensor cores, and only then waits for
+  it and rescales ``O``. The row maximum of the scores is taken before scaling, so the exponent
+  is one FMA (``exp2(s * scale * log2(e) - m)``);
+* ``P`` goes to the PV MMA from registers (a wgmma A operand in the dot-operand layout of the
+  accumulator, no shared-memory round trip);
+* causal / right-bounded: the blocks past the diagonal are never loaded; only the blocks that
+  cross the diagonal or the end of the keys run the mask arithmetic (a separate loop);
+* epilogue: ``O / l`` is written through the Q buffer (no longer needed) with a TMA store that
+  clips the rows past seq_q; the LSE with a masked store.
+
+Operands are addressed by 4-D TMA descriptors over the logical ``[batch, seq, heads, dim]``
+strides, so bshd, sbhd and bhsd storage all load in place, and the zero fill / clipping is per
+dimension (a query or key block past the end of its sequence never reads another batch's rows).
+TMA needs a unit head-dim stride and 16-byte aligned base and strides:
+:func:`gluon_attn_fwd_reason` refuses anything else (and left windows, negative scales, fp32,
+other head dims), and the caller runs the ``triton.language`` kernel instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional
+
+import torch
+
+from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, SMEM_LIMIT, gluon_platform_reason
+
+__all__ = [
+    "GLUON_ATTN_ENV",
+    "GluonAttnConfig",
+    "default_attn_config",
+    "flash_attn_fwd_gluon",
+    "gluon_attn_fwd_reason",
+    "gluon_attn_operand_reason",
+    "use_gluon_attn_fwd",
+]
+
+GLUON_ATTN_ENV = "PRIMUS_TURBO_ATTN_FWD_GLUON"
+LOG2E = 1.4426950408889634
+_DTYPES = (torch.float16, torch.bfloat16)
+HEAD_DIMS = (64, 128)
+HALF_M = 64  # query rows per consumer warpgroup (one m64 wgmma)
+
+if GLUON_AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+
+@dataclasses.dataclass(frozen=True)
+class GluonAttnConfig:
+    """Tile and pipeline shape. BLOCK_M is two consumer warpgroups of 64 rows; ``block_n`` keys per
+    iteration; ``stages`` K (and V) buffers in the ring. ``consumer_regs`` / ``producer_regs``:
+    setmaxnreg budgets; 2 x 128 x consumer + 128 x producer must fit 65536."""
+
+    block_n: int = 128
+    stages: int = 2
+    consumer_regs: int = 240
+    producer_regs: int = 24
+
+    BLOCK_M = 2 * HALF_M
+
+    def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
+        q = self.BLOCK_M * head_dim * elem_bytes
+        kv = 2 * self.stages * self.block_n * head_dim * elem_bytes
+        return q + kv + 8 * (2 * 2 * self.stages + 1) + 1024  # + barriers, + the swizzle alignment
+
+    def short(self) -> str:
+        return f"n{self.block_n}s{self.stages}r{self.consumer_regs}w{self.producer_regs}"
+
+    def check(self, head_dim: int) -> Optional[str]:
+        if self.block_n not in (64, 128, 176, 192):
+            return f"block_n must be 64, 128, 176 or 192, got {self.block_n}"
+        if self.stages < 1:
+            return f"stages must be >= 1, got {self.stages}"
+        if any(r % 8 or not 24 <= r <= 256 for r in (self.consumer_regs, self.producer_regs)):
+            return f"setmaxnreg counts must be multiples of 8 in [24, 256], got {self.consumer_regs}, {self.producer_regs}"
+        if 2 * 128 * self.consumer_regs + 128 * self.producer_regs > 65536:
+            return f"registers: 2 x 128 x {self.consumer_regs} + 128 x {self.producer_regs} > 65536"
+        if self.smem_bytes(head_dim) > SMEM_LIMIT:
+            return f"config {self.short()} needs {self.smem_bytes(head_dim)} bytes of shared memory at D={head_dim}"
+        return None
+
+
+#: per head dim; not yet measured on the H200 (scripts/check_gluon_attn.py times them). D=128: two
+#: 32 KB K/V stages next to the 32 KB Q tile (160 KB); D=64 has room for three.
+_DEFAULT_CONFIGS = {64: GluonAttnConfig(block_n=128, stages=3), 128: GluonAttnConfig(block_n=128, stages=2)}
+
+
+def default_attn_config(head_dim: int) -> GluonAttnConfig:
+    return _DEFAULT_CONFIGS[head_dim]
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel
+# ----------------------------------------------------------------------------------------------
+if GLUON_AVAILABLE:
+
+    @gluon.jit
+    def _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr):
+        """(pid_m, b, h, number of key blocks the tile's rows can see). Causal tiles run the
+        longest rows first within each head (grid axis 0 reversed) so the short ones fill the
+        tail; at least one block is visited (fully masked when the rows see nothing) so the
+        producer and the consumers agree on the count without a special case."""
+        pid_m = gl.program_id(0)
+        if HAS_RIGHT:
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        pid_bh = gl.program_id(1)
+        hi = SEQ_K
+        if HAS_RIGHT:
+            hi = gl.minimum(pid_m * BLOCK_M + BLOCK_M + offset + win_right, SEQ_K)
+        n_blocks = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
+        return pid_m, pid_bh // H, pid_bh % H, n_blocks
+
+    @gluon.jit
+    def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                  H, GROUP, SEQ_Q, SEQ_K, offset, win_right,
+                  HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """One warp: Q's two halves once, then K_j and V_j into ring slot ``j % STAGES``."""
+        HALF: gl.constexpr = q_desc.block_type.shape[1]
+        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N)
+        hk = h // GROUP
+        m0 = pid_m * (2 * HALF)
+        # rows past seq_q arrive zero-filled and still count their full box bytes
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, m0, h, 0], q_bar, q_smem.index(0))
+        tma.async_copy_global_to_shared(q_desc, [b, m0 + HALF, h, 0], q_bar, q_smem.index(1))
+        for j in range(n_blocks):
+            s = j % STAGES
+            phase = ((j // STAGES) & 1) ^ 1  # empty barriers start one phase behind: no wait on the first lap
+            mbarrier.wait(k_empty.index(s), phase)
+            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [b, j * BLOCK_N, hk, 0], k_ready.index(s), k_bufs.index(s))
+            mbarrier.wait(v_empty.index(s), phase)
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [b, j * BLOCK_N, hk, 0], v_ready.index(s), v_bufs.index(s))
+
+    @gluon.jit
+    def _softmax(s, m_i, l_i, qk_scale, offs_m, n0, SEQ_K, diag, dtype: gl.constexpr, p_layout: gl.constexpr,
+                 HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr):
+        """One key block of the online softmax on raw scores ``s`` (base 2, scale folded into the
+        exponent's FMA). ``MASKED``: keys past SEQ_K and (HAS_RIGHT) past ``row + diag`` are out;
+        a row that has seen no key keeps ``m = -inf`` and gets ``p = 0``, ``alpha = 0``.
+        Returns (P in the PV MMA's A-operand layout, m, l, alpha)."""
+        BLOCK_N: gl.constexpr = s.type.shape[1]
+        if MASKED:
+            offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
+            ok = gl.expand_dims(offs_n < SEQ_K, 0)
+            if HAS_RIGHT:
+                ok = ok & (gl.expand_dims(offs_n, 0) <= gl.expand_dims(offs_m + diag, 1))
+            s = gl.where(ok, s, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+            m_safe = m_new
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe, 1))
+        alpha = gl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        p = gl.convert_layout(p.to(dtype), p_layout)
+        return p, m_new, l_i, alpha
+
+    @gluon.jit
+    def _step(j, q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, s_regs, acc, p, m_i, l_i,
+              qk_scale, offs_m, SEQ_K, diag, o_layout: gl.constexpr, p_layout: gl.constexpr,
+              HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr, STAGES: gl.constexpr):
+        """Iteration j >= 1: issue S_j, issue O += P_{j-1} V_{j-1}, softmax S_j while the PV MMA
+        runs, then retire it and rescale O by this block's alpha."""
+        BLOCK_N: gl.constexpr = s_regs.type.shape[1]
+        s = j % STAGES
+        mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+        s_tok = warpgroup_mma(q, k_bufs.index(s).reshape([BLOCK_N, q.type.shape[1]]).permute((1, 0)), s_regs,
+                              use_acc=False, is_async=True)
+        sp = (j - 1) % STAGES
+        mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
+        o_tok = warpgroup_mma(p, v_bufs.index(sp).reshape([BLOCK_N, acc.type.shape[1]]), acc, is_async=True)
+        # wgmma groups retire in order: waiting down to one outstanding is S_j done, PV still running
+        s_regs = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
+        mbarrier.arrive(k_empty.index(s), count=1)
+        p_new, m_i, l_i, alpha = _softmax(s_regs, m_i, l_i, qk_scale, offs_m, j * BLOCK_N, SEQ_K, diag, q.dtype, p_layout,
+                                          HAS_RIGHT, MASKED)
+        acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p))
+        mbarrier.arrive(v_empty.index(sp), count=1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        return s_regs, acc, p_new, m_i, l_i
+
+    @gluon.jit
+    def _consumer(o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, LSE, SINK,
+                  H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale,
+                  WG: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr):
+        """One warpgroup: query rows [WG*64, WG*64+64) of the tile."""
+        HALF: gl.constexpr = o_desc.block_type.shape[1]
+        D_QK: gl.constexpr = q_smem.type.shape[4]
+        D_V: gl.constexpr = o_desc.block_type.shape[3]
+        dtype: gl.constexpr = q_smem.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, D_V, 16])
+        # P as the A operand of O += P V straight from registers: the fp32 accumulator fragment
+        # of S_j is, element for element, the 16-bit A fragment of the next wgmma (k_width 2)
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N)
+        m0 = pid_m * (2 * HALF) + WG * HALF
+        offs_m = m0 + gl.arange(0, HALF, layout=row_layout)
+        diag = offset + win_right
+        # blocks [0, n_full) are whole and below the diagonal for every row of this warpgroup
+        n_full = SEQ_K // BLOCK_N
+        if HAS_RIGHT:
+            n_full = gl.minimum(n_full, gl.maximum(m0 + diag + 1, 0) // BLOCK_N)
+        n_full = gl.minimum(n_full, n_blocks)
+
+        if HAS_SINK:  # the sink joins the denominator only: start at m = sink (base 2), l = 1
+            sink_log2 = gl.load(SINK + h).to(gl.float32) * 1.4426950408889634
+            m_i = gl.full([HALF], 0.0, gl.float32, row_layout) + sink_log2
+            l_i = gl.full([HALF], 1.0, gl.float32, row_layout)
+        else:
+            m_i = gl.full([HALF], float("-inf"), gl.float32, row_layout)
+            l_i = gl.full([HALF], 0.0, gl.float32, row_layout)
+
+        mbarrier.wait(q_bar, 0)
+        q = q_smem.index(WG).reshape([HALF, D_QK])
+        # block 0, peeled (always with the mask: it may be the only one, and partly masked)
+        s_regs = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
+        mbarrier.wait(k_ready.index(0), 0)
+        s_tok = warpgroup_mma(q, k_bufs.index(0).reshape([BLOCK_N, D_QK]).permute((1, 0)), s_regs,
+                              use_acc=False, is_async=True)
+        s_regs = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
+        mbarrier.arrive(k_empty.index(0), count=1)
+        p, m_i, l_i, alpha = _softmax(s_regs, m_i, l_i, qk_scale, offs_m, 0, SEQ_K, diag, dtype, p_layout, HAS_RIGHT,
+                                      True)
+        acc = gl.zeros([HALF, D_V], gl.float32, o_layout)
+        for j in range(1, n_full):
+            s_regs, acc, p, m_i, l_i = _step(j, q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, s_regs, acc,
+                                             p, m_i, l_i, qk_scale, offs_m, SEQ_K, diag, o_layout, p_layout,
+                                             HAS_RIGHT, False, STAGES)
+        for j in range(gl.maximum(n_full, 1), n_blocks):
+            s_regs, acc, p, m_i, l_i = _step(j, q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, s_regs, acc,
+                                             p, m_i, l_i, qk_scale, offs_m, SEQ_K, diag, o_layout, p_layout,
+                                             HAS_RIGHT, True, STAGES)
+        # the last block's PV
+        sl = (n_blocks - 1) % STAGES
+        mbarrier.wait(v_ready.index(sl), ((n_blocks - 1) // STAGES) & 1)
+        o_tok = warpgroup_mma(p, v_bufs.index(sl).reshape([BLOCK_N, D_V]), acc, is_async=True)
+        acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p))
+        mbarrier.arrive(v_empty.index(sl), count=1)
+
+        empty = l_i == 0.0
+        l_safe = gl.where(empty, 1.0, l_i)
+        lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) / 1.4426950408889634)
+        gl.store(LSE + (b * H + h).to(gl.int64) * SEQ_Q + offs_m, lse, mask=offs_m < SEQ_Q)
+        out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
+        # this warpgroup's Q half is dead (its last S MMA has retired): stage O there for the TMA
+        # store, which clips the rows past seq_q
+        o_smem = q_smem.index(WG)
+        o_smem.reshape([HALF, D_V]).store(out.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [b, m0, h, 0], o_smem)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _attn_fwd_ws_kernel(
+        q_desc, k_desc, v_desc, o_desc,
+        LSE, SINK,
+        H, GROUP, SEQ_Q, SEQ_K,
+        offset, win_right, qk_scale,
+        HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    ):
+        """O, LSE of 128 query rows of one (batch, head): producer warp + two consumer warpgroups.
+
+        Descriptors over logical [B, S, H, D]: q/o boxes [1, 64, 1, D] (a warpgroup's rows),
+        k/v boxes [1, BLOCK_N, 1, D]. HAS_RIGHT (a right window bound, causal = 0) is constexpr
+        because it adds the diagonal loop and reverses the grid; HAS_SINK changes the init."""
+        HALF: gl.constexpr = q_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+        D_QK: gl.constexpr = q_desc.block_type.shape[3]
+        D_V: gl.constexpr = v_desc.block_type.shape[3]
+        gl.static_assert(D_QK == D_V, "the Q buffer doubles as the O staging buffer: D_QK == D_V")
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, HALF, 1, D_QK], q_desc.layout)
+        k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 1, BLOCK_N, 1, D_QK], k_desc.layout)
+        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, BLOCK_N, 1, D_V], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)  # the producer's expect + TMA bytes
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer warpgroup
+            mbarrier.init(v_empty.index(i), count=2)
+        gl.warp_specialize([
+            (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, LSE, SINK,
+                         H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 0, HAS_RIGHT, HAS_SINK, BLOCK_N,
+                         STAGES)),
+            (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, LSE, SINK,
+                         H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 1, HAS_RIGHT, HAS_SINK, BLOCK_N,
+                         STAGES)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                         H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks and launch
+# ----------------------------------------------------------------------------------------------
+def use_gluon_attn_fwd() -> bool:
+    """``PRIMUS_TURBO_ATTN_FWD_GLUON``: 1 runs this kernel for the TRITON backend's forward where
+    :func:`gluon_attn_fwd_reason` allows, 0 and auto never (auto: off until measured on the H200)."""
+    from primus_turbo.pytorch.core.env import env_auto_flag
+
+    return bool(env_auto_flag(GLUON_ATTN_ENV))
+
+
+def _tma_strides(t: torch.Tensor) -> Optional[tuple]:
+    """t's ``[B, S, H, D]`` strides as a TMA descriptor takes them, or None when it cannot: unit
+    head-dim stride, 16-byte aligned base and outer strides. A size-1 dimension's stride is never
+    used (its coordinate is always 0), so it is replaced by an aligned one."""
+    if t.stride(-1) != 1 or t.data_ptr() % 16:
+        return None
+    elem = t.element_size()
+    span = max(st * sz for st, sz in zip(t.stride(), t.shape))
+    strides = []
+    for st, sz in zip(t.stride()[:-1], t.shape[:-1]):
+        if sz == 1:
+            st = -(-span // 8) * 8  # any 16-byte multiple; past the tensor, as if it were outermost
+        if (st * elem) % 16 or st <= 0:
+            return None
+        strides.append(st)
+    return (*strides, 1)
+
+
+def gluon_attn_operand_reason(q, k, v, sink=None, softmax_scale: float = 1.0, win_left: int = -1,
+                              win_right: int = -1) -> Optional[str]:
+    """The shape / dtype / stride half of :func:`gluon_attn_fwd_reason` (no device test, so it is
+    checkable on CPU). Inputs are the op's validated logical ``[batch, seq, heads, dim]`` tensors
+    and normalized window bounds (causal: ``win_right = 0``)."""
+    if not GLUON_AVAILABLE:
+        return "triton.experimental.gluon is not importable"
+    if q.dtype not in _DTYPES:
+        return f"dtype {q.dtype}: the Gluon forward takes float16 and bfloat16"
+    d_qk, d_v = q.size(-1), v.size(-1)
+    if d_qk != d_v or d_qk not in HEAD_DIMS:
+        return f"head dims qk={d_qk}, v={d_v}: the Gluon forward takes equal head dims of 64 or 128"
+    if win_left >= 0:
+        return f"sliding window (left={win_left}): not in the Gluon forward"
+    if not softmax_scale > 0:
+        return f"softmax_scale={softmax_scale}: the Gluon forward takes a positive scale (it maximizes raw scores)"
+    B, Sq, H, _ = q.shape
+    Sk, Hk = k.size(1), k.size(2)
+    if Sk == 0:
+        return "seq_kv = 0"
+    if B * H > 65535:
+        return f"batch * heads_q = {B * H} exceeds the grid's 65535"
+    if H % Hk:
+        return f"heads_q={H} is not a multiple of heads_kv={Hk}"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if _tma_strides(t) is None:
+            return (f"{name} strides {tuple(t.stride())}: TMA needs a unit head-dim stride and 16-byte aligned "
+                    f"base and strides")
+    if sink is not None and (sink.dtype != torch.float32 or sink.numel() != H):
+        return "sink must be float32 [heads_q]"
+    return None
+
+
+def gluon_attn_fwd_reason(q, k, v, sink=None, softmax_scale: float = 1.0, win_left: int = -1,
+                          win_right: int = -1) -> Optional[str]:
+    """None when :func:`flash_attn_fwd_gluon` can run these inputs on their device, else why not.
+    Never raises, never synchronizes."""
+    try:
+        reason = gluon_attn_operand_reason(q, k, v, sink, softmax_scale, win_left, win_right)
+        if reason is None:
+            reason = gluon_platform_reason(q.device)
+        return reason
+    except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
+        return f"{type(exc).__name__}: {exc}"
+
+
+_GL_DTYPES = {}
+if GLUON_AVAILABLE:
+    _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+
+
+@functools.lru_cache(maxsize=None)
+def _layout(rows: int, head_dim: int, dtype: torch.dtype):
+    """Shared layout of a [1, rows, 1, D] box: 128-byte swizzle (Triton splits a 256-byte row into two
+    TMA messages)."""
+    return gl.NVMMASharedLayout.get_default_for([1, rows, 1, head_dim], _GL_DTYPES[dtype])
+
+
+def _desc(t: torch.Tensor, rows: int):
+    return TensorDescriptor(t, list(t.shape), list(_tma_strides(t)), [1, rows, 1, t.size(-1)],
+                            _layout(rows, t.size(-1), t.dtype))
+
+
+def _kernel_args(q, k, v, out, lse, sink, softmax_scale: float, win_right: int, cfg: GluonAttnConfig) -> tuple:
+    """(grid, positional args, keyword args) of the launch for validated, non-empty inputs."""
+    B, Sq, H, _ = q.shape
+    Sk, Hk = k.size(1), k.size(2)
+    args = (_desc(q, HALF_M), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(out, HALF_M),
+            lse, sink if sink is not None else lse,
+            H, H // Hk, Sq, Sk, Sk - Sq, max(win_right, 0), float(softmax_scale) * LOG2E)
+    kwargs = dict(HAS_RIGHT=win_right >= 0, HAS_SINK=sink is not None, STAGES=cfg.stages,
+                  CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, num_warps=4)
+    grid = (-(-Sq // cfg.BLOCK_M), B * H)
+    return grid, args, kwargs
+
+
+def flash_attn_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: Optional[torch.Tensor],
+                         softmax_scale: float, win_left: int = -1, win_right: int = -1,
+                         config: Optional[GluonAttnConfig] = None, out: Optional[torch.Tensor] = None,
+                         lse: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention forward on Hopper. q ``[B, Sq, Hq, D]``, k / v ``[B, Sk, Hk, D]`` (fp16/bf16, D 64 or
+    128, unit head-dim stride, 16-byte aligned strides; ``Hq % Hk == 0``), sink fp32 ``[Hq]`` or None,
+    ``win_left`` must be -1, ``win_right`` -1 or >= 0 (causal: 0). Returns ``O [B, Sq, Hq, D]`` (q's
+    dtype, contiguous) and ``LSE [B, Hq, Sq]`` fp32, natural log: the forward of
+    :func:`flash_attn_fwd_triton`, so its backward takes them as they are. ``out`` / ``lse``: optional
+    destinations of those shapes (``out`` with TMA-aligned strides, ``lse`` contiguous).
+
+    Raises ValueError with :func:`gluon_attn_fwd_reason`'s text for inputs it does not take.
+
+    Example::
+
+        >>> if gluon_attn_fwd_reason(q, k, v, None, scale, -1, 0) is None:
+        ...     out, lse = flash_attn_fwd_gluon(q, k, v, None, scale, -1, 0)  # causal
+    """
+    reason = gluon_attn_fwd_reason(q, k, v, sink, softmax_scale, win_left, win_right)
+    if reason is not None:
+        raise ValueError(f"flash_attn_fwd_gluon: {reason}")
+    B, Sq, H, D = q.shape
+    if out is None:
+        out = torch.empty((B, Sq, H, D), dtype=q.dtype, device=q.device)
+    elif (tuple(out.shape) != (B, Sq, H, D) or out.dtype != q.dtype or out.device != q.device
+          or (out.numel() and _tma_strides(out) is None)):
+        raise ValueError(f"flash_attn_fwd_gluon: out must be {q.dtype} {[B, Sq, H, D]} on {q.device} with a unit "
+                         f"head-dim stride and 16-byte aligned strides, got {out.dtype} {list(out.shape)} "
+                         f"strides {tuple(out.stride())}")
+    if lse is None:
+        lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    elif tuple(lse.shape) != (B, H, Sq) or lse.dtype != torch.float32 or not lse.is_contiguous():
+        raise ValueError(f"flash_attn_fwd_gluon: lse must be contiguous float32 {[B, H, Sq]}, got {lse.dtype} "
+                         f"{list(lse.shape)} strides {tuple(lse.stride())}")
+    if B == 0 or Sq == 0 or H == 0:
+        return out, lse
+    cfg = config or default_attn_config(D)
+    bad = cfg.check(D)
+    if bad is not None:
+        raise ValueError(f"flash_attn_fwd_gluon: {bad}")
+    grid, args, kwargs = _kernel_args(q, k, v, out, lse, sink, softmax_scale, win_right, cfg)
+    with torch.cuda.device(q.device):
+        _attn_fwd_ws_kernel[grid](*args, **kwargs)
+    return out, lse

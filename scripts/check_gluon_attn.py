@@ -1,0 +1,426 @@
+"""Check and time the warp-specialized Gluon attention forward (triton/attention/flash_attn_fwd_gluon.py).
+
+On an sm_90 GPU (project not installed, PYTHONPATH=. is enough):
+
+    PYTHONPATH=. python scripts/check_gluon_attn.py --out DIR            # correctness, then timing
+    PYTHONPATH=. python scripts/check_gluon_attn.py --out DIR --quick    # seq 4096 only
+    PYTHONPATH=. python scripts/check_gluon_attn.py --compile-only [--dump DIR --sass]   # CPU: sm_90 compile, SASS
+
+1. Correctness: every kernel variant (head dim 64/128, causal or not, bf16/fp16, a sink, GQA,
+   seq not a multiple of the block, seq_q != seq_kv with empty causal rows, bshd/sbhd/bhsd
+   inputs, one long sequence) runs first in a child process with a timeout, so a hang or a fault
+   costs that variant only. Outputs are poisoned (NaN) before the call; O and LSE are compared with
+   an fp32 reference (>= 40 dB) and with the ``triton.language`` forward (>= 40 dB), the +inf LSE
+   of empty rows must match exactly, and the backward (the tl kernels) run on the Gluon forward's
+   O and LSE through ``turbo.ops.flash_attn_func`` must give the gradients it gives with the tl
+   forward.
+2. Timing (only variants that passed): Gluon vs our tl forward vs SDPA flash (FlashAttention-2)
+   and SDPA cuDNN (``torch.nn.attention.sdpa_kernel``) on Llama-like shapes: batch * seq = 16k
+   tokens, 32 query heads, head dims 128 and 64, seq 2k-16k, causal and not; median of CUDA-event
+   timings. Prints a table and the geometric means; writes DIR/gluon_attn.json.
+
+Exit status 1 if any correctness check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+MIN_SNR = 40.0
+TOKENS = 16384
+SEQS = (2048, 4096, 8192, 16384)
+CHILD_TIMEOUT_S = 300
+
+# (name, B, Sq, Sk, Hq, Hk, D, causal, dtype, sink, layout)
+VARIANTS = [
+    (f"d{d}_{'causal' if c else 'full'}_{dt}", 2, 1000, 1000, 4, 2, d, c, dt, False, "bshd")
+    for d in (64, 128) for c in (False, True) for dt in ("bf16", "fp16")
+] + [
+    ("d128_causal_sink", 2, 777, 777, 4, 4, 128, True, "bf16", True, "bshd"),
+    ("d64_full_sink_gqa8", 1, 513, 700, 8, 1, 64, False, "bf16", True, "bshd"),
+    ("d128_causal_sq300_sk1100", 2, 300, 1100, 4, 2, 128, True, "bf16", False, "bshd"),
+    ("d128_causal_sq1100_sk300_empty_rows", 2, 1100, 300, 4, 2, 128, True, "bf16", False, "bshd"),
+    ("d64_causal_sq1100_sk300_empty_rows", 1, 1100, 300, 2, 1, 64, True, "fp16", False, "bshd"),
+    ("d128_full_sbhd", 3, 640, 640, 4, 2, 128, False, "bf16", False, "sbhd"),
+    ("d128_causal_bhsd", 2, 640, 640, 4, 2, 128, True, "bf16", False, "bhsd"),
+    ("d64_full_bhsd_fp16", 2, 333, 555, 4, 4, 64, False, "fp16", False, "bhsd"),
+    ("d128_tiny", 1, 1, 5, 2, 1, 128, False, "bf16", False, "bshd"),
+    ("d128_causal_65_129", 2, 65, 129, 2, 2, 128, True, "bf16", False, "bshd"),
+    ("d128_causal_long8k", 1, 8192, 8192, 8, 8, 128, True, "bf16", False, "bshd"),
+    ("d64_full_long8k", 1, 8192, 8192, 8, 8, 64, False, "bf16", False, "bshd"),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# sm_90 compile (CPU is enough): registers, spills, wgmma count
+# ---------------------------------------------------------------------------------------------
+def _compile_check_module():
+    """scripts/gluon_compile_check.py (its ptxas and cuobjdump helpers); scripts/ is not a package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gluon_compile_check", _ROOT / "scripts" / "gluon_compile_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def compile_attn(head_dim: int, causal: bool, dtype: str = "bf16", sink: bool = False, cfg=None,
+                 dump: str | None = None, sass_out: bool = False) -> dict:
+    """Compile the Gluon forward for sm_90 and report what ptxas and the SASS say: ``regs`` (the
+    launch maxnreg), ``max_reg`` (highest register any partition touches, after setmaxnreg),
+    ``spill_bytes``, ``hgmma`` / ``local_mem`` (STL/LDL) instruction counts, ``serialized``
+    (ptxas notes C7514/C7515), shared memory."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from primus_turbo.triton.attention import flash_attn_fwd_gluon as fa
+
+    cc = _compile_check_module()
+    cfg = cfg or fa.default_attn_config(head_dim)
+    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+    q_layout = gl.NVMMASharedLayout.get_default_for([1, fa.HALF_M, 1, head_dim], gdt)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([1, cfg.block_n, 1, head_dim], gdt)
+    q_ty = f"tensordesc<{dtype}[1, {fa.HALF_M}, 1, {head_dim}],{q_layout!r}>"
+    kv_ty = f"tensordesc<{dtype}[1, {cfg.block_n}, 1, {head_dim}],{kv_layout!r}>"
+    sig = {"q_desc": q_ty, "k_desc": kv_ty, "v_desc": kv_ty, "o_desc": q_ty, "LSE": "*fp32", "SINK": "*fp32",
+           "H": "i32", "GROUP": "i32", "SEQ_Q": "i32", "SEQ_K": "i32", "offset": "i32", "win_right": "i32",
+           "qk_scale": "fp32"}
+    consts = dict(HAS_RIGHT=bool(causal), HAS_SINK=bool(sink), STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+                  PRODUCER_REGS=cfg.producer_regs)
+    sig.update({k: "constexpr" for k in consts})
+    k = triton.compile(GluonASTSource(fa._attn_fwd_ws_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=4))
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    report = cc._ptxas_report(k.asm["ptx"], ptxas)
+    sass = cc._sass(k.asm["cubin"], os.path.join(os.path.dirname(ptxas), "cuobjdump"))
+    used = [int(x) for x in re.findall(r"\bR(\d+)\b", sass)]
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", report)]
+    name = f"attn_d{head_dim}_{'causal' if causal else 'full'}_{dtype}{'_sink' if sink else ''}_{cfg.short()}"
+    res = dict(variant=name, shared=k.metadata.shared, regs=max(regs) if regs else None,
+               max_reg=max(used) + 1 if used else None,
+               spill_bytes=sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)),
+               hgmma=len(re.findall(r"\bHGMMA\.", sass)) if sass else None,
+               local_mem=len(re.findall(r"\b(?:STL|LDL)\b", sass)) if sass else None,
+               serialized=sorted(set(re.findall(r"\((C75\d\d)\)", report))),
+               setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)",
+                                                k.asm["ptx"]))))
+    if dump:
+        d = Path(dump)
+        d.mkdir(parents=True, exist_ok=True)
+        for ext in ("ttgir", "ptx"):
+            (d / f"{name}.{ext}").write_text(k.asm[ext])
+        (d / f"{name}.cubin").write_bytes(k.asm["cubin"])
+        if sass_out:
+            (d / f"{name}.sass").write_text(sass)
+    return res
+
+
+def compile_variants() -> list:
+    """Every shipped variant: head dim 64/128 x causal x bf16/fp16, plus the sink path."""
+    return [(d, c, dt, False) for d in (64, 128) for c in (False, True) for dt in ("bf16", "fp16")] + [
+        (128, True, "bf16", True), (64, False, "fp16", True)]
+
+
+def compile_report(dump: str | None = None, sass_out: bool = False) -> tuple[list, int]:
+    rows, bad = [], 0
+    for d, c, dt, sk in compile_variants():
+        try:
+            r = compile_attn(d, c, dt, sk, dump=dump, sass_out=sass_out)
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            bad += 1
+            msg = " | ".join(str(exc).strip().splitlines()[-6:])[:2000]
+            print(f"FAIL attn d{d} causal={c} {dt} sink={sk}: {type(exc).__name__}: {msg}")
+            rows.append(dict(variant=f"attn_d{d}_{c}_{dt}_{sk}", error=msg))
+            continue
+        flag = ("  SPILLS" if r["spill_bytes"] or r["local_mem"] else "") + ("  NO HGMMA" if r["hgmma"] == 0 else "")
+        flag += f"  WGMMA SERIALIZED {r['serialized']}" if r["serialized"] else ""
+        bad += bool(flag)
+        print(f"ok   {r['variant']}: smem={r['shared']} launch maxnreg={r['regs']} registers used={r['max_reg']} "
+              f"spill_bytes={r['spill_bytes']} STL/LDL={r['local_mem']} HGMMA={r['hgmma']} "
+              f"setmaxnreg={r['setmaxnreg']}{flag}")
+        rows.append(r)
+    return rows, bad
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: one correctness variant (run in a child process)
+# ---------------------------------------------------------------------------------------------
+def _make(B, Sq, Sk, Hq, Hk, D, dtype, layout, device="cuda"):
+    import torch
+
+    def one(S, H):
+        if layout == "sbhd":
+            return torch.randn(S, B, H, D, device=device, dtype=dtype).transpose(0, 1)
+        if layout == "bhsd":
+            return torch.randn(B, H, S, D, device=device, dtype=dtype).transpose(1, 2)
+        return torch.randn(B, S, H, D, device=device, dtype=dtype)
+
+    return one(Sq, Hq), one(Sk, Hk), one(Sk, Hk)
+
+
+def _snr_finite(ref, out) -> float:
+    """SNR in dB over the entries finite in ref (both must agree on which are not)."""
+    import torch
+
+    from primus_turbo.testing import snr_db
+
+    fin = torch.isfinite(ref)
+    if not torch.equal(fin, torch.isfinite(out)) or not torch.equal(ref[~fin], out[~fin]):
+        return float("-inf")
+    if not fin.any():
+        return float("inf")
+    return snr_db(ref[fin].double().cpu(), out[fin].double().cpu())
+
+
+def run_variant(spec) -> dict:
+    import torch
+
+    import primus_turbo.pytorch as turbo
+    from primus_turbo.testing import attention_ref
+    from primus_turbo.triton.attention import flash_attn_fwd_gluon as fa
+    from primus_turbo.triton.attention.flash_attn_fwd import flash_attn_fwd_triton
+
+    name, B, Sq, Sk, Hq, Hk, D, causal, dt, sink, layout = spec
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+    torch.manual_seed(0)
+    q, k, v = _make(B, Sq, Sk, Hq, Hk, D, dtype, layout)
+    s = torch.randn(Hq, device="cuda", dtype=torch.float32) if sink else None
+    scale = D ** -0.5
+    wr = 0 if causal else -1
+    reason = fa.gluon_attn_fwd_reason(q, k, v, s, scale, -1, wr)
+    if reason is not None:
+        return dict(name=name, ok=False, error=f"refused: {reason}")
+    out = torch.full((B, Sq, Hq, D), float("nan"), device="cuda", dtype=dtype)
+    lse = torch.full((B, Hq, Sq), float("nan"), device="cuda", dtype=torch.float32)
+    t0 = time.time()
+    out, lse = fa.flash_attn_fwd_gluon(q, k, v, s, scale, -1, wr, out=out, lse=lse)
+    torch.cuda.synchronize()
+    first_s = time.time() - t0
+    tl_out, tl_lse = flash_attn_fwd_triton(q, k, v, s, scale, -1, wr)
+    # fp32 reference on at most 4 query heads (the long cases would not fit a [B, H, S, S] fp32 score tensor)
+    hr = min(Hq, 4 if Sq * Sk <= 2 ** 22 else 1)
+    g = Hq // Hk
+    kr, vr = k[:, :, : -(-hr // g)], v[:, :, : -(-hr // g)]
+    sr = s[:hr] if s is not None else None
+    ref_out, ref_lse = attention_ref(q[:, :, :hr], kr, vr, causal=causal, sink=sr, softmax_scale=scale,
+                                     return_lse=True, compute_dtype=torch.float32)
+    res = dict(name=name, first_call_s=round(first_s, 2),
+               nan_out=bool(torch.isnan(out).any()), nan_lse=bool(torch.isnan(lse).any()),
+               snr_out_ref=_snr_finite(ref_out.float(), out[:, :, :hr].float()),
+               snr_lse_ref=_snr_finite(ref_lse.float(), lse[:, :hr]),
+               snr_out_tl=_snr_finite(tl_out.float(), out.float()),
+               snr_lse_tl=_snr_finite(tl_lse, lse))
+    ok = not res["nan_out"] and not res["nan_lse"] and all(
+        res[key] >= MIN_SNR for key in ("snr_out_ref", "snr_lse_ref", "snr_out_tl", "snr_lse_tl"))
+    # the tl backward on this forward's O and LSE, through the op (TRITON backend pinned)
+    if Sq * Sk <= 2 ** 22 and not (causal and Sq > Sk):
+        from primus_turbo.pytorch.core.backend import GlobalBackendManager
+
+        grads = {}
+        dout = torch.randn(B, Sq, Hq, D, device="cuda", dtype=dtype)
+        for flag in ("0", "1"):
+            os.environ[fa.GLUON_ATTN_ENV] = flag
+            qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+            ss = s.detach().clone().requires_grad_() if s is not None else None
+            GlobalBackendManager.set_attn_backend("TRITON")
+            try:
+                o = turbo.ops.flash_attn_func(qq, kk, vv, softmax_scale=scale, causal=causal, sink=ss,
+                                              deterministic=True)
+                o.backward(dout)
+            finally:
+                GlobalBackendManager.set_attn_backend(None)
+            grads[flag] = [t.grad for t in (qq, kk, vv, ss) if t is not None]
+        os.environ.pop(fa.GLUON_ATTN_ENV, None)
+        res["snr_grads_vs_tl_fwd"] = [round(_snr_finite(a.float(), b.float()), 1) for a, b in zip(grads["0"], grads["1"])]
+        ok = ok and all(x >= MIN_SNR for x in res["snr_grads_vs_tl_fwd"])
+    res["ok"] = bool(ok)
+    return {key: (round(val, 2) if isinstance(val, float) and math.isfinite(val) else val) for key, val in res.items()}
+
+
+def _run_child(spec, timeout: int) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+    env = dict(os.environ, PYTHONPATH=str(_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=_ROOT)
+    except subprocess.TimeoutExpired:
+        return dict(name=spec[0], ok=False, error=f"timed out after {timeout} s (hang?)")
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-12:]
+    return dict(name=spec[0], ok=False, error=f"exit {proc.returncode}: " + " | ".join(tail)[-3000:])
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: timing
+# ---------------------------------------------------------------------------------------------
+def _median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _flops(B, S, H, D, causal) -> float:
+    pairs = S * (S + 1) / 2 if causal else S * S
+    return 4.0 * B * H * pairs * D
+
+
+def time_shapes(seqs, head_dims, heads_q, heads_kv, passed: set) -> list:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from primus_turbo.triton.attention import flash_attn_fwd_gluon as fa
+    from primus_turbo.triton.attention.flash_attn_fwd import flash_attn_fwd_triton
+
+    rows = []
+    for D in head_dims:
+        for causal in (False, True):
+            gluon_ok = f"d{D}_{'causal' if causal else 'full'}_bf16" in passed
+            for S in seqs:
+                B = max(1, TOKENS // S)
+                q, k, v = _make(B, S, S, heads_q, heads_kv, D, torch.bfloat16, "bshd")
+                scale, wr = D ** -0.5, (0 if causal else -1)
+                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+                gqa = heads_q != heads_kv
+                impls = {"tl": lambda: flash_attn_fwd_triton(q, k, v, None, scale, -1, wr)}
+                if gluon_ok:
+                    impls["gluon"] = lambda: fa.flash_attn_fwd_gluon(q, k, v, None, scale, -1, wr)
+                for name, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+                    def sdpa(be=be):
+                        with sdpa_kernel([be]):
+                            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale,
+                                                                  enable_gqa=gqa)
+                    impls[name] = sdpa
+                row = dict(D=D, causal=causal, B=B, S=S, Hq=heads_q, Hk=heads_kv)
+                fl = _flops(B, S, heads_q, D, causal)
+                for name, fn in impls.items():
+                    try:
+                        ms = _median_ms(fn)
+                        row[name] = dict(ms=round(ms, 4), tflops=round(fl / ms / 1e9, 1))
+                    except Exception as exc:  # noqa: BLE001 - a peer that cannot run this shape
+                        row[name] = dict(error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                rows.append(row)
+                impls.clear()  # the closures hold this shape's tensors
+                cells = "  ".join(f"{n}={row[n]['tflops']:6.1f}" if "tflops" in row[n] else f"{n}=  err"
+                                  for n in ("gluon", "tl", "sdpa_flash", "sdpa_cudnn") if n in row)
+                print(f"  D={D:3d} {'causal' if causal else 'full  '} B={B:2d} S={S:5d}  TFLOP/s  {cells}", flush=True)
+    return rows
+
+
+def _geomeans(rows) -> dict:
+    def gm(a, b):
+        r = [row[a]["ms"] / row[b]["ms"] for row in rows
+             if "ms" in row.get(a, {}) and "ms" in row.get(b, {})]
+        return round(math.exp(sum(math.log(x) for x in r) / len(r)), 3) if r else None
+
+    # speedup of the first over the second (time ratio second / first)
+    out = {}
+    for a, b in (("gluon", "sdpa_flash"), ("tl", "sdpa_flash"), ("gluon", "tl"), ("gluon", "sdpa_cudnn"),
+                 ("tl", "sdpa_cudnn")):
+        r = gm(b, a)
+        if r is not None:
+            out[f"{a}_over_{b}"] = r
+    return out
+
+
+def _env_info() -> dict:
+    import torch
+    import triton
+
+    info = dict(python=platform.python_version(), torch=torch.__version__, triton=triton.__version__)
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=None, help="folder for gluon_attn.json")
+    p.add_argument("--quick", action="store_true", help="timing at seq 4096 only")
+    p.add_argument("--seq", type=int, nargs="*", default=None)
+    p.add_argument("--head-dims", type=int, nargs="*", default=[128, 64])
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--heads-kv", type=int, default=32)
+    p.add_argument("--only", nargs="*", default=None, help="correctness variants whose name contains one of these")
+    p.add_argument("--no-timing", action="store_true")
+    p.add_argument("--compile-only", action="store_true", help="sm_90 compile report only (no GPU needed)")
+    p.add_argument("--dump", default=None, help="with --compile-only: write ttgir/ptx/cubin (and --sass) here")
+    p.add_argument("--sass", action="store_true")
+    p.add_argument("--timeout", type=int, default=CHILD_TIMEOUT_S)
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.child is not None:
+        res = run_variant(json.loads(args.child))
+        print("RESULT " + json.dumps(res), flush=True)
+        return 0
+    if args.compile_only:
+        _, bad = compile_report(args.dump, args.sass)
+        return 1 if bad else 0
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: run with --compile-only on a CPU machine")
+        return 1
+    result = dict(env=_env_info(), min_snr_db=MIN_SNR)
+    print(f"{result['env']}")
+    print("correctness (each variant in a child process):")
+    checks, passed = [], set()
+    for spec in VARIANTS:
+        if args.only and not any(o in spec[0] for o in args.only):
+            continue
+        r = _run_child(spec, args.timeout)
+        checks.append(r)
+        if r.get("ok"):
+            passed.add(r["name"])
+        detail = r.get("error") or " ".join(f"{k}={v}" for k, v in r.items() if k not in ("name", "ok"))
+        print(f"  {'ok  ' if r.get('ok') else 'FAIL'} {r['name']}: {detail}", flush=True)
+    result["correctness"] = checks
+    if not args.no_timing:
+        seqs = args.seq or ([4096] if args.quick else list(SEQS))
+        print(f"timing (bf16, bshd, {args.heads}/{args.heads_kv} heads, {TOKENS} tokens per case):")
+        rows = time_shapes(seqs, args.head_dims, args.heads, args.heads_kv, passed)
+        result["timing"] = rows
+        result["geomean_speedup"] = _geomeans(rows)
+        print("geomean speedups:", result["geomean_speedup"])
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gluon_attn.json").write_text(json.dumps(result, indent=1))
+        print(f"wrote {out / 'gluon_attn.json'}")
+    return 0 if all(r.get("ok") for r in checks) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
