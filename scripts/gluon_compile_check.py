@@ -5,10 +5,14 @@ compile: ttgir -> PTX -> cubin with the bundled ptxas, for each config given, an
 shared memory, registers and spills (ptxas ``-v`` output and the cubin's metadata).
 
     PYTHONPATH=. python scripts/gluon_compile_check.py [n128s5 n128s4 ...] [--dump DIR] [--sass] [--grouped]
-        [--row-scales]
+        [--row-scales] [--variable-k [--accumulate]]
 
 ``--grouped`` compiles the M-grouped MoE kernel (triton/grouped_gemm/grouped_gemm_fp8_gluon.py),
-``--row-scales`` the dense kernel's per-row B scale path (the FP8 linear's wgrad; BLOCK_N 128).
+``--row-scales`` the dense kernel's per-row B scale path (the FP8 linear's wgrad; BLOCK_N 128),
+``--variable-k`` the variable-K grouped kernel (the MoE wgrad,
+triton/grouped_gemm/grouped_gemm_fp8_variable_k_gluon.py; BLOCK_N 128), ``--accumulate`` its
+reduce-add epilogue (fp32 output). With ``--sass`` the report also counts the SASS instructions
+that matter (wgmma, TMA loads / stores / reduces, local-memory STL / LDL).
 
 ``--attn`` compiles every variant of the attention forward (triton/attention/flash_attn_fwd_gluon.py;
 configs are ignored) and checks its SASS: HGMMA present, no local-memory STL/LDL.
@@ -44,10 +48,13 @@ def _ptxas_report(ptx: str, ptxas: str) -> str:
 
 
 def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass_out: bool = False,
-                   grouped: bool = False, row_scales: bool = False) -> dict:
+                   grouped: bool = False, row_scales: bool = False, variable_k: bool = False,
+                   accumulate: bool = False) -> dict:
     """Compile the dense kernel (or, ``grouped``, the M-grouped MoE kernel of
-    triton/grouped_gemm/grouped_gemm_fp8_gluon.py) for sm_90 with config ``cfg``; ``row_scales``:
-    the dense kernel's B_ROW_SCALES path (per-row B scales, the FP8 linear's wgrad)."""
+    triton/grouped_gemm/grouped_gemm_fp8_gluon.py; ``variable_k``, the variable-K wgrad kernel of
+    triton/grouped_gemm/grouped_gemm_fp8_variable_k_gluon.py, with ``accumulate`` its reduce-add
+    epilogue) for sm_90 with config ``cfg``; ``row_scales``: the dense kernel's B_ROW_SCALES path
+    (per-row B scales, the FP8 linear's wgrad)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -64,7 +71,14 @@ def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass_o
         "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, 128],{b_layout!r}>",
         "c_desc": f"tensordesc<{out_dtype}[64, 128],{c_layout!r}>",
     }
-    if grouped:
+    if variable_k:
+        from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_variable_k_gluon as vk
+
+        kernel = vk._grouped_gemm_fp8_variable_k_ws_kernel
+        sig = {"x_desc": sig["a_desc"], "y_desc": sig["b_desc"], "c_desc": sig["c_desc"],
+               "sx_ptr": "*fp32", "sy_ptr": "*fp32", "offs_ptr": "*i64", "M": "i32", "P": "i32", "Q": "i32",
+               "G": "i32", "stride_sxp": "i32", "stride_sxk": "i32", "stride_syk": "i32"}
+    elif grouped:
         from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_gluon as gg
 
         kernel = gg._grouped_gemm_fp8_blockwise_ws_kernel
@@ -78,8 +92,13 @@ def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass_o
                     "stride_sam": "i32", "stride_sak": "i32", "stride_sbn": "i32", "stride_sbk": "i32"})
     consts = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, PIPELINE=cfg.pipeline, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs)
+    if variable_k:
+        consts.pop("PIPELINE")
+        consts["ACCUMULATE"] = bool(accumulate)
+    elif accumulate:
+        raise ValueError("accumulate is a path of the variable-K kernel only")
     if row_scales:
-        if grouped:
+        if grouped or variable_k:
             raise ValueError("row_scales is a path of the dense kernel only")
         consts["B_ROW_SCALES"] = True
     sig.update({k: "constexpr" for k in consts})
@@ -94,20 +113,38 @@ def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass_o
     sass = _sass(k.asm["cubin"], os.path.join(os.path.dirname(ptxas), "cuobjdump"))
     used = [int(x) for x in re.findall(r"\bR(\d+)\b", sass)]
     res = dict(config=cfg.short(), shared=md.shared, num_warps=md.num_warps, regs=max(regs) if regs else None,
-               max_reg=max(used) + 1 if used else None, spill_bytes=sum(spills),
+               max_reg=max(used) + 1 if used else None, spill_bytes=sum(spills), sass_counts=sass_counts(sass),
                serialized=sorted(set(re.findall(r"\((C75\d\d)\)", report))),
                setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", k.asm["ptx"]))),
                ptxas=report.strip().splitlines()[-3:])
     if dump:
         d = Path(dump)
         d.mkdir(parents=True, exist_ok=True)
-        stem = f"gluon_fp8_{'grouped_' if grouped else ''}{'rows_' if row_scales else ''}{cfg.short()}"
+        kind = "vk_acc_" if variable_k and accumulate else "vk_" if variable_k else "grouped_" if grouped else ""
+        stem = f"gluon_fp8_{kind}{'rows_' if row_scales else ''}{out_dtype}_{cfg.short()}"
         for ext in ("ttgir", "llir", "ptx"):
             (d / f"{stem}.{ext}").write_text(k.asm[ext])
         (d / f"{stem}.cubin").write_bytes(k.asm["cubin"])
         if sass_out:
             (d / f"{stem}.sass").write_text(sass)
     return res
+
+
+_SASS_OPS = {  # what -> SASS opcodes (an opcode also matches with ".<suffix>"s)
+    "wgmma": ("HGMMA", "QGMMA"),     # warpgroup MMA: 16-bit / FP8 operands
+    "tma_load": ("UTMALDG",),        # TMA global -> shared
+    "tma_store": ("UTMASTG",),       # TMA shared -> global
+    "tma_reduce": ("UTMAREDG",),     # TMA reduce (add) shared -> global
+    "local_store": ("STL",),         # spills / local arrays
+    "local_load": ("LDL",),
+}
+
+
+def sass_counts(sass: str) -> dict:
+    """How many instructions of each kind in _SASS_OPS the SASS holds (empty SASS: all zero)."""
+    ops = re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, flags=re.M)
+    base = [op.split(".")[0] for op in ops]
+    return {name: sum(b in codes for b in base) for name, codes in _SASS_OPS.items()}
 
 
 def _sass(cubin: bytes, cuobjdump: str) -> str:
@@ -136,6 +173,10 @@ def main(argv=None) -> int:
                    help="the M-grouped MoE kernel (triton/grouped_gemm/grouped_gemm_fp8_gluon.py) instead")
     p.add_argument("--row-scales", action="store_true",
                    help="the dense kernel's B_ROW_SCALES path (per-row B scales: the FP8 linear's wgrad)")
+    p.add_argument("--variable-k", action="store_true",
+                   help="the variable-K grouped kernel (the MoE wgrad, grouped_gemm_fp8_variable_k_gluon.py)")
+    p.add_argument("--accumulate", action="store_true",
+                   help="with --variable-k: the reduce-add (out +=) epilogue; needs --out-dtype fp32")
     args = p.parse_args(argv)
     if args.attn:  # the attention forward's compile check lives with its GPU check script
         import importlib.util
@@ -144,12 +185,14 @@ def main(argv=None) -> int:
         attn = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(attn)
         return 1 if attn.compile_report(args.dump, args.sass)[1] else 0
+    if args.variable_k and args.configs == p.get_default("configs"):
+        args.configs = ["n128s6", "n128s5", "n128s4"]
     bad = 0
     for text in args.configs:
         cfg = g.GluonBlockwiseConfig.parse(text)
         try:
             r = compile_config(cfg, args.out_dtype, args.dump, args.sass, grouped=args.grouped,
-                               row_scales=args.row_scales)
+                               row_scales=args.row_scales, variable_k=args.variable_k, accumulate=args.accumulate)
         except Exception as exc:  # noqa: BLE001 - report and go on
             bad += 1
             msg = str(exc).strip().splitlines()
@@ -161,6 +204,8 @@ def main(argv=None) -> int:
         bad += bool(flag)
         print(f"ok   {r['config']}: smem={r['shared']} launch maxnreg={r['regs']} registers used (any "
               f"partition)={r['max_reg']} spill_bytes={r['spill_bytes']} setmaxnreg={r['setmaxnreg']}{flag}")
+        if args.sass:
+            print("      SASS:", " ".join(f"{k}={v}" for k, v in r["sass_counts"].items()))
         for line in r["ptxas"]:
             print("     ", line)
     return 1 if bad else 0

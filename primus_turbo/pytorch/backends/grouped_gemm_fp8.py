@@ -32,7 +32,11 @@ on inputs it cannot run (BLOCKWISE, MX, E5M2, CPU, ...) raises ``ValueError`` na
 GLUON (triton/grouped_gemm/grouped_gemm_fp8_gluon.py, sm_90): the M-grouped BLOCKWISE problem with
 E4M3 operands (forward, E4M3 dgrad), a warp-specialized TMA / wgmma kernel. Opt-in
 (``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON=1``) until measured on the GPU; see
-:class:`GroupedGemmFP8GluonBackend`.
+:class:`GroupedGemmFP8GluonBackend`. The variable-K BLOCKWISE problem (the wgrad, E4M3 or E5M2
+operands, accumulation into fp32) has its own Gluon kernel
+(triton/grouped_gemm/grouped_gemm_fp8_variable_k_gluon.py), the variable-K default only with
+``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD=1`` until measured; see
+:class:`GroupedGemmFP8VariableKGluonBackend`.
 
 Keys read shapes, dtypes and devices only: never a device value (no host sync).
 """
@@ -54,6 +58,7 @@ __all__ = [
     "GroupedGemmFP8GluonBackend",
     "GroupedGemmFP8TorchBackend",
     "GroupedGemmFP8TritonBackend",
+    "GroupedGemmFP8VariableKGluonBackend",
     "GroupedGemmFP8VariableKTorchBackend",
     "GroupedGemmFP8VariableKTritonBackend",
     "grouped_gemm_fp8_dispatcher",
@@ -61,6 +66,7 @@ __all__ = [
     "padded_group_layout",
     "gather_rows",
     "gluon_grouped_enabled",
+    "gluon_grouped_wgrad_enabled",
 ]
 
 
@@ -400,6 +406,66 @@ class GroupedGemmFP8VariableKTorchBackend(KernelBackend):
         return out.add_(res) if accumulate else out.copy_(res)
 
 
+class GroupedGemmFP8VariableKGluonBackend(KernelBackend):
+    """Warp-specialized Gluon kernel for Hopper (triton/grouped_gemm/grouped_gemm_fp8_variable_k_gluon.py):
+    the variable-K BLOCKWISE problem (1 x 128 token blocks, every group offset a multiple of 128,
+    which the op's padded token layout guarantees), E4M3 or E5M2 operands (HYBRID's gradient
+    included), bf16 / fp16 / fp32 output, accumulation into fp32 ``out`` (``main_grad``). The
+    variable-K default only with ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD=1`` until measured on
+    the H200 (``scripts/check_gluon_fp8.py --grouped-wgrad``); TRITON wherever its check says no.
+    Not autotuned until measured."""
+
+    backend_type = BackendType.GLUON
+    autotune = False
+
+    @classmethod
+    def check(cls, x_t, x_scale, y_t, y_scale, mode, group_lens, group_offs, out=None, accumulate=False,
+              out_dtype=torch.bfloat16, num_cu=None, block_size=128, **_) -> Optional[str]:
+        mode = _mode_name(mode)
+        if mode != "BLOCKWISE":
+            return f"the Gluon variable-K FP8 kernel is BLOCKWISE only, got {mode}"
+        if num_cu is not None and (not isinstance(num_cu, int) or num_cu < 1):
+            return f"num_cu must be a positive int, got {num_cu!r}"
+        if group_offs is None:
+            return "group_offs on the operands' device is needed (the op passes its padded layout's offsets)"
+        try:
+            from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_variable_k_gluon as vk
+        except ImportError as exc:
+            return f"the Gluon variable-K FP8 kernel is not importable ({exc})"
+        return vk.gluon_variable_k_blockwise_reason(x_t, x_scale, y_t, y_scale, group_offs, out=out,
+                                                    accumulate=accumulate, out_dtype=out_dtype,
+                                                    block_size=block_size)
+
+    @classmethod
+    def execute(cls, x_t, x_scale, y_t, y_scale, mode, group_lens, group_offs, out=None, accumulate=False,
+                out_dtype=torch.bfloat16, num_cu=None, block_size=128, **_) -> torch.Tensor:
+        from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_variable_k_gluon import (
+            grouped_gemm_fp8_variable_k_blockwise_gluon,
+        )
+
+        return grouped_gemm_fp8_variable_k_blockwise_gluon(x_t, x_scale, y_t, y_scale, group_offs, out=out,
+                                                           accumulate=accumulate, out_dtype=out_dtype,
+                                                           num_programs=num_cu)
+
+
+def gluon_grouped_wgrad_enabled() -> bool:
+    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD``: True for 1, False for 0 and auto (auto: off
+    until the variable-K Gluon kernel is measured on the H200; the backend's own check still
+    keeps it to sm_90 and the operands it accepts). Read per call."""
+    return bool(env_auto_flag("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD"))
+
+
+def _default_vk(**kwargs) -> BackendType:
+    """The variable-K FP8 default, in one place: with ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD=1``
+    the Gluon kernel for BLOCKWISE where its check passes (sm_90, 128-token blocks, aligned rows,
+    fp32 when accumulating); TRITON everywhere else (no padding copies, unlike TORCH). GLUON is
+    returned only after its own check said yes (``default_checked``)."""
+    if (_mode_name(kwargs.get("mode")) == "BLOCKWISE" and gluon_grouped_wgrad_enabled()
+            and GroupedGemmFP8VariableKGluonBackend.can_handle(**kwargs)):
+        return BackendType.GLUON
+    return BackendType.TRITON
+
+
 def _make_key_vk(x_t, x_scale, y_t, y_scale, mode, group_lens, group_offs, out=None, accumulate=False,
                  out_dtype=torch.bfloat16, num_cu=None, block_size=128, **_):
     return (x_t.size(1), x_t.size(0), y_t.size(0), group_offs.numel() - 1, x_t.dtype, y_t.dtype,
@@ -410,8 +476,10 @@ def _make_key_vk(x_t, x_scale, y_t, y_scale, mode, group_lens, group_offs, out=N
 grouped_gemm_fp8_variable_k_dispatcher = AutoKernelDispatcher(
     op_name="grouped_gemm_fp8_variable_k",
     family="grouped_gemm",
-    backends=[GroupedGemmFP8VariableKTritonBackend, GroupedGemmFP8VariableKTorchBackend],
+    backends=[GroupedGemmFP8VariableKTritonBackend, GroupedGemmFP8VariableKTorchBackend,
+              GroupedGemmFP8VariableKGluonBackend],
     make_key=_make_key_vk,
-    default=lambda **kw: BackendType.TRITON,
+    default=_default_vk,
+    default_checked=(BackendType.GLUON,),
     make_tune_kwargs=scratch_out_tune_kwargs,
 )

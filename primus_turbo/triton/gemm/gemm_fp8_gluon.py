@@ -198,10 +198,11 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _load_tile(a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_m, off_b, k_tiles, it,
-                   STAGES: gl.constexpr):
+                   STAGES: gl.constexpr, k0=0):
         """The TMA loads of one output tile: per K block, A rows [off_m, off_m + 2 * HALF_M) as two
-        halves and B rows [off_b, off_b + BLOCK_N) into ring slot ``it % STAGES``. Returns the next
-        ring position."""
+        halves and B rows [off_b, off_b + BLOCK_N) into ring slot ``it % STAGES``, K columns from
+        ``k0`` on (a group's token range in the variable-K grouped kernel; 0, a constant, for the
+        dense and M-grouped ones). Returns the next ring position."""
         HALF_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
         STAGE_BYTES: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
@@ -211,7 +212,7 @@ if GLUON_AVAILABLE:
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
             bar = ready.index(s)
             mbarrier.expect(bar, STAGE_BYTES)
-            k = kk * BLOCK_K
+            k = k0 + kk * BLOCK_K
             # rows past M arrive zero-filled and still count their full box bytes
             tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(2 * s))
             tma.async_copy_global_to_shared(a_desc, [off_m + HALF_M, k], bar, a_bufs.index(2 * s + 1))
