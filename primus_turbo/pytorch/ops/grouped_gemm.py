@@ -27,15 +27,17 @@ import torch
 
 from ..backends.grouped_gemm import (
     GROUPED_GEMM_DTYPES,
-    _sm90_bf16,
+    GroupedGemmTorchBackend,
+    GroupedGemmVariableKTorchBackend,
     grouped_gemm_dispatcher,
     grouped_gemm_variable_k_dispatcher,
 )
-from ..core.backend import PrecisionType
+from ..core.backend import BackendType, PrecisionType
 from .gemm import _FUSE_PATTERNS, _megatron_dummy_wgrad, check_main_grad
 
 __all__ = ["grouped_gemm"]
 
+_BF16 = PrecisionType.BF16_FP16_FP32
 
 
 def _offsets(group_lens: torch.Tensor) -> torch.Tensor:
@@ -50,13 +52,12 @@ def _offsets(group_lens: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 def _gmm_eager(
     a: torch.Tensor, b: torch.Tensor, group_lens: torch.Tensor, group_offs: torch.Tensor, trans_b: bool,
-    num_cu: Optional[int], offs32: Optional[torch.Tensor] = None,
+    num_cu: Optional[int],
 ) -> torch.Tensor:
     """M-grouped: ``out[rows of g] = a[rows of g] @ op(b[g])``, rows past ``offs[G]`` zero."""
     B = b.transpose(1, 2) if trans_b else b  # logical [G, K, N], a view
-    return grouped_gemm_dispatcher.dispatch(
-        PrecisionType.BF16_FP16_FP32, a=a, b=B, group_lens=group_lens, group_offs=group_offs, num_cu=num_cu,
-        offs32=offs32)
+    return grouped_gemm_dispatcher.dispatch(_BF16, a=a, b=B, group_lens=group_lens, group_offs=group_offs,
+                                            num_cu=num_cu)
 
 
 grouped_gemm_impl = torch.library.custom_op("primus_turbo::grouped_gemm_impl", _gmm_eager, mutates_args=())
@@ -70,12 +71,11 @@ def _grouped_gemm_impl_fake(a, b, group_lens, group_offs, trans_b, num_cu):
 
 def _vk_eager(
     x: torch.Tensor, y: torch.Tensor, group_lens: torch.Tensor, group_offs: torch.Tensor, num_cu: Optional[int],
-    offs32: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Variable K: ``out[g] = x[rows of g].T @ y[rows of g]``, ``[G, P, Q]``."""
     return grouped_gemm_variable_k_dispatcher.dispatch(
-        PrecisionType.BF16_FP16_FP32, x=x, y=y, group_lens=group_lens, group_offs=group_offs, out=None,
-        accumulate=False, num_cu=num_cu, offs32=offs32)
+        _BF16, x=x, y=y, group_lens=group_lens, group_offs=group_offs, out=None,
+        accumulate=False, num_cu=num_cu)
 
 
 grouped_gemm_variable_k_impl = torch.library.custom_op(
@@ -93,7 +93,7 @@ def _vk_accum_eager(
 ) -> None:
     """``c[g] += x[rows of g].T @ y[rows of g]`` (fp32 sum, added in the kernel epilogue)."""
     grouped_gemm_variable_k_dispatcher.dispatch(
-        PrecisionType.BF16_FP16_FP32, x=x, y=y, group_lens=group_lens, group_offs=group_offs, out=c,
+        _BF16, x=x, y=y, group_lens=group_lens, group_offs=group_offs, out=c,
         accumulate=True, num_cu=num_cu)
 
 
@@ -106,25 +106,38 @@ def _grouped_gemm_variable_k_accum_impl_fake(x, y, group_lens, group_offs, c, nu
     return None
 
 
-def _gmm(a, b, group_lens, group_offs, trans_b, num_cu, offs32=None):
+def _gmm(a, b, group_lens, group_offs, trans_b, num_cu):
     if torch.compiler.is_compiling():
         return torch.ops.primus_turbo.grouped_gemm_impl(a, b, group_lens, group_offs, trans_b, num_cu)
-    return _gmm_eager(a, b, group_lens, group_offs, trans_b, num_cu, offs32)
+    return _gmm_eager(a, b, group_lens, group_offs, trans_b, num_cu)
 
 
-def _vk(x, y, group_lens, group_offs, num_cu, offs32=None):
+def _vk(x, y, group_lens, group_offs, num_cu):
     if torch.compiler.is_compiling():
         return torch.ops.primus_turbo.grouped_gemm_variable_k_impl(x, y, group_lens, group_offs, num_cu)
-    return _vk_eager(x, y, group_lens, group_offs, num_cu, offs32)
+    return _vk_eager(x, y, group_lens, group_offs, num_cu)
 
 
-def _vendor_offsets(a: torch.Tensor, group_offs: torch.Tensor, num_cu) -> Optional[torch.Tensor]:
-    """``group_offs[1:]`` as int32 (``torch._grouped_mm``'s offsets) where that backend may run, made
-    once in the forward and reused by the backward's two GEMMs: each conversion is a launch, and
-    the host time of small expert GEMMs is what their step time is made of."""
-    if num_cu is None and not torch.compiler.is_compiling() and _sm90_bf16(a) is None:  # the backend's own rule
-        return group_offs[1:].to(torch.int32)
-    return None
+def _vendor_route(a: torch.Tensor, B: torch.Tensor, num_cu) -> bool:
+    """True when the forward, grad_input and grad_weight of this call all run ``torch._grouped_mm``
+    (the TORCH backends) under the current settings, decided once per forward.
+
+    The dispatcher would reach the same three answers, one resolution per GEMM; for small expert
+    GEMMs that Python time is what the step costs (the vendor kernels take tens of microseconds),
+    so the op asks once. Sound because the backward's operands follow from the forward's: the
+    grad_input GEMM reads the same weight as a transposed view (row- and column-major are both
+    taken, the strides are the same numbers), and the grad_weight GEMM reads ``a`` (row-major and
+    aligned: checked here) and the contiguous ``[M, N]`` output gradient, whose rows are 16-byte
+    aligned exactly when the forward output's are (checked here). One pin covers both dispatchers
+    (their family is ``grouped_gemm``); under autotuning every GEMM keeps its own dispatch."""
+    if num_cu is not None or torch.compiler.is_compiling():
+        return False
+    backend, _source, tune = grouped_gemm_dispatcher.plan(_BF16)
+    if tune or backend not in (None, BackendType.TORCH):
+        return False
+    if (B.size(2) * a.element_size()) % 16:
+        return False  # grad_out rows would not be aligned for the vendor grad_weight
+    return GroupedGemmTorchBackend.check(a, B, None, None) is None
 
 
 def _vk_accum(x, y, group_lens, group_offs, c, num_cu):
@@ -138,37 +151,51 @@ def _vk_accum(x, y, group_lens, group_offs, c, num_cu):
 # --------------------------------------------------------------------------------------------
 class GroupedGemmFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, group_lens, group_offs, trans_b, num_cu, fuse_accum):
-        ctx.trans_b, ctx.num_cu, ctx.fuse_accum = trans_b, num_cu, fuse_accum
+    def forward(ctx, a, b, group_lens, group_offs, trans_b, num_cu, fuse_accum, vendor):
+        ctx.trans_b, ctx.num_cu, ctx.fuse_accum, ctx.vendor = trans_b, num_cu, fuse_accum, vendor
         need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         # grad_input needs b, grad_weight needs a (and b for its main_grad)
         ctx.save_for_backward(
             a if need_b else None, b if (need_a or (need_b and fuse_accum)) else None, group_lens, group_offs)
         if fuse_accum and need_b:
             b.grad_added_to_main_grad = True
-        ctx.offs32 = _vendor_offsets(a, group_offs, num_cu)
-        return _gmm(a, b, group_lens, group_offs, trans_b, num_cu, ctx.offs32)
+        if vendor:
+            # torch._grouped_mm's int32 offsets, made once here and reused by the backward's GEMMs
+            # (each conversion is a launch)
+            ctx.offs32 = offs32 = group_offs[1:].to(torch.int32)
+            return GroupedGemmTorchBackend.execute(a, b.transpose(1, 2) if trans_b else b, group_lens, group_offs,
+                                                   offs32=offs32)
+        ctx.offs32 = None
+        return _gmm(a, b, group_lens, group_offs, trans_b, num_cu)
 
     @staticmethod
     def backward(ctx, grad_out):
         a, b, group_lens, group_offs = ctx.saved_tensors
-        tb, num_cu = ctx.trans_b, ctx.num_cu
+        tb, num_cu, vendor, offs32 = ctx.trans_b, ctx.num_cu, ctx.vendor, ctx.offs32
         grad_a = grad_b = None
+        dtype = a.dtype if a is not None else b.dtype
+        g = grad_out if grad_out.dtype == dtype else grad_out.to(dtype)
+        if not g.is_contiguous():
+            g = g.contiguous()
         if ctx.needs_input_grad[0]:
-            g = grad_out.to(b.dtype).contiguous()
             # grad_input: dA[rows of g] = dC[rows of g] @ op(b[g]).T; rows past offs[G] get zeros
-            grad_a = _gmm(g, b, group_lens, group_offs, not tb, num_cu, ctx.offs32)
+            if vendor:  # the logical [G, N, K] weight: b itself with trans_b, else its transposed view
+                grad_a = GroupedGemmTorchBackend.execute(g, b if tb else b.transpose(1, 2), group_lens, group_offs,
+                                                         offs32=offs32)
+            else:
+                grad_a = _gmm(g, b, group_lens, group_offs, not tb, num_cu)
         if ctx.needs_input_grad[1]:
-            g = grad_out.to(a.dtype).contiguous()
             # grad_weight, stored like b: [G, K, N] = a_g.T @ dC_g, or [G, N, K] = dC_g.T @ a_g
             x, y = (g, a) if tb else (a, g)
             if ctx.fuse_accum:
                 _vk_accum(x, y, group_lens, group_offs, b.main_grad, num_cu)
                 b.grad_added_to_main_grad = True
                 grad_b = _megatron_dummy_wgrad(b)
+            elif vendor:
+                grad_b = GroupedGemmVariableKTorchBackend.execute(x, y, group_lens, group_offs, offs32=offs32)
             else:
-                grad_b = _vk(x, y, group_lens, group_offs, num_cu, ctx.offs32)
-        return grad_a, grad_b, None, None, None, None, None
+                grad_b = _vk(x, y, group_lens, group_offs, num_cu)
+        return grad_a, grad_b, None, None, None, None, None, None
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,6 +283,8 @@ def grouped_gemm(
         # on CPU this costs nothing like a GPU sync; on CUDA it would be a fatal device-side assert
         torch._assert_async(group_offs[-1] <= a.size(0), "grouped_gemm: sum(group_lens) exceeds a.shape[0]")
     fuse = fuse_bgrad_accum_pattern == "megatron"
+    trans_b = bool(trans_b)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        return GroupedGemmFunction.apply(a, b, group_lens, group_offs, bool(trans_b), num_cu, fuse)
-    return _gmm(a, b, group_lens, group_offs, bool(trans_b), num_cu)
+        vendor = _vendor_route(a, b.transpose(1, 2) if trans_b else b, num_cu)
+        return GroupedGemmFunction.apply(a, b, group_lens, group_offs, trans_b, num_cu, fuse, vendor)
+    return _gmm(a, b, group_lens, group_offs, trans_b, num_cu)

@@ -248,3 +248,62 @@ def test_cuda_graph_capture(backend):
     torch.cuda.synchronize()
     assert snr_db(grouped_gemm_ref(a, b, gl, trans_b=True), out) >= MIN_SNR[torch.bfloat16]
     assert torch.equal(out[446:], torch.zeros_like(out[446:]))
+
+
+def _emulated_grouped_mm(calls):
+    """A CPU stand-in for ``torch._grouped_mm`` (2-D x 3-D and 2-D x 2-D with int32 ``offs``): the
+    vendor kernel's contract, rows it does not own left NaN (the real one leaves them
+    uninitialised), so a missing tail zeroing shows."""
+    def fn(x, y, offs=None):
+        calls.append((x.dim(), y.dim()))
+        assert offs is not None and offs.dtype == torch.int32
+        ends = [0] + offs.tolist()
+        if y.dim() == 3:
+            out = torch.full((x.size(0), y.size(2)), float("nan"), dtype=x.dtype)
+            for g in range(y.size(0)):
+                out[ends[g]:ends[g + 1]] = (x[ends[g]:ends[g + 1]].float() @ y[g].float()).to(x.dtype)
+            return out
+        out = torch.empty((len(ends) - 1, x.size(0), y.size(1)), dtype=x.dtype)
+        for g in range(len(ends) - 1):
+            out[g] = (x[:, ends[g]:ends[g + 1]].float() @ y[ends[g]:ends[g + 1]].float()).to(x.dtype)
+        return out
+    return fn
+
+
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_vendor_route_one_decision_per_step(trans_b, monkeypatch):
+    """The op decides once per forward that all three GEMMs run the vendor kernel, and the backward
+    then calls it directly with the right operand views: checked on CPU against the references
+    with the vendor kernel emulated (the real one needs sm_90)."""
+    if ON_GPU:
+        pytest.skip("CPU emulation of the vendor path; the GPU runs the real one in the tests above")
+    import primus_turbo.pytorch.backends.grouped_gemm as bg
+
+    calls = []
+    monkeypatch.setattr(bg, "_sm90_bf16", lambda t: None)
+    monkeypatch.setattr(torch, "_grouped_mm", _emulated_grouped_mm(calls), raising=False)
+    lens = [5, 0, 19, 8]
+    a, b, gl = _make(lens, 24, 16, torch.bfloat16, trans_b, "cpu", extra_rows=3)
+    resolved = []
+    real_resolve = bg.grouped_gemm_dispatcher.resolve
+    monkeypatch.setattr(bg.grouped_gemm_dispatcher, "resolve", lambda *x, **k: resolved.append(1) or real_resolve(*x, **k))
+    _check_fwd_bwd(a, b, gl, trans_b, torch.bfloat16, extra_rows=3)
+    assert calls == [(2, 3), (2, 3), (2, 2)]  # forward, grad_input, grad_weight: all on the vendor kernel
+    assert not resolved  # and none went through the per-GEMM dispatch
+
+
+def test_vendor_route_respects_pins_and_num_cu(monkeypatch):
+    if ON_GPU:
+        pytest.skip("CPU emulation of the vendor path")
+    import primus_turbo.pytorch.backends.grouped_gemm as bg
+
+    ops_mod = __import__("sys").modules["primus_turbo.pytorch.ops.grouped_gemm"]
+    monkeypatch.setattr(bg, "_sm90_bf16", lambda t: None)
+    a, b, _gl = _make([4, 4], 16, 8, torch.bfloat16, False, "cpu")
+    assert ops_mod._vendor_route(a, b, None)
+    assert not ops_mod._vendor_route(a, b, 4)  # num_cu: the TRITON kernels
+    assert not ops_mod._vendor_route(a, torch.randn(2, 8, 12, dtype=torch.bfloat16), None)  # N*2 % 16 != 0
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON)
+    assert not ops_mod._vendor_route(a, b, None)
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TORCH)
+    assert ops_mod._vendor_route(a, b, None)
