@@ -42,6 +42,23 @@ kernel's output; timing of each Gluon config, the tl kernel (today's wgrad) and 
 ``DIR/gluon_fp8_wgrad.json``. Configs must be 128-wide and not pipelined (n128s4 ... n128s6)::
 
     PYTHONPATH=. python scripts/check_gluon_fp8.py --wgrad --out DIR --configs default n128s5 n128s4c2 --rep-ms 60
+
+``--grouped-wgrad``: the variable-K grouped kernel (triton/grouped_gemm/grouped_gemm_fp8_variable_k_gluon.py,
+the MoE experts' weight gradient ``dW[g] = dY_g^T X_g``) on DeepSeek-V3 EP8 (G = 32, 2048 tokens
+per group: gate_up ``P x Q = 4096 x 7168``, down ``7168 x 2048``), balanced and unbalanced (group 1
+empty, sizes not multiples of 128), each once with a bf16 output (poisoned with NaN) and once
+accumulating into a random fp32 ``main_grad``. The operands are built as ``grouped_gemm_fp8``
+BLOCKWISE builds them (the token layout padded per group to multiples of 128, 1 x 128 token blocks;
+``--formats HYBRID`` quantizes dY to E5M2). Per case: no NaN, empty groups zero (or unchanged when
+accumulating), SNR >= 40 dB against the fp32 product of the dequantized operands on 32 sampled
+rows of every group and against the tl variable-K kernel's whole output; then the Gluon configs,
+the tl kernel and bf16 ``torch._grouped_mm(dY^T, X)`` (plus the ``main_grad`` add when
+accumulating) are timed (TFLOP/s of the unpadded tokens). Each config is smoke-tested in a child
+process first; configs too big for an fp32 staging buffer are skipped in the accumulate cases.
+Writes ``DIR/gluon_grouped_wgrad_fp8.json``. About 2-3 min of GPU time with ``--rep-ms 40``::
+
+    PYTHONPATH=. python scripts/check_gluon_fp8.py --grouped-wgrad --out DIR --configs default n128s5 n128s4c2 \
+        --formats E4M3 HYBRID --rep-ms 40 --smoke-timeout 180
 """
 
 from __future__ import annotations
@@ -329,13 +346,15 @@ def smoke(config_text: str) -> int:
     return 0 if worst >= MIN_SNR_DB else 1
 
 
-def _run_smoke(config_text: str, timeout_s: int, grouped: bool = False, wgrad: bool = False) -> tuple:
-    """(ok, message) of ``smoke`` (``grouped``: ``smoke_grouped``, ``wgrad``: ``smoke_wgrad``) in a
-    child process."""
+def _run_smoke(config_text: str, timeout_s: int, grouped: bool = False, wgrad: bool = False,
+               grouped_wgrad: bool = False) -> tuple:
+    """(ok, message) of ``smoke`` (``grouped``: ``smoke_grouped``, ``wgrad``: ``smoke_wgrad``,
+    ``grouped_wgrad``: ``smoke_grouped_wgrad``) in a child process."""
     import subprocess
 
     cmd = [sys.executable, str(Path(__file__).resolve()), "--smoke", config_text] + (["--grouped"] if grouped else [])
     cmd += ["--wgrad"] if wgrad else []
+    cmd += ["--grouped-wgrad"] if grouped_wgrad else []
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ))
     except subprocess.TimeoutExpired:
@@ -588,6 +607,288 @@ def main_grouped(args) -> int:
     return 1 if bad else 0
 
 
+# ----------------------------------------------------------------------------------------------
+# --grouped-wgrad: the variable-K grouped kernel (the MoE experts' weight gradient)
+# ----------------------------------------------------------------------------------------------
+GROUPED_WGRAD_CASES = [  # (G, tokens per group, P, Q, label): dW[g] [P, Q] = dY_g^T [P, T_g] @ X_g [T_g, Q]
+    (32, 2048, 4096, 7168, "DeepSeek-V3 EP8 gate_up wgrad"),  # dW of w1/w3 [2 x 2048, 7168] per expert
+    (32, 2048, 7168, 2048, "DeepSeek-V3 EP8 down wgrad"),     # dW of w2 [7168, 2048] per expert
+]
+GROUPED_WGRAD_SAMPLE_ROWS = 32  # reference rows of P per group (spread over P, first and last included)
+
+
+def _grouped_wgrad_operands(dy: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, dy_dtype):
+    """dY [T, P], X [T, Q], offsets [G+1] -> the operands grouped_gemm_fp8 BLOCKWISE hands its
+    variable-K dispatcher: both gathered into the token layout padded per group to multiples of 128
+    (``padded_group_layout``) and quantized 1 x 128 along the tokens, stored transposed
+    (``[P, M_pad]``, ``[P, M_pad/128]``; ``[Q, M_pad]``, ...), and the padded offsets."""
+    from primus_turbo.pytorch.backends.grouped_gemm_fp8 import padded_group_layout
+    from primus_turbo.pytorch.ops.grouped_gemm_fp8 import _mx_token_copy, _token_quant
+
+    src, poffs = padded_group_layout(offs, dy.shape[0], 128)
+    x_t, sx = _mx_token_copy(dy, src, _token_quant("BLOCKWISE", dy_dtype, 128)[1], 1)
+    y_t, sy = _mx_token_copy(x, src, _token_quant("BLOCKWISE", torch.float8_e4m3fn, 128)[1], 1)
+    return x_t, sx, y_t, sy, poffs
+
+
+def _grouped_wgrad_ref_rows(x_t, sx, y_t, sy, poffs: torch.Tensor, P: int) -> tuple:
+    """(row indices of P, reference [G, rows, Q] fp32 of the dequantized operands, TF32 off)."""
+    rows = torch.linspace(0, P - 1, GROUPED_WGRAD_SAMPLE_ROWS, device=x_t.device).round().long().unique()
+    offs = poffs.tolist()
+    xs = x_t[rows].float() * sx[rows].repeat_interleave(128, dim=1)
+    refs = []
+    for g in range(len(offs) - 1):
+        a, b = offs[g], offs[g + 1]
+        yd = y_t[:, a:b].float() * sy[:, a // 128:b // 128].repeat_interleave(128, dim=1)
+        refs.append(_fp32_ref(lambda: xs[:, a:b] @ yd.T))
+    return rows, torch.stack(refs)
+
+
+def _grouped_wgrad_check(entry: dict, out: torch.Tensor, base, rows, ref, tl_out, empty: list) -> None:
+    """Into ``entry``: NaNs, empty groups (zero, or unchanged from ``base`` when accumulating),
+    SNR against the sampled reference and the tl kernel's whole output, ok."""
+    from primus_turbo.testing import snr_db
+
+    got = out.float() if base is None else out - base
+    entry["nan_count"] = int(torch.isnan(out).sum())
+    if base is None:
+        entry["empty_groups_nonzero"] = int(sum(int((out[g] != 0).sum()) for g in empty))
+    else:
+        entry["empty_groups_changed"] = int(sum(int((out[g] != base[g]).sum()) for g in empty))
+    entry["snr_db"] = snr_db(ref, got[:, rows])
+    if tl_out is not None:
+        entry["snr_vs_tl_db"] = snr_db(tl_out.float() if base is None else tl_out - base, got)
+    entry["ok"] = (entry["nan_count"] == 0 and not entry.get("empty_groups_nonzero")
+                   and not entry.get("empty_groups_changed") and entry["snr_db"] >= MIN_SNR_DB
+                   and entry.get("snr_vs_tl_db", MIN_SNR_DB) >= MIN_SNR_DB)
+
+
+def run_grouped_wgrad_case(G: int, rows: int, P: int, Q: int, label: str, pattern: str, fmt: str, accumulate: bool,
+                           configs: list, rep_ms: int, do_time: bool) -> dict:
+    """One case: bf16 output (``accumulate=False``, poisoned with NaN) or fp32 ``main_grad``
+    accumulation (``out += dW`` into a random fp32 tensor); Gluon configs, the tl variable-K
+    kernel and bf16 ``torch._grouped_mm`` (``dY^T @ X`` per group, unpadded) timed."""
+    from primus_turbo.testing import snr_db
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_kernel import grouped_gemm_fp8_variable_k_triton
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_variable_k_gluon import (
+        gluon_variable_k_blockwise_reason, grouped_gemm_fp8_variable_k_blockwise_gluon, variable_k_default_config,
+    )
+
+    dev = torch.device("cuda")
+    lens = _group_lens(G, rows, pattern)
+    T = sum(lens)
+    out_dtype = torch.float32 if accumulate else torch.bfloat16
+    flops = 2.0 * T * P * Q
+    res = dict(G=G, rows=rows, P=P, Q=Q, T=T, label=label, pattern=pattern, format=fmt, accumulate=accumulate,
+               lens=lens, gluon={}, errors={})
+    torch.manual_seed(0)
+    dy = (torch.randn(T, P, device=dev, dtype=torch.float32) * 0.01).to(torch.bfloat16)
+    x = torch.randn(T, Q, device=dev, dtype=torch.bfloat16)
+    offs = torch.zeros(G + 1, dtype=torch.int64)
+    offs[1:] = torch.tensor(lens, dtype=torch.int64).cumsum(0)
+    offs = offs.to(dev)
+    dy_dtype = torch.float8_e5m2 if fmt == "HYBRID" else torch.float8_e4m3fn
+    x_t, sx, y_t, sy, poffs = _grouped_wgrad_operands(dy, x, offs, dy_dtype)
+    res["M_pad"] = x_t.shape[1]
+    empty = [g for g, n in enumerate(lens) if n == 0]
+    base = torch.randn(G, P, Q, device=dev) * 0.1 if accumulate else None
+    probe = base.clone() if accumulate else None
+    res["reason"] = gluon_variable_k_blockwise_reason(x_t, sx, y_t, sy, poffs, out=probe, accumulate=accumulate,
+                                                      out_dtype=out_dtype)
+    res["default_config"] = variable_k_default_config(P, Q, x_t.shape[1], G, out_dtype).short()
+    del probe
+    rows_idx, ref = _grouped_wgrad_ref_rows(x_t, sx, y_t, sy, poffs, P)
+
+    def tl_call(out=None):
+        return grouped_gemm_fp8_variable_k_triton(x_t, sx, y_t, sy, "BLOCKWISE", None, poffs, out=out,
+                                                  accumulate=accumulate, out_dtype=out_dtype)
+
+    tl_out = None
+    try:
+        tl_out = tl_call(base.clone() if accumulate else None)
+        torch.cuda.synchronize()
+        res["tl_snr_db"] = snr_db(ref, (tl_out - base if accumulate else tl_out.float())[:, rows_idx])
+        if do_time:
+            scratch = base.clone() if accumulate else torch.empty(G, P, Q, device=dev, dtype=out_dtype)
+            ms = _bench(lambda: tl_call(scratch), rep_ms)
+            res["tl_ms"], res["tl_tflops"] = ms, flops / ms / 1e9
+            del scratch
+    except Exception as exc:  # noqa: BLE001
+        res["errors"]["tl"] = _err(exc)
+
+    if do_time:
+        try:
+            dyt = dy.t()
+            offs32 = offs[1:].to(torch.int32)
+            if accumulate:  # what a bf16 run would do for main_grad: the product, then one add
+                main_grad = base.clone()
+                ms = _bench(lambda: main_grad.add_(torch._grouped_mm(dyt, x, offs=offs32)), rep_ms)
+                del main_grad
+            else:
+                ms = _bench(lambda: torch._grouped_mm(dyt, x, offs=offs32), rep_ms)
+            res["bf16_ms"], res["bf16_tflops"] = ms, flops / ms / 1e9
+        except Exception as exc:  # noqa: BLE001
+            res["errors"]["grouped_mm_bf16"] = _err(exc)
+
+    for cfg in configs:
+        name = "default" if cfg is None else cfg.short()
+        entry = {}
+        res["gluon"][name] = entry
+        if cfg is not None and cfg.check(out_dtype.itemsize, b_row_scales=True) is not None:
+            entry.update(ok=True, skipped=cfg.check(out_dtype.itemsize, b_row_scales=True))
+            continue
+        try:
+            if accumulate:
+                out = base.clone()
+            else:
+                out = torch.full((G, P, Q), float("nan"), device=dev, dtype=out_dtype)  # poison
+            grouped_gemm_fp8_variable_k_blockwise_gluon(x_t, sx, y_t, sy, poffs, out=out, accumulate=accumulate,
+                                                        config=cfg)
+            torch.cuda.synchronize()
+            _grouped_wgrad_check(entry, out, base, rows_idx, ref, tl_out, empty)
+            if do_time:
+                ms = _bench(lambda: grouped_gemm_fp8_variable_k_blockwise_gluon(
+                    x_t, sx, y_t, sy, poffs, out=out, accumulate=accumulate, config=cfg), rep_ms)
+                entry["ms"], entry["tflops"] = ms, flops / ms / 1e9
+        except Exception as exc:  # noqa: BLE001
+            entry["ok"] = False
+            entry["error"] = _err(exc)
+            entry["traceback"] = traceback.format_exc()[-3000:]
+        torch.cuda.synchronize()
+    del tl_out, base
+    torch.cuda.empty_cache()
+    return res
+
+
+def print_grouped_wgrad_table(results: list) -> None:
+    head = (f"{'case':<30} {'pattern':<10} {'fmt':<6} {'out':<8} {'config':<20} {'SNR dB':>7} {'vs tl':>6} "
+            f"{'TFLOP/s':>8} {'tl':>7} {'bf16':>7} {'x tl':>6} {'x bf16':>7}")
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        tl, bf = r.get("tl_tflops"), r.get("bf16_tflops")
+        mode = "fp32 +=" if r.get("accumulate") else "bf16"
+        for name, e in r["gluon"].items():
+            if e.get("skipped"):
+                continue
+            t = e.get("tflops")
+            line = (f"{r['label']:<30} {r['pattern']:<10} {r.get('format', ''):<6} {mode:<8} {name:<20} "
+                    f"{_fmt(e.get('snr_db')):>7} {_fmt(e.get('snr_vs_tl_db')):>6} {_fmt(t):>8} {_fmt(tl):>7} "
+                    f"{_fmt(bf):>7} {_fmt(t / tl if t and tl else None, '.2f'):>6} "
+                    f"{_fmt(t / bf if t and bf else None, '.2f'):>7}")
+            if not e.get("ok"):
+                line += "  FAIL " + (e.get("error") or f"nan={e.get('nan_count')} empty="
+                                     f"{e.get('empty_groups_nonzero', e.get('empty_groups_changed'))}")[:160]
+            print(line)
+        if r["errors"]:
+            print(f"{'':>30}  errors: {r['errors']}")
+        print(f"{'':>30}  tl SNR {_fmt(r.get('tl_snr_db'))} dB; reason={r.get('reason')}")
+
+
+# small smoke cases: (unpadded group sizes, P, Q, accumulate): empty groups first / inside / last,
+# sizes that are not 128 multiples (padded like the op), P % 128 == 64, Q not a multiple of 128
+GROUPED_WGRAD_SMOKE = [([300, 0, 1, 129, 64, 0], 192, 200, False), ([256, 256], 256, 256, True),
+                       ([0, 70, 5], 128, 136, True), ([128] * 5, 64, 384, False)]
+
+
+def smoke_grouped_wgrad(config_text: str) -> int:
+    """Child-process check of one config on small variable-K problems (a deadlock only hangs this)."""
+    from primus_turbo.testing import snr_db
+    from primus_turbo.triton.gemm.gemm_fp8_gluon import GluonBlockwiseConfig
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_variable_k_gluon import (
+        grouped_gemm_fp8_variable_k_blockwise_gluon,
+    )
+
+    cfg = None if config_text == "default" else GluonBlockwiseConfig.parse(config_text)
+    worst, bad = float("inf"), []
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for lens, P, Q, accumulate in GROUPED_WGRAD_SMOKE:
+        out_dtype = torch.float32 if accumulate else torch.bfloat16
+        if cfg is not None and cfg.check(out_dtype.itemsize, b_row_scales=True) is not None:
+            continue
+        torch.manual_seed(0)
+        G, T = len(lens), sum(lens)
+        dy = (torch.randn(T, P, device="cuda") * 0.01).to(torch.bfloat16)
+        x = torch.randn(T, Q, device="cuda", dtype=torch.bfloat16)
+        offs = torch.zeros(G + 1, dtype=torch.int64)
+        offs[1:] = torch.tensor(lens).cumsum(0)
+        offs = offs.cuda()
+        x_t, sx, y_t, sy, poffs = _grouped_wgrad_operands(dy, x, offs, torch.float8_e4m3fn)
+        po = poffs.tolist()
+        ref = torch.zeros(G, P, Q, device="cuda")
+        xd = x_t.float() * sx.repeat_interleave(128, dim=1)
+        yd = y_t.float() * sy.repeat_interleave(128, dim=1)
+        for g in range(G):
+            ref[g] = xd[:, po[g]:po[g + 1]] @ yd[:, po[g]:po[g + 1]].T
+        base = torch.randn(G, P, Q, device="cuda") if accumulate else None
+        out = base.clone() if accumulate else torch.full((G, P, Q), float("nan"), device="cuda", dtype=out_dtype)
+        grouped_gemm_fp8_variable_k_blockwise_gluon(x_t, sx, y_t, sy, poffs, out=out, accumulate=accumulate,
+                                                    config=cfg)
+        torch.cuda.synchronize()
+        got = out - base if accumulate else out.float()
+        empty = [g for g, n in enumerate(lens) if n == 0]
+        if torch.isnan(out).any() or any((got[g] != 0).any() for g in empty):
+            bad.append((lens, P, Q, accumulate))
+        worst = min(worst, snr_db(ref, got.nan_to_num(0.0)))
+    print(f"SMOKE grouped-wgrad {config_text} snr_db={worst:.1f} bad={bad}")
+    return 0 if worst >= MIN_SNR_DB and not bad else 1
+
+
+def main_grouped_wgrad(args) -> int:
+    from primus_turbo.triton.gemm.gemm_fp8_gluon import GluonBlockwiseConfig
+
+    configs, smoke_results = [], {}
+    for c in args.configs:
+        cfg = None if c == "default" else GluonBlockwiseConfig.parse(c)
+        if cfg is not None and cfg.check(2, b_row_scales=True) is not None and cfg.check(4, b_row_scales=True):
+            raise SystemExit(f"--grouped-wgrad config {c}: {cfg.check(2, b_row_scales=True)}")
+        ok, msg = _run_smoke(c, args.smoke_timeout, grouped_wgrad=True)
+        smoke_results[c] = dict(ok=ok, message=msg)
+        print(f"smoke grouped-wgrad {c}: {'ok' if ok else 'FAILED'}  {msg}", flush=True)
+        if ok:
+            configs.append(cfg)
+    info = _gpu_info()
+    print(json.dumps(info))
+    results = []
+    runs = [(case, pattern, fmt, acc) for case in GROUPED_WGRAD_CASES for fmt in args.formats
+            for pattern in ("balanced", "unbalanced") for acc in (False, True)]
+    for (G, rows, P, Q, label), pattern, fmt, acc in runs:
+        t0 = time.time()
+        try:
+            r = run_grouped_wgrad_case(G, rows, P, Q, label, pattern, fmt, acc, configs, args.rep_ms,
+                                       not args.no_time)
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory
+            r = dict(G=G, rows=rows, P=P, Q=Q, label=label, pattern=pattern, format=fmt, accumulate=acc, gluon={},
+                     errors={"case": _err(exc)})
+            torch.cuda.empty_cache()
+        r["seconds"] = round(time.time() - t0, 1)
+        results.append(r)
+        print(f"done {label} {pattern} {fmt} {'accumulate' if acc else 'bf16'} in {r['seconds']} s", flush=True)
+    print()
+    print_grouped_wgrad_table(results)
+    for base in ("tl", "bf16"):
+        ratios = {}
+        for r in results:
+            for name, e in r["gluon"].items():
+                if e.get("tflops") and r.get(f"{base}_tflops"):
+                    ratios.setdefault(name, []).append(e["tflops"] / r[f"{base}_tflops"])
+        for name, rs in ratios.items():
+            print(f"geomean Gluon/{base} {name}: {math.exp(sum(map(math.log, rs)) / len(rs)):.3f} over {len(rs)} cases")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "gluon_grouped_wgrad_fp8.json"
+    path.write_text(json.dumps(dict(info=info, env={k: v for k, v in os.environ.items() if k.startswith("PRIMUS_")},
+                                    smoke=smoke_results, results=results), indent=1, default=str))
+    print(f"\nwrote {path}")
+    bad = [(r["label"], r["pattern"], r.get("format"), r.get("accumulate"), n)
+           for r in results for n, e in r["gluon"].items() if not e.get("ok")]
+    bad += [("smoke", c) for c, v in smoke_results.items() if not v["ok"]]
+    bad += [(r["label"], r["pattern"], "case") for r in results if "case" in r["errors"]]
+    if bad:
+        print(f"FAILED: {bad}")
+    return 1 if bad else 0
+
+
 def main(argv=None) -> int:
     from primus_turbo.triton.gemm.gemm_fp8_gluon import GluonBlockwiseConfig
 
@@ -605,11 +906,18 @@ def main(argv=None) -> int:
                    help="the M-grouped MoE kernel on DeepSeek-V3 / Qwen3 expert shapes (see the module docstring)")
     p.add_argument("--wgrad", action="store_true",
                    help="the per-row B scale path on Llama-3.1-8B wgrad shapes (see the module docstring)")
+    p.add_argument("--grouped-wgrad", action="store_true",
+                   help="the variable-K grouped kernel (MoE wgrad) on DeepSeek-V3 EP8 expert shapes (see the module "
+                        "docstring)")
+    p.add_argument("--formats", nargs="*", default=["E4M3"], choices=["E4M3", "HYBRID"],
+                   help="--grouped-wgrad: E4M3 dY and/or HYBRID's E5M2 dY")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     if args.smoke is not None:
+        if args.grouped_wgrad:
+            return smoke_grouped_wgrad(args.smoke)
         if args.wgrad:
             return smoke_wgrad(args.smoke)
         return smoke_grouped(args.smoke) if args.grouped else smoke(args.smoke)
@@ -617,6 +925,8 @@ def main(argv=None) -> int:
         p.error("--out is required")
     if args.grouped:
         return main_grouped(args)
+    if args.grouped_wgrad:
+        return main_grouped_wgrad(args)
     configs, smoke_results = [], {}
     for c in args.configs:
         cfg = None if c == "default" else GluonBlockwiseConfig.parse(c)  # bad strings fail here, early
