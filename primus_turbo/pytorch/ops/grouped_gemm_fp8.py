@@ -122,9 +122,12 @@ def _mx_weight_copies(b: torch.Tensor, trans_b: bool, quant, pack: int, need_fwd
 def _mx_token_copy(x: torch.Tensor, src: torch.Tensor, quant, pack: int):
     """The column-wise copy of ``x [M_total, C]`` in the padded token layout ``src``, stored
     transposed: ``[C, M_pad/pack]`` + scales ``[C, M_pad/blk]`` (token blocks inside one group:
-    32 for MX, E8M0 bytes; ``block_size`` for BLOCKWISE, fp32)."""
+    32 for MX, E8M0 bytes; ``block_size`` for BLOCKWISE, fp32). BLOCKWISE scales stay a transposed
+    view (unit stride along C): both variable-K kernels take any scale strides, then read a K
+    block's scales for consecutive rows as one coalesced vector, and the Gluon kernel's
+    column-scale layout needs no copy (``_column_major_padded``, C % 128 == 0)."""
     q, s = quant(gather_rows(x, src), 0)  # [M_pad/pack, C], [M_pad/blk, C]
-    return _transpose_bytes(q), (_transpose_bytes(s) if s.element_size() == 1 else s.t().contiguous())
+    return _transpose_bytes(q), (_transpose_bytes(s) if s.element_size() == 1 else s.t())
 
 
 def _quant_fp8_mx(dtype):
