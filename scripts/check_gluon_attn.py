@@ -4,6 +4,7 @@ On an sm_90 GPU (project not installed, PYTHONPATH=. is enough):
 
     PYTHONPATH=. python scripts/check_gluon_attn.py --out DIR            # correctness, then timing
     PYTHONPATH=. python scripts/check_gluon_attn.py --out DIR --quick    # seq 4096 only
+    PYTHONPATH=. python scripts/check_gluon_attn.py --out DIR --configs n128s3 n64s4   # + a tile sweep
     PYTHONPATH=. python scripts/check_gluon_attn.py --compile-only [--dump DIR --sass]   # CPU: sm_90 compile, SASS
 
 1. Correctness: every kernel variant (head dim 64/128, causal or not, bf16/fp16, a sink, GQA,
@@ -42,6 +43,7 @@ MIN_SNR = 40.0
 TOKENS = 16384
 SEQS = (2048, 4096, 8192, 16384)
 CHILD_TIMEOUT_S = 300
+DEVICE = "cuda"  # the tests' CPU dry run of run_variant swaps in "cpu" (and the tl kernel for the Gluon one)
 
 # (name, B, Sq, Sk, Hq, Hk, D, causal, dtype, sink, layout)
 VARIANTS = [
@@ -161,8 +163,10 @@ def compile_report(dump: str | None = None, sass_out: bool = False) -> tuple[lis
 # ---------------------------------------------------------------------------------------------
 # GPU: one correctness variant (run in a child process)
 # ---------------------------------------------------------------------------------------------
-def _make(B, Sq, Sk, Hq, Hk, D, dtype, layout, device="cuda"):
+def _make(B, Sq, Sk, Hq, Hk, D, dtype, layout, device=None):
     import torch
+
+    device = device or DEVICE
 
     def one(S, H):
         if layout == "sbhd":
@@ -196,20 +200,21 @@ def run_variant(spec) -> dict:
     from primus_turbo.triton.attention import flash_attn_fwd_gluon as fa
     from primus_turbo.triton.attention.flash_attn_fwd import flash_attn_fwd_triton
 
-    name, B, Sq, Sk, Hq, Hk, D, causal, dt, sink, layout = spec
+    name, B, Sq, Sk, Hq, Hk, D, causal, dt, sink, layout = spec[:11]
+    cfg = fa.GluonAttnConfig.parse(spec[11]) if len(spec) > 11 else None  # a non-default tile config
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
     torch.manual_seed(0)
     q, k, v = _make(B, Sq, Sk, Hq, Hk, D, dtype, layout)
-    s = torch.randn(Hq, device="cuda", dtype=torch.float32) if sink else None
+    s = torch.randn(Hq, device=DEVICE, dtype=torch.float32) if sink else None
     scale = D ** -0.5
     wr = 0 if causal else -1
     reason = fa.gluon_attn_fwd_reason(q, k, v, s, scale, -1, wr)
     if reason is not None:
         return dict(name=name, ok=False, error=f"refused: {reason}")
-    out = torch.full((B, Sq, Hq, D), float("nan"), device="cuda", dtype=dtype)
-    lse = torch.full((B, Hq, Sq), float("nan"), device="cuda", dtype=torch.float32)
+    out = torch.full((B, Sq, Hq, D), float("nan"), device=DEVICE, dtype=dtype)
+    lse = torch.full((B, Hq, Sq), float("nan"), device=DEVICE, dtype=torch.float32)
     t0 = time.time()
-    out, lse = fa.flash_attn_fwd_gluon(q, k, v, s, scale, -1, wr, out=out, lse=lse)
+    out, lse = fa.flash_attn_fwd_gluon(q, k, v, s, scale, -1, wr, config=cfg, out=out, lse=lse)
     torch.cuda.synchronize()
     first_s = time.time() - t0
     tl_out, tl_lse = flash_attn_fwd_triton(q, k, v, s, scale, -1, wr)
@@ -229,11 +234,11 @@ def run_variant(spec) -> dict:
     ok = not res["nan_out"] and not res["nan_lse"] and all(
         res[key] >= MIN_SNR for key in ("snr_out_ref", "snr_lse_ref", "snr_out_tl", "snr_lse_tl"))
     # the tl backward on this forward's O and LSE, through the op (TRITON backend pinned)
-    if Sq * Sk <= 2 ** 22 and not (causal and Sq > Sk):
+    if cfg is None and Sq * Sk <= 2 ** 22 and not (causal and Sq > Sk):
         from primus_turbo.pytorch.core.backend import GlobalBackendManager
 
         grads = {}
-        dout = torch.randn(B, Sq, Hq, D, device="cuda", dtype=dtype)
+        dout = torch.randn(B, Sq, Hq, D, device=DEVICE, dtype=dtype)
         for flag in ("0", "1"):
             os.environ[fa.GLUON_ATTN_ENV] = flag
             qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
@@ -293,7 +298,7 @@ def _flops(B, S, H, D, causal) -> float:
     return 4.0 * B * H * pairs * D
 
 
-def time_shapes(seqs, head_dims, heads_q, heads_kv, passed: set) -> list:
+def time_shapes(seqs, head_dims, heads_q, heads_kv, passed: set, configs=()) -> list:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -314,6 +319,11 @@ def time_shapes(seqs, head_dims, heads_q, heads_kv, passed: set) -> list:
                 impls = {"tl": lambda: flash_attn_fwd_triton(q, k, v, None, scale, -1, wr)}
                 if gluon_ok:
                     impls["gluon"] = lambda: fa.flash_attn_fwd_gluon(q, k, v, None, scale, -1, wr)
+                for text in configs:  # the --configs sweep: the ones that passed their own checks
+                    cfg = fa.GluonAttnConfig.parse(text)
+                    if f"d{D}_{'causal' if causal else 'full'}_bf16:{text}" in passed:
+                        impls[f"gluon:{text}"] = lambda cfg=cfg: fa.flash_attn_fwd_gluon(q, k, v, None, scale, -1, wr,
+                                                                                        config=cfg)
                 for name, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
                     def sdpa(be=be):
                         with sdpa_kernel([be]):
@@ -331,7 +341,7 @@ def time_shapes(seqs, head_dims, heads_q, heads_kv, passed: set) -> list:
                 rows.append(row)
                 impls.clear()  # the closures hold this shape's tensors
                 cells = "  ".join(f"{n}={row[n]['tflops']:6.1f}" if "tflops" in row[n] else f"{n}=  err"
-                                  for n in ("gluon", "tl", "sdpa_flash", "sdpa_cudnn") if n in row)
+                                  for n in impls)
                 print(f"  D={D:3d} {'causal' if causal else 'full  '} B={B:2d} S={S:5d}  TFLOP/s  {cells}", flush=True)
     return rows
 
@@ -373,6 +383,8 @@ def main(argv=None) -> int:
     p.add_argument("--heads-kv", type=int, default=32)
     p.add_argument("--only", nargs="*", default=None, help="correctness variants whose name contains one of these")
     p.add_argument("--no-timing", action="store_true")
+    p.add_argument("--configs", nargs="*", default=[],
+                   help="extra Gluon tile configs to check and time, e.g. n128s3 n64s4 n128s2r232w40")
     p.add_argument("--compile-only", action="store_true", help="sm_90 compile report only (no GPU needed)")
     p.add_argument("--dump", default=None, help="with --compile-only: write ttgir/ptx/cubin (and --sass) here")
     p.add_argument("--sass", action="store_true")
@@ -406,11 +418,24 @@ def main(argv=None) -> int:
             passed.add(r["name"])
         detail = r.get("error") or " ".join(f"{k}={v}" for k, v in r.items() if k not in ("name", "ok"))
         print(f"  {'ok  ' if r.get('ok') else 'FAIL'} {r['name']}: {detail}", flush=True)
+    for text in args.configs:  # each extra config: its own children on the bf16 variants it fits
+        from primus_turbo.triton.attention import flash_attn_fwd_gluon as fa
+
+        cfg = fa.GluonAttnConfig.parse(text)
+        for spec in VARIANTS:
+            if not spec[0].endswith("_bf16") or cfg.check(spec[6]) is not None:
+                continue
+            r = _run_child(list(spec) + [text], args.timeout)
+            r["name"] = f"{spec[0]}:{text}"
+            checks.append(r)
+            if r.get("ok"):
+                passed.add(r["name"])
+            print(f"  {'ok  ' if r.get('ok') else 'FAIL'} {r['name']}: {r.get('error') or ''}", flush=True)
     result["correctness"] = checks
     if not args.no_timing:
         seqs = args.seq or ([4096] if args.quick else list(SEQS))
         print(f"timing (bf16, bshd, {args.heads}/{args.heads_kv} heads, {TOKENS} tokens per case):")
-        rows = time_shapes(seqs, args.head_dims, args.heads, args.heads_kv, passed)
+        rows = time_shapes(seqs, args.head_dims, args.heads, args.heads_kv, passed, args.configs)
         result["timing"] = rows
         result["geomean_speedup"] = _geomeans(rows)
         print("geomean speedups:", result["geomean_speedup"])

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from typing import Optional
 
 import torch
@@ -98,9 +99,19 @@ class GluonAttnConfig:
     def short(self) -> str:
         return f"n{self.block_n}s{self.stages}r{self.consumer_regs}w{self.producer_regs}"
 
+    @classmethod
+    def parse(cls, text: str) -> "GluonAttnConfig":
+        """``"n128s2"``, ``"n64s4r232w40"`` -> config (n: block_n, s: stages, r / w: consumer / producer
+        registers per thread)."""
+        m = re.fullmatch(r"n(\d+)s(\d+)(?:r(\d+))?(?:w(\d+))?", text.strip())
+        if not m:
+            raise ValueError(f"bad Gluon attention config {text!r}; expected e.g. n128s2, n64s4r232w40")
+        bn, st, r, w = m.groups()
+        return cls(int(bn), int(st), int(r or 240), int(w or 24))
+
     def check(self, head_dim: int) -> Optional[str]:
-        if self.block_n not in (64, 128, 176, 192):
-            return f"block_n must be 64, 128, 176 or 192, got {self.block_n}"
+        if self.block_n not in (64, 128):  # Gluon tensors are power-of-two sized; 256 needs 128 S registers
+            return f"block_n must be 64 or 128, got {self.block_n}"
         if self.stages < 1:
             return f"stages must be >= 1, got {self.stages}"
         if any(r % 8 or not 24 <= r <= 256 for r in (self.consumer_regs, self.producer_regs)):

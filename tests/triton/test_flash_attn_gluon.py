@@ -1,0 +1,238 @@
+"""The Gluon attention forward (primus_turbo/triton/attention/flash_attn_fwd_gluon.py).
+
+Gluon kernels do not run in the Triton interpreter, so on CPU this file checks the eligibility
+reasons, the env switch, and that every shipped variant (head dim 64/128, causal or not,
+bf16/fp16, sink) compiles for sm_90 without spills and with wgmma, also through the launcher's own
+arguments. On an sm_90 GPU it runs the kernel (poisoned outputs) against an fp32 reference and
+the ``triton.language`` forward, O and LSE, at shapes that are not block multiples, with GQA,
+seq_q != seq_kv (empty causal rows), strided layouts, and through ``turbo.ops.flash_attn_func``'s
+backward.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from primus_turbo.triton.attention import flash_attn_fwd_gluon as fa  # noqa: E402
+from tests.triton.gluon_compile_child import rerun_outside_interpreter, warmup_for_sm90  # noqa: E402
+
+_ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+sm90 = pytest.mark.skipif(not _ON_SM90, reason="needs an sm_90 (Hopper) GPU")
+needs_gluon = pytest.mark.skipif(not fa.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
+MIN_SNR = 40.0
+
+
+def _check_script():
+    path = Path(__file__).resolve().parents[2] / "scripts" / "check_gluon_attn.py"
+    spec = importlib.util.spec_from_file_location("check_gluon_attn", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _qkv(B, Sq, Sk, Hq, Hk, D, dtype=torch.bfloat16, layout="bshd", device="cpu"):
+    def one(S, H):
+        if layout == "sbhd":
+            return torch.randn(S, B, H, D, device=device, dtype=dtype).transpose(0, 1)
+        if layout == "bhsd":
+            return torch.randn(B, H, S, D, device=device, dtype=dtype).transpose(1, 2)
+        return torch.randn(B, S, H, D, device=device, dtype=dtype)
+
+    return one(Sq, Hq), one(Sk, Hk), one(Sk, Hk)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: reasons, env switch, sm_90 compile
+# ---------------------------------------------------------------------------------------------
+@needs_gluon
+@pytest.mark.parametrize("layout", ["bshd", "sbhd", "bhsd"])
+@pytest.mark.parametrize("D,Hk", [(64, 4), (128, 2), (128, 1)])
+def test_operand_reason_accepts(layout, D, Hk):
+    q, k, v = _qkv(2, 100, 130, 4, Hk, D, layout=layout)
+    assert fa.gluon_attn_operand_reason(q, k, v, None, 0.1, -1, -1) is None
+    assert fa.gluon_attn_operand_reason(q, k, v, torch.zeros(4), 0.1, -1, 0) is None  # causal + sink
+    assert fa.gluon_attn_operand_reason(q, k, v, None, 0.1, -1, 7) is None  # right window
+
+
+@needs_gluon
+def test_operand_reason_refuses():
+    q, k, v = _qkv(2, 100, 130, 4, 2, 128)
+    cases = {
+        "dtype": (q.float(), k.float(), v.float(), None, 0.1, -1, -1),
+        "head dims": (q[..., :96], k[..., :96], v[..., :96], None, 0.1, -1, -1),
+        "head dims qk": (q, k, v[..., :64], None, 0.1, -1, -1),
+        "sliding window": (q, k, v, None, 0.1, 16, 0),
+        "softmax_scale": (q, k, v, None, -0.1, -1, -1),
+        "seq_kv = 0": (q, k[:, :0], v[:, :0], None, 0.1, -1, -1),
+        # rows of 129 bf16 elements: 258-byte strides, not 16-byte aligned
+        "strides": (torch.empty(2, 100, 4, 129, dtype=q.dtype)[..., :128], k, v, None, 0.1, -1, -1),
+    }
+    for key, args in cases.items():
+        reason = fa.gluon_attn_operand_reason(*args)
+        assert reason is not None and key in reason, (key, reason)
+    # a non-unit head-dim stride
+    qt = torch.randn(2, 100, 128, 4, dtype=q.dtype).transpose(2, 3)
+    assert "strides" in fa.gluon_attn_operand_reason(qt, k, v, None, 0.1, -1, -1)
+
+
+@needs_gluon
+def test_reason_on_cpu_names_the_device():
+    q, k, v = _qkv(1, 64, 64, 2, 2, 64)
+    reason = fa.gluon_attn_fwd_reason(q, k, v, None, 0.125, -1, 0)
+    assert reason is not None and "cpu" in reason and "sm_90" in reason, reason
+    with pytest.raises(ValueError, match="flash_attn_fwd_gluon: .*cpu"):
+        fa.flash_attn_fwd_gluon(q, k, v, None, 0.125, -1, 0)
+
+
+def test_reason_never_raises():
+    assert fa.gluon_attn_fwd_reason(None, None, None) is not None
+
+
+def test_size_one_dims_get_aligned_strides():
+    # batch 1 / one head: torch may give those dims any stride; TMA never steps along them
+    q = torch.randn(1, 3, 1, 64, dtype=torch.bfloat16)[:, :, :, :]
+    q = q.as_strided(q.shape, (7, 64, 5, 1))
+    strides = fa._tma_strides(q)
+    assert strides is not None and strides[1] == 64 and strides[-1] == 1
+    assert all((s * 2) % 16 == 0 for s in strides[:-1])
+
+
+def test_env_switch(monkeypatch):
+    monkeypatch.delenv(fa.GLUON_ATTN_ENV, raising=False)
+    assert not fa.use_gluon_attn_fwd()  # auto: off until measured on the H200
+    monkeypatch.setenv(fa.GLUON_ATTN_ENV, "1")
+    assert fa.use_gluon_attn_fwd()
+    monkeypatch.setenv(fa.GLUON_ATTN_ENV, "0")
+    assert not fa.use_gluon_attn_fwd()
+    monkeypatch.setenv(fa.GLUON_ATTN_ENV, "maybe")
+    with pytest.raises(ValueError, match="PRIMUS_TURBO_ATTN_FWD_GLUON"):
+        fa.use_gluon_attn_fwd()
+
+
+def test_config_check():
+    for d in fa.HEAD_DIMS:
+        assert fa.default_attn_config(d).check(d) is None
+    assert "shared memory" in fa.GluonAttnConfig(block_n=128, stages=4).check(128)
+    assert fa.GluonAttnConfig.parse("n64s4r232w40") == fa.GluonAttnConfig(64, 4, 232, 40)
+    with pytest.raises(ValueError, match="bad Gluon attention config"):
+        fa.GluonAttnConfig.parse("m128")
+    assert "registers" in fa.GluonAttnConfig(consumer_regs=256, producer_regs=56).check(128)
+    assert "block_n" in fa.GluonAttnConfig(block_n=96).check(128)
+
+
+@needs_gluon
+@pytest.mark.parametrize("head_dim,causal,dtype,sink", [
+    (64, False, "bf16", False), (64, True, "bf16", False), (64, False, "fp16", False), (64, True, "fp16", True),
+    (128, False, "bf16", False), (128, True, "bf16", False), (128, False, "fp16", True), (128, True, "fp16", False),
+])
+def test_compiles_for_sm90_without_spills(head_dim, causal, dtype, sink, request):
+    """Every shipped variant compiles for sm_90: wgmma in the SASS, no local memory, no serialized wgmma."""
+    if rerun_outside_interpreter(request):
+        return
+    try:
+        res = _check_script().compile_attn(head_dim, causal, dtype, sink)
+    except FileNotFoundError as exc:  # no bundled ptxas in this triton wheel
+        pytest.skip(f"ptxas not available: {exc}")
+    assert res["spill_bytes"] == 0 and not res["serialized"], res
+    if res["hgmma"] is not None:  # cuobjdump bundled
+        assert res["hgmma"] > 0 and res["local_mem"] == 0, res
+    assert res["shared"] <= fa.SMEM_LIMIT
+
+
+@needs_gluon
+@pytest.mark.parametrize("layout,causal,sink,D", [("bshd", True, True, 128), ("sbhd", False, False, 64),
+                                                  ("bhsd", True, False, 128)])
+def test_launcher_arguments_bind_and_compile_for_sm90(layout, causal, sink, D, monkeypatch, request):
+    """The launcher's own arguments (4-D host TMA descriptors of strided views, LSE, sink, sizes,
+    constexprs) bind and compile for sm_90 under a stand-in CUDA driver."""
+    if rerun_outside_interpreter(request):
+        return
+    B, Sq, Sk, Hq, Hk = 2, 200, 300, 4, 2
+    q, k, v = _qkv(B, Sq, Sk, Hq, Hk, D, layout=layout)
+    assert fa.gluon_attn_operand_reason(q, k, v, None, 0.1, -1, 0 if causal else -1) is None
+    out = torch.empty(B, Sq, Hq, D, dtype=q.dtype)
+    lse = torch.empty(B, Hq, Sq)
+    cfg = fa.default_attn_config(D)
+    grid, args, kwargs = fa._kernel_args(q, k, v, out, lse, torch.zeros(Hq) if sink else None, 0.1,
+                                         0 if causal else -1, cfg)
+    assert grid == (2, B * Hq)
+    kernel = warmup_for_sm90(fa._attn_fwd_ws_kernel, args, kwargs, monkeypatch)
+    assert kernel.metadata.shared <= fa.SMEM_LIMIT
+    assert kernel.metadata.num_warps == 12  # 4 + 4 consumer warps, 1 producer warp, rounded up
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU (sm_90): numerics
+# ---------------------------------------------------------------------------------------------
+def _snr_finite(ref, out):
+    from primus_turbo.testing import snr_db
+
+    fin = torch.isfinite(ref)
+    assert torch.equal(fin, torch.isfinite(out)), "non-finite entries differ"
+    assert torch.equal(ref[~fin], out[~fin])
+    return snr_db(ref[fin].double().cpu(), out[fin].double().cpu()) if fin.any() else float("inf")
+
+
+@sm90
+@pytest.mark.parametrize("B,Sq,Sk,Hq,Hk,D,causal,dtype,sink,layout", [
+    (2, 1000, 1000, 4, 2, 128, False, torch.bfloat16, False, "bshd"),
+    (2, 1000, 1000, 4, 2, 128, True, torch.bfloat16, False, "bshd"),
+    (2, 1000, 1000, 4, 4, 64, False, torch.float16, False, "bshd"),
+    (2, 1000, 1000, 4, 1, 64, True, torch.bfloat16, True, "bshd"),
+    (1, 777, 777, 8, 2, 128, True, torch.float16, True, "sbhd"),
+    (2, 300, 1100, 4, 2, 128, True, torch.bfloat16, False, "bhsd"),
+    (2, 1100, 300, 4, 2, 64, True, torch.bfloat16, False, "bshd"),  # empty causal rows: O = 0, LSE = +inf
+    (1, 1, 5, 2, 1, 128, False, torch.bfloat16, False, "bshd"),
+    (2, 65, 129, 2, 2, 128, True, torch.bfloat16, False, "bshd"),
+])
+def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink, layout):
+    from primus_turbo.testing import attention_ref
+    from primus_turbo.triton.attention.flash_attn_fwd import flash_attn_fwd_triton
+
+    q, k, v = _qkv(B, Sq, Sk, Hq, Hk, D, dtype, layout, "cuda")
+    s = torch.randn(Hq, device="cuda") if sink else None
+    scale, wr = D ** -0.5, (0 if causal else -1)
+    assert fa.gluon_attn_fwd_reason(q, k, v, s, scale, -1, wr) is None
+    out = torch.full((B, Sq, Hq, D), float("nan"), device="cuda", dtype=dtype)
+    lse = torch.full((B, Hq, Sq), float("nan"), device="cuda")
+    out, lse = fa.flash_attn_fwd_gluon(q, k, v, s, scale, -1, wr, out=out, lse=lse)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    ref_out, ref_lse = attention_ref(q, k, v, causal=causal, sink=s, softmax_scale=scale, return_lse=True,
+                                     compute_dtype=torch.float32)
+    tl_out, tl_lse = flash_attn_fwd_triton(q, k, v, s, scale, -1, wr)
+    assert _snr_finite(ref_out.float(), out.float()) >= MIN_SNR
+    assert _snr_finite(ref_lse.float(), lse) >= MIN_SNR
+    assert _snr_finite(tl_out.float(), out.float()) >= MIN_SNR
+    assert _snr_finite(tl_lse, lse) >= MIN_SNR
+
+
+@sm90
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_on_gluon_forward(causal, monkeypatch):
+    """flash_attn_func on TRITON with the Gluon forward: the tl backward on its O and LSE gives the
+    gradients it gives with the tl forward."""
+    import primus_turbo.pytorch as turbo
+    from primus_turbo.pytorch.core.backend import GlobalBackendManager
+    from primus_turbo.testing import snr_db
+
+    q0, k0, v0 = _qkv(2, 700, 700, 4, 2, 128, torch.bfloat16, "bshd", "cuda")
+    dout = torch.randn_like(q0)
+    grads = {}
+    GlobalBackendManager.set_attn_backend("TRITON")
+    try:
+        for flag in ("0", "1"):
+            monkeypatch.setenv(fa.GLUON_ATTN_ENV, flag)
+            q, k, v = (t.detach().clone().requires_grad_() for t in (q0, k0, v0))
+            out = turbo.ops.flash_attn_func(q, k, v, causal=causal, deterministic=True)
+            out.backward(dout)
+            grads[flag] = (out.detach(), q.grad, k.grad, v.grad)
+    finally:
+        GlobalBackendManager.set_attn_backend(None)
+    for a, b in zip(grads["0"], grads["1"]):
+        assert snr_db(a.double().cpu(), b.double().cpu()) >= MIN_SNR
