@@ -304,7 +304,6 @@ def test_default_rule_with_mocked_platform(fake_sm90):
     refused = [
         dict(a_q=a_q.to(torch.float8_e5m2)),                                  # HYBRID dgrad: E5M2 dY
         dict(b_q=b_q.to(torch.float8_e5m2)),
-        dict(b_scale=torch.ones(256, 2)),                                     # wgrad: 1x128 x 1x128
         dict(accumulate=True, out=torch.zeros(128, 256)),                     # fused wgrad accumulation
         dict(mode=G.MX_BLOCKWISE),
         dict(block_size=64),
@@ -315,6 +314,14 @@ def test_default_rule_with_mocked_platform(fake_sm90):
     ]
     for over in refused:
         assert be._default(**dict(kw, **over)) == BackendType.TRITON, over.keys()
+    # the wgrad (1x128 x 1x128): GLUON's per-row B scale path unless switched off
+    assert be._default(**dict(kw, b_scale=torch.ones(256, 2))) == BackendType.GLUON
+    import os
+    os.environ["PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD"] = "0"
+    try:
+        assert be._default(**dict(kw, b_scale=torch.ones(256, 2))) == BackendType.TRITON
+    finally:
+        del os.environ["PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD"]
     # TENSORWISE / ROWWISE never go to GLUON (TORCH needs CUDA: TRITON on CPU)
     assert be._default(**dict(kw, mode=G.TENSORWISE)) == BackendType.TRITON
 
@@ -329,8 +336,8 @@ def test_platform_reason_cpu_and_interpreter(monkeypatch):
 @pytest.mark.parametrize("trans_b", [True, False])
 def test_linear_dgrad_operands_are_gluon_shaped(trans_b, device, monkeypatch):
     """The BLOCKWISE E4M3 FP8 linear: the forward and the dgrad (dY 1x128 x the weight's copy that
-    the op already keeps for dgrad, 128x128) are operands the Gluon kernel takes; the wgrad
-    (1x128 x 1x128) and the HYBRID dgrad (E5M2 dY) are not. Recorded through the dispatcher on CPU."""
+    the op already keeps for dgrad, 128x128) and the wgrad (1x128 x 1x128, the per-row B scale
+    path) are operands the Gluon kernel takes; the HYBRID dgrad and wgrad (E5M2 dY) are not. Recorded through the dispatcher on CPU."""
     from primus_turbo.pytorch.backends import gemm_fp8 as be
     from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
     from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8
@@ -360,7 +367,10 @@ def test_linear_dgrad_operands_are_gluon_shaped(trans_b, device, monkeypatch):
         assert tuple(dgrad["a_q"].shape) == (M, N) and tuple(dgrad["b_q"].shape) == (K, N)
         assert ok(dgrad) == dgrad_ok, gg.gluon_operand_reason(dgrad["a_q"], dgrad["a_scale"], dgrad["b_q"],
                                                               dgrad["b_scale"])
-        assert not ok(wgrad)
+        # the wgrad (1x128 x 1x128): the per-row B scale path for E4M3 (HYBRID's dY is E5M2: no)
+        assert ok(wgrad) == dgrad_ok
+        assert gg.gluon_operand_reason(wgrad["a_q"], wgrad["a_scale"], wgrad["b_q"], wgrad["b_scale"],
+                                       allow_b_row_scales=False) is not None
 
 
 @pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
@@ -401,15 +411,15 @@ def _operands_rows(M, N, K, device):
 def test_row_scales_reason_follows_the_switch(monkeypatch):
     (a_q, sa, b_q, sb), _ = _operands_rows(64, 256, 384, "cpu")
     assert tuple(sb.shape) == (256, 3)
+    monkeypatch.setenv(WGRAD_ENV, "0")
+    reason = gg.gluon_operand_reason(a_q, sa, b_q, sb)
+    assert reason is not None and "per-row" in reason and WGRAD_ENV in reason and "128x128 blocks" in reason
+    assert gg.gluon_operand_reason(a_q, sa, b_q, sb, allow_b_row_scales=True) is None
     monkeypatch.delenv(WGRAD_ENV, raising=False)
-    for value in (None, "auto", "0"):
+    for value in (None, "auto", "1"):  # auto is on since the H200 measurement
         if value is not None:
             monkeypatch.setenv(WGRAD_ENV, value)
-        reason = gg.gluon_operand_reason(a_q, sa, b_q, sb)
-        assert reason is not None and "per-row" in reason and WGRAD_ENV in reason and "128x128 blocks" in reason
-    assert gg.gluon_operand_reason(a_q, sa, b_q, sb, allow_b_row_scales=True) is None
-    monkeypatch.setenv(WGRAD_ENV, "1")
-    assert gg.gluon_operand_reason(a_q, sa, b_q, sb) is None
+        assert gg.gluon_operand_reason(a_q, sa, b_q, sb) is None
     assert gg.gluon_operand_reason(a_q, sa, b_q, sb, allow_b_row_scales=False) is not None
     # still the platform's answer for CPU tensors, and other scale shapes stay refused
     assert "sm_90" in gg.gluon_blockwise_reason(a_q, sa, b_q, sb)
@@ -487,7 +497,7 @@ def test_default_rule_row_scales_switch(fake_sm90, monkeypatch):
     (a_q, sa, b_q, sb), _ = _operands_rows(128, 256, 256, "cpu")
     kw = dict(kw, a_q=a_q, a_scale=sa, b_q=b_q, b_scale=sb)
     monkeypatch.delenv(WGRAD_ENV, raising=False)
-    assert be._default(**kw) == BackendType.TRITON
+    assert be._default(**kw) == BackendType.GLUON
     monkeypatch.setenv(WGRAD_ENV, "0")
     assert be._default(**kw) == BackendType.TRITON
     monkeypatch.setenv(WGRAD_ENV, "1")

@@ -166,8 +166,8 @@ class GemmFP8GluonBackend(KernelBackend):
     only (1x128 activation groups x 128x128 weight blocks), no accumulation: the forward GEMM and
     the E4M3 dgrad (``dY`` 1x128 x the weight's transposed copy, 128x128). The default for those
     on sm_90 (see ``_default``); E5M2 gradients (HYBRID), accumulation, unaligned rows and every
-    other platform go to TRITON, and so does the 1x128 x 1x128 wgrad unless
-    ``PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD=1`` (the kernel's per-row B scale path; off until measured). A pin (``PRIMUS_TURBO_GEMM_BACKEND=
+    other platform go to TRITON. The 1x128 x 1x128 wgrad runs the kernel's per-row B scale path
+    (``PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD=0`` sends it to TRITON). A pin (``PRIMUS_TURBO_GEMM_BACKEND=
     FP8:GLUON``) covers every FP8 GEMM, and those it cannot run raise a ValueError saying why."""
 
     backend_type = BackendType.GLUON
@@ -235,9 +235,9 @@ def _default(**kwargs) -> BackendType:
 
     * TENSORWISE / ROWWISE: TORCH (cuBLASLt / CUTLASS) where ``_scaled_mm`` can run the inputs;
     * BLOCKWISE: GLUON where its check passes (sm_90, E4M3 x E4M3, 1x128 x 128x128 scales, no
-      accumulation, TMA-aligned rows: the forward GEMM and the E4M3 dgrad; with
-      ``PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD=1`` also 1x128 x 1x128, the wgrad without accumulation);
-    * TRITON for the rest (MX, CPU / interpreter, E5M2, the 1x128 x 1x128 wgrad, accumulation,
+      accumulation, TMA-aligned rows: the forward GEMM, the E4M3 dgrad and, unless
+      ``PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD=0``, the 1x128 x 1x128 wgrad without accumulation);
+    * TRITON for the rest (MX, CPU / interpreter, E5M2, accumulation,
       unaligned operands, ...), without the dispatcher's fallback warning.
 
     Both TORCH and GLUON are returned only after their own check said yes (``default_checked``).

@@ -54,8 +54,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD": (
         "auto",
         "FP8 BLOCKWISE GEMMs with per-row B scales (the FP8 linear's wgrad, 1x128 x 1x128, no accumulation) on "
-        "sm_90: 1 the Gluon kernel's B_ROW_SCALES path where it can run them, 0 the Triton kernel; auto: Triton "
-        "until the path is measured on the H200.",
+        "sm_90: 1 / auto the Gluon kernel's B_ROW_SCALES path where it can run them (H200: FP8 linear step "
+        "16.24 -> 13.53 ms), 0 the Triton kernel.",
     ),
     "PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD": (
         "auto",
