@@ -4,7 +4,7 @@ On an sm_90 GPU (project not installed, PYTHONPATH=. is enough):
 
     PYTHONPATH=. python scripts/check_gluon_attn.py --out DIR            # correctness, then timing
     PYTHONPATH=. python scripts/check_gluon_attn.py --out DIR --quick    # seq 4096 only
-    PYTHONPATH=. python scripts/check_gluon_attn.py --out DIR --configs n128s3 n64s4   # + a tile sweep
+    PYTHONPATH=. python scripts/check_gluon_attn.py --out DIR --configs n128s2p n128s3 n64s4   # + a config sweep
     PYTHONPATH=. python scripts/check_gluon_attn.py --compile-only [--dump DIR --sass]   # CPU: sm_90 compile, SASS
 
 1. Correctness: every kernel variant (head dim 64/128, causal or not, bf16/fp16, a sink, GQA,
@@ -104,7 +104,7 @@ def compile_attn(head_dim: int, causal: bool, dtype: str = "bf16", sink: bool = 
            "H": "i32", "GROUP": "i32", "SEQ_Q": "i32", "SEQ_K": "i32", "offset": "i32", "win_right": "i32",
            "qk_scale": "fp32"}
     consts = dict(HAS_RIGHT=bool(causal), HAS_SINK=bool(sink), STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-                  PRODUCER_REGS=cfg.producer_regs)
+                  PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong)
     sig.update({k: "constexpr" for k in consts})
     k = triton.compile(GluonASTSource(fa._attn_fwd_ws_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=4))

@@ -120,6 +120,7 @@ def test_config_check():
         assert fa.default_attn_config(d).check(d) is None
     assert "shared memory" in fa.GluonAttnConfig(block_n=128, stages=4).check(128)
     assert fa.GluonAttnConfig.parse("n64s4r232w40") == fa.GluonAttnConfig(64, 4, 232, 40)
+    assert fa.GluonAttnConfig.parse("n128s2p") == fa.GluonAttnConfig(128, 2, pingpong=True)
     with pytest.raises(ValueError, match="bad Gluon attention config"):
         fa.GluonAttnConfig.parse("m128")
     assert "registers" in fa.GluonAttnConfig(consumer_regs=256, producer_regs=56).check(128)
@@ -146,9 +147,9 @@ def test_compiles_for_sm90_without_spills(head_dim, causal, dtype, sink, request
 
 
 @needs_gluon
-@pytest.mark.parametrize("layout,causal,sink,D", [("bshd", True, True, 128), ("sbhd", False, False, 64),
-                                                  ("bhsd", True, False, 128)])
-def test_launcher_arguments_bind_and_compile_for_sm90(layout, causal, sink, D, monkeypatch, request):
+@pytest.mark.parametrize("layout,causal,sink,D,config", [("bshd", True, True, 128, None), ("sbhd", False, False, 64, None),
+                                                         ("bhsd", True, False, 128, "n128s2p")])
+def test_launcher_arguments_bind_and_compile_for_sm90(layout, causal, sink, D, config, monkeypatch, request):
     """The launcher's own arguments (4-D host TMA descriptors of strided views, LSE, sink, sizes,
     constexprs) bind and compile for sm_90 under a stand-in CUDA driver."""
     if rerun_outside_interpreter(request):
@@ -158,7 +159,7 @@ def test_launcher_arguments_bind_and_compile_for_sm90(layout, causal, sink, D, m
     assert fa.gluon_attn_operand_reason(q, k, v, None, 0.1, -1, 0 if causal else -1) is None
     out = torch.empty(B, Sq, Hq, D, dtype=q.dtype)
     lse = torch.empty(B, Hq, Sq)
-    cfg = fa.default_attn_config(D)
+    cfg = fa.GluonAttnConfig.parse(config) if config else fa.default_attn_config(D)
     grid, args, kwargs = fa._kernel_args(q, k, v, out, lse, torch.zeros(Hq) if sink else None, 0.1,
                                          0 if causal else -1, cfg)
     assert grid == (2, B * Hq)
@@ -191,7 +192,8 @@ def _snr_finite(ref, out):
     (1, 1, 5, 2, 1, 128, False, torch.bfloat16, False, "bshd"),
     (2, 65, 129, 2, 2, 128, True, torch.bfloat16, False, "bshd"),
 ])
-def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink, layout):
+@pytest.mark.parametrize("config", [None, "n128s2p"])
+def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink, layout, config):
     from primus_turbo.testing import attention_ref
     from primus_turbo.triton.attention.flash_attn_fwd import flash_attn_fwd_triton
 
@@ -201,7 +203,8 @@ def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink,
     assert fa.gluon_attn_fwd_reason(q, k, v, s, scale, -1, wr) is None
     out = torch.full((B, Sq, Hq, D), float("nan"), device="cuda", dtype=dtype)
     lse = torch.full((B, Hq, Sq), float("nan"), device="cuda")
-    out, lse = fa.flash_attn_fwd_gluon(q, k, v, s, scale, -1, wr, out=out, lse=lse)
+    cfg = fa.GluonAttnConfig.parse(config) if config else None  # n128s2p: the ping-pong schedule
+    out, lse = fa.flash_attn_fwd_gluon(q, k, v, s, scale, -1, wr, config=cfg, out=out, lse=lse)
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     ref_out, ref_lse = attention_ref(q, k, v, causal=causal, sink=s, softmax_scale=scale, return_lse=True,
                                      compute_dtype=torch.float32)

@@ -88,26 +88,27 @@ class GluonAttnConfig:
     stages: int = 2
     consumer_regs: int = 240
     producer_regs: int = 24
+    pingpong: bool = False
 
     BLOCK_M = 2 * HALF_M
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
         q = self.BLOCK_M * head_dim * elem_bytes
         kv = 2 * self.stages * self.block_n * head_dim * elem_bytes
-        return q + kv + 8 * (2 * 2 * self.stages + 1) + 1024  # + barriers, + the swizzle alignment
+        return q + kv + 8 * (2 * 2 * self.stages + 3) + 1024  # + barriers, + the swizzle alignment
 
     def short(self) -> str:
-        return f"n{self.block_n}s{self.stages}r{self.consumer_regs}w{self.producer_regs}"
+        return f"n{self.block_n}s{self.stages}{'p' if self.pingpong else ''}r{self.consumer_regs}w{self.producer_regs}"
 
     @classmethod
     def parse(cls, text: str) -> "GluonAttnConfig":
-        """``"n128s2"``, ``"n64s4r232w40"`` -> config (n: block_n, s: stages, r / w: consumer / producer
-        registers per thread)."""
-        m = re.fullmatch(r"n(\d+)s(\d+)(?:r(\d+))?(?:w(\d+))?", text.strip())
+        """``"n128s2"``, ``"n128s2p"``, ``"n64s4r232w40"`` -> config (n: block_n, s: stages, p: ping-pong
+        between the consumer warpgroups, r / w: consumer / producer registers per thread)."""
+        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(?:r(\d+))?(?:w(\d+))?", text.strip())
         if not m:
-            raise ValueError(f"bad Gluon attention config {text!r}; expected e.g. n128s2, n64s4r232w40")
-        bn, st, r, w = m.groups()
-        return cls(int(bn), int(st), int(r or 240), int(w or 24))
+            raise ValueError(f"bad Gluon attention config {text!r}; expected e.g. n128s2, n128s2p, n64s4r232w40")
+        bn, st, pp, r, w = m.groups()
+        return cls(int(bn), int(st), int(r or 240), int(w or 24), bool(pp))
 
     def check(self, head_dim: int) -> Optional[str]:
         if self.block_n not in (64, 128):  # Gluon tensors are power-of-two sized; 256 needs 128 S registers
@@ -203,19 +204,36 @@ if GLUON_AVAILABLE:
         return p, m_new, l_i, alpha
 
     @gluon.jit
-    def _step(j, q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, s_regs, acc, p, m_i, l_i,
+    def _take_turn(turn, c, WG: gl.constexpr, PINGPONG: gl.constexpr):
+        """PINGPONG: before its c-th batch of MMAs, a warpgroup waits until the other one has issued
+        its own batch (WG 1 its c-th, WG 0 its (c-1)-th; WG 0's first wait passes: the barrier
+        starts one phase behind), so the two warpgroups' MMAs alternate on the tensor cores and
+        each one's softmax runs under the other's MMAs (FlashAttention-3's ping-pong schedule)."""
+        if PINGPONG:
+            mbarrier.wait(turn.index(WG), (c & 1) ^ (1 - WG))
+
+    @gluon.jit
+    def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+        if PINGPONG:
+            mbarrier.arrive(turn.index(1 - WG), count=1)
+
+    @gluon.jit
+    def _step(j, q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn, s_regs, acc, p, m_i, l_i,
               qk_scale, offs_m, SEQ_K, diag, o_layout: gl.constexpr, p_layout: gl.constexpr,
-              HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr, STAGES: gl.constexpr):
+              HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
+              PINGPONG: gl.constexpr):
         """Iteration j >= 1: issue S_j, issue O += P_{j-1} V_{j-1}, softmax S_j while the PV MMA
         runs, then retire it and rescale O by this block's alpha."""
         BLOCK_N: gl.constexpr = s_regs.type.shape[1]
         s = j % STAGES
+        sp = (j - 1) % STAGES
         mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+        mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
+        _take_turn(turn, j, WG, PINGPONG)
         s_tok = warpgroup_mma(q, k_bufs.index(s).reshape([BLOCK_N, q.type.shape[1]]).permute((1, 0)), s_regs,
                               use_acc=False, is_async=True)
-        sp = (j - 1) % STAGES
-        mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
         o_tok = warpgroup_mma(p, v_bufs.index(sp).reshape([BLOCK_N, acc.type.shape[1]]), acc, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
         # wgmma groups retire in order: waiting down to one outstanding is S_j done, PV still running
         s_regs = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(s), count=1)
@@ -227,10 +245,10 @@ if GLUON_AVAILABLE:
         return s_regs, acc, p_new, m_i, l_i
 
     @gluon.jit
-    def _consumer(o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, LSE, SINK,
+    def _consumer(o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE, SINK,
                   H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale,
                   WG: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr):
+                  STAGES: gl.constexpr, PINGPONG: gl.constexpr):
         """One warpgroup: query rows [WG*64, WG*64+64) of the tile."""
         HALF: gl.constexpr = o_desc.block_type.shape[1]
         D_QK: gl.constexpr = q_smem.type.shape[4]
@@ -268,25 +286,29 @@ if GLUON_AVAILABLE:
         # block 0, peeled (always with the mask: it may be the only one, and partly masked)
         s_regs = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
         mbarrier.wait(k_ready.index(0), 0)
+        _take_turn(turn, 0, WG, PINGPONG)
         s_tok = warpgroup_mma(q, k_bufs.index(0).reshape([BLOCK_N, D_QK]).permute((1, 0)), s_regs,
                               use_acc=False, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
         s_regs = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(0), count=1)
         p, m_i, l_i, alpha = _softmax(s_regs, m_i, l_i, qk_scale, offs_m, 0, SEQ_K, diag, dtype, p_layout, HAS_RIGHT,
                                       True)
         acc = gl.zeros([HALF, D_V], gl.float32, o_layout)
         for j in range(1, n_full):
-            s_regs, acc, p, m_i, l_i = _step(j, q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, s_regs, acc,
-                                             p, m_i, l_i, qk_scale, offs_m, SEQ_K, diag, o_layout, p_layout,
-                                             HAS_RIGHT, False, STAGES)
+            s_regs, acc, p, m_i, l_i = _step(j, q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn, s_regs,
+                                             acc, p, m_i, l_i, qk_scale, offs_m, SEQ_K, diag, o_layout, p_layout,
+                                             HAS_RIGHT, False, STAGES, WG, PINGPONG)
         for j in range(gl.maximum(n_full, 1), n_blocks):
-            s_regs, acc, p, m_i, l_i = _step(j, q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, s_regs, acc,
-                                             p, m_i, l_i, qk_scale, offs_m, SEQ_K, diag, o_layout, p_layout,
-                                             HAS_RIGHT, True, STAGES)
+            s_regs, acc, p, m_i, l_i = _step(j, q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn, s_regs,
+                                             acc, p, m_i, l_i, qk_scale, offs_m, SEQ_K, diag, o_layout, p_layout,
+                                             HAS_RIGHT, True, STAGES, WG, PINGPONG)
         # the last block's PV
         sl = (n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(sl), ((n_blocks - 1) // STAGES) & 1)
+        _take_turn(turn, n_blocks, WG, PINGPONG)
         o_tok = warpgroup_mma(p, v_bufs.index(sl).reshape([BLOCK_N, D_V]), acc, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
         acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p))
         mbarrier.arrive(v_empty.index(sl), count=1)
 
@@ -310,7 +332,7 @@ if GLUON_AVAILABLE:
         H, GROUP, SEQ_Q, SEQ_K,
         offset, win_right, qk_scale,
         HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
-        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
     ):
         """O, LSE of 128 query rows of one (batch, head): producer warp + two consumer warpgroups.
 
@@ -330,19 +352,22 @@ if GLUON_AVAILABLE:
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
+        mbarrier.init(turn.index(0), count=1)  # PINGPONG: arrived by WG 1 when it has issued its MMAs
+        mbarrier.init(turn.index(1), count=1)  # and by WG 0
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)  # the producer's expect + TMA bytes
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer warpgroup
             mbarrier.init(v_empty.index(i), count=2)
         gl.warp_specialize([
-            (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, LSE, SINK,
-                         H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 0, HAS_RIGHT, HAS_SINK, BLOCK_N,
-                         STAGES)),
-            (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, LSE, SINK,
-                         H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 1, HAS_RIGHT, HAS_SINK, BLOCK_N,
-                         STAGES)),
+            (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
+                         SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 0, HAS_RIGHT, HAS_SINK, BLOCK_N,
+                         STAGES, PINGPONG)),
+            (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
+                         SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 1, HAS_RIGHT, HAS_SINK, BLOCK_N,
+                         STAGES, PINGPONG)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                          H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -448,7 +473,8 @@ def _kernel_args(q, k, v, out, lse, sink, softmax_scale: float, win_right: int, 
             lse, sink if sink is not None else lse,
             H, H // Hk, Sq, Sk, Sk - Sq, max(win_right, 0), float(softmax_scale) * LOG2E)
     kwargs = dict(HAS_RIGHT=win_right >= 0, HAS_SINK=sink is not None, STAGES=cfg.stages,
-                  CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, num_warps=4)
+                  CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong,
+                  num_warps=4)
     grid = (-(-Sq // cfg.BLOCK_M), B * H)
     return grid, args, kwargs
 
