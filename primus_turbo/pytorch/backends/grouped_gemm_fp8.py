@@ -30,13 +30,12 @@ precision="FP8")``, ``PRIMUS_TURBO_GROUPED_GEMM_BACKEND=FP8:TORCH``) or let auto
 on inputs it cannot run (BLOCKWISE, MX, E5M2, CPU, ...) raises ``ValueError`` naming the reason.
 
 GLUON (triton/grouped_gemm/grouped_gemm_fp8_gluon.py, sm_90): the M-grouped BLOCKWISE problem with
-E4M3 operands (forward, E4M3 dgrad), a warp-specialized TMA / wgmma kernel. Opt-in
-(``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON=1``) until measured on the GPU; see
-:class:`GroupedGemmFP8GluonBackend`. The variable-K BLOCKWISE problem (the wgrad, E4M3 or E5M2
-operands, accumulation into fp32) has its own Gluon kernel
-(triton/grouped_gemm/grouped_gemm_fp8_variable_k_gluon.py), the variable-K default only with
-``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD=1`` until measured; see
-:class:`GroupedGemmFP8VariableKGluonBackend`.
+E4M3 operands (forward, E4M3 dgrad), a warp-specialized TMA / wgmma kernel, the default on sm_90
+(``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON=0`` turns it off); see :class:`GroupedGemmFP8GluonBackend`.
+The variable-K BLOCKWISE problem (the wgrad, E4M3 or E5M2 operands, accumulation into fp32) has
+its own Gluon kernel (triton/grouped_gemm/grouped_gemm_fp8_variable_k_gluon.py), the variable-K
+default on sm_90 where it can run (``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD=0`` turns it off);
+see :class:`GroupedGemmFP8VariableKGluonBackend`.
 
 Keys read shapes, dtypes and devices only: never a device value (no host sync).
 """
@@ -411,9 +410,10 @@ class GroupedGemmFP8VariableKGluonBackend(KernelBackend):
     the variable-K BLOCKWISE problem (1 x 128 token blocks, every group offset a multiple of 128,
     which the op's padded token layout guarantees), E4M3 or E5M2 operands (HYBRID's gradient
     included), bf16 / fp16 / fp32 output, accumulation into fp32 ``out`` (``main_grad``). The
-    variable-K default only with ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD=1`` until measured on
-    the H200 (``scripts/check_gluon_fp8.py --grouped-wgrad``); TRITON wherever its check says no.
-    Not autotuned until measured."""
+    variable-K default on sm_90 unless ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD=0`` (H200,
+    2026-11-30, ``scripts/check_gluon_fp8.py --grouped-wgrad``: 1.33x the TRITON kernel, 1.35x BF16
+    ``torch._grouped_mm`` geomean over DeepSeek-V3 EP8 gate_up/down, balanced and unbalanced, bf16
+    out and fp32 accumulation); TRITON wherever its check says no. Not autotuned."""
 
     backend_type = BackendType.GLUON
     autotune = False
@@ -449,14 +449,14 @@ class GroupedGemmFP8VariableKGluonBackend(KernelBackend):
 
 
 def gluon_grouped_wgrad_enabled() -> bool:
-    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD``: True for 1, False for 0 and auto (auto: off
-    until the variable-K Gluon kernel is measured on the H200; the backend's own check still
-    keeps it to sm_90 and the operands it accepts). Read per call."""
-    return bool(env_auto_flag("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD"))
+    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD``: True for 1 and auto (on since the H200
+    measurement), False for 0; the backend's own check still keeps it to sm_90 and the operands it
+    accepts. Read per call."""
+    return env_auto_flag("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD") is not False
 
 
 def _default_vk(**kwargs) -> BackendType:
-    """The variable-K FP8 default, in one place: with ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD=1``
+    """The variable-K FP8 default, in one place: unless ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD=0``
     the Gluon kernel for BLOCKWISE where its check passes (sm_90, 128-token blocks, aligned rows,
     fp32 when accumulating); TRITON everywhere else (no padding copies, unlike TORCH). GLUON is
     returned only after its own check said yes (``default_checked``)."""

@@ -60,8 +60,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD": (
         "auto",
         "Variable-K grouped FP8 BLOCKWISE GEMM (the grad_weight of grouped_gemm_fp8, fused main_grad accumulation "
-        "included) on sm_90: 1 the Gluon kernel where it can run, 0 the Triton kernel; auto: Triton until the Gluon "
-        "variable-K kernel is measured on the H200.",
+        "included) on sm_90: 1 / auto the Gluon kernel where it can run (H200: 1.33x the Triton kernel), 0 the "
+        "Triton kernel.",
     ),
     "PRIMUS_TURBO_PRINT_CONFIGS": ("0", "1: log the kernel config chosen for each new shape (INFO level)."),
 }
