@@ -28,3 +28,38 @@ def test_zero_tail_rows_strided_view(device):
     ref[25:, :64] = 0
     zero_tail_rows_(out, torch.tensor([0, 25], device=device))
     assert torch.equal(base, ref)
+
+
+@pytest.mark.gpu
+def test_zero_tail_rows_direct_launch_after_the_first_call():
+    """From the second call on, the compiled kernel is launched through its C entry (no Triton
+    launch path): same result, on the current stream, and Triton's path again under launch hooks."""
+    from triton import knobs
+
+    from primus_turbo.triton.grouped_gemm import zero_tail as zt
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    for call in range(3):
+        out = torch.randn(300, 200, dtype=torch.bfloat16, device="cuda")
+        ref = out.clone()
+        last = 17 + 90 * call
+        ref[last:] = 0
+        offs = torch.tensor([0, last], dtype=torch.int64, device="cuda")
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            zt.zero_tail_rows_(out, offs)
+        torch.cuda.current_stream().wait_stream(stream)
+        assert torch.equal(out, ref), call
+    entry = zt._compiled[(out.get_device(), torch.bfloat16, torch.int64, 256)]
+    assert entry[1] is not None  # the direct entry exists for this launcher
+    seen = []
+    knobs.runtime.launch_enter_hook.add(seen.append)
+    try:
+        out = torch.randn(64, 200, dtype=torch.bfloat16, device="cuda")
+        zt.zero_tail_rows_(out, torch.tensor([0, 10], device="cuda"))
+        torch.cuda.synchronize()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(seen.append)
+    assert seen and torch.equal(out[10:], torch.zeros_like(out[10:]))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
 
 __all__ = ["zero_tail_rows_"]
 
@@ -34,7 +35,24 @@ def _zero_tail_kernel(out_ptr, offs_ptr, G, M, N, stride_m, BLOCK_R: tl.constexp
             tl.store(ptrs, zeros, mask=rmask[:, None] & (cols < N)[None, :])
 
 
-_compiled: dict = {}  # (device index, out dtype, offsets dtype, BLOCK_N) -> the compiled CUDA kernel
+_compiled: dict = {}  # (device index, out dtype, offsets dtype, BLOCK_N) -> (compiled kernel, direct entry)
+
+
+def _direct_entry(kernel):
+    """The compiled kernel's C launch function with every per-kernel argument bound, or None.
+
+    Triton's own path (``kernel[grid](...)``) builds a closure, asks for the current device and
+    stream, reads the launch hooks and goes through the launcher's Python ``__call__`` on every
+    launch: about 30 us of host time per launch on the H200 machine, twice per grouped GEMM step,
+    where small expert GEMMs are host-bound. This kernel needs no scratch memory, so the C entry
+    can be called directly; anything unexpected (another launcher layout, scratch memory) keeps
+    Triton's path."""
+    run = kernel.run  # loads the module and builds the launcher
+    launch = getattr(run, "launch", None)
+    if (launch is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
+            or getattr(run, "num_ctas", 1) != 1):
+        return None
+    return (launch, kernel.function, run.launch_cooperative_grid, run.launch_pdl, kernel.packed_metadata)
 
 
 def zero_tail_rows_(out: torch.Tensor, group_offs: torch.Tensor) -> torch.Tensor:
@@ -43,14 +61,32 @@ def zero_tail_rows_(out: torch.Tensor, group_offs: torch.Tensor) -> torch.Tensor
     if m == 0 or n == 0:
         return out
     block_n = min(triton.next_power_of_2(n), 256)
-    grid = (triton.cdiv(m, _BLOCK_R), 1, 1)
+    grid0 = triton.cdiv(m, _BLOCK_R)
     args = (out, group_offs, group_offs.numel() - 1, m, n, out.stride(0))
-    key = (out.device.index, out.dtype, group_offs.dtype, block_n)
-    kernel = _compiled.get(key) if out.is_cuda else None
-    if kernel is not None:
-        kernel[grid](*args, _BLOCK_R, block_n)
-        return out
-    kernel = _zero_tail_kernel[grid](*args, BLOCK_R=_BLOCK_R, BLOCK_N=block_n, num_warps=4)
+    if out.is_cuda:
+        index = out.get_device()
+        entry = _compiled.get((index, out.dtype, group_offs.dtype, block_n))
+        if entry is not None:
+            kernel, direct = entry
+            if direct is not None and _no_launch_hooks():  # a profiler's hooks need Triton's path
+                launch, function, coop, pdl, packed = direct
+                launch(grid0, 1, 1, _raw_stream(index), function, coop, pdl, None, None, packed, None, None, None,
+                       *args, _BLOCK_R, block_n)
+            else:
+                kernel[(grid0, 1, 1)](*args, _BLOCK_R, block_n)
+            return out
+    kernel = _zero_tail_kernel[(grid0, 1, 1)](*args, BLOCK_R=_BLOCK_R, BLOCK_N=block_n, num_warps=4)
     if out.is_cuda:  # the interpreter has no compiled kernel to keep
-        _compiled[key] = kernel
+        _compiled[(out.get_device(), out.dtype, group_offs.dtype, block_n)] = (kernel, _direct_entry(kernel))
     return out
+
+
+def _no_launch_hooks() -> bool:
+    """No launch hook is installed (Triton keeps them as chains that may be empty, or None)."""
+    rt = knobs.runtime
+    return not getattr(rt.launch_enter_hook, "calls", rt.launch_enter_hook) and \
+        not getattr(rt.launch_exit_hook, "calls", rt.launch_exit_hook)
+
+
+def _raw_stream(index: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(index)
