@@ -119,13 +119,26 @@ def _mx_weight_copies(b: torch.Tensor, trans_b: bool, quant, pack: int, need_fwd
     return fwd, dgr
 
 
-def _mx_token_copy(x: torch.Tensor, src: torch.Tensor, quant, pack: int):
+def _mx_token_copy(x: torch.Tensor, src: torch.Tensor, quant, pack: int, blockwise=None):
     """The column-wise copy of ``x [M_total, C]`` in the padded token layout ``src``, stored
     transposed: ``[C, M_pad/pack]`` + scales ``[C, M_pad/blk]`` (token blocks inside one group:
     32 for MX, E8M0 bytes; ``block_size`` for BLOCKWISE, fp32). BLOCKWISE scales stay a transposed
     view (unit stride along C): both variable-K kernels take any scale strides, then read a K
     block's scales for consecutive rows as one coalesced vector, and the Gluon kernel's
-    column-scale layout needs no copy (``_column_major_padded``, C % 128 == 0)."""
+    column-scale layout needs no copy (``_column_major_padded``, C % 128 == 0).
+
+    ``blockwise=(fp8 dtype, block_size)`` (BLOCKWISE): one fused gather + quantize + transposed
+    store pass where the Triton kernels run (bit-identical; a third of the memory traffic of the
+    three passes)."""
+    if blockwise is not None and x.dim() == 2 and (x.size(1) <= 1 or x.stride(1) == 1) \
+            and not torch.compiler.is_compiling():
+        from primus_turbo.pytorch.ops.moe_permute import permute_backend
+
+        if permute_backend(x) == "triton":
+            from primus_turbo.triton.quantization.gather_quant_kernel import gather_quant_cols_t_launch
+
+            q_t, s = gather_quant_cols_t_launch(x, src, *blockwise)
+            return q_t, s.t()
     q, s = quant(gather_rows(x, src), 0)  # [M_pad/pack, C], [M_pad/blk, C]
     return _transpose_bytes(q), (_transpose_bytes(s) if s.element_size() == 1 else s.t())
 
@@ -223,7 +236,7 @@ class GroupedGemmFP8Function(torch.autograd.Function):
             # per-group-segment token blocks (MX 32, BLOCKWISE bs): the padded token layout
             blk, quant = _token_quant(gran, fwd_dtype, bs)
             src, poffs = padded_group_layout(group_offs, a.size(0), blk)
-            saved_a = _mx_token_copy(a, src, quant, 1)
+            saved_a = _mx_token_copy(a, src, quant, 1, (fwd_dtype, bs) if gran == "BLOCKWISE" else None)
         elif need_gb:
             saved_a = _quant_cols_t(a, fwd_dtype, gran, a_row)
         else:
@@ -248,7 +261,8 @@ class GroupedGemmFP8Function(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             fuse = ctx.fuse_accum
             if gran in (_MX, "BLOCKWISE"):  # on the padded token layout of forward (offsets poffs)
-                dy_col = _mx_token_copy(grad_out, src, _token_quant(gran, ctx.bwd_dtype, bs)[1], 1)
+                dy_col = _mx_token_copy(grad_out, src, _token_quant(gran, ctx.bwd_dtype, bs)[1], 1,
+                                        (ctx.bwd_dtype, bs) if gran == "BLOCKWISE" else None)
                 A = (aq_t, as_t)
                 X, Y = (dy_col, A) if ctx.trans_b else (A, dy_col)
                 if fuse:

@@ -1,0 +1,65 @@
+"""The fused gather + column-block quantize + transposed store of the grouped FP8 wgrad token copy:
+bit-identical to the three passes it replaces (gather_rows, quantize_fp8 along axis 0, byte
+transpose), padding rows zero, special values as the quantizer defines them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from primus_turbo.pytorch.backends.grouped_gemm_fp8 import gather_rows, padded_group_layout  # noqa: E402
+from primus_turbo.pytorch.core.low_precision import ScalingGranularity  # noqa: E402
+from primus_turbo.pytorch.ops.quantization import quantize_fp8  # noqa: E402
+from primus_turbo.triton.quantization.gather_quant_kernel import gather_quant_cols_t_launch  # noqa: E402
+
+
+def _three_pass(x, src, dtype, bs):
+    q, s = quantize_fp8(gather_rows(x, src), dtype, ScalingGranularity.BLOCKWISE, block_size=bs, axis=0)
+    return q.view(torch.uint8).t(), s
+
+
+@pytest.mark.parametrize("lens,c", [([5, 0, 130, 64], 96), ([128, 256], 200), ([1], 16), ([0, 0], 64)])
+@pytest.mark.parametrize("xdtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_matches_the_three_passes(lens, c, xdtype, dtype, device):
+    torch.manual_seed(len(lens) * 31 + c)
+    m = sum(lens) + 3  # rows past the routed ones are never gathered
+    x = (torch.randn(m, c, device=device) * torch.logspace(-3, 3, c, device=device)).to(xdtype)
+    if m > 10:
+        x[2, :] = 0.0  # a zero row inside a block
+        x[7, 3] = float("inf")
+        x[9, 5] = float("nan")
+    offs = torch.zeros(len(lens) + 1, dtype=torch.int64, device=device)
+    offs[1:] = torch.cumsum(torch.tensor(lens, device=device), 0)
+    bs = 128 if c != 16 else 32
+    src, _poffs = padded_group_layout(offs, m, bs)
+    q_t, s = gather_quant_cols_t_launch(x, src, dtype, bs)
+    assert q_t.shape == (c, src.numel()) and q_t.dtype == dtype and s.shape == (src.numel() // bs, c)
+    ref_q, ref_s = _three_pass(x, src, dtype, bs)
+    assert torch.equal(q_t.view(torch.uint8), ref_q)
+    assert torch.equal(s.view(torch.int32), ref_s.view(torch.int32))  # NaN scales compare bitwise
+    pad = (src < 0).nonzero().flatten()
+    if pad.numel():
+        assert torch.all(q_t.view(torch.uint8)[:, pad] == 0)
+
+
+def test_strided_rows_and_errors(device):
+    base = torch.randn(300, 160, device=device, dtype=torch.bfloat16)
+    x = base[:, :128]  # row stride 160
+    src = torch.arange(256, device=device, dtype=torch.int64)
+    src[250:] = -1
+    q_t, s = gather_quant_cols_t_launch(x, src, torch.float8_e4m3fn, 128)
+    ref_q, ref_s = _three_pass(x, src, torch.float8_e4m3fn, 128)
+    assert torch.equal(q_t.view(torch.uint8), ref_q) and torch.equal(s, ref_s)
+    with pytest.raises(ValueError, match="multiple of block_size"):
+        gather_quant_cols_t_launch(x, src[:200], torch.float8_e4m3fn, 128)
+    with pytest.raises(ValueError, match="power of two"):
+        gather_quant_cols_t_launch(x, src, torch.float8_e4m3fn, 96)
+    with pytest.raises(ValueError, match="unit column stride"):
+        gather_quant_cols_t_launch(x.t(), src, torch.float8_e4m3fn, 128)
+    with pytest.raises(ValueError, match="float8"):
+        gather_quant_cols_t_launch(x, src, torch.int8, 128)
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        gather_quant_cols_t_launch(x.to(torch.float64), src, torch.float8_e4m3fn, 128)
