@@ -6,6 +6,16 @@ On an sm_90 GPU (project not installed, PYTHONPATH=. is enough):
     PYTHONPATH=. python scripts/check_gluon_attn.py --out DIR --quick    # seq 4096 only
     PYTHONPATH=. python scripts/check_gluon_attn.py --out DIR --configs n128s2p n128s3 n64s4   # + a config sweep
     PYTHONPATH=. python scripts/check_gluon_attn.py --compile-only [--dump DIR --sass]   # CPU: sm_90 compile, SASS
+    PYTHONPATH=. python scripts/check_gluon_attn.py --bwd --out DIR       # the Gluon backward instead
+    PYTHONPATH=. python scripts/check_gluon_attn.py --bwd --compile-only  # CPU: its sm_90 compile report
+
+``--bwd`` checks and times the Gluon backward (triton/attention/flash_attn_bwd_gluon.py) the same
+way: each variant in a child process first (the tl forward's O and LSE; dq, dk, dv, dsink of the
+Gluon backward, with its Gluon dQ kernel and with the tl dQ kernel, into NaN-poisoned buffers,
+against fp32 autograd through the reference (>= 40 dB, cases small enough for it) and the tl
+backward (>= 40 dB), plus a bitwise rerun), then timing at the forward's shapes: Gluon (both dQ
+kernels) vs the tl backward vs SDPA flash and cuDNN backward (autograd.grad of their forward),
+TFLOP/s counted as 2.5x the forward's FLOPs; writes DIR/gluon_attn_bwd.json.
 
 1. Correctness: every kernel variant (head dim 64/128, causal or not, bf16/fp16, a sink, GQA,
    seq not a multiple of the block, seq_q != seq_kv with empty causal rows, bshd/sbhd/bhsd
@@ -160,6 +170,101 @@ def compile_report(dump: str | None = None, sass_out: bool = False) -> tuple[lis
     return rows, bad
 
 
+def compile_attn_bwd(kernel: str, head_dim: int, causal: bool, dtype: str = "bf16", cfg=None,
+                     dump: str | None = None, sass_out: bool = False) -> dict:
+    """Compile one kernel of the Gluon backward (``kernel`` "dkdv" or "dq",
+    triton/attention/flash_attn_bwd_gluon.py) for sm_90; same report as :func:`compile_attn`."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from primus_turbo.triton.attention import flash_attn_bwd_gluon as fb
+
+    cc = _compile_check_module()
+    cfg = cfg or fb.default_attn_bwd_config(head_dim)
+    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+
+    def box(rows):
+        layout = gl.NVMMASharedLayout.get_default_for([1, rows, 1, head_dim], gdt)
+        return f"tensordesc<{dtype}[1, {rows}, 1, {head_dim}],{layout!r}>"
+
+    def row_box(n):
+        return f"tensordesc<fp32[{n}],{gl.NVMMASharedLayout.get_default_for([n], gl.float32)!r}>"
+
+    if kernel == "dkdv":
+        fn, stages = fb._attn_bwd_dkdv_ws_kernel, cfg.stages
+        sig = {"q_desc": box(cfg.block_m), "k_desc": box(fb.HALF), "v_desc": box(fb.HALF), "do_desc": box(cfg.block_m),
+               "dk_desc": box(fb.HALF), "dv_desc": box(fb.HALF), "lse_desc": row_box(cfg.block_m),
+               "delta_desc": row_box(cfg.block_m), "H": "i32", "GROUP": "i32", "SEQ_Q": "i32", "SEQ_PAD": "i32",
+               "diag": "i32", "qk_scale": "fp32", "sm_scale": "fp32"}
+    elif kernel == "dq":
+        fn, stages = fb._attn_bwd_dq_ws_kernel, cfg.dq_stages
+        sig = {"q_desc": box(fb.HALF), "k_desc": box(cfg.dq_block_n), "v_desc": box(cfg.dq_block_n),
+               "do_desc": box(fb.HALF), "dq_desc": box(fb.HALF), "LSE2": "*fp32", "DELTA": "*fp32", "H": "i32",
+               "GROUP": "i32", "SEQ_PAD": "i32", "SEQ_K": "i32", "diag": "i32", "qk_scale": "fp32",
+               "sm_scale": "fp32"}
+    else:
+        raise ValueError(f"kernel must be 'dkdv' or 'dq', got {kernel!r}")
+    consts = dict(HAS_RIGHT=bool(causal), STAGES=stages, CONSUMER_REGS=cfg.consumer_regs,
+                  PRODUCER_REGS=cfg.producer_regs)
+    sig.update({k: "constexpr" for k in consts})
+    k = triton.compile(GluonASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    report = cc._ptxas_report(k.asm["ptx"], ptxas)
+    sass = cc._sass(k.asm["cubin"], os.path.join(os.path.dirname(ptxas), "cuobjdump"))
+    used = [int(x) for x in re.findall(r"\bR(\d+)\b", sass)]
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", report)]
+    name = f"attn_bwd_{kernel}_d{head_dim}_{'causal' if causal else 'full'}_{dtype}_{cfg.short()}"
+    res = dict(variant=name, shared=k.metadata.shared, regs=max(regs) if regs else None,
+               max_reg=max(used) + 1 if used else None,
+               spill_bytes=sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)),
+               hgmma=len(re.findall(r"\bHGMMA\.", sass)) if sass else None,
+               local_mem=len(re.findall(r"\b(?:STL|LDL)\b", sass)) if sass else None,
+               serialized=sorted(set(re.findall(r"\((C75\d\d)\)", report))),
+               setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)",
+                                                k.asm["ptx"]))))
+    if dump:
+        d = Path(dump)
+        d.mkdir(parents=True, exist_ok=True)
+        for ext in ("ttgir", "ptx"):
+            (d / f"{name}.{ext}").write_text(k.asm[ext])
+        (d / f"{name}.cubin").write_bytes(k.asm["cubin"])
+        if sass_out:
+            (d / f"{name}.sass").write_text(sass)
+    return res
+
+
+def compile_bwd_variants() -> list:
+    """Every shipped backward kernel: dK/dV and dQ x head dim 64/128 x causal or not x bf16/fp16
+    (a sink changes nothing in the kernels: dsink is a torch reduction)."""
+    return [(kern, d, c, dt) for kern in ("dkdv", "dq") for d in (64, 128) for c in (False, True)
+            for dt in ("bf16", "fp16")]
+
+
+def compile_bwd_report(dump: str | None = None, sass_out: bool = False) -> tuple[list, int]:
+    rows, bad = [], 0
+    for kern, d, c, dt in compile_bwd_variants():
+        try:
+            r = compile_attn_bwd(kern, d, c, dt, dump=dump, sass_out=sass_out)
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            bad += 1
+            msg = " | ".join(str(exc).strip().splitlines()[-6:])[:2000]
+            print(f"FAIL attn bwd {kern} d{d} causal={c} {dt}: {type(exc).__name__}: {msg}")
+            rows.append(dict(variant=f"attn_bwd_{kern}_d{d}_{c}_{dt}", error=msg))
+            continue
+        flag = ("  SPILLS" if r["spill_bytes"] or r["local_mem"] else "") + ("  NO HGMMA" if r["hgmma"] == 0 else "")
+        flag += f"  WGMMA SERIALIZED {r['serialized']}" if r["serialized"] else ""
+        bad += bool(flag)
+        print(f"{'ok  ' if not flag else 'BAD '} {r['variant']}: smem={r['shared']} launch maxnreg={r['regs']} "
+              f"registers used={r['max_reg']} spill_bytes={r['spill_bytes']} STL/LDL={r['local_mem']} "
+              f"HGMMA={r['hgmma']} setmaxnreg={r['setmaxnreg']}{flag}")
+        rows.append(r)
+    return rows, bad
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU: one correctness variant (run in a child process)
 # ---------------------------------------------------------------------------------------------
@@ -258,8 +363,61 @@ def run_variant(spec) -> dict:
     return {key: (round(val, 2) if isinstance(val, float) and math.isfinite(val) else val) for key, val in res.items()}
 
 
-def _run_child(spec, timeout: int) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+def run_bwd_variant(spec) -> dict:
+    """One backward correctness variant (child process): see the module docstring."""
+    import torch
+
+    from primus_turbo.testing import attention_ref
+    from primus_turbo.triton.attention import flash_attn_bwd_gluon as fb
+    from primus_turbo.triton.attention.flash_attn_bwd import flash_attn_bwd_triton
+    from primus_turbo.triton.attention.flash_attn_fwd import flash_attn_fwd_triton
+
+    name, B, Sq, Sk, Hq, Hk, D, causal, dt, sink, layout = spec[:11]
+    cfg = fb.GluonAttnBwdConfig.parse(spec[11]) if len(spec) > 11 else None
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+    torch.manual_seed(0)
+    q, k, v = _make(B, Sq, Sk, Hq, Hk, D, dtype, layout)
+    s = torch.randn(Hq, device=DEVICE, dtype=torch.float32) if sink else None
+    scale = D ** -0.5
+    wr = 0 if causal else -1
+    out, lse = flash_attn_fwd_triton(q, k, v, s, scale, -1, wr)
+    dout = torch.randn_like(out)
+    reason = fb.gluon_attn_bwd_reason(q, k, v, dout, s, scale, -1, wr)
+    if reason is not None:
+        return dict(name=name, ok=False, error=f"refused: {reason}")
+    tl = flash_attn_bwd_triton(dout, q, k, v, out, lse, s, scale, -1, wr)
+    ref = None
+    if B * Hq * Sq * Sk <= 2 ** 25:  # fp32 autograd through the reference: [B, H, Sq, Sk] scores
+        leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+        sr = s.detach().clone().requires_grad_() if s is not None else None
+        o = attention_ref(*leaves, causal=causal, sink=sr, softmax_scale=scale, compute_dtype=torch.float32)
+        o.backward(dout.float())
+        ref = [t.grad for t in leaves] + ([sr.grad] if sr is not None else [])
+    res, ok = dict(name=name), True
+    for gluon_dq in (True, False):
+        tag = "gdq" if gluon_dq else "tldq"
+        poison = [torch.full(t.shape, float("nan"), device=DEVICE, dtype=dtype) for t in (q, k, v)]
+        t0 = time.time()
+        got = fb.flash_attn_bwd_gluon(dout, q, k, v, out, lse, s, scale, -1, wr, config=cfg, gluon_dq=gluon_dq,
+                                      dq=poison[0], dk=poison[1], dv=poison[2])
+        torch.cuda.synchronize()
+        res[f"first_call_s_{tag}"] = round(time.time() - t0, 2)
+        names = ("dq", "dk", "dv", "dsink")[:len(got) if s is not None else 3]
+        res[f"nan_{tag}"] = [n for n, g in zip(names, got) if not torch.isfinite(g).all()]
+        res[f"snr_tl_{tag}"] = [round(_snr_finite(t.float(), g.float()), 1) for t, g in zip(tl, got) if g is not None]
+        ok = ok and not res[f"nan_{tag}"] and all(x >= MIN_SNR for x in res[f"snr_tl_{tag}"])
+        if ref is not None:
+            res[f"snr_ref_{tag}"] = [round(_snr_finite(r, g.float()), 1) for r, g in zip(ref, got) if g is not None]
+            ok = ok and all(x >= MIN_SNR for x in res[f"snr_ref_{tag}"])
+        again = fb.flash_attn_bwd_gluon(dout, q, k, v, out, lse, s, scale, -1, wr, config=cfg, gluon_dq=gluon_dq)
+        res[f"bitwise_{tag}"] = all(torch.equal(a, b) for a, b in zip(got[:3], again[:3]))
+        ok = ok and res[f"bitwise_{tag}"]
+    res["ok"] = bool(ok)
+    return res
+
+
+def _run_child(spec, timeout: int, bwd: bool = False) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child-bwd" if bwd else "--child", json.dumps(spec)]
     env = dict(os.environ, PYTHONPATH=str(_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=_ROOT)
@@ -346,6 +504,87 @@ def time_shapes(seqs, head_dims, heads_q, heads_kv, passed: set, configs=()) -> 
     return rows
 
 
+def time_bwd_shapes(seqs, head_dims, heads_q, heads_kv, passed: set, configs=()) -> list:
+    """Backward timing at the forward's shapes: Gluon (Gluon dQ, tl dQ, each --configs config) vs
+    the tl backward vs SDPA flash / cuDNN (``autograd.grad`` of their forward, so their own
+    preprocess included, as ours includes delta)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from primus_turbo.triton.attention import flash_attn_bwd_gluon as fb
+    from primus_turbo.triton.attention.flash_attn_bwd import flash_attn_bwd_triton
+    from primus_turbo.triton.attention.flash_attn_fwd import flash_attn_fwd_triton
+
+    rows = []
+    for D in head_dims:
+        for causal in (False, True):
+            gluon_ok = f"d{D}_{'causal' if causal else 'full'}_bf16" in passed
+            for S in seqs:
+                B = max(1, TOKENS // S)
+                q, k, v = _make(B, S, S, heads_q, heads_kv, D, torch.bfloat16, "bshd")
+                scale, wr = D ** -0.5, (0 if causal else -1)
+                out, lse = flash_attn_fwd_triton(q, k, v, None, scale, -1, wr)
+                dout = torch.randn_like(out)
+                impls = {"tl": lambda: flash_attn_bwd_triton(dout, q, k, v, out, lse, None, scale, -1, wr)}
+                if gluon_ok:
+                    impls["gluon"] = lambda: fb.flash_attn_bwd_gluon(dout, q, k, v, out, lse, None, scale, -1, wr,
+                                                                     gluon_dq=True)
+                    impls["gluon_tldq"] = lambda: fb.flash_attn_bwd_gluon(dout, q, k, v, out, lse, None, scale, -1,
+                                                                          wr, gluon_dq=False)
+                    for text in configs:
+                        cfg = fb.GluonAttnBwdConfig.parse(text)
+                        if cfg.check(D) is None:
+                            impls[f"gluon:{text}"] = lambda cfg=cfg: fb.flash_attn_bwd_gluon(
+                                dout, q, k, v, out, lse, None, scale, -1, wr, config=cfg, gluon_dq=True)
+                qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
+                gqa = heads_q != heads_kv
+                for name, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+                    try:
+                        with sdpa_kernel([be]):
+                            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale,
+                                                               enable_gqa=gqa)
+                    except Exception as exc:  # noqa: BLE001 - a peer that cannot run this shape
+                        impls[name] = None
+                        print(f"    {name}: {type(exc).__name__}: {str(exc)[:120]}")
+                        continue
+                    do_t = dout.transpose(1, 2)
+                    impls[name] = lambda o=o, do_t=do_t: torch.autograd.grad(o, (qt, kt, vt), do_t, retain_graph=True)
+                row = dict(D=D, causal=causal, B=B, S=S, Hq=heads_q, Hk=heads_kv)
+                fl = 2.5 * _flops(B, S, heads_q, D, causal)
+                for name, fn in impls.items():
+                    if fn is None:
+                        row[name] = dict(error="cannot run")
+                        continue
+                    try:
+                        ms = _median_ms(fn)
+                        row[name] = dict(ms=round(ms, 4), tflops=round(fl / ms / 1e9, 1))
+                    except Exception as exc:  # noqa: BLE001 - a peer that cannot run this shape
+                        row[name] = dict(error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                rows.append(row)
+                cells = "  ".join(f"{n}={row[n]['tflops']:6.1f}" if "tflops" in row[n] else f"{n}=  err"
+                                  for n in impls)
+                impls.clear()
+                print(f"  bwd D={D:3d} {'causal' if causal else 'full  '} B={B:2d} S={S:5d}  TFLOP/s  {cells}",
+                      flush=True)
+    return rows
+
+
+def _bwd_geomeans(rows) -> dict:
+    def gm(a, b):
+        r = [row[a]["ms"] / row[b]["ms"] for row in rows
+             if "ms" in row.get(a, {}) and "ms" in row.get(b, {})]
+        return round(math.exp(sum(math.log(x) for x in r) / len(r)), 3) if r else None
+
+    out = {}
+    for a in ("gluon", "gluon_tldq", "tl"):
+        for b in ("sdpa_flash", "sdpa_cudnn", "tl"):
+            r = gm(b, a) if a != b else None
+            if r is not None:
+                out[f"{a}_over_{b}"] = r
+    return out
+
+
 def _geomeans(rows) -> dict:
     def gm(a, b):
         r = [row[a]["ms"] / row[b]["ms"] for row in rows
@@ -373,6 +612,45 @@ def _env_info() -> dict:
     return info
 
 
+def _main_bwd(args, result) -> int:
+    print("backward correctness (each variant in a child process):")
+    checks, passed = [], set()
+    for spec in VARIANTS:
+        if args.only and not any(o in spec[0] for o in args.only):
+            continue
+        r = _run_child(spec, args.timeout, bwd=True)
+        checks.append(r)
+        if r.get("ok"):
+            passed.add(r["name"])
+        detail = r.get("error") or " ".join(f"{k}={v}" for k, v in r.items() if k not in ("name", "ok"))
+        print(f"  {'ok  ' if r.get('ok') else 'FAIL'} {r['name']}: {detail}", flush=True)
+    for text in args.configs:  # each extra config: its own children on the bf16 variants it fits
+        from primus_turbo.triton.attention import flash_attn_bwd_gluon as fb
+
+        cfg = fb.GluonAttnBwdConfig.parse(text)
+        for spec in VARIANTS:
+            if not spec[0].endswith("_bf16") or cfg.check(spec[6]) is not None:
+                continue
+            r = _run_child(list(spec) + [text], args.timeout, bwd=True)
+            r["name"] = f"{spec[0]}:{text}"
+            checks.append(r)
+            print(f"  {'ok  ' if r.get('ok') else 'FAIL'} {r['name']}: {r.get('error') or ''}", flush=True)
+    result["correctness"] = checks
+    if not args.no_timing:
+        seqs = args.seq or ([4096] if args.quick else list(SEQS))
+        print(f"backward timing (bf16, bshd, {args.heads}/{args.heads_kv} heads, {TOKENS} tokens per case):")
+        rows = time_bwd_shapes(seqs, args.head_dims, args.heads, args.heads_kv, passed, args.configs)
+        result["timing"] = rows
+        result["geomean_speedup"] = _bwd_geomeans(rows)
+        print("geomean speedups:", result["geomean_speedup"])
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gluon_attn_bwd.json").write_text(json.dumps(result, indent=1))
+        print(f"wrote {out / 'gluon_attn_bwd.json'}")
+    return 0 if all(r.get("ok") for r in checks) else 1
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None, help="folder for gluon_attn.json")
@@ -389,15 +667,17 @@ def main(argv=None) -> int:
     p.add_argument("--dump", default=None, help="with --compile-only: write ttgir/ptx/cubin (and --sass) here")
     p.add_argument("--sass", action="store_true")
     p.add_argument("--timeout", type=int, default=CHILD_TIMEOUT_S)
+    p.add_argument("--bwd", action="store_true", help="the Gluon backward (flash_attn_bwd_gluon.py) instead")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child-bwd", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
-    if args.child is not None:
-        res = run_variant(json.loads(args.child))
+    if args.child is not None or args.child_bwd is not None:
+        res = run_variant(json.loads(args.child)) if args.child else run_bwd_variant(json.loads(args.child_bwd))
         print("RESULT " + json.dumps(res), flush=True)
         return 0
     if args.compile_only:
-        _, bad = compile_report(args.dump, args.sass)
+        _, bad = (compile_bwd_report if args.bwd else compile_report)(args.dump, args.sass)
         return 1 if bad else 0
 
     import torch
@@ -407,6 +687,8 @@ def main(argv=None) -> int:
         return 1
     result = dict(env=_env_info(), min_snr_db=MIN_SNR)
     print(f"{result['env']}")
+    if args.bwd:
+        return _main_bwd(args, result)
     print("correctness (each variant in a child process):")
     checks, passed = [], set()
     for spec in VARIANTS:

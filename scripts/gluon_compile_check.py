@@ -15,7 +15,8 @@ reduce-add epilogue (fp32 output). With ``--sass`` the report also counts the SA
 that matter (wgmma, TMA loads / stores / reduces, local-memory STL / LDL).
 
 ``--attn`` compiles every variant of the attention forward (triton/attention/flash_attn_fwd_gluon.py;
-configs are ignored) and checks its SASS: HGMMA present, no local-memory STL/LDL.
+configs are ignored) and checks its SASS: HGMMA present, no local-memory STL/LDL. ``--attn-bwd``
+does the same for the attention backward's dK/dV and dQ kernels (triton/attention/flash_attn_bwd_gluon.py).
 
 Exit status 1 if any config fails to compile, spills, has ptxas serialize its wgmmas (notes
 C7514/C7515: accumulator registers touched while an MMA is in flight), or needs more shared
@@ -169,6 +170,9 @@ def main(argv=None) -> int:
     p.add_argument("--attn", action="store_true",
                    help="the attention forward (triton/attention/flash_attn_fwd_gluon.py), every shipped variant: "
                         "registers, spills (STL/LDL), HGMMA count")
+    p.add_argument("--attn-bwd", action="store_true",
+                   help="the attention backward (triton/attention/flash_attn_bwd_gluon.py): dK/dV and dQ kernels, "
+                        "every shipped variant: registers, spills (STL/LDL), HGMMA count")
     p.add_argument("--grouped", action="store_true",
                    help="the M-grouped MoE kernel (triton/grouped_gemm/grouped_gemm_fp8_gluon.py) instead")
     p.add_argument("--row-scales", action="store_true",
@@ -178,13 +182,14 @@ def main(argv=None) -> int:
     p.add_argument("--accumulate", action="store_true",
                    help="with --variable-k: the reduce-add (out +=) epilogue; needs --out-dtype fp32")
     args = p.parse_args(argv)
-    if args.attn:  # the attention forward's compile check lives with its GPU check script
+    if args.attn or args.attn_bwd:  # the attention compile checks live with their GPU check script
         import importlib.util
 
         spec = importlib.util.spec_from_file_location("check_gluon_attn", _ROOT / "scripts" / "check_gluon_attn.py")
         attn = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(attn)
-        return 1 if attn.compile_report(args.dump, args.sass)[1] else 0
+        report = attn.compile_bwd_report if args.attn_bwd else attn.compile_report
+        return 1 if report(args.dump, args.sass)[1] else 0
     if args.variable_k and args.configs == p.get_default("configs"):
         args.configs = ["n128s6", "n128s5", "n128s4"]
     bad = 0

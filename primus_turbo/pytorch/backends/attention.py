@@ -1,7 +1,7 @@
 """Attention backends: TORCH (``F.scaled_dot_product_attention``: cuDNN / flash / efficient / math,
 and what runs on plain CPU) and TRITON (our FlashAttention-2 style kernels, primus_turbo/triton/attention;
 on sm_90 with ``PRIMUS_TURBO_ATTN_FWD_GLUON=1`` its dense forward runs the warp-specialized Gluon
-kernel where that takes the inputs).
+kernel where that takes the inputs, with ``PRIMUS_TURBO_ATTN_BWD_GLUON=1`` its dense backward).
 
 Every backend takes already-validated, *logical* ``[batch, seq, heads, head_dim]`` tensors (any
 strides) and the normalised mask bounds ``win_left`` / ``win_right`` (``-1`` = unbounded, causal
@@ -127,6 +127,10 @@ class AttnTritonBackend(KernelBackend):
             return flash_attn_varlen_bwd_triton(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                 max_seqlen_k, sink, softmax_scale, win_left, win_right,
                                                 deterministic=deterministic)
+        if q.is_cuda:
+            grads = _gluon_bwd(dout, q, k, v, out, lse, sink, softmax_scale, win_left, win_right)
+            if grads is not None:
+                return grads
         return flash_attn_bwd_triton(dout, q, k, v, out, lse, sink, softmax_scale, win_left, win_right,
                                      deterministic=deterministic)
 
@@ -142,6 +146,20 @@ def _gluon_fwd(q, k, v, sink, softmax_scale, win_left, win_right):
     if not use_gluon_attn_fwd() or gluon_attn_fwd_reason(q, k, v, sink, softmax_scale, win_left, win_right):
         return None
     return flash_attn_fwd_gluon(q, k, v, sink, softmax_scale, win_left, win_right)
+
+
+def _gluon_bwd(dout, q, k, v, out, lse, sink, softmax_scale, win_left, win_right):
+    """The warp-specialized Gluon backward (sm_90) where ``PRIMUS_TURBO_ATTN_BWD_GLUON`` asks for it and
+    it takes the inputs, else None. It has no atomics, so it serves ``deterministic=True`` as well."""
+    from primus_turbo.triton.attention.flash_attn_bwd_gluon import (
+        flash_attn_bwd_gluon, gluon_attn_bwd_reason, use_gluon_attn_bwd,
+    )
+
+    if not use_gluon_attn_bwd() or gluon_attn_bwd_reason(q, k, v, dout, sink, softmax_scale, win_left, win_right):
+        return None
+    if lse.dtype != torch.float32 or not lse.is_contiguous():
+        return None
+    return flash_attn_bwd_gluon(dout, q, k, v, out, lse, sink, softmax_scale, win_left, win_right)
 
 
 def _make_key(q, k, v, sink=None, win_left=-1, win_right=-1, return_lse=False, cu_seqlens_q=None,

@@ -46,6 +46,17 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "TRITON attention forward (flash_attn_func, fp16/bf16, head dims 64/128, no left window) on sm_90: 1 the "
         "warp-specialized Gluon kernel where it can run, 0 the Triton kernel; auto: Triton until measured on the H200.",
     ),
+    "PRIMUS_TURBO_ATTN_BWD_GLUON": (
+        "auto",
+        "TRITON attention backward (flash_attn_func, fp16/bf16, head dims 64/128, no left window) on sm_90: 1 the "
+        "warp-specialized Gluon dK/dV (+ dQ) kernels where they can run, 0 the Triton kernels; auto: Triton until "
+        "measured on the H200. No atomics: deterministic either way.",
+    ),
+    "PRIMUS_TURBO_ATTN_BWD_GLUON_DQ": (
+        "auto",
+        "Inside the Gluon attention backward (PRIMUS_TURBO_ATTN_BWD_GLUON=1): 1 / auto the Gluon dQ kernel, 0 the "
+        "Triton dQ kernel next to the Gluon dK/dV kernel.",
+    ),
     "PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON": (
         "auto",
         "M-grouped FP8 BLOCKWISE GEMM (grouped_gemm_fp8 forward and E4M3 dgrad) on sm_90: 1 the Gluon kernel "

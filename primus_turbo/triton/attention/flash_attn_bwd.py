@@ -490,7 +490,7 @@ def _launch_bwd(q, k, v, dout, lse, delta, dq, dk, dv, strides, softmax_scale, w
             BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, ATOMIC_DQ=True, **common,
         )
         return
-    (bm1, bn1, warps1, stages1), (bm2, bn2, warps2, stages2) = _bwd_config(max(block_dqk, block_dv))
+    (bm1, bn1, warps1, stages1), _ = _bwd_config(max(block_dqk, block_dv))
     _attn_bwd_dkdv_kernel[(triton.cdiv(Sk, bn1), B * Hk)](
         q, k, v, dout, lse, delta, dk, dv, dk, cu_q, cu_k,
         *qs, *ks, *vs, *dos, *dks, *dvs, 0, 0, 0, 0, stride_lh,
@@ -498,6 +498,25 @@ def _launch_bwd(q, k, v, dout, lse, delta, dq, dk, dv, strides, softmax_scale, w
         qk_scale, float(softmax_scale), Sk - Sq, wl, wr,
         BLOCK_M=bm1, BLOCK_N=bn1, num_warps=warps1, num_stages=stages1, ATOMIC_DQ=False, **common,
     )
+    _launch_dq(q, k, v, dout, lse, delta, dq, strides, softmax_scale, win_left, win_right, B, H, Hk, Sq, Sk,
+               stride_lh, cu_q if varlen else None, cu_k if varlen else None)
+
+
+def _launch_dq(q, k, v, dout, lse, delta, dq, strides, softmax_scale, win_left, win_right,
+               B, H, Hk, Sq, Sk, stride_lh, cu_q=None, cu_k=None):
+    """The dQ kernel alone (the two-kernel backward's second launch; the Gluon backward's dQ)."""
+    qs, ks, vs, dos, dqs, _, _ = strides
+    Dqk, Dv = q.size(-1), v.size(-1)
+    block_dqk, block_dv = attn_block_dims(Dqk, Dv)
+    has_left, has_right, wl, wr = window_flags(win_left, win_right)
+    varlen = cu_q is not None
+    cu_q, cu_k = (cu_q, cu_k) if varlen else (lse, lse)
+    common = dict(
+        HAS_LEFT=has_left, HAS_RIGHT=has_right, IS_VARLEN=varlen, BLOCK_DQK=block_dqk, BLOCK_DV=block_dv,
+        EVEN_D=even_head_dims(Dqk, Dv), DOT_PRECISION=dot_precision(q.dtype),
+    )
+    qk_scale = float(softmax_scale) * LOG2E
+    _, (bm2, bn2, warps2, stages2) = _bwd_config(max(block_dqk, block_dv))
     _attn_bwd_dq_kernel[(triton.cdiv(Sq, bm2), B * H)](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k,
         *qs, *ks, *vs, *dos, *dqs, stride_lh,
