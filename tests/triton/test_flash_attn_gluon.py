@@ -104,15 +104,30 @@ def test_size_one_dims_get_aligned_strides():
 
 
 def test_env_switch(monkeypatch):
+    """The TRITON backend's forward takes the Gluon kernel by the switch: auto where it was measured
+    faster (head dim 128 except causal at <= 2048 queries), 1 wherever it can run, 0 never. Recorded
+    with the kernel and its reason mocked (no sm_90 here)."""
+    from primus_turbo.pytorch.backends import attention as ab
+
+    calls = []
+    monkeypatch.setattr(fa, "gluon_attn_fwd_reason", lambda *a: None)
+    monkeypatch.setattr(fa, "flash_attn_fwd_gluon", lambda q, *a: calls.append(q.shape) or ("out", "lse"))
+
+    def picked(d, s, causal):
+        q = torch.empty(1, s, 2, d)
+        calls.clear()
+        return ab._gluon_fwd(q, q, q, None, 1.0, -1, 0 if causal else -1) is not None and bool(calls)
+
     monkeypatch.delenv(fa.GLUON_ATTN_ENV, raising=False)
-    assert not fa.use_gluon_attn_fwd()  # auto: off until measured on the H200
+    assert picked(128, 4096, False) and picked(128, 4096, True) and picked(128, 2048, False)
+    assert not picked(128, 2048, True) and not picked(64, 8192, False) and not picked(64, 4096, True)
     monkeypatch.setenv(fa.GLUON_ATTN_ENV, "1")
-    assert fa.use_gluon_attn_fwd()
+    assert picked(64, 2048, True) and picked(128, 2048, True)
     monkeypatch.setenv(fa.GLUON_ATTN_ENV, "0")
-    assert not fa.use_gluon_attn_fwd()
+    assert not picked(128, 8192, False)
     monkeypatch.setenv(fa.GLUON_ATTN_ENV, "maybe")
     with pytest.raises(ValueError, match="PRIMUS_TURBO_ATTN_FWD_GLUON"):
-        fa.use_gluon_attn_fwd()
+        picked(128, 4096, False)
 
 
 def test_config_check():

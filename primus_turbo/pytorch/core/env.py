@@ -44,7 +44,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "PRIMUS_TURBO_ATTN_FWD_GLUON": (
         "auto",
         "TRITON attention forward (flash_attn_func, fp16/bf16, head dims 64/128, no left window) on sm_90: 1 the "
-        "warp-specialized Gluon kernel where it can run, 0 the Triton kernel; auto: Triton until measured on the H200.",
+        "warp-specialized Gluon kernel where it can run, 0 the Triton kernel; auto: Gluon where it was measured faster "
+        "(head dim 128, except causal at <= 2048 queries), Triton elsewhere.",
     ),
     "PRIMUS_TURBO_ATTN_BWD_GLUON": (
         "auto",
