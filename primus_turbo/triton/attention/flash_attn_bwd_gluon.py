@@ -618,8 +618,10 @@ def _dq_args(q, k, v, dout, dq, lse2, delta2, softmax_scale: float, win_right: i
 def _destination(name: str, t: Optional[torch.Tensor], shape: tuple, q: torch.Tensor) -> torch.Tensor:
     if t is None:
         return torch.empty(shape, dtype=q.dtype, device=q.device)
-    if tuple(t.shape) != shape or t.dtype != q.dtype or t.device != q.device or not t.is_contiguous():
-        raise ValueError(f"flash_attn_bwd_gluon: {name} must be contiguous {q.dtype} {list(shape)} on {q.device}, "
+    if (tuple(t.shape) != shape or t.dtype != q.dtype or t.device != q.device or not t.is_contiguous()
+            or t.data_ptr() % 16):
+        raise ValueError(f"flash_attn_bwd_gluon: {name} must be contiguous, 16-byte aligned {q.dtype} {list(shape)} "
+                         f"on {q.device}, "
                          f"got {t.dtype} {list(t.shape)} strides {tuple(t.stride())} on {t.device}")
     return t
 
@@ -660,8 +662,8 @@ def flash_attn_bwd_gluon(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     bad = cfg.check(D)
     if bad is not None:
         raise ValueError(f"flash_attn_bwd_gluon: {bad}")
-    if _tma_strides(dout) is None:  # e.g. the expanded gradient of a sum (zero strides)
-        dout = dout.contiguous()
+    if _tma_strides(dout) is None:  # e.g. the expanded gradient of a sum (zero strides), or a misaligned view
+        dout = dout.clone(memory_format=torch.contiguous_format)
     dq, dk, dv = (_destination(name, t, shape, q) for name, t, shape in
                   (("dq", dq, (B, Sq, H, D)), ("dk", dk, (B, Sk, Hk, D)), ("dv", dv, (B, Sk, Hk, D))))
     delta = _delta(out, dout, varlen=False)  # [B, H, Sq] fp32, like the LSE
