@@ -8,6 +8,15 @@ On an sm_90 GPU (project not installed, PYTHONPATH=. is enough):
     PYTHONPATH=. python scripts/check_gluon_attn.py --compile-only [--dump DIR --sass]   # CPU: sm_90 compile, SASS
     PYTHONPATH=. python scripts/check_gluon_attn.py --bwd --out DIR       # the Gluon backward instead
     PYTHONPATH=. python scripts/check_gluon_attn.py --bwd --compile-only  # CPU: its sm_90 compile report
+    PYTHONPATH=. python scripts/check_gluon_attn.py --fp8 --out DIR       # the Gluon FP8 forward instead
+    PYTHONPATH=. python scripts/check_gluon_attn.py --fp8 --compile-only  # CPU: its sm_90 compile report
+
+``--fp8`` checks and times the Gluon FP8 (E4M3) forward (triton/attention/flash_attn_fp8_fwd_gluon.py;
+the code is in scripts/check_gluon_attn_fp8.py): child-process correctness against an fp32
+reference on the dequantized inputs, the tl FP8 kernel (>= 30 dB) and the bf16 reference (>= 20
+dB), the backward through ``flash_attn_fp8_func`` on its O and LSE; then Gluon FP8 vs tl FP8 vs
+our bf16 Gluon and tl forwards vs SDPA cuDNN, with the ratio FP8 / bf16; writes
+DIR/gluon_attn_fp8.json.
 
 ``--bwd`` checks and times the Gluon backward (triton/attention/flash_attn_bwd_gluon.py) the same
 way: each variant in a child process first (the tl forward's O and LSE; dq, dk, dv, dsink of the
@@ -668,6 +677,8 @@ def main(argv=None) -> int:
     p.add_argument("--sass", action="store_true")
     p.add_argument("--timeout", type=int, default=CHILD_TIMEOUT_S)
     p.add_argument("--bwd", action="store_true", help="the Gluon backward (flash_attn_bwd_gluon.py) instead")
+    p.add_argument("--fp8", action="store_true",
+                   help="the Gluon FP8 forward (flash_attn_fp8_fwd_gluon.py) instead; scripts/check_gluon_attn_fp8.py")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-bwd", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -676,6 +687,13 @@ def main(argv=None) -> int:
         res = run_variant(json.loads(args.child)) if args.child else run_bwd_variant(json.loads(args.child_bwd))
         print("RESULT " + json.dumps(res), flush=True)
         return 0
+    if args.fp8:  # its own module: this file holds the bf16 forward and backward checks
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("check_gluon_attn_fp8", _ROOT / "scripts" / "check_gluon_attn_fp8.py")
+        fp8 = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(fp8)
+        return fp8.main(args)
     if args.compile_only:
         _, bad = (compile_bwd_report if args.bwd else compile_report)(args.dump, args.sass)
         return 1 if bad else 0

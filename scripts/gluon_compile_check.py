@@ -17,6 +17,9 @@ that matter (wgmma, TMA loads / stores / reduces, local-memory STL / LDL).
 ``--attn`` compiles every variant of the attention forward (triton/attention/flash_attn_fwd_gluon.py;
 configs are ignored) and checks its SASS: HGMMA present, no local-memory STL/LDL. ``--attn-bwd``
 does the same for the attention backward's dK/dV and dQ kernels (triton/attention/flash_attn_bwd_gluon.py).
+``--attn-fp8`` compiles the FP8 attention forward (triton/attention/flash_attn_fp8_fwd_gluon.py) and
+checks its SASS: QGMMA present, no STL/LDL, registers, the softmax between the S and PV waits,
+no write to an in-flight wgmma's A registers.
 
 Exit status 1 if any config fails to compile, spills, has ptxas serialize its wgmmas (notes
 C7514/C7515: accumulator registers touched while an MMA is in flight), or needs more shared
@@ -173,6 +176,9 @@ def main(argv=None) -> int:
     p.add_argument("--attn-bwd", action="store_true",
                    help="the attention backward (triton/attention/flash_attn_bwd_gluon.py): dK/dV and dQ kernels, "
                         "every shipped variant: registers, spills (STL/LDL), HGMMA count")
+    p.add_argument("--attn-fp8", action="store_true",
+                   help="the FP8 attention forward (triton/attention/flash_attn_fp8_fwd_gluon.py), every shipped "
+                        "variant: registers, spills (STL/LDL), QGMMA count, softmax/PV overlap")
     p.add_argument("--grouped", action="store_true",
                    help="the M-grouped MoE kernel (triton/grouped_gemm/grouped_gemm_fp8_gluon.py) instead")
     p.add_argument("--row-scales", action="store_true",
@@ -182,6 +188,13 @@ def main(argv=None) -> int:
     p.add_argument("--accumulate", action="store_true",
                    help="with --variable-k: the reduce-add (out +=) epilogue; needs --out-dtype fp32")
     args = p.parse_args(argv)
+    if args.attn_fp8:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("check_gluon_attn_fp8", _ROOT / "scripts" / "check_gluon_attn_fp8.py")
+        fp8 = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(fp8)
+        return 1 if fp8.compile_report(args.dump, args.sass)[1] else 0
     if args.attn or args.attn_bwd:  # the attention compile checks live with their GPU check script
         import importlib.util
 

@@ -113,9 +113,25 @@ def _fwd_eager(
     from primus_turbo.triton.attention.flash_attn_fp8 import flash_attn_fp8_fwd_triton
 
     q8, k8, v8t, qs, ks, vs = _quantize(q, k, v, blk)
-    out, lse = flash_attn_fp8_fwd_triton(q8, k8, v8t, qs, ks, vs, blk, sink, softmax_scale, win_left, win_right,
-                                         out_dtype=q.dtype)
+    fwd = flash_attn_fp8_fwd_triton
+    if q.is_cuda:
+        fwd = _gluon_fwd(q8, k8, v8t, qs, ks, vs, blk, sink, softmax_scale, win_left, win_right, q.dtype) or fwd
+    out, lse = fwd(q8, k8, v8t, qs, ks, vs, blk, sink, softmax_scale, win_left, win_right, out_dtype=q.dtype)
     return out, lse, q8, k8, v8t, qs, ks, vs
+
+
+def _gluon_fwd(q8, k8, v8t, qs, ks, vs, blk, sink, softmax_scale, win_left, win_right, out_dtype):
+    """The warp-specialized Gluon FP8 forward (sm_90) where ``PRIMUS_TURBO_ATTN_FP8_FWD_GLUON`` asks for
+    it and it takes the quantized operands, else None. Same arguments, scales, O and LSE as the
+    Triton FP8 forward, so the saved tensors and the backward do not depend on the choice."""
+    from primus_turbo.triton.attention.flash_attn_fp8_fwd_gluon import (
+        flash_attn_fp8_fwd_gluon, gluon_attn_fp8_fwd_reason, use_gluon_attn_fp8_fwd,
+    )
+
+    if not use_gluon_attn_fp8_fwd() or gluon_attn_fp8_fwd_reason(q8, k8, v8t, qs, ks, vs, blk, sink, softmax_scale,
+                                                                  win_left, win_right, out_dtype):
+        return None
+    return flash_attn_fp8_fwd_gluon
 
 
 flash_attn_fp8_fwd = torch.library.custom_op("primus_turbo::flash_attn_fp8_fwd", _fwd_eager, mutates_args=())
@@ -254,8 +270,10 @@ def flash_attn_fp8_func(
         ``out [batch, seq_q, heads_q, head_dim_v]`` in q's dtype, or ``(out, lse)`` with
         ``return_lse``.
 
-    Runs on the TRITON kernels only (CUDA with FP8 tensor cores, sm_89+, or CPU under the Triton
-    interpreter); no backend dispatch.
+    Runs on the TRITON kernels (CUDA with FP8 tensor cores, sm_89+, or CPU under the Triton
+    interpreter); no backend dispatch. On sm_90, ``PRIMUS_TURBO_ATTN_FP8_FWD_GLUON=1`` runs the
+    forward's attention kernel as the warp-specialized Gluon FP8 kernel where it takes the inputs
+    (same quantization, O and LSE).
     """
     _check_inputs(q, k, v, dropout_p, softmax_scale, window_size, bias, alibi_slopes, return_attn_probs, sink, fn=_FN)
     if q.dtype not in _DTYPES:

@@ -158,8 +158,11 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                   H, GROUP, SEQ_Q, SEQ_K, offset, win_right,
-                  HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        """One warp: Q's two halves once, then K_j and V_j into ring slot ``j % STAGES``."""
+                  HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  V_KEYS_INNER: gl.constexpr = False):
+        """One warp: Q's two halves once, then K_j and V_j into ring slot ``j % STAGES``.
+        ``V_KEYS_INNER``: v_desc is over V^T viewed as [B, D, H, S] (the FP8 forward's V copy, keys
+        contiguous for the K-major FP8 MMA operand), so a key block is the box's inner dimension."""
         HALF: gl.constexpr = q_desc.block_type.shape[1]
         pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N)
         hk = h // GROUP
@@ -176,15 +179,22 @@ if GLUON_AVAILABLE:
             tma.async_copy_global_to_shared(k_desc, [b, j * BLOCK_N, hk, 0], k_ready.index(s), k_bufs.index(s))
             mbarrier.wait(v_empty.index(s), phase)
             mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [b, j * BLOCK_N, hk, 0], v_ready.index(s), v_bufs.index(s))
+            if V_KEYS_INNER:
+                tma.async_copy_global_to_shared(v_desc, [b, 0, hk, j * BLOCK_N], v_ready.index(s), v_bufs.index(s))
+            else:
+                tma.async_copy_global_to_shared(v_desc, [b, j * BLOCK_N, hk, 0], v_ready.index(s), v_bufs.index(s))
 
     @gluon.jit
     def _softmax(s, m_i, l_i, qk_scale, offs_m, n0, SEQ_K, diag, dtype: gl.constexpr, p_layout: gl.constexpr,
-                 HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr):
+                 HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr, ROW_SCALE: gl.constexpr = False,
+                 P_LOG2: gl.constexpr = 0.0):
         """One key block of the online softmax on raw scores ``s`` (base 2, scale folded into the
         exponent's FMA). ``MASKED``: keys past SEQ_K and (HAS_RIGHT) past ``row + diag`` are out;
         a row that has seen no key keeps ``m = -inf`` and gets ``p = 0``, ``alpha = 0``.
-        Returns (P in the PV MMA's A-operand layout, m, l, alpha)."""
+        ``ROW_SCALE``: ``qk_scale`` is one positive value per row (the FP8 forward's q and k
+        dequantization scales times ``scale * log2(e)``), else a scalar. ``P_LOG2``: P comes out
+        multiplied by ``2**P_LOG2`` (the FP8 forward's static P scale, folded into the exponent), and
+        so does ``l``. Returns (P in the PV MMA's A-operand layout, m, l, alpha)."""
         BLOCK_N: gl.constexpr = s.type.shape[1]
         if MASKED:
             offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
@@ -197,7 +207,15 @@ if GLUON_AVAILABLE:
         else:
             m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
             m_safe = m_new
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe, 1))
+        if ROW_SCALE:
+            sc = gl.expand_dims(qk_scale, 1)
+        else:
+            sc = qk_scale
+        if P_LOG2 != 0.0:
+            m_exp = m_safe - P_LOG2
+        else:
+            m_exp = m_safe
+        p = gl.exp2(s * sc - gl.expand_dims(m_exp, 1))
         alpha = gl.exp2(m_i - m_safe)
         l_i = l_i * alpha + gl.sum(p, 1)
         p = gl.convert_layout(p.to(dtype), p_layout)

@@ -1,0 +1,484 @@
+"""Hopper (sm_90) Gluon FP8 (E4M3) attention forward, warp-specialized.
+
+Same contract as ``flash_attn_fp8.py``'s :func:`flash_attn_fp8_fwd_triton` for the cases it takes:
+it reads :func:`quantize_tokens_fp8`'s outputs (``q8 [B, Hq, Sq, D]``, ``k8 [B, Hk, Sk, D]``,
+``v8t [B, Hk, D, Sk]`` E4M3, one fp32 power-of-two multiplier per ``(batch, head, BLK tokens)``)
+and returns ``O [B, Sq, Hq, D]`` in bf16/fp16 and ``LSE [B, Hq, Sq]`` fp32 (natural log, ``+inf``
+for a row that sees no key and has no sink), so the FP8 (or bf16) backward runs on the tensors
+the op saves, unchanged. The numerics are the tl kernel's:
+
+* ``S = Q8 K8^T`` is an FP8 wgmma (fp32 accumulation); the row maximum is taken on the raw
+  scores and ``rs = q_scale_row * k_scale_block * softmax_scale * log2(e)`` is applied in the
+  exponent's FMA (``exp2(s * rs - m)``), as the tl kernel does;
+* ``P = exp2(...)`` in ``[0, 1]`` is quantized to E4M3 at the static scale 256 (``FP8_ATTN_P_SCALE``,
+  folded into the exponent: ``exp2(s * rs - (m - 8))``), round to nearest even; the row sum
+  ``l`` uses the fp32 P (kept in units of 256, an exact power of two);
+* ``O += P8 V8`` is an FP8 wgmma with P from registers (the A operand) and ``V^T`` (keys
+  contiguous: the op already keeps V transposed for the tl kernel, so both FP8 operands are
+  K-major as Hopper's FP8 wgmma requires) from shared memory. V's scale is one power of two per
+  key block, and wgmma accumulates into O in place, so O is kept in units of the current block's V
+  scale: before block j's PV, O is multiplied by ``alpha_j * vs_{j-1} / vs_j`` (the ratio is an
+  exact power of two, fused into the softmax rescale, no extra pass); the epilogue multiplies by
+  the last block's scale. This equals the tl kernel's ``acc * alpha + (P8 V8) * vs`` up to the
+  MMA's own rounding; it could only overflow if one head's V block scales spanned more than about
+  2**90.
+
+Schedule: the bf16 Gluon forward's (``flash_attn_fwd_gluon.py``, whose producer, tile and
+softmax helpers this file reuses): one TMA producer warp fills Q once and a STAGES-deep K / V ring
+(4-D descriptors: Q / K over ``[B, S, H, D]`` views of the bhsd copies, V^T over a
+``[B, D, H, S]`` view, keys as the box's inner dimension), two consumer warpgroups of 64 query
+rows each issue ``S_j`` and ``P_{j-1} V_{j-1}`` back to back and run the softmax of ``S_j`` while
+the PV MMA is in flight; causal tiles skip the blocks past the diagonal and only the diagonal
+blocks run the mask. FP8 Q is half the size of the O tile, so O is staged in its own shared
+buffer for the TMA store (the bf16 kernel reuses Q's).
+
+:func:`gluon_attn_fp8_fwd_reason` refuses what the kernel does not take (head dims other than
+64 / 128 or unequal, left windows, negative scales, scale blocks of 32 tokens, ``seq_kv`` not a
+multiple of 16: the rows of ``v8t`` must be 16-byte aligned for TMA) and the op runs the tl kernel
+instead. ``PRIMUS_TURBO_ATTN_FP8_FWD_GLUON`` turns it on (auto: off until measured on the H200).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Optional
+
+import torch
+
+from .flash_attn_fwd_gluon import (
+    GLUON_AVAILABLE,
+    HALF_M,
+    HEAD_DIMS,
+    LOG2E,
+    SMEM_LIMIT,
+    GluonAttnConfig,
+    _tma_strides,
+    gluon_platform_reason,
+)
+
+__all__ = [
+    "GLUON_ATTN_FP8_ENV",
+    "GluonAttnFp8Config",
+    "default_attn_fp8_config",
+    "flash_attn_fp8_fwd_gluon",
+    "gluon_attn_fp8_fwd_reason",
+    "gluon_attn_fp8_operand_reason",
+    "use_gluon_attn_fp8_fwd",
+]
+
+GLUON_ATTN_FP8_ENV = "PRIMUS_TURBO_ATTN_FP8_FWD_GLUON"
+#: = flash_attn_fp8.FP8_ATTN_P_SCALE (not imported: that module imports triton.language kernels)
+P_SCALE = 256.0
+_OUT_DTYPES = (torch.bfloat16, torch.float16)
+
+if GLUON_AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .flash_attn_fwd_gluon import _pass_turn, _producer, _softmax, _take_turn, _tile
+
+
+@dataclasses.dataclass(frozen=True)
+class GluonAttnFp8Config(GluonAttnConfig):
+    """The bf16 forward's config (``n128s4``, ``p`` for ping-pong, ``r``/``w`` registers); only the
+    shared-memory budget differs: 1-byte Q / K / V tiles plus a separate 16-bit O staging tile."""
+
+    def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
+        q = self.BLOCK_M * head_dim * elem_bytes
+        kv = 2 * self.stages * self.block_n * head_dim * elem_bytes
+        o = self.BLOCK_M * head_dim * 2
+        return q + kv + o + 8 * (2 * 2 * self.stages + 3) + 1024  # + barriers, + the swizzle alignment
+
+
+#: per head dim; not yet measured on the H200 (scripts/check_gluon_attn.py --fp8 times them, --configs
+#: sweeps). FP8 tiles are half the bf16 ones, so the ring is deeper for the same shared memory:
+#: D=128 n128s4 is 16 KB Q + 4 x 32 KB K/V + 32 KB O.
+_DEFAULT_CONFIGS = {64: GluonAttnFp8Config(block_n=128, stages=4), 128: GluonAttnFp8Config(block_n=128, stages=4)}
+
+
+def default_attn_fp8_config(head_dim: int, blk: int = 128) -> GluonAttnFp8Config:
+    """The default config; with 64-token scale blocks the key tile shrinks to 64 (a key tile must
+    lie in one k / v scale block: its scales are scalars). 32-token blocks are not taken: a 32-key
+    tile would halve the MMA widths."""
+    cfg = _DEFAULT_CONFIGS[head_dim]
+    if 64 <= blk < cfg.block_n:
+        cfg = dataclasses.replace(cfg, block_n=blk)
+    return cfg
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel
+# ----------------------------------------------------------------------------------------------
+if GLUON_AVAILABLE:
+
+    @gluon.jit
+    def _fp8_step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn, s_regs, acc, p, m_i, l_i, vs_prev,
+                  q_scale, ks_base, vs_base, offs_m, SEQ_K, diag, o_layout: gl.constexpr, p_layout: gl.constexpr,
+                  BLK: gl.constexpr, P_LOG2: gl.constexpr, HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr,
+                  STAGES: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr):
+        """Iteration j >= 1: issue S_j, issue O += P8_{j-1} V8_{j-1}, softmax S_j while the PV MMA
+        runs, then retire it and move O to block j's units (alpha_j * vs_{j-1} / vs_j)."""
+        BLOCK_N: gl.constexpr = s_regs.type.shape[1]
+        D_QK: gl.constexpr = q.type.shape[1]
+        D_V: gl.constexpr = acc.type.shape[1]
+        s = j % STAGES
+        sp = (j - 1) % STAGES
+        # block j's scales (scalars: the key tile lies in one scale block), loaded before the
+        # barrier waits so their latency hides behind them
+        rs = q_scale * gl.load(ks_base + (j * BLOCK_N) // BLK)
+        vs = gl.load(vs_base + (j * BLOCK_N) // BLK)
+        mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+        mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
+        _take_turn(turn, j, WG, PINGPONG)
+        s_tok = warpgroup_mma(q, k_bufs.index(s).reshape([BLOCK_N, D_QK]).permute((1, 0)), s_regs,
+                              use_acc=False, is_async=True)
+        # V^T tile [D, keys] viewed as [keys, D]: the B operand with K (keys) contiguous
+        o_tok = warpgroup_mma(p, v_bufs.index(sp).reshape([D_V, BLOCK_N]).permute((1, 0)), acc, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
+        s_regs = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
+        mbarrier.arrive(k_empty.index(s), count=1)
+        p_new, m_i, l_i, alpha = _softmax(s_regs, m_i, l_i, rs, offs_m, j * BLOCK_N, SEQ_K, diag, gl.float8e4nv,
+                                          p_layout, HAS_RIGHT, MASKED, True, P_LOG2)
+        # ptxas hoists a wgmma wait as high as it can (it is ready once issued; what it stalls is
+        # not modelled), i.e. above the exponentials, and the PV MMA would no longer overlap the
+        # softmax. A wait on an mbarrier that has already completed (Q's) is a try_wait loop in the
+        # PTX: a basic-block boundary ptxas does not schedule across, for one try_wait. P_{j-1}
+        # is not a dependency of the wait (its lowering takes no 8-bit operands); ptxas keeps an
+        # in-flight wgmma's A registers untouched on its own (no serialization notes).
+        mbarrier.wait(q_bar, 0)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
+        mbarrier.arrive(v_empty.index(sp), count=1)
+        # O in units of V block j's scale from here on: powers of two, so the ratio is exact
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha * (vs_prev / vs), gl.SliceLayout(1, o_layout)), 1)
+        return s_regs, acc, p_new, m_i, l_i, vs
+
+    @gluon.jit
+    def _fp8_consumer(o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+                      QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
+                      WG: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, BLOCK_N: gl.constexpr,
+                      STAGES: gl.constexpr, BLK: gl.constexpr, P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
+                      PINGPONG: gl.constexpr):
+        """One warpgroup: query rows [WG*64, WG*64+64) of the tile."""
+        HALF: gl.constexpr = o_desc.block_type.shape[1]
+        D_QK: gl.constexpr = q_smem.type.shape[4]
+        D_V: gl.constexpr = o_desc.block_type.shape[3]
+        # FP8 wgmma: m64nNk32
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 32])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, D_V, 32])
+        # P8 as the A operand of O += P8 V8 from registers: four E4M3 codes per 32-bit register (P is
+        # row-major over keys = K-major, as an FP8 A operand must be); the accumulator fragment of
+        # S does not map onto it register for register, so the conversion shuffles within warps
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N)
+        hk = h // GROUP
+        m0 = pid_m * (2 * HALF) + WG * HALF
+        offs_m = m0 + gl.arange(0, HALF, layout=row_layout)
+        diag = offset + win_right
+        n_full = SEQ_K // BLOCK_N
+        if HAS_RIGHT:
+            n_full = gl.minimum(n_full, gl.maximum(m0 + diag + 1, 0) // BLOCK_N)
+        n_full = gl.minimum(n_full, n_blocks)
+
+        # per-row q multiplier with softmax_scale * log2(e) folded in (the tl kernel's q_scale);
+        # rows past seq_q take 1 so their scores stay finite (they are clipped at the store)
+        q_scale = gl.load(QS + (b * H + h) * NBQ + offs_m // BLK, mask=offs_m < SEQ_Q, other=1.0) * qk_scale
+        ks_base = KS + (b * (H // GROUP) + hk) * NBK
+        vs_base = VS + (b * (H // GROUP) + hk) * NBK
+
+        if HAS_SINK:  # the sink joins the denominator only: m = sink (base 2), l = 1 (in P units)
+            sink_log2 = gl.load(SINK + h).to(gl.float32) * 1.4426950408889634
+            m_i = gl.full([HALF], 0.0, gl.float32, row_layout) + sink_log2
+            l_i = gl.full([HALF], P_SCALE, gl.float32, row_layout)
+        else:
+            m_i = gl.full([HALF], float("-inf"), gl.float32, row_layout)
+            l_i = gl.full([HALF], 0.0, gl.float32, row_layout)
+
+        mbarrier.wait(q_bar, 0)
+        q = q_smem.index(WG).reshape([HALF, D_QK])
+        # block 0, peeled (always with the mask: it may be the only one, and partly masked)
+        rs = q_scale * gl.load(ks_base)
+        vs = gl.load(vs_base)
+        s_regs = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
+        mbarrier.wait(k_ready.index(0), 0)
+        _take_turn(turn, 0, WG, PINGPONG)
+        s_tok = warpgroup_mma(q, k_bufs.index(0).reshape([BLOCK_N, D_QK]).permute((1, 0)), s_regs,
+                              use_acc=False, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
+        s_regs = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
+        mbarrier.arrive(k_empty.index(0), count=1)
+        p, m_i, l_i, alpha = _softmax(s_regs, m_i, l_i, rs, offs_m, 0, SEQ_K, diag, gl.float8e4nv, p_layout,
+                                      HAS_RIGHT, True, True, P_LOG2)
+        acc = gl.zeros([HALF, D_V], gl.float32, o_layout)
+        for j in range(1, n_full):
+            s_regs, acc, p, m_i, l_i, vs = _fp8_step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
+                                                     s_regs, acc, p, m_i, l_i, vs, q_scale, ks_base, vs_base, offs_m,
+                                                     SEQ_K, diag, o_layout, p_layout, BLK, P_LOG2, HAS_RIGHT, False,
+                                                     STAGES, WG, PINGPONG)
+        for j in range(gl.maximum(n_full, 1), n_blocks):
+            s_regs, acc, p, m_i, l_i, vs = _fp8_step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
+                                                     s_regs, acc, p, m_i, l_i, vs, q_scale, ks_base, vs_base, offs_m,
+                                                     SEQ_K, diag, o_layout, p_layout, BLK, P_LOG2, HAS_RIGHT, True,
+                                                     STAGES, WG, PINGPONG)
+        # the last block's PV
+        sl = (n_blocks - 1) % STAGES
+        mbarrier.wait(v_ready.index(sl), ((n_blocks - 1) // STAGES) & 1)
+        _take_turn(turn, n_blocks, WG, PINGPONG)
+        o_tok = warpgroup_mma(p, v_bufs.index(sl).reshape([D_V, BLOCK_N]).permute((1, 0)), acc, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
+        mbarrier.arrive(v_empty.index(sl), count=1)
+
+        empty = l_i == 0.0
+        l_safe = gl.where(empty, 1.0, l_i)
+        lse = gl.where(empty, float("inf"), (m_i + (gl.log2(l_safe) - P_LOG2)) / 1.4426950408889634)
+        gl.store(LSE + (b * H + h).to(gl.int64) * SEQ_Q + offs_m, lse, mask=offs_m < SEQ_Q)
+        # O and l are both in P units; O also in the last V block's: one exact scalar factor
+        out = (acc * vs) / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
+        o_tile = o_smem.index(WG)
+        o_tile.reshape([HALF, D_V]).store(out.to(o_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [b, m0, h, 0], o_tile)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _attn_fp8_fwd_ws_kernel(
+        q_desc, k_desc, v_desc, o_desc,
+        QS, KS, VS, LSE, SINK,
+        H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK,
+        offset, win_right, qk_scale,
+        HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr, BLK: gl.constexpr,
+        P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
+    ):
+        """O, LSE of 128 query rows of one (batch, head) from E4M3 q / k / v^T: producer warp + two
+        consumer warpgroups.
+
+        Descriptors: q over [B, Sq, H, D] with boxes [1, 64, 1, D], k over [B, Sk, Hk, D] with
+        [1, BLOCK_N, 1, D], v over V^T as [B, D, Hk, Sk] with [1, D, 1, BLOCK_N], o (16-bit) over
+        [B, Sq, H, D] with [1, 64, 1, D]. QS / KS / VS: contiguous fp32 [B, H(k), NB(Q/K)]
+        multipliers of BLK-token blocks (BLK a multiple of BLOCK_N: constexpr, it divides the key
+        index). HAS_RIGHT (a right window bound, causal = 0) adds the diagonal loop; HAS_SINK
+        changes the init."""
+        HALF: gl.constexpr = q_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+        D_QK: gl.constexpr = q_desc.block_type.shape[3]
+        D_V: gl.constexpr = v_desc.block_type.shape[1]
+        gl.static_assert(v_desc.block_type.shape[3] == BLOCK_N, "K and V^T boxes cover the same keys")
+        gl.static_assert(BLK % BLOCK_N == 0, "a key tile must lie in one scale block")
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, HALF, 1, D_QK], q_desc.layout)
+        k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 1, BLOCK_N, 1, D_QK], k_desc.layout)
+        v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, D_V, 1, BLOCK_N], v_desc.layout)
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, 1, HALF, 1, D_V], o_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        mbarrier.init(turn.index(0), count=1)  # PINGPONG: arrived by WG 1 when it has issued its MMAs
+        mbarrier.init(turn.index(1), count=1)  # and by WG 0
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)  # the producer's expect + TMA bytes
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer warpgroup
+            mbarrier.init(v_empty.index(i), count=2)
+        gl.warp_specialize([
+            (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+                             QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
+                             0, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG)),
+            (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+                             QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
+                             1, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                         H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, True)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks and launch
+# ----------------------------------------------------------------------------------------------
+def use_gluon_attn_fp8_fwd() -> bool:
+    """``PRIMUS_TURBO_ATTN_FP8_FWD_GLUON``: 1 runs this kernel for ``flash_attn_fp8_func``'s forward
+    where :func:`gluon_attn_fp8_fwd_reason` allows, 0 and auto never (auto: off until measured)."""
+    from primus_turbo.pytorch.core.env import env_auto_flag
+
+    return bool(env_auto_flag(GLUON_ATTN_FP8_ENV))
+
+
+def _views(q8, k8, v8t):
+    """The descriptors' logical views: q / k as [B, S, H, D], V^T as [B, D, H, S]."""
+    return q8.transpose(1, 2), k8.transpose(1, 2), v8t.transpose(1, 2)
+
+
+def _fp8_config(head_dim: int, blk: int, config: Optional[GluonAttnFp8Config]) -> GluonAttnFp8Config:
+    return config if config is not None else default_attn_fp8_config(head_dim, blk)
+
+
+def gluon_attn_fp8_operand_reason(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk: int, sink=None,
+                                  softmax_scale: float = 1.0, win_left: int = -1, win_right: int = -1,
+                                  out_dtype: torch.dtype = torch.bfloat16,
+                                  config: Optional[GluonAttnFp8Config] = None) -> Optional[str]:
+    """The shape / dtype / stride half of :func:`gluon_attn_fp8_fwd_reason` (no device test, so it
+    is checkable on CPU). Inputs as :func:`flash_attn_fp8_fwd_triton` takes them (the op's
+    :func:`quantize_tokens_fp8` outputs), normalized window bounds (causal: ``win_right = 0``)."""
+    if not GLUON_AVAILABLE:
+        return "triton.experimental.gluon is not importable"
+    f8 = torch.float8_e4m3fn
+    if any(t.dtype != f8 for t in (q8, k8, v8t)):
+        return f"dtypes {q8.dtype}, {k8.dtype}, {v8t.dtype}: the Gluon FP8 forward takes float8_e4m3fn q8, k8, v8t"
+    if out_dtype not in _OUT_DTYPES:
+        return f"out_dtype {out_dtype}: the Gluon FP8 forward writes bfloat16 or float16"
+    if q8.dim() != 4 or k8.dim() != 4 or v8t.dim() != 4:
+        return "q8, k8, v8t must be 4-D ([B, H, S, D], [B, Hk, S, D], [B, Hk, D, S])"
+    B, H, Sq, D = q8.shape
+    Hk, Dv, Sk = v8t.shape[1], v8t.shape[2], v8t.shape[3]
+    if tuple(k8.shape) != (B, Hk, Sk, D) or v8t.size(0) != B:
+        return f"shapes q8 {tuple(q8.shape)}, k8 {tuple(k8.shape)}, v8t {tuple(v8t.shape)} do not match"
+    if D != Dv or D not in HEAD_DIMS:
+        return f"head dims qk={D}, v={Dv}: the Gluon FP8 forward takes equal head dims of 64 or 128"
+    if win_left >= 0:
+        return f"sliding window (left={win_left}): not in the Gluon FP8 forward"
+    if not softmax_scale > 0:
+        return f"softmax_scale={softmax_scale}: the Gluon FP8 forward takes a positive scale (it maximizes raw scores)"
+    if Sk == 0:
+        return "seq_kv = 0"
+    if B * H > 65535:
+        return f"batch * heads_q = {B * H} exceeds the grid's 65535"
+    if H % Hk:
+        return f"heads_q={H} is not a multiple of heads_kv={Hk}"
+    cfg = _fp8_config(D, blk, config)
+    if blk % cfg.block_n:
+        return (f"scale block_size={blk}: the Gluon FP8 forward's key tile ({cfg.block_n}) must lie in one scale "
+                f"block (block_size 64, 128 or 256)")
+    bad = cfg.check(D)
+    if bad is not None:
+        return bad
+    nbq, nbk = -(-Sq // blk), -(-Sk // blk)
+    for name, t, shape in (("q_scale_inv", q_scale_inv, (B, H, nbq)), ("k_scale_inv", k_scale_inv, (B, Hk, nbk)),
+                           ("v_scale_inv", v_scale_inv, (B, Hk, nbk))):
+        if t.dtype != torch.float32 or tuple(t.shape) != shape or not t.is_contiguous():
+            return f"{name} must be contiguous float32 {list(shape)}, got {t.dtype} {list(t.shape)}"
+    qv, kv, vv = _views(q8, k8, v8t)
+    for name, t in (("q8", qv), ("k8", kv)):
+        if _tma_strides(t) is None:
+            return f"{name} strides {tuple(t.stride())}: TMA needs a unit head-dim stride and 16-byte aligned strides"
+    if _tma_strides(vv) is None:
+        return (f"v8t strides {tuple(v8t.stride())}: TMA needs unit key stride and 16-byte aligned rows "
+                f"(seq_kv={Sk} must be a multiple of 16 for the transposed FP8 V)")
+    if sink is not None and (sink.dtype != torch.float32 or sink.numel() != H):
+        return "sink must be float32 [heads_q]"
+    return None
+
+
+def gluon_attn_fp8_fwd_reason(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk: int, sink=None,
+                              softmax_scale: float = 1.0, win_left: int = -1, win_right: int = -1,
+                              out_dtype: torch.dtype = torch.bfloat16,
+                              config: Optional[GluonAttnFp8Config] = None) -> Optional[str]:
+    """None when :func:`flash_attn_fp8_fwd_gluon` can run these inputs on their device, else why
+    not. Never raises, never synchronizes."""
+    try:
+        reason = gluon_attn_fp8_operand_reason(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, sink,
+                                               softmax_scale, win_left, win_right, out_dtype, config)
+        if reason is None:
+            reason = gluon_platform_reason(q8.device)
+        return reason
+    except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
+        return f"{type(exc).__name__}: {exc}"
+
+
+_GL_DTYPES = {}
+if GLUON_AVAILABLE:
+    _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
+
+
+@functools.lru_cache(maxsize=None)
+def _layout(box: tuple, dtype: torch.dtype):
+    """Shared layout of a 4-D box (swizzle by the inner dimension's bytes: 128 B for D=128 FP8
+    rows, 64-key FP8 rows and D=64 16-bit rows)."""
+    return gl.NVMMASharedLayout.get_default_for(list(box), _GL_DTYPES[dtype])
+
+
+def _desc(t: torch.Tensor, box: tuple):
+    return TensorDescriptor(t, list(t.shape), list(_tma_strides(t)), list(box), _layout(box, t.dtype))
+
+
+def _kernel_args(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, out, lse, sink, softmax_scale: float,
+                 win_right: int, cfg: GluonAttnFp8Config) -> tuple:
+    """(grid, positional args, keyword args) of the launch for validated, non-empty inputs."""
+    B, H, Sq, D = q8.shape
+    Hk, Sk = k8.size(1), k8.size(2)
+    qv, kv, vv = _views(q8, k8, v8t)
+    args = (_desc(qv, (1, HALF_M, 1, D)), _desc(kv, (1, cfg.block_n, 1, D)), _desc(vv, (1, D, 1, cfg.block_n)),
+            _desc(out, (1, HALF_M, 1, D)),
+            q_scale_inv, k_scale_inv, v_scale_inv, lse, sink if sink is not None else lse,
+            H, H // Hk, Sq, Sk, q_scale_inv.size(-1), k_scale_inv.size(-1), Sk - Sq, max(win_right, 0),
+            float(softmax_scale) * LOG2E)
+    kwargs = dict(HAS_RIGHT=win_right >= 0, HAS_SINK=sink is not None, STAGES=cfg.stages, BLK=int(blk),
+                  P_SCALE=P_SCALE, P_LOG2=float(math.log2(P_SCALE)), CONSUMER_REGS=cfg.consumer_regs,
+                  PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, num_warps=4)
+    grid = (-(-Sq // cfg.BLOCK_M), B * H)
+    return grid, args, kwargs
+
+
+def flash_attn_fp8_fwd_gluon(
+    q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, q_scale_inv: torch.Tensor, k_scale_inv: torch.Tensor,
+    v_scale_inv: torch.Tensor, blk: int, sink: Optional[torch.Tensor], softmax_scale: float,
+    win_left: int = -1, win_right: int = -1, out_dtype: torch.dtype = torch.bfloat16,
+    config: Optional[GluonAttnFp8Config] = None, out: Optional[torch.Tensor] = None,
+    lse: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 attention forward on Hopper, with :func:`flash_attn_fp8_fwd_triton`'s arguments and results:
+    ``q8 [B, Hq, Sq, D]``, ``k8 [B, Hk, Sk, D]``, ``v8t [B, Hk, D, Sk]`` E4M3 (D 64 or 128, Sk a multiple
+    of 16) with their ``[B, H, ceil(S / blk)]`` fp32 multipliers (``blk`` 64, 128 or 256), sink fp32
+    ``[Hq]`` or None, ``win_left`` -1, ``win_right`` -1 or >= 0 (causal: 0). Returns ``O [B, Sq, Hq, D]``
+    in ``out_dtype`` (contiguous) and ``LSE [B, Hq, Sq]`` fp32, natural log. ``out`` / ``lse``: optional
+    destinations of those shapes (``out`` with TMA-aligned strides, ``lse`` contiguous).
+
+    Raises ValueError with :func:`gluon_attn_fp8_fwd_reason`'s text for inputs it does not take.
+
+    Example::
+
+        >>> args = (q8, k8, v8t, qs, ks, vs, 128, None, scale, -1, 0)  # causal
+        >>> if gluon_attn_fp8_fwd_reason(*args) is None:
+        ...     out, lse = flash_attn_fp8_fwd_gluon(*args)
+    """
+    reason = gluon_attn_fp8_fwd_reason(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, sink, softmax_scale,
+                                       win_left, win_right, out_dtype, config)
+    if reason is not None:
+        raise ValueError(f"flash_attn_fp8_fwd_gluon: {reason}")
+    B, H, Sq, D = q8.shape
+    if out is None:
+        out = torch.empty((B, Sq, H, D), dtype=out_dtype, device=q8.device)
+    elif (tuple(out.shape) != (B, Sq, H, D) or out.dtype != out_dtype or out.device != q8.device
+          or (out.numel() and _tma_strides(out) is None)):
+        raise ValueError(f"flash_attn_fp8_fwd_gluon: out must be {out_dtype} {[B, Sq, H, D]} on {q8.device} with a "
+                         f"unit head-dim stride and 16-byte aligned strides, got {out.dtype} {list(out.shape)} "
+                         f"strides {tuple(out.stride())}")
+    if lse is None:
+        lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q8.device)
+    elif tuple(lse.shape) != (B, H, Sq) or lse.dtype != torch.float32 or not lse.is_contiguous():
+        raise ValueError(f"flash_attn_fp8_fwd_gluon: lse must be contiguous float32 {[B, H, Sq]}, got {lse.dtype} "
+                         f"{list(lse.shape)} strides {tuple(lse.stride())}")
+    if B == 0 or Sq == 0 or H == 0:
+        return out, lse
+    cfg = _fp8_config(D, blk, config)
+    grid, args, kwargs = _kernel_args(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, out, lse, sink,
+                                      softmax_scale, win_right, cfg)
+    with torch.cuda.device(q8.device):
+        _attn_fp8_fwd_ws_kernel[grid](*args, **kwargs)
+    return out, lse

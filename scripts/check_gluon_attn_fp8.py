@@ -1,0 +1,501 @@
+"""Check and time the Gluon FP8 attention forward (triton/attention/flash_attn_fp8_fwd_gluon.py).
+
+Reached through ``scripts/check_gluon_attn.py --fp8`` (same options) or directly; on an sm_90 GPU
+(project not installed, PYTHONPATH=. is enough):
+
+    PYTHONPATH=. python scripts/check_gluon_attn.py --fp8 --out DIR           # correctness, then timing
+    PYTHONPATH=. python scripts/check_gluon_attn.py --fp8 --out DIR --quick   # seq 4096 only
+    PYTHONPATH=. python scripts/check_gluon_attn.py --fp8 --configs n128s3 n128s4p n64s6   # + a config sweep
+    PYTHONPATH=. python scripts/check_gluon_attn.py --fp8 --compile-only [--dump DIR --sass]   # CPU: sm_90 compile
+
+1. Correctness: every variant (head dim 64/128, causal or not, bf16/fp16 out, sinks, GQA, seq not
+   a multiple of the tile, seq_q != seq_kv with empty causal rows, 64- and 256-token scale blocks,
+   bshd/sbhd inputs, one long sequence) runs in a child process with a timeout. The op's own
+   quantization makes the FP8 operands; outputs are poisoned (NaN) first. O and LSE are compared
+   with an fp32 reference on the dequantized q, k, v (O >= 28 dB, LSE >= 40 dB), with the tl FP8
+   kernel on the same FP8 tensors (>= 30 dB) and O with the bf16 reference on the unquantized
+   inputs (>= 20 dB); the +inf LSE of empty rows must match exactly. Then ``flash_attn_fp8_func``'s
+   backward (FP8 and bf16) on the Gluon forward must give the gradients it gives on the tl forward.
+2. Timing (variants that passed): the Gluon FP8 forward kernel, the tl FP8 forward kernel (both on
+   pre-quantized operands), the full ``flash_attn_fp8_func`` forward with the Gluon kernel
+   (quantization included), our bf16 Gluon forward, our tl bf16 forward and SDPA cuDNN, on
+   Llama-like shapes (batch * seq = 16k tokens, 32 heads, head dims 128 / 64, causal and not).
+   Prints TFLOP/s, the ratio FP8 Gluon / bf16 Gluon (the issue's target: >= 1.3), and geometric
+   means; writes DIR/gluon_attn_fp8.json.
+
+Exit status 1 if any correctness check fails.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+MIN_SNR_TL = 30.0      # Gluon FP8 vs the tl FP8 kernel on the same FP8 tensors
+MIN_SNR_DEQ = 28.0     # O vs an fp32 reference on the dequantized inputs (P's E4M3 rounding remains)
+MIN_SNR_LSE = 40.0     # LSE vs that reference (fp32 scores)
+MIN_SNR_BF16 = 20.0    # O vs the reference on the unquantized inputs (the issue's FP8 bar)
+MIN_SNR_GRAD = 30.0    # backward on the Gluon forward vs on the tl forward
+TOKENS = 16384
+SEQS = (2048, 4096, 8192, 16384)
+CHILD_TIMEOUT_S = 300
+
+# (name, B, Sq, Sk, Hq, Hk, D, causal, out dtype, sink, layout, block_size)
+VARIANTS = [
+    (f"fp8_d{d}_{'causal' if c else 'full'}_{dt}", 2, 1024, 1024, 4, 2, d, c, dt, False, "bshd", 128)
+    for d in (64, 128) for c in (False, True) for dt in ("bf16", "fp16")
+] + [
+    ("fp8_d128_causal_sink", 2, 784, 784, 4, 4, 128, True, "bf16", True, "bshd", 128),
+    ("fp8_d64_full_sink_gqa8", 1, 513, 704, 8, 1, 64, False, "bf16", True, "bshd", 128),
+    ("fp8_d128_causal_sq300_sk1104", 2, 300, 1104, 4, 2, 128, True, "bf16", False, "bshd", 128),
+    ("fp8_d128_causal_sq1100_sk304_empty_rows", 2, 1100, 304, 4, 2, 128, True, "bf16", False, "bshd", 128),
+    ("fp8_d128_full_blk64", 2, 1000, 1008, 4, 2, 128, False, "bf16", False, "bshd", 64),
+    ("fp8_d64_causal_blk256", 2, 1000, 1008, 4, 2, 64, True, "bf16", False, "bshd", 256),
+    ("fp8_d128_full_sbhd", 3, 640, 640, 4, 2, 128, False, "bf16", False, "sbhd", 128),
+    ("fp8_d128_tiny", 1, 1, 16, 2, 1, 128, False, "bf16", False, "bshd", 128),
+    ("fp8_d128_causal_long8k", 1, 8192, 8192, 8, 8, 128, True, "bf16", False, "bshd", 128),
+    ("fp8_d64_full_long8k", 1, 8192, 8192, 8, 8, 64, False, "bf16", False, "bshd", 128),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# sm_90 compile (CPU is enough): registers, spills, QGMMA count, schedule
+# ---------------------------------------------------------------------------------------------
+def _compile_check_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gluon_compile_check", _ROOT / "scripts" / "gluon_compile_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _overlapped_softmax(sass: str) -> bool:
+    """True when every ``WARPGROUP.DEPBAR.LE gsb0, 0x1`` (S_j retired, PV_{j-1} in flight) is followed
+    by exponentials (MUFU.EX2) before the next ``0x0`` wait: the softmax runs under the PV MMA."""
+    ops = re.findall(r"(WARPGROUP\.DEPBAR\.LE gsb0, 0x[01]|MUFU\.EX2)", sass)
+    ok, seen, open_ = False, 0, False
+    for op in ops:
+        if op.endswith("0x1"):
+            open_, seen = True, 0
+        elif op.startswith("MUFU"):
+            seen += open_
+        elif open_:
+            if seen == 0:
+                return False
+            ok, open_ = True, False
+    return ok
+
+
+def _a_register_hazards(sass: str) -> int:
+    """Writes to the A registers of a register-A QGMMA before the ``gsb0, 0x0`` wait that retires
+    it (0 expected: ptxas protects them; counted because the wait does not name them)."""
+    lines = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", ln)]
+    bad = 0
+    for i, ln in enumerate(lines):
+        m = re.search(r"QGMMA\S* R\d+, R(\d+), gdesc", ln)
+        if not m:
+            continue
+        regs = {f"R{int(m.group(1)) + k}" for k in range(4)}
+        for ln2 in lines[i + 1:]:
+            if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in ln2:
+                break
+            ins = re.sub(r"^\s+/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?", "", ln2).split(";")[0].split(None, 1)
+            if len(ins) == 2 and not ins[0].startswith(("QGMMA", "ST", "BAR", "SYNCS", "WARPGROUP")):
+                bad += ins[1].split(",")[0].strip() in regs
+    return bad
+
+
+def compile_attn_fp8(head_dim: int, causal: bool, out_dtype: str = "bf16", sink: bool = False, blk: int = 128,
+                     cfg=None, dump: str | None = None, sass_out: bool = False) -> dict:
+    """Compile the Gluon FP8 forward for sm_90 and report what ptxas and the SASS say: ``regs``
+    (launch maxnreg), ``max_reg`` (highest register any partition touches), ``spill_bytes``,
+    ``qgmma`` / ``local_mem`` (STL/LDL) counts, ``serialized`` (ptxas C75xx notes), ``overlap``
+    (softmax between the S and PV waits), ``a_hazards``, shared memory."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from primus_turbo.triton.attention import flash_attn_fp8_fwd_gluon as f8
+
+    cc = _compile_check_module()
+    cfg = cfg or f8.default_attn_fp8_config(head_dim, blk)
+
+    def box(dt, gdt, shape):
+        layout = gl.NVMMASharedLayout.get_default_for(list(shape), gdt)
+        return f"tensordesc<{dt}[{', '.join(map(str, shape))}],{layout!r}>"
+
+    odt = {"bf16": gl.bfloat16, "fp16": gl.float16}[out_dtype]
+    sig = {"q_desc": box("fp8e4nv", gl.float8e4nv, (1, f8.HALF_M, 1, head_dim)),
+           "k_desc": box("fp8e4nv", gl.float8e4nv, (1, cfg.block_n, 1, head_dim)),
+           "v_desc": box("fp8e4nv", gl.float8e4nv, (1, head_dim, 1, cfg.block_n)),
+           "o_desc": box(out_dtype, odt, (1, f8.HALF_M, 1, head_dim)),
+           "QS": "*fp32", "KS": "*fp32", "VS": "*fp32", "LSE": "*fp32", "SINK": "*fp32",
+           "H": "i32", "GROUP": "i32", "SEQ_Q": "i32", "SEQ_K": "i32", "NBQ": "i32", "NBK": "i32",
+           "offset": "i32", "win_right": "i32", "qk_scale": "fp32"}
+    consts = dict(HAS_RIGHT=bool(causal), HAS_SINK=bool(sink), STAGES=cfg.stages, BLK=blk, P_SCALE=f8.P_SCALE,
+                  P_LOG2=float(math.log2(f8.P_SCALE)), CONSUMER_REGS=cfg.consumer_regs,
+                  PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong)
+    sig.update({k: "constexpr" for k in consts})
+    k = triton.compile(GluonASTSource(f8._attn_fp8_fwd_ws_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=4))
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    report = cc._ptxas_report(k.asm["ptx"], ptxas)
+    sass = cc._sass(k.asm["cubin"], os.path.join(os.path.dirname(ptxas), "cuobjdump"))
+    used = [int(x) for x in re.findall(r"\bR(\d+)\b", sass)]
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", report)]
+    name = (f"attn_fp8_d{head_dim}_{'causal' if causal else 'full'}_{out_dtype}{'_sink' if sink else ''}"
+            f"_blk{blk}_{cfg.short()}")
+    res = dict(variant=name, shared=k.metadata.shared, regs=max(regs) if regs else None,
+               max_reg=max(used) + 1 if used else None,
+               spill_bytes=sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)),
+               qgmma=len(re.findall(r"\bQGMMA\.", sass)) if sass else None,
+               local_mem=len(re.findall(r"\b(?:STL|LDL)\b", sass)) if sass else None,
+               overlap=_overlapped_softmax(sass) if sass else None,
+               a_hazards=_a_register_hazards(sass) if sass else None,
+               serialized=sorted(set(re.findall(r"\((C75\d\d)\)", report))),
+               setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)",
+                                                k.asm["ptx"]))))
+    if dump:
+        d = Path(dump)
+        d.mkdir(parents=True, exist_ok=True)
+        for ext in ("ttgir", "ptx"):
+            (d / f"{name}.{ext}").write_text(k.asm[ext])
+        (d / f"{name}.cubin").write_bytes(k.asm["cubin"])
+        if sass_out:
+            (d / f"{name}.sass").write_text(sass)
+    return res
+
+
+def compile_variants() -> list:
+    """Every shipped variant: head dim 64/128 x causal x bf16/fp16 out, plus sinks and the 64-token
+    scale block (BLOCK_N 64)."""
+    return [(d, c, dt, False, 128) for d in (64, 128) for c in (False, True) for dt in ("bf16", "fp16")] + [
+        (128, True, "bf16", True, 128), (64, False, "fp16", True, 128), (128, False, "bf16", False, 64)]
+
+
+def compile_report(dump: str | None = None, sass_out: bool = False) -> tuple[list, int]:
+    rows, bad = [], 0
+    for d, c, dt, sk, blk in compile_variants():
+        try:
+            r = compile_attn_fp8(d, c, dt, sk, blk, dump=dump, sass_out=sass_out)
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            bad += 1
+            msg = " | ".join(str(exc).strip().splitlines()[-6:])[:2000]
+            print(f"FAIL attn fp8 d{d} causal={c} {dt} sink={sk} blk={blk}: {type(exc).__name__}: {msg}")
+            rows.append(dict(variant=f"attn_fp8_d{d}_{c}_{dt}_{sk}_{blk}", error=msg))
+            continue
+        flag = ("  SPILLS" if r["spill_bytes"] or r["local_mem"] else "") + ("  NO QGMMA" if r["qgmma"] == 0 else "")
+        flag += f"  WGMMA SERIALIZED {r['serialized']}" if r["serialized"] else ""
+        flag += "  A-REGISTER HAZARD" if r["a_hazards"] else ""
+        flag += "  NO SOFTMAX/PV OVERLAP" if r["overlap"] is False else ""
+        bad += bool(flag)
+        print(f"{'ok  ' if not flag else 'BAD '} {r['variant']}: smem={r['shared']} launch maxnreg={r['regs']} "
+              f"registers used={r['max_reg']} spill_bytes={r['spill_bytes']} STL/LDL={r['local_mem']} "
+              f"QGMMA={r['qgmma']} overlap={r['overlap']} setmaxnreg={r['setmaxnreg']}{flag}")
+        rows.append(r)
+    return rows, bad
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: one correctness variant (run in a child process)
+# ---------------------------------------------------------------------------------------------
+def _make(B, Sq, Sk, Hq, Hk, D, dtype, layout, device="cuda"):
+    import torch
+
+    def one(S, H):
+        if layout == "sbhd":
+            return torch.randn(S, B, H, D, device=device, dtype=dtype).transpose(0, 1)
+        return torch.randn(B, S, H, D, device=device, dtype=dtype)
+
+    return one(Sq, Hq), one(Sk, Hk), one(Sk, Hk)
+
+
+def _snr_finite(ref, out) -> float:
+    import torch
+
+    from primus_turbo.testing import snr_db
+
+    fin = torch.isfinite(ref)
+    if not torch.equal(fin, torch.isfinite(out)) or not torch.equal(ref[~fin], out[~fin]):
+        return float("-inf")
+    if not fin.any():
+        return float("inf")
+    return snr_db(ref[fin].double().cpu(), out[fin].double().cpu())
+
+
+def run_variant(spec) -> dict:
+    import torch
+
+    import primus_turbo.pytorch as turbo
+    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
+    from primus_turbo.pytorch.ops import attention_fp8 as opf8
+    from primus_turbo.testing import attention_ref
+    from primus_turbo.triton.attention import flash_attn_fp8_fwd_gluon as f8
+    from primus_turbo.triton.attention.flash_attn_fp8 import dequantize_tokens_fp8, flash_attn_fp8_fwd_triton
+
+    name, B, Sq, Sk, Hq, Hk, D, causal, dt, sink, layout, blk = spec[:12]
+    cfg = f8.GluonAttnFp8Config.parse(spec[12]) if len(spec) > 12 else None
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+    torch.manual_seed(0)
+    q, k, v = _make(B, Sq, Sk, Hq, Hk, D, dtype, layout)
+    s = torch.randn(Hq, device="cuda", dtype=torch.float32) if sink else None
+    scale = D ** -0.5
+    wr = 0 if causal else -1
+    q8, k8, v8t, qs, ks, vs = opf8._quantize(q, k, v, blk)
+    args = (q8, k8, v8t, qs, ks, vs, blk, s, scale, -1, wr)
+    reason = f8.gluon_attn_fp8_fwd_reason(*args, out_dtype=dtype, config=cfg)
+    if reason is not None:
+        return dict(name=name, ok=False, error=f"refused: {reason}")
+    out = torch.full((B, Sq, Hq, D), float("nan"), device="cuda", dtype=dtype)
+    lse = torch.full((B, Hq, Sq), float("nan"), device="cuda", dtype=torch.float32)
+    t0 = time.time()
+    out, lse = f8.flash_attn_fp8_fwd_gluon(*args, out_dtype=dtype, config=cfg, out=out, lse=lse)
+    torch.cuda.synchronize()
+    first_s = time.time() - t0
+    tl_out, tl_lse = flash_attn_fp8_fwd_triton(*args, out_dtype=dtype)
+    # references on at most 4 query heads (the long cases would not fit [B, H, S, S] fp32 scores)
+    hr = min(Hq, 4 if Sq * Sk <= 2 ** 22 else 1)
+    hkr = -(-hr // (Hq // Hk))
+    qd = dequantize_tokens_fp8(q8, qs, blk, torch.float32)[:, :, :hr]
+    kd = dequantize_tokens_fp8(k8, ks, blk, torch.float32)[:, :, :hkr]
+    vd = dequantize_tokens_fp8(v8t, vs, blk, torch.float32, transpose_sd=True)[:, :, :hkr]
+    sr = s[:hr] if s is not None else None
+    ref_out, ref_lse = attention_ref(qd, kd, vd, causal=causal, sink=sr, softmax_scale=scale, return_lse=True,
+                                     compute_dtype=torch.float32)
+    hi_out = attention_ref(q[:, :, :hr], k[:, :, :hkr], v[:, :, :hkr], causal=causal, sink=sr, softmax_scale=scale,
+                           compute_dtype=torch.float32)
+    res = dict(name=name, first_call_s=round(first_s, 2),
+               nan_out=bool(torch.isnan(out).any()), nan_lse=bool(torch.isnan(lse).any()),
+               snr_out_deq=_snr_finite(ref_out.float(), out[:, :, :hr].float()),
+               snr_lse_deq=_snr_finite(ref_lse.float(), lse[:, :hr]),
+               snr_out_tl=_snr_finite(tl_out.float(), out.float()),
+               snr_lse_tl=_snr_finite(tl_lse, lse),
+               snr_out_bf16=_snr_finite(hi_out.float(), out[:, :, :hr].float()))
+    ok = not res["nan_out"] and not res["nan_lse"] and res["snr_out_deq"] >= MIN_SNR_DEQ and \
+        res["snr_lse_deq"] >= MIN_SNR_LSE and res["snr_out_tl"] >= MIN_SNR_TL and res["snr_lse_tl"] >= MIN_SNR_TL \
+        and res["snr_out_bf16"] >= MIN_SNR_BF16
+    # the backward (FP8 and bf16) through the op on this forward's O and LSE vs on the tl forward's
+    if cfg is None and Sq * Sk <= 2 ** 22 and not (causal and Sq > Sk):
+        fp8_cfg = Float8QuantConfig(format=Format.E4M3, granularity=ScalingGranularity.BLOCKWISE, block_size=blk)
+        dout = torch.randn(B, Sq, Hq, D, device="cuda", dtype=dtype)
+        saved = opf8.FP8_BACKWARD
+        try:
+            for fp8_bwd in (True, False):
+                opf8.FP8_BACKWARD = fp8_bwd
+                grads = {}
+                for flag in ("0", "1"):
+                    os.environ[f8.GLUON_ATTN_FP8_ENV] = flag
+                    qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+                    ss = s.detach().clone().requires_grad_() if s is not None else None
+                    o = turbo.ops.flash_attn_fp8_func(qq, kk, vv, softmax_scale=scale, causal=causal, sink=ss,
+                                                      fp8_config=fp8_cfg)
+                    o.backward(dout)
+                    grads[flag] = [t.grad for t in (qq, kk, vv, ss) if t is not None]
+                key = f"snr_grads_{'fp8' if fp8_bwd else 'bf16'}_bwd"
+                res[key] = [round(_snr_finite(a.float(), b.float()), 1) for a, b in zip(grads["0"], grads["1"])]
+                ok = ok and all(x >= MIN_SNR_GRAD for x in res[key])
+        finally:
+            opf8.FP8_BACKWARD = saved
+            os.environ.pop(f8.GLUON_ATTN_FP8_ENV, None)
+    res["ok"] = bool(ok)
+    return {key: (round(val, 2) if isinstance(val, float) and math.isfinite(val) else val) for key, val in res.items()}
+
+
+def _run_child(spec, timeout: int) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+    env = dict(os.environ, PYTHONPATH=str(_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=_ROOT)
+    except subprocess.TimeoutExpired:
+        return dict(name=spec[0], ok=False, error=f"timed out after {timeout} s (hang?)")
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-12:]
+    return dict(name=spec[0], ok=False, error=f"exit {proc.returncode}: " + " | ".join(tail)[-3000:])
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: timing
+# ---------------------------------------------------------------------------------------------
+def _median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _flops(B, S, H, D, causal) -> float:
+    pairs = S * (S + 1) / 2 if causal else S * S
+    return 4.0 * B * H * pairs * D
+
+
+def time_shapes(seqs, head_dims, heads_q, heads_kv, passed: set, configs=()) -> list:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import primus_turbo.pytorch as turbo
+    from primus_turbo.pytorch.ops import attention_fp8 as opf8
+    from primus_turbo.triton.attention import flash_attn_fp8_fwd_gluon as f8
+    from primus_turbo.triton.attention import flash_attn_fwd_gluon as fa
+    from primus_turbo.triton.attention.flash_attn_fp8 import flash_attn_fp8_fwd_triton
+    from primus_turbo.triton.attention.flash_attn_fwd import flash_attn_fwd_triton
+
+    rows = []
+    for D in head_dims:
+        for causal in (False, True):
+            gluon_ok = f"fp8_d{D}_{'causal' if causal else 'full'}_bf16" in passed
+            for S in seqs:
+                B = max(1, TOKENS // S)
+                q, k, v = _make(B, S, S, heads_q, heads_kv, D, torch.bfloat16, "bshd")
+                scale, wr = D ** -0.5, (0 if causal else -1)
+                q8, k8, v8t, qs, ks, vs = opf8._quantize(q, k, v, 128)
+                args = (q8, k8, v8t, qs, ks, vs, 128, None, scale, -1, wr)
+                impls = {}
+                if gluon_ok:
+                    impls["fp8_gluon"] = lambda: f8.flash_attn_fp8_fwd_gluon(*args)
+                for text in configs:
+                    cfg = f8.GluonAttnFp8Config.parse(text)
+                    if f"fp8_d{D}_{'causal' if causal else 'full'}_bf16:{text}" in passed:
+                        impls[f"fp8_gluon:{text}"] = lambda cfg=cfg: f8.flash_attn_fp8_fwd_gluon(*args, config=cfg)
+                impls["fp8_tl"] = lambda: flash_attn_fp8_fwd_triton(*args)
+                if gluon_ok:
+                    def op_fwd():
+                        os.environ[f8.GLUON_ATTN_FP8_ENV] = "1"
+                        with torch.no_grad():
+                            return turbo.ops.flash_attn_fp8_func(q, k, v, softmax_scale=scale, causal=causal)
+                    impls["fp8_op_gluon"] = op_fwd  # quantization of q, k, v included
+                if fa.gluon_attn_fwd_reason(q, k, v, None, scale, -1, wr) is None:
+                    impls["bf16_gluon"] = lambda: fa.flash_attn_fwd_gluon(q, k, v, None, scale, -1, wr)
+                impls["bf16_tl"] = lambda: flash_attn_fwd_triton(q, k, v, None, scale, -1, wr)
+                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+                def sdpa():
+                    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale,
+                                                              enable_gqa=heads_q != heads_kv)
+                impls["sdpa_cudnn"] = sdpa
+                row = dict(D=D, causal=causal, B=B, S=S, Hq=heads_q, Hk=heads_kv)
+                fl = _flops(B, S, heads_q, D, causal)
+                for name, fn in impls.items():
+                    try:
+                        ms = _median_ms(fn)
+                        row[name] = dict(ms=round(ms, 4), tflops=round(fl / ms / 1e9, 1))
+                    except Exception as exc:  # noqa: BLE001 - a peer that cannot run this shape
+                        row[name] = dict(error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                os.environ.pop(f8.GLUON_ATTN_FP8_ENV, None)
+                if "ms" in row.get("fp8_gluon", {}) and "ms" in row.get("bf16_gluon", {}):
+                    row["fp8_over_bf16_gluon"] = round(row["bf16_gluon"]["ms"] / row["fp8_gluon"]["ms"], 3)
+                cells = "  ".join(f"{n}={row[n]['tflops']:6.1f}" if "tflops" in row[n] else f"{n}=  err" for n in impls)
+                print(f"  D={D:3d} {'causal' if causal else 'full  '} B={B:2d} S={S:5d}  TFLOP/s  {cells}"
+                      f"  FP8/bf16(gluon)={row.get('fp8_over_bf16_gluon')}", flush=True)
+                rows.append(row)
+                impls.clear()
+    return rows
+
+
+def _geomeans(rows) -> dict:
+    def gm(a, b):
+        r = [row[b]["ms"] / row[a]["ms"] for row in rows if "ms" in row.get(a, {}) and "ms" in row.get(b, {})]
+        return round(math.exp(sum(math.log(x) for x in r) / len(r)), 3) if r else None
+
+    out = {}
+    for a, b in (("fp8_gluon", "bf16_gluon"), ("fp8_gluon", "fp8_tl"), ("fp8_gluon", "bf16_tl"),
+                 ("fp8_gluon", "sdpa_cudnn"), ("fp8_op_gluon", "bf16_gluon"), ("fp8_tl", "bf16_gluon"),
+                 ("bf16_gluon", "sdpa_cudnn")):
+        r = gm(a, b)
+        if r is not None:
+            out[f"{a}_over_{b}"] = r  # speedup of a over b (time ratio b / a)
+    return out
+
+
+def main(args) -> int:
+    """``args``: check_gluon_attn.py's parsed options (out, quick, seq, head_dims, heads, heads_kv, only,
+    no_timing, configs, compile_only, dump, sass, timeout)."""
+    if args.compile_only:
+        _, bad = compile_report(args.dump, args.sass)
+        return 1 if bad else 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: run with --compile-only on a CPU machine")
+        return 1
+    from primus_turbo.triton.attention import flash_attn_fp8_fwd_gluon as f8
+
+    info = dict(torch=torch.__version__, gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda)
+    result = dict(env=info, min_snr_db=dict(tl=MIN_SNR_TL, deq=MIN_SNR_DEQ, lse=MIN_SNR_LSE, bf16=MIN_SNR_BF16,
+                                            grads=MIN_SNR_GRAD))
+    print(info)
+    print("FP8 correctness (each variant in a child process):")
+    checks, passed = [], set()
+    for spec in VARIANTS:
+        if args.only and not any(o in spec[0] for o in args.only):
+            continue
+        r = _run_child(spec, args.timeout)
+        checks.append(r)
+        if r.get("ok"):
+            passed.add(r["name"])
+        detail = r.get("error") or " ".join(f"{k}={v}" for k, v in r.items() if k not in ("name", "ok"))
+        print(f"  {'ok  ' if r.get('ok') else 'FAIL'} {r['name']}: {detail}", flush=True)
+    for text in args.configs:
+        cfg = f8.GluonAttnFp8Config.parse(text)
+        for spec in VARIANTS:
+            if not spec[0].endswith("_bf16") or cfg.check(spec[6]) is not None:
+                continue
+            r = _run_child(list(spec) + [text], args.timeout)
+            r["name"] = f"{spec[0]}:{text}"
+            checks.append(r)
+            if r.get("ok"):
+                passed.add(r["name"])
+            print(f"  {'ok  ' if r.get('ok') else 'FAIL'} {r['name']}: {r.get('error') or ''}", flush=True)
+    result["correctness"] = checks
+    if not args.no_timing:
+        seqs = args.seq or ([4096] if args.quick else list(SEQS))
+        print(f"FP8 timing (bf16 in/out, bshd, {args.heads}/{args.heads_kv} heads, {TOKENS} tokens per case; "
+              f"fp8_* kernels on pre-quantized operands, fp8_op_gluon = flash_attn_fp8_func incl. quantization):")
+        rows = time_shapes(seqs, args.head_dims, args.heads, args.heads_kv, passed, args.configs)
+        result["timing"] = rows
+        result["geomean_speedup"] = _geomeans(rows)
+        print("geomean speedups:", result["geomean_speedup"])
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gluon_attn_fp8.json").write_text(json.dumps(result, indent=1))
+        print(f"wrote {out / 'gluon_attn_fp8.json'}")
+    return 0 if all(r.get("ok") for r in checks) else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        print("RESULT " + json.dumps(run_variant(json.loads(sys.argv[2]))), flush=True)
+        raise SystemExit(0)
+    import importlib.util
+
+    spec_ = importlib.util.spec_from_file_location("check_gluon_attn", _ROOT / "scripts" / "check_gluon_attn.py")
+    mod = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(mod)
+    raise SystemExit(mod.main(["--fp8", *sys.argv[1:]]))
