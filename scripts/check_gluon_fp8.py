@@ -39,9 +39,12 @@ projections; shapes are ``M x N x K`` = ``N_out x K_in x T``. Per shape: Gluon (
 with NaN first) against the fp32 product of the dequantized operands (>= 40 dB) and the tl
 kernel's output; timing of each Gluon config, the tl kernel (today's wgrad) and cuBLAS bf16
 ``dY.t() @ X``. Each config is smoke-tested in a child process first. Writes
-``DIR/gluon_fp8_wgrad.json``. Configs must be 128-wide and not pipelined (n128s4 ... n128s6)::
+``DIR/gluon_fp8_wgrad.json``. Configs: n128 not pipelined (n128s4 ... n128s6: column scales in
+registers, the default until 2026-12 was n128s6) or, with the column scales TMA'd through the ring,
+pipelined n128 (n128s5xr240w24, the default) and n256 (n256s3c2, n256s3); the smoke run also says
+whether a config's output is bit-identical to n128s6's (it should be: the same promotions)::
 
-    PYTHONPATH=. python scripts/check_gluon_fp8.py --wgrad --out DIR --configs default n128s5 n128s4c2 --rep-ms 60
+    PYTHONPATH=. python scripts/check_gluon_fp8.py --wgrad --out DIR --configs n128s6 default n256s3c2 n128s5c2x --rep-ms 60
 
 ``--grouped-wgrad``: the variable-K grouped kernel (triton/grouped_gemm/grouped_gemm_fp8_variable_k_gluon.py,
 the MoE experts' weight gradient ``dW[g] = dY_g^T X_g``) on DeepSeek-V3 EP8 (G = 32, 2048 tokens
@@ -57,8 +60,8 @@ accumulating) are timed (TFLOP/s of the unpadded tokens). Each config is smoke-t
 process first; configs too big for an fp32 staging buffer are skipped in the accumulate cases.
 Writes ``DIR/gluon_grouped_wgrad_fp8.json``. About 2-3 min of GPU time with ``--rep-ms 40``::
 
-    PYTHONPATH=. python scripts/check_gluon_fp8.py --grouped-wgrad --out DIR --configs default n128s5 n128s4c2 \
-        --formats E4M3 HYBRID --rep-ms 40 --smoke-timeout 180
+    PYTHONPATH=. python scripts/check_gluon_fp8.py --grouped-wgrad --out DIR --configs n128s6 default n256s3c2 \
+        n256s3 --formats E4M3 HYBRID --rep-ms 40 --smoke-timeout 180
 """
 
 from __future__ import annotations
@@ -306,7 +309,7 @@ def smoke_wgrad(config_text: str) -> int:
     from primus_turbo.triton.gemm.gemm_fp8_gluon import GluonBlockwiseConfig, gemm_fp8_blockwise_gluon
 
     cfg = None if config_text == "default" else GluonBlockwiseConfig.parse(config_text)
-    worst, bad = float("inf"), []
+    worst, bad, same = float("inf"), [], True
     torch.backends.cuda.matmul.allow_tf32 = False
     for M, N, K in WGRAD_SMOKE_SHAPES:
         torch.manual_seed(0)
@@ -320,7 +323,11 @@ def smoke_wgrad(config_text: str) -> int:
         if torch.isnan(out).any():
             bad.append((M, N, K))
         worst = min(worst, snr_db(ref, out.float().nan_to_num(0.0)))
-    print(f"SMOKE wgrad {config_text} snr_db={worst:.1f} bad={bad}")
+        # every B_ROW_SCALES config runs the same fp32 promotions in the same order: informational
+        ref_cfg = GluonBlockwiseConfig.parse("n128s6")
+        same = same and torch.equal(out, gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, config=ref_cfg,
+                                                                  allow_b_row_scales=True))
+    print(f"SMOKE wgrad {config_text} snr_db={worst:.1f} bad={bad} bit_identical_to_n128s6={same}")
     return 0 if worst >= MIN_SNR_DB and not bad else 1
 
 

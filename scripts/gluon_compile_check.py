@@ -8,9 +8,10 @@ shared memory, registers and spills (ptxas ``-v`` output and the cubin's metadat
         [--row-scales] [--variable-k [--accumulate]]
 
 ``--grouped`` compiles the M-grouped MoE kernel (triton/grouped_gemm/grouped_gemm_fp8_gluon.py),
-``--row-scales`` the dense kernel's per-row B scale path (the FP8 linear's wgrad; BLOCK_N 128),
+``--row-scales`` the dense kernel's per-row B scale path (the FP8 linear's wgrad; n128 configs not
+pipelined hold the column scales in registers, n256 and pipelined ones TMA them through the ring),
 ``--variable-k`` the variable-K grouped kernel (the MoE wgrad,
-triton/grouped_gemm/grouped_gemm_fp8_variable_k_gluon.py; BLOCK_N 128), ``--accumulate`` its
+triton/grouped_gemm/grouped_gemm_fp8_variable_k_gluon.py; the same main loops), ``--accumulate`` its
 reduce-add epilogue (fp32 output). With ``--sass`` the report also counts the SASS instructions
 that matter (wgmma, TMA loads / stores / reduces, local-memory STL / LDL).
 
@@ -97,7 +98,6 @@ def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass_o
     consts = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, PIPELINE=cfg.pipeline, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs)
     if variable_k:
-        consts.pop("PIPELINE")
         consts["ACCUMULATE"] = bool(accumulate)
     elif accumulate:
         raise ValueError("accumulate is a path of the variable-K kernel only")
@@ -106,6 +106,8 @@ def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass_o
             raise ValueError("row_scales is a path of the dense kernel only")
         consts["B_ROW_SCALES"] = True
     sig.update({k: "constexpr" for k in consts})
+    if (row_scales or variable_k) and g.row_scales_via_smem(cfg):  # column scales TMA'd through the ring
+        sig["sy_desc" if variable_k else "sb_desc"] = f"tensordesc<fp32[1, {cfg.block_n}],{g._sb_layout()!r}>"
     src = GluonASTSource(kernel, sig, consts)
     opts = dict(num_warps=4)  # the default partition's warps; Triton sets .maxnreg for all 12
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
@@ -203,8 +205,12 @@ def main(argv=None) -> int:
         spec.loader.exec_module(attn)
         report = attn.compile_bwd_report if args.attn_bwd else attn.compile_report
         return 1 if report(args.dump, args.sass)[1] else 0
-    if args.variable_k and args.configs == p.get_default("configs"):
-        args.configs = ["n128s6", "n128s5", "n128s4"]
+    if (args.variable_k or args.row_scales) and args.configs == p.get_default("configs"):
+        # per-row B scales: the register path (n128, not pipelined) and the shared-memory one
+        # (pipelined, 256-wide; the default n128s5xr240w24)
+        args.configs = ["n128s6", "n128s5", "n128s4", "n128s5xr240w24", "n128s4xr240w24", "n256s3c2", "n256s3"]
+        if args.out_dtype == "fp32":  # do not fit next to fp32 staging buffers
+            args.configs = [c for c in args.configs if c not in ("n128s6", "n256s3c2")]
     bad = 0
     for text in args.configs:
         cfg = g.GluonBlockwiseConfig.parse(text)

@@ -432,11 +432,30 @@ def test_row_scales_reason_follows_the_switch(monkeypatch):
 
 def test_row_scales_config_and_padding():
     assert gg.ROW_SCALES_DEFAULT_CONFIG.check(2, b_row_scales=True) is None
-    for text in ("n256s3c2", "n128s5x"):
-        assert "per-row B scales" in gg.GluonBlockwiseConfig.parse(text).check(2, b_row_scales=True)
+    assert gg.ROW_SCALES_REGISTER_CONFIG.check(2, b_row_scales=True) is None
+    # 256-wide and pipelined tiles take the column scales through the ring (4 x BLOCK_N bytes a stage)
+    for text, via_smem in (("n256s3c2", True), ("n128s5x", True), ("n128s5c2x", True), ("n256s3", True),
+                           ("n128s6", False), ("n128s4c2", False)):
+        cfg = gg.GluonBlockwiseConfig.parse(text)
+        assert gg.row_scales_via_smem(cfg) is via_smem and cfg.check(2, b_row_scales=True) is None, text
+        assert cfg.smem_bytes(2, True) == cfg.smem_bytes(2) + via_smem * cfg.stages * 4 * cfg.block_n
+    for text in ("n256s4", "n128s6x"):  # fit without the scale boxes, not with them
+        cfg = gg.GluonBlockwiseConfig.parse(text)
+        assert cfg.check(2) is None and "with per-row B scales" in cfg.check(2, b_row_scales=True)
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         cfg = gg.default_config(4096, 4096, 4096, dtype, b_row_scales=True)
-        assert cfg.block_n == 128 and not cfg.pipeline and cfg.check(dtype.itemsize, True) is None
+        assert cfg == gg.ROW_SCALES_DEFAULT_CONFIG and cfg.check(dtype.itemsize, True) is None
+        assert cfg.pipeline and gg.row_scales_via_smem(cfg)
+    # the scale grid's TMA descriptor: taken as is when addressable, else a 16-byte aligned copy
+    if gg.GLUON_AVAILABLE:
+        grid = torch.rand(3, 256)
+        desc = gg._scale_grid_desc(grid, 128)
+        assert desc.base is grid and list(desc.shape) == [3, 256] and list(desc.block_shape) == [1, 128]
+        odd = torch.rand(3, 201)[:, :200]  # row stride 201 floats: not 16-byte aligned
+        desc = gg._scale_grid_desc(odd, 256)
+        assert desc.base.stride() == (200, 1) and torch.equal(desc.base, odd) and list(desc.shape) == [3, 200]
+        desc = gg._scale_grid_desc(torch.rand(200, 3).t(), 128)  # [N, kb] row-major: not unit stride along N
+        assert desc.base.stride(1) == 1
     assert gg.default_config(1, 1, 1, torch.bfloat16) == gg.default_config(1, 1, 1, torch.bfloat16, False)
     # row-major [N, kb] with N = 200: copied to unit stride along N, padded with zeros to 256
     sb = torch.rand(200, 3)
@@ -452,9 +471,13 @@ def test_row_scales_config_and_padding():
 
 
 @pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
-@pytest.mark.parametrize("out_dtype,config", [("bf16", None), ("fp32", None), ("bf16", "n128s5"), ("bf16", "n128s4c2")])
+@pytest.mark.parametrize("out_dtype,config", [("bf16", None), ("fp32", None), ("bf16", "n128s5"), ("bf16", "n128s4c2"),
+                                              ("bf16", "n128s6"), ("bf16", "n256s3c2"), ("fp32", "n256s3"),
+                                              ("bf16", "n128s5x"), ("bf16", "n128s5c2xr240w24"), ("fp32", "n128s4x")])
 def test_row_scales_compile_for_sm90_without_spills(out_dtype, config, request):
-    """The B_ROW_SCALES path compiles for sm_90 without spills or wgmma serialization."""
+    """The B_ROW_SCALES path compiles for sm_90 without spills or wgmma serialization, the register
+    path (n128 not pipelined) and the shared-memory one (n256, pipelined: a fourth TMA load, the
+    column scales)."""
     if rerun_outside_interpreter(request):
         return
     mod = compile_check_module()
@@ -468,19 +491,30 @@ def test_row_scales_compile_for_sm90_without_spills(out_dtype, config, request):
     assert res["spill_bytes"] == 0, res
     assert not res["serialized"], res
     assert res["shared"] <= gg.SMEM_LIMIT, res
+    counts = res["sass_counts"]
+    if any(counts.values()):
+        assert counts["tma_load"] == (4 if gg.row_scales_via_smem(cfg) else 3), counts
+        assert counts["local_store"] == 0 and counts["local_load"] == 0, counts
 
 
 @pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
-@pytest.mark.parametrize("N", [384, 200])
-def test_row_scales_launcher_arguments_bind_and_compile_for_sm90(N, monkeypatch, request):
-    """The launcher's B_ROW_SCALES arguments (padded unit-stride scales) bind and compile for sm_90."""
+@pytest.mark.parametrize("N,config", [(384, None), (200, None), (200, "n128s6"), (200, "n256s3c2")])
+def test_row_scales_launcher_arguments_bind_and_compile_for_sm90(N, config, monkeypatch, request):
+    """The launcher's B_ROW_SCALES arguments bind and compile for sm_90: padded unit-stride scales
+    (register path) or the scale grid's TMA descriptor (shared-memory path)."""
     if rerun_outside_interpreter(request):
         return
     (a_q, sa, b_q, sb), _ = _operands_rows(300, N, 640, "cpu")
     out = torch.empty(300, N, dtype=torch.bfloat16)
-    cfg = gg.default_config(300, N, 640, torch.bfloat16, True)
+    cfg = gg.GluonBlockwiseConfig.parse(config) if config else gg.default_config(300, N, 640, torch.bfloat16, True)
     args, kwargs = gg._kernel_args(a_q, sa, b_q, sb, out, cfg)
-    assert kwargs["B_ROW_SCALES"] is True and args[4].stride(0) == 1
+    assert kwargs["B_ROW_SCALES"] is True
+    if gg.row_scales_via_smem(cfg):
+        desc = kwargs["sb_desc"]
+        assert list(desc.shape) == [5, N] and list(desc.block_shape) == [1, cfg.block_n]
+        assert torch.equal(desc.base, sb.t())
+    else:
+        assert "sb_desc" not in kwargs and args[4].stride(0) == 1
     kernel = warmup_for_sm90(gg._gemm_fp8_blockwise_ws_kernel, args, kwargs, monkeypatch)
     assert kernel.metadata.shared <= gg.SMEM_LIMIT
 
@@ -544,7 +578,7 @@ ROW_SHAPES = [(256, 256, 256), (300, 200, 384), (130, 136, 336), (1, 256, 512), 
 
 @sm90
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [None, "n128s5", "n128s3g1c2"])
+@pytest.mark.parametrize("config", [None, "n128s5", "n128s3g1c2", "n128s6", "n256s3c2", "n128s3g1x"])
 @pytest.mark.parametrize("M,N,K", ROW_SHAPES)
 def test_row_scales_match_reference(M, N, K, config):
     (a_q, sa, b_q, sb), ref = _operands_rows(M, N, K, "cuda")
@@ -572,9 +606,15 @@ def test_row_scales_match_triton_kernel(out_dtype):
     sb_t = sb.t().contiguous().t()
     assert torch.equal(gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb_t, out_dtype=out_dtype,
                                                    allow_b_row_scales=True), out)
-    with pytest.raises(ValueError, match="per-row B scales"):
-        gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, config=gg.GluonBlockwiseConfig.parse("n256s3c2"),
+    with pytest.raises(ValueError, match="with per-row B scales"):  # fits without the scale boxes only
+        gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, config=gg.GluonBlockwiseConfig.parse("n256s4"),
                                     allow_b_row_scales=True)
+    # every B_ROW_SCALES schedule runs the same promotions in the same order: the same bits
+    for text in ("n128s6", "n256s3", "n128s4x", "n128s5xr240w24"):
+        cfg = gg.GluonBlockwiseConfig.parse(text)
+        if cfg.check(out.element_size(), True) is None:
+            assert torch.equal(gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out_dtype=out_dtype, config=cfg,
+                                                           allow_b_row_scales=True), out), text
     with pytest.raises(ValueError, match=WGRAD_ENV):
         gg.gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, allow_b_row_scales=False)
 

@@ -233,16 +233,23 @@ def test_pin_on_cpu_raises(device):
 # CPU: sm_90 compile
 # ---------------------------------------------------------------------------------------------
 @needs_gluon
-@pytest.mark.parametrize("out_dtype,accumulate", [("bf16", False), ("fp32", False), ("fp32", True), ("fp16", False)])
-def test_compiles_for_sm90_without_spills(out_dtype, accumulate, request):
-    """The shipped default config (bf16: n128s6, fp32: n128s5): no spills, no serialized wgmmas,
-    4 FP8 wgmmas per warpgroup per 128-token block, TMA loads, and a TMA store or (accumulating)
-    a TMA reduce-add per warpgroup."""
+@pytest.mark.parametrize("out_dtype,accumulate,config", [("bf16", False, None), ("fp32", False, None),
+                                                         ("fp32", True, None), ("fp16", False, None),
+                                                         ("bf16", False, "n128s6"), ("fp32", True, "n128s5"),
+                                                         ("bf16", False, "n256s3c2"), ("fp32", True, "n256s3"),
+                                                         ("bf16", False, "n128s5c2xr240w24"),
+                                                         ("fp32", True, "n128s4xr240w24")])
+def test_compiles_for_sm90_without_spills(out_dtype, accumulate, config, request):
+    """The shipped default config (n128s5xr240w24: pipelined, column scales TMA'd through the
+    ring) and the other kinds (register path n128s4-6, 256-wide): no spills, no serialized
+    wgmmas, 4 FP8 wgmmas per warpgroup per 128-token block (unrolled: 8 in the register path, 16
+    at BLOCK_N 256, 32 pipelined), TMA loads, and a TMA store or (accumulating) a TMA reduce-add
+    per warpgroup and 128 columns."""
     if rerun_outside_interpreter(request):
         return
     mod = compile_check_module()
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[out_dtype]
-    cfg = vk.variable_k_default_config(1, 1, 1, 1, torch_dtype)
+    cfg = dense.GluonBlockwiseConfig.parse(config) if config else vk.variable_k_default_config(1, 1, 1, 1, torch_dtype)
     assert cfg.check(torch_dtype.itemsize, b_row_scales=True) is None
     try:
         res = mod.compile_config(cfg, out_dtype, variable_k=True, accumulate=accumulate)
@@ -254,24 +261,38 @@ def test_compiles_for_sm90_without_spills(out_dtype, accumulate, request):
     counts = res["sass_counts"]
     if not any(counts.values()):
         pytest.skip("cuobjdump not available: no SASS to count")
-    assert counts["wgmma"] == 8 and counts["local_store"] == 0 and counts["local_load"] == 0, counts
-    assert counts["tma_load"] >= 3, counts  # two A halves and one B box per stage
-    assert (counts["tma_reduce"], counts["tma_store"]) == ((2, 0) if accumulate else (0, 2)), counts
+    wgmma = 32 if cfg.pipeline else 8 * (cfg.block_n // 128)
+    assert counts["wgmma"] == wgmma and counts["local_store"] == 0 and counts["local_load"] == 0, counts
+    # two A halves and one B box per stage, plus the column scales' box on the shared-memory path
+    assert counts["tma_load"] == (4 if dense.row_scales_via_smem(cfg) else 3), counts
+    stores = 2 * (cfg.block_n // 128)
+    assert (counts["tma_reduce"], counts["tma_store"]) == ((stores, 0) if accumulate else (0, stores)), counts
 
 
 @needs_gluon
-@pytest.mark.parametrize("out_dtype,accumulate,x_dtype", [(torch.bfloat16, False, E4M3), (torch.float32, True, E4M3),
-                                                          (torch.bfloat16, False, E5M2)])
-def test_launcher_arguments_bind_and_compile_for_sm90(out_dtype, accumulate, x_dtype, monkeypatch, request):
-    """The launcher's own arguments (host TMA descriptors incl. the [G * P, Q] output view, the
-    column-major padded sy, offsets, strides) bind and compile for sm_90 with a stand-in driver;
-    E5M2 x E4M3 compiles to a mixed-type wgmma."""
+@pytest.mark.parametrize("out_dtype,accumulate,x_dtype,config", [(torch.bfloat16, False, E4M3, None),
+                                                                 (torch.float32, True, E4M3, None),
+                                                                 (torch.bfloat16, False, E5M2, None),
+                                                                 (torch.bfloat16, False, E4M3, "n128s6"),
+                                                                 (torch.float32, True, E5M2, "n256s3")])
+def test_launcher_arguments_bind_and_compile_for_sm90(out_dtype, accumulate, x_dtype, config, monkeypatch, request):
+    """The launcher's own arguments (host TMA descriptors incl. the [G * P, Q] output view, sy as
+    a TMA descriptor of its [M/128, Q] transpose or (register path) column-major padded, offsets,
+    strides) bind and compile for sm_90 with a stand-in driver; E5M2 x E4M3 compiles to a
+    mixed-type wgmma."""
     if rerun_outside_interpreter(request):
         return
     (x, sx, y, sy, offs), _ = _operands([256, 0, 384], 192, 200, "cpu", extra=128, x_dtype=x_dtype)
     out = torch.zeros(3, 192, 200, dtype=out_dtype)
-    cfg = vk.variable_k_default_config(192, 200, x.shape[1], 3, out_dtype)
+    cfg = (dense.GluonBlockwiseConfig.parse(config) if config
+           else vk.variable_k_default_config(192, 200, x.shape[1], 3, out_dtype))
     args, kwargs = vk._kernel_args(x, sx, y, sy, offs, out, cfg, accumulate)
+    if dense.row_scales_via_smem(cfg):
+        desc = kwargs["sy_desc"]
+        assert list(desc.shape) == [x.shape[1] // 128, 200] and list(desc.block_shape) == [1, cfg.block_n]
+        assert torch.equal(desc.base, sy.t())
+    else:
+        assert "sy_desc" not in kwargs and args[4].stride(0) == 1
     kernel = warmup_for_sm90(vk._grouped_gemm_fp8_variable_k_ws_kernel, args, kwargs, monkeypatch)
     assert kernel.metadata.shared <= dense.SMEM_LIMIT
     assert kernel.metadata.num_warps == 12
@@ -341,6 +362,31 @@ def test_accumulate_into_fp32(pattern):
     # twice: the second call adds the same product again
     vk.grouped_gemm_fp8_variable_k_blockwise_gluon(x, sx, y, sy, offs, out=out, accumulate=True)
     assert _snr(2 * ref + c0.double(), out) >= 50.0
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern", ["unbalanced", "small"])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_configs_are_bit_identical(pattern, accumulate):
+    """Every per-row-B-scale schedule (register path n128s6, 256-wide, pipelined; the column
+    scales in registers or TMA'd through the ring) runs the same fp32 promotions in the same
+    order: the same bits, Q tails included (a 256-wide tile's second half partly past Q, and for Q
+    200 the 128-wide path's padded column scales)."""
+    for P, Q in ((192, 200), (64, 136)):
+        (x, sx, y, sy, offs), _ = _operands(LENS[pattern], P, Q, "cuda", extra=128)
+        G = len(LENS[pattern])
+        dtype = torch.float32 if accumulate else torch.bfloat16
+        c0 = torch.randn(G, P, Q, device="cuda").to(dtype)
+        outs = {}
+        for text in ("n128s6", "n256s3", "n128s4xr240w24", None):
+            cfg = dense.GluonBlockwiseConfig.parse(text) if text else None
+            out = c0.clone()
+            vk.grouped_gemm_fp8_variable_k_blockwise_gluon(x, sx, y, sy, offs, out=out, accumulate=accumulate,
+                                                           config=cfg)
+            outs[text] = out
+        for text, out in outs.items():
+            assert torch.equal(out, outs["n128s6"]), (pattern, accumulate, P, Q, text)
 
 
 @sm90

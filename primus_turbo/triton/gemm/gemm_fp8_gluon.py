@@ -31,15 +31,18 @@ the shapes above, an output (bf16, fp16 or fp32) with 16-byte aligned rows. M, N
 TMA's zero fill and store clipping; BLOCK_N is a multiple of the 128-column B scale block.
 Anything else goes to the ``triton.language`` kernel.
 
-Per-row B scales (``B_ROW_SCALES``, BLOCK_N = 128, not pipelined): ``sb`` ``[N, ceil(K/128)]``,
-b's 1 x 128 groups along K, as the FP8 linear's wgrad presents them (``dW = dY^T X``, both
-operands grouped along the tokens). The promotion is the outer product ``partial * sa[rows] *
-sb[cols]``; each thread's 32 column scales of block k+1 are loaded while block k's MMA runs, from
-a unit-stride copy padded to whole 128-column blocks (see ``_column_major_padded``). Taken by
-:func:`gluon_blockwise_reason` unless ``PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD=0`` (or
-``allow_b_row_scales=False``).
+Per-row B scales (``B_ROW_SCALES``): ``sb`` ``[N, ceil(K/128)]``, b's 1 x 128 groups along K, as the
+FP8 linear's wgrad presents them (``dW = dY^T X``, both operands grouped along the tokens). The
+promotion is the outer product ``(partial * sa[rows]) * sb[cols]``. Two ways to get each thread's
+32 column scales per K block: BLOCK_N = 128 not pipelined (``ROW_SCALES_REGISTER_CONFIG``) loads
+them from global memory one K block ahead into registers (a unit-stride copy padded to whole
+128-column blocks, see ``_column_major_padded``); BLOCK_N = 256 or pipelined (``row_scales_via_smem``,
+the default ``ROW_SCALES_DEFAULT_CONFIG``) has the producer TMA the block's BLOCK_N scales into the
+ring slot with A and B, and each promotion reads them from shared memory right after its MMA's
+wait, so no register holds them across an MMA. Taken by :func:`gluon_blockwise_reason` unless
+``PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD=0`` (or ``allow_b_row_scales=False``).
 
-``pipeline=True`` (configs ``...x``, BLOCK_N = 128) also overlaps inside each warpgroup: the MMA
+``pipeline=True`` (configs ``...x``, BLOCK_N = 128, both scale kinds) also overlaps inside each warpgroup: the MMA
 of block k+1 is issued before block k is waited for (``warpgroup_mma_wait(1)``) and promoted,
 so a warpgroup never leaves the tensor core without queued work while it promotes.
 
@@ -64,6 +67,7 @@ __all__ = [
     "DEFAULT_CONFIG",
     "GluonBlockwiseConfig",
     "ROW_SCALES_DEFAULT_CONFIG",
+    "ROW_SCALES_REGISTER_CONFIG",
     "WGRAD_ENV",
     "GLUON_AVAILABLE",
     "default_config",
@@ -115,8 +119,10 @@ class GluonBlockwiseConfig:
     BLOCK_M = 128
     BLOCK_K = SCALE_BLOCK
 
-    def smem_bytes(self, out_bytes: int = 2) -> int:
+    def smem_bytes(self, out_bytes: int = 2, b_row_scales: bool = False) -> int:
         stage = self.BLOCK_M * self.BLOCK_K + self.block_n * self.BLOCK_K  # FP8: one byte per element
+        if b_row_scales and row_scales_via_smem(self):
+            stage += 4 * self.block_n  # the K block's fp32 column scales travel with it
         staging = 2 * self.c_bufs * 64 * SCALE_BLOCK * out_bytes  # per warpgroup: c_bufs 64 x 128 tiles
         return self.stages * stage + staging + 2 * 8 * self.stages + 256  # + barriers' alignment
 
@@ -141,9 +147,6 @@ class GluonBlockwiseConfig:
     def check(self, out_bytes: int = 2, b_row_scales: bool = False) -> Optional[str]:
         """None when the kernel can be built with this config (``b_row_scales``: for the per-row
         B scale path), else why not."""
-        if b_row_scales and (self.block_n != 128 or self.pipeline):
-            return (f"per-row B scales (the B_ROW_SCALES path) need block_n 128 without pipelining (the column "
-                    f"scale vectors of two K blocks take 64 registers), got {self.short()}")
         if self.block_n not in (128, 256):
             return f"block_n must be 128 or 256 (whole B scale blocks per tile), got {self.block_n}"
         if self.pipeline and self.block_n != 128:
@@ -154,8 +157,9 @@ class GluonBlockwiseConfig:
             return f"setmaxnreg counts must be multiples of 8 in [24, 256], got {self.consumer_regs}, {self.producer_regs}"
         if 2 * 128 * self.consumer_regs + 128 * self.producer_regs > 65536:
             return f"registers: 2 x 128 x {self.consumer_regs} + 128 x {self.producer_regs} > 65536"
-        if self.smem_bytes(out_bytes) > SMEM_LIMIT:
-            return f"config {self.short()} needs {self.smem_bytes(out_bytes)} bytes of shared memory, sm_90 has {SMEM_LIMIT}"
+        if self.smem_bytes(out_bytes, b_row_scales) > SMEM_LIMIT:
+            return (f"config {self.short()} needs {self.smem_bytes(out_bytes, b_row_scales)} bytes of shared memory"
+                    f"{' (with per-row B scales)' if b_row_scales else ''}, sm_90 has {SMEM_LIMIT}")
         return None
 
 
@@ -174,11 +178,24 @@ class GluonBlockwiseConfig:
 DEFAULT_CONFIG = GluonBlockwiseConfig(block_n=256, stages=3, group_m=8, c_bufs=2, pipeline=False,
                                       consumer_regs=232, producer_regs=40)
 
-# Per-row B scales (B_ROW_SCALES, the FP8 linear's wgrad): BLOCK_N = 128, not pipelined (see
-# GluonBlockwiseConfig.check). n128s6 as the best non-pipelined 128-wide tile of the forward
-# sweep above; not yet measured on the H200 (scripts/check_gluon_fp8.py --wgrad).
-ROW_SCALES_DEFAULT_CONFIG = GluonBlockwiseConfig(block_n=128, stages=6, group_m=8, c_bufs=1, pipeline=False,
-                                                 consumer_regs=232, producer_regs=40)
+# Per-row B scales (B_ROW_SCALES, the FP8 linear's wgrad and the variable-K MoE wgrad). n128s6, the
+# register path (BLOCK_N 128, not pipelined, column scales held in registers one K block ahead), was
+# the default until 2026-12: H200 725-750 TFLOP/s dense (1.06x tl), 630-736 grouped (1.33x tl), where
+# the forward's pipelined / 256-wide tiles reach 1034-1225. Each MMA there waits for the
+# warpgroup's own promotion (twice the forward's work: ``(partial * sa) * sb``, 128 FP32 ops per
+# thread and K block), so the tensor core idles unless the other warpgroup covers it. Configs with
+# BLOCK_N 256 or ``x`` take the column scales through the ring by TMA instead (no registers held
+# across an MMA), which makes room for the pipelined P/Q schedule (three 64 x 128 fp32 sets) or the
+# second accumulator. n128s5xr240w24: pipelined, 5 stages (6 do not fit next to the scale boxes),
+# 240 consumer registers (the variable-K kernel spills 20-136 bytes at 232; the dense one uses
+# 230). ptxas: no spills, no wgmma serialization (C7514/C7515), per K block and thread 64 FMUL +
+# 64 FFMA + 16 ld.shared.v2 of scales; the same promotion as the register path, bit-identical
+# output. Chosen on that SASS evidence, not yet timed on the H200 (check_gluon_fp8.py --wgrad /
+# --grouped-wgrad with --configs n128s6 default n256s3c2 n128s5c2xr240w24).
+ROW_SCALES_REGISTER_CONFIG = GluonBlockwiseConfig(block_n=128, stages=6, group_m=8, c_bufs=1, pipeline=False,
+                                                  consumer_regs=232, producer_regs=40)
+ROW_SCALES_DEFAULT_CONFIG = GluonBlockwiseConfig(block_n=128, stages=5, group_m=8, c_bufs=1, pipeline=True,
+                                                 consumer_regs=240, producer_regs=24)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -198,11 +215,15 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _load_tile(a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_m, off_b, k_tiles, it,
-                   STAGES: gl.constexpr, k0=0):
+                   STAGES: gl.constexpr, k0=0, sb_desc=None, sb_bufs=None):
         """The TMA loads of one output tile: per K block, A rows [off_m, off_m + 2 * HALF_M) as two
         halves and B rows [off_b, off_b + BLOCK_N) into ring slot ``it % STAGES``, K columns from
         ``k0`` on (a group's token range in the variable-K grouped kernel; 0, a constant, for the
-        dense and M-grouped ones). Returns the next ring position."""
+        dense and M-grouped ones). Returns the next ring position.
+
+        ``sb_desc`` (per-row B scales staged through shared memory, see
+        ``_mainloop_row_scales_smem``): also the block's BLOCK_N column scales, row ``k // 128``
+        of the ``[K blocks, N]`` scale grid, into ``sb_bufs`` slot s under the same barrier."""
         HALF_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
         STAGE_BYTES: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
@@ -211,18 +232,24 @@ if GLUON_AVAILABLE:
             # empty barriers start "one phase behind": the first pass over the ring never waits
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
             bar = ready.index(s)
-            mbarrier.expect(bar, STAGE_BYTES)
+            if sb_desc is None:
+                mbarrier.expect(bar, STAGE_BYTES)
+            else:
+                mbarrier.expect(bar, STAGE_BYTES + sb_desc.block_type.nbytes)
             k = k0 + kk * BLOCK_K
             # rows past M arrive zero-filled and still count their full box bytes
             tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a_bufs.index(2 * s))
             tma.async_copy_global_to_shared(a_desc, [off_m + HALF_M, k], bar, a_bufs.index(2 * s + 1))
             tma.async_copy_global_to_shared(b_desc, [off_b, k], bar, b_bufs.index(s))
+            if sb_desc is not None:
+                # columns past N arrive as zeros (never stored); k0 is a multiple of BLOCK_K
+                tma.async_copy_global_to_shared(sb_desc, [k // BLOCK_K, off_b], bar, sb_bufs.index(s))
             it += 1
         return it
 
     @gluon.jit
     def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
-                  BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+                  BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, sb_desc=None, sb_bufs=None):
         """One warp: TMA A (two 64-row halves) and B tiles into the ring, STAGES blocks ahead."""
         HALF_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -235,7 +262,8 @@ if GLUON_AVAILABLE:
             pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
             off_m = pid_m * (2 * HALF_M)
             off_n = pid_n * BLOCK_N
-            it = _load_tile(a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, k_tiles, it, STAGES)
+            it = _load_tile(a_desc, b_desc, a_bufs, b_bufs, ready, empty, off_m, off_n, k_tiles, it, STAGES, 0,
+                            sb_desc, sb_bufs)
 
     @gluon.jit
     def _issue(a_bufs, b_bufs, s, regs, use_acc, WG: gl.constexpr, SUB: gl.constexpr):
@@ -386,6 +414,129 @@ if GLUON_AVAILABLE:
         return acc, it
 
     @gluon.jit
+    def _col_scales(sb_bufs, s, LAYOUT: gl.constexpr, SUB: gl.constexpr):
+        """Ring slot s's column scales of B columns [SUB*128, SUB*128+128) as a [1, 128] tensor in
+        the partial's layout (each thread reads its 32 columns, 16 ld.shared.v2; the rows
+        broadcast), loaded right before the promotion that uses them: no register holds them
+        across an MMA."""
+        buf = sb_bufs.index(s)
+        if sb_bufs.type.shape[2] > SCALE_N:
+            buf = buf.slice(SUB * SCALE_N, SCALE_N, dim=1)
+        return buf.load(LAYOUT)
+
+    @gluon.jit
+    def _mainloop_row_scales_smem(acc0, acc1, regs, a_bufs, b_bufs, sb_bufs, ready, empty, it, k_tiles, sa_rows,
+                                  mask_m, stride_sak, LAYOUT: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr,
+                                  N_SUB: gl.constexpr):
+        """B_ROW_SCALES with the column scales staged through shared memory (the producer TMAs each
+        K block's BLOCK_N scales into the ring slot with A and B): ``_mainloop``'s schedule, so
+        BLOCK_N = 256 runs as two 128-column MMAs through one partial. The register path
+        (``_mainloop_row_scales``) keeps two K blocks' column vectors (64 registers) live across
+        the MMA, which leaves no room for a second accumulator; here they are read after the
+        wait and dead after the promotion. The promotion is the same ``(partial * sa) * sb`` as
+        there, so the result is bit-identical. The slot is released after its scales are read
+        (``mbarrier.arrive`` releases the ld.shared before it)."""
+        sa = gl.load(sa_rows, mask=mask_m, other=0.0)
+        no_acc = k_tiles < 0  # runtime False: see _mainloop
+        for kb in range(k_tiles):
+            s = it % STAGES
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            part = _issue(a_bufs, b_bufs, s, regs, False, WG, 0)
+            next_sa = gl.load(sa_rows + gl.minimum(kb + 1, k_tiles - 1) * stride_sak, mask=mask_m, other=0.0)
+            regs = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
+            sbv = _col_scales(sb_bufs, s, LAYOUT, 0)
+            if N_SUB == 1:
+                mbarrier.arrive(empty.index(s), count=1)
+            acc0 = acc0 + (regs * gl.expand_dims(sa, 1)) * sbv
+            if N_SUB == 2:
+                acc0 = _pin(acc0)
+                part = _issue(a_bufs, b_bufs, s, regs, no_acc, WG, 1)
+                regs = warpgroup_mma_wait(num_outstanding=0, deps=(part, ))
+                sbv = _col_scales(sb_bufs, s, LAYOUT, 1)
+                mbarrier.arrive(empty.index(s), count=1)
+                acc1 = acc1 + (regs * gl.expand_dims(sa, 1)) * sbv
+            sa = next_sa
+            it += 1
+        return acc0, acc1, it
+
+    @gluon.jit
+    def _retire_rows(acc, part, sa, sb_bufs, empty, s, LAYOUT: gl.constexpr, PENDING: gl.constexpr):
+        """``_retire`` for per-row B scales: wait (at most PENDING MMAs left in flight), read the
+        slot's column scales, release the slot, promote with ``sa x sb``."""
+        done = warpgroup_mma_wait(num_outstanding=PENDING, deps=(part, ))
+        sbv = _col_scales(sb_bufs, s, LAYOUT, 0)
+        mbarrier.arrive(empty.index(s), count=1)
+        acc = _pin(acc + (done * gl.expand_dims(sa, 1)) * sbv)
+        return acc, done
+
+    @gluon.jit
+    def _mainloop_row_scales_pipelined(acc, regs_p, regs_q, a_bufs, b_bufs, sb_bufs, ready, empty, it, k_tiles,
+                                       sa_rows, mask_m, stride_sak, LAYOUT: gl.constexpr, WG: gl.constexpr,
+                                       STAGES: gl.constexpr):
+        """B_ROW_SCALES, pipelined (configs ``...x``, BLOCK_N = 128): ``_mainloop_pipelined``'s P/Q
+        schedule (block k+1's MMA is queued before block k is promoted) with the column scales
+        read from the ring slot at the promotion (see ``_mainloop_row_scales_smem``): the three
+        64 x 128 fp32 sets take 192 registers, which leaves no room for a held column vector.
+        Each block's two row scales are loaded when its MMA is issued, one MMA ahead of use."""
+        no_acc = k_tiles < 0
+        sa_p = gl.load(sa_rows, mask=mask_m, other=0.0)
+        s_p = it % STAGES
+        mbarrier.wait(ready.index(s_p), (it // STAGES) & 1)
+        p = _issue(a_bufs, b_bufs, s_p, regs_p, no_acc, WG, 0)
+        it += 1
+        for kb in range(1, k_tiles - 1, 2):
+            # block kb -> Q; retire P (block kb - 1)
+            sa_q = gl.load(sa_rows + kb * stride_sak, mask=mask_m, other=0.0)
+            s_q = it % STAGES
+            mbarrier.wait(ready.index(s_q), (it // STAGES) & 1)
+            q = _issue(a_bufs, b_bufs, s_q, regs_q, no_acc, WG, 0)
+            it += 1
+            acc, regs_p = _retire_rows(acc, p, sa_p, sb_bufs, empty, s_p, LAYOUT, 1)
+            # block kb + 1 -> P; retire Q (block kb)
+            sa_p = gl.load(sa_rows + (kb + 1) * stride_sak, mask=mask_m, other=0.0)
+            s_p = it % STAGES
+            mbarrier.wait(ready.index(s_p), (it // STAGES) & 1)
+            p = _issue(a_bufs, b_bufs, s_p, regs_p, no_acc, WG, 0)
+            it += 1
+            acc, regs_q = _retire_rows(acc, q, sa_q, sb_bufs, empty, s_q, LAYOUT, 1)
+        if k_tiles % 2 == 0:  # one block left: it goes to Q
+            sa_q = gl.load(sa_rows + (k_tiles - 1) * stride_sak, mask=mask_m, other=0.0)
+            s_q = it % STAGES
+            mbarrier.wait(ready.index(s_q), (it // STAGES) & 1)
+            q = _issue(a_bufs, b_bufs, s_q, regs_q, no_acc, WG, 0)
+            it += 1
+            acc, regs_p = _retire_rows(acc, p, sa_p, sb_bufs, empty, s_p, LAYOUT, 1)
+            acc, regs_q = _retire_rows(acc, q, sa_q, sb_bufs, empty, s_q, LAYOUT, 0)
+        else:
+            acc, regs_p = _retire_rows(acc, p, sa_p, sb_bufs, empty, s_p, LAYOUT, 0)
+        return acc, regs_p, regs_q, it
+
+    @gluon.jit
+    def _mainloop_rows(acc0, acc1, a_bufs, b_bufs, sb_bufs, ready, empty, it, k_tiles, sa_rows, mask_m, sb_tile,
+                       cols, stride_sak, stride_sbk, LAYOUT: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr,
+                       N_SUB: gl.constexpr, PIPELINE: gl.constexpr):
+        """The B_ROW_SCALES main loop of one tile, for the dense and the variable-K kernel:
+        ``sb_bufs`` None (BLOCK_N 128, not pipelined) -> the register path ``_mainloop_row_scales``
+        (column scales from global memory at ``sb_tile + cols``, unit stride, padded to whole
+        128-column blocks); else the shared-memory one, pipelined or not. Returns (acc0, acc1, it)."""
+        regs = gl.zeros(acc0.shape, gl.float32, LAYOUT)  # per tile: not live across the epilogue
+        if sb_bufs is None:
+            gl.static_assert(N_SUB == 1 and not PIPELINE, "register column scales: BLOCK_N 128, not pipelined")
+            acc0, it = _mainloop_row_scales(acc0, regs, a_bufs, b_bufs, ready, empty, it, k_tiles, sa_rows, mask_m,
+                                            sb_tile, cols, stride_sak, stride_sbk, WG, STAGES)
+        elif PIPELINE:
+            gl.static_assert(N_SUB == 1, "pipelined partials: BLOCK_N 128")
+            regs_q = gl.zeros(acc0.shape, gl.float32, LAYOUT)
+            acc0, regs, regs_q, it = _mainloop_row_scales_pipelined(acc0, regs, regs_q, a_bufs, b_bufs, sb_bufs,
+                                                                    ready, empty, it, k_tiles, sa_rows, mask_m,
+                                                                    stride_sak, LAYOUT, WG, STAGES)
+        else:
+            acc0, acc1, it = _mainloop_row_scales_smem(acc0, acc1, regs, a_bufs, b_bufs, sb_bufs, ready, empty, it,
+                                                       k_tiles, sa_rows, mask_m, stride_sak, LAYOUT, WG, STAGES,
+                                                       N_SUB)
+        return acc0, acc1, it
+
+    @gluon.jit
     def _store_sub(c_desc, c_bufs, acc, off_m, off_n, st, WG: gl.constexpr, SUB: gl.constexpr,
                    C_BUFS: gl.constexpr):
         """acc (64 x 128 fp32) -> out dtype -> staging buffer -> TMA store; returns st + 1.
@@ -405,7 +556,7 @@ if GLUON_AVAILABLE:
     def _consumer(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, M, N, K,
                   stride_sam, stride_sak, stride_sbn, stride_sbk,
                   WG: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                  C_BUFS: gl.constexpr, PIPELINE: gl.constexpr, B_ROW_SCALES: gl.constexpr):
+                  C_BUFS: gl.constexpr, PIPELINE: gl.constexpr, B_ROW_SCALES: gl.constexpr, sb_bufs=None):
         """One warpgroup: rows [WG*64, WG*64+64) of every tile: MMA, promotion, store."""
         HALF_M: gl.constexpr = c_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
@@ -440,11 +591,12 @@ if GLUON_AVAILABLE:
             # tile so they are not live across the epilogue
             regs = gl.zeros([HALF_M, SCALE_N], gl.float32, mma_layout)
             if B_ROW_SCALES:
-                gl.static_assert(N_SUB == 1 and not PIPELINE, "B_ROW_SCALES: BLOCK_N 128, not pipelined")
-                # per-row B scales, stored [ceil(K/128), N padded to 128] (stride_sbn is 1)
+                # per-row B scales: [ceil(K/128), N padded to 128] (stride_sbn is 1) read by the
+                # consumers, or (sb_bufs) TMA'd into the ring by the producer
                 cols = gl.arange(0, SCALE_N, layout=gl.SliceLayout(0, mma_layout))
-                acc0, it = _mainloop_row_scales(acc0, regs, a_bufs, b_bufs, ready, empty, it, k_tiles, sa_rows,
-                                                mask_m, sb_ptr + off_n, cols, stride_sak, stride_sbk, WG, STAGES)
+                acc0, acc1, it = _mainloop_rows(acc0, acc1, a_bufs, b_bufs, sb_bufs, ready, empty, it, k_tiles,
+                                                sa_rows, mask_m, sb_ptr + off_n, cols, stride_sak, stride_sbk,
+                                                mma_layout, WG, STAGES, N_SUB, PIPELINE)
             elif PIPELINE:
                 regs_q = gl.zeros([HALF_M, SCALE_N], gl.float32, mma_layout)
                 acc0, regs, regs_q, it = _mainloop_pipelined(acc0, regs, regs_q, a_bufs, b_bufs, ready, empty, it,
@@ -466,11 +618,14 @@ if GLUON_AVAILABLE:
         stride_sam, stride_sak, stride_sbn, stride_sbk,
         GROUP_M: gl.constexpr, STAGES: gl.constexpr, C_BUFS: gl.constexpr, PIPELINE: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, B_ROW_SCALES: gl.constexpr = False,
+        sb_desc=None,
     ):
         """out = sum_kb (A_kb @ B_kb^T) * sa[:, kb] * sb[n/128, kb]: persistent, warp-specialized.
 
         Descriptors: a_desc boxes [64, 128] (a warpgroup's rows), b_desc [BLOCK_N, 128],
-        c_desc [64, 128] (one warpgroup's rows of one 128-column scale block)."""
+        c_desc [64, 128] (one warpgroup's rows of one 128-column scale block); with B_ROW_SCALES
+        optionally sb_desc [1, BLOCK_N] over the [ceil(K/128), N] column-scale grid (the scales
+        then travel through the ring; None: the consumers read them from sb_ptr)."""
         HALF_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
@@ -482,15 +637,30 @@ if GLUON_AVAILABLE:
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)  # the producer's expect + TMA bytes
             mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
-        gl.warp_specialize([
-            (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, M, N, K,
-                         stride_sam, stride_sak, stride_sbn, stride_sbk, 0, BLOCK_N, GROUP_M, STAGES, C_BUFS, PIPELINE,
-                         B_ROW_SCALES)),
-            (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, M, N, K,
-                         stride_sam, stride_sak, stride_sbn, stride_sbk, 1, BLOCK_N, GROUP_M, STAGES, C_BUFS, PIPELINE,
-                         B_ROW_SCALES)),
-            (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M, STAGES)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        # two spellings because warp_specialize's argument tuples cannot carry a None
+        if sb_desc is None:
+            gl.warp_specialize([
+                (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, M, N, K,
+                             stride_sam, stride_sak, stride_sbn, stride_sbk, 0, BLOCK_N, GROUP_M, STAGES, C_BUFS,
+                             PIPELINE, B_ROW_SCALES)),
+                (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, M, N, K,
+                             stride_sam, stride_sak, stride_sbn, stride_sbk, 1, BLOCK_N, GROUP_M, STAGES, C_BUFS,
+                             PIPELINE, B_ROW_SCALES)),
+                (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M, STAGES)),
+            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        else:
+            gl.static_assert(B_ROW_SCALES, "sb_desc: per-row B scales only")
+            sb_bufs = gl.allocate_shared_memory(sb_desc.dtype, [STAGES, 1, BLOCK_N], sb_desc.layout)
+            gl.warp_specialize([
+                (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, M, N, K,
+                             stride_sam, stride_sak, stride_sbn, stride_sbk, 0, BLOCK_N, GROUP_M, STAGES, C_BUFS,
+                             PIPELINE, B_ROW_SCALES, sb_bufs)),
+                (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, M, N, K,
+                             stride_sam, stride_sak, stride_sbn, stride_sbk, 1, BLOCK_N, GROUP_M, STAGES, C_BUFS,
+                             PIPELINE, B_ROW_SCALES, sb_bufs)),
+                (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BLOCK_N, GROUP_M, STAGES, sb_desc,
+                             sb_bufs)),
+            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 # ----------------------------------------------------------------------------------------------
 # Checks and launch
@@ -624,7 +794,7 @@ def default_config(M: int, N: int, K: int, out_dtype: torch.dtype = torch.bfloat
                    b_row_scales: bool = False) -> GluonBlockwiseConfig:
     """DEFAULT_CONFIG (``b_row_scales``: ROW_SCALES_DEFAULT_CONFIG), shrunk until it fits next to
     the output staging buffers: first one staging buffer per warpgroup, then fewer stages (fp32
-    output: n256s3 with one buffer; per-row B scales: n128s5)."""
+    output: n256s3 with one buffer; per-row B scales: n128s5x for every output dtype)."""
     del M, N, K
     return _fitted_default(out_dtype, bool(b_row_scales))
 
@@ -633,9 +803,9 @@ def default_config(M: int, N: int, K: int, out_dtype: torch.dtype = torch.bfloat
 def _fitted_default(out_dtype: torch.dtype, b_row_scales: bool = False) -> GluonBlockwiseConfig:
     out_bytes = out_dtype.itemsize
     cfg = ROW_SCALES_DEFAULT_CONFIG if b_row_scales else DEFAULT_CONFIG
-    if cfg.smem_bytes(out_bytes) > SMEM_LIMIT and cfg.c_bufs > 1:
+    if cfg.smem_bytes(out_bytes, b_row_scales) > SMEM_LIMIT and cfg.c_bufs > 1:
         cfg = dataclasses.replace(cfg, c_bufs=1)
-    while cfg.smem_bytes(out_bytes) > SMEM_LIMIT and cfg.stages > 2:
+    while cfg.smem_bytes(out_bytes, b_row_scales) > SMEM_LIMIT and cfg.stages > 2:
         cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
     return cfg
 
@@ -707,6 +877,31 @@ if GLUON_AVAILABLE:
                   torch.float8_e4m3fn: gl.float8e4nv}
 
 
+def row_scales_via_smem(cfg: "GluonBlockwiseConfig") -> bool:
+    """Whether the B_ROW_SCALES path of ``cfg`` stages the column scales through shared memory
+    (TMA'd with each K block: BLOCK_N 256 or pipelined, which have no registers to hold them)
+    rather than the consumers' registers (BLOCK_N 128, not pipelined)."""
+    return cfg.block_n > SCALE_BLOCK or cfg.pipeline
+
+
+def _sb_layout():
+    """Shared layout of the [1, BLOCK_N] fp32 column-scale box: unswizzled, so each thread's
+    column pair is one 8-byte ld.shared."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+def _scale_grid_desc(s_t: torch.Tensor, block_n: int):
+    """TMA descriptor of a per-row B scale grid ``s_t`` ``[K blocks, N]`` fp32 (unit stride along
+    N), box [1, block_n]; a copy where TMA cannot address it (16-byte aligned base and row
+    stride). The true N is the global extent: columns past it arrive as zeros."""
+    if not (s_t.stride(1) == 1 and (s_t.stride(0) * 4) % 16 == 0 and s_t.data_ptr() % 16 == 0):
+        kb, n = s_t.shape
+        buf = torch.zeros((kb, -(-n // 4) * 4), dtype=torch.float32, device=s_t.device)
+        buf[:, :n].copy_(s_t)
+        s_t = buf[:, :n]
+    return TensorDescriptor(s_t, list(s_t.shape), [s_t.stride(0), 1], [1, block_n], _sb_layout())
+
+
 @functools.lru_cache(maxsize=None)
 def _layouts(block_n: int, out_dtype: torch.dtype) -> tuple:
     """Shared-memory layouts of the A, B and C boxes (128-byte swizzle: whole wgmma/TMA rows)."""
@@ -727,12 +922,17 @@ def _kernel_args(a, sa, b, sb, out, cfg: GluonBlockwiseConfig) -> tuple:
     b_desc = TensorDescriptor(b, [N, K], [b.stride(0), 1], [bn, bk], b_layout)
     c_desc = TensorDescriptor(out, [M, N], [out.stride(0), 1], [_HALF_M, SCALE_BLOCK], c_layout)
     rows = _is_b_row_scales(sb, N, K)
-    if rows:
+    sb_desc = None
+    if rows and row_scales_via_smem(cfg):
+        sb_desc = _scale_grid_desc(sb.t(), bn)  # the kernel reads sb only through the descriptor
+    elif rows:
         sb = _column_major_padded(sb)
     args = (a_desc, b_desc, c_desc, sa, sb, M, N, K, sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1))
     kwargs = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, PIPELINE=cfg.pipeline,
                   CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, B_ROW_SCALES=rows,
                   num_warps=4)
+    if sb_desc is not None:
+        kwargs["sb_desc"] = sb_desc
     return args, kwargs
 
 

@@ -16,7 +16,7 @@ tensor cores idle during every promotion (333 TFLOP/s on the H200 for DeepSeek-V
 shapes). This one is the dense Gluon kernel's per-row-B-scale path (``B_ROW_SCALES`` of
 triton/gemm/gemm_fp8_gluon.py: one scale per output row from ``sx`` and one per output column from
 ``sy`` per 128-deep K block, exactly the wgrad's scale structure) walked over a grouped schedule,
-and reuses its helpers (``_load_tile``, ``_mainloop_row_scales``, ``_store_sub``, ``_tile_coords``,
+and reuses its helpers (``_load_tile``, ``_mainloop_rows``, ``_store_sub``, ``_tile_coords``,
 the launcher's ``_column_major_padded``), so a fix there is a fix here:
 
 * persistent grid over the static tile list ``(g, pid_p, pid_q)``, ``G * ceil(P/128) *
@@ -27,10 +27,12 @@ the launcher's ``_column_major_padded``), so a fix there is a fix here:
   the tl kernel), so the producer and the consumers agree on every tile and nothing is read on the
   host;
 * the producer warp TMA-loads x_t rows ``[off_p, off_p + 128)`` (two 64-row halves) and y_t rows
-  ``[off_q, off_q + 128)`` at token columns ``offs[g] + 128 kb`` into the STAGES-deep ring; rows past
+  ``[off_q, off_q + BLOCK_N)`` at token columns ``offs[g] + 128 kb`` into the STAGES-deep ring; rows past
   P or Q arrive zero-filled;
-* the two consumer warpgroups run ``_mainloop_row_scales`` on their 64 rows, with the scale
-  pointers moved to the group's first token block; an empty group runs no main loop;
+* the two consumer warpgroups run the dense kernel's per-row-B-scale main loop (``_mainloop_rows``:
+  pipelined or 256-wide with the token blocks' ``sy`` scales TMA'd into the ring with y_t, or the
+  128-wide register path) on their 64 rows, with the scales moved to the group's first token
+  block; an empty group runs no main loop;
 * epilogue through shared memory and TMA into the ``[G * P, Q]`` view of ``out`` (clipped at Q;
   ``P % 64 == 0`` keeps every warpgroup half inside its expert, and a half wholly past P is not
   stored). Without accumulation an empty group stores zeros. With accumulation (Megatron
@@ -67,9 +69,10 @@ __all__ = [
     "variable_k_default_config",
 ]
 
-# The dense B_ROW_SCALES default (n128s6, BLOCK_N 128, not pipelined: GluonBlockwiseConfig.check
-# says why), shrunk to fit next to an fp32 staging buffer (n128s5). Not yet measured on the H200
-# (scripts/check_gluon_fp8.py --grouped-wgrad).
+# The dense B_ROW_SCALES default (n128s5xr240w24: pipelined, column scales TMA'd through the ring;
+# see _dense.ROW_SCALES_DEFAULT_CONFIG), which fits next to an fp32 staging buffer as is. The
+# register-path configs (n128s4 ... n128s6, the default until 2026-12: 630-736 TFLOP/s on the
+# H200, 1.33x tl) stay selectable.
 VARIABLE_K_DEFAULT_CONFIG = _dense.ROW_SCALES_DEFAULT_CONFIG
 
 _TMA_REDUCE_ERROR = ""
@@ -81,7 +84,7 @@ if GLUON_AVAILABLE:
 
     from primus_turbo.triton.gemm.gemm_fp8_gluon import (
         SCALE_N,
-        _mainloop_row_scales,
+        _mainloop_rows,
         _store_sub,
         _tile_coords,
     )
@@ -129,8 +132,9 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _vk_producer(x_desc, y_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, P, Q, G,
-                     GROUP_M: gl.constexpr, STAGES: gl.constexpr):
-        """One warp: per tile, the TMA loads of the group's token blocks (none for an empty group)."""
+                     GROUP_M: gl.constexpr, STAGES: gl.constexpr, sy_desc=None, sb_bufs=None):
+        """One warp: per tile, the TMA loads of the group's token blocks (none for an empty group);
+        with ``sy_desc`` also each block's column scales (see _dense._load_tile)."""
         HALF_M: gl.constexpr = x_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = y_desc.block_type.shape[0]
@@ -142,7 +146,7 @@ if GLUON_AVAILABLE:
             g, pid_p, pid_q, k_start, k_tiles = _vk_tile(tile_id, tiles_per_group, num_pid_p, num_pid_q, offs_ptr,
                                                          G, M, BLOCK_K, GROUP_M)
             it = _dense._load_tile(x_desc, y_desc, a_bufs, b_bufs, ready, empty, pid_p * (2 * HALF_M),
-                                   pid_q * BLOCK_N, k_tiles, it, STAGES, k_start)
+                                   pid_q * BLOCK_N, k_tiles, it, STAGES, k_start, sy_desc, sb_bufs)
 
     @gluon.jit
     def _reduce_sub(c_desc, c_bufs, acc, off_m, off_n, st, WG: gl.constexpr, C_BUFS: gl.constexpr):
@@ -159,40 +163,52 @@ if GLUON_AVAILABLE:
     def _vk_consumer(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sx_ptr, sy_ptr, offs_ptr, M, P, Q, G,
                      stride_sxp, stride_sxk, stride_syk,
                      WG: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, C_BUFS: gl.constexpr,
-                     ACCUMULATE: gl.constexpr):
-        """One warpgroup: rows [WG*64, WG*64+64) of every tile: MMA, promotion, store."""
+                     ACCUMULATE: gl.constexpr, PIPELINE: gl.constexpr, sb_bufs=None):
+        """One warpgroup: rows [WG*64, WG*64+64) of every tile: MMA, promotion, store. ``sb_bufs``:
+        the column scales arrive through the ring (BLOCK_N 256 or PIPELINE, see _dense._mainloop_rows)."""
         HALF_M: gl.constexpr = c_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
+        BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
+        N_SUB: gl.constexpr = BLOCK_N // SCALE_N
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, SCALE_N, 32])
         row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
         num_pid_p = gl.cdiv(P, 2 * HALF_M)
-        num_pid_q = gl.cdiv(Q, SCALE_N)
+        num_pid_q = gl.cdiv(Q, BLOCK_N)
         tiles_per_group = num_pid_p * num_pid_q
-        cols = gl.arange(0, SCALE_N, layout=gl.SliceLayout(0, mma_layout))
+        cols = gl.arange(0, SCALE_N, layout=gl.SliceLayout(0, mma_layout))  # the register path's columns
         it = 0
         st = 0
         for tile_id in range(gl.program_id(0), G * tiles_per_group, gl.num_programs(0)):
             g, pid_p, pid_q, k_start, k_tiles = _vk_tile(tile_id, tiles_per_group, num_pid_p, num_pid_q, offs_ptr,
                                                          G, M, BLOCK_K, GROUP_M)
             off_p = pid_p * (2 * HALF_M) + WG * HALF_M
-            off_q = pid_q * SCALE_N
+            off_q = pid_q * BLOCK_N
             acc = gl.zeros([HALF_M, SCALE_N], gl.float32, mma_layout)
+            acc1 = acc
+            if N_SUB == 2:
+                acc1 = gl.zeros([HALF_M, SCALE_N], gl.float32, mma_layout)
             if k_tiles > 0:  # an empty group loads nothing: not even block 0's scales (past the end)
                 kb0 = k_start // BLOCK_K
                 offs_p = off_p + gl.arange(0, HALF_M, layout=row_layout)
                 sx_rows = sx_ptr + offs_p.to(gl.int64) * stride_sxp + kb0 * stride_sxk
-                # sy: [M_total/128, Q padded to 128] (unit stride along Q), see _column_major_padded
+                # sy (register path): [M_total/128, Q padded to 128] (unit stride along Q), see
+                # _column_major_padded
                 sy_tile = sy_ptr + kb0.to(gl.int64) * stride_syk + off_q
-                regs = gl.zeros([HALF_M, SCALE_N], gl.float32, mma_layout)
-                acc, it = _mainloop_row_scales(acc, regs, a_bufs, b_bufs, ready, empty, it, k_tiles, sx_rows,
-                                               offs_p < P, sy_tile, cols, stride_sxk, stride_syk, WG, STAGES)
+                acc, acc1, it = _mainloop_rows(acc, acc1, a_bufs, b_bufs, sb_bufs, ready, empty, it, k_tiles,
+                                               sx_rows, offs_p < P, sy_tile, cols, stride_sxk, stride_syk, mma_layout,
+                                               WG, STAGES, N_SUB, PIPELINE)
             if off_p < P:  # P % 64 == 0: a half is wholly inside expert g's rows or wholly past them
+                # a 128-column half wholly past Q (BLOCK_N 256) is clipped away by TMA
                 if ACCUMULATE:
                     if k_tiles > 0:  # out[g] += 0 for an empty group: nothing to send
                         st = _reduce_sub(c_desc, c_bufs, acc, g * P + off_p, off_q, st, WG, C_BUFS)
+                        if N_SUB == 2:
+                            st = _reduce_sub(c_desc, c_bufs, acc1, g * P + off_p, off_q + SCALE_N, st, WG, C_BUFS)
                 else:
                     st = _store_sub(c_desc, c_bufs, acc, g * P + off_p, off_q, st, WG, 0, C_BUFS)
+                    if N_SUB == 2:
+                        st = _store_sub(c_desc, c_bufs, acc1, g * P + off_p, off_q, st, WG, 1, C_BUFS)
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -205,15 +221,18 @@ if GLUON_AVAILABLE:
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
         # constexpr: the reduce-add epilogue replaces the store, and an empty group's tile is skipped
         ACCUMULATE: gl.constexpr,
+        PIPELINE: gl.constexpr = False,
+        sy_desc=None,
     ):
         """out[g] (+)= sum over g's token blocks kb of (X_kb @ Y_kb^T) * sx[:, kb] (x) sy[:, kb].
 
-        Descriptors: x_desc boxes [64, 128] of x_t [P, M_total], y_desc [128, 128] of y_t
-        [Q, M_total], c_desc [64, 128] of the [G * P, Q] output view."""
+        Descriptors: x_desc boxes [64, 128] of x_t [P, M_total], y_desc [BLOCK_N, 128] of y_t
+        [Q, M_total], c_desc [64, 128] of the [G * P, Q] output view; sy_desc (BLOCK_N 256 or
+        PIPELINE) [1, BLOCK_N] of the [M_total/128, Q] scale grid (sy transposed), the column
+        scales then travel through the ring (None: the consumers read them from sy_ptr)."""
         HALF_M: gl.constexpr = x_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = y_desc.block_type.shape[0]
-        gl.static_assert(BLOCK_N == SCALE_N, "the per-row B scale main loop takes 128-column tiles")
         a_bufs = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, HALF_M, BLOCK_K], x_desc.layout)
         b_bufs = gl.allocate_shared_memory(y_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], y_desc.layout)
         c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2 * C_BUFS, HALF_M, SCALE_N], c_desc.layout)
@@ -222,13 +241,27 @@ if GLUON_AVAILABLE:
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)  # the producer's expect + TMA bytes
             mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
-        gl.warp_specialize([
-            (_vk_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sx_ptr, sy_ptr, offs_ptr, M, P, Q, G,
-                            stride_sxp, stride_sxk, stride_syk, 0, GROUP_M, STAGES, C_BUFS, ACCUMULATE)),
-            (_vk_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sx_ptr, sy_ptr, offs_ptr, M, P, Q, G,
-                            stride_sxp, stride_sxk, stride_syk, 1, GROUP_M, STAGES, C_BUFS, ACCUMULATE)),
-            (_vk_producer, (x_desc, y_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, P, Q, G, GROUP_M, STAGES)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        # two spellings because warp_specialize's argument tuples cannot carry a None
+        if sy_desc is None:
+            gl.warp_specialize([
+                (_vk_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sx_ptr, sy_ptr, offs_ptr, M, P, Q, G,
+                                stride_sxp, stride_sxk, stride_syk, 0, GROUP_M, STAGES, C_BUFS, ACCUMULATE, PIPELINE)),
+                (_vk_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sx_ptr, sy_ptr, offs_ptr, M, P, Q, G,
+                                stride_sxp, stride_sxk, stride_syk, 1, GROUP_M, STAGES, C_BUFS, ACCUMULATE, PIPELINE)),
+                (_vk_producer, (x_desc, y_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, P, Q, G, GROUP_M, STAGES)),
+            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        else:
+            sb_bufs = gl.allocate_shared_memory(sy_desc.dtype, [STAGES, 1, BLOCK_N], sy_desc.layout)
+            gl.warp_specialize([
+                (_vk_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sx_ptr, sy_ptr, offs_ptr, M, P, Q, G,
+                                stride_sxp, stride_sxk, stride_syk, 0, GROUP_M, STAGES, C_BUFS, ACCUMULATE, PIPELINE,
+                                sb_bufs)),
+                (_vk_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, sx_ptr, sy_ptr, offs_ptr, M, P, Q, G,
+                                stride_sxp, stride_sxk, stride_syk, 1, GROUP_M, STAGES, C_BUFS, ACCUMULATE, PIPELINE,
+                                sb_bufs)),
+                (_vk_producer, (x_desc, y_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, P, Q, G, GROUP_M, STAGES,
+                                sy_desc, sb_bufs)),
+            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -324,8 +357,8 @@ def gluon_variable_k_blockwise_reason(x_t, sx, y_t, sy, group_offs, out: Optiona
 
 def variable_k_default_config(P: int, Q: int, M: int, G: int,
                               out_dtype: torch.dtype = torch.bfloat16) -> GluonBlockwiseConfig:
-    """The dense kernel's per-row-B-scale default, fitted next to the staging buffers (bf16:
-    n128s6, fp32: n128s5)."""
+    """The dense kernel's per-row-B-scale default, fitted next to the staging buffers
+    (n128s5xr240w24 for every output dtype)."""
     del P, Q, M, G
     return _dense.default_config(1, 1, 1, out_dtype, b_row_scales=True)
 
@@ -343,11 +376,17 @@ def _kernel_args(x_t, sx, y_t, sy, group_offs, out, cfg: GluonBlockwiseConfig, a
     y_desc = TensorDescriptor(y_t, [Q, M], [y_t.stride(0), 1], [cfg.block_n, bk], b_layout)
     # the experts' outputs as one [G * P, Q] matrix (rows g * P + p); stores clip at Q
     c_desc = TensorDescriptor(out, [G * P, Q], [out.stride(1), 1], [_HALF_M, SCALE_BLOCK], c_layout)
-    sy_c = _dense._column_major_padded(sy)  # [M/128, Q padded to 128], unit stride along Q
-    args = (x_desc, y_desc, c_desc, sx, sy_c, group_offs, M, P, Q, G,
-            sx.stride(0), sx.stride(1), sy_c.stride(1))
     kwargs = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, ACCUMULATE=bool(accumulate), num_warps=4)
+    if _dense.row_scales_via_smem(cfg):
+        # the column scales go through the ring by TMA ([M/128, Q] grid, true Q: zeros past it);
+        # the kernel reads sy only through the descriptor
+        sy_c = sy
+        kwargs.update(PIPELINE=cfg.pipeline, sy_desc=_dense._scale_grid_desc(sy.t(), cfg.block_n))
+    else:
+        sy_c = _dense._column_major_padded(sy)  # [M/128, Q padded to 128], unit stride along Q
+    args = (x_desc, y_desc, c_desc, sx, sy_c, group_offs, M, P, Q, G,
+            sx.stride(0), sx.stride(1), sy_c.stride(1))
     return args, kwargs
 
 
@@ -373,8 +412,8 @@ def grouped_gemm_fp8_variable_k_blockwise_gluon(x_t: torch.Tensor, sx: torch.Ten
         accumulate: ``out += ...`` (fp32 ``out`` only: Megatron's ``main_grad``); an empty
             group leaves ``out[g]`` unchanged.
         out_dtype: dtype of the allocated ``out`` (bf16, fp16, fp32; ignored when ``out`` is given).
-        config: :class:`GluonBlockwiseConfig` with ``block_n=128`` and no pipelining (the
-            per-row-B-scale main loop); default when None.
+        config: :class:`GluonBlockwiseConfig` (the dense kernel's per-row-B-scale main loops:
+            BLOCK_N 128 or 256, pipelined or not); default when None.
         num_programs: cap on the persistent grid (the op's ``num_cu``); all SMs when None.
 
     Raises ValueError with :func:`gluon_variable_k_blockwise_reason`'s text on inputs it cannot
