@@ -89,15 +89,21 @@ def test_reason_never_raises():
 
 
 def test_env_switches(monkeypatch):
+    def use(s, hq, hk, d, causal):
+        return fb.use_gluon_attn_bwd(torch.empty(1, s, hq, d), torch.empty(1, s, hk, d), 0 if causal else -1)
+
     monkeypatch.delenv(fb.GLUON_ATTN_BWD_ENV, raising=False)
-    assert not fb.use_gluon_attn_bwd()  # auto: off until measured on the H200
+    # auto: where the H200 measured it faster than the tl backward
+    assert use(2048, 8, 1, 64, True) and use(2048, 8, 1, 128, True)  # GQA: always
+    assert use(4096, 8, 8, 128, True) and use(2048, 8, 8, 128, False) and not use(2048, 8, 8, 128, True)
+    assert use(8192, 8, 8, 64, True) and not use(4096, 8, 8, 64, False)
     monkeypatch.setenv(fb.GLUON_ATTN_BWD_ENV, "1")
-    assert fb.use_gluon_attn_bwd()
+    assert use(2048, 8, 8, 64, True)
     monkeypatch.setenv(fb.GLUON_ATTN_BWD_ENV, "0")
-    assert not fb.use_gluon_attn_bwd()
+    assert not use(8192, 8, 1, 128, False)
     monkeypatch.setenv(fb.GLUON_ATTN_BWD_ENV, "maybe")
     with pytest.raises(ValueError, match="PRIMUS_TURBO_ATTN_BWD_GLUON"):
-        fb.use_gluon_attn_bwd()
+        use(8192, 8, 1, 128, False)
     monkeypatch.delenv(fb.GLUON_ATTN_BWD_DQ_ENV, raising=False)
     assert fb.use_gluon_dq()
     monkeypatch.setenv(fb.GLUON_ATTN_BWD_DQ_ENV, "0")

@@ -1,8 +1,8 @@
 """Attention backends: TORCH (``F.scaled_dot_product_attention``: cuDNN / flash / efficient / math,
 and what runs on plain CPU) and TRITON (our FlashAttention-2 style kernels, primus_turbo/triton/attention;
-on sm_90 its dense forward runs the warp-specialized Gluon kernel where that takes the inputs and
-was measured faster (``PRIMUS_TURBO_ATTN_FWD_GLUON``: head dim 128 unless causal at <= 2048 queries;
-1 wherever it takes them, 0 never), with ``PRIMUS_TURBO_ATTN_BWD_GLUON=1`` its dense backward).
+on sm_90 its dense forward and backward run the warp-specialized Gluon kernels where those take the
+inputs and were measured faster (``PRIMUS_TURBO_ATTN_FWD_GLUON`` / ``PRIMUS_TURBO_ATTN_BWD_GLUON``;
+the rules are ``use_gluon_attn_fwd`` / ``use_gluon_attn_bwd``; 1 wherever they run, 0 never), with ``PRIMUS_TURBO_ATTN_BWD_GLUON=1`` its dense backward).
 
 Every backend takes already-validated, *logical* ``[batch, seq, heads, head_dim]`` tensors (any
 strides) and the normalised mask bounds ``win_left`` / ``win_right`` (``-1`` = unbounded, causal
@@ -136,38 +136,28 @@ class AttnTritonBackend(KernelBackend):
                                      deterministic=deterministic)
 
 
-def gluon_fwd_measured_faster(q, win_right) -> bool:
-    """Where the Gluon forward beat the Triton one on the H200 (2026-11-30, scripts/check_gluon_attn.py,
-    16k tokens, 32 heads): head dim 128, 1.15-1.31x except causal at 2048 queries (0.96x); head dim
-    64 0.80-0.98x (its two 64-row warpgroups are bound by the softmax, not the MMAs)."""
-    return q.size(-1) == 128 and not (win_right == 0 and q.size(1) <= 2048)
-
-
 def _gluon_fwd(q, k, v, sink, softmax_scale, win_left, win_right):
     """The warp-specialized Gluon forward (sm_90) where ``PRIMUS_TURBO_ATTN_FWD_GLUON`` allows it (auto:
     where it was measured faster, 1: wherever it takes the inputs) and it takes the inputs, else None.
     Its O and LSE are the Triton forward's, so TRITON's backward runs on them unchanged."""
-    from primus_turbo.pytorch.core.env import env_auto_flag
     from primus_turbo.triton.attention.flash_attn_fwd_gluon import (
-        GLUON_ATTN_ENV, flash_attn_fwd_gluon, gluon_attn_fwd_reason,
+        flash_attn_fwd_gluon, gluon_attn_fwd_reason, use_gluon_attn_fwd,
     )
 
-    flag = env_auto_flag(GLUON_ATTN_ENV)
-    if flag is False or (flag is None and not gluon_fwd_measured_faster(q, win_right)):
-        return None
-    if gluon_attn_fwd_reason(q, k, v, sink, softmax_scale, win_left, win_right):
+    if not use_gluon_attn_fwd(q, win_right) or gluon_attn_fwd_reason(q, k, v, sink, softmax_scale, win_left,
+                                                                    win_right):
         return None
     return flash_attn_fwd_gluon(q, k, v, sink, softmax_scale, win_left, win_right)
 
 
 def _gluon_bwd(dout, q, k, v, out, lse, sink, softmax_scale, win_left, win_right):
-    """The warp-specialized Gluon backward (sm_90) where ``PRIMUS_TURBO_ATTN_BWD_GLUON`` asks for it and
-    it takes the inputs, else None. It has no atomics, so it serves ``deterministic=True`` as well."""
+    """The warp-specialized Gluon backward (sm_90) where ``PRIMUS_TURBO_ATTN_BWD_GLUON`` allows it (auto:
+    where it was measured faster, ``use_gluon_attn_bwd``) and it takes the inputs, else None. It has no atomics, so it serves ``deterministic=True`` as well."""
     from primus_turbo.triton.attention.flash_attn_bwd_gluon import (
         flash_attn_bwd_gluon, gluon_attn_bwd_reason, use_gluon_attn_bwd,
     )
 
-    if not use_gluon_attn_bwd() or gluon_attn_bwd_reason(q, k, v, dout, sink, softmax_scale, win_left, win_right):
+    if not use_gluon_attn_bwd(q, k, win_right) or gluon_attn_bwd_reason(q, k, v, dout, sink, softmax_scale, win_left, win_right):
         return None
     if lse.dtype != torch.float32 or not lse.is_contiguous():
         return None

@@ -56,8 +56,9 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "PRIMUS_TURBO_ATTN_BWD_GLUON": (
         "auto",
         "TRITON attention backward (flash_attn_func, fp16/bf16, head dims 64/128, no left window) on sm_90: 1 the "
-        "warp-specialized Gluon dK/dV (+ dQ) kernels where they can run, 0 the Triton kernels; auto: Triton until "
-        "measured on the H200. No atomics: deterministic either way.",
+        "warp-specialized Gluon dK/dV (+ dQ) kernels where they can run, 0 the Triton kernels; auto: Gluon where "
+        "measured faster (GQA; head dim 128 except causal at <= 2048 queries; head dim 64 from 8192 queries). No "
+        "atomics: deterministic either way.",
     ),
     "PRIMUS_TURBO_ATTN_BWD_GLUON_DQ": (
         "auto",

@@ -522,12 +522,23 @@ if GLUON_AVAILABLE:
 # ----------------------------------------------------------------------------------------------
 # Checks and launch
 # ----------------------------------------------------------------------------------------------
-def use_gluon_attn_bwd() -> bool:
-    """``PRIMUS_TURBO_ATTN_BWD_GLUON``: 1 runs this backward for the TRITON backend's dense backward
-    where :func:`gluon_attn_bwd_reason` allows, 0 and auto never (auto: off until measured on the H200)."""
+def use_gluon_attn_bwd(q: torch.Tensor, k: torch.Tensor, win_right: int) -> bool:
+    """``PRIMUS_TURBO_ATTN_BWD_GLUON`` for logical ``q``/``k`` ``[B, S, H, D]``: 1 runs this backward
+    for the TRITON backend's dense backward wherever :func:`gluon_attn_bwd_reason` allows, 0 never,
+    auto where it was measured faster than the tl backward on the H200 (2026-11-30): every GQA
+    shape (one CTA sums a group's heads: 1.07-1.46x in benchmarks/bench_attention.py), head dim
+    128 except causal at <= 2048 queries without GQA (1.15-1.23x; 0.96x there), head dim 64 from
+    8192 queries (1.00-1.08x; 0.76-0.94x below, scripts/check_gluon_attn.py --bwd)."""
     from primus_turbo.pytorch.core.env import env_auto_flag
 
-    return bool(env_auto_flag(GLUON_ATTN_BWD_ENV))
+    flag = env_auto_flag(GLUON_ATTN_BWD_ENV)
+    if flag is None:
+        if q.size(2) > k.size(2):
+            return True
+        if q.size(-1) == 128:
+            return not (win_right == 0 and q.size(1) <= 2048)
+        return q.size(1) >= 8192
+    return flag
 
 
 def use_gluon_dq() -> bool:

@@ -394,12 +394,18 @@ if GLUON_AVAILABLE:
 # ----------------------------------------------------------------------------------------------
 # Checks and launch
 # ----------------------------------------------------------------------------------------------
-def use_gluon_attn_fwd() -> bool:
-    """``PRIMUS_TURBO_ATTN_FWD_GLUON``: 1 runs this kernel for the TRITON backend's forward where
-    :func:`gluon_attn_fwd_reason` allows, 0 and auto never (auto: off until measured on the H200)."""
+def use_gluon_attn_fwd(q: torch.Tensor, win_right: int) -> bool:
+    """``PRIMUS_TURBO_ATTN_FWD_GLUON`` for logical ``q [B, S, H, D]``: 1 runs this kernel for the
+    TRITON backend's forward wherever :func:`gluon_attn_fwd_reason` allows, 0 never, auto where it
+    was measured faster than the tl forward on the H200 (2026-11-30, scripts/check_gluon_attn.py and
+    benchmarks/bench_attention.py): head dim 128 (1.15-1.31x, 575-641 TFLOP/s) except causal at
+    <= 2048 queries (0.96x); head dim 64 0.80-0.98x, so the tl kernel there."""
     from primus_turbo.pytorch.core.env import env_auto_flag
 
-    return bool(env_auto_flag(GLUON_ATTN_ENV))
+    flag = env_auto_flag(GLUON_ATTN_ENV)
+    if flag is None:
+        return q.size(-1) == 128 and not (win_right == 0 and q.size(1) <= 2048)
+    return flag
 
 
 def _tma_strides(t: torch.Tensor) -> Optional[tuple]:
