@@ -12,10 +12,7 @@ pytest.importorskip("triton")
 from primus_turbo.pytorch.backends.grouped_gemm_fp8 import gather_rows, padded_group_layout  # noqa: E402
 from primus_turbo.pytorch.core.low_precision import ScalingGranularity  # noqa: E402
 from primus_turbo.pytorch.ops.quantization import quantize_fp8  # noqa: E402
-from primus_turbo.triton.quantization.gather_quant_kernel import (  # noqa: E402
-    gather_quant_cols_t_launch,
-    gather_quant_dual_launch,
-)
+from primus_turbo.triton.quantization.gather_quant_kernel import gather_quant_cols_t_launch  # noqa: E402
 
 
 def _three_pass(x, src, dtype, bs):
@@ -46,30 +43,6 @@ def test_matches_the_three_passes(lens, c, xdtype, dtype, device):
     pad = (src < 0).nonzero().flatten()
     if pad.numel():
         assert torch.all(q_t.view(torch.uint8)[:, pad] == 0)
-
-
-@pytest.mark.parametrize("lens,c", [([5, 0, 130, 64], 96), ([128, 256], 200), ([3], 128)])
-@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_dual_matches_row_and_column_quantizers(lens, c, dtype, device):
-    """Both copies from one read: the column copy as above, the row copy (1 x bs blocks along C)
-    equal to quantize_fp8 along the rows on every routed row."""
-    torch.manual_seed(len(lens) * 7 + c)
-    m = sum(lens) + 3
-    x = (torch.randn(m, c, device=device) * torch.logspace(-3, 3, c, device=device)).to(torch.bfloat16)
-    x[1, :] = 0.0
-    x[4, 2] = float("inf")
-    offs = torch.zeros(len(lens) + 1, dtype=torch.int64, device=device)
-    offs[1:] = torch.cumsum(torch.tensor(lens, device=device), 0)
-    bs = 64 if c == 96 else 128
-    src, _poffs = padded_group_layout(offs, m, bs)
-    q_row, s_row, q_t, s = gather_quant_dual_launch(x, src, dtype, bs)
-    ref_q, ref_s = _three_pass(x, src, dtype, bs)
-    assert torch.equal(q_t.view(torch.uint8), ref_q) and torch.equal(s.view(torch.int32), ref_s.view(torch.int32))
-    routed = int(offs[-1])
-    rq, rs = quantize_fp8(x, dtype, ScalingGranularity.BLOCKWISE, block_size=bs, axis=-1)
-    assert q_row.shape == (m, c) and s_row.shape == rs.shape
-    assert torch.equal(q_row.view(torch.uint8)[:routed], rq.view(torch.uint8)[:routed])
-    assert torch.equal(s_row[:routed].view(torch.int32), rs[:routed].view(torch.int32))
 
 
 def test_strided_rows_and_errors(device):

@@ -143,22 +143,6 @@ def _mx_token_copy(x: torch.Tensor, src: torch.Tensor, quant, pack: int, blockwi
     return _transpose_bytes(q), (_transpose_bytes(s) if s.element_size() == 1 else s.t())
 
 
-def _blockwise_dual(x: torch.Tensor, src: torch.Tensor, dtype, bs: int):
-    """BLOCKWISE: ``(row copy (q [M, C], s [M, ceil(C/bs)]), token copy as _mx_token_copy gives it)``
-    from one read of ``x`` where the Triton kernels run, else None. Rows past the routed ones are
-    left out of the row copy (no output row that is stored reads them)."""
-    if x.dim() != 2 or (x.size(1) > 1 and x.stride(1) != 1) or torch.compiler.is_compiling():
-        return None
-    from primus_turbo.pytorch.ops.moe_permute import permute_backend
-
-    if permute_backend(x) != "triton":
-        return None
-    from primus_turbo.triton.quantization.gather_quant_kernel import gather_quant_dual_launch
-
-    q_row, s_row, q_t, s = gather_quant_dual_launch(x, src, dtype, bs)
-    return (q_row, s_row), (q_t, s.t())
-
-
 def _quant_fp8_mx(dtype):
     return lambda x, axis: _quantize_fp8(x, dtype, _G.MX_BLOCKWISE, axis=axis)
 
@@ -243,20 +227,15 @@ class GroupedGemmFP8Function(torch.autograd.Function):
         need_ga, need_gb = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.trans_b, ctx.gran, ctx.bwd_dtype, ctx.bs, ctx.num_cu = trans_b, gran, bwd_dtype, bs, num_cu
         ctx.fuse_accum, ctx.a_dtype, ctx.b_dtype = fuse_accum, a.dtype, b.dtype
-        src = poffs = dual = None
+        a_row = _quant_rows(a, fwd_dtype, gran, bs)
+        w_fwd, w_dgrad = _weight_copies(b, trans_b, fwd_dtype, gran, bs, True, need_ga)
+        out = _mm(a_row, w_fwd, gran, group_lens, group_offs, out_dtype, bs, num_cu)
+        saved_w = w_dgrad if need_ga else (None, None)
+        src = poffs = None
         if need_gb and gran in (_MX, "BLOCKWISE"):
             # per-group-segment token blocks (MX 32, BLOCKWISE bs): the padded token layout
             blk, quant = _token_quant(gran, fwd_dtype, bs)
             src, poffs = padded_group_layout(group_offs, a.size(0), blk)
-            if gran == "BLOCKWISE":  # both copies of a from one read
-                dual = _blockwise_dual(a, src, fwd_dtype, bs)
-        a_row = dual[0] if dual is not None else _quant_rows(a, fwd_dtype, gran, bs)
-        w_fwd, w_dgrad = _weight_copies(b, trans_b, fwd_dtype, gran, bs, True, need_ga)
-        out = _mm(a_row, w_fwd, gran, group_lens, group_offs, out_dtype, bs, num_cu)
-        saved_w = w_dgrad if need_ga else (None, None)
-        if dual is not None:
-            saved_a = dual[1]
-        elif src is not None:
             saved_a = _mx_token_copy(a, src, quant, 1, (fwd_dtype, bs) if gran == "BLOCKWISE" else None)
         elif need_gb:
             saved_a = _quant_cols_t(a, fwd_dtype, gran, a_row)
@@ -274,19 +253,16 @@ class GroupedGemmFP8Function(torch.autograd.Function):
         gran, bs, num_cu = ctx.gran, ctx.bs, ctx.num_cu
         grad_out = grad_out.contiguous()
         grad_a = grad_b = None
-        dy_row = dual = None
-        if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and gran == "BLOCKWISE":
-            dual = _blockwise_dual(grad_out, src, ctx.bwd_dtype, bs)  # both copies of dC from one read
+        dy_row = None
         if ctx.needs_input_grad[0]:
-            dy_row = dual[0] if dual is not None else _quant_rows(grad_out, ctx.bwd_dtype, gran, bs)
+            dy_row = _quant_rows(grad_out, ctx.bwd_dtype, gran, bs)
             # dA[rows of g] = dC[rows of g] @ op(b[g]).T; rows past offs[G] come back zero
             grad_a = _mm(dy_row, (wq, ws), gran, group_lens, group_offs, ctx.a_dtype, bs, num_cu)
         if ctx.needs_input_grad[1]:
             fuse = ctx.fuse_accum
             if gran in (_MX, "BLOCKWISE"):  # on the padded token layout of forward (offsets poffs)
-                dy_col = dual[1] if dual is not None else _mx_token_copy(
-                    grad_out, src, _token_quant(gran, ctx.bwd_dtype, bs)[1], 1,
-                    (ctx.bwd_dtype, bs) if gran == "BLOCKWISE" else None)
+                dy_col = _mx_token_copy(grad_out, src, _token_quant(gran, ctx.bwd_dtype, bs)[1], 1,
+                                        (ctx.bwd_dtype, bs) if gran == "BLOCKWISE" else None)
                 A = (aq_t, as_t)
                 X, Y = (dy_col, A) if ctx.trans_b else (A, dy_col)
                 if fuse:

@@ -11,10 +11,6 @@ element for bf16) and writes the FP8 copy once (1 byte): one program per ``[bs, 
 padded layout loads the gathered rows, reduces each column's amax over the block, scales, casts
 and stores the tile transposed (rows of ``bs`` contiguous bytes).
 
-``_gather_quant_dual_kernel`` also writes, from the same registers, the row-wise ``1 x bs`` copy
-that the forward (or dgrad) GEMM reads, back at each token's own row: the op's two quantized
-copies of ``x`` from one read.
-
 Bit-identical to the three-pass path: the same scale arithmetic (``_fp32_scales``: IEEE-rounded
 ``FP8_MAX / amax``, 1 for an all-zero or non-finite block) and the same cast (``_fp8_codes``).
 """
@@ -29,7 +25,7 @@ from primus_turbo.triton import is_interpreter
 
 from .quant_fp8_kernel import _abs_bits, _fp8_codes, _fp32_scales
 
-__all__ = ["gather_quant_cols_t_launch", "gather_quant_dual_launch"]
+__all__ = ["gather_quant_cols_t_launch"]
 
 _FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 
@@ -67,73 +63,13 @@ def _gather_quant_cols_t_kernel(
         tl.store(s_ptrs, scale_inv, mask=cols < C)
 
 
-@triton.jit
-def _gather_quant_dual_kernel(
-    x_ptr, src_ptr, q_ptr, s_ptr, qr_ptr, sr_ptr,
-    C, M_PAD, stride_x, n_tiles_c, n_cb,
-    FP8_MAX: tl.constexpr, BS: tl.constexpr, EVEN_C: tl.constexpr,
-    IS_E4M3: tl.constexpr, SOFT: tl.constexpr,
-):
-    """The column copy of ``_gather_quant_cols_t_kernel`` and, from the same registers, the row copy
-    (``1 x BS`` blocks along C, written back at each token's own row ``src``): a ``BS x BS`` tile
-    holds whole blocks of both groupings."""
-    pid = tl.program_id(0)
-    tb = pid // n_tiles_c
-    pid_c = pid % n_tiles_c
-    rows = tb * BS + tl.arange(0, BS)
-    cols = pid_c * BS + tl.arange(0, BS)
-    src = tl.load(src_ptr + rows)
-    keep = src >= 0
-    src64 = tl.maximum(src, 0).to(tl.int64)
-    mask = keep[:, None]
-    if not EVEN_C:
-        mask = mask & (cols < C)[None, :]
-    x = tl.load(x_ptr + src64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    # column copy: BS x 1 blocks, stored transposed
-    scale, scale_inv = _fp32_scales(tl.max(_abs_bits(x), axis=0), FP8_MAX)
-    codes = _fp8_codes(x * scale[None, :], FP8_MAX, IS_E4M3, SOFT)
-    q_ptrs = q_ptr + cols.to(tl.int64)[:, None] * M_PAD + rows[None, :]
-    s_ptrs = s_ptr + tb.to(tl.int64) * C + cols
-    if EVEN_C:
-        tl.store(q_ptrs, tl.trans(codes))
-        tl.store(s_ptrs, scale_inv)
-    else:
-        tl.store(q_ptrs, tl.trans(codes), mask=(cols < C)[:, None])
-        tl.store(s_ptrs, scale_inv, mask=cols < C)
-    # row copy: 1 x BS blocks (this tile's columns are one block), at the tokens' own rows; padding
-    # rows (src < 0) have no row
-    rscale, rscale_inv = _fp32_scales(tl.max(_abs_bits(x), axis=1), FP8_MAX)
-    rcodes = _fp8_codes(x * rscale[:, None], FP8_MAX, IS_E4M3, SOFT)
-    tl.store(qr_ptr + src64[:, None] * C + cols[None, :], rcodes, mask=mask)
-    tl.store(sr_ptr + src64 * n_cb + pid_c, rscale_inv, mask=keep)
+def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.dtype, block_size: int):
+    """``(q_t [C, M_pad] dtype, s [M_pad / block_size, C] fp32 scale_inv)`` with
+    ``q_t.T, s`` equal to the BLOCKWISE ``block_size x 1`` quantization of ``x[src]`` (rows with
+    ``src < 0`` zero), i.e. of ``gather_rows(x, src)`` along axis 0.
 
-
-def gather_quant_dual_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.dtype, block_size: int):
-    """``(q_row [M, C], s_row [M, ceil(C/bs)], q_t [C, M_pad], s_col [M_pad/bs, C])``: the column
-    copy of :func:`gather_quant_cols_t_launch` and the ``1 x block_size`` row-wise copy of ``x``
-    (``quantize_fp8(x, dtype, BLOCKWISE, block_size, axis=-1)``) from one read of ``x``.
-
-    Rows of ``x`` that ``src`` does not list (those past the routed rows) are left unwritten in the
-    row copy: the grouped GEMMs never store an output row that reads them."""
-    _check(x, src, dtype, block_size)
-    M, C = x.shape
-    m_pad = src.numel()
-    n_cb = triton.cdiv(C, block_size)
-    q_t = torch.empty((C, m_pad), dtype=dtype, device=x.device)
-    s = torch.empty((m_pad // block_size, C), dtype=torch.float32, device=x.device)
-    q_row = torch.empty((M, C), dtype=dtype, device=x.device)
-    s_row = torch.empty((M, n_cb), dtype=torch.float32, device=x.device)
-    if C == 0 or m_pad == 0:
-        return q_row, s_row, q_t, s
-    grid = ((m_pad // block_size) * n_cb,)
-    _gather_quant_dual_kernel[grid](
-        x, src, q_t.view(torch.uint8), s, q_row.view(torch.uint8), s_row, C, m_pad, x.stride(0), n_cb, n_cb,
-        FP8_MAX=_FP8_MAX[dtype], BS=block_size, EVEN_C=(C % block_size == 0),
-        IS_E4M3=dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=8)
-    return q_row, s_row, q_t, s
-
-
-def _check(x: torch.Tensor, src: torch.Tensor, dtype: torch.dtype, block_size: int) -> None:
+    ``x`` 2-D with unit column stride, float32 / float16 / bfloat16; ``src`` 1-D int32/int64 of
+    length ``M_pad``, a multiple of ``block_size`` (a power of two >= 16); ``dtype`` E4M3 or E5M2."""
     if x.dim() != 2 or (x.size(1) > 1 and x.stride(1) != 1):
         raise ValueError(f"x must be 2-D with unit column stride, got shape {tuple(x.shape)} strides {x.stride()}")
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -142,21 +78,11 @@ def _check(x: torch.Tensor, src: torch.Tensor, dtype: torch.dtype, block_size: i
         raise ValueError(f"dtype must be float8_e4m3fn or float8_e5m2, got {dtype}")
     if block_size < 16 or block_size & (block_size - 1):
         raise ValueError(f"block_size must be a power of two >= 16, got {block_size}")
-    if src.dim() != 1 or src.numel() % block_size:
+    m_pad = src.numel()
+    if src.dim() != 1 or m_pad % block_size:
         raise ValueError(f"src must be 1-D with a multiple of block_size={block_size} entries, got {tuple(src.shape)}")
     if src.device != x.device:
         raise ValueError(f"src on {src.device}, x on {x.device}")
-
-
-def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.dtype, block_size: int):
-    """``(q_t [C, M_pad] dtype, s [M_pad / block_size, C] fp32 scale_inv)`` with
-    ``q_t.T, s`` equal to the BLOCKWISE ``block_size x 1`` quantization of ``x[src]`` (rows with
-    ``src < 0`` zero), i.e. of ``gather_rows(x, src)`` along axis 0.
-
-    ``x`` 2-D with unit column stride, float32 / float16 / bfloat16; ``src`` 1-D int32/int64 of
-    length ``M_pad``, a multiple of ``block_size`` (a power of two >= 16); ``dtype`` E4M3 or E5M2."""
-    _check(x, src, dtype, block_size)
-    m_pad = src.numel()
     C = x.size(1)
     q_t = torch.empty((C, m_pad), dtype=dtype, device=x.device)
     s = torch.empty((m_pad // block_size, C), dtype=torch.float32, device=x.device)
