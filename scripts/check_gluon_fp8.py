@@ -41,7 +41,7 @@ kernel's output; timing of each Gluon config, the tl kernel (today's wgrad) and 
 ``dY.t() @ X``. Each config is smoke-tested in a child process first. Writes
 ``DIR/gluon_fp8_wgrad.json``. Configs: n128 not pipelined (n128s4 ... n128s6: column scales in
 registers, the default until 2026-12 was n128s6) or, with the column scales TMA'd through the ring,
-pipelined n128 (n128s5xr240w24, the default) and n256 (n256s3c2, n256s3); the smoke run also says
+pipelined n128 (n128s5xr240w24, the variable-K default) and n256 (n256s3c2, the dense default; n256s3); the smoke run also says
 whether a config's output is bit-identical to n128s6's (it should be: the same promotions)::
 
     PYTHONPATH=. python scripts/check_gluon_fp8.py --wgrad --out DIR --configs n128s6 default n256s3c2 n128s5c2x --rep-ms 60

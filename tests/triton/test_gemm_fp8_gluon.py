@@ -442,10 +442,11 @@ def test_row_scales_config_and_padding():
     for text in ("n256s4", "n128s6x"):  # fit without the scale boxes, not with them
         cfg = gg.GluonBlockwiseConfig.parse(text)
         assert cfg.check(2) is None and "with per-row B scales" in cfg.check(2, b_row_scales=True)
+    assert gg.ROW_SCALES_PIPELINED_CONFIG.check(2, b_row_scales=True) is None
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         cfg = gg.default_config(4096, 4096, 4096, dtype, b_row_scales=True)
-        assert cfg == gg.ROW_SCALES_DEFAULT_CONFIG and cfg.check(dtype.itemsize, True) is None
-        assert cfg.pipeline and gg.row_scales_via_smem(cfg)
+        assert cfg.check(dtype.itemsize, True) is None and gg.row_scales_via_smem(cfg)
+        assert cfg.block_n == 256 and (cfg == gg.ROW_SCALES_DEFAULT_CONFIG or dtype == torch.float32)
     # the scale grid's TMA descriptor: taken as is when addressable, else a 16-byte aligned copy
     if gg.GLUON_AVAILABLE:
         grid = torch.rand(3, 256)

@@ -67,6 +67,7 @@ __all__ = [
     "DEFAULT_CONFIG",
     "GluonBlockwiseConfig",
     "ROW_SCALES_DEFAULT_CONFIG",
+    "ROW_SCALES_PIPELINED_CONFIG",
     "ROW_SCALES_REGISTER_CONFIG",
     "WGRAD_ENV",
     "GLUON_AVAILABLE",
@@ -190,12 +191,16 @@ DEFAULT_CONFIG = GluonBlockwiseConfig(block_n=256, stages=3, group_m=8, c_bufs=2
 # 240 consumer registers (the variable-K kernel spills 20-136 bytes at 232; the dense one uses
 # 230). ptxas: no spills, no wgmma serialization (C7514/C7515), per K block and thread 64 FMUL +
 # 64 FFMA + 16 ld.shared.v2 of scales; the same promotion as the register path, bit-identical
-# output. Chosen on that SASS evidence, not yet timed on the H200 (check_gluon_fp8.py --wgrad /
-# --grouped-wgrad with --configs n128s6 default n256s3c2 n128s5c2xr240w24).
+# output. H200 (2026-11-30, check_gluon_fp8.py --wgrad, Llama-3.1-8B wgrad shapes at M 16384, all
+# three bit-identical): n128s6 1.05x the tl kernel, n128s5xr240w24 1.14x, n256s3c2 1.19x, so the
+# dense default is n256s3c2; the variable-K kernel keeps the pipelined n128 (--grouped-wgrad:
+# 1.57x tl against 1.51x for n256s3c2 and 1.25x for n128s6).
 ROW_SCALES_REGISTER_CONFIG = GluonBlockwiseConfig(block_n=128, stages=6, group_m=8, c_bufs=1, pipeline=False,
                                                   consumer_regs=232, producer_regs=40)
-ROW_SCALES_DEFAULT_CONFIG = GluonBlockwiseConfig(block_n=128, stages=5, group_m=8, c_bufs=1, pipeline=True,
-                                                 consumer_regs=240, producer_regs=24)
+ROW_SCALES_PIPELINED_CONFIG = GluonBlockwiseConfig(block_n=128, stages=5, group_m=8, c_bufs=1, pipeline=True,
+                                                   consumer_regs=240, producer_regs=24)
+ROW_SCALES_DEFAULT_CONFIG = GluonBlockwiseConfig(block_n=256, stages=3, group_m=8, c_bufs=2, pipeline=False,
+                                                 consumer_regs=232, producer_regs=40)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -794,7 +799,7 @@ def default_config(M: int, N: int, K: int, out_dtype: torch.dtype = torch.bfloat
                    b_row_scales: bool = False) -> GluonBlockwiseConfig:
     """DEFAULT_CONFIG (``b_row_scales``: ROW_SCALES_DEFAULT_CONFIG), shrunk until it fits next to
     the output staging buffers: first one staging buffer per warpgroup, then fewer stages (fp32
-    output: n256s3 with one buffer; per-row B scales: n128s5x for every output dtype)."""
+    output: n256s3 with one buffer; per-row B scales: n256s3c2, n256s3 with an fp32 output)."""
     del M, N, K
     return _fitted_default(out_dtype, bool(b_row_scales))
 
