@@ -315,7 +315,7 @@ if GLUON_AVAILABLE:
 def use_gluon_attn_fp8_fwd() -> bool:
     """``PRIMUS_TURBO_ATTN_FP8_FWD_GLUON``: 1 runs this kernel for ``flash_attn_fp8_func``'s forward
     where :func:`gluon_attn_fp8_fwd_reason` allows, 0 and auto never (auto: off; on the H200 it
-    measured 0.87-0.95x the tl FP8 forward at head dim 128, 0.73-0.76x at 64)."""
+    measured 0.87-0.97x the tl FP8 forward at head dim 128, 0.73-0.76x at 64)."""
     from primus_turbo.pytorch.core.env import env_auto_flag
 
     return bool(env_auto_flag(GLUON_ATTN_FP8_ENV))
