@@ -5,7 +5,9 @@ On an sm_90 GPU (project not installed, PYTHONPATH=. is enough):
     PYTHONPATH=. python scripts/check_gluon_attn.py --out DIR            # correctness, then timing
     PYTHONPATH=. python scripts/check_gluon_attn.py --out DIR --quick    # seq 4096 only
     PYTHONPATH=. python scripts/check_gluon_attn.py --out DIR --configs n128s2p n128s3 n64s4   # + a config sweep
+    PYTHONPATH=. python scripts/check_gluon_attn.py --out DIR --configs n128s2o n128s3o  # o: softmax under PV in SASS
     PYTHONPATH=. python scripts/check_gluon_attn.py --compile-only [--dump DIR --sass]   # CPU: sm_90 compile, SASS
+    PYTHONPATH=. python scripts/check_gluon_attn.py --compile-only --configs n128s2o     # CPU: those configs' compile
     PYTHONPATH=. python scripts/check_gluon_attn.py --bwd --out DIR       # the Gluon backward instead
     PYTHONPATH=. python scripts/check_gluon_attn.py --bwd --compile-only  # CPU: its sm_90 compile report
     PYTHONPATH=. python scripts/check_gluon_attn.py --fp8 --out DIR       # the Gluon FP8 forward instead
@@ -37,7 +39,14 @@ TFLOP/s counted as 2.5x the forward's FLOPs; writes DIR/gluon_attn_bwd.json.
 2. Timing (only variants that passed): Gluon vs our tl forward vs SDPA flash (FlashAttention-2)
    and SDPA cuDNN (``torch.nn.attention.sdpa_kernel``) on Llama-like shapes: batch * seq = 16k
    tokens, 32 query heads, head dims 128 and 64, seq 2k-16k, causal and not; median of CUDA-event
-   timings. Prints a table and the geometric means; writes DIR/gluon_attn.json.
+   timings. Prints a table and the geometric means; writes DIR/gluon_attn.json. ``--configs``
+   adds those tile configs (``GluonAttnConfig.parse``: ``n128s2p``, ``n128s2o``, ``n64s3po``, ...),
+   each checked on the bf16 variants it fits first, then timed as ``gluon:<config>``.
+
+The compile report (``--compile-only``, CPU) also counts the exponentials (MUFU.EX2) between each
+``S_j`` wait and the following PV wait (``ex2_under_pv``: one number per loop of each consumer
+warpgroup): the shipped configs have none or a handful there (ptxas hoists the PV wait above the
+softmax); a config with ``o`` must have the whole softmax there, else it is reported as failing.
 
 Exit status 1 if any correctness check fails.
 """
@@ -97,12 +106,33 @@ def _compile_check_module():
     return mod
 
 
+def ex2_under_pv(sass: str) -> list:
+    """MUFU.EX2 count between each ``WARPGROUP.DEPBAR.LE gsb0, 0x1`` (S_j retired, the PV MMA of
+    block j-1 still in flight) and the next ``gsb0, 0x0`` wait (the PV MMA retired): the softmax
+    exponentials that run under the PV MMA, one number per software-pipelined loop of each consumer
+    warpgroup (the full-block loop and the masked one)."""
+    import re
+
+    counts, cur = [], None
+    for op in re.findall(r"(WARPGROUP\.DEPBAR\.LE gsb0, 0x[01]|MUFU\.EX2)", sass):
+        if op.endswith("0x1"):
+            cur = 0
+        elif op.startswith("MUFU"):
+            cur = None if cur is None else cur + 1
+        elif cur is not None:
+            counts.append(cur)
+            cur = None
+    return counts
+
+
 def compile_attn(head_dim: int, causal: bool, dtype: str = "bf16", sink: bool = False, cfg=None,
                  dump: str | None = None, sass_out: bool = False) -> dict:
     """Compile the Gluon forward for sm_90 and report what ptxas and the SASS say: ``regs`` (the
     launch maxnreg), ``max_reg`` (highest register any partition touches, after setmaxnreg),
     ``spill_bytes``, ``hgmma`` / ``local_mem`` (STL/LDL) instruction counts, ``serialized``
-    (ptxas notes C7514/C7515), shared memory."""
+    (ptxas notes C7514/C7515), ``ex2_under_pv`` (:func:`ex2_under_pv`), ``softmax_ex2`` (the
+    exponentials of one block's softmax per thread: P's 64 x BLOCK_N / 128 plus the two alphas),
+    shared memory."""
     import re
 
     import triton
@@ -123,7 +153,7 @@ def compile_attn(head_dim: int, causal: bool, dtype: str = "bf16", sink: bool = 
            "H": "i32", "GROUP": "i32", "SEQ_Q": "i32", "SEQ_K": "i32", "offset": "i32", "win_right": "i32",
            "qk_scale": "fp32"}
     consts = dict(HAS_RIGHT=bool(causal), HAS_SINK=bool(sink), STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-                  PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong)
+                  PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, OVERLAP=cfg.overlap)
     sig.update({k: "constexpr" for k in consts})
     k = triton.compile(GluonASTSource(fa._attn_fwd_ws_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=4))
@@ -138,6 +168,8 @@ def compile_attn(head_dim: int, causal: bool, dtype: str = "bf16", sink: bool = 
                spill_bytes=sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)),
                hgmma=len(re.findall(r"\bHGMMA\.", sass)) if sass else None,
                local_mem=len(re.findall(r"\b(?:STL|LDL)\b", sass)) if sass else None,
+               ex2_under_pv=ex2_under_pv(sass) if sass else None,
+               softmax_ex2=fa.HALF_M * cfg.block_n // 128 + 2,
                serialized=sorted(set(re.findall(r"\((C75\d\d)\)", report))),
                setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)",
                                                 k.asm["ptx"]))))
@@ -158,24 +190,38 @@ def compile_variants() -> list:
         (128, True, "bf16", True), (64, False, "fp16", True)]
 
 
-def compile_report(dump: str | None = None, sass_out: bool = False) -> tuple[list, int]:
+def compile_report(dump: str | None = None, sass_out: bool = False, configs=()) -> tuple[list, int]:
+    """Every shipped variant with its default config; with ``configs`` (config strings), each of
+    them instead on the variants whose head dim it fits. A config with ``o`` (overlap) must keep
+    the whole softmax between the S and PV waits in every loop."""
+    from primus_turbo.triton.attention import flash_attn_fwd_gluon as fa
+
+    cfgs = [fa.GluonAttnConfig.parse(t) for t in configs] or [None]
     rows, bad = [], 0
-    for d, c, dt, sk in compile_variants():
-        try:
-            r = compile_attn(d, c, dt, sk, dump=dump, sass_out=sass_out)
-        except Exception as exc:  # noqa: BLE001 - report and go on
-            bad += 1
-            msg = " | ".join(str(exc).strip().splitlines()[-6:])[:2000]
-            print(f"FAIL attn d{d} causal={c} {dt} sink={sk}: {type(exc).__name__}: {msg}")
-            rows.append(dict(variant=f"attn_d{d}_{c}_{dt}_{sk}", error=msg))
-            continue
-        flag = ("  SPILLS" if r["spill_bytes"] or r["local_mem"] else "") + ("  NO HGMMA" if r["hgmma"] == 0 else "")
-        flag += f"  WGMMA SERIALIZED {r['serialized']}" if r["serialized"] else ""
-        bad += bool(flag)
-        print(f"ok   {r['variant']}: smem={r['shared']} launch maxnreg={r['regs']} registers used={r['max_reg']} "
-              f"spill_bytes={r['spill_bytes']} STL/LDL={r['local_mem']} HGMMA={r['hgmma']} "
-              f"setmaxnreg={r['setmaxnreg']}{flag}")
-        rows.append(r)
+    for cfg in cfgs:
+        for d, c, dt, sk in compile_variants():
+            if cfg is not None and cfg.check(d) is not None:
+                continue
+            try:
+                r = compile_attn(d, c, dt, sk, cfg=cfg, dump=dump, sass_out=sass_out)
+            except Exception as exc:  # noqa: BLE001 - report and go on
+                bad += 1
+                msg = " | ".join(str(exc).strip().splitlines()[-6:])[:2000]
+                print(f"FAIL attn d{d} causal={c} {dt} sink={sk} {cfg.short() if cfg else ''}: "
+                      f"{type(exc).__name__}: {msg}")
+                rows.append(dict(variant=f"attn_d{d}_{c}_{dt}_{sk}", error=msg))
+                continue
+            flag = ("  SPILLS" if r["spill_bytes"] or r["local_mem"] else "") + ("  NO HGMMA" if r["hgmma"] == 0 else "")
+            flag += f"  WGMMA SERIALIZED {r['serialized']}" if r["serialized"] else ""
+            if cfg is not None and cfg.overlap and r["ex2_under_pv"] is not None and (
+                    not r["ex2_under_pv"] or min(r["ex2_under_pv"]) < r["softmax_ex2"]):
+                flag += "  SOFTMAX NOT UNDER PV"
+            bad += bool(flag)
+            print(f"{'FAIL' if flag else 'ok  '} {r['variant']}: smem={r['shared']} launch maxnreg={r['regs']} "
+                  f"registers used={r['max_reg']} spill_bytes={r['spill_bytes']} STL/LDL={r['local_mem']} "
+                  f"HGMMA={r['hgmma']} EX2 under PV={r['ex2_under_pv']} (softmax {r['softmax_ex2']}) "
+                  f"setmaxnreg={r['setmaxnreg']}{flag}")
+            rows.append(r)
     return rows, bad
 
 
@@ -506,9 +552,9 @@ def time_shapes(seqs, head_dims, heads_q, heads_kv, passed: set, configs=()) -> 
                     except Exception as exc:  # noqa: BLE001 - a peer that cannot run this shape
                         row[name] = dict(error=f"{type(exc).__name__}: {str(exc)[:200]}")
                 rows.append(row)
-                impls.clear()  # the closures hold this shape's tensors
                 cells = "  ".join(f"{n}={row[n]['tflops']:6.1f}" if "tflops" in row[n] else f"{n}=  err"
                                   for n in impls)
+                impls.clear()  # the closures hold this shape's tensors
                 print(f"  D={D:3d} {'causal' if causal else 'full  '} B={B:2d} S={S:5d}  TFLOP/s  {cells}", flush=True)
     return rows
 
@@ -671,7 +717,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="*", default=None, help="correctness variants whose name contains one of these")
     p.add_argument("--no-timing", action="store_true")
     p.add_argument("--configs", nargs="*", default=[],
-                   help="extra Gluon tile configs to check and time, e.g. n128s3 n64s4 n128s2r232w40")
+                   help="extra Gluon tile configs to check and time, e.g. n128s3 n64s4 n128s2r232w40 n128s2o n64s3po "
+                        "(p: ping-pong, o: softmax kept under the PV MMA); with --compile-only: compile these instead")
     p.add_argument("--compile-only", action="store_true", help="sm_90 compile report only (no GPU needed)")
     p.add_argument("--dump", default=None, help="with --compile-only: write ttgir/ptx/cubin (and --sass) here")
     p.add_argument("--sass", action="store_true")
@@ -695,7 +742,10 @@ def main(argv=None) -> int:
         spec.loader.exec_module(fp8)
         return fp8.main(args)
     if args.compile_only:
-        _, bad = (compile_bwd_report if args.bwd else compile_report)(args.dump, args.sass)
+        if args.bwd:
+            _, bad = compile_bwd_report(args.dump, args.sass)
+        else:
+            _, bad = compile_report(args.dump, args.sass, args.configs)
         return 1 if bad else 0
 
     import torch

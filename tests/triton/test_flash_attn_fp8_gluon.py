@@ -125,6 +125,8 @@ def test_config():
     assert cfg.check(128) is None and f8.GluonAttnConfig(block_n=128, stages=4).check(128) is not None
     assert "shared memory" in f8.GluonAttnFp8Config(block_n=128, stages=7).check(128)
     assert f8.GluonAttnFp8Config.parse("n128s3p") == f8.GluonAttnFp8Config(128, 3, pingpong=True)
+    # the bf16 kernel's opt-in overlap wait is always on here: the suffix is refused, not ignored
+    assert "suffix o" in f8.GluonAttnFp8Config.parse("n128s4o").check(128)
 
 
 def test_op_gluon_switch_is_a_no_op_off_sm90(monkeypatch):

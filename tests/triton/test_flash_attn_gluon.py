@@ -3,7 +3,7 @@
 Gluon kernels do not run in the Triton interpreter, so on CPU this file checks the eligibility
 reasons, the env switch, and that every shipped variant (head dim 64/128, causal or not,
 bf16/fp16, sink) compiles for sm_90 without spills and with wgmma, also through the launcher's own
-arguments. On an sm_90 GPU it runs the kernel (poisoned outputs) against an fp32 reference and
+arguments, and that the opt-in ``o`` configs put the whole softmax between the S and PV waits. On an sm_90 GPU it runs the kernel (poisoned outputs) against an fp32 reference and
 the ``triton.language`` forward, O and LSE, at shapes that are not block multiples, with GQA,
 seq_q != seq_kv (empty causal rows), strided layouts, and through ``turbo.ops.flash_attn_func``'s
 backward.
@@ -136,8 +136,15 @@ def test_config_check():
     assert "shared memory" in fa.GluonAttnConfig(block_n=128, stages=4).check(128)
     assert fa.GluonAttnConfig.parse("n64s4r232w40") == fa.GluonAttnConfig(64, 4, 232, 40)
     assert fa.GluonAttnConfig.parse("n128s2p") == fa.GluonAttnConfig(128, 2, pingpong=True)
-    with pytest.raises(ValueError, match="bad Gluon attention config"):
-        fa.GluonAttnConfig.parse("m128")
+    assert fa.GluonAttnConfig.parse("n128s2o") == fa.GluonAttnConfig(128, 2, overlap=True)
+    assert fa.GluonAttnConfig.parse("n64s3por232w40") == fa.GluonAttnConfig(64, 3, 232, 40, True, True)
+    for text in ("n128s2", "n128s2p", "n128s2o", "n64s3po"):  # short() names parse back to the same config
+        cfg = fa.GluonAttnConfig.parse(text)
+        assert fa.GluonAttnConfig.parse(cfg.short()) == cfg
+    assert not any(fa.default_attn_config(d).overlap for d in fa.HEAD_DIMS)  # opt-in, not yet timed
+    for bad in ("m128", "n128s2op", "n128s2oo"):
+        with pytest.raises(ValueError, match="bad Gluon attention config"):
+            fa.GluonAttnConfig.parse(bad)
     assert "registers" in fa.GluonAttnConfig(consumer_regs=256, producer_regs=56).check(128)
     assert "block_n" in fa.GluonAttnConfig(block_n=96).check(128)
 
@@ -162,8 +169,37 @@ def test_compiles_for_sm90_without_spills(head_dim, causal, dtype, sink, request
 
 
 @needs_gluon
+@pytest.mark.parametrize("head_dim,causal,config", [
+    (64, False, "n128s3o"), (64, True, "n128s3o"), (128, False, "n128s2o"), (128, True, "n128s2o"),
+    (64, True, "n64s3o"), (128, True, "n128s2po"), (64, False, "n128s3po"),
+])
+def test_overlap_config_keeps_softmax_under_pv_mma(head_dim, causal, config, request):
+    """Config suffix ``o``: every loop's S wait (``gsb0, 0x1``) is followed by the whole softmax (the
+    block's 64 x BLOCK_N / 128 exponentials per thread plus the two alphas) before the PV wait
+    (``gsb0, 0x0``); without it ptxas hoists the PV wait above the exponentials. Compiles for sm_90
+    without spills, serialized wgmma, or more registers than setmaxnreg gives the consumers."""
+    if rerun_outside_interpreter(request):
+        return
+    cfg = fa.GluonAttnConfig.parse(config)
+    assert cfg.overlap and cfg.check(head_dim) is None
+    try:
+        res = _check_script().compile_attn(head_dim, causal, "bf16", False, cfg=cfg)
+    except FileNotFoundError as exc:  # no bundled ptxas in this triton wheel
+        pytest.skip(f"ptxas not available: {exc}")
+    assert res["spill_bytes"] == 0 and not res["serialized"], res
+    assert res["shared"] <= fa.SMEM_LIMIT
+    if res["hgmma"] is None:
+        pytest.skip("no bundled cuobjdump: the SASS cannot be checked")
+    assert res["hgmma"] > 0 and res["local_mem"] == 0, res
+    assert res["max_reg"] <= cfg.consumer_regs, res
+    # two consumer warpgroups x (the full-block loop, the masked loop)
+    assert len(res["ex2_under_pv"]) == 4 and min(res["ex2_under_pv"]) >= res["softmax_ex2"], res
+
+
+@needs_gluon
 @pytest.mark.parametrize("layout,causal,sink,D,config", [("bshd", True, True, 128, None), ("sbhd", False, False, 64, None),
-                                                         ("bhsd", True, False, 128, "n128s2p")])
+                                                         ("bhsd", True, False, 128, "n128s2p"),
+                                                         ("bshd", False, True, 64, "n128s3po")])
 def test_launcher_arguments_bind_and_compile_for_sm90(layout, causal, sink, D, config, monkeypatch, request):
     """The launcher's own arguments (4-D host TMA descriptors of strided views, LSE, sink, sizes,
     constexprs) bind and compile for sm_90 under a stand-in CUDA driver."""
@@ -177,7 +213,7 @@ def test_launcher_arguments_bind_and_compile_for_sm90(layout, causal, sink, D, c
     cfg = fa.GluonAttnConfig.parse(config) if config else fa.default_attn_config(D)
     grid, args, kwargs = fa._kernel_args(q, k, v, out, lse, torch.zeros(Hq) if sink else None, 0.1,
                                          0 if causal else -1, cfg)
-    assert grid == (2, B * Hq)
+    assert grid == (2, B * Hq) and kwargs["PINGPONG"] == cfg.pingpong and kwargs["OVERLAP"] == cfg.overlap
     kernel = warmup_for_sm90(fa._attn_fwd_ws_kernel, args, kwargs, monkeypatch)
     assert kernel.metadata.shared <= fa.SMEM_LIMIT
     assert kernel.metadata.num_warps == 12  # 4 + 4 consumer warps, 1 producer warp, rounded up
@@ -207,7 +243,7 @@ def _snr_finite(ref, out):
     (1, 1, 5, 2, 1, 128, False, torch.bfloat16, False, "bshd"),
     (2, 65, 129, 2, 2, 128, True, torch.bfloat16, False, "bshd"),
 ])
-@pytest.mark.parametrize("config", [None, "n128s2p"])
+@pytest.mark.parametrize("config", [None, "n128s2p", "n128s2o", "n128s2po"])
 def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink, layout, config):
     from primus_turbo.testing import attention_ref
     from primus_turbo.triton.attention.flash_attn_fwd import flash_attn_fwd_triton
@@ -218,7 +254,7 @@ def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink,
     assert fa.gluon_attn_fwd_reason(q, k, v, s, scale, -1, wr) is None
     out = torch.full((B, Sq, Hq, D), float("nan"), device="cuda", dtype=dtype)
     lse = torch.full((B, Hq, Sq), float("nan"), device="cuda")
-    cfg = fa.GluonAttnConfig.parse(config) if config else None  # n128s2p: the ping-pong schedule
+    cfg = fa.GluonAttnConfig.parse(config) if config else None  # p: the ping-pong schedule, o: the overlap wait
     out, lse = fa.flash_attn_fwd_gluon(q, k, v, s, scale, -1, wr, config=cfg, out=out, lse=lse)
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     ref_out, ref_lse = attention_ref(q, k, v, causal=causal, sink=s, softmax_scale=scale, return_lse=True,

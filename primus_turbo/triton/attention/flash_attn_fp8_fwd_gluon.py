@@ -91,13 +91,19 @@ if GLUON_AVAILABLE:
 @dataclasses.dataclass(frozen=True)
 class GluonAttnFp8Config(GluonAttnConfig):
     """The bf16 forward's config (``n128s4``, ``p`` for ping-pong, ``r``/``w`` registers); only the
-    shared-memory budget differs: 1-byte Q / K / V tiles plus a separate 16-bit O staging tile."""
+    shared-memory budget differs: 1-byte Q / K / V tiles plus a separate 16-bit O staging tile.
+    ``o`` (the bf16 kernel's opt-in overlap) is refused: this kernel always has that wait."""
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
         q = self.BLOCK_M * head_dim * elem_bytes
         kv = 2 * self.stages * self.block_n * head_dim * elem_bytes
         o = self.BLOCK_M * head_dim * 2
         return q + kv + o + 8 * (2 * 2 * self.stages + 3) + 1024  # + barriers, + the swizzle alignment
+
+    def check(self, head_dim: int) -> Optional[str]:
+        if self.overlap:
+            return "config suffix o: the FP8 forward always keeps the softmax under the PV MMA (no option)"
+        return super().check(head_dim)
 
 
 #: per head dim; not yet measured on the H200 (scripts/check_gluon_attn.py --fp8 times them, --configs

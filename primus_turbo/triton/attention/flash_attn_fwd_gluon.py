@@ -22,7 +22,10 @@ on Hopper (Shah et al. 2024); the code is ours. One CTA owns ``128`` query rows 
   and then ``O += P_{j-1} V_{j-1}``, waits only for ``S_j`` (wgmma groups retire in order), runs
   the softmax of ``S_j`` while the PV MMA is still on the tensor cores, and only then waits for
   it and rescales ``O``. The row maximum of the scores is taken before scaling, so the exponent
-  is one FMA (``exp2(s * scale * log2(e) - m)``);
+  is one FMA (``exp2(s * scale * log2(e) - m)``). As written, ptxas hoists the PV wait above the
+  softmax (the SASS has no exponential between the two waits), so the overlap is only in the
+  source; config suffix ``o`` (opt-in, not yet timed) keeps it in the SASS with the FP8
+  forward's fix, a wait on the already completed Q barrier before the PV wait;
 * ``P`` goes to the PV MMA from registers (a wgmma A operand in the dot-operand layout of the
   accumulator, no shared-memory round trip);
 * causal / right-bounded: the blocks past the diagonal are never loaded; only the blocks that
@@ -82,13 +85,18 @@ if GLUON_AVAILABLE:
 class GluonAttnConfig:
     """Tile and pipeline shape. BLOCK_M is two consumer warpgroups of 64 rows; ``block_n`` keys per
     iteration; ``stages`` K (and V) buffers in the ring. ``consumer_regs`` / ``producer_regs``:
-    setmaxnreg budgets; 2 x 128 x consumer + 128 x producer must fit 65536."""
+    setmaxnreg budgets; 2 x 128 x consumer + 128 x producer must fit 65536. ``pingpong``: the two
+    consumer warpgroups take turns issuing their MMAs. ``overlap``: a wait on the (already
+    completed) Q barrier right before the PV wait of each loop iteration splits the basic block, so
+    ptxas cannot hoist that wait above the softmax and the exponentials run under the PV MMA (off:
+    the shipped SASS, where they do not)."""
 
     block_n: int = 128
     stages: int = 2
     consumer_regs: int = 240
     producer_regs: int = 24
     pingpong: bool = False
+    overlap: bool = False
 
     BLOCK_M = 2 * HALF_M
 
@@ -98,17 +106,20 @@ class GluonAttnConfig:
         return q + kv + 8 * (2 * 2 * self.stages + 3) + 1024  # + barriers, + the swizzle alignment
 
     def short(self) -> str:
-        return f"n{self.block_n}s{self.stages}{'p' if self.pingpong else ''}r{self.consumer_regs}w{self.producer_regs}"
+        flags = ('p' if self.pingpong else '') + ('o' if self.overlap else '')
+        return f"n{self.block_n}s{self.stages}{flags}r{self.consumer_regs}w{self.producer_regs}"
 
     @classmethod
     def parse(cls, text: str) -> "GluonAttnConfig":
-        """``"n128s2"``, ``"n128s2p"``, ``"n64s4r232w40"`` -> config (n: block_n, s: stages, p: ping-pong
-        between the consumer warpgroups, r / w: consumer / producer registers per thread)."""
-        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(?:r(\d+))?(?:w(\d+))?", text.strip())
+        """``"n128s2"``, ``"n128s2p"``, ``"n128s2o"``, ``"n128s2po"``, ``"n64s4r232w40"`` -> config (n:
+        block_n, s: stages, p: ping-pong between the consumer warpgroups, o: the softmax kept under
+        the PV MMA in the SASS (``overlap``), r / w: consumer / producer registers per thread)."""
+        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(o)?(?:r(\d+))?(?:w(\d+))?", text.strip())
         if not m:
-            raise ValueError(f"bad Gluon attention config {text!r}; expected e.g. n128s2, n128s2p, n64s4r232w40")
-        bn, st, pp, r, w = m.groups()
-        return cls(int(bn), int(st), int(r or 240), int(w or 24), bool(pp))
+            raise ValueError(f"bad Gluon attention config {text!r}; expected e.g. n128s2, n128s2p, n128s2o, n128s2po, "
+                             f"n64s4r232w40")
+        bn, st, pp, ov, r, w = m.groups()
+        return cls(int(bn), int(st), int(r or 240), int(w or 24), bool(pp), bool(ov))
 
     def check(self, head_dim: int) -> Optional[str]:
         if self.block_n not in (64, 128):  # Gluon tensors are power-of-two sized; 256 needs 128 S registers
@@ -236,10 +247,10 @@ if GLUON_AVAILABLE:
             mbarrier.arrive(turn.index(1 - WG), count=1)
 
     @gluon.jit
-    def _step(j, q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn, s_regs, acc, p, m_i, l_i,
+    def _step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn, s_regs, acc, p, m_i, l_i,
               qk_scale, offs_m, SEQ_K, diag, o_layout: gl.constexpr, p_layout: gl.constexpr,
               HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-              PINGPONG: gl.constexpr):
+              PINGPONG: gl.constexpr, OVERLAP: gl.constexpr):
         """Iteration j >= 1: issue S_j, issue O += P_{j-1} V_{j-1}, softmax S_j while the PV MMA
         runs, then retire it and rescale O by this block's alpha."""
         BLOCK_N: gl.constexpr = s_regs.type.shape[1]
@@ -257,6 +268,12 @@ if GLUON_AVAILABLE:
         mbarrier.arrive(k_empty.index(s), count=1)
         p_new, m_i, l_i, alpha = _softmax(s_regs, m_i, l_i, qk_scale, offs_m, j * BLOCK_N, SEQ_K, diag, q.dtype, p_layout,
                                           HAS_RIGHT, MASKED)
+        if OVERLAP:
+            # ptxas hoists a wgmma wait as high as it can (here: above the exponentials), and the
+            # PV MMA no longer overlaps the softmax. A wait on an mbarrier that has already
+            # completed (Q's) is a try_wait loop in the PTX: a basic-block boundary ptxas does not
+            # move the PV wait across (the FP8 forward's fix, flash_attn_fp8_fwd_gluon._fp8_step)
+            mbarrier.wait(q_bar, 0)
         acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p))
         mbarrier.arrive(v_empty.index(sp), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
@@ -266,7 +283,7 @@ if GLUON_AVAILABLE:
     def _consumer(o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE, SINK,
                   H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale,
                   WG: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, PINGPONG: gl.constexpr):
+                  STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr):
         """One warpgroup: query rows [WG*64, WG*64+64) of the tile."""
         HALF: gl.constexpr = o_desc.block_type.shape[1]
         D_QK: gl.constexpr = q_smem.type.shape[4]
@@ -314,13 +331,13 @@ if GLUON_AVAILABLE:
                                       True)
         acc = gl.zeros([HALF, D_V], gl.float32, o_layout)
         for j in range(1, n_full):
-            s_regs, acc, p, m_i, l_i = _step(j, q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn, s_regs,
-                                             acc, p, m_i, l_i, qk_scale, offs_m, SEQ_K, diag, o_layout, p_layout,
-                                             HAS_RIGHT, False, STAGES, WG, PINGPONG)
+            s_regs, acc, p, m_i, l_i = _step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
+                                             s_regs, acc, p, m_i, l_i, qk_scale, offs_m, SEQ_K, diag, o_layout,
+                                             p_layout, HAS_RIGHT, False, STAGES, WG, PINGPONG, OVERLAP)
         for j in range(gl.maximum(n_full, 1), n_blocks):
-            s_regs, acc, p, m_i, l_i = _step(j, q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn, s_regs,
-                                             acc, p, m_i, l_i, qk_scale, offs_m, SEQ_K, diag, o_layout, p_layout,
-                                             HAS_RIGHT, True, STAGES, WG, PINGPONG)
+            s_regs, acc, p, m_i, l_i = _step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
+                                             s_regs, acc, p, m_i, l_i, qk_scale, offs_m, SEQ_K, diag, o_layout,
+                                             p_layout, HAS_RIGHT, True, STAGES, WG, PINGPONG, OVERLAP)
         # the last block's PV
         sl = (n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(sl), ((n_blocks - 1) // STAGES) & 1)
@@ -351,12 +368,14 @@ if GLUON_AVAILABLE:
         offset, win_right, qk_scale,
         HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
+        OVERLAP: gl.constexpr = False,
     ):
         """O, LSE of 128 query rows of one (batch, head): producer warp + two consumer warpgroups.
 
         Descriptors over logical [B, S, H, D]: q/o boxes [1, 64, 1, D] (a warpgroup's rows),
         k/v boxes [1, BLOCK_N, 1, D]. HAS_RIGHT (a right window bound, causal = 0) is constexpr
-        because it adds the diagonal loop and reverses the grid; HAS_SINK changes the init."""
+        because it adds the diagonal loop and reverses the grid; HAS_SINK changes the init; PINGPONG /
+        OVERLAP: GluonAttnConfig's pingpong / overlap."""
         HALF: gl.constexpr = q_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
         D_QK: gl.constexpr = q_desc.block_type.shape[3]
@@ -382,10 +401,10 @@ if GLUON_AVAILABLE:
         gl.warp_specialize([
             (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                          SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 0, HAS_RIGHT, HAS_SINK, BLOCK_N,
-                         STAGES, PINGPONG)),
+                         STAGES, PINGPONG, OVERLAP)),
             (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                          SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 1, HAS_RIGHT, HAS_SINK, BLOCK_N,
-                         STAGES, PINGPONG)),
+                         STAGES, PINGPONG, OVERLAP)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                          H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -498,7 +517,7 @@ def _kernel_args(q, k, v, out, lse, sink, softmax_scale: float, win_right: int, 
             H, H // Hk, Sq, Sk, Sk - Sq, max(win_right, 0), float(softmax_scale) * LOG2E)
     kwargs = dict(HAS_RIGHT=win_right >= 0, HAS_SINK=sink is not None, STAGES=cfg.stages,
                   CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong,
-                  num_warps=4)
+                  OVERLAP=cfg.overlap, num_warps=4)
     grid = (-(-Sq // cfg.BLOCK_M), B * H)
     return grid, args, kwargs
 
