@@ -96,14 +96,76 @@ VARIANTS = [
 # ---------------------------------------------------------------------------------------------
 # sm_90 compile (CPU is enough): registers, spills, wgmma count
 # ---------------------------------------------------------------------------------------------
-def _compile_check_module():
-    """scripts/gluon_compile_check.py (its ptxas and cuobjdump helpers); scripts/ is not a package."""
+def load_script(name: str):
+    """scripts/<name>.py as a module (scripts/ is not a package): gluon_compile_check's ptxas and
+    cuobjdump helpers, and this file's shared helpers for check_gluon_attn_fp8.py."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gluon_compile_check", _ROOT / "scripts" / "gluon_compile_check.py")
+    spec = importlib.util.spec_from_file_location(name, _ROOT / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def compile_sm90(fn, sig: dict, consts: dict, name: str, mma: str = "HGMMA", extra=None,
+                 dump: str | None = None, sass_out: bool = False) -> dict:
+    """Compile the Gluon kernel ``fn`` for sm_90 (``sig``: its argument types, ``consts``: its
+    constexprs) and report what ptxas and the SASS say: ``regs`` (the launch maxnreg), ``max_reg``
+    (highest register any partition touches, after setmaxnreg), ``spill_bytes``, ``<mma>`` (e.g.
+    ``hgmma``) / ``local_mem`` (STL/LDL) instruction counts, what ``extra(sass)`` adds (a kernel's
+    own schedule checks), ``serialized`` (ptxas notes C7514/C7515), shared memory. The one compile
+    path of the bf16 forward, the backward and the FP8 forward reports; with ``dump``, writes
+    ttgir/ptx/cubin (and the SASS) as ``<name>.*``."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    cc = load_script("gluon_compile_check")
+    sig.update({k: "constexpr" for k in consts})
+    k = triton.compile(GluonASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    report = cc._ptxas_report(k.asm["ptx"], ptxas)
+    sass = cc._sass(k.asm["cubin"], os.path.join(os.path.dirname(ptxas), "cuobjdump"))
+    used = [int(x) for x in re.findall(r"\bR(\d+)\b", sass)]
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", report)]
+    res = dict(variant=name, shared=k.metadata.shared, regs=max(regs) if regs else None,
+               max_reg=max(used) + 1 if used else None,
+               spill_bytes=sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)))
+    res[mma.lower()] = len(re.findall(rf"\b{mma}\.", sass)) if sass else None
+    res["local_mem"] = len(re.findall(r"\b(?:STL|LDL)\b", sass)) if sass else None
+    res.update(extra(sass) if extra else {})
+    res["serialized"] = sorted(set(re.findall(r"\((C75\d\d)\)", report)))
+    res["setmaxnreg"] = sorted(set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", k.asm["ptx"])))
+    if dump:
+        d = Path(dump)
+        d.mkdir(parents=True, exist_ok=True)
+        for ext in ("ttgir", "ptx"):
+            (d / f"{name}.{ext}").write_text(k.asm[ext])
+        (d / f"{name}.cubin").write_bytes(k.asm["cubin"])
+        if sass_out:
+            (d / f"{name}.sass").write_text(sass)
+    return res
+
+
+def compile_row(rows: list, label: str, variant: str, compile_fn):
+    """One row of a compile report: ``compile_fn()``'s result, or None when it raised (printed as
+    ``FAIL <label>`` and recorded in ``rows`` as ``variant`` with the error; the report goes on)."""
+    try:
+        return compile_fn()
+    except Exception as exc:  # noqa: BLE001 - report and go on
+        msg = " | ".join(str(exc).strip().splitlines()[-6:])[:2000]
+        print(f"FAIL {label}: {type(exc).__name__}: {msg}")
+        rows.append(dict(variant=variant, error=msg))
+        return None
+
+
+def mma_flags(r: dict, mma: str = "HGMMA") -> str:
+    """The failures every compile report flags: spills or local memory, no wgmma of kind ``mma``,
+    wgmmas ptxas serialized."""
+    flag = ("  SPILLS" if r["spill_bytes"] or r["local_mem"] else "") + (f"  NO {mma}" if r[mma.lower()] == 0 else "")
+    return flag + (f"  WGMMA SERIALIZED {r['serialized']}" if r["serialized"] else "")
 
 
 def ex2_under_pv(sass: str) -> list:
@@ -133,16 +195,10 @@ def compile_attn(head_dim: int, causal: bool, dtype: str = "bf16", sink: bool = 
     (ptxas notes C7514/C7515), ``ex2_under_pv`` (:func:`ex2_under_pv`), ``softmax_ex2`` (the
     exponentials of one block's softmax per thread: P's 64 x BLOCK_N / 128 plus the two alphas),
     shared memory."""
-    import re
-
-    import triton
-    from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     from primus_turbo.triton.attention import flash_attn_fwd_gluon as fa
 
-    cc = _compile_check_module()
     cfg = cfg or fa.default_attn_config(head_dim)
     gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
     q_layout = gl.NVMMASharedLayout.get_default_for([1, fa.HALF_M, 1, head_dim], gdt)
@@ -154,34 +210,12 @@ def compile_attn(head_dim: int, causal: bool, dtype: str = "bf16", sink: bool = 
            "qk_scale": "fp32"}
     consts = dict(HAS_RIGHT=bool(causal), HAS_SINK=bool(sink), STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, OVERLAP=cfg.overlap)
-    sig.update({k: "constexpr" for k in consts})
-    k = triton.compile(GluonASTSource(fa._attn_fwd_ws_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=4))
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    report = cc._ptxas_report(k.asm["ptx"], ptxas)
-    sass = cc._sass(k.asm["cubin"], os.path.join(os.path.dirname(ptxas), "cuobjdump"))
-    used = [int(x) for x in re.findall(r"\bR(\d+)\b", sass)]
-    regs = [int(x) for x in re.findall(r"Used (\d+) registers", report)]
     name = f"attn_d{head_dim}_{'causal' if causal else 'full'}_{dtype}{'_sink' if sink else ''}_{cfg.short()}"
-    res = dict(variant=name, shared=k.metadata.shared, regs=max(regs) if regs else None,
-               max_reg=max(used) + 1 if used else None,
-               spill_bytes=sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)),
-               hgmma=len(re.findall(r"\bHGMMA\.", sass)) if sass else None,
-               local_mem=len(re.findall(r"\b(?:STL|LDL)\b", sass)) if sass else None,
-               ex2_under_pv=ex2_under_pv(sass) if sass else None,
-               softmax_ex2=fa.HALF_M * cfg.block_n // 128 + 2,
-               serialized=sorted(set(re.findall(r"\((C75\d\d)\)", report))),
-               setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)",
-                                                k.asm["ptx"]))))
-    if dump:
-        d = Path(dump)
-        d.mkdir(parents=True, exist_ok=True)
-        for ext in ("ttgir", "ptx"):
-            (d / f"{name}.{ext}").write_text(k.asm[ext])
-        (d / f"{name}.cubin").write_bytes(k.asm["cubin"])
-        if sass_out:
-            (d / f"{name}.sass").write_text(sass)
-    return res
+
+    def extra(sass):
+        return dict(ex2_under_pv=ex2_under_pv(sass) if sass else None, softmax_ex2=fa.HALF_M * cfg.block_n // 128 + 2)
+
+    return compile_sm90(fa._attn_fwd_ws_kernel, sig, consts, name, "HGMMA", extra, dump, sass_out)
 
 
 def compile_variants() -> list:
@@ -202,17 +236,13 @@ def compile_report(dump: str | None = None, sass_out: bool = False, configs=()) 
         for d, c, dt, sk in compile_variants():
             if cfg is not None and cfg.check(d) is not None:
                 continue
-            try:
-                r = compile_attn(d, c, dt, sk, cfg=cfg, dump=dump, sass_out=sass_out)
-            except Exception as exc:  # noqa: BLE001 - report and go on
+            r = compile_row(rows, f"attn d{d} causal={c} {dt} sink={sk} {cfg.short() if cfg else ''}",
+                            f"attn_d{d}_{c}_{dt}_{sk}",
+                            lambda: compile_attn(d, c, dt, sk, cfg=cfg, dump=dump, sass_out=sass_out))
+            if r is None:
                 bad += 1
-                msg = " | ".join(str(exc).strip().splitlines()[-6:])[:2000]
-                print(f"FAIL attn d{d} causal={c} {dt} sink={sk} {cfg.short() if cfg else ''}: "
-                      f"{type(exc).__name__}: {msg}")
-                rows.append(dict(variant=f"attn_d{d}_{c}_{dt}_{sk}", error=msg))
                 continue
-            flag = ("  SPILLS" if r["spill_bytes"] or r["local_mem"] else "") + ("  NO HGMMA" if r["hgmma"] == 0 else "")
-            flag += f"  WGMMA SERIALIZED {r['serialized']}" if r["serialized"] else ""
+            flag = mma_flags(r)
             if cfg is not None and cfg.overlap and r["ex2_under_pv"] is not None and (
                     not r["ex2_under_pv"] or min(r["ex2_under_pv"]) < r["softmax_ex2"]):
                 flag += "  SOFTMAX NOT UNDER PV"
@@ -229,16 +259,10 @@ def compile_attn_bwd(kernel: str, head_dim: int, causal: bool, dtype: str = "bf1
                      dump: str | None = None, sass_out: bool = False) -> dict:
     """Compile one kernel of the Gluon backward (``kernel`` "dkdv" or "dq",
     triton/attention/flash_attn_bwd_gluon.py) for sm_90; same report as :func:`compile_attn`."""
-    import re
-
-    import triton
-    from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     from primus_turbo.triton.attention import flash_attn_bwd_gluon as fb
 
-    cc = _compile_check_module()
     cfg = cfg or fb.default_attn_bwd_config(head_dim)
     gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
 
@@ -265,31 +289,8 @@ def compile_attn_bwd(kernel: str, head_dim: int, causal: bool, dtype: str = "bf1
         raise ValueError(f"kernel must be 'dkdv' or 'dq', got {kernel!r}")
     consts = dict(HAS_RIGHT=bool(causal), STAGES=stages, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs)
-    sig.update({k: "constexpr" for k in consts})
-    k = triton.compile(GluonASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    report = cc._ptxas_report(k.asm["ptx"], ptxas)
-    sass = cc._sass(k.asm["cubin"], os.path.join(os.path.dirname(ptxas), "cuobjdump"))
-    used = [int(x) for x in re.findall(r"\bR(\d+)\b", sass)]
-    regs = [int(x) for x in re.findall(r"Used (\d+) registers", report)]
     name = f"attn_bwd_{kernel}_d{head_dim}_{'causal' if causal else 'full'}_{dtype}_{cfg.short()}"
-    res = dict(variant=name, shared=k.metadata.shared, regs=max(regs) if regs else None,
-               max_reg=max(used) + 1 if used else None,
-               spill_bytes=sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)),
-               hgmma=len(re.findall(r"\bHGMMA\.", sass)) if sass else None,
-               local_mem=len(re.findall(r"\b(?:STL|LDL)\b", sass)) if sass else None,
-               serialized=sorted(set(re.findall(r"\((C75\d\d)\)", report))),
-               setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)",
-                                                k.asm["ptx"]))))
-    if dump:
-        d = Path(dump)
-        d.mkdir(parents=True, exist_ok=True)
-        for ext in ("ttgir", "ptx"):
-            (d / f"{name}.{ext}").write_text(k.asm[ext])
-        (d / f"{name}.cubin").write_bytes(k.asm["cubin"])
-        if sass_out:
-            (d / f"{name}.sass").write_text(sass)
-    return res
+    return compile_sm90(fn, sig, consts, name, "HGMMA", None, dump, sass_out)
 
 
 def compile_bwd_variants() -> list:
@@ -302,16 +303,12 @@ def compile_bwd_variants() -> list:
 def compile_bwd_report(dump: str | None = None, sass_out: bool = False) -> tuple[list, int]:
     rows, bad = [], 0
     for kern, d, c, dt in compile_bwd_variants():
-        try:
-            r = compile_attn_bwd(kern, d, c, dt, dump=dump, sass_out=sass_out)
-        except Exception as exc:  # noqa: BLE001 - report and go on
+        r = compile_row(rows, f"attn bwd {kern} d{d} causal={c} {dt}", f"attn_bwd_{kern}_d{d}_{c}_{dt}",
+                        lambda: compile_attn_bwd(kern, d, c, dt, dump=dump, sass_out=sass_out))
+        if r is None:
             bad += 1
-            msg = " | ".join(str(exc).strip().splitlines()[-6:])[:2000]
-            print(f"FAIL attn bwd {kern} d{d} causal={c} {dt}: {type(exc).__name__}: {msg}")
-            rows.append(dict(variant=f"attn_bwd_{kern}_d{d}_{c}_{dt}", error=msg))
             continue
-        flag = ("  SPILLS" if r["spill_bytes"] or r["local_mem"] else "") + ("  NO HGMMA" if r["hgmma"] == 0 else "")
-        flag += f"  WGMMA SERIALIZED {r['serialized']}" if r["serialized"] else ""
+        flag = mma_flags(r)
         bad += bool(flag)
         print(f"{'ok  ' if not flag else 'BAD '} {r['variant']}: smem={r['shared']} launch maxnreg={r['regs']} "
               f"registers used={r['max_reg']} spill_bytes={r['spill_bytes']} STL/LDL={r['local_mem']} "
@@ -471,8 +468,11 @@ def run_bwd_variant(spec) -> dict:
     return res
 
 
-def _run_child(spec, timeout: int, bwd: bool = False) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child-bwd" if bwd else "--child", json.dumps(spec)]
+def run_child(script: Path, flag: str, spec, timeout: int) -> dict:
+    """Run ``script flag <spec as JSON>`` in a child process (so a hang or a fault costs that
+    variant only) and return the dict it prints on its ``RESULT`` line, or a failed row with the
+    timeout or the child's output tail."""
+    cmd = [sys.executable, str(script), flag, json.dumps(spec)]
     env = dict(os.environ, PYTHONPATH=str(_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=_ROOT)
@@ -483,6 +483,39 @@ def _run_child(spec, timeout: int, bwd: bool = False) -> dict:
             return json.loads(line[len("RESULT "):])
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-12:]
     return dict(name=spec[0], ok=False, error=f"exit {proc.returncode}: " + " | ".join(tail)[-3000:])
+
+
+def _run_child(spec, timeout: int, bwd: bool = False) -> dict:
+    return run_child(Path(__file__).resolve(), "--child-bwd" if bwd else "--child", spec, timeout)
+
+
+def check_variants(variants, args, run, parse_config) -> tuple[list, set]:
+    """The correctness pass of every check: each of ``variants`` (those ``--only`` keeps) through
+    ``run(spec)`` (a child process), then each ``--configs`` config (``parse_config(text)``) on the
+    bf16 variants whose head dim (``spec[6]``) it fits, named ``<variant>:<config>``. Prints a line
+    per check; returns the result rows and the names that passed."""
+    checks, passed = [], set()
+    for spec in variants:
+        if args.only and not any(o in spec[0] for o in args.only):
+            continue
+        r = run(spec)
+        checks.append(r)
+        if r.get("ok"):
+            passed.add(r["name"])
+        detail = r.get("error") or " ".join(f"{k}={v}" for k, v in r.items() if k not in ("name", "ok"))
+        print(f"  {'ok  ' if r.get('ok') else 'FAIL'} {r['name']}: {detail}", flush=True)
+    for text in args.configs:  # each extra config: its own children on the bf16 variants it fits
+        cfg = parse_config(text)
+        for spec in variants:
+            if not spec[0].endswith("_bf16") or cfg.check(spec[6]) is not None:
+                continue
+            r = run(list(spec) + [text])
+            r["name"] = f"{spec[0]}:{text}"
+            checks.append(r)
+            if r.get("ok"):
+                passed.add(r["name"])
+            print(f"  {'ok  ' if r.get('ok') else 'FAIL'} {r['name']}: {r.get('error') or ''}", flush=True)
+    return checks, passed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -509,6 +542,36 @@ def _median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
 def _flops(B, S, H, D, causal) -> float:
     pairs = S * (S + 1) / 2 if causal else S * S
     return 4.0 * B * H * pairs * D
+
+
+def time_impls(row: dict, impls: dict, flops: float) -> str:
+    """Median time and TFLOP/s of each of ``impls`` (name -> callable; None: a peer that could not
+    be set up at this shape) into ``row``; returns the printed TFLOP/s cells."""
+    for name, fn in impls.items():
+        if fn is None:
+            row[name] = dict(error="cannot run")
+            continue
+        try:
+            ms = _median_ms(fn)
+            row[name] = dict(ms=round(ms, 4), tflops=round(flops / ms / 1e9, 1))
+        except Exception as exc:  # noqa: BLE001 - a peer that cannot run this shape
+            row[name] = dict(error=f"{type(exc).__name__}: {str(exc)[:200]}")
+    return "  ".join(f"{n}={row[n]['tflops']:6.1f}" if "tflops" in row[n] else f"{n}=  err" for n in impls)
+
+
+def geomean_speedup(rows, a: str, b: str):
+    """Geometric mean over ``rows`` of time(b) / time(a), the speedup of a over b (None when no row
+    timed both)."""
+    r = [row[b]["ms"] / row[a]["ms"] for row in rows if "ms" in row.get(a, {}) and "ms" in row.get(b, {})]
+    return round(math.exp(sum(math.log(x) for x in r) / len(r)), 3) if r else None
+
+
+def write_result(out: str | None, filename: str, result: dict) -> None:
+    if out:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / filename).write_text(json.dumps(result, indent=1))
+        print(f"wrote {out / filename}")
 
 
 def time_shapes(seqs, head_dims, heads_q, heads_kv, passed: set, configs=()) -> list:
@@ -544,16 +607,8 @@ def time_shapes(seqs, head_dims, heads_q, heads_kv, passed: set, configs=()) -> 
                                                                   enable_gqa=gqa)
                     impls[name] = sdpa
                 row = dict(D=D, causal=causal, B=B, S=S, Hq=heads_q, Hk=heads_kv)
-                fl = _flops(B, S, heads_q, D, causal)
-                for name, fn in impls.items():
-                    try:
-                        ms = _median_ms(fn)
-                        row[name] = dict(ms=round(ms, 4), tflops=round(fl / ms / 1e9, 1))
-                    except Exception as exc:  # noqa: BLE001 - a peer that cannot run this shape
-                        row[name] = dict(error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                cells = time_impls(row, impls, _flops(B, S, heads_q, D, causal))
                 rows.append(row)
-                cells = "  ".join(f"{n}={row[n]['tflops']:6.1f}" if "tflops" in row[n] else f"{n}=  err"
-                                  for n in impls)
                 impls.clear()  # the closures hold this shape's tensors
                 print(f"  D={D:3d} {'causal' if causal else 'full  '} B={B:2d} S={S:5d}  TFLOP/s  {cells}", flush=True)
     return rows
@@ -606,19 +661,8 @@ def time_bwd_shapes(seqs, head_dims, heads_q, heads_kv, passed: set, configs=())
                     do_t = dout.transpose(1, 2)
                     impls[name] = lambda o=o, do_t=do_t: torch.autograd.grad(o, (qt, kt, vt), do_t, retain_graph=True)
                 row = dict(D=D, causal=causal, B=B, S=S, Hq=heads_q, Hk=heads_kv)
-                fl = 2.5 * _flops(B, S, heads_q, D, causal)
-                for name, fn in impls.items():
-                    if fn is None:
-                        row[name] = dict(error="cannot run")
-                        continue
-                    try:
-                        ms = _median_ms(fn)
-                        row[name] = dict(ms=round(ms, 4), tflops=round(fl / ms / 1e9, 1))
-                    except Exception as exc:  # noqa: BLE001 - a peer that cannot run this shape
-                        row[name] = dict(error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                cells = time_impls(row, impls, 2.5 * _flops(B, S, heads_q, D, causal))
                 rows.append(row)
-                cells = "  ".join(f"{n}={row[n]['tflops']:6.1f}" if "tflops" in row[n] else f"{n}=  err"
-                                  for n in impls)
                 impls.clear()
                 print(f"  bwd D={D:3d} {'causal' if causal else 'full  '} B={B:2d} S={S:5d}  TFLOP/s  {cells}",
                       flush=True)
@@ -626,31 +670,21 @@ def time_bwd_shapes(seqs, head_dims, heads_q, heads_kv, passed: set, configs=())
 
 
 def _bwd_geomeans(rows) -> dict:
-    def gm(a, b):
-        r = [row[a]["ms"] / row[b]["ms"] for row in rows
-             if "ms" in row.get(a, {}) and "ms" in row.get(b, {})]
-        return round(math.exp(sum(math.log(x) for x in r) / len(r)), 3) if r else None
-
     out = {}
     for a in ("gluon", "gluon_tldq", "tl"):
         for b in ("sdpa_flash", "sdpa_cudnn", "tl"):
-            r = gm(b, a) if a != b else None
+            r = geomean_speedup(rows, a, b) if a != b else None
             if r is not None:
                 out[f"{a}_over_{b}"] = r
     return out
 
 
 def _geomeans(rows) -> dict:
-    def gm(a, b):
-        r = [row[a]["ms"] / row[b]["ms"] for row in rows
-             if "ms" in row.get(a, {}) and "ms" in row.get(b, {})]
-        return round(math.exp(sum(math.log(x) for x in r) / len(r)), 3) if r else None
-
     # speedup of the first over the second (time ratio second / first)
     out = {}
     for a, b in (("gluon", "sdpa_flash"), ("tl", "sdpa_flash"), ("gluon", "tl"), ("gluon", "sdpa_cudnn"),
                  ("tl", "sdpa_cudnn")):
-        r = gm(b, a)
+        r = geomean_speedup(rows, a, b)
         if r is not None:
             out[f"{a}_over_{b}"] = r
     return out
@@ -668,28 +702,11 @@ def _env_info() -> dict:
 
 
 def _main_bwd(args, result) -> int:
-    print("backward correctness (each variant in a child process):")
-    checks, passed = [], set()
-    for spec in VARIANTS:
-        if args.only and not any(o in spec[0] for o in args.only):
-            continue
-        r = _run_child(spec, args.timeout, bwd=True)
-        checks.append(r)
-        if r.get("ok"):
-            passed.add(r["name"])
-        detail = r.get("error") or " ".join(f"{k}={v}" for k, v in r.items() if k not in ("name", "ok"))
-        print(f"  {'ok  ' if r.get('ok') else 'FAIL'} {r['name']}: {detail}", flush=True)
-    for text in args.configs:  # each extra config: its own children on the bf16 variants it fits
-        from primus_turbo.triton.attention import flash_attn_bwd_gluon as fb
+    from primus_turbo.triton.attention import flash_attn_bwd_gluon as fb
 
-        cfg = fb.GluonAttnBwdConfig.parse(text)
-        for spec in VARIANTS:
-            if not spec[0].endswith("_bf16") or cfg.check(spec[6]) is not None:
-                continue
-            r = _run_child(list(spec) + [text], args.timeout, bwd=True)
-            r["name"] = f"{spec[0]}:{text}"
-            checks.append(r)
-            print(f"  {'ok  ' if r.get('ok') else 'FAIL'} {r['name']}: {r.get('error') or ''}", flush=True)
+    print("backward correctness (each variant in a child process):")
+    checks, passed = check_variants(VARIANTS, args, lambda spec: _run_child(spec, args.timeout, bwd=True),
+                                    fb.GluonAttnBwdConfig.parse)
     result["correctness"] = checks
     if not args.no_timing:
         seqs = args.seq or ([4096] if args.quick else list(SEQS))
@@ -698,11 +715,7 @@ def _main_bwd(args, result) -> int:
         result["timing"] = rows
         result["geomean_speedup"] = _bwd_geomeans(rows)
         print("geomean speedups:", result["geomean_speedup"])
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "gluon_attn_bwd.json").write_text(json.dumps(result, indent=1))
-        print(f"wrote {out / 'gluon_attn_bwd.json'}")
+    write_result(args.out, "gluon_attn_bwd.json", result)
     return 0 if all(r.get("ok") for r in checks) else 1
 
 
@@ -735,12 +748,7 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(res), flush=True)
         return 0
     if args.fp8:  # its own module: this file holds the bf16 forward and backward checks
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("check_gluon_attn_fp8", _ROOT / "scripts" / "check_gluon_attn_fp8.py")
-        fp8 = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(fp8)
-        return fp8.main(args)
+        return load_script("check_gluon_attn_fp8").main(args)
     if args.compile_only:
         if args.bwd:
             _, bad = compile_bwd_report(args.dump, args.sass)
@@ -757,30 +765,11 @@ def main(argv=None) -> int:
     print(f"{result['env']}")
     if args.bwd:
         return _main_bwd(args, result)
-    print("correctness (each variant in a child process):")
-    checks, passed = [], set()
-    for spec in VARIANTS:
-        if args.only and not any(o in spec[0] for o in args.only):
-            continue
-        r = _run_child(spec, args.timeout)
-        checks.append(r)
-        if r.get("ok"):
-            passed.add(r["name"])
-        detail = r.get("error") or " ".join(f"{k}={v}" for k, v in r.items() if k not in ("name", "ok"))
-        print(f"  {'ok  ' if r.get('ok') else 'FAIL'} {r['name']}: {detail}", flush=True)
-    for text in args.configs:  # each extra config: its own children on the bf16 variants it fits
-        from primus_turbo.triton.attention import flash_attn_fwd_gluon as fa
+    from primus_turbo.triton.attention import flash_attn_fwd_gluon as fa
 
-        cfg = fa.GluonAttnConfig.parse(text)
-        for spec in VARIANTS:
-            if not spec[0].endswith("_bf16") or cfg.check(spec[6]) is not None:
-                continue
-            r = _run_child(list(spec) + [text], args.timeout)
-            r["name"] = f"{spec[0]}:{text}"
-            checks.append(r)
-            if r.get("ok"):
-                passed.add(r["name"])
-            print(f"  {'ok  ' if r.get('ok') else 'FAIL'} {r['name']}: {r.get('error') or ''}", flush=True)
+    print("correctness (each variant in a child process):")
+    checks, passed = check_variants(VARIANTS, args, lambda spec: _run_child(spec, args.timeout),
+                                    fa.GluonAttnConfig.parse)
     result["correctness"] = checks
     if not args.no_timing:
         seqs = args.seq or ([4096] if args.quick else list(SEQS))
@@ -789,11 +778,7 @@ def main(argv=None) -> int:
         result["timing"] = rows
         result["geomean_speedup"] = _geomeans(rows)
         print("geomean speedups:", result["geomean_speedup"])
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "gluon_attn.json").write_text(json.dumps(result, indent=1))
-        print(f"wrote {out / 'gluon_attn.json'}")
+    write_result(args.out, "gluon_attn.json", result)
     return 0 if all(r.get("ok") for r in checks) else 1
 
 

@@ -32,7 +32,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -68,16 +67,24 @@ VARIANTS = [
 ]
 
 
-# ---------------------------------------------------------------------------------------------
-# sm_90 compile (CPU is enough): registers, spills, QGMMA count, schedule
-# ---------------------------------------------------------------------------------------------
-def _compile_check_module():
+def _attn_script():
+    """scripts/check_gluon_attn.py, whose compile, child-process, timing and reporting helpers this
+    check shares (scripts/ is not a package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gluon_compile_check", _ROOT / "scripts" / "gluon_compile_check.py")
+    spec = importlib.util.spec_from_file_location("check_gluon_attn", _ROOT / "scripts" / "check_gluon_attn.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+_attn = _attn_script()
+_make, _snr_finite, _median_ms, _flops = _attn._make, _attn._snr_finite, _attn._median_ms, _attn._flops
+
+
+# ---------------------------------------------------------------------------------------------
+# sm_90 compile (CPU is enough): registers, spills, QGMMA count, schedule
+# ---------------------------------------------------------------------------------------------
 
 
 def _overlapped_softmax(sass: str) -> bool:
@@ -122,14 +129,10 @@ def compile_attn_fp8(head_dim: int, causal: bool, out_dtype: str = "bf16", sink:
     (launch maxnreg), ``max_reg`` (highest register any partition touches), ``spill_bytes``,
     ``qgmma`` / ``local_mem`` (STL/LDL) counts, ``serialized`` (ptxas C75xx notes), ``overlap``
     (softmax between the S and PV waits), ``a_hazards``, shared memory."""
-    import triton
-    from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     from primus_turbo.triton.attention import flash_attn_fp8_fwd_gluon as f8
 
-    cc = _compile_check_module()
     cfg = cfg or f8.default_attn_fp8_config(head_dim, blk)
 
     def box(dt, gdt, shape):
@@ -147,35 +150,14 @@ def compile_attn_fp8(head_dim: int, causal: bool, out_dtype: str = "bf16", sink:
     consts = dict(HAS_RIGHT=bool(causal), HAS_SINK=bool(sink), STAGES=cfg.stages, BLK=blk, P_SCALE=f8.P_SCALE,
                   P_LOG2=float(math.log2(f8.P_SCALE)), CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong)
-    sig.update({k: "constexpr" for k in consts})
-    k = triton.compile(GluonASTSource(f8._attn_fp8_fwd_ws_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=4))
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    report = cc._ptxas_report(k.asm["ptx"], ptxas)
-    sass = cc._sass(k.asm["cubin"], os.path.join(os.path.dirname(ptxas), "cuobjdump"))
-    used = [int(x) for x in re.findall(r"\bR(\d+)\b", sass)]
-    regs = [int(x) for x in re.findall(r"Used (\d+) registers", report)]
     name = (f"attn_fp8_d{head_dim}_{'causal' if causal else 'full'}_{out_dtype}{'_sink' if sink else ''}"
             f"_blk{blk}_{cfg.short()}")
-    res = dict(variant=name, shared=k.metadata.shared, regs=max(regs) if regs else None,
-               max_reg=max(used) + 1 if used else None,
-               spill_bytes=sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)),
-               qgmma=len(re.findall(r"\bQGMMA\.", sass)) if sass else None,
-               local_mem=len(re.findall(r"\b(?:STL|LDL)\b", sass)) if sass else None,
-               overlap=_overlapped_softmax(sass) if sass else None,
-               a_hazards=_a_register_hazards(sass) if sass else None,
-               serialized=sorted(set(re.findall(r"\((C75\d\d)\)", report))),
-               setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)",
-                                                k.asm["ptx"]))))
-    if dump:
-        d = Path(dump)
-        d.mkdir(parents=True, exist_ok=True)
-        for ext in ("ttgir", "ptx"):
-            (d / f"{name}.{ext}").write_text(k.asm[ext])
-        (d / f"{name}.cubin").write_bytes(k.asm["cubin"])
-        if sass_out:
-            (d / f"{name}.sass").write_text(sass)
-    return res
+
+    def extra(sass):
+        return dict(overlap=_overlapped_softmax(sass) if sass else None,
+                    a_hazards=_a_register_hazards(sass) if sass else None)
+
+    return _attn.compile_sm90(f8._attn_fp8_fwd_ws_kernel, sig, consts, name, "QGMMA", extra, dump, sass_out)
 
 
 def compile_variants() -> list:
@@ -188,16 +170,13 @@ def compile_variants() -> list:
 def compile_report(dump: str | None = None, sass_out: bool = False) -> tuple[list, int]:
     rows, bad = [], 0
     for d, c, dt, sk, blk in compile_variants():
-        try:
-            r = compile_attn_fp8(d, c, dt, sk, blk, dump=dump, sass_out=sass_out)
-        except Exception as exc:  # noqa: BLE001 - report and go on
+        r = _attn.compile_row(rows, f"attn fp8 d{d} causal={c} {dt} sink={sk} blk={blk}",
+                              f"attn_fp8_d{d}_{c}_{dt}_{sk}_{blk}",
+                              lambda: compile_attn_fp8(d, c, dt, sk, blk, dump=dump, sass_out=sass_out))
+        if r is None:
             bad += 1
-            msg = " | ".join(str(exc).strip().splitlines()[-6:])[:2000]
-            print(f"FAIL attn fp8 d{d} causal={c} {dt} sink={sk} blk={blk}: {type(exc).__name__}: {msg}")
-            rows.append(dict(variant=f"attn_fp8_d{d}_{c}_{dt}_{sk}_{blk}", error=msg))
             continue
-        flag = ("  SPILLS" if r["spill_bytes"] or r["local_mem"] else "") + ("  NO QGMMA" if r["qgmma"] == 0 else "")
-        flag += f"  WGMMA SERIALIZED {r['serialized']}" if r["serialized"] else ""
+        flag = _attn.mma_flags(r, "QGMMA")
         flag += "  A-REGISTER HAZARD" if r["a_hazards"] else ""
         flag += "  NO SOFTMAX/PV OVERLAP" if r["overlap"] is False else ""
         bad += bool(flag)
@@ -211,30 +190,6 @@ def compile_report(dump: str | None = None, sass_out: bool = False) -> tuple[lis
 # ---------------------------------------------------------------------------------------------
 # GPU: one correctness variant (run in a child process)
 # ---------------------------------------------------------------------------------------------
-def _make(B, Sq, Sk, Hq, Hk, D, dtype, layout, device="cuda"):
-    import torch
-
-    def one(S, H):
-        if layout == "sbhd":
-            return torch.randn(S, B, H, D, device=device, dtype=dtype).transpose(0, 1)
-        return torch.randn(B, S, H, D, device=device, dtype=dtype)
-
-    return one(Sq, Hq), one(Sk, Hk), one(Sk, Hk)
-
-
-def _snr_finite(ref, out) -> float:
-    import torch
-
-    from primus_turbo.testing import snr_db
-
-    fin = torch.isfinite(ref)
-    if not torch.equal(fin, torch.isfinite(out)) or not torch.equal(ref[~fin], out[~fin]):
-        return float("-inf")
-    if not fin.any():
-        return float("inf")
-    return snr_db(ref[fin].double().cpu(), out[fin].double().cpu())
-
-
 def run_variant(spec) -> dict:
     import torch
 
@@ -313,46 +268,9 @@ def run_variant(spec) -> dict:
     return {key: (round(val, 2) if isinstance(val, float) and math.isfinite(val) else val) for key, val in res.items()}
 
 
-def _run_child(spec, timeout: int) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
-    env = dict(os.environ, PYTHONPATH=str(_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=_ROOT)
-    except subprocess.TimeoutExpired:
-        return dict(name=spec[0], ok=False, error=f"timed out after {timeout} s (hang?)")
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = (proc.stdout + proc.stderr).strip().splitlines()[-12:]
-    return dict(name=spec[0], ok=False, error=f"exit {proc.returncode}: " + " | ".join(tail)[-3000:])
-
-
 # ---------------------------------------------------------------------------------------------
 # GPU: timing
 # ---------------------------------------------------------------------------------------------
-def _median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
-
-
-def _flops(B, S, H, D, causal) -> float:
-    pairs = S * (S + 1) / 2 if causal else S * S
-    return 4.0 * B * H * pairs * D
-
-
 def time_shapes(seqs, head_dims, heads_q, heads_kv, passed: set, configs=()) -> list:
     import torch
     import torch.nn.functional as F
@@ -400,17 +318,10 @@ def time_shapes(seqs, head_dims, heads_q, heads_kv, passed: set, configs=()) -> 
                                                               enable_gqa=heads_q != heads_kv)
                 impls["sdpa_cudnn"] = sdpa
                 row = dict(D=D, causal=causal, B=B, S=S, Hq=heads_q, Hk=heads_kv)
-                fl = _flops(B, S, heads_q, D, causal)
-                for name, fn in impls.items():
-                    try:
-                        ms = _median_ms(fn)
-                        row[name] = dict(ms=round(ms, 4), tflops=round(fl / ms / 1e9, 1))
-                    except Exception as exc:  # noqa: BLE001 - a peer that cannot run this shape
-                        row[name] = dict(error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                cells = _attn.time_impls(row, impls, _flops(B, S, heads_q, D, causal))
                 os.environ.pop(f8.GLUON_ATTN_FP8_ENV, None)
                 if "ms" in row.get("fp8_gluon", {}) and "ms" in row.get("bf16_gluon", {}):
                     row["fp8_over_bf16_gluon"] = round(row["bf16_gluon"]["ms"] / row["fp8_gluon"]["ms"], 3)
-                cells = "  ".join(f"{n}={row[n]['tflops']:6.1f}" if "tflops" in row[n] else f"{n}=  err" for n in impls)
                 print(f"  D={D:3d} {'causal' if causal else 'full  '} B={B:2d} S={S:5d}  TFLOP/s  {cells}"
                       f"  FP8/bf16(gluon)={row.get('fp8_over_bf16_gluon')}", flush=True)
                 rows.append(row)
@@ -419,15 +330,11 @@ def time_shapes(seqs, head_dims, heads_q, heads_kv, passed: set, configs=()) -> 
 
 
 def _geomeans(rows) -> dict:
-    def gm(a, b):
-        r = [row[b]["ms"] / row[a]["ms"] for row in rows if "ms" in row.get(a, {}) and "ms" in row.get(b, {})]
-        return round(math.exp(sum(math.log(x) for x in r) / len(r)), 3) if r else None
-
     out = {}
     for a, b in (("fp8_gluon", "bf16_gluon"), ("fp8_gluon", "fp8_tl"), ("fp8_gluon", "bf16_tl"),
                  ("fp8_gluon", "sdpa_cudnn"), ("fp8_op_gluon", "bf16_gluon"), ("fp8_tl", "bf16_gluon"),
                  ("bf16_gluon", "sdpa_cudnn")):
-        r = gm(a, b)
+        r = _attn.geomean_speedup(rows, a, b)
         if r is not None:
             out[f"{a}_over_{b}"] = r  # speedup of a over b (time ratio b / a)
     return out
@@ -451,27 +358,10 @@ def main(args) -> int:
                                             grads=MIN_SNR_GRAD))
     print(info)
     print("FP8 correctness (each variant in a child process):")
-    checks, passed = [], set()
-    for spec in VARIANTS:
-        if args.only and not any(o in spec[0] for o in args.only):
-            continue
-        r = _run_child(spec, args.timeout)
-        checks.append(r)
-        if r.get("ok"):
-            passed.add(r["name"])
-        detail = r.get("error") or " ".join(f"{k}={v}" for k, v in r.items() if k not in ("name", "ok"))
-        print(f"  {'ok  ' if r.get('ok') else 'FAIL'} {r['name']}: {detail}", flush=True)
-    for text in args.configs:
-        cfg = f8.GluonAttnFp8Config.parse(text)
-        for spec in VARIANTS:
-            if not spec[0].endswith("_bf16") or cfg.check(spec[6]) is not None:
-                continue
-            r = _run_child(list(spec) + [text], args.timeout)
-            r["name"] = f"{spec[0]}:{text}"
-            checks.append(r)
-            if r.get("ok"):
-                passed.add(r["name"])
-            print(f"  {'ok  ' if r.get('ok') else 'FAIL'} {r['name']}: {r.get('error') or ''}", flush=True)
+    script = Path(__file__).resolve()
+    checks, passed = _attn.check_variants(VARIANTS, args, lambda spec: _attn.run_child(script, "--child", spec,
+                                                                                         args.timeout),
+                                          f8.GluonAttnFp8Config.parse)
     result["correctness"] = checks
     if not args.no_timing:
         seqs = args.seq or ([4096] if args.quick else list(SEQS))
@@ -481,11 +371,7 @@ def main(args) -> int:
         result["timing"] = rows
         result["geomean_speedup"] = _geomeans(rows)
         print("geomean speedups:", result["geomean_speedup"])
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "gluon_attn_fp8.json").write_text(json.dumps(result, indent=1))
-        print(f"wrote {out / 'gluon_attn_fp8.json'}")
+    _attn.write_result(args.out, "gluon_attn_fp8.json", result)
     return 0 if all(r.get("ok") for r in checks) else 1
 
 
@@ -493,9 +379,4 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         print("RESULT " + json.dumps(run_variant(json.loads(sys.argv[2]))), flush=True)
         raise SystemExit(0)
-    import importlib.util
-
-    spec_ = importlib.util.spec_from_file_location("check_gluon_attn", _ROOT / "scripts" / "check_gluon_attn.py")
-    mod = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(mod)
-    raise SystemExit(mod.main(["--fp8", *sys.argv[1:]]))
+    raise SystemExit(_attn.main(["--fp8", *sys.argv[1:]]))
