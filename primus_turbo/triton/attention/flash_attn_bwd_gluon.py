@@ -47,9 +47,9 @@ from typing import Optional
 
 import torch
 
-from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, SMEM_LIMIT, gluon_platform_reason
+from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, SMEM_LIMIT
 
-from .flash_attn_fwd_gluon import _desc, _tma_strides, gluon_attn_operand_reason
+from .flash_attn_fwd_gluon import _desc, _device_reason, _tma_strides, gluon_attn_operand_reason
 
 __all__ = [
     "GLUON_ATTN_BWD_ENV",
@@ -571,13 +571,7 @@ def gluon_attn_bwd_reason(q, k, v, dout=None, sink=None, softmax_scale: float = 
     else why not. The forward's conditions (fp16/bf16, equal head dims 64/128, no left window,
     positive scale, TMA-aligned q / k / v), a ``dout`` of q's shape and dtype (any strides: one that
     TMA cannot read is copied), and an sm_90 GPU. Never raises, never synchronizes."""
-    try:
-        reason = gluon_attn_bwd_operand_reason(q, k, v, dout, sink, softmax_scale, win_left, win_right)
-        if reason is None:
-            reason = gluon_platform_reason(q.device)
-        return reason
-    except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
-        return f"{type(exc).__name__}: {exc}"
+    return _device_reason(gluon_attn_bwd_operand_reason, (q, k, v, dout, sink, softmax_scale, win_left, win_right))
 
 
 def _padded_rows(lse: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

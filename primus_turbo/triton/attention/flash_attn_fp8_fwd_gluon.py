@@ -54,8 +54,9 @@ from .flash_attn_fwd_gluon import (
     LOG2E,
     SMEM_LIMIT,
     GluonAttnConfig,
+    _device_reason,
+    _outputs,
     _tma_strides,
-    gluon_platform_reason,
 )
 
 __all__ = [
@@ -398,14 +399,8 @@ def gluon_attn_fp8_fwd_reason(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv
                               config: Optional[GluonAttnFp8Config] = None) -> Optional[str]:
     """None when :func:`flash_attn_fp8_fwd_gluon` can run these inputs on their device, else why
     not. Never raises, never synchronizes."""
-    try:
-        reason = gluon_attn_fp8_operand_reason(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, sink,
-                                               softmax_scale, win_left, win_right, out_dtype, config)
-        if reason is None:
-            reason = gluon_platform_reason(q8.device)
-        return reason
-    except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
-        return f"{type(exc).__name__}: {exc}"
+    return _device_reason(gluon_attn_fp8_operand_reason, (q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk,
+                                                          sink, softmax_scale, win_left, win_right, out_dtype, config))
 
 
 _GL_DTYPES = {}
@@ -469,18 +464,7 @@ def flash_attn_fp8_fwd_gluon(
     if reason is not None:
         raise ValueError(f"flash_attn_fp8_fwd_gluon: {reason}")
     B, H, Sq, D = q8.shape
-    if out is None:
-        out = torch.empty((B, Sq, H, D), dtype=out_dtype, device=q8.device)
-    elif (tuple(out.shape) != (B, Sq, H, D) or out.dtype != out_dtype or out.device != q8.device
-          or (out.numel() and _tma_strides(out) is None)):
-        raise ValueError(f"flash_attn_fp8_fwd_gluon: out must be {out_dtype} {[B, Sq, H, D]} on {q8.device} with a "
-                         f"unit head-dim stride and 16-byte aligned strides, got {out.dtype} {list(out.shape)} "
-                         f"strides {tuple(out.stride())}")
-    if lse is None:
-        lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q8.device)
-    elif tuple(lse.shape) != (B, H, Sq) or lse.dtype != torch.float32 or not lse.is_contiguous():
-        raise ValueError(f"flash_attn_fp8_fwd_gluon: lse must be contiguous float32 {[B, H, Sq]}, got {lse.dtype} "
-                         f"{list(lse.shape)} strides {tuple(lse.stride())}")
+    out, lse = _outputs("flash_attn_fp8_fwd_gluon", out, lse, B, Sq, H, D, out_dtype, q8.device)
     if B == 0 or Sq == 0 or H == 0:
         return out, lse
     cfg = _fp8_config(D, blk, config)

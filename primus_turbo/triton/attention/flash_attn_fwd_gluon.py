@@ -478,17 +478,42 @@ def gluon_attn_operand_reason(q, k, v, sink=None, softmax_scale: float = 1.0, wi
     return None
 
 
+def _device_reason(operand_reason, args: tuple) -> Optional[str]:
+    """``operand_reason(*args)``, then the platform test on the device of ``args[0]``; any exception
+    becomes the reason (the ``*_reason`` contract of the Gluon attention kernels: never raises,
+    never synchronizes). Shared by the forward, the FP8 forward and the backward."""
+    try:
+        reason = operand_reason(*args)
+        if reason is None:
+            reason = gluon_platform_reason(args[0].device)
+        return reason
+    except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _outputs(fn: str, out, lse, B: int, Sq: int, H: int, D: int, dtype: torch.dtype, device) -> tuple:
+    """The O ``[B, Sq, H, D]`` and LSE ``[B, H, Sq]`` destinations: new ones, or the caller's checked
+    (ValueError naming ``fn``). Shared by the forward and the FP8 forward."""
+    if out is None:
+        out = torch.empty((B, Sq, H, D), dtype=dtype, device=device)
+    elif (tuple(out.shape) != (B, Sq, H, D) or out.dtype != dtype or out.device != device
+          or (out.numel() and _tma_strides(out) is None)):
+        raise ValueError(f"{fn}: out must be {dtype} {[B, Sq, H, D]} on {device} with a unit "
+                         f"head-dim stride and 16-byte aligned strides, got {out.dtype} {list(out.shape)} "
+                         f"strides {tuple(out.stride())}")
+    if lse is None:
+        lse = torch.empty((B, H, Sq), dtype=torch.float32, device=device)
+    elif tuple(lse.shape) != (B, H, Sq) or lse.dtype != torch.float32 or not lse.is_contiguous():
+        raise ValueError(f"{fn}: lse must be contiguous float32 {[B, H, Sq]}, got {lse.dtype} "
+                         f"{list(lse.shape)} strides {tuple(lse.stride())}")
+    return out, lse
+
+
 def gluon_attn_fwd_reason(q, k, v, sink=None, softmax_scale: float = 1.0, win_left: int = -1,
                           win_right: int = -1) -> Optional[str]:
     """None when :func:`flash_attn_fwd_gluon` can run these inputs on their device, else why not.
     Never raises, never synchronizes."""
-    try:
-        reason = gluon_attn_operand_reason(q, k, v, sink, softmax_scale, win_left, win_right)
-        if reason is None:
-            reason = gluon_platform_reason(q.device)
-        return reason
-    except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
-        return f"{type(exc).__name__}: {exc}"
+    return _device_reason(gluon_attn_operand_reason, (q, k, v, sink, softmax_scale, win_left, win_right))
 
 
 _GL_DTYPES = {}
@@ -544,18 +569,7 @@ def flash_attn_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink
     if reason is not None:
         raise ValueError(f"flash_attn_fwd_gluon: {reason}")
     B, Sq, H, D = q.shape
-    if out is None:
-        out = torch.empty((B, Sq, H, D), dtype=q.dtype, device=q.device)
-    elif (tuple(out.shape) != (B, Sq, H, D) or out.dtype != q.dtype or out.device != q.device
-          or (out.numel() and _tma_strides(out) is None)):
-        raise ValueError(f"flash_attn_fwd_gluon: out must be {q.dtype} {[B, Sq, H, D]} on {q.device} with a unit "
-                         f"head-dim stride and 16-byte aligned strides, got {out.dtype} {list(out.shape)} "
-                         f"strides {tuple(out.stride())}")
-    if lse is None:
-        lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
-    elif tuple(lse.shape) != (B, H, Sq) or lse.dtype != torch.float32 or not lse.is_contiguous():
-        raise ValueError(f"flash_attn_fwd_gluon: lse must be contiguous float32 {[B, H, Sq]}, got {lse.dtype} "
-                         f"{list(lse.shape)} strides {tuple(lse.stride())}")
+    out, lse = _outputs("flash_attn_fwd_gluon", out, lse, B, Sq, H, D, q.dtype, q.device)
     if B == 0 or Sq == 0 or H == 0:
         return out, lse
     cfg = config or default_attn_config(D)
