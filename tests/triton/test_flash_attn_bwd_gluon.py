@@ -12,40 +12,21 @@ GQA, causal with seq_q != seq_kv, strided layouts, both dQ kernels, and through
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
 from primus_turbo.triton.attention import flash_attn_bwd_gluon as fb  # noqa: E402
+from tests.triton.gluon_attn_helpers import load_script, qkv as _qkv, sm90  # noqa: E402
 from tests.triton.gluon_compile_child import rerun_outside_interpreter, warmup_for_sm90  # noqa: E402
 
-_ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-sm90 = pytest.mark.skipif(not _ON_SM90, reason="needs an sm_90 (Hopper) GPU")
 needs_gluon = pytest.mark.skipif(not fb.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
 MIN_SNR = 40.0
 
 
 def _check_script():
-    path = Path(__file__).resolve().parents[2] / "scripts" / "check_gluon_attn.py"
-    spec = importlib.util.spec_from_file_location("check_gluon_attn", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _qkv(B, Sq, Sk, Hq, Hk, D, dtype=torch.bfloat16, layout="bshd", device="cpu"):
-    def one(S, H):
-        if layout == "sbhd":
-            return torch.randn(S, B, H, D, device=device, dtype=dtype).transpose(0, 1)
-        if layout == "bhsd":
-            return torch.randn(B, H, S, D, device=device, dtype=dtype).transpose(1, 2)
-        return torch.randn(B, S, H, D, device=device, dtype=dtype)
-
-    return one(Sq, Hq), one(Sk, Hk), one(Sk, Hk)
+    return load_script("check_gluon_attn")
 
 
 # ---------------------------------------------------------------------------------------------

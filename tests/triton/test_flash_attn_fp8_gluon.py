@@ -12,7 +12,6 @@ against an fp32 reference on the dequantized inputs, the tl FP8 kernel on the sa
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -21,10 +20,9 @@ import torch
 pytest.importorskip("triton")
 
 from primus_turbo.triton.attention import flash_attn_fp8_fwd_gluon as f8  # noqa: E402
+from tests.triton.gluon_attn_helpers import load_script, qkv, sm90, snr_finite as _snr_finite  # noqa: E402
 from tests.triton.gluon_compile_child import rerun_outside_interpreter, warmup_for_sm90  # noqa: E402
 
-_ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-sm90 = pytest.mark.skipif(not _ON_SM90, reason="needs an sm_90 (Hopper) GPU")
 needs_gluon = pytest.mark.skipif(not f8.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
 MIN_SNR_TL = 30.0    # vs the tl FP8 kernel on the same FP8 tensors
 MIN_SNR_DEQ = 28.0   # O vs fp32 attention on the dequantized q, k, v (P's E4M3 rounding remains)
@@ -33,11 +31,7 @@ MIN_SNR_BF16 = 20.0  # O vs fp32 attention on the unquantized inputs (the issue'
 
 
 def _check_script():
-    path = Path(__file__).resolve().parents[2] / "scripts" / "check_gluon_attn_fp8.py"
-    spec = importlib.util.spec_from_file_location("check_gluon_attn_fp8", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("check_gluon_attn_fp8")
 
 
 def _operands(B=2, Sq=100, Sk=128, H=4, Hk=2, D=128, blk=128, device="cpu"):
@@ -189,24 +183,6 @@ def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, conf
 # ---------------------------------------------------------------------------------------------
 # GPU (sm_90): numerics
 # ---------------------------------------------------------------------------------------------
-def _snr_finite(ref, out):
-    from primus_turbo.testing import snr_db
-
-    fin = torch.isfinite(ref)
-    assert torch.equal(fin, torch.isfinite(out)), "non-finite entries differ"
-    assert torch.equal(ref[~fin], out[~fin])
-    return snr_db(ref[fin].double().cpu(), out[fin].double().cpu()) if fin.any() else float("inf")
-
-
-def _qkv(B, Sq, Sk, Hq, Hk, D, dtype, layout):
-    def one(S, H):
-        if layout == "sbhd":
-            return torch.randn(S, B, H, D, device="cuda", dtype=dtype).transpose(0, 1)
-        return torch.randn(B, S, H, D, device="cuda", dtype=dtype)
-
-    return one(Sq, Hq), one(Sk, Hk), one(Sk, Hk)
-
-
 @sm90
 @pytest.mark.parametrize("B,Sq,Sk,Hq,Hk,D,causal,dtype,sink,layout,blk", [
     (2, 1000, 1008, 4, 2, 128, False, torch.bfloat16, False, "bshd", 128),
@@ -227,7 +203,7 @@ def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink,
     cfg = f8.GluonAttnFp8Config.parse(config) if config else None
     if cfg is not None and blk % cfg.block_n:
         pytest.skip("the config's key tile is larger than the scale block")
-    q, k, v = _qkv(B, Sq, Sk, Hq, Hk, D, dtype, layout)
+    q, k, v = qkv(B, Sq, Sk, Hq, Hk, D, dtype, layout, "cuda")
     s = torch.randn(Hq, device="cuda") if sink else None
     scale, wr = D ** -0.5, (0 if causal else -1)
     q8, k8, v8t, qs, ks, vs = opf8._quantize(q, k, v, blk)
@@ -261,7 +237,7 @@ def test_backward_on_gluon_forward(causal, fp8_bwd, monkeypatch):
     from primus_turbo.pytorch.ops import attention_fp8 as opf8
     from primus_turbo.testing import snr_db
 
-    q0, k0, v0 = _qkv(2, 704, 704, 4, 2, 128, torch.bfloat16, "bshd")
+    q0, k0, v0 = qkv(2, 704, 704, 4, 2, 128, torch.bfloat16, "bshd", "cuda")
     dout = torch.randn_like(q0)
     monkeypatch.setattr(opf8, "FP8_BACKWARD", fp8_bwd)
     res = {}

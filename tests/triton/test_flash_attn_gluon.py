@@ -11,40 +11,21 @@ backward.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
 from primus_turbo.triton.attention import flash_attn_fwd_gluon as fa  # noqa: E402
+from tests.triton.gluon_attn_helpers import load_script, qkv as _qkv, sm90, snr_finite as _snr_finite  # noqa: E402
 from tests.triton.gluon_compile_child import rerun_outside_interpreter, warmup_for_sm90  # noqa: E402
 
-_ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-sm90 = pytest.mark.skipif(not _ON_SM90, reason="needs an sm_90 (Hopper) GPU")
 needs_gluon = pytest.mark.skipif(not fa.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
 MIN_SNR = 40.0
 
 
 def _check_script():
-    path = Path(__file__).resolve().parents[2] / "scripts" / "check_gluon_attn.py"
-    spec = importlib.util.spec_from_file_location("check_gluon_attn", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _qkv(B, Sq, Sk, Hq, Hk, D, dtype=torch.bfloat16, layout="bshd", device="cpu"):
-    def one(S, H):
-        if layout == "sbhd":
-            return torch.randn(S, B, H, D, device=device, dtype=dtype).transpose(0, 1)
-        if layout == "bhsd":
-            return torch.randn(B, H, S, D, device=device, dtype=dtype).transpose(1, 2)
-        return torch.randn(B, S, H, D, device=device, dtype=dtype)
-
-    return one(Sq, Hq), one(Sk, Hk), one(Sk, Hk)
+    return load_script("check_gluon_attn")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,15 +203,6 @@ def test_launcher_arguments_bind_and_compile_for_sm90(layout, causal, sink, D, c
 # ---------------------------------------------------------------------------------------------
 # GPU (sm_90): numerics
 # ---------------------------------------------------------------------------------------------
-def _snr_finite(ref, out):
-    from primus_turbo.testing import snr_db
-
-    fin = torch.isfinite(ref)
-    assert torch.equal(fin, torch.isfinite(out)), "non-finite entries differ"
-    assert torch.equal(ref[~fin], out[~fin])
-    return snr_db(ref[fin].double().cpu(), out[fin].double().cpu()) if fin.any() else float("inf")
-
-
 @sm90
 @pytest.mark.parametrize("B,Sq,Sk,Hq,Hk,D,causal,dtype,sink,layout", [
     (2, 1000, 1000, 4, 2, 128, False, torch.bfloat16, False, "bshd"),
