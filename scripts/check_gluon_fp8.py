@@ -370,6 +370,70 @@ def _run_smoke(config_text: str, timeout_s: int, grouped: bool = False, wgrad: b
     return r.returncode == 0, " | ".join(text[-3:])[:600]
 
 
+def _smoke_configs(args, tag: str = "", validate=None, **kind) -> tuple:
+    """(configs that pass, smoke results by config string): each of ``args.configs`` parsed (bad
+    strings fail here, early), ``validate(text, cfg)`` if given, then smoked in a child process
+    (``kind``: ``_run_smoke``'s flags); ``tag`` prefixes the config in the progress line."""
+    from primus_turbo.triton.gemm.gemm_fp8_gluon import GluonBlockwiseConfig
+
+    configs, smoke_results = [], {}
+    for c in args.configs:
+        cfg = None if c == "default" else GluonBlockwiseConfig.parse(c)
+        if validate is not None:
+            validate(c, cfg)
+        ok, msg = _run_smoke(c, args.smoke_timeout, **kind)
+        smoke_results[c] = dict(ok=ok, message=msg)
+        print(f"smoke {tag}{c}: {'ok' if ok else 'FAILED'}  {msg}", flush=True)
+        if ok:
+            configs.append(cfg)
+    return configs, smoke_results
+
+
+def _timed(run, failed) -> dict:
+    """``run()``'s result dict (``failed(exc)``'s if it raises) with the seconds it took."""
+    t0 = time.time()
+    try:
+        r = run()
+    except Exception as exc:  # noqa: BLE001 - e.g. out of memory for the reference
+        r = failed(exc)
+    r["seconds"] = round(time.time() - t0, 1)
+    return r
+
+
+def _finish(args, json_name: str, info: dict, smoke_results: dict, results: list, bases: tuple, unit: str,
+            gluon_id, case_id, case_key: str) -> int:
+    """The geomean Gluon/base ratios over ``unit``, the JSON report, the failures; exit status.
+    ``gluon_id(r)`` / ``case_id(r)`` name a result in the failure list of a config / of the whole
+    case (``case_key`` in its errors)."""
+    for base in bases:
+        ratios = {}
+        for r in results:
+            for name, e in r["gluon"].items():
+                if e.get("tflops") and r.get(f"{base}_tflops"):
+                    ratios.setdefault(name, []).append(e["tflops"] / r[f"{base}_tflops"])
+        for name, rs in ratios.items():
+            print(f"geomean Gluon/{base} {name}: {math.exp(sum(map(math.log, rs)) / len(rs)):.3f} over {len(rs)} {unit}")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / json_name
+    path.write_text(json.dumps(dict(info=info, env={k: v for k, v in os.environ.items() if k.startswith("PRIMUS_")},
+                                    smoke=smoke_results, results=results), indent=1, default=str))
+    print(f"\nwrote {path}")
+    bad = [gluon_id(r) + (n,) for r in results for n, e in r["gluon"].items() if not e.get("ok")]
+    bad += [("smoke", c) for c, v in smoke_results.items() if not v["ok"]]
+    bad += [case_id(r) + (case_key,) for r in results if case_key in r["errors"]]
+    if bad:
+        print(f"FAILED: {bad}")
+    return 1 if bad else 0
+
+
+def _group_offsets(lens: list, device) -> torch.Tensor:
+    """int64 [G+1] offsets of the groups of sizes ``lens`` (0 first), on ``device``."""
+    offs = torch.zeros(len(lens) + 1, dtype=torch.int64)
+    offs[1:] = torch.tensor(lens, dtype=torch.int64).cumsum(0)
+    return offs.to(device)
+
+
 # ----------------------------------------------------------------------------------------------
 # --grouped: the M-grouped MoE kernel
 # ----------------------------------------------------------------------------------------------
@@ -446,9 +510,7 @@ def run_grouped_case(G: int, rows: int, N: int, K: int, label: str, pattern: str
     x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
     w = (torch.randn(G, N, K, device=dev, dtype=torch.float32) * 0.02).to(torch.bfloat16)
     a_q, sa, b_q, sb = _quantize_grouped(x, w)
-    offs = torch.zeros(G + 1, dtype=torch.int64)
-    offs[1:] = torch.tensor(lens, dtype=torch.int64).cumsum(0)
-    offs = offs.to(dev)
+    offs = _group_offsets(lens, dev)
     end = int(offs[-1])
     res["reason"] = gluon_grouped_blockwise_reason(a_q, sa, b_q, sb, offs)
     res["default_config"] = grouped_default_config(M, N, K, G).short()
@@ -548,9 +610,7 @@ def smoke_grouped(config_text: str) -> int:
                                      scaling_recipe=ScalingRecipe(use_2d_block=True)) for g in range(G)]
         b_q = torch.stack([q for q, _ in qs])
         sb = torch.stack([s for _, s in qs])
-        offs = torch.zeros(G + 1, dtype=torch.int64)
-        offs[1:] = torch.tensor(lens).cumsum(0)
-        offs = offs.cuda()
+        offs = _group_offsets(lens, "cuda")
         ref = torch.zeros(M, N, device="cuda")
         start = 0
         for g, n in enumerate(lens):
@@ -567,51 +627,22 @@ def smoke_grouped(config_text: str) -> int:
 
 
 def main_grouped(args) -> int:
-    from primus_turbo.triton.gemm.gemm_fp8_gluon import GluonBlockwiseConfig
-
-    configs, smoke_results = [], {}
-    for c in args.configs:
-        cfg = None if c == "default" else GluonBlockwiseConfig.parse(c)
-        ok, msg = _run_smoke(c, args.smoke_timeout, grouped=True)
-        smoke_results[c] = dict(ok=ok, message=msg)
-        print(f"smoke grouped {c}: {'ok' if ok else 'FAILED'}  {msg}", flush=True)
-        if ok:
-            configs.append(cfg)
+    configs, smoke_results = _smoke_configs(args, "grouped ", grouped=True)
     info = _gpu_info()
     print(json.dumps(info))
     results = []
     for G, rows, N, K, label in GROUPED_CASES:
         for pattern in ("balanced", "unbalanced"):
-            t0 = time.time()
-            try:
-                r = run_grouped_case(G, rows, N, K, label, pattern, configs, args.rep_ms, not args.no_time)
-            except Exception as exc:  # noqa: BLE001
-                r = dict(G=G, rows=rows, N=N, K=K, label=label, pattern=pattern, gluon={}, errors={"case": _err(exc)})
-            r["seconds"] = round(time.time() - t0, 1)
+            r = _timed(lambda: run_grouped_case(G, rows, N, K, label, pattern, configs, args.rep_ms, not args.no_time),
+                       lambda exc: dict(G=G, rows=rows, N=N, K=K, label=label, pattern=pattern, gluon={},
+                                        errors={"case": _err(exc)}))
             results.append(r)
             print(f"done {label} {pattern} in {r['seconds']} s", flush=True)
     print()
     print_grouped_table(results)
-    for base in ("tl", "bf16"):
-        ratios = {}
-        for r in results:
-            for name, e in r["gluon"].items():
-                if e.get("tflops") and r.get(f"{base}_tflops"):
-                    ratios.setdefault(name, []).append(e["tflops"] / r[f"{base}_tflops"])
-        for name, rs in ratios.items():
-            print(f"geomean Gluon/{base} {name}: {math.exp(sum(map(math.log, rs)) / len(rs)):.3f} over {len(rs)} cases")
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "gluon_grouped_fp8.json"
-    path.write_text(json.dumps(dict(info=info, env={k: v for k, v in os.environ.items() if k.startswith("PRIMUS_")},
-                                    smoke=smoke_results, results=results), indent=1, default=str))
-    print(f"\nwrote {path}")
-    bad = [(r["label"], r["pattern"], n) for r in results for n, e in r["gluon"].items() if not e.get("ok")]
-    bad += [("smoke", c) for c, v in smoke_results.items() if not v["ok"]]
-    bad += [(r["label"], r["pattern"], "case") for r in results if "case" in r["errors"]]
-    if bad:
-        print(f"FAILED: {bad}")
-    return 1 if bad else 0
+    case_id = lambda r: (r["label"], r["pattern"])  # noqa: E731
+    return _finish(args, "gluon_grouped_fp8.json", info, smoke_results, results, ("tl", "bf16"), "cases",
+                   case_id, case_id, "case")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -691,9 +722,7 @@ def run_grouped_wgrad_case(G: int, rows: int, P: int, Q: int, label: str, patter
     torch.manual_seed(0)
     dy = (torch.randn(T, P, device=dev, dtype=torch.float32) * 0.01).to(torch.bfloat16)
     x = torch.randn(T, Q, device=dev, dtype=torch.bfloat16)
-    offs = torch.zeros(G + 1, dtype=torch.int64)
-    offs[1:] = torch.tensor(lens, dtype=torch.int64).cumsum(0)
-    offs = offs.to(dev)
+    offs = _group_offsets(lens, dev)
     dy_dtype = torch.float8_e5m2 if fmt == "HYBRID" else torch.float8_e4m3fn
     x_t, sx, y_t, sy, poffs = _grouped_wgrad_operands(dy, x, offs, dy_dtype)
     res["M_pad"] = x_t.shape[1]
@@ -817,9 +846,7 @@ def smoke_grouped_wgrad(config_text: str) -> int:
         G, T = len(lens), sum(lens)
         dy = (torch.randn(T, P, device="cuda") * 0.01).to(torch.bfloat16)
         x = torch.randn(T, Q, device="cuda", dtype=torch.bfloat16)
-        offs = torch.zeros(G + 1, dtype=torch.int64)
-        offs[1:] = torch.tensor(lens).cumsum(0)
-        offs = offs.cuda()
+        offs = _group_offsets(lens, "cuda")
         x_t, sx, y_t, sy, poffs = _grouped_wgrad_operands(dy, x, offs, torch.float8_e4m3fn)
         po = poffs.tolist()
         ref = torch.zeros(G, P, Q, device="cuda")
@@ -842,63 +869,35 @@ def smoke_grouped_wgrad(config_text: str) -> int:
 
 
 def main_grouped_wgrad(args) -> int:
-    from primus_turbo.triton.gemm.gemm_fp8_gluon import GluonBlockwiseConfig
-
-    configs, smoke_results = [], {}
-    for c in args.configs:
-        cfg = None if c == "default" else GluonBlockwiseConfig.parse(c)
+    def validate(c, cfg):
         if cfg is not None and cfg.check(2, b_row_scales=True) is not None and cfg.check(4, b_row_scales=True):
             raise SystemExit(f"--grouped-wgrad config {c}: {cfg.check(2, b_row_scales=True)}")
-        ok, msg = _run_smoke(c, args.smoke_timeout, grouped_wgrad=True)
-        smoke_results[c] = dict(ok=ok, message=msg)
-        print(f"smoke grouped-wgrad {c}: {'ok' if ok else 'FAILED'}  {msg}", flush=True)
-        if ok:
-            configs.append(cfg)
+
+    configs, smoke_results = _smoke_configs(args, "grouped-wgrad ", validate, grouped_wgrad=True)
     info = _gpu_info()
     print(json.dumps(info))
     results = []
     runs = [(case, pattern, fmt, acc) for case in GROUPED_WGRAD_CASES for fmt in args.formats
             for pattern in ("balanced", "unbalanced") for acc in (False, True)]
     for (G, rows, P, Q, label), pattern, fmt, acc in runs:
-        t0 = time.time()
-        try:
-            r = run_grouped_wgrad_case(G, rows, P, Q, label, pattern, fmt, acc, configs, args.rep_ms,
-                                       not args.no_time)
-        except Exception as exc:  # noqa: BLE001 - e.g. out of memory
+        def failed(exc):
             r = dict(G=G, rows=rows, P=P, Q=Q, label=label, pattern=pattern, format=fmt, accumulate=acc, gluon={},
                      errors={"case": _err(exc)})
             torch.cuda.empty_cache()
-        r["seconds"] = round(time.time() - t0, 1)
+            return r
+
+        r = _timed(lambda: run_grouped_wgrad_case(G, rows, P, Q, label, pattern, fmt, acc, configs, args.rep_ms,
+                                                  not args.no_time), failed)
         results.append(r)
         print(f"done {label} {pattern} {fmt} {'accumulate' if acc else 'bf16'} in {r['seconds']} s", flush=True)
     print()
     print_grouped_wgrad_table(results)
-    for base in ("tl", "bf16"):
-        ratios = {}
-        for r in results:
-            for name, e in r["gluon"].items():
-                if e.get("tflops") and r.get(f"{base}_tflops"):
-                    ratios.setdefault(name, []).append(e["tflops"] / r[f"{base}_tflops"])
-        for name, rs in ratios.items():
-            print(f"geomean Gluon/{base} {name}: {math.exp(sum(map(math.log, rs)) / len(rs)):.3f} over {len(rs)} cases")
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "gluon_grouped_wgrad_fp8.json"
-    path.write_text(json.dumps(dict(info=info, env={k: v for k, v in os.environ.items() if k.startswith("PRIMUS_")},
-                                    smoke=smoke_results, results=results), indent=1, default=str))
-    print(f"\nwrote {path}")
-    bad = [(r["label"], r["pattern"], r.get("format"), r.get("accumulate"), n)
-           for r in results for n, e in r["gluon"].items() if not e.get("ok")]
-    bad += [("smoke", c) for c, v in smoke_results.items() if not v["ok"]]
-    bad += [(r["label"], r["pattern"], "case") for r in results if "case" in r["errors"]]
-    if bad:
-        print(f"FAILED: {bad}")
-    return 1 if bad else 0
+    return _finish(args, "gluon_grouped_wgrad_fp8.json", info, smoke_results, results, ("tl", "bf16"), "cases",
+                   lambda r: (r["label"], r["pattern"], r.get("format"), r.get("accumulate")),
+                   lambda r: (r["label"], r["pattern"]), "case")
 
 
 def main(argv=None) -> int:
-    from primus_turbo.triton.gemm.gemm_fp8_gluon import GluonBlockwiseConfig
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None, help="folder for gluon_fp8.json (required unless --smoke)")
     p.add_argument("--smoke", default=None, help=argparse.SUPPRESS)  # child-process mode, see smoke()
@@ -934,16 +933,11 @@ def main(argv=None) -> int:
         return main_grouped(args)
     if args.grouped_wgrad:
         return main_grouped_wgrad(args)
-    configs, smoke_results = [], {}
-    for c in args.configs:
-        cfg = None if c == "default" else GluonBlockwiseConfig.parse(c)  # bad strings fail here, early
+    def validate(c, cfg):
         if args.wgrad and cfg is not None and cfg.check(2, b_row_scales=True) is not None:
             p.error(f"--wgrad config {c}: {cfg.check(2, b_row_scales=True)}")
-        ok, msg = _run_smoke(c, args.smoke_timeout, wgrad=args.wgrad)
-        smoke_results[c] = dict(ok=ok, message=msg)
-        print(f"smoke {c}: {'ok' if ok else 'FAILED'}  {msg}", flush=True)
-        if ok:
-            configs.append(cfg)
+
+    configs, smoke_results = _smoke_configs(args, "", validate, wgrad=args.wgrad)
     if args.wgrad:
         default_shapes, quick_shapes, run_fn = WGRAD_SHAPES, WGRAD_QUICK_SHAPES, run_wgrad_shape
         json_name = "gluon_fp8_wgrad.json"
@@ -955,36 +949,15 @@ def main(argv=None) -> int:
     print(json.dumps(info))
     results = []
     for M, N, K, label in shapes:
-        t0 = time.time()
-        try:
-            r = run_fn(M, N, K, label, configs, args.rep_ms, not args.no_time)
-        except Exception as exc:  # noqa: BLE001 - e.g. out of memory for the reference
-            r = dict(M=M, N=N, K=K, label=label, gluon={}, errors={"shape": _err(exc)})
-        r["seconds"] = round(time.time() - t0, 1)
+        r = _timed(lambda: run_fn(M, N, K, label, configs, args.rep_ms, not args.no_time),
+                   lambda exc: dict(M=M, N=N, K=K, label=label, gluon={}, errors={"shape": _err(exc)}))
         results.append(r)
         print(f"done {M}x{N}x{K} in {r['seconds']} s", flush=True)
     print()
     print_table(results)
-    for base in ("tl", "cublas_bf16"):
-        ratios = {}
-        for r in results:
-            for name, e in r["gluon"].items():
-                if e.get("tflops") and r.get(f"{base}_tflops"):
-                    ratios.setdefault(name, []).append(e["tflops"] / r[f"{base}_tflops"])
-        for name, rs in ratios.items():
-            print(f"geomean Gluon/{base} {name}: {math.exp(sum(map(math.log, rs)) / len(rs)):.3f} over {len(rs)} shapes")
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / json_name
-    path.write_text(json.dumps(dict(info=info, env={k: v for k, v in os.environ.items() if k.startswith("PRIMUS_")},
-                                    smoke=smoke_results, results=results), indent=1, default=str))
-    print(f"\nwrote {path}")
-    bad = [(r["M"], r["N"], r["K"], n) for r in results for n, e in r["gluon"].items() if not e.get("ok")]
-    bad += [("smoke", c) for c, v in smoke_results.items() if not v["ok"]]
-    bad += [(r["M"], r["N"], r["K"], "shape") for r in results if "shape" in r["errors"]]
-    if bad:
-        print(f"FAILED: {bad}")
-    return 1 if bad else 0
+    shape_id = lambda r: (r["M"], r["N"], r["K"])  # noqa: E731
+    return _finish(args, json_name, info, smoke_results, results, ("tl", "cublas_bf16"), "shapes",
+                   shape_id, shape_id, "shape")
 
 
 if __name__ == "__main__":
