@@ -687,13 +687,29 @@ def gluon_blockwise_reason(a, sa, b, sb, out: Optional[torch.Tensor] = None,
 
     ``allow_b_row_scales``: whether per-row B scales (``sb`` ``[N, ceil(K/128)]``, the FP8
     linear's wgrad) are taken; None reads ``PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD`` (auto: yes)."""
+    return _device_reason(gluon_operand_reason, gluon_platform_reason,
+                          (a, sa, b, sb, out, out_dtype, allow_b_row_scales))
+
+
+def _device_reason(operand_reason, platform_reason, args: tuple) -> Optional[str]:
+    """``operand_reason(*args)``, then ``platform_reason`` (the caller's module's
+    :func:`gluon_platform_reason`, looked up there at call time) on the device of ``args[0]``; any
+    exception becomes the reason (the ``*_reason`` contract of the Gluon GEMM kernels: never raises,
+    never synchronizes). Shared by the dense, the M-grouped and the variable-K grouped kernels."""
     try:
-        reason = gluon_operand_reason(a, sa, b, sb, out, out_dtype, allow_b_row_scales)
+        reason = operand_reason(*args)
         if reason is None:
-            reason = gluon_platform_reason(a.device)
+            reason = platform_reason(args[0].device)
         return reason
     except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
         return f"{type(exc).__name__}: {exc}"
+
+
+def _num_programs_reason(num_programs) -> Optional[str]:
+    """None when ``num_programs`` (a cap on a persistent grid) is None or a positive int."""
+    if num_programs is not None and (not isinstance(num_programs, int) or num_programs < 1):
+        return f"num_programs must be a positive int, got {num_programs!r}"
+    return None
 
 
 def gluon_platform_reason(device: torch.device) -> Optional[str]:
@@ -818,6 +834,21 @@ def _fitted_default(out_dtype: torch.dtype, b_row_scales: bool = False) -> Gluon
 _NUM_SMS: dict = {}
 
 
+def _launch_persistent(kernel, device: torch.device, tiles: int, num_programs: Optional[int], args: tuple,
+                       kwargs: dict) -> None:
+    """Launches ``kernel`` on ``device`` as a persistent grid: one program per SM (at most
+    ``num_programs``, when given), no more than ``tiles``."""
+    with torch.cuda.device(device):
+        grid = (min(num_programs or _num_sms(device), tiles),)
+        kernel[grid](*args, **kwargs)
+
+
+def _launch_kwargs(cfg: "GluonBlockwiseConfig", **extra) -> dict:
+    """The launch keywords every Gluon GEMM kernel takes from ``cfg`` (and 4 warps), plus ``extra``."""
+    return dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, PIPELINE=cfg.pipeline,
+                CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, num_warps=4, **extra)
+
+
 def _num_sms(device: torch.device) -> int:
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _NUM_SMS:
@@ -933,9 +964,7 @@ def _kernel_args(a, sa, b, sb, out, cfg: GluonBlockwiseConfig) -> tuple:
     elif rows:
         sb = _column_major_padded(sb)
     args = (a_desc, b_desc, c_desc, sa, sb, M, N, K, sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1))
-    kwargs = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, PIPELINE=cfg.pipeline,
-                  CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, B_ROW_SCALES=rows,
-                  num_warps=4)
+    kwargs = _launch_kwargs(cfg, B_ROW_SCALES=rows)
     if sb_desc is not None:
         kwargs["sb_desc"] = sb_desc
     return args, kwargs

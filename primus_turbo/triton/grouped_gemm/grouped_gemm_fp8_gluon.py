@@ -294,13 +294,8 @@ def gluon_grouped_blockwise_reason(a, sa, b, sb, group_offs, out_dtype: Optional
                                    block_size: int = 128) -> Optional[str]:
     """None when :func:`grouped_gemm_fp8_blockwise_gluon` can run these inputs, else why not.
     Never raises, never synchronizes (shapes, dtypes, strides, a cached capability)."""
-    try:
-        reason = gluon_grouped_operand_reason(a, sa, b, sb, group_offs, out_dtype, block_size)
-        if reason is None:
-            reason = gluon_platform_reason(a.device)
-        return reason
-    except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
-        return f"{type(exc).__name__}: {exc}"
+    return _dense._device_reason(gluon_grouped_operand_reason, gluon_platform_reason,
+                                 (a, sa, b, sb, group_offs, out_dtype, block_size))
 
 
 def grouped_default_config(M: int, N: int, K: int, G: int,
@@ -335,8 +330,7 @@ def _kernel_args(a, sa, b, sb, group_offs, out, cfg: GluonBlockwiseConfig) -> tu
     c_desc = TensorDescriptor(out, [M, N], [out.stride(0), 1], [_HALF_M, SCALE_BLOCK], c_layout)
     args = (a_desc, b_desc, c_desc, out, sa, sb, group_offs, M, N, K, G,
             out.stride(0), sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1), sb.stride(2))
-    kwargs = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, PIPELINE=cfg.pipeline,
-                  CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, num_warps=4)
+    kwargs = _dense._launch_kwargs(cfg)
     return args, kwargs
 
 
@@ -348,9 +342,7 @@ def _launch_reason(a, b, group_offs, out, num_programs) -> Optional[str]:
     if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, N) or not out.is_contiguous()
                             or out.device != a.device or out.data_ptr() % 16):
         return f"out must be a contiguous, 16-byte aligned [M_total, N] = {[M, N]} tensor on {a.device}"
-    if num_programs is not None and (not isinstance(num_programs, int) or num_programs < 1):
-        return f"num_programs must be a positive int, got {num_programs!r}"
-    return None
+    return _dense._num_programs_reason(num_programs)
 
 
 def grouped_gemm_fp8_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
@@ -394,7 +386,5 @@ def grouped_gemm_fp8_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch
     args, kwargs = _kernel_args(a, sa, b, sb, group_offs, out, cfg)
     # a static bound on the tiles (every group may add one partial row tile, plus the tail)
     tiles = (-(-M // cfg.BLOCK_M) + G + 1) * -(-N // cfg.block_n)
-    with torch.cuda.device(a.device):
-        grid = (min(num_programs or _dense._num_sms(a.device), tiles),)
-        _grouped_gemm_fp8_blockwise_ws_kernel[grid](*args, **kwargs)
+    _dense._launch_persistent(_grouped_gemm_fp8_blockwise_ws_kernel, a.device, tiles, num_programs, args, kwargs)
     return out

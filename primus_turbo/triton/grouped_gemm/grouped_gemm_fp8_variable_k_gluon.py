@@ -346,14 +346,8 @@ def gluon_variable_k_blockwise_reason(x_t, sx, y_t, sy, group_offs, out: Optiona
                                       block_size: int = 128) -> Optional[str]:
     """None when :func:`grouped_gemm_fp8_variable_k_blockwise_gluon` can run these inputs, else
     why not. Never raises, never synchronizes (shapes, dtypes, strides, a cached capability)."""
-    try:
-        reason = gluon_variable_k_operand_reason(x_t, sx, y_t, sy, group_offs, out, accumulate, out_dtype,
-                                                 block_size)
-        if reason is None:
-            reason = gluon_platform_reason(x_t.device)
-        return reason
-    except Exception as exc:  # noqa: BLE001 - the contract is "never raises"
-        return f"{type(exc).__name__}: {exc}"
+    return _dense._device_reason(gluon_variable_k_operand_reason, gluon_platform_reason,
+                                 (x_t, sx, y_t, sy, group_offs, out, accumulate, out_dtype, block_size))
 
 
 def variable_k_default_config(P: int, Q: int, M: int, G: int,
@@ -377,13 +371,13 @@ def _kernel_args(x_t, sx, y_t, sy, group_offs, out, cfg: GluonBlockwiseConfig, a
     y_desc = TensorDescriptor(y_t, [Q, M], [y_t.stride(0), 1], [cfg.block_n, bk], b_layout)
     # the experts' outputs as one [G * P, Q] matrix (rows g * P + p); stores clip at Q
     c_desc = TensorDescriptor(out, [G * P, Q], [out.stride(1), 1], [_HALF_M, SCALE_BLOCK], c_layout)
-    kwargs = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, CONSUMER_REGS=cfg.consumer_regs,
-                  PRODUCER_REGS=cfg.producer_regs, ACCUMULATE=bool(accumulate), num_warps=4)
+    # PIPELINE: cfg.pipeline (False, the kernel's default, where the scales stay in registers)
+    kwargs = _dense._launch_kwargs(cfg, ACCUMULATE=bool(accumulate))
     if _dense.row_scales_via_smem(cfg):
         # the column scales go through the ring by TMA ([M/128, Q] grid, true Q: zeros past it);
         # the kernel reads sy only through the descriptor
         sy_c = sy
-        kwargs.update(PIPELINE=cfg.pipeline, sy_desc=_dense._scale_grid_desc(sy.t(), cfg.block_n))
+        kwargs.update(sy_desc=_dense._scale_grid_desc(sy.t(), cfg.block_n))
     else:
         sy_c = _dense._column_major_padded(sy)  # [M/128, Q padded to 128], unit stride along Q
     args = (x_desc, y_desc, c_desc, sx, sy_c, group_offs, M, P, Q, G,
@@ -427,9 +421,8 @@ def grouped_gemm_fp8_variable_k_blockwise_gluon(x_t: torch.Tensor, sx: torch.Ten
     """
     if out is not None:
         out_dtype = out.dtype
-    reason = gluon_variable_k_blockwise_reason(x_t, sx, y_t, sy, group_offs, out, accumulate, out_dtype)
-    if reason is None and num_programs is not None and (not isinstance(num_programs, int) or num_programs < 1):
-        reason = f"num_programs must be a positive int, got {num_programs!r}"
+    reason = (gluon_variable_k_blockwise_reason(x_t, sx, y_t, sy, group_offs, out, accumulate, out_dtype)
+              or _dense._num_programs_reason(num_programs))
     if reason is not None:
         raise ValueError(f"grouped_gemm_fp8_variable_k_blockwise_gluon: {reason}")
     P, M = x_t.shape
@@ -447,7 +440,5 @@ def grouped_gemm_fp8_variable_k_blockwise_gluon(x_t: torch.Tensor, sx: torch.Ten
         raise ValueError(f"grouped_gemm_fp8_variable_k_blockwise_gluon: {bad}")
     args, kwargs = _kernel_args(x_t, sx, y_t, sy, group_offs, out, cfg, accumulate)
     tiles = G * -(-P // cfg.BLOCK_M) * -(-Q // cfg.block_n)
-    with torch.cuda.device(x_t.device):
-        grid = (min(num_programs or _dense._num_sms(x_t.device), tiles),)
-        _grouped_gemm_fp8_variable_k_ws_kernel[grid](*args, **kwargs)
+    _dense._launch_persistent(_grouped_gemm_fp8_variable_k_ws_kernel, x_t.device, tiles, num_programs, args, kwargs)
     return out
