@@ -147,6 +147,20 @@ def _gpu_info() -> dict:
                 python=platform.python_version(), date=time.strftime("%Y-%m-%d %H:%M:%S"))
 
 
+def _gluon_entry(res: dict, cfg) -> dict:
+    """A new result entry of config ``cfg`` (None: the default), registered in ``res["gluon"]``."""
+    entry = {}
+    res["gluon"]["default" if cfg is None else cfg.short()] = entry
+    return entry
+
+
+def _failed(entry: dict, exc: BaseException) -> None:
+    """Marks ``entry`` failed with ``exc`` and the traceback being handled (call in the except)."""
+    entry["ok"] = False
+    entry["error"] = _err(exc)
+    entry["traceback"] = traceback.format_exc()[-3000:]
+
+
 def _fp32_ref(fn) -> torch.Tensor:
     """``fn()`` with TF32 off: the fp32 product of the dequantized operands."""
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
@@ -188,9 +202,7 @@ def _compare(res: dict, a_q, sa, b_q, sb, ref, cublas, configs: list, flops: flo
             res["errors"]["cublas"] = _err(exc)
 
     for cfg in configs:
-        name = "default" if cfg is None else cfg.short()
-        entry = {}
-        res["gluon"][name] = entry
+        entry = _gluon_entry(res, cfg)
         try:
             out = torch.full((M, N), float("nan"), device=ref.device, dtype=torch.bfloat16)  # poison
             gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, out=out, config=cfg, **gluon_kw)
@@ -207,9 +219,7 @@ def _compare(res: dict, a_q, sa, b_q, sb, ref, cublas, configs: list, flops: flo
                             rep_ms)
                 entry["ms"], entry["tflops"] = ms, flops / ms / 1e9
         except Exception as exc:  # noqa: BLE001 - report per config, keep going
-            entry["ok"] = False
-            entry["error"] = _err(exc)
-            entry["traceback"] = traceback.format_exc()[-3000:]
+            _failed(entry, exc)
         torch.cuda.synchronize()
     del tl_out
     torch.cuda.empty_cache()
@@ -538,9 +548,7 @@ def run_grouped_case(G: int, rows: int, N: int, K: int, label: str, pattern: str
             res["errors"]["grouped_mm_bf16"] = _err(exc)
 
     for cfg in configs:
-        name = "default" if cfg is None else cfg.short()
-        entry = {}
-        res["gluon"][name] = entry
+        entry = _gluon_entry(res, cfg)
         try:
             out = torch.full((M, N), float("nan"), device=dev, dtype=torch.bfloat16)  # poison
             grouped_gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, offs, config=cfg, out=out)
@@ -557,9 +565,7 @@ def run_grouped_case(G: int, rows: int, N: int, K: int, label: str, pattern: str
                             rep_ms)
                 entry["ms"], entry["tflops"] = ms, flops / ms / 1e9
         except Exception as exc:  # noqa: BLE001
-            entry["ok"] = False
-            entry["error"] = _err(exc)
-            entry["traceback"] = traceback.format_exc()[-3000:]
+            _failed(entry, exc)
         torch.cuda.synchronize()
     torch.cuda.empty_cache()
     return res
@@ -767,9 +773,7 @@ def run_grouped_wgrad_case(G: int, rows: int, P: int, Q: int, label: str, patter
             res["errors"]["grouped_mm_bf16"] = _err(exc)
 
     for cfg in configs:
-        name = "default" if cfg is None else cfg.short()
-        entry = {}
-        res["gluon"][name] = entry
+        entry = _gluon_entry(res, cfg)
         if cfg is not None and cfg.check(out_dtype.itemsize, b_row_scales=True) is not None:
             entry.update(ok=True, skipped=cfg.check(out_dtype.itemsize, b_row_scales=True))
             continue
@@ -787,9 +791,7 @@ def run_grouped_wgrad_case(G: int, rows: int, P: int, Q: int, label: str, patter
                     x_t, sx, y_t, sy, poffs, out=out, accumulate=accumulate, config=cfg), rep_ms)
                 entry["ms"], entry["tflops"] = ms, flops / ms / 1e9
         except Exception as exc:  # noqa: BLE001
-            entry["ok"] = False
-            entry["error"] = _err(exc)
-            entry["traceback"] = traceback.format_exc()[-3000:]
+            _failed(entry, exc)
         torch.cuda.synchronize()
     del tl_out, base
     torch.cuda.empty_cache()
