@@ -20,13 +20,12 @@ pytest.importorskip("triton")
 
 from primus_turbo.triton import is_interpreter  # noqa: E402
 from primus_turbo.triton.gemm import gemm_fp8_gluon as gg  # noqa: E402
-from tests.triton.gluon_compile_child import (  # noqa: E402
-    compile_check_module, rerun_outside_interpreter, warmup_for_sm90,
-)
+from tests.triton.gluon_compile_child import rerun_outside_interpreter, warmup_for_sm90  # noqa: E402
+from tests.triton.gluon_gemm_helpers import ON_SM90 as _ON_SM90  # noqa: E402
+from tests.triton.gluon_gemm_helpers import assert_row_scales_arg, compile_report, sm90  # noqa: E402
+from tests.triton.gluon_gemm_helpers import snr as _snr  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
-_ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-sm90 = pytest.mark.skipif(not _ON_SM90, reason="needs an sm_90 (Hopper) GPU")
 MIN_SNR = {torch.bfloat16: 40.0, torch.float16: 45.0, torch.float32: 55.0}
 
 
@@ -59,12 +58,6 @@ def _operands(M, N, K, device):
     sb_full = sb.repeat_interleave(128, 0).repeat_interleave(128, 1)[:N, :K]
     ref = (a_q.double() * sa_full.double()) @ (b_q.double() * sb_full.double()).T
     return (a_q, sa, b_q, sb), ref
-
-
-def _snr(ref, out):
-    from primus_turbo.testing import snr_db
-
-    return snr_db(ref.double().cpu(), out.double().cpu())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,17 +117,10 @@ def test_compiles_for_sm90_without_spills(out_dtype, config, request):
     """The GPU-only kernel still compiles for sm_90 (catches API drift and register spills on CPU CI)."""
     if rerun_outside_interpreter(request):
         return
-    mod = compile_check_module()
     cfg = (gg.GluonBlockwiseConfig.parse(config) if config else
            gg.default_config(4096, 4096, 4096, torch.bfloat16 if out_dtype == "bf16" else torch.float32))
     assert cfg.check(2 if out_dtype == "bf16" else 4) is None
-    try:
-        res = mod.compile_config(cfg, out_dtype)
-    except FileNotFoundError as exc:  # no bundled ptxas in this triton wheel
-        pytest.skip(f"ptxas not available: {exc}")
-    assert res["spill_bytes"] == 0, res
-    assert not res["serialized"], res  # ptxas notes C7514/C7515: wgmmas serialized
-    assert res["shared"] <= gg.SMEM_LIMIT, res
+    compile_report(cfg, out_dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -481,17 +467,10 @@ def test_row_scales_compile_for_sm90_without_spills(out_dtype, config, request):
     column scales)."""
     if rerun_outside_interpreter(request):
         return
-    mod = compile_check_module()
     dtype = torch.bfloat16 if out_dtype == "bf16" else torch.float32
     cfg = gg.GluonBlockwiseConfig.parse(config) if config else gg.default_config(4096, 4096, 4096, dtype, True)
     assert cfg.check(dtype.itemsize, b_row_scales=True) is None
-    try:
-        res = mod.compile_config(cfg, out_dtype, row_scales=True)
-    except FileNotFoundError as exc:
-        pytest.skip(f"ptxas not available: {exc}")
-    assert res["spill_bytes"] == 0, res
-    assert not res["serialized"], res
-    assert res["shared"] <= gg.SMEM_LIMIT, res
+    res = compile_report(cfg, out_dtype, row_scales=True)
     counts = res["sass_counts"]
     if any(counts.values()):
         assert counts["tma_load"] == (4 if gg.row_scales_via_smem(cfg) else 3), counts
@@ -510,12 +489,7 @@ def test_row_scales_launcher_arguments_bind_and_compile_for_sm90(N, config, monk
     cfg = gg.GluonBlockwiseConfig.parse(config) if config else gg.default_config(300, N, 640, torch.bfloat16, True)
     args, kwargs = gg._kernel_args(a_q, sa, b_q, sb, out, cfg)
     assert kwargs["B_ROW_SCALES"] is True
-    if gg.row_scales_via_smem(cfg):
-        desc = kwargs["sb_desc"]
-        assert list(desc.shape) == [5, N] and list(desc.block_shape) == [1, cfg.block_n]
-        assert torch.equal(desc.base, sb.t())
-    else:
-        assert "sb_desc" not in kwargs and args[4].stride(0) == 1
+    assert_row_scales_arg(args, kwargs, "sb_desc", cfg, [5, N], sb.t())
     kernel = warmup_for_sm90(gg._gemm_fp8_blockwise_ws_kernel, args, kwargs, monkeypatch)
     assert kernel.metadata.shared <= gg.SMEM_LIMIT
 

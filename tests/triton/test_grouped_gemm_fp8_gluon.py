@@ -21,14 +21,14 @@ pytest.importorskip("triton")
 
 from primus_turbo.triton.gemm import gemm_fp8_gluon as dense  # noqa: E402
 from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_gluon as gg  # noqa: E402
-from tests.triton.gluon_compile_child import (  # noqa: E402
-    compile_check_module, rerun_outside_interpreter, warmup_for_sm90,
+from tests.triton.gluon_compile_child import rerun_outside_interpreter, warmup_for_sm90  # noqa: E402
+from tests.triton.gluon_gemm_helpers import (  # noqa: E402
+    assert_pinned_gluon_raises_on_cpu, assert_refused_on_cpu, compile_report, fake_platform, needs_gluon, sm90,
 )
+from tests.triton.gluon_gemm_helpers import offsets as _offsets  # noqa: E402
+from tests.triton.gluon_gemm_helpers import snr as _snr  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
-_ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-sm90 = pytest.mark.skipif(not _ON_SM90, reason="needs an sm_90 (Hopper) GPU")
-needs_gluon = pytest.mark.skipif(not dense.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
 MIN_SNR = {torch.bfloat16: 40.0, torch.float16: 45.0, torch.float32: 55.0}
 
 
@@ -51,12 +51,6 @@ def _quant_128x128(w: torch.Tensor):
     return q.contiguous(), (1.0 / scale).contiguous()
 
 
-def _offsets(lens, device):
-    offs = torch.zeros(len(lens) + 1, dtype=torch.int64)
-    offs[1:] = torch.tensor(lens, dtype=torch.int64).cumsum(0)
-    return offs.to(device)
-
-
 def _operands(lens, N, K, device, extra_rows=0):
     """a [sum(lens) + extra_rows, K] (the extra rows lie past offs[G]), b [G, N, K], and the
     float64 reference of the dequantized operands (rows past offs[G]: zero)."""
@@ -75,24 +69,13 @@ def _operands(lens, N, K, device, extra_rows=0):
     return (a_q, sa, b_q, sb, offs), ref
 
 
-def _snr(ref, out):
-    from primus_turbo.testing import snr_db
-
-    return snr_db(ref.double().cpu(), out.double().cpu())
-
-
 # ---------------------------------------------------------------------------------------------
 # CPU: reasons
 # ---------------------------------------------------------------------------------------------
 def test_reason_on_cpu_tensors():
-    (a_q, sa, b_q, sb, offs), _ = _operands([64, 0, 100], 256, 256, "cpu")
-    reason = gg.gluon_grouped_blockwise_reason(a_q, sa, b_q, sb, offs)
-    assert reason is not None
-    if dense.GLUON_AVAILABLE:
-        assert gg.gluon_grouped_operand_reason(a_q, sa, b_q, sb, offs) is None
-        assert "cpu" in reason and "sm_90" in reason, reason
-    with pytest.raises(ValueError, match="grouped_gemm_fp8_blockwise_gluon"):
-        gg.grouped_gemm_fp8_blockwise_gluon(a_q, sa, b_q, sb, offs)
+    operands, _ = _operands([64, 0, 100], 256, 256, "cpu")
+    assert_refused_on_cpu(gg.gluon_grouped_blockwise_reason, gg.gluon_grouped_operand_reason,
+                          gg.grouped_gemm_fp8_blockwise_gluon, operands)
 
 
 @needs_gluon
@@ -162,9 +145,7 @@ def _dispatch_kw(device, lens=(64, 0, 100), N=256, K=256):
 
 @pytest.fixture
 def fake_sm90(monkeypatch):
-    state = {"reason": None}
-    monkeypatch.setattr(gg, "gluon_platform_reason", lambda device: state["reason"])
-    return state
+    return fake_platform(monkeypatch, gg)
 
 
 @needs_gluon
@@ -203,17 +184,9 @@ def test_default_rule(fake_sm90, monkeypatch):
 
 def test_pin_on_cpu_raises(device):
     from primus_turbo.pytorch.backends import grouped_gemm_fp8 as be
-    from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager, PrecisionType
 
-    if _ON_SM90:
-        pytest.skip("CPU behaviour")
     kw, _ = _dispatch_kw(device)
-    GlobalBackendManager.set_grouped_gemm_backend(BackendType.GLUON, precision=PrecisionType.FP8)
-    try:
-        with pytest.raises(ValueError, match="GLUON"):
-            be.grouped_gemm_fp8_dispatcher.resolve(PrecisionType.FP8, **kw)
-    finally:
-        GlobalBackendManager.reset()
+    assert_pinned_gluon_raises_on_cpu(be.grouped_gemm_fp8_dispatcher, kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,17 +198,10 @@ def test_pin_on_cpu_raises(device):
 def test_compiles_for_sm90_without_spills(out_dtype, config, request):
     if rerun_outside_interpreter(request):
         return
-    mod = compile_check_module()
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[out_dtype]
     cfg = dense.GluonBlockwiseConfig.parse(config) if config else gg.grouped_default_config(1, 1, 1, 1, torch_dtype)
     assert cfg.check(torch_dtype.itemsize) is None
-    try:
-        res = mod.compile_config(cfg, out_dtype, grouped=True)
-    except FileNotFoundError as exc:
-        pytest.skip(f"ptxas not available: {exc}")
-    assert res["spill_bytes"] == 0, res
-    assert not res["serialized"], res
-    assert res["shared"] <= dense.SMEM_LIMIT, res
+    compile_report(cfg, out_dtype, grouped=True)
 
 
 @needs_gluon

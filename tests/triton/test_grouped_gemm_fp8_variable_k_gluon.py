@@ -20,14 +20,15 @@ pytest.importorskip("triton")
 
 from primus_turbo.triton.gemm import gemm_fp8_gluon as dense  # noqa: E402
 from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_variable_k_gluon as vk  # noqa: E402
-from tests.triton.gluon_compile_child import (  # noqa: E402
-    compile_check_module, rerun_outside_interpreter, warmup_for_sm90,
+from tests.triton.gluon_compile_child import rerun_outside_interpreter, warmup_for_sm90  # noqa: E402
+from tests.triton.gluon_gemm_helpers import (  # noqa: E402
+    assert_pinned_gluon_raises_on_cpu, assert_refused_on_cpu, assert_row_scales_arg, compile_report, fake_platform,
+    needs_gluon, sm90,
 )
+from tests.triton.gluon_gemm_helpers import offsets as _offsets  # noqa: E402
+from tests.triton.gluon_gemm_helpers import snr as _snr  # noqa: E402
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
-_ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-sm90 = pytest.mark.skipif(not _ON_SM90, reason="needs an sm_90 (Hopper) GPU")
-needs_gluon = pytest.mark.skipif(not dense.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
 FP8_MAX = {E4M3: 448.0, E5M2: 57344.0}
 
 
@@ -39,12 +40,6 @@ def _quant_tokens(x: torch.Tensor, dtype=E4M3):
     scale = FP8_MAX[dtype] / g.abs().amax(-1).clamp(min=1e-12)
     q = (g * scale[..., None]).clamp(-FP8_MAX[dtype], FP8_MAX[dtype]).to(dtype).view(R, M)
     return q.contiguous(), (1.0 / scale).contiguous()
-
-
-def _offsets(lens, device):
-    offs = torch.zeros(len(lens) + 1, dtype=torch.int64)
-    offs[1:] = torch.tensor(lens, dtype=torch.int64).cumsum(0)
-    return offs.to(device)
 
 
 def _operands(lens, P, Q, device, extra=0, x_dtype=E4M3, y_dtype=E4M3):
@@ -65,24 +60,13 @@ def _operands(lens, P, Q, device, extra=0, x_dtype=E4M3, y_dtype=E4M3):
     return (x_q, sx, y_q, sy, offs), ref
 
 
-def _snr(ref, out):
-    from primus_turbo.testing import snr_db
-
-    return snr_db(ref.double().cpu(), out.double().cpu())
-
-
 # ---------------------------------------------------------------------------------------------
 # CPU: reasons
 # ---------------------------------------------------------------------------------------------
 def test_reason_on_cpu_tensors():
-    (x, sx, y, sy, offs), _ = _operands([256, 0, 128], 128, 256, "cpu")
-    reason = vk.gluon_variable_k_blockwise_reason(x, sx, y, sy, offs)
-    assert reason is not None
-    if dense.GLUON_AVAILABLE:
-        assert vk.gluon_variable_k_operand_reason(x, sx, y, sy, offs) is None
-        assert "cpu" in reason and "sm_90" in reason, reason
-    with pytest.raises(ValueError, match="grouped_gemm_fp8_variable_k_blockwise_gluon"):
-        vk.grouped_gemm_fp8_variable_k_blockwise_gluon(x, sx, y, sy, offs)
+    operands, _ = _operands([256, 0, 128], 128, 256, "cpu")
+    assert_refused_on_cpu(vk.gluon_variable_k_blockwise_reason, vk.gluon_variable_k_operand_reason,
+                          vk.grouped_gemm_fp8_variable_k_blockwise_gluon, operands)
 
 
 @needs_gluon
@@ -173,9 +157,7 @@ def _dispatch_kw(device, lens=(256, 0, 128), P=128, Q=256, **over):
 
 @pytest.fixture
 def fake_sm90(monkeypatch):
-    state = {"reason": None}
-    monkeypatch.setattr(vk, "gluon_platform_reason", lambda device: state["reason"])
-    return state
+    return fake_platform(monkeypatch, vk)
 
 
 @needs_gluon
@@ -216,17 +198,9 @@ def test_default_rule(fake_sm90, monkeypatch):
 
 def test_pin_on_cpu_raises(device):
     from primus_turbo.pytorch.backends import grouped_gemm_fp8 as be
-    from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager, PrecisionType
 
-    if _ON_SM90:
-        pytest.skip("CPU behaviour")
     kw, _ = _dispatch_kw(device)
-    GlobalBackendManager.set_grouped_gemm_backend(BackendType.GLUON, precision=PrecisionType.FP8)
-    try:
-        with pytest.raises(ValueError, match="GLUON"):
-            be.grouped_gemm_fp8_variable_k_dispatcher.resolve(PrecisionType.FP8, **kw)
-    finally:
-        GlobalBackendManager.reset()
+    assert_pinned_gluon_raises_on_cpu(be.grouped_gemm_fp8_variable_k_dispatcher, kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,17 +221,10 @@ def test_compiles_for_sm90_without_spills(out_dtype, accumulate, config, request
     per warpgroup and 128 columns."""
     if rerun_outside_interpreter(request):
         return
-    mod = compile_check_module()
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[out_dtype]
     cfg = dense.GluonBlockwiseConfig.parse(config) if config else vk.variable_k_default_config(1, 1, 1, 1, torch_dtype)
     assert cfg.check(torch_dtype.itemsize, b_row_scales=True) is None
-    try:
-        res = mod.compile_config(cfg, out_dtype, variable_k=True, accumulate=accumulate)
-    except FileNotFoundError as exc:
-        pytest.skip(f"ptxas not available: {exc}")
-    assert res["spill_bytes"] == 0, res
-    assert not res["serialized"], res
-    assert res["shared"] <= dense.SMEM_LIMIT, res
+    res = compile_report(cfg, out_dtype, variable_k=True, accumulate=accumulate)
     counts = res["sass_counts"]
     if not any(counts.values()):
         pytest.skip("cuobjdump not available: no SASS to count")
@@ -287,12 +254,7 @@ def test_launcher_arguments_bind_and_compile_for_sm90(out_dtype, accumulate, x_d
     cfg = (dense.GluonBlockwiseConfig.parse(config) if config
            else vk.variable_k_default_config(192, 200, x.shape[1], 3, out_dtype))
     args, kwargs = vk._kernel_args(x, sx, y, sy, offs, out, cfg, accumulate)
-    if dense.row_scales_via_smem(cfg):
-        desc = kwargs["sy_desc"]
-        assert list(desc.shape) == [x.shape[1] // 128, 200] and list(desc.block_shape) == [1, cfg.block_n]
-        assert torch.equal(desc.base, sy.t())
-    else:
-        assert "sy_desc" not in kwargs and args[4].stride(0) == 1
+    assert_row_scales_arg(args, kwargs, "sy_desc", cfg, [x.shape[1] // 128, 200], sy.t())
     kernel = warmup_for_sm90(vk._grouped_gemm_fp8_variable_k_ws_kernel, args, kwargs, monkeypatch)
     assert kernel.metadata.shared <= dense.SMEM_LIMIT
     assert kernel.metadata.num_warps == 12
