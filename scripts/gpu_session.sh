@@ -8,8 +8,10 @@
 #
 # Environment: GPU_SESSION_TESTS="tests/..." overrides the test selection (GPU_SESSION_TEST_S its
 # time limit); GPU_SESSION_STAGES picks the stages after the tests (default: diag_fp8 diag_moe
-# moe_layer grouped memory permute_fused attention; also tune_attn with GPU_SESSION_TUNE_ARGS);
-# GPU_SESSION_ATTN_S the attention benchmark's time limit.
+# moe_layer grouped memory permute_fused attention; also tune_attn with GPU_SESSION_TUNE_ARGS,
+# attn_configs (the Gluon attention forward's opt-in configs, GPU_SESSION_ATTN_CONFIGS) and moe4 (the
+# MoE layer at the four model shapes, 16384 tokens)); GPU_SESSION_ATTN_S the attention benchmark's
+# time limit.
 set -u
 OUT="${1:?usage: bash scripts/gpu_session.sh OUT_DIR}"
 R="$OUT/r"
@@ -23,7 +25,10 @@ tests/pytorch/ops/test_grouped_gemm_fp4.py tests/triton/test_grouped_gemm_mx_ker
 tests/triton/test_grouped_gemm_fp8_kernel.py tests/pytorch/ops/test_attention_fp8.py tests/pytorch/ops/test_quantization.py \
 tests/pytorch/ops/test_gemm_fp4.py tests/pytorch/ops/test_gemm_fp8.py tests/pytorch/ops/test_moe_permute.py \
 tests/pytorch/modules tests/pytorch/core/test_quantized_tensor.py tests/testing/test_bench_moe_layer_smoke.py \
-tests/triton/test_permute_map_kernel.py tests/triton/test_grouped_gemm_kernel.py tests/triton/test_flash_attn_kernel.py}"
+tests/triton/test_permute_map_kernel.py tests/triton/test_grouped_gemm_kernel.py tests/triton/test_flash_attn_kernel.py \
+tests/triton/test_gather_quant.py tests/triton/test_gemm_fp8_gluon.py tests/triton/test_grouped_gemm_fp8_gluon.py \
+tests/triton/test_grouped_gemm_fp8_variable_k_gluon.py tests/triton/test_flash_attn_gluon.py \
+tests/triton/test_flash_attn_bwd_gluon.py tests/triton/test_flash_attn_fp8_gluon.py}"
 existing=""
 for t in $TESTS; do [ -e "$t" ] && existing="$existing $t"; done
 
@@ -64,6 +69,16 @@ if want tune_attn; then
     pack
 fi
 
+if want attn_configs; then
+    echo "== Gluon attention forward configs (${GPU_SESSION_ATTN_CONFIGS:-n128s2o n128s2po n128s3o})"
+    # shellcheck disable=SC2086
+    timeout 300 "$PY" scripts/check_gluon_attn.py --out "$R/attn_cfg" --only d128_full_bf16 d128_causal_bf16 \
+        d64_full_bf16 d64_causal_bf16 --timeout 60 --configs ${GPU_SESSION_ATTN_CONFIGS:-n128s2o n128s2po n128s3o} \
+        > "$R/attn_configs.log" 2>&1
+    echo "exit $?"; grep "geomean" "$R/attn_configs.log"
+    pack
+fi
+
 run_bench() {  # name, seconds, command...
     local name=$1 secs=$2
     shift 2
@@ -74,6 +89,7 @@ run_bench() {  # name, seconds, command...
     pack
 }
 run_bench moe_layer 70 benchmarks/bench_moe_layer.py --out "$R/moe" --quick
+run_bench moe4 200 benchmarks/bench_moe_layer.py --out "$R/moe4" --rep-ms 150 --warmup-ms 50
 run_bench grouped 60 benchmarks/bench_grouped_gemm.py --out "$R/grouped" --models DeepSeek-V3 Qwen3-30B-A3B \
     --ep 8 --tokens 2048 --routings balanced --warmup-ms 5 --rep-ms 25
 run_bench memory 40 benchmarks/run_all.py --out "$R/mem" --only quantization norm_act moe_permute
