@@ -701,21 +701,23 @@ def _env_info() -> dict:
     return info
 
 
-def _main_bwd(args, result) -> int:
-    from primus_turbo.triton.attention import flash_attn_bwd_gluon as fb
-
-    print("backward correctness (each variant in a child process):")
-    checks, passed = check_variants(VARIANTS, args, lambda spec: _run_child(spec, args.timeout, bwd=True),
-                                    fb.GluonAttnBwdConfig.parse)
+def check_and_time(args, result, variants, run, parse_config, time_fn, geomeans_fn, json_name: str,
+                   what: str = "", timing_note: str = "bf16, bshd") -> int:
+    """The driver of every mode (forward, backward, FP8 forward): the correctness pass in child
+    processes (``check_variants``), then, unless ``--no-timing``, ``time_fn(seqs, head_dims, heads,
+    heads_kv, passed, configs)`` on what passed and ``geomeans_fn`` of its rows; writes
+    ``json_name``. Exit status 1 if any correctness check failed."""
+    print(f"{what}correctness (each variant in a child process):")
+    checks, passed = check_variants(variants, args, run, parse_config)
     result["correctness"] = checks
     if not args.no_timing:
         seqs = args.seq or ([4096] if args.quick else list(SEQS))
-        print(f"backward timing (bf16, bshd, {args.heads}/{args.heads_kv} heads, {TOKENS} tokens per case):")
-        rows = time_bwd_shapes(seqs, args.head_dims, args.heads, args.heads_kv, passed, args.configs)
+        print(f"{what}timing ({timing_note}, {args.heads}/{args.heads_kv} heads, {TOKENS} tokens per case):")
+        rows = time_fn(seqs, args.head_dims, args.heads, args.heads_kv, passed, args.configs)
         result["timing"] = rows
-        result["geomean_speedup"] = _bwd_geomeans(rows)
+        result["geomean_speedup"] = geomeans_fn(rows)
         print("geomean speedups:", result["geomean_speedup"])
-    write_result(args.out, "gluon_attn_bwd.json", result)
+    write_result(args.out, json_name, result)
     return 0 if all(r.get("ok") for r in checks) else 1
 
 
@@ -764,22 +766,15 @@ def main(argv=None) -> int:
     result = dict(env=_env_info(), min_snr_db=MIN_SNR)
     print(f"{result['env']}")
     if args.bwd:
-        return _main_bwd(args, result)
+        from primus_turbo.triton.attention import flash_attn_bwd_gluon as fb
+
+        return check_and_time(args, result, VARIANTS, lambda spec: _run_child(spec, args.timeout, bwd=True),
+                              fb.GluonAttnBwdConfig.parse, time_bwd_shapes, _bwd_geomeans, "gluon_attn_bwd.json",
+                              what="backward ")
     from primus_turbo.triton.attention import flash_attn_fwd_gluon as fa
 
-    print("correctness (each variant in a child process):")
-    checks, passed = check_variants(VARIANTS, args, lambda spec: _run_child(spec, args.timeout),
-                                    fa.GluonAttnConfig.parse)
-    result["correctness"] = checks
-    if not args.no_timing:
-        seqs = args.seq or ([4096] if args.quick else list(SEQS))
-        print(f"timing (bf16, bshd, {args.heads}/{args.heads_kv} heads, {TOKENS} tokens per case):")
-        rows = time_shapes(seqs, args.head_dims, args.heads, args.heads_kv, passed, args.configs)
-        result["timing"] = rows
-        result["geomean_speedup"] = _geomeans(rows)
-        print("geomean speedups:", result["geomean_speedup"])
-    write_result(args.out, "gluon_attn.json", result)
-    return 0 if all(r.get("ok") for r in checks) else 1
+    return check_and_time(args, result, VARIANTS, lambda spec: _run_child(spec, args.timeout),
+                          fa.GluonAttnConfig.parse, time_shapes, _geomeans, "gluon_attn.json")
 
 
 if __name__ == "__main__":

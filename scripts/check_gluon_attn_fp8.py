@@ -45,8 +45,6 @@ MIN_SNR_DEQ = 28.0     # O vs an fp32 reference on the dequantized inputs (P's E
 MIN_SNR_LSE = 40.0     # LSE vs that reference (fp32 scores)
 MIN_SNR_BF16 = 20.0    # O vs the reference on the unquantized inputs (the FP8 bar)
 MIN_SNR_GRAD = 30.0    # backward on the Gluon forward vs on the tl forward
-TOKENS = 16384
-SEQS = (2048, 4096, 8192, 16384)
 CHILD_TIMEOUT_S = 300
 
 # (name, B, Sq, Sk, Hq, Hk, D, causal, out dtype, sink, layout, block_size)
@@ -79,6 +77,7 @@ def _attn_script():
 
 
 _attn = _attn_script()
+TOKENS = _attn.TOKENS  # the shapes of the bf16 checks, so the FP8 / bf16 ratios compare like with like
 _make, _snr_finite, _median_ms, _flops = _attn._make, _attn._snr_finite, _attn._median_ms, _attn._flops
 
 
@@ -357,22 +356,12 @@ def main(args) -> int:
     result = dict(env=info, min_snr_db=dict(tl=MIN_SNR_TL, deq=MIN_SNR_DEQ, lse=MIN_SNR_LSE, bf16=MIN_SNR_BF16,
                                             grads=MIN_SNR_GRAD))
     print(info)
-    print("FP8 correctness (each variant in a child process):")
     script = Path(__file__).resolve()
-    checks, passed = _attn.check_variants(VARIANTS, args, lambda spec: _attn.run_child(script, "--child", spec,
-                                                                                         args.timeout),
-                                          f8.GluonAttnFp8Config.parse)
-    result["correctness"] = checks
-    if not args.no_timing:
-        seqs = args.seq or ([4096] if args.quick else list(SEQS))
-        print(f"FP8 timing (bf16 in/out, bshd, {args.heads}/{args.heads_kv} heads, {TOKENS} tokens per case; "
-              f"fp8_* kernels on pre-quantized operands, fp8_op_gluon = flash_attn_fp8_func incl. quantization):")
-        rows = time_shapes(seqs, args.head_dims, args.heads, args.heads_kv, passed, args.configs)
-        result["timing"] = rows
-        result["geomean_speedup"] = _geomeans(rows)
-        print("geomean speedups:", result["geomean_speedup"])
-    _attn.write_result(args.out, "gluon_attn_fp8.json", result)
-    return 0 if all(r.get("ok") for r in checks) else 1
+    return _attn.check_and_time(
+        args, result, VARIANTS, lambda spec: _attn.run_child(script, "--child", spec, args.timeout),
+        f8.GluonAttnFp8Config.parse, time_shapes, _geomeans, "gluon_attn_fp8.json", what="FP8 ",
+        timing_note="bf16 in/out, bshd; fp8_* kernels on pre-quantized operands, fp8_op_gluon = "
+                    "flash_attn_fp8_func incl. quantization")
 
 
 if __name__ == "__main__":

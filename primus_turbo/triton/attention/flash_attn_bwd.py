@@ -465,23 +465,30 @@ def _dq_epilogue(dq: torch.Tensor, dq_acc: torch.Tensor) -> None:
         dq.copy_(dq_acc)
 
 
+def _launch_common(q, v, win_left, win_right, softmax_scale, varlen: bool):
+    """What every backward launch shares: ``(head-dim tile for the config tables, window bounds wl,
+    wr, the base-2 score scale, the kernels' common constexprs)``."""
+    Dqk, Dv = q.size(-1), v.size(-1)
+    block_dqk, block_dv = attn_block_dims(Dqk, Dv)
+    has_left, has_right, wl, wr = window_flags(win_left, win_right)
+    common = dict(
+        HAS_LEFT=has_left, HAS_RIGHT=has_right, IS_VARLEN=varlen, BLOCK_DQK=block_dqk, BLOCK_DV=block_dv,
+        EVEN_D=even_head_dims(Dqk, Dv), DOT_PRECISION=dot_precision(q.dtype),
+    )
+    return max(block_dqk, block_dv), wl, wr, float(softmax_scale) * LOG2E, common
+
+
 def _launch_bwd(q, k, v, dout, lse, delta, dq, dk, dv, strides, softmax_scale, win_left, win_right,
                 B, H, Hk, Sq, Sk, stride_lh, cu_q=None, cu_k=None, atomic=False):
     """The backward kernels on logical 4-D stride tuples ``strides = (q, k, v, dout, dq, dk, dv)``:
     the dK/dV and dQ kernels, or (``atomic``) the one kernel, with ``dq`` then a zeroed fp32 accumulator."""
     qs, ks, vs, dos, dqs, dks, dvs = strides
     Dqk, Dv = q.size(-1), v.size(-1)
-    block_dqk, block_dv = attn_block_dims(Dqk, Dv)
-    has_left, has_right, wl, wr = window_flags(win_left, win_right)
     varlen = cu_q is not None
+    block, wl, wr, qk_scale, common = _launch_common(q, v, win_left, win_right, softmax_scale, varlen)
     cu_q, cu_k = (cu_q, cu_k) if varlen else (lse, lse)
-    common = dict(
-        HAS_LEFT=has_left, HAS_RIGHT=has_right, IS_VARLEN=varlen, BLOCK_DQK=block_dqk, BLOCK_DV=block_dv,
-        EVEN_D=even_head_dims(Dqk, Dv), DOT_PRECISION=dot_precision(q.dtype),
-    )
-    qk_scale = float(softmax_scale) * LOG2E
     if atomic:
-        bm, bn, warps, stages = _bwd_atomic_config(max(block_dqk, block_dv))
+        bm, bn, warps, stages = _bwd_atomic_config(block)
         _attn_bwd_dkdv_kernel[(triton.cdiv(Sk, bn), B * Hk)](
             q, k, v, dout, lse, delta, dk, dv, dq, cu_q, cu_k,
             *qs, *ks, *vs, *dos, *dks, *dvs, *dqs, stride_lh,
@@ -490,7 +497,7 @@ def _launch_bwd(q, k, v, dout, lse, delta, dq, dk, dv, strides, softmax_scale, w
             BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, ATOMIC_DQ=True, **common,
         )
         return
-    (bm1, bn1, warps1, stages1), _ = _bwd_config(max(block_dqk, block_dv))
+    (bm1, bn1, warps1, stages1), _ = _bwd_config(block)
     _attn_bwd_dkdv_kernel[(triton.cdiv(Sk, bn1), B * Hk)](
         q, k, v, dout, lse, delta, dk, dv, dk, cu_q, cu_k,
         *qs, *ks, *vs, *dos, *dks, *dvs, 0, 0, 0, 0, stride_lh,
@@ -507,16 +514,10 @@ def _launch_dq(q, k, v, dout, lse, delta, dq, strides, softmax_scale, win_left, 
     """The dQ kernel alone (the two-kernel backward's second launch; the Gluon backward's dQ)."""
     qs, ks, vs, dos, dqs, _, _ = strides
     Dqk, Dv = q.size(-1), v.size(-1)
-    block_dqk, block_dv = attn_block_dims(Dqk, Dv)
-    has_left, has_right, wl, wr = window_flags(win_left, win_right)
     varlen = cu_q is not None
+    block, wl, wr, qk_scale, common = _launch_common(q, v, win_left, win_right, softmax_scale, varlen)
     cu_q, cu_k = (cu_q, cu_k) if varlen else (lse, lse)
-    common = dict(
-        HAS_LEFT=has_left, HAS_RIGHT=has_right, IS_VARLEN=varlen, BLOCK_DQK=block_dqk, BLOCK_DV=block_dv,
-        EVEN_D=even_head_dims(Dqk, Dv), DOT_PRECISION=dot_precision(q.dtype),
-    )
-    qk_scale = float(softmax_scale) * LOG2E
-    _, (bm2, bn2, warps2, stages2) = _bwd_config(max(block_dqk, block_dv))
+    _, (bm2, bn2, warps2, stages2) = _bwd_config(block)
     _attn_bwd_dq_kernel[(triton.cdiv(Sq, bm2), B * H)](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k,
         *qs, *ks, *vs, *dos, *dqs, stride_lh,
