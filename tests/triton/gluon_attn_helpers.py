@@ -4,6 +4,7 @@ the op's layouts, and an SNR that first requires both sides to agree on the non-
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -14,8 +15,10 @@ ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9
 sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 (Hopper) GPU")
 
 
+@functools.lru_cache(maxsize=None)
 def load_script(name: str):
-    """scripts/<name>.py as a module (scripts/ is not a package): its sm_90 compile reports."""
+    """scripts/<name>.py as a module (scripts/ is not a package), loaded once: its sm_90 compile
+    reports and input builders."""
     path = Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
@@ -24,15 +27,9 @@ def load_script(name: str):
 
 
 def qkv(B, Sq, Sk, Hq, Hk, D, dtype=torch.bfloat16, layout="bshd", device="cpu"):
-    """Random logical ``[B, S, H, D]`` q, k, v; ``sbhd`` / ``bhsd``: views of tensors stored that way."""
-    def one(S, H):
-        if layout == "sbhd":
-            return torch.randn(S, B, H, D, device=device, dtype=dtype).transpose(0, 1)
-        if layout == "bhsd":
-            return torch.randn(B, H, S, D, device=device, dtype=dtype).transpose(1, 2)
-        return torch.randn(B, S, H, D, device=device, dtype=dtype)
-
-    return one(Sq, Hq), one(Sk, Hk), one(Sk, Hk)
+    """Random logical ``[B, S, H, D]`` q, k, v; ``sbhd`` / ``bhsd``: views of tensors stored that way
+    (the check script's own inputs, so the tests and the GPU check build them alike)."""
+    return load_script("check_gluon_attn")._make(B, Sq, Sk, Hq, Hk, D, dtype, layout, device)
 
 
 def snr_finite(ref, out):
