@@ -1,0 +1,560 @@
+"""Hopper (sm_90) Gluon kernel for the 16-bit (bf16 / fp16) M-grouped GEMM of MoE experts.
+
+``out[offs[g]:offs[g+1]] = a[rows of g] @ B[g]`` and ``out[offs[G]:] = 0``: ``a [M_total, K]``
+(K contiguous), ``B`` the logical ``[G, K, N]`` weight stored either N-major (``b [G, K, N]``, the
+``trans_b=False`` layout, taken by wgmma straight from shared memory) or K-major (``b [G, N, K]``,
+``trans_b=True``, and the dgrad's transposed view of a ``[G, K, N]`` weight), ``group_offs [G+1]``
+int64 on the device. fp32 accumulation in the tensor cores; the same product as
+``_grouped_gemm_kernel`` (grouped_gemm_kernel.py, the ``triton.language`` kernel), only the
+summation order differs.
+
+Structure: the FP8 grouped Gluon kernel's (grouped_gemm_fp8_gluon.py: persistent grid, device-side
+tile schedule walking ``group_offs``, one TMA producer warp, two consumer warpgroups of 64 rows,
+the pseudo-group ``g == G`` zeroing the rows past ``offs[G]``, masked pointer stores for a
+warpgroup half that reaches past its group's end) without scales:
+
+* the producer loads per K block (BLOCK_K 64: one 128-byte swizzle row of 16-bit elements) the
+  two 64-row A halves and B's ``[BLOCK_K, BLOCK_N]`` (N-major) or ``[BLOCK_N, BLOCK_K]`` (K-major)
+  box of expert g through a 3-D descriptor of ``b``, so K and N tails are zero-filled per expert;
+* each consumer warpgroup accumulates ``warpgroup_mma`` (m64 x BLOCK_N x 16) asynchronously into
+  one fp32 accumulator, keeping one MMA in flight (``warpgroup_mma_wait(1)``) and releasing the
+  ring slot of the MMA before;
+* epilogue: the accumulator in EPI_N-column pieces (a register-only split of the wgmma layout)
+  through shared memory and TMA stores (clipped at N), or masked pointer stores for the group's
+  last rows, so no tile writes into the next group's rows.
+
+Requirements (:func:`gluon_grouped_reason`): sm_90, Gluon importable, bf16 or fp16 ``a`` and ``b``
+of one dtype, ``a`` K-contiguous, ``b`` with a unit stride on K or N, 16-byte aligned bases and
+strides (so K and N multiples of 8), ``group_offs`` int64 ``[G+1]``, an output of the operands'
+dtype (or fp32) with 16-byte aligned rows. Offsets are clamped to ``[0, M_total]`` and made
+non-decreasing on the device as the tl kernel does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from typing import Optional
+
+import torch
+
+from primus_turbo.triton.gemm import gemm_fp8_gluon as _dense
+from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, gluon_platform_reason
+
+__all__ = [
+    "GLUON_GROUPED_ENV",
+    "GROUPED16_DEFAULT_CONFIG",
+    "GluonGroupedConfig",
+    "gluon_grouped_enabled",
+    "gluon_grouped_operand_reason",
+    "gluon_grouped_reason",
+    "grouped_gemm_gluon",
+]
+
+GLUON_GROUPED_ENV = "PRIMUS_TURBO_GROUPED_GEMM_GLUON"
+_IN_DTYPES = (torch.bfloat16, torch.float16)
+_HALF_M = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class GluonGroupedConfig:
+    """Tile and pipeline shape of the 16-bit grouped Gluon kernels. BLOCK_M is 128 (two consumer
+    warpgroups of 64 rows; in the variable-K kernel, 128 rows of P); ``block_k`` 64 is one
+    128-byte swizzle row; ``epi_n`` the columns of one output staging buffer / TMA store (a
+    divisor of ``block_n``); ``c_bufs`` staging buffers per warpgroup; ``consumer_regs`` /
+    ``producer_regs`` the setmaxnreg budgets (2 x 128 x consumer + 128 x producer <= 65536)."""
+
+    block_n: int = 256
+    block_k: int = 64
+    stages: int = 4
+    group_m: int = 8
+    epi_n: int = 128
+    c_bufs: int = 1
+    consumer_regs: int = 232
+    producer_regs: int = 40
+
+    BLOCK_M = 128
+
+    def smem_bytes(self, out_bytes: int = 2, in_bytes: int = 2) -> int:
+        stage = (self.BLOCK_M + self.block_n) * self.block_k * in_bytes
+        staging = 2 * self.c_bufs * _HALF_M * self.epi_n * out_bytes
+        return self.stages * stage + staging + 2 * 8 * self.stages + 256  # + barriers' alignment
+
+    def short(self) -> str:
+        return (f"n{self.block_n}k{self.block_k}s{self.stages}g{self.group_m}e{self.epi_n}c{self.c_bufs}"
+                f"r{self.consumer_regs}w{self.producer_regs}")
+
+    @classmethod
+    def parse(cls, text: str) -> "GluonGroupedConfig":
+        """``"n256s4"``, ``"n128k64s6"``, ``"n256s3e256"``, ``"n256s4g16e64c2r240w24"`` -> config
+        (n: BLOCK_N, k: BLOCK_K, s: stages, g: GROUP_M, e: EPI_N, c: staging buffers, r / w:
+        consumer / producer registers); omitted fields take the defaults, ``e`` min(128, n)."""
+        m = re.fullmatch(r"n(\d+)(?:k(\d+))?s(\d+)(?:g(\d+))?(?:e(\d+))?(?:c(\d+))?(?:r(\d+))?(?:w(\d+))?",
+                         text.strip())
+        if not m:
+            raise ValueError(f"bad Gluon grouped config {text!r}; expected e.g. n256s4, n128k64s6, n256s3e256")
+        bn, bk, st, g, e, c, r, w = m.groups()
+        bn = int(bn)
+        return cls(bn, int(bk or 64), int(st), int(g or 8), int(e or min(128, bn)), int(c or 1), int(r or 232),
+                   int(w or 40))
+
+    def check(self, out_bytes: int = 2) -> Optional[str]:
+        """None when the kernels can be built with this config for an output of ``out_bytes``."""
+        if self.block_n not in (64, 128, 256) or self.block_k not in (32, 64):
+            return f"block_n must be 64, 128 or 256 and block_k 32 or 64, got {self.block_n}, {self.block_k}"
+        if self.epi_n not in (64, 128, 256) or self.epi_n > self.block_n:
+            return f"epi_n must be 64, 128 or 256 and at most block_n, got {self.epi_n}"
+        if self.stages < 2 or self.c_bufs not in (1, 2) or self.group_m < 1:
+            return f"bad config {self.short()}: stages >= 2, c_bufs 1 or 2, group_m >= 1"
+        if any(r % 8 or not 24 <= r <= 256 for r in (self.consumer_regs, self.producer_regs)):
+            return f"setmaxnreg counts must be multiples of 8 in [24, 256], got {self.consumer_regs}, {self.producer_regs}"
+        if 2 * 128 * self.consumer_regs + 128 * self.producer_regs > 65536:
+            return f"registers: 2 x 128 x {self.consumer_regs} + 128 x {self.producer_regs} > 65536"
+        if self.smem_bytes(out_bytes) > _dense.SMEM_LIMIT:
+            return f"config {self.short()} needs {self.smem_bytes(out_bytes)} bytes of shared memory, sm_90 has " \
+                   f"{_dense.SMEM_LIMIT}"
+        return None
+
+
+# n256k64s4: 128 x 256 tiles (each consumer warpgroup one m64n256 accumulator, 128 registers), 4
+# stages of 48 KiB, the epilogue in two 128-column pieces through one 16 KiB buffer per warpgroup
+# (224 KiB in all). Not yet measured on the GPU: scripts/check_gluon_grouped.py times it against
+# the other candidates (GROUPED16_CANDIDATES), the tl kernel and torch._grouped_mm.
+GROUPED16_DEFAULT_CONFIG = GluonGroupedConfig(block_n=256, block_k=64, stages=4, group_m=8, epi_n=128, c_bufs=1)
+GROUPED16_CANDIDATES = ("n256k64s4", "n256k64s3e256", "n128k64s6", "n128k64s5c2", "n256k64s4g16")
+
+
+if GLUON_AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from primus_turbo.triton.gemm.gemm_fp8_gluon import _tile_coords
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_gluon import _group_rows
+
+    @gluon.jit
+    def _load_stage16(a_desc, b_desc, a_bufs, b_bufs, ready, empty, it, a0, a1, b0, b1, b2,
+                      STAGES: gl.constexpr):
+        """One K block into ring slot ``it % STAGES``: the two A halves (coordinates ``a0`` and
+        ``a1``, each a 2-element list) and B's box at [b0, b1, b2] of its 3-D descriptor, under
+        the slot's ready barrier (expect: the full boxes; TMA counts zero-filled bytes too)."""
+        STAGE_BYTES: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
+        s = it % STAGES
+        # empty barriers start "one phase behind": the first pass over the ring never waits
+        mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+        bar = ready.index(s)
+        mbarrier.expect(bar, STAGE_BYTES)
+        tma.async_copy_global_to_shared(a_desc, a0, bar, a_bufs.index(2 * s))
+        tma.async_copy_global_to_shared(a_desc, a1, bar, a_bufs.index(2 * s + 1))
+        tma.async_copy_global_to_shared(b_desc, [b0, b1, b2], bar, b_bufs.index(s))
+        return it + 1
+
+    @gluon.jit
+    def _group_tiles(offs_ptr, g, G, M, num_pid_n, tile_base, ROWS: gl.constexpr):
+        """Group g's rows [m_start, m_end), its row tiles, its tile count and the first of them this
+        program takes (tile t of g is global tile tile_base + t, taken by program (tile_base + t)
+        % num_programs): the device-side schedule of the tl grouped kernels."""
+        num_programs = gl.num_programs(0)
+        m_start, m_end = _group_rows(offs_ptr, g, G, M)
+        num_pid_m = gl.cdiv(m_end - m_start, ROWS)
+        first = (gl.program_id(0) - tile_base % num_programs + num_programs) % num_programs
+        return m_start, m_end, num_pid_m, num_pid_m * num_pid_n, first
+
+    @gluon.jit
+    def _m_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N, K, G,
+                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, B_KMAJOR: gl.constexpr):
+        """One warp: the TMA loads of every tile of every real group (the tail needs none)."""
+        HALF_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[1] if B_KMAJOR else b_desc.block_type.shape[2]
+        num_pid_n = gl.cdiv(N, BLOCK_N)
+        k_tiles = gl.cdiv(K, BLOCK_K)
+        it = 0
+        tile_base = 0
+        for g in range(G):
+            m_start, m_end, num_pid_m, tiles_g, first = _group_tiles(offs_ptr, g, G, M, num_pid_n, tile_base,
+                                                                     2 * HALF_M)
+            for t in range(first, tiles_g, gl.num_programs(0)):
+                pid_m, pid_n = _tile_coords(t, num_pid_m, num_pid_n, GROUP_M)
+                off_m = m_start + pid_m * (2 * HALF_M)
+                off_n = pid_n * BLOCK_N
+                for kk in range(k_tiles):
+                    k = kk * BLOCK_K
+                    if B_KMAJOR:  # b [G, N, K]: box [1, BLOCK_N, BLOCK_K]
+                        it = _load_stage16(a_desc, b_desc, a_bufs, b_bufs, ready, empty, it, [off_m, k],
+                                           [off_m + HALF_M, k], g, off_n, k, STAGES)
+                    else:  # b [G, K, N]: box [1, BLOCK_K, BLOCK_N]
+                        it = _load_stage16(a_desc, b_desc, a_bufs, b_bufs, ready, empty, it, [off_m, k],
+                                           [off_m + HALF_M, k], g, k, off_n, STAGES)
+            tile_base += tiles_g
+
+    @gluon.jit
+    def _b_operand(b_bufs, s, B_KMAJOR: gl.constexpr):
+        """Ring slot s's B as the wgmma's [BLOCK_K, BLOCK_N] operand (a view: a K-major box is
+        read transposed, an N-major one as is)."""
+        buf = b_bufs.index(s)  # [1, rows, cols], the 3-D box
+        buf = buf.reshape([buf.type.shape[1], buf.type.shape[2]])
+        if B_KMAJOR:
+            op = buf.permute((1, 0))
+        else:
+            op = buf
+        return op
+
+    @gluon.jit
+    def _a_operand(a_bufs, s, WG: gl.constexpr, A_KMAJOR: gl.constexpr):
+        """Ring slot s's A half of warpgroup WG as the wgmma's [64, BLOCK_K] operand (a view; an
+        M-major box, the variable-K kernel's token-major x, is read transposed)."""
+        buf = a_bufs.index(2 * s + WG)
+        if A_KMAJOR:
+            op = buf
+        else:
+            op = buf.permute((1, 0))
+        return op
+
+    @gluon.jit
+    def _mma_block(acc, a_bufs, b_bufs, ready, empty, it, first_block, WG: gl.constexpr, STAGES: gl.constexpr,
+                   A_KMAJOR: gl.constexpr, B_KMAJOR: gl.constexpr):
+        """Issue the MMA of ring position ``it`` (its data ready) into ``acc``, keep it in flight
+        and retire the one before (``warpgroup_mma_wait(1)``), releasing that one's slot (none
+        before a tile's first block). Returns (acc, it + 1)."""
+        s = it % STAGES
+        acc = warpgroup_mma(_a_operand(a_bufs, s, WG, A_KMAJOR), _b_operand(b_bufs, s, B_KMAJOR), acc,
+                            is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+        if not first_block:
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1)
+        return acc, it + 1
+
+    @gluon.jit
+    def _mma_drain(acc, empty, it, STAGES: gl.constexpr):
+        """Wait for the tile's last MMA and release its slot (``it``: past it)."""
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), count=1)
+        return acc
+
+    @gluon.jit
+    def _mainloop16(acc, a_bufs, b_bufs, ready, empty, it, k_tiles, WG: gl.constexpr, STAGES: gl.constexpr,
+                    A_KMAJOR: gl.constexpr, B_KMAJOR: gl.constexpr):
+        """k_tiles (>= 1) K blocks accumulated into acc by the tensor cores. Returns (acc, it)."""
+        for kk in range(k_tiles):
+            mbarrier.wait(ready.index(it % STAGES), (it // STAGES) & 1)
+            acc, it = _mma_block(acc, a_bufs, b_bufs, ready, empty, it, kk == 0, WG, STAGES, A_KMAJOR, B_KMAJOR)
+        return _mma_drain(acc, empty, it, STAGES), it
+
+    @gluon.jit
+    def _halves(x):
+        """[R, C] -> its column halves [R, C/2] (columns [0, C/2) and [C/2, C)); register-only
+        for the wgmma accumulator layout (a thread holds columns 8j + 2t + {0, 1} for every j)."""
+        R: gl.constexpr = x.shape[0]
+        C: gl.constexpr = x.shape[1]
+        return gl.split(gl.permute(gl.reshape(x, [R, 2, C // 2]), (0, 2, 1)))
+
+    @gluon.jit
+    def _store_piece(c_desc, c_bufs, piece, row, col, st, WG: gl.constexpr, C_BUFS: gl.constexpr,
+                     REDUCE: gl.constexpr):
+        """piece (64 x EPI_N fp32) -> out dtype -> this warpgroup's next staging buffer -> TMA store
+        (REDUCE: TMA reduce-add, ``out += piece`` in L2) at [row, col]; returns st + 1. The wait
+        frees the buffer the store C_BUFS stores back used (as _dense._store_sub)."""
+        c_buf = c_bufs.index(WG * C_BUFS + st % C_BUFS)
+        tma.store_wait(pendings=C_BUFS - 1)
+        c_buf.store(piece.to(c_desc.dtype))
+        fence_async_shared()
+        if REDUCE:
+            _tma_reduce_add(c_desc, [row, col], c_buf)
+        else:
+            tma.async_copy_shared_to_global(c_desc, [row, col], c_buf)
+        return st + 1
+
+    @gluon.jit
+    def _store_tile(c_desc, c_bufs, acc, row, col, st, WG: gl.constexpr, C_BUFS: gl.constexpr,
+                    REDUCE: gl.constexpr = False):
+        """acc (64 x BLOCK_N fp32) to out[row:row+64, col:col+BLOCK_N] in EPI_N-column pieces
+        (1, 2 or 4 of them); TMA clips rows and columns past the descriptor's shape."""
+        EPI_N: gl.constexpr = c_desc.block_type.shape[1]
+        NP: gl.constexpr = acc.shape[1] // EPI_N
+        gl.static_assert(NP == 1 or NP == 2 or NP == 4, "BLOCK_N / EPI_N must be 1, 2 or 4")
+        if NP == 1:
+            st = _store_piece(c_desc, c_bufs, acc, row, col, st, WG, C_BUFS, REDUCE)
+        elif NP == 2:
+            lo, hi = _halves(acc)
+            st = _store_piece(c_desc, c_bufs, lo, row, col, st, WG, C_BUFS, REDUCE)
+            st = _store_piece(c_desc, c_bufs, hi, row, col + EPI_N, st, WG, C_BUFS, REDUCE)
+        else:
+            lo, hi = _halves(acc)
+            q0, q1 = _halves(lo)
+            st = _store_piece(c_desc, c_bufs, q0, row, col, st, WG, C_BUFS, REDUCE)
+            st = _store_piece(c_desc, c_bufs, q1, row, col + EPI_N, st, WG, C_BUFS, REDUCE)
+            q2, q3 = _halves(hi)
+            st = _store_piece(c_desc, c_bufs, q2, row, col + 2 * EPI_N, st, WG, C_BUFS, REDUCE)
+            st = _store_piece(c_desc, c_bufs, q3, row, col + 3 * EPI_N, st, WG, C_BUFS, REDUCE)
+        return st
+
+    @gluon.jit
+    def _store_rows_masked(c_ptr, acc, offs_m, mask_m, off_n, N, stride_cm):
+        """acc (64 x BLOCK_N fp32, wgmma layout) -> out rows offs_m (where mask_m), columns
+        [off_n, off_n + BLOCK_N) below N: pointer stores that never touch another group's rows."""
+        BLOCK_N: gl.constexpr = acc.shape[1]
+        offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))
+        rows = gl.expand_dims(offs_m.to(gl.int64) * stride_cm, 1)
+        mask = gl.expand_dims(mask_m, 1) & gl.expand_dims(offs_n < N, 0)
+        gl.store(c_ptr + rows + gl.expand_dims(offs_n, 0), acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+    @gluon.jit
+    def _m_consumer(c_desc, c_ptr, a_bufs, b_bufs, c_bufs, ready, empty, offs_ptr, M, N, K, G, stride_cm,
+                    WG: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                    C_BUFS: gl.constexpr, B_KMAJOR: gl.constexpr):
+        """One warpgroup: rows [WG*64, WG*64+64) of every tile of every group, and of the tail."""
+        HALF_M: gl.constexpr = c_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
+        # the accumulator layout of one warpgroup's m64 x BLOCK_N x 16 wgmma
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, BLOCK_N, 16])
+        num_pid_n = gl.cdiv(N, BLOCK_N)
+        k_tiles = gl.cdiv(K, BLOCK_K)
+        it = 0
+        st = 0
+        tile_base = 0
+        for g in range(G + 1):  # g == G: the zeroed rows past offs[G]
+            m_start, m_end, num_pid_m, tiles_g, first = _group_tiles(offs_ptr, g, G, M, num_pid_n, tile_base,
+                                                                     2 * HALF_M)
+            for t in range(first, tiles_g, gl.num_programs(0)):
+                pid_m, pid_n = _tile_coords(t, num_pid_m, num_pid_n, GROUP_M)
+                off_m = m_start + pid_m * (2 * HALF_M) + WG * HALF_M
+                off_n = pid_n * BLOCK_N
+                acc = gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_layout)
+                if g < G:
+                    acc, it = _mainloop16(acc, a_bufs, b_bufs, ready, empty, it, k_tiles, WG, STAGES, True,
+                                          B_KMAJOR)
+                if off_m + HALF_M <= m_end:  # the whole half is in the group: TMA stores (clip at N)
+                    st = _store_tile(c_desc, c_bufs, acc, off_m, off_n, st, WG, C_BUFS)
+                else:  # the group's last rows: masked stores, the next group's rows untouched
+                    offs_m = off_m + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, mma_layout))
+                    _store_rows_masked(c_ptr, acc, offs_m, offs_m < m_end, off_n, N, stride_cm)
+            tile_base += tiles_g
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _grouped_gemm_gluon_ws_kernel(
+        a_desc, b_desc, c_desc, c_ptr, offs_ptr,
+        M, N, K, G, stride_cm,
+        GROUP_M: gl.constexpr, STAGES: gl.constexpr, C_BUFS: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, B_KMAJOR: gl.constexpr,
+    ):
+        """Persistent, warp-specialized 16-bit M-grouped GEMM. Descriptors: a_desc [64, BLOCK_K]
+        boxes of a [M, K]; b_desc [1, BLOCK_N, BLOCK_K] boxes of b [G, N, K] (B_KMAJOR) or
+        [1, BLOCK_K, BLOCK_N] of b [G, K, N]; c_desc [64, EPI_N] of out [M, N]; plus the output
+        pointer for the masked group-end stores."""
+        HALF_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[1] if B_KMAJOR else b_desc.block_type.shape[2]
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, HALF_M, BLOCK_K], a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, 1, b_desc.block_type.shape[1],
+                                                          b_desc.block_type.shape[2]], b_desc.layout)
+        c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2 * C_BUFS, HALF_M, c_desc.block_type.shape[1]],
+                                           c_desc.layout)
+        ready, empty = _ring_barriers(STAGES)
+        gl.warp_specialize([
+            (_m_consumer, (c_desc, c_ptr, a_bufs, b_bufs, c_bufs, ready, empty, offs_ptr, M, N, K, G, stride_cm,
+                           0, BLOCK_N, GROUP_M, STAGES, C_BUFS, B_KMAJOR)),
+            (_m_consumer, (c_desc, c_ptr, a_bufs, b_bufs, c_bufs, ready, empty, offs_ptr, M, N, K, G, stride_cm,
+                           1, BLOCK_N, GROUP_M, STAGES, C_BUFS, B_KMAJOR)),
+            (_m_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N, K, G, GROUP_M, STAGES,
+                           B_KMAJOR)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+    @gluon.jit
+    def _ring_barriers(STAGES: gl.constexpr):
+        """The ring's ready (producer's expect + TMA bytes) and empty (one arrival per consumer
+        warpgroup) mbarriers."""
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)
+        return ready, empty
+
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_variable_k_gluon as _vk8
+
+    # the FP8 wgrad kernel's TMA reduce-add (None where this Triton lacks the op: no accumulation)
+    _tma_reduce_add = getattr(_vk8, "_tma_reduce_add", None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks and launch
+# ----------------------------------------------------------------------------------------------
+def _rows_ok(t: torch.Tensor, inner: int) -> bool:
+    """``t`` has a unit stride on dim ``inner`` and 16-byte aligned base and other strides (TMA)."""
+    es = t.element_size()
+    return (t.stride(inner) == 1 and t.data_ptr() % 16 == 0
+            and all((s * es) % 16 == 0 for d, s in enumerate(t.stride()) if d != inner))
+
+
+def _b_kmajor(b: torch.Tensor) -> Optional[bool]:
+    """True when the logical [G, K, N] ``b`` is K-contiguous (a [G, N, K] weight or the dgrad's
+    view), False when N-contiguous, None when neither with TMA-aligned strides."""
+    if _rows_ok(b, 2) and b.size(2) > 1:
+        return False
+    if _rows_ok(b, 1):
+        return True
+    return _rows_ok(b, 2) if b.size(2) <= 1 else None
+
+
+def gluon_grouped_operand_reason(a, b, group_offs, out_dtype: Optional[torch.dtype] = None) -> Optional[str]:
+    """The operand half of :func:`gluon_grouped_reason` (no platform test: checkable on CPU). ``b``
+    is the logical ``[G, K, N]`` weight (any of the two layouts above). None when the kernel
+    takes these dtypes, shapes, strides and devices."""
+    if not GLUON_AVAILABLE:
+        return "triton.experimental.gluon is not importable"
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            return f"{name} must be a torch.Tensor, got {type(t).__name__}"
+    if a.dim() != 2 or b.dim() != 3:
+        return f"a must be [M_total, K] and b [G, K, N], got {tuple(a.shape)} and {tuple(b.shape)}"
+    if a.dtype not in _IN_DTYPES or b.dtype != a.dtype:
+        return f"a and b must both be bfloat16 or float16, got {a.dtype} and {b.dtype}"
+    M, K = a.shape
+    G, Kb, N = b.shape
+    if Kb != K:
+        return f"K mismatch: a is [M, K] = {list(a.shape)}, b is [G, K, N] = {list(b.shape)}"
+    if b.device != a.device:
+        return "a and b must be on one device"
+    if group_offs is not None:  # None: the caller derives it from group_lens on the device
+        if not isinstance(group_offs, torch.Tensor) or group_offs.device != a.device:
+            return f"group_offs must be a tensor on {a.device}"
+        if group_offs.dtype != torch.int64 or group_offs.dim() != 1 or group_offs.numel() != G + 1:
+            return f"group_offs must be int64 [G+1] = [{G + 1}], got {group_offs.dtype} {list(group_offs.shape)}"
+    if a.numel() and not _rows_ok(a, 1):
+        return f"a must be K-contiguous with 16-byte aligned base and rows for TMA (strides {tuple(a.stride())})"
+    if b.numel() and _b_kmajor(b) is None:
+        return (f"b's matrices must be K- or N-contiguous with 16-byte aligned base and strides for TMA "
+                f"(strides {tuple(b.stride())})")
+    dtype = out_dtype if out_dtype is not None else a.dtype
+    if dtype not in (a.dtype, torch.float32):
+        return f"output dtype {dtype} must be the operands' ({a.dtype}) or float32"
+    if (N * dtype.itemsize) % 16:
+        return f"out rows of N={N} {dtype} elements are not 16-byte aligned for the TMA store"
+    return None
+
+
+def gluon_grouped_reason(a, b, group_offs, out_dtype: Optional[torch.dtype] = None) -> Optional[str]:
+    """None when :func:`grouped_gemm_gluon` can run these inputs, else why not. Never raises,
+    never synchronizes (shapes, dtypes, strides, a cached capability)."""
+    return _dense._device_reason(gluon_grouped_operand_reason, gluon_platform_reason, (a, b, group_offs, out_dtype))
+
+
+def gluon_grouped_enabled() -> bool:
+    """``PRIMUS_TURBO_GROUPED_GEMM_GLUON``: False for 0, True for 1 and auto (the backend's checks
+    still keep it to sm_90 and the operands it takes). Read per call."""
+    from primus_turbo.pytorch.core.env import env_auto_flag
+
+    return env_auto_flag(GLUON_GROUPED_ENV) is not False
+
+
+def fitted_config(cfg: GluonGroupedConfig, out_dtype: torch.dtype) -> GluonGroupedConfig:
+    """``cfg`` shrunk until it fits next to its staging buffers for ``out_dtype``: narrower
+    pieces (epi_n down to 64), one buffer per warpgroup, then fewer stages."""
+    return _fitted(cfg, out_dtype.itemsize)
+
+
+@functools.lru_cache(maxsize=None)
+def _fitted(cfg: GluonGroupedConfig, out_bytes: int) -> GluonGroupedConfig:
+    while cfg.smem_bytes(out_bytes) > _dense.SMEM_LIMIT and cfg.epi_n > 64:
+        cfg = dataclasses.replace(cfg, epi_n=cfg.epi_n // 2)
+    if cfg.smem_bytes(out_bytes) > _dense.SMEM_LIMIT and cfg.c_bufs > 1:
+        cfg = dataclasses.replace(cfg, c_bufs=1)
+    while cfg.smem_bytes(out_bytes) > _dense.SMEM_LIMIT and cfg.stages > 2:
+        cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
+    return cfg
+
+
+def _gl_dtype(dtype: torch.dtype):
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layout(shape: tuple, dtype: torch.dtype):
+    """128-byte swizzled NVMMA layout of a TMA box (whole wgmma / TMA rows)."""
+    return gl.NVMMASharedLayout.get_default_for(list(shape), _gl_dtype(dtype))
+
+
+def _desc(t: torch.Tensor, box: list):
+    """Host TMA descriptor of ``t`` (its true shape: loads past it zero-fill, stores clip) with
+    boxes of ``box``; ``t``'s last stride is 1."""
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), box, _smem_layout(tuple(box), t.dtype))
+
+
+def _kernel_args(a, b, group_offs, out, cfg: GluonGroupedConfig) -> tuple:
+    """(positional args, keyword args) of the launch for validated, non-empty inputs."""
+    M, K = a.shape
+    G, _, N = b.shape
+    kmajor = bool(_b_kmajor(b))
+    a_desc = _desc(a, [_HALF_M, cfg.block_k])
+    if kmajor:  # the storage [G, N, K]
+        b_desc = _desc(b.transpose(1, 2), [1, cfg.block_n, cfg.block_k])
+    else:  # [G, K, N]
+        b_desc = _desc(b, [1, cfg.block_k, cfg.block_n])
+    c_desc = _desc(out, [_HALF_M, cfg.epi_n])
+    args = (a_desc, b_desc, c_desc, out, group_offs, M, N, K, G, out.stride(0))
+    kwargs = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, CONSUMER_REGS=cfg.consumer_regs,
+                  PRODUCER_REGS=cfg.producer_regs, B_KMAJOR=kmajor, num_warps=4)
+    return args, kwargs
+
+
+def _launch_reason(a, b, group_offs, out, num_programs) -> Optional[str]:
+    if group_offs is None:
+        return "group_offs [G+1] on the device is needed"
+    M, N = a.shape[0], b.shape[2]
+    if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, N) or not out.is_contiguous()
+                            or out.device != a.device or out.data_ptr() % 16):
+        return f"out must be a contiguous, 16-byte aligned [M_total, N] = {[M, N]} tensor on {a.device}"
+    return _dense._num_programs_reason(num_programs)
+
+
+def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tensor,
+                       out_dtype: Optional[torch.dtype] = None, config: Optional[GluonGroupedConfig] = None,
+                       out: Optional[torch.Tensor] = None, num_programs: Optional[int] = None) -> torch.Tensor:
+    """``out[rows of g] = a[rows of g] @ b[g]``, rows past ``group_offs[G]`` zero (16-bit operands).
+
+    Args:
+        a: ``[M_total, K]`` bf16 / fp16, K contiguous (tokens sorted by expert).
+        b: the logical ``[G, K, N]`` weights of a's dtype: N-contiguous (stored ``[G, K, N]``) or
+            K-contiguous (``w.transpose(1, 2)`` of a ``[G, N, K]`` weight).
+        group_offs: ``[G+1]`` int64 on the device (read only there: no host sync).
+        out_dtype: a's dtype (default) or float32 (ignored when ``out`` is given).
+        config: :class:`GluonGroupedConfig` (GROUPED16_DEFAULT_CONFIG fitted when None).
+        out: optional contiguous ``[M_total, N]`` output (every row is written, the tail with zeros).
+        num_programs: cap on the persistent grid (the op's ``num_cu``); all SMs when None.
+
+    Raises ValueError with :func:`gluon_grouped_reason`'s text on inputs it cannot run.
+    """
+    if out is not None:
+        out_dtype = out.dtype
+    reason = gluon_grouped_reason(a, b, group_offs, out_dtype) or _launch_reason(a, b, group_offs, out,
+                                                                                 num_programs)
+    if reason is not None:
+        raise ValueError(f"grouped_gemm_gluon: {reason}")
+    M, K = a.shape
+    G, _, N = b.shape
+    if out is None:
+        out = torch.empty((M, N), dtype=out_dtype or a.dtype, device=a.device)
+    if M == 0 or N == 0:
+        return out
+    if G == 0 or K == 0:
+        return out.zero_()
+    cfg = config or fitted_config(GROUPED16_DEFAULT_CONFIG, out.dtype)
+    bad = cfg.check(out.element_size())
+    if bad is not None:
+        raise ValueError(f"grouped_gemm_gluon: {bad}")
+    args, kwargs = _kernel_args(a, b, group_offs, out, cfg)
+    # a static bound on the tiles (every group may add one partial row tile, plus the tail)
+    tiles = (-(-M // cfg.BLOCK_M) + G + 1) * -(-N // cfg.block_n)
+    _dense._launch_persistent(_grouped_gemm_gluon_ws_kernel, a.device, tiles, num_programs, args, kwargs)
+    return out

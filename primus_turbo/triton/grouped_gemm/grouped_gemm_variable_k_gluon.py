@@ -1,0 +1,314 @@
+"""Hopper (sm_90) Gluon kernel for the 16-bit (bf16 / fp16) variable-K grouped GEMM: the MoE wgrad.
+
+``out[g] (+)= x[rows of g]^T @ y[rows of g]`` for ``x [M_total, P]``, ``y [M_total, Q]`` (row-major:
+the activation and the output gradient as the forward and the dgrad use them), ``group_offs
+[G+1]`` int64 on the device (any offsets: no padding of the groups), ``out [G, P, Q]``; fp32
+accumulation in the tensor cores, optionally added into an fp32 ``out`` (Megatron's ``main_grad``).
+The same product as ``_grouped_gemm_variable_k_kernel`` (grouped_gemm_kernel.py); only the
+summation order differs.
+
+Structure: the FP8 variable-K Gluon kernel's (grouped_gemm_fp8_variable_k_gluon.py: static tile
+list ``(g, pid_p, pid_q)`` taken round-robin by a persistent grid, tiles of one expert consecutive
+and GROUP_M-swizzled, every partition reading the group's token range from ``group_offs`` itself,
+epilogue through the ``[G * P, Q]`` view of ``out`` with a TMA store, or a TMA reduce-add when
+accumulating) with the 16-bit kernels' main loop (grouped_gemm_gluon.py, wgmma accumulating in
+registers, one MMA in flight):
+
+* the producer loads, per BLOCK_K tokens, x's ``[BLOCK_K, 64]`` boxes at columns ``off_p`` and
+  ``off_p + 64`` (the two consumer warpgroups' A, token-major: wgmma reads it transposed) and y's
+  ``[BLOCK_K, BLOCK_N]`` box (B, N-major, taken as is);
+* token blocks start at ``offs[g] + i * BLOCK_K`` (TMA takes any row coordinate), except the last
+  one, which ends at ``offs[g+1]``: it starts at ``offs[g+1] - BLOCK_K`` and so reloads tokens of
+  block i - 1 (or, for a group shorter than BLOCK_K, the previous groups' tokens or zeros before
+  row 0). Before its MMA each consumer warpgroup zeroes those leading rows of its own x box in
+  shared memory (``_zero_rows``), so they add nothing. No block ever reads a row at or past
+  ``offs[g+1]``: rows past ``offs[G]`` (uninitialized in a capacity-padded buffer, possibly NaN)
+  are never loaded. (A zeroed x row times a y row of another group that holds Inf would give a
+  NaN; y's rows there are other experts' routed tokens, finite in a training that is not already
+  diverging.)
+* an empty group runs no main loop: its tile stores zeros, or, accumulating, nothing.
+
+Requirements (:func:`gluon_variable_k_reason`): sm_90, Gluon importable, x and y bf16 or fp16 of
+one dtype, row-major with 16-byte aligned base and rows (P and Q multiples of 8), ``P % 64 == 0``
+(a warpgroup's 64 rows of the ``[G * P, Q]`` view stay inside one expert), int64 offsets, ``out``
+of x's dtype or fp32 with 16-byte aligned rows of Q elements, mergeable into ``[G * P, Q]``,
+accumulation only into fp32.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from primus_turbo.triton.gemm import gemm_fp8_gluon as _dense
+from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, gluon_platform_reason
+from primus_turbo.triton.grouped_gemm import grouped_gemm_gluon as _m
+from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import GluonGroupedConfig
+
+__all__ = [
+    "VARIABLE_K16_DEFAULT_CONFIG",
+    "gluon_variable_k_operand_reason",
+    "gluon_variable_k_reason",
+    "grouped_gemm_variable_k_gluon",
+]
+
+# 128 (P) x 256 (Q) tiles, 4 stages of 48 KiB: the forward's default. Not yet measured on the GPU
+# (scripts/check_gluon_grouped.py times the candidates).
+VARIABLE_K16_DEFAULT_CONFIG = _m.GROUPED16_DEFAULT_CONFIG
+_HALF_M = 64
+
+if GLUON_AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+    from primus_turbo.triton.gemm.gemm_fp8_gluon import _tile_coords
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_gluon import _group_rows
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import (
+        _load_stage16,
+        _mma_block,
+        _mma_drain,
+        _ring_barriers,
+        _store_tile,
+    )
+
+    @gluon.jit
+    def _vk_tile16(tile_id, tiles_per_group, num_pid_p, num_pid_q, offs_ptr, G, M, GROUP_M: gl.constexpr):
+        """tile_id -> (g, pid_p, pid_q, first token, end token): one function for the producer and
+        the consumers, so they agree on every tile."""
+        g = tile_id // tiles_per_group
+        pid_p, pid_q = _tile_coords(tile_id - g * tiles_per_group, num_pid_p, num_pid_q, GROUP_M)
+        k_start, k_end = _group_rows(offs_ptr, g, G, M)
+        return g, pid_p, pid_q, k_start, k_end
+
+    @gluon.jit
+    def _vk16_producer(x_desc, y_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, P, Q, G,
+                       GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+        """One warp: per tile, the TMA loads of the group's token blocks (none for an empty group)."""
+        BLOCK_K: gl.constexpr = x_desc.block_type.shape[0]
+        HALF_M: gl.constexpr = x_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = y_desc.block_type.shape[2]
+        num_pid_p = gl.cdiv(P, 2 * HALF_M)
+        num_pid_q = gl.cdiv(Q, BLOCK_N)
+        tiles_per_group = num_pid_p * num_pid_q
+        it = 0
+        for tile_id in range(gl.program_id(0), G * tiles_per_group, gl.num_programs(0)):
+            g, pid_p, pid_q, k_start, k_end = _vk_tile16(tile_id, tiles_per_group, num_pid_p, num_pid_q, offs_ptr,
+                                                         G, M, GROUP_M)
+            off_p = pid_p * (2 * HALF_M)
+            off_q = pid_q * BLOCK_N
+            for kk in range(gl.cdiv(k_end - k_start, BLOCK_K)):
+                # the last block ends at k_end (see the module docstring); may start before row 0
+                k = gl.minimum(k_start + kk * BLOCK_K, k_end - BLOCK_K)
+                it = _load_stage16(x_desc, y_desc, a_bufs, b_bufs, ready, empty, it, [k, off_p],
+                                   [k, off_p + HALF_M], 0, k, off_q, STAGES)
+
+    @gluon.jit
+    def _zero_rows(buf, n):
+        """Rows [0, n) of the shared [BLOCK_K, 64] x box to zero, made visible to the wgmma (the
+        async proxy) for the whole warpgroup before it is issued."""
+        ROWS: gl.constexpr = buf.type.shape[0]
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16-byte pieces, 4 warps
+        vals = buf.load(layout)
+        rows = gl.expand_dims(gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)), 1)
+        buf.store(gl.where(rows >= n, vals, gl.zeros_like(vals)))
+        fence_async_shared()
+        gl.thread_barrier()
+
+    @gluon.jit
+    def _vk16_mainloop(acc, a_bufs, b_bufs, ready, empty, it, k_tiles, skip, WG: gl.constexpr,
+                       STAGES: gl.constexpr):
+        """The group's k_tiles (>= 1) token blocks into acc; the last block's first ``skip`` rows
+        (already counted, or another group's) zeroed in this warpgroup's x box first."""
+        for kk in range(k_tiles):
+            s = it % STAGES
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            if kk == k_tiles - 1:
+                if skip > 0:
+                    _zero_rows(a_bufs.index(2 * s + WG), skip)
+            acc, it = _mma_block(acc, a_bufs, b_bufs, ready, empty, it, kk == 0, WG, STAGES, False, False)
+        return _mma_drain(acc, empty, it, STAGES), it
+
+    @gluon.jit
+    def _vk16_consumer(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, offs_ptr, M, P, Q, G,
+                       WG: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, C_BUFS: gl.constexpr,
+                       ACCUMULATE: gl.constexpr):
+        """One warpgroup: rows [WG*64, WG*64+64) of every tile: MMAs, then store or reduce-add."""
+        HALF_M: gl.constexpr = c_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_bufs.type.shape[1]
+        BLOCK_N: gl.constexpr = b_bufs.type.shape[3]
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, BLOCK_N, 16])
+        num_pid_p = gl.cdiv(P, 2 * HALF_M)
+        num_pid_q = gl.cdiv(Q, BLOCK_N)
+        tiles_per_group = num_pid_p * num_pid_q
+        it = 0
+        st = 0
+        for tile_id in range(gl.program_id(0), G * tiles_per_group, gl.num_programs(0)):
+            g, pid_p, pid_q, k_start, k_end = _vk_tile16(tile_id, tiles_per_group, num_pid_p, num_pid_q, offs_ptr,
+                                                         G, M, GROUP_M)
+            off_p = pid_p * (2 * HALF_M) + WG * HALF_M
+            k_tiles = gl.cdiv(k_end - k_start, BLOCK_K)
+            acc = gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_layout)
+            if k_tiles > 0:
+                acc, it = _vk16_mainloop(acc, a_bufs, b_bufs, ready, empty, it, k_tiles,
+                                         k_start + k_tiles * BLOCK_K - k_end, WG, STAGES)
+            if off_p < P:  # P % 64 == 0: a half is wholly inside expert g's rows or wholly past them
+                if ACCUMULATE:
+                    if k_tiles > 0:  # out[g] += 0 for an empty group: nothing to send
+                        st = _store_tile(c_desc, c_bufs, acc, g * P + off_p, pid_q * BLOCK_N, st, WG, C_BUFS, True)
+                else:
+                    st = _store_tile(c_desc, c_bufs, acc, g * P + off_p, pid_q * BLOCK_N, st, WG, C_BUFS)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _grouped_gemm_variable_k_gluon_ws_kernel(
+        x_desc, y_desc, c_desc, offs_ptr,
+        M, P, Q, G,
+        GROUP_M: gl.constexpr, STAGES: gl.constexpr, C_BUFS: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, ACCUMULATE: gl.constexpr,
+    ):
+        """out[g] (+)= x[tokens of g]^T @ y[tokens of g]. Descriptors: x_desc [BLOCK_K, 64] boxes of
+        x [M, P]; y_desc [1, BLOCK_K, BLOCK_N] of y as [1, M, Q]; c_desc [64, EPI_N] of the
+        [G * P, Q] output view."""
+        BLOCK_K: gl.constexpr = x_desc.block_type.shape[0]
+        HALF_M: gl.constexpr = x_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = y_desc.block_type.shape[2]
+        a_bufs = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, BLOCK_K, HALF_M], x_desc.layout)
+        b_bufs = gl.allocate_shared_memory(y_desc.dtype, [STAGES, 1, BLOCK_K, BLOCK_N], y_desc.layout)
+        c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2 * C_BUFS, HALF_M, c_desc.block_type.shape[1]],
+                                           c_desc.layout)
+        ready, empty = _ring_barriers(STAGES)
+        gl.warp_specialize([
+            (_vk16_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, offs_ptr, M, P, Q, G, 0, GROUP_M, STAGES,
+                              C_BUFS, ACCUMULATE)),
+            (_vk16_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, offs_ptr, M, P, Q, G, 1, GROUP_M, STAGES,
+                              C_BUFS, ACCUMULATE)),
+            (_vk16_producer, (x_desc, y_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, P, Q, G, GROUP_M, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks and launch
+# ----------------------------------------------------------------------------------------------
+def gluon_variable_k_operand_reason(x, y, group_offs, out: Optional[torch.Tensor] = None, accumulate: bool = False,
+                                    out_dtype: Optional[torch.dtype] = None) -> Optional[str]:
+    """The operand half of :func:`gluon_variable_k_reason` (no platform test: checkable on CPU).
+    None when dtypes, shapes, strides and devices are ones the kernel takes."""
+    if not GLUON_AVAILABLE:
+        return "triton.experimental.gluon is not importable"
+    for name, t in (("x", x), ("y", y), ("group_offs", group_offs)):
+        if not isinstance(t, torch.Tensor):
+            return f"{name} must be a torch.Tensor, got {type(t).__name__}"
+    if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0]:
+        return f"x must be [M_total, P] and y [M_total, Q], got {tuple(x.shape)} and {tuple(y.shape)}"
+    if x.dtype not in _m._IN_DTYPES or y.dtype != x.dtype:
+        return f"x and y must both be bfloat16 or float16, got {x.dtype} and {y.dtype}"
+    dev = x.device
+    if y.device != dev or group_offs.device != dev or (isinstance(out, torch.Tensor) and out.device != dev):
+        return "x, y, group_offs (and out) must be on one device"
+    P, Q = x.shape[1], y.shape[1]
+    if P % _HALF_M:
+        return f"P={P} must be a multiple of 64 (a warpgroup's rows of the [G * P, Q] output stay inside one expert)"
+    if group_offs.dtype != torch.int64 or group_offs.dim() != 1 or group_offs.numel() < 1:
+        return f"group_offs must be int64 [G+1], got {group_offs.dtype} {list(group_offs.shape)}"
+    G = group_offs.numel() - 1
+    for name, t in (("x", x), ("y", y)):
+        if t.numel() and not _m._rows_ok(t, 1):
+            return f"{name} must be row-major with 16-byte aligned base and rows for TMA (strides {tuple(t.stride())})"
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            return f"out must be a torch.Tensor, got {type(out).__name__}"
+        if tuple(out.shape) != (G, P, Q):
+            return f"out has shape {tuple(out.shape)}, expected [G, P, Q] = {[G, P, Q]}"
+        dtype = out.dtype
+        if out.numel() and (out.stride(2) != 1 or (out.stride(1) * out.element_size()) % 16 or out.data_ptr() % 16
+                            or (G > 1 and out.stride(0) != P * out.stride(1))):
+            return (f"out must be row-contiguous, experts stacked row after row (a [G * P, Q] view), with 16-byte "
+                    f"aligned base and rows (strides {tuple(out.stride())})")
+    elif accumulate:
+        return "accumulate=True needs out"
+    else:
+        dtype = out_dtype if out_dtype is not None else x.dtype
+    if dtype not in (x.dtype, torch.float32):
+        return f"output dtype {dtype} must be the operands' ({x.dtype}) or float32"
+    if (Q * dtype.itemsize) % 16:
+        return f"out rows of Q={Q} {dtype} elements are not 16-byte aligned for the TMA store"
+    if accumulate:
+        if dtype != torch.float32:
+            # a TMA reduce-add into 16-bit out would add a rounded tile in 16 bits (two roundings,
+            # where the tl kernel rounds out + acc once)
+            return f"accumulation runs as an fp32 TMA reduce-add: out must be float32, got {dtype}"
+        if getattr(_m, "_tma_reduce_add", None) is None:
+            return "accumulation needs Gluon's TMA reduce op, not found in this Triton"
+    return None
+
+
+def gluon_variable_k_reason(x, y, group_offs, out: Optional[torch.Tensor] = None, accumulate: bool = False,
+                            out_dtype: Optional[torch.dtype] = None) -> Optional[str]:
+    """None when :func:`grouped_gemm_variable_k_gluon` can run these inputs, else why not. Never
+    raises, never synchronizes (shapes, dtypes, strides, a cached capability)."""
+    return _dense._device_reason(gluon_variable_k_operand_reason, gluon_platform_reason,
+                                 (x, y, group_offs, out, accumulate, out_dtype))
+
+
+def _kernel_args(x, y, group_offs, out, cfg: GluonGroupedConfig, accumulate: bool) -> tuple:
+    """(positional args, keyword args) of the launch for validated, non-empty inputs."""
+    M, P = x.shape
+    Q = y.shape[1]
+    G = out.shape[0]
+    x_desc = _m._desc(x, [cfg.block_k, _HALF_M])
+    y_desc = _m._desc(y.unsqueeze(0), [1, cfg.block_k, cfg.block_n])
+    # the experts' outputs as one [G * P, Q] matrix (rows g * P + p); stores clip at Q
+    c_desc = _m._desc(out.as_strided((G * P, Q), (out.stride(1), 1)), [_HALF_M, cfg.epi_n])
+    args = (x_desc, y_desc, c_desc, group_offs, M, P, Q, G)
+    kwargs = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, CONSUMER_REGS=cfg.consumer_regs,
+                  PRODUCER_REGS=cfg.producer_regs, ACCUMULATE=bool(accumulate), num_warps=4)
+    return args, kwargs
+
+
+def grouped_gemm_variable_k_gluon(x: torch.Tensor, y: torch.Tensor, group_offs: torch.Tensor,
+                                  out: Optional[torch.Tensor] = None, accumulate: bool = False,
+                                  out_dtype: Optional[torch.dtype] = None,
+                                  config: Optional[GluonGroupedConfig] = None,
+                                  num_programs: Optional[int] = None) -> torch.Tensor:
+    """``out[g] (+)= x[rows of g]^T @ y[rows of g]``: the MoE wgrad with 16-bit operands.
+
+    Args:
+        x: ``[M_total, P]`` bf16 / fp16, row-major (tokens sorted by expert).
+        y: ``[M_total, Q]`` of x's dtype, row-major.
+        group_offs: ``[G+1]`` int64 on the device (any offsets; read only there: no host sync).
+        out: optional ``[G, P, Q]`` output, rows contiguous (a ``[G * P, Q]`` view); every
+            ``out[g]`` is written (an empty group's with zeros) unless ``accumulate``.
+        accumulate: ``out += ...`` (fp32 ``out`` only: Megatron's ``main_grad``); an empty group
+            leaves ``out[g]`` unchanged.
+        out_dtype: dtype of the allocated ``out`` (x's dtype by default, or float32).
+        config: :class:`GluonGroupedConfig` (VARIABLE_K16_DEFAULT_CONFIG fitted when None).
+        num_programs: cap on the persistent grid (the op's ``num_cu``); all SMs when None.
+
+    Raises ValueError with :func:`gluon_variable_k_reason`'s text on inputs it cannot run.
+    """
+    if out is not None:
+        out_dtype = out.dtype
+    reason = (gluon_variable_k_reason(x, y, group_offs, out, accumulate, out_dtype)
+              or _dense._num_programs_reason(num_programs))
+    if reason is not None:
+        raise ValueError(f"grouped_gemm_variable_k_gluon: {reason}")
+    M, P = x.shape
+    Q = y.shape[1]
+    G = group_offs.numel() - 1
+    if out is None:
+        out = torch.empty((G, P, Q), dtype=out_dtype or x.dtype, device=x.device)
+    if G == 0 or P == 0 or Q == 0:
+        return out
+    if M == 0:
+        return out if accumulate else out.zero_()
+    cfg = config or _m.fitted_config(VARIABLE_K16_DEFAULT_CONFIG, out.dtype)
+    bad = cfg.check(out.element_size())
+    if bad is not None:
+        raise ValueError(f"grouped_gemm_variable_k_gluon: {bad}")
+    args, kwargs = _kernel_args(x, y, group_offs, out, cfg, accumulate)
+    tiles = G * -(-P // cfg.BLOCK_M) * -(-Q // cfg.block_n)
+    _dense._launch_persistent(_grouped_gemm_variable_k_gluon_ws_kernel, x.device, tiles, num_programs, args, kwargs)
+    return out
