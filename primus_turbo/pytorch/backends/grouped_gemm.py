@@ -107,7 +107,12 @@ class GroupedGemmTorchBackend(KernelBackend):
 
 
 class GroupedGemmTritonBackend(KernelBackend):
-    """Persistent Triton kernel with a device-side tile schedule (primus_turbo/triton/grouped_gemm)."""
+    """Persistent Triton kernel with a device-side tile schedule (primus_turbo/triton/grouped_gemm).
+
+    On sm_90 with bf16 / fp16 operands it runs the warp-specialized Gluon kernel
+    (triton/grouped_gemm/grouped_gemm_gluon.py) wherever ``gluon_grouped_reason`` accepts the
+    inputs (TMA-aligned rows, K- or N-contiguous weights), unless
+    ``PRIMUS_TURBO_GROUPED_GEMM_GLUON=0``; the ``triton.language`` kernel everywhere else."""
 
     backend_type = BackendType.TRITON
 
@@ -121,9 +126,31 @@ class GroupedGemmTritonBackend(KernelBackend):
 
     @classmethod
     def execute(cls, a, b, group_lens, group_offs, num_cu=None, **_) -> torch.Tensor:
-        from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import grouped_gemm_triton
+        from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import group_offsets, grouped_gemm_triton
 
+        gluon = _gluon16("grouped_gemm_gluon", a)
+        if gluon is not None:
+            offs = group_offs if group_offs is not None else group_offsets(group_lens)
+            if gluon.gluon_grouped_reason(a, b, offs) is None:
+                return gluon.grouped_gemm_gluon(a, b, offs, num_programs=num_cu)
         return grouped_gemm_triton(a, b, group_lens, group_offs, num_cu=num_cu, checked=True)
+
+
+def _gluon16(name: str, t: torch.Tensor):
+    """The 16-bit Gluon grouped kernel module ``primus_turbo.triton.grouped_gemm.<name>`` when it
+    may run ``t``'s problem (CUDA bf16 / fp16, ``PRIMUS_TURBO_GROUPED_GEMM_GLUON`` not 0, module
+    importable), else None; the module's own ``*_reason`` check decides the rest (sm_90, strides)."""
+    if not t.is_cuda or t.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    try:
+        import importlib
+
+        mod = importlib.import_module(f"primus_turbo.triton.grouped_gemm.{name}")
+    except ImportError:
+        return None
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import gluon_grouped_enabled
+
+    return mod if gluon_grouped_enabled() else None
 
 
 def _make_key(a, b, group_lens, group_offs, num_cu=None, **_):
@@ -197,8 +224,14 @@ class GroupedGemmVariableKTritonBackend(KernelBackend):
 
     @classmethod
     def execute(cls, x, y, group_lens, group_offs, out=None, accumulate=False, num_cu=None, **_) -> torch.Tensor:
-        from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import grouped_gemm_variable_k_triton
+        from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import group_offsets, grouped_gemm_variable_k_triton
 
+        gluon = _gluon16("grouped_gemm_variable_k_gluon", x)  # the same rule as the M-grouped GEMM's
+        if gluon is not None:
+            offs = group_offs if group_offs is not None else group_offsets(group_lens)
+            if gluon.gluon_variable_k_reason(x, y, offs, out=out, accumulate=accumulate) is None:
+                return gluon.grouped_gemm_variable_k_gluon(x, y, offs, out=out, accumulate=accumulate,
+                                                           num_programs=num_cu)
         return grouped_gemm_variable_k_triton(
             x, y, group_lens, group_offs, out=out, accumulate=accumulate, num_cu=num_cu, checked=True)
 

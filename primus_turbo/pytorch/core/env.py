@@ -82,6 +82,12 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "included) on sm_90: 1 / auto the Gluon kernel where it can run (H200: 1.33x the Triton kernel), 0 the "
         "Triton kernel.",
     ),
+    "PRIMUS_TURBO_GROUPED_GEMM_GLUON": (
+        "auto",
+        "TRITON backend of grouped_gemm (bf16 / fp16: forward, dgrad, wgrad with fp32 main_grad accumulation) on "
+        "sm_90: 1 / auto the Gluon kernels where they can run (TMA-aligned rows, K- or N-contiguous weights, P a "
+        "multiple of 64 for the wgrad), 0 the Triton kernels.",
+    ),
     "PRIMUS_TURBO_PRINT_CONFIGS": ("0", "1: log the kernel config chosen for each new shape (INFO level)."),
 }
 

@@ -1,0 +1,376 @@
+"""The bf16 / fp16 Gluon grouped GEMMs: M-grouped forward / dgrad
+(primus_turbo/triton/grouped_gemm/grouped_gemm_gluon.py) and the variable-K wgrad
+(grouped_gemm_variable_k_gluon.py), and their place in the TRITON backend of ``grouped_gemm``.
+
+On CPU: the eligibility reasons, the config parser, the backend rule (``PRIMUS_TURBO_GROUPED_GEMM_GLUON``)
+with a mocked platform, and that every kernel variant compiles for sm_90 without spills or
+serialized wgmmas (also through the launchers' own arguments). On an sm_90 GPU: against the fp32
+reference (bf16 >= 45 dB, fp16 >= 50 dB) with balanced, unbalanced and empty groups, NaN rows past
+``group_offs[G]`` (zero output rows, never read by the wgrad), M / N / K tails, both weight
+layouts, fused fp32 accumulation, bitwise repeatability, and the op.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from primus_turbo.triton.grouped_gemm import grouped_gemm_gluon as gg  # noqa: E402
+from primus_turbo.triton.grouped_gemm import grouped_gemm_variable_k_gluon as vk  # noqa: E402
+from tests.triton.gluon_compile_child import rerun_outside_interpreter, warmup_for_sm90  # noqa: E402
+from tests.triton.gluon_gemm_helpers import fake_platform, needs_gluon, sm90  # noqa: E402
+from tests.triton.gluon_gemm_helpers import offsets as _offsets  # noqa: E402
+from tests.triton.gluon_gemm_helpers import snr as _snr  # noqa: E402
+
+MIN_SNR = {torch.bfloat16: 45.0, torch.float16: 50.0}
+
+
+def _script():
+    """scripts/check_gluon_grouped.py as a module (its sm_90 compile report)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "check_gluon_grouped.py"
+    spec = importlib.util.spec_from_file_location("check_gluon_grouped", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _operands(lens, N, K, device, dtype=torch.bfloat16, tail=0, kmajor=True):
+    """a [sum(lens) + tail, K] (tail rows NaN), the logical weight B [G, K, N] (K-contiguous when
+    ``kmajor``: a [G, N, K] weight's transposed view), dy [M, N], offsets."""
+    G, M = len(lens), sum(lens) + tail
+    a = torch.randn(M, K, device=device).to(dtype)
+    w = (torch.randn(G, N, K, device=device) / K ** 0.5).to(dtype)
+    B = w.transpose(1, 2) if kmajor else w.transpose(1, 2).contiguous()
+    dy = torch.randn(M, N, device=device).to(dtype)
+    if tail:
+        a[M - tail:] = float("nan")
+        dy[M - tail:] = float("nan")
+    return a, B, dy, _offsets(lens, device)
+
+
+def _ref_fwd(a, B, lens):
+    out = torch.zeros(a.shape[0], B.shape[2], dtype=torch.float64, device=a.device)
+    start = 0
+    for g, n in enumerate(lens):
+        out[start:start + n] = a[start:start + n].double() @ B[g].double()
+        start += n
+    return out
+
+
+def _ref_wgrad(x, y, lens):
+    out = torch.zeros(len(lens), x.shape[1], y.shape[1], dtype=torch.float64, device=x.device)
+    start = 0
+    for g, n in enumerate(lens):
+        out[g] = x[start:start + n].double().T @ y[start:start + n].double()
+        start += n
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: configs and reasons
+# ---------------------------------------------------------------------------------------------
+def test_config_parse_check_and_fit():
+    c = gg.GluonGroupedConfig.parse("n256s4")
+    assert (c.block_n, c.block_k, c.stages, c.epi_n, c.c_bufs) == (256, 64, 4, 128, 1)
+    assert gg.GluonGroupedConfig.parse(c.short()) == c
+    assert gg.GluonGroupedConfig.parse("n128k64s6g16e64c2r240w24").short() == "n128k64s6g16e64c2r240w24"
+    with pytest.raises(ValueError, match="bad Gluon grouped config"):
+        gg.GluonGroupedConfig.parse("m256s4")
+    assert c.check(2) is None and gg.GROUPED16_DEFAULT_CONFIG.check(2) is None
+    assert "shared memory" in gg.GluonGroupedConfig.parse("n256s5").check(2)
+    assert "epi_n" in gg.GluonGroupedConfig.parse("n128s4e256").check(2)
+    fitted = gg.fitted_config(gg.GROUPED16_DEFAULT_CONFIG, torch.float32)
+    assert fitted.check(4) is None and fitted.stages == gg.GROUPED16_DEFAULT_CONFIG.stages and fitted.epi_n == 64
+    for text in gg.GROUPED16_CANDIDATES:
+        assert gg.GluonGroupedConfig.parse(text).check(2) is None, text
+
+
+@needs_gluon
+def test_m_operand_reasons():
+    a, B, _, offs = _operands([40, 0, 100], 128, 64, "cpu")
+    assert gg.gluon_grouped_operand_reason(a, B, offs) is None  # K-major weight view
+    assert gg.gluon_grouped_operand_reason(a, B.contiguous(), offs) is None  # N-major
+    assert gg.gluon_grouped_operand_reason(a, B, None) is None  # offsets derived by the caller
+    cases = [
+        (dict(a=a.float(), b=B.float()), "bfloat16 or float16"),
+        (dict(b=B.half()), "bfloat16 or float16"),
+        (dict(a=a[:, :32]), "K mismatch"),
+        (dict(a=a.t().contiguous().t()), "K-contiguous"),
+        (dict(a=torch.randn(140, 68).to(torch.bfloat16)[:, :64]), "16-byte aligned"),
+        (dict(b=torch.randn(3, 64, 132).to(torch.bfloat16)[:, :, :128]), "K- or N-contiguous"),  # rows: 264 bytes
+        (dict(group_offs=offs.int()), "int64 [G+1]"),
+        (dict(group_offs=offs[:-1]), "int64 [G+1]"),
+        (dict(b=B.contiguous()[:, :, :124]), "16-byte aligned for the TMA store"),  # rows 248 bytes, out 248
+        (dict(out_dtype=torch.float16), "must be the operands'"),
+    ]
+    for over, match in cases:
+        kw = {**dict(a=a, b=B, group_offs=offs), **over}
+        reason = gg.gluon_grouped_operand_reason(**kw)
+        assert reason is not None and match in reason, (over.keys(), reason)
+    assert gg.gluon_grouped_operand_reason(a, B, offs, torch.float32) is None
+    reason = gg.gluon_grouped_reason(a, B, offs)
+    assert "cpu" in reason and "sm_90" in reason, reason
+    with pytest.raises(ValueError, match="grouped_gemm_gluon"):
+        gg.grouped_gemm_gluon(a, B, offs)
+
+
+@needs_gluon
+def test_variable_k_operand_reasons():
+    x = torch.randn(300, 128).to(torch.bfloat16)
+    y = torch.randn(300, 200).to(torch.bfloat16)
+    offs = _offsets([100, 0, 150], "cpu")
+    assert vk.gluon_variable_k_operand_reason(x, y, offs) is None
+    out32 = torch.zeros(3, 128, 200)
+    cases = [
+        (dict(x=x[:, :96]), "multiple of 64"),
+        (dict(y=y.half()), "bfloat16 or float16"),
+        (dict(y=y[:200]), "x must be [M_total, P]"),
+        (dict(x=x.t().contiguous().t()), "row-major"),
+        (dict(y=torch.randn(300, 204).to(torch.bfloat16)[:, :196]), "row-major"),  # rows of 408 bytes
+        (dict(accumulate=True), "accumulate=True needs out"),
+        (dict(out=out32.to(torch.bfloat16), accumulate=True), "out must be float32"),
+        (dict(out=torch.zeros(3, 128 + 64, 200)[:, :128]), "experts stacked"),
+        (dict(out=torch.zeros(4, 128, 200)), "expected [G, P, Q]"),
+        (dict(out_dtype=torch.float16), "must be the operands'"),
+        (dict(group_offs=offs.int()), "int64 [G+1]"),
+    ]
+    for over, match in cases:
+        kw = {**dict(x=x, y=y, group_offs=offs), **over}
+        reason = vk.gluon_variable_k_operand_reason(**kw)
+        assert reason is not None and match in reason, (over.keys(), reason)
+    assert vk.gluon_variable_k_operand_reason(x, y, offs, out=out32, accumulate=True) is None
+    assert vk.gluon_variable_k_operand_reason(x, y, offs, out=torch.zeros(3, 128, 208)[:, :, :200]) is None
+    with pytest.raises(ValueError, match="grouped_gemm_variable_k_gluon"):
+        vk.grouped_gemm_variable_k_gluon(x, y, offs)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the TRITON backend's rule
+# ---------------------------------------------------------------------------------------------
+@needs_gluon
+def test_triton_backend_takes_gluon_where_it_can(monkeypatch):
+    """With the platform mocked as sm_90 (and tensors that claim CUDA), the TRITON backends call
+    the Gluon launchers unless PRIMUS_TURBO_GROUPED_GEMM_GLUON=0 or the reason says no."""
+    from primus_turbo.pytorch.backends import grouped_gemm as be
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as tlk
+
+    fake_platform(monkeypatch, gg)
+    fake_platform(monkeypatch, vk)
+    calls = []
+    monkeypatch.setattr(gg, "grouped_gemm_gluon", lambda *a, **k: calls.append("gluon") or "g")
+    monkeypatch.setattr(vk, "grouped_gemm_variable_k_gluon", lambda *a, **k: calls.append("gluon_vk") or "gv")
+    monkeypatch.setattr(tlk, "grouped_gemm_triton", lambda *a, **k: calls.append("tl") or "t")
+    monkeypatch.setattr(tlk, "grouped_gemm_variable_k_triton", lambda *a, **k: calls.append("tl_vk") or "tv")
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    a, B, dy, offs = _operands([40, 0, 100], 128, 64, "cpu")
+    lens = offs[1:] - offs[:-1]
+    var = gg.GLUON_GROUPED_ENV
+    for value, expect in ((None, "g"), ("auto", "g"), ("1", "g"), ("0", "t")):
+        if value is None:
+            monkeypatch.delenv(var, raising=False)
+        else:
+            monkeypatch.setenv(var, value)
+        assert be.GroupedGemmTritonBackend.execute(a, B, lens, offs) == expect, value
+        assert be.GroupedGemmTritonBackend.execute(a, B, lens, None) == expect, value  # offsets derived
+        assert be.GroupedGemmVariableKTritonBackend.execute(dy, a, lens, offs) == expect + "v", value
+    monkeypatch.delenv(var, raising=False)
+    # what the Gluon kernels do not take goes to the tl kernels
+    assert be.GroupedGemmTritonBackend.execute(a.float(), B.float(), lens, offs) == "t"
+    assert be.GroupedGemmVariableKTritonBackend.execute(dy, a, lens, offs, out=torch.zeros(3, 128, 64,
+                                                        dtype=torch.bfloat16), accumulate=True) == "tv"
+    assert be.GroupedGemmVariableKTritonBackend.execute(dy, a, lens, offs, out=torch.zeros(3, 128, 64),
+                                                        accumulate=True) == "gv"
+    assert be.GroupedGemmVariableKTritonBackend.execute(dy[:, :96], a, lens, offs) == "tv"  # P % 64
+    monkeypatch.setenv(var, "maybe")
+    with pytest.raises(ValueError, match=var):
+        gg.gluon_grouped_enabled()
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: sm_90 compile
+# ---------------------------------------------------------------------------------------------
+@needs_gluon
+@pytest.mark.parametrize("variant", _script().COMPILE_VARIANTS, ids=lambda v: "-".join(map(str, v)))
+@pytest.mark.parametrize("config", ["n256k64s4", "n128k64s6"])
+def test_compiles_for_sm90_without_spills(variant, config, request):
+    """Every kernel variant (M-grouped with K- / N-major B, bf16 and fp16; variable-K with 16-bit
+    or fp32 output and the fp32 reduce-add): no spills, no serialized wgmmas, shared memory within
+    sm_90's, 4 wgmmas per warpgroup per 64-deep K block, the TMA loads / stores expected."""
+    if rerun_outside_interpreter(request):
+        return
+    kind, dt, odt, kmajor, acc = variant
+    torch_out = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[odt]
+    cfg = gg.fitted_config(gg.GluonGroupedConfig.parse(config), torch_out)
+    try:
+        r = _script().compile_config(cfg, kind, dt, odt, kmajor, acc)
+    except FileNotFoundError as exc:
+        pytest.skip(f"ptxas not available: {exc}")
+    assert r["spill_bytes"] == 0 and not r["serialized"] and r["shared"] <= 232448, r
+    counts = r["sass_counts"]
+    if not any(counts.values()):
+        pytest.skip("cuobjdump not available: no SASS to count")
+    assert counts["wgmma"] == 8 and counts["local_store"] == 0 and counts["local_load"] == 0, counts
+    n_major = kind == "vk" or not kmajor  # B boxes of 64 columns each (one 128-byte swizzle row)
+    assert counts["tma_load"] == 2 + (cfg.block_n // 64 if n_major else 1), counts
+    stores = 2 * (cfg.block_n // cfg.epi_n)
+    assert (counts["tma_reduce"], counts["tma_store"]) == ((stores, 0) if acc else (0, stores)), counts
+    ty = {"bf16": "bf16", "fp16": "f16"}[dt]
+    wgmma = "m64n%dk16.f32.%s.%s" % (cfg.block_n, ty, ty)
+    assert wgmma in r["ptx"], wgmma
+
+
+@needs_gluon
+@pytest.mark.parametrize("kmajor", [True, False])
+def test_m_launcher_arguments_bind_and_compile_for_sm90(kmajor, monkeypatch, request):
+    """The launcher's own arguments (3-D weight descriptor of either layout, output pointer and
+    descriptor, offsets) bind and compile for sm_90 with a stand-in driver."""
+    if rerun_outside_interpreter(request):
+        return
+    a, B, _, offs = _operands([100, 0, 300], 192, 136, "cpu", tail=5, kmajor=kmajor)
+    out = torch.empty(a.shape[0], 192, dtype=torch.bfloat16)
+    args, kwargs = gg._kernel_args(a, B, offs, out, gg.GROUPED16_DEFAULT_CONFIG)
+    assert kwargs["B_KMAJOR"] is kmajor
+    kernel = warmup_for_sm90(gg._grouped_gemm_gluon_ws_kernel, args, kwargs, monkeypatch)
+    assert kernel.metadata.shared <= 232448 and kernel.metadata.num_warps == 12
+
+
+@needs_gluon
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_vk_launcher_arguments_bind_and_compile_for_sm90(accumulate, monkeypatch, request):
+    if rerun_outside_interpreter(request):
+        return
+    x = torch.randn(400, 192).to(torch.bfloat16)
+    y = torch.randn(400, 136).to(torch.bfloat16)
+    offs = _offsets([100, 0, 290], "cpu")
+    out = torch.zeros(3, 192, 136, dtype=torch.float32 if accumulate else torch.bfloat16)
+    cfg = gg.fitted_config(vk.VARIABLE_K16_DEFAULT_CONFIG, out.dtype)
+    args, kwargs = vk._kernel_args(x, y, offs, out, cfg, accumulate)
+    assert list(args[2].shape) == [3 * 192, 136]
+    kernel = warmup_for_sm90(vk._grouped_gemm_variable_k_gluon_ws_kernel, args, kwargs, monkeypatch)
+    assert kernel.metadata.shared <= 232448 and kernel.metadata.num_warps == 12
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: correctness
+# ---------------------------------------------------------------------------------------------
+LENS = {
+    "balanced": [512, 512, 512, 512],
+    "unbalanced": [0, 1000, 37, 0, 333, 1],
+    "small": [5, 0, 63, 64, 65, 0, 128, 17],
+}
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern", list(LENS))
+@pytest.mark.parametrize("N,K", [(256, 512), (192, 136), (384, 72)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kmajor", [True, False])
+@pytest.mark.parametrize("config", [None, "n128k64s6", "n256k64s3e256"])
+def test_m_grouped_matches_reference(pattern, N, K, dtype, kmajor, config):
+    lens = LENS[pattern]
+    a, B, _, offs = _operands(lens, N, K, "cuda", dtype, tail=7, kmajor=kmajor)
+    cfg = gg.GluonGroupedConfig.parse(config) if config else None
+    assert gg.gluon_grouped_reason(a, B, offs) is None
+    out = torch.full((a.shape[0], N), float("nan"), device="cuda", dtype=dtype)
+    res = gg.grouped_gemm_gluon(a, B, offs, config=cfg, out=out)
+    assert res is out
+    assert torch.all(out[sum(lens):] == 0), "rows past offs[G] must be zero"
+    assert _snr(_ref_fwd(a, B, lens), out) >= MIN_SNR[dtype], (pattern, N, K)
+    assert torch.equal(gg.grouped_gemm_gluon(a, B, offs, config=cfg), out)  # bitwise repeatable
+    few = gg.grouped_gemm_gluon(a, B, offs, config=cfg, num_programs=3)
+    assert torch.equal(few, out)
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern", list(LENS))
+@pytest.mark.parametrize("P,Q", [(256, 512), (192, 200), (64, 136)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config", [None, "n128k64s6"])
+def test_variable_k_matches_reference(pattern, P, Q, dtype, config):
+    """Any group offsets (the last token block of a group reloads earlier rows and zeroes them),
+    NaN rows past offs[G] never read, empty groups zero."""
+    lens = LENS[pattern]
+    M = sum(lens) + 9
+    x = torch.randn(M, P, device="cuda").to(dtype)
+    y = torch.randn(M, Q, device="cuda").to(dtype)
+    x[sum(lens):] = float("nan")
+    y[sum(lens):] = float("nan")
+    offs = _offsets(lens, "cuda")
+    cfg = gg.GluonGroupedConfig.parse(config) if config else None
+    assert vk.gluon_variable_k_reason(x, y, offs) is None
+    out = torch.full((len(lens), P, Q), float("nan"), device="cuda", dtype=dtype)
+    res = vk.grouped_gemm_variable_k_gluon(x, y, offs, out=out, config=cfg)
+    assert res is out
+    for g, n in enumerate(lens):
+        if n == 0:
+            assert torch.all(out[g] == 0), f"empty group {g} must be zero"
+    assert _snr(_ref_wgrad(x, y, lens), out) >= MIN_SNR[dtype], (pattern, P, Q)
+    assert torch.equal(vk.grouped_gemm_variable_k_gluon(x, y, offs, config=cfg), out)
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern", ["balanced", "unbalanced"])
+def test_variable_k_accumulates_into_fp32(pattern):
+    lens = LENS[pattern]
+    P, Q = 256, 384
+    x = torch.randn(sum(lens), P, device="cuda").to(torch.bfloat16)
+    y = torch.randn(sum(lens), Q, device="cuda").to(torch.bfloat16)
+    offs = _offsets(lens, "cuda")
+    c0 = torch.randn(len(lens), P, Q, device="cuda")
+    out = c0.clone()
+    assert vk.grouped_gemm_variable_k_gluon(x, y, offs, out=out, accumulate=True) is out
+    for g, n in enumerate(lens):
+        if n == 0:
+            assert torch.equal(out[g], c0[g]), f"empty group {g} must be unchanged"
+    ref = _ref_wgrad(x, y, lens)
+    assert _snr(ref + c0.double(), out) >= 60.0
+    vk.grouped_gemm_variable_k_gluon(x, y, offs, out=out, accumulate=True)
+    assert _snr(2 * ref + c0.double(), out) >= 60.0
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("trans_b", [True, False])
+@pytest.mark.parametrize("fuse", [None, "megatron"])
+def test_op_triton_backend_runs_gluon(trans_b, fuse, monkeypatch):
+    """turbo.ops.grouped_gemm pinned to TRITON: the same forward and grads with the switch on
+    (Gluon) and off (tl kernels), the Gluon launchers called when on."""
+    import primus_turbo.pytorch as turbo
+    from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager
+
+    G, N, K = 4, 384, 256
+    lens = torch.tensor([300, 0, 451, 200], device="cuda")
+    a0 = torch.randn(1000, K, device="cuda").to(torch.bfloat16)
+    w0 = (torch.randn((G, N, K) if trans_b else (G, K, N), device="cuda") / 16).to(torch.bfloat16)
+    dy = torch.randn(1000, N, device="cuda").to(torch.bfloat16)
+    calls = []
+    real_m, real_vk = gg.grouped_gemm_gluon, vk.grouped_gemm_variable_k_gluon
+    monkeypatch.setattr(gg, "grouped_gemm_gluon", lambda *a, **k: calls.append("m") or real_m(*a, **k))
+    monkeypatch.setattr(vk, "grouped_gemm_variable_k_gluon", lambda *a, **k: calls.append("vk") or real_vk(*a, **k))
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON)
+    try:
+        res = {}
+        for value in ("0", "1"):
+            monkeypatch.setenv(gg.GLUON_GROUPED_ENV, value)
+            calls.clear()
+            a = a0.clone().requires_grad_()
+            w = w0.clone().requires_grad_()
+            if fuse:
+                w.main_grad = torch.zeros(w.shape, device="cuda")
+            out = turbo.ops.grouped_gemm(a, w, lens, trans_b=trans_b, fuse_bgrad_accum_pattern=fuse)
+            out.backward(dy)
+            res[value] = (out, a.grad, w.main_grad if fuse else w.grad)
+            assert calls == ([] if value == "0" else ["m", "m", "vk"]), (value, calls)
+        for ref, got in zip(res["0"], res["1"]):
+            assert _snr(ref.float(), got) >= 45.0
+    finally:
+        GlobalBackendManager.reset()
