@@ -510,13 +510,11 @@ def _kernel_args(a, b, group_offs, out, cfg: GluonGroupedConfig) -> tuple:
 
 
 def _launch_reason(a, b, group_offs, out, num_programs) -> Optional[str]:
-    if group_offs is None:
-        return "group_offs [G+1] on the device is needed"
-    M, N = a.shape[0], b.shape[2]
-    if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, N) or not out.is_contiguous()
-                            or out.device != a.device or out.data_ptr() % 16):
-        return f"out must be a contiguous, 16-byte aligned [M_total, N] = {[M, N]} tensor on {a.device}"
-    return _dense._num_programs_reason(num_programs)
+    """The FP8 grouped launcher's checks (offsets given, a usable out, num_programs) for the logical
+    [G, K, N] ``b`` (that one reads N from a [G, N, K] weight)."""
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_gluon import _launch_reason as fp8_launch_reason
+
+    return fp8_launch_reason(a, b.transpose(1, 2), group_offs, out, num_programs)
 
 
 def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tensor,

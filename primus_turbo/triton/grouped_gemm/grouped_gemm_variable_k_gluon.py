@@ -83,15 +83,20 @@ if GLUON_AVAILABLE:
         return g, pid_p, pid_q, k_start, k_end
 
     @gluon.jit
+    def _vk_grid(P, Q, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """(tile rows, tile columns, tiles) of one expert's [P, Q] output."""
+        num_pid_p = gl.cdiv(P, BLOCK_M)
+        num_pid_q = gl.cdiv(Q, BLOCK_N)
+        return num_pid_p, num_pid_q, num_pid_p * num_pid_q
+
+    @gluon.jit
     def _vk16_producer(x_desc, y_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, P, Q, G,
                        GROUP_M: gl.constexpr, STAGES: gl.constexpr):
         """One warp: per tile, the TMA loads of the group's token blocks (none for an empty group)."""
         BLOCK_K: gl.constexpr = x_desc.block_type.shape[0]
         HALF_M: gl.constexpr = x_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = y_desc.block_type.shape[2]
-        num_pid_p = gl.cdiv(P, 2 * HALF_M)
-        num_pid_q = gl.cdiv(Q, BLOCK_N)
-        tiles_per_group = num_pid_p * num_pid_q
+        num_pid_p, num_pid_q, tiles_per_group = _vk_grid(P, Q, 2 * HALF_M, BLOCK_N)
         it = 0
         for tile_id in range(gl.program_id(0), G * tiles_per_group, gl.num_programs(0)):
             g, pid_p, pid_q, k_start, k_end = _vk_tile16(tile_id, tiles_per_group, num_pid_p, num_pid_q, offs_ptr,
@@ -140,9 +145,7 @@ if GLUON_AVAILABLE:
         BLOCK_N: gl.constexpr = b_bufs.type.shape[3]
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, BLOCK_N, 16])
-        num_pid_p = gl.cdiv(P, 2 * HALF_M)
-        num_pid_q = gl.cdiv(Q, BLOCK_N)
-        tiles_per_group = num_pid_p * num_pid_q
+        num_pid_p, num_pid_q, tiles_per_group = _vk_grid(P, Q, 2 * HALF_M, BLOCK_N)
         it = 0
         st = 0
         for tile_id in range(gl.program_id(0), G * tiles_per_group, gl.num_programs(0)):
