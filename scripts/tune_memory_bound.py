@@ -6,7 +6,10 @@ device copy measured in the same run.
 Sweeps (bf16 inputs):
 - ``rmsnorm_bwd``: BLOCK_R x num_warps x programs per SM (dgamma partials summed, as the op does);
 - ``fp4`` / ``fp4_with_trans``: MXFP4 tile (TR, TC, num_warps);
-- ``fp8_with_trans_*``: square tile edge and num_warps of the two-copy FP8 quantizer.
+- ``fp8_with_trans_*``: square tile edge and num_warps of the two-copy FP8 quantizer;
+- ``merge_rows``: the weighted top-k merge of moe_unpermute (BLOCK_T x num_warps), T tokens of
+  H 7168 from T x 8 permuted rows, bytes = rows read + tokens written; every config's output is
+  compared bit for bit with the default's.
 Writes ``tune_memory_bound.json`` and prints the best configuration per sweep last. Correctness
 is not checked here (the tests and the benchmarks do that); every config's outputs are the same
 function of x, only the launch differs.
@@ -77,6 +80,32 @@ def _host_profile(dev, out_dir: Path) -> None:
     print(f"host profile: {path}", flush=True)
 
 
+def _sweep_merge_rows(dev, copy_gbps, record, rows) -> None:
+    from primus_turbo.triton.moe.permute_kernel import merge_rows_launch
+
+    k, h = 8, 7168
+    for t in (8192, 16384):
+        shape = (t, h)
+        copy = copy_gbps(shape)
+        rows.append({"sweep": "device-copy", "shape": list(shape), "gbps": copy})
+        src = torch.randn(t * k, h, device=dev, dtype=torch.bfloat16)
+        row_map = torch.randperm(t * k, device=dev).view(t, k).to(torch.int32)
+        w = torch.rand(t, k, device=dev)
+        out = torch.empty(t, h, device=dev, dtype=torch.bfloat16)
+        ref = merge_rows_launch(src, out, row_map, w).clone()
+        nbytes = (t * k * h + t * h) * 2
+        for bt in (1, 2, 4, 8):
+            for nw in (2, 4, 8):
+                def fn(bt=bt, nw=nw):
+                    return merge_rows_launch(src, out, row_map, w, block_t=bt, num_warps=nw)
+                record("merge_rows", shape, {"block_t": bt, "num_warps": nw}, nbytes, fn, copy)
+                if rows[-1].get("error") is None and not torch.equal(out, ref):
+                    rows[-1]["error"] = "output differs from the default config's"
+                    print("  ^ output differs from the default config's", flush=True)
+        src = out = None  # noqa: F841
+        torch.cuda.empty_cache()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
@@ -108,6 +137,9 @@ def main(argv=None) -> int:
             r = {"sweep": sweep, "shape": list(shape), "config": cfg, "error": f"{type(exc).__name__}: {exc}"[:300]}
         rows.append(r)
         print(json.dumps(r), flush=True)
+
+    if want("merge_rows"):
+        _sweep_merge_rows(dev, copy_gbps, record, rows)
 
     for shape in ((16384, 4096), (16384, 7168)):
         copy = copy_gbps(shape)

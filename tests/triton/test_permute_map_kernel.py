@@ -137,3 +137,24 @@ def test_fused_gather_rows_and_probs(device):
     want = torch.where(ok[:, None], x[(src.clamp(min=0) // k)], torch.zeros(()))
     assert torch.equal(out, want)
     assert torch.equal(pout, torch.where(ok, probs.reshape(-1)[src.clamp(min=0)], torch.zeros(())))
+
+
+@pytest.mark.parametrize("k,weighted,block_t", [(1, True, None), (8, True, None), (8, False, 4), (20, True, None)])
+def test_merge_rows_kernel_matches_reference(k, weighted, block_t):
+    """merge_rows_launch (unrolled terms for k <= MERGE_UNROLL_MAX, a runtime loop above) against the
+    fp32 sum in ascending j of the torch path: fp32 output, so the two agree bit for bit; rows
+    marked -1 (dropped pairs) contribute nothing; the output is poisoned first."""
+    g = torch.Generator().manual_seed(100 + k)
+    t, h, n_src = 7, 200, 40  # h not a power of two: a masked column step
+    src = torch.randn(n_src, h, generator=g)
+    row_map = torch.randint(0, n_src, (t, k), generator=g, dtype=torch.int32)
+    row_map[torch.rand(t, k, generator=g) < 0.25] = -1
+    w = torch.rand(t, k, generator=g) if weighted else None
+    out = torch.full((t, h), float("nan"))
+    pk.merge_rows_launch(src, out, row_map, w, block_t=block_t)
+    ref = torch.zeros(t, h)
+    for j in range(k):
+        r = row_map[:, j].long()
+        x = src[r.clamp(min=0)] * (w[:, j:j + 1] if weighted else 1.0)
+        ref += torch.where((r >= 0)[:, None], x, torch.zeros(()))
+    assert torch.equal(out, ref)
