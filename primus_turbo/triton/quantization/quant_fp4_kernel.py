@@ -378,12 +378,18 @@ def _dequant_mxfp4_kernel(
 FP4_CANDIDATES = (
     (8, 1024, 8), (4, 1024, 4), (8, 1024, 4), (16, 1024, 8), (16, 512, 8), (16, 1024, 16), (32, 512, 16),
     (32, 256, 8), (4, 512, 4),
+    # the bf16-pair kernel (quant_fp4_packed.py): ~7 SASS instructions per element instead of ~21
+    (8, 1024, 4, "packed"), (16, 1024, 8, "packed"), (4, 1024, 4, "packed"), (8, 512, 4, "packed"),
+    (16, 1024, 4, "packed"), (32, 512, 8, "packed"), (8, 1024, 8, "packed"),
 )
 #: the two-copy kernel: (TR, TC, num_warps[, maxnreg]), TR and TC multiples of 32; maxnreg caps the
 #: registers per thread (ptx .maxnreg: more programs per SM)
 FP4_WITH_TRANS_CANDIDATES = (
     (64, 128, 4), (32, 256, 4, 128), (32, 128, 4), (64, 64, 4), (64, 256, 8), (32, 256, 4), (64, 128, 8),
     (128, 128, 8), (128, 64, 4), (32, 64, 2), (64, 128, 4, 128), (64, 128, 4, 96),
+    # the bf16-pair kernel (quant_fp4_packed.py): (TR, TC, num_warps, "packed"[, maxnreg])
+    (64, 128, 4, "packed"), (64, 128, 4, "packed", 128), (32, 128, 4, "packed"), (64, 256, 8, "packed"),
+    (128, 128, 8, "packed"), (32, 256, 4, "packed"), (64, 64, 4, "packed"), (128, 64, 4, "packed"),
 )
 
 
@@ -451,6 +457,16 @@ def fp4_quant_launch(x: torch.Tensor, along_cols: bool, with_trans: bool = False
         st = torch.empty((cols, rows // _BLOCK), dtype=torch.uint8, device=dev)
     else:
         pt, st = p, s
+    if _packed(tile, x, with_trans, sr, sr_t):
+        # the bf16-pair kernels (quant_fp4_packed.py): tile (TR, TC, num_warps, "packed"[, maxnreg])
+        from .quant_fp4_packed import fp4_packed_launch, fp4_packed_with_trans_launch
+
+        cfg = (*tile[:3], *tile[4:])
+        if with_trans:
+            return fp4_packed_with_trans_launch(x, cfg)
+        return fp4_packed_launch(x, cfg)
+    if tile is not None and len(tile) > 3 and tile[3] == "packed":
+        tile = (*tile[:3], *tile[4:])  # not covered here: the same tile for the tl kernels
     generic = tile is not None and len(tile) > 3 and tile[3] == "generic"
     if with_trans and not generic and rows % 32 == 0 and cols % 32 == 0 and rows > 0 and cols > 0 \
             and x.stride(1) == 1:
@@ -481,6 +497,19 @@ def fp4_quant_launch(x: torch.Tensor, along_cols: bool, with_trans: bool = False
     if with_trans:
         return p, s, pt, st
     return p, s
+
+
+def _packed(tile, x: torch.Tensor, with_trans: bool, sr: bool, sr_t: bool) -> bool:
+    """Whether ``tile`` selects the bf16-pair kernels (``(TR, TC, num_warps, "packed"[, maxnreg])``)
+    and they cover this call (bf16 x, no stochastic rounding, shapes as fp4_packed_ok)."""
+    if tile is None or len(tile) < 4 or tile[3] != "packed" or sr or sr_t:
+        return False
+    from .quant_fp4_packed import fp4_packed_ok
+
+    if not fp4_packed_ok(x, with_trans):
+        return False
+    tr, tc = tile[0], tile[1]
+    return tc % 32 == 0 and (tr % 32 == 0 if with_trans else tr >= 1)
 
 
 def fp4_dequant_launch(packed: torch.Tensor, scale: torch.Tensor, along_cols: bool, out_dtype: torch.dtype):
