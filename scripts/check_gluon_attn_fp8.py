@@ -24,6 +24,20 @@ Reached through ``scripts/check_gluon_attn.py --fp8`` (same options) or directly
    means; writes DIR/gluon_attn_fp8.json.
 
 Exit status 1 if any correctness check fails.
+
+``--compare`` (own options, one GPU call of about 2-4 minutes): old vs new FP8 forward options
+side by side. For head dim 128 (seq 4096 and 16384) and 64 (seq 4096), causal and full, 32 heads,
+batch * seq = 16k tokens, it times our bf16 Gluon forward, the tl FP8 forward (default and each
+``--tl-emu`` value: ``exp_emu``, 1/N of the exponentials on the FMA pipe) and the Gluon FP8 forward
+(default and each ``--fp8-configs`` config: ``k`` key-permuted K load / shuffle-free P, ``e<N>``
+exponential emulation, ``p`` ping-pong), and prints TFLOP/s and the ratio to the bf16 forward.
+Before timing, each variant's O on a small ragged GQA case (B=2, seq 1008, 4/2 heads: tail
+masks, the flattened key index of ``k``) is compared with fp32 attention on the dequantized inputs
+(>= 28 dB), on the unquantized inputs (>= 20 dB) and with its family's default (>= 30 dB); a
+variant that fails is not timed:
+
+    PYTHONPATH=. python scripts/check_gluon_attn_fp8.py --compare [--out DIR]
+        [--fp8-configs n128s4k n128s4ke2 ...] [--tl-emu 2 4] [--seq 4096 16384] [--head-dims 128 64]
 """
 
 from __future__ import annotations
@@ -122,6 +136,28 @@ def _a_register_hazards(sass: str) -> int:
     return bad
 
 
+def loop_ops(sass: str, ops=("MUFU", "FFMA", "FADD", "FMNMX", "F2FP", "PRMT", "LOP3", "SHFL", "SEL")) -> dict:
+    """Opcode counts of the first innermost loop that issues QGMMAs (a consumer's full-block loop:
+    one key block of 64 rows per warp), plus ``instrs``, its instruction count."""
+    from collections import Counter
+
+    ins = []
+    for ln in sass.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", ln)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2)))
+    for i, (addr, text) in enumerate(ins):
+        m = re.search(r"\bBRA (?:`\()?0x([0-9a-f]+)", text)
+        if not m or int(m.group(1), 16) >= addr:
+            continue
+        body = [t for a, t in ins if int(m.group(1), 16) <= a <= addr]
+        inner = sum(bool(re.search(r"\bBRA (?:`\()?0x([0-9a-f]+)", t)) for t in body[:-1])
+        c = Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
+        if c["QGMMA"] and inner <= 8:
+            return dict(instrs=len(body), **{o: c[o] for o in ops})
+    return {}
+
+
 def compile_attn_fp8(head_dim: int, causal: bool, out_dtype: str = "bf16", sink: bool = False, blk: int = 128,
                      cfg=None, dump: str | None = None, sass_out: bool = False) -> dict:
     """Compile the Gluon FP8 forward for sm_90 and report what ptxas and the SASS say: ``regs``
@@ -140,7 +176,8 @@ def compile_attn_fp8(head_dim: int, causal: bool, out_dtype: str = "bf16", sink:
 
     odt = {"bf16": gl.bfloat16, "fp16": gl.float16}[out_dtype]
     sig = {"q_desc": box("fp8e4nv", gl.float8e4nv, (1, f8.HALF_M, 1, head_dim)),
-           "k_desc": box("fp8e4nv", gl.float8e4nv, (1, cfg.block_n, 1, head_dim)),
+           "k_desc": box("fp8e4nv", gl.float8e4nv, (cfg.block_n // 16, 2, 4, 2, head_dim) if cfg.kperm
+                         else (1, cfg.block_n, 1, head_dim)),
            "v_desc": box("fp8e4nv", gl.float8e4nv, (1, head_dim, 1, cfg.block_n)),
            "o_desc": box(out_dtype, odt, (1, f8.HALF_M, 1, head_dim)),
            "QS": "*fp32", "KS": "*fp32", "VS": "*fp32", "LSE": "*fp32", "SINK": "*fp32",
@@ -148,13 +185,14 @@ def compile_attn_fp8(head_dim: int, causal: bool, out_dtype: str = "bf16", sink:
            "offset": "i32", "win_right": "i32", "qk_scale": "fp32"}
     consts = dict(HAS_RIGHT=bool(causal), HAS_SINK=bool(sink), STAGES=cfg.stages, BLK=blk, P_SCALE=f8.P_SCALE,
                   P_LOG2=float(math.log2(f8.P_SCALE)), CONSUMER_REGS=cfg.consumer_regs,
-                  PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong)
+                  PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, KPERM=cfg.kperm, EMU=cfg.emu,
+                  EMU_DEG=cfg.emu_deg)
     name = (f"attn_fp8_d{head_dim}_{'causal' if causal else 'full'}_{out_dtype}{'_sink' if sink else ''}"
             f"_blk{blk}_{cfg.short()}")
 
     def extra(sass):
         return dict(overlap=_overlapped_softmax(sass) if sass else None,
-                    a_hazards=_a_register_hazards(sass) if sass else None)
+                    a_hazards=_a_register_hazards(sass) if sass else None, loop=loop_ops(sass) if sass else None)
 
     return _attn.compile_sm90(f8._attn_fp8_fwd_ws_kernel, sig, consts, name, "QGMMA", extra, dump, sass_out)
 
@@ -166,12 +204,20 @@ def compile_variants() -> list:
         (128, True, "bf16", True, 128), (64, False, "fp16", True, 128), (128, False, "bf16", False, 64)]
 
 
-def compile_report(dump: str | None = None, sass_out: bool = False) -> tuple[list, int]:
+def compile_report(dump: str | None = None, sass_out: bool = False, configs=()) -> tuple[list, int]:
+    """Every shipped variant; with ``configs`` (e.g. n128s4k n128s4ke2), those configs at head dim
+    128 and 64, causal and not, instead."""
+    from primus_turbo.triton.attention import flash_attn_fp8_fwd_gluon as f8
+
     rows, bad = [], 0
-    for d, c, dt, sk, blk in compile_variants():
-        r = _attn.compile_row(rows, f"attn fp8 d{d} causal={c} {dt} sink={sk} blk={blk}",
+    todo = [(d, c, dt, sk, blk, None) for d, c, dt, sk, blk in compile_variants()]
+    if configs:
+        todo = [(d, c, "bf16", False, 128, f8.GluonAttnFp8Config.parse(t)) for t in configs for d in (128, 64)
+                for c in (False, True)]
+    for d, c, dt, sk, blk, cfg in todo:
+        r = _attn.compile_row(rows, f"attn fp8 d{d} causal={c} {dt} sink={sk} blk={blk} {cfg.short() if cfg else ''}",
                               f"attn_fp8_d{d}_{c}_{dt}_{sk}_{blk}",
-                              lambda: compile_attn_fp8(d, c, dt, sk, blk, dump=dump, sass_out=sass_out))
+                              lambda: compile_attn_fp8(d, c, dt, sk, blk, cfg, dump=dump, sass_out=sass_out))
         if r is None:
             bad += 1
             continue
@@ -181,7 +227,7 @@ def compile_report(dump: str | None = None, sass_out: bool = False) -> tuple[lis
         bad += bool(flag)
         print(f"{'ok  ' if not flag else 'BAD '} {r['variant']}: smem={r['shared']} launch maxnreg={r['regs']} "
               f"registers used={r['max_reg']} spill_bytes={r['spill_bytes']} STL/LDL={r['local_mem']} "
-              f"QGMMA={r['qgmma']} overlap={r['overlap']} setmaxnreg={r['setmaxnreg']}{flag}")
+              f"QGMMA={r['qgmma']} overlap={r['overlap']} setmaxnreg={r['setmaxnreg']} loop={r['loop']}{flag}")
         rows.append(r)
     return rows, bad
 
@@ -343,7 +389,7 @@ def main(args) -> int:
     """``args``: check_gluon_attn.py's parsed options (out, quick, seq, head_dims, heads, heads_kv, only,
     no_timing, configs, compile_only, dump, sass, timeout)."""
     if args.compile_only:
-        _, bad = compile_report(args.dump, args.sass)
+        _, bad = compile_report(args.dump, args.sass, args.configs)
         return 1 if bad else 0
     import torch
 
@@ -364,7 +410,157 @@ def main(args) -> int:
                     "flash_attn_fp8_func incl. quantization")
 
 
+# ---------------------------------------------------------------------------------------------
+# GPU: --compare (old vs new FP8 forward options in one call)
+# ---------------------------------------------------------------------------------------------
+COMPARE_CONFIGS = ["n128s4k", "n128s4ke2", "n128s4ke4", "n128s4pk"]
+COMPARE_TL_EMU = [2, 4]
+MIN_SNR_SAME = 30.0  # an option vs its family's default (tl or Gluon) on the same FP8 tensors
+
+
+def _compare_impls(q, k, v, D, causal, configs, tl_emu, blk=128):
+    """name -> callable of every variant for these bf16 inputs (bshd); the FP8 ones on the op's own
+    quantization, made once here (not timed)."""
+    from primus_turbo.pytorch.ops import attention_fp8 as opf8
+    from primus_turbo.triton.attention import flash_attn_fp8_fwd_gluon as f8
+    from primus_turbo.triton.attention import flash_attn_fwd_gluon as fa
+    from primus_turbo.triton.attention.flash_attn_fp8 import flash_attn_fp8_fwd_triton
+
+    scale, wr = D ** -0.5, (0 if causal else -1)
+    q8, k8, v8t, qs, ks, vs = opf8._quantize(q, k, v, blk)
+    args = (q8, k8, v8t, qs, ks, vs, blk, None, scale, -1, wr)
+    impls = {}
+    if fa.gluon_attn_fwd_reason(q, k, v, None, scale, -1, wr) is None:
+        impls["bf16_gluon"] = lambda: fa.flash_attn_fwd_gluon(q, k, v, None, scale, -1, wr)[0]
+    impls["tl"] = lambda: flash_attn_fp8_fwd_triton(*args)[0]
+    for n in tl_emu:
+        impls[f"tl:e{n}"] = lambda n=n: flash_attn_fp8_fwd_triton(*args, exp_emu=n)[0]
+    if f8.gluon_attn_fp8_fwd_reason(*args) is None:
+        impls["gluon"] = lambda: f8.flash_attn_fp8_fwd_gluon(*args)[0]
+    for text in configs:
+        cfg = f8.GluonAttnFp8Config.parse(text)
+        if f8.gluon_attn_fp8_fwd_reason(*args, config=cfg) is None:
+            impls[f"gluon:{text}"] = lambda cfg=cfg: f8.flash_attn_fp8_fwd_gluon(*args, config=cfg)[0]
+    deq = (q8, qs, k8, ks, v8t, vs)
+    return impls, deq
+
+
+def compare_accuracy(head_dims, configs, tl_emu) -> tuple[list, set]:
+    """SNR of every variant on a small ragged GQA case per (head dim, causal); returns the rows and
+    the ``(D, causal, name)`` keys that passed."""
+    import torch
+
+    from primus_turbo.testing import attention_ref
+    from primus_turbo.triton.attention.flash_attn_fp8 import dequantize_tokens_fp8
+
+    rows, ok = [], set()
+    for D in head_dims:
+        for causal in (False, True):
+            torch.manual_seed(0)
+            q, k, v = _make(2, 1008, 1008, 4, 2, D, torch.bfloat16, "bshd")
+            impls, (q8, qs, k8, ks, v8t, vs) = _compare_impls(q, k, v, D, causal, configs, tl_emu)
+            qd = dequantize_tokens_fp8(q8, qs, 128, torch.float32)
+            kd = dequantize_tokens_fp8(k8, ks, 128, torch.float32)
+            vd = dequantize_tokens_fp8(v8t, vs, 128, torch.float32, transpose_sd=True)
+            ref = attention_ref(qd, kd, vd, causal=causal, softmax_scale=D ** -0.5, compute_dtype=torch.float32).float()
+            hi = attention_ref(q, k, v, causal=causal, softmax_scale=D ** -0.5, compute_dtype=torch.float32).float()
+            outs = {}
+            for name, fn in impls.items():
+                try:
+                    outs[name] = fn().float()
+                    torch.cuda.synchronize()
+                except Exception as exc:  # noqa: BLE001 - report, do not time it
+                    rows.append(dict(D=D, causal=causal, name=name, ok=False, error=f"{type(exc).__name__}: {exc}"[:300]))
+                    print(f"  FAIL D={D} causal={causal} {name}: {rows[-1]['error']}", flush=True)
+            for name, out in outs.items():
+                fam = name.split(":")[0]
+                r = dict(D=D, causal=causal, name=name, nan=bool(torch.isnan(out).any()),
+                         snr_deq=round(_snr_finite(ref, out), 2), snr_bf16=round(_snr_finite(hi, out), 2))
+                if fam in outs and fam != name:
+                    r["snr_vs_default"] = round(_snr_finite(outs[fam], out), 2)
+                r["ok"] = bool(not r["nan"] and (name == "bf16_gluon" or r["snr_deq"] >= MIN_SNR_DEQ)
+                               and r["snr_bf16"] >= MIN_SNR_BF16 and r.get("snr_vs_default", 99.0) >= MIN_SNR_SAME)
+                rows.append(r)
+                if r["ok"]:
+                    ok.add((D, causal, name))
+                print(f"  {'ok  ' if r['ok'] else 'FAIL'} D={D} {'causal' if causal else 'full  '} {name:18s} "
+                      f"SNR vs fp32(deq)={r['snr_deq']:6.2f} dB  vs fp32(bf16 in)={r['snr_bf16']:6.2f} dB  "
+                      f"vs default={r.get('snr_vs_default', '-')}", flush=True)
+    return rows, ok
+
+
+def compare_timing(seqs_by_d: dict, configs, tl_emu, passed: set, heads: int = 32) -> list:
+    import torch
+
+    rows = []
+    for D, seqs in seqs_by_d.items():
+        for causal in (False, True):
+            for S in seqs:
+                B = max(1, TOKENS // S)
+                q, k, v = _make(B, S, S, heads, heads, D, torch.bfloat16, "bshd")
+                impls, _ = _compare_impls(q, k, v, D, causal, configs, tl_emu)
+                impls = {n: f for n, f in impls.items() if (D, causal, n) in passed}
+                row = dict(D=D, causal=causal, B=B, S=S, H=heads)
+                _attn.time_impls(row, impls, _flops(B, S, heads, D, causal))
+                base = row.get("bf16_gluon", {}).get("ms")
+                cells = []
+                for n in impls:
+                    if "ms" in row[n]:
+                        if base:
+                            row[n]["vs_bf16"] = round(base / row[n]["ms"], 3)
+                        cells.append(f"{n}={row[n]['tflops']:.0f}" + (f" ({row[n]['vs_bf16']:.2f}x)" if base else ""))
+                    else:
+                        cells.append(f"{n}=err")
+                print(f"  D={D:3d} {'causal' if causal else 'full  '} B={B:2d} S={S:5d}  TFLOP/s (x bf16): "
+                      + "  ".join(cells), flush=True)
+                rows.append(row)
+                del q, k, v, impls
+                torch.cuda.empty_cache()
+    return rows
+
+
+def compare_main(argv) -> int:
+    import argparse
+
+    import torch
+
+    p = argparse.ArgumentParser(description="old vs new FP8 attention forward options (--compare)")
+    p.add_argument("--compare", action="store_true")
+    p.add_argument("--out", default=None)
+    p.add_argument("--fp8-configs", nargs="*", default=COMPARE_CONFIGS)
+    p.add_argument("--tl-emu", type=int, nargs="*", default=COMPARE_TL_EMU)
+    p.add_argument("--seq", type=int, nargs="*", default=[4096, 16384], help="head dim 128 sequence lengths")
+    p.add_argument("--seq-d64", type=int, nargs="*", default=[4096])
+    p.add_argument("--head-dims", type=int, nargs="*", default=[128, 64])
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--no-timing", action="store_true")
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA device")
+        return 1
+    t0 = time.time()
+    result = dict(env=dict(torch=torch.__version__, gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda),
+                  configs=a.fp8_configs, tl_emu=a.tl_emu)
+    print(result["env"], flush=True)
+    print("accuracy (B=2, seq 1008, 4/2 heads, vs fp32 attention):", flush=True)
+    acc, passed = compare_accuracy(a.head_dims, a.fp8_configs, a.tl_emu)
+    result["accuracy"] = acc
+    print(f"  ({time.time() - t0:.0f} s)", flush=True)
+    if not a.no_timing:
+        print(f"timing ({a.heads} heads, {TOKENS} tokens per case; ratio = bf16 Gluon time / this time):", flush=True)
+        seqs = {D: (a.seq if D == 128 else a.seq_d64) for D in a.head_dims}
+        result["timing"] = rows = compare_timing(seqs, a.fp8_configs, a.tl_emu, passed, a.heads)
+        names = sorted({n for r in rows for n in r if isinstance(r[n], dict) and "ms" in r[n]})
+        result["geomean_vs_bf16"] = {n: _attn.geomean_speedup(rows, n, "bf16_gluon") for n in names}
+        print("geomean speedup over bf16_gluon:", result["geomean_vs_bf16"], flush=True)
+    print(f"total {time.time() - t0:.0f} s", flush=True)
+    _attn.write_result(a.out, "gluon_attn_fp8_compare.json", result)
+    return 0 if all(r.get("ok") for r in acc) else 1
+
+
 if __name__ == "__main__":
+    if "--compare" in sys.argv[1:]:
+        raise SystemExit(compare_main(sys.argv[1:]))
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         print("RESULT " + json.dumps(run_variant(json.loads(sys.argv[2]))), flush=True)
         raise SystemExit(0)

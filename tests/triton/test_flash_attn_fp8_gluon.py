@@ -121,6 +121,65 @@ def test_config():
     assert f8.GluonAttnFp8Config.parse("n128s3p") == f8.GluonAttnFp8Config(128, 3, pingpong=True)
     # the bf16 kernel's opt-in overlap wait is always on here: the suffix is refused, not ignored
     assert "suffix o" in f8.GluonAttnFp8Config.parse("n128s4o").check(128)
+    # the FP8-only opt-in flags: k (key-permuted K, shuffle-free P), e<N> / d<deg> (exp2 emulation)
+    cfg = f8.GluonAttnFp8Config.parse("n128s4pke4d2")
+    assert (cfg.pingpong, cfg.kperm, cfg.emu, cfg.emu_deg) == (True, True, 4, 2) and cfg.check(128) is None
+    assert f8.GluonAttnFp8Config.parse(cfg.short()) == cfg and cfg.short() == "n128s4pke4d2r240w24"
+    assert f8.GluonAttnFp8Config.parse("n128s4ke2").short() == "n128s4ke2r240w24"
+    assert not f8.default_attn_fp8_config(128).kperm and f8.default_attn_fp8_config(128).emu == 0
+    assert "e3" in f8.GluonAttnFp8Config.parse("n128s4e3").check(128)
+    assert "degree" in f8.GluonAttnFp8Config.parse("n128s4e2d7").check(128)
+
+
+@needs_gluon
+def test_kperm_refuses_strided_k8():
+    q8, k8, v8t, qs, ks, vs, blk = _operands(Sk=128)
+    cfg = f8.GluonAttnFp8Config.parse("n128s4k")
+    assert f8.gluon_attn_fp8_operand_reason(q8, k8, v8t, qs, ks, vs, blk, config=cfg) is None
+    k_view = torch.empty(2, 128, 2, 128, dtype=k8.dtype).transpose(1, 2)  # bshd storage, bhsd view
+    reason = f8.gluon_attn_fp8_operand_reason(q8, k_view, v8t, qs, ks, vs, blk, config=cfg)
+    assert reason is not None and "contiguous k8" in reason
+
+
+def test_kperm_key_order():
+    """The key-permuting descriptor's order (dims [group of 16, i0, t, e, d], strides [16, 2, 4, 1]
+    keys) is the one the kernel's masks use."""
+    import numpy as np
+
+    c = np.arange(128)
+    blk16, rem = c // 16, c % 16
+    i0, t, e = rem // 8, (rem // 2) % 4, rem % 2
+    tma_keys = 16 * blk16 + 2 * i0 + 4 * t + e
+    kernel_keys = (c & -32) | (c & 16) | (((c >> 1) & 3) << 2) | (((c >> 3) & 1) << 1) | (c & 1)
+    assert (tma_keys == kernel_keys).all() and sorted(kernel_keys) == list(range(128))
+    # the PV operand: A register (16-key group g, lane t) byte f = 2 i0 + e holds key 16 g + 4 t + f,
+    # the S accumulator holds column 8 i + 2 t + e (i = 2 g' + i0 within a group of 32) of lane t
+    col = 32 * (c // 32) + 16 * ((c // 16) % 2) + 8 * i0 + 2 * t + e
+    assert (kernel_keys[col] == 32 * (c // 32) + 16 * ((c // 16) % 2) + 4 * t + 2 * i0 + e).all()
+
+
+@pytest.mark.parametrize("emu", [2, 4, 8])
+@pytest.mark.parametrize("deg", [2, 3])
+def test_tl_exp_emulation(emu, deg):
+    """flash_attn_fp8_fwd_triton's opt-in ``exp_emu`` (part of the exponentials on the FMA pipe) stays
+    within the polynomial's error of the MUFU path, with FP8 attention's accuracy unchanged."""
+    from primus_turbo.pytorch.ops import attention_fp8 as opf8
+    from primus_turbo.testing import attention_ref
+    from primus_turbo.triton.attention.flash_attn_fp8 import flash_attn_fp8_fwd_triton
+
+    torch.manual_seed(0)
+    q, k, v = qkv(1, 160, 160, 2, 1, 64, torch.bfloat16, "bshd", "cpu")
+    q = q * 3
+    ops = opf8._quantize(q, k, v, 64)
+    args = (*ops, 64, None, 0.125, -1, -1)
+    o0, l0 = flash_attn_fp8_fwd_triton(*args)
+    o1, l1 = flash_attn_fp8_fwd_triton(*args, exp_emu=emu, exp_deg=deg)
+    assert _snr_finite(o0.float(), o1.float()) >= (45.0 if deg == 2 else 55.0)
+    assert _snr_finite(l0, l1) >= 80.0
+    hi = attention_ref(q, k, v, softmax_scale=0.125, compute_dtype=torch.float32)
+    assert _snr_finite(hi.float(), o1.float()) >= MIN_SNR_BF16
+    with pytest.raises(ValueError, match="exp_emu"):
+        flash_attn_fp8_fwd_triton(*args, exp_emu=3)
 
 
 def test_op_gluon_switch_is_a_no_op_off_sm90(monkeypatch):
@@ -138,28 +197,44 @@ def test_op_gluon_switch_is_a_no_op_off_sm90(monkeypatch):
 
 
 @needs_gluon
-@pytest.mark.parametrize("head_dim,causal,out_dtype,sink,blk", [
-    (64, False, "bf16", False, 128), (64, True, "fp16", True, 128), (128, False, "bf16", False, 128),
-    (128, True, "bf16", False, 128), (128, True, "fp16", True, 128), (128, False, "bf16", False, 64),
+@pytest.mark.parametrize("head_dim,causal,out_dtype,sink,blk,config", [
+    (64, False, "bf16", False, 128, None), (64, True, "fp16", True, 128, None), (128, False, "bf16", False, 128, None),
+    (128, True, "bf16", False, 128, None), (128, True, "fp16", True, 128, None), (128, False, "bf16", False, 64, None),
+    (128, False, "bf16", False, 128, "n128s4k"), (64, True, "fp16", True, 128, "n128s4k"),
+    (128, True, "bf16", False, 64, "n64s4k"), (128, False, "bf16", False, 128, "n128s4ke2"),
+    (64, False, "bf16", False, 128, "n128s4ke4"), (128, True, "bf16", False, 128, "n128s4e2"),
 ])
-def test_compiles_for_sm90_without_spills(head_dim, causal, out_dtype, sink, blk, request):
-    """Every shipped variant compiles for sm_90: QGMMA in the SASS, no local memory, no serialized
-    wgmma, the softmax between the S and PV waits, no write to an in-flight wgmma's A registers."""
+def test_compiles_for_sm90_without_spills(head_dim, causal, out_dtype, sink, blk, config, request):
+    """Every shipped variant (and the opt-in configs) compiles for sm_90: QGMMA in the SASS, no local
+    memory, no serialized wgmma, the softmax between the S and PV waits, no write to an in-flight
+    wgmma's A registers. ``k``: the full-block loop converts P with F2FP only (no PRMT / LOP3 / SEL,
+    no shuffle but the 8 of the row max and sum); ``e<N>``: 1/N of its MUFU.EX2 move to FFMAs."""
     if rerun_outside_interpreter(request):
         return
+    cfg = f8.GluonAttnFp8Config.parse(config) if config else None
     try:
-        res = _check_script().compile_attn_fp8(head_dim, causal, out_dtype, sink, blk)
+        res = _check_script().compile_attn_fp8(head_dim, causal, out_dtype, sink, blk, cfg)
     except FileNotFoundError as exc:  # no bundled ptxas in this triton wheel
         pytest.skip(f"ptxas not available: {exc}")
     assert res["spill_bytes"] == 0 and not res["serialized"], res
     if res["qgmma"] is not None:  # cuobjdump bundled
         assert res["qgmma"] > 0 and res["local_mem"] == 0 and res["overlap"] and res["a_hazards"] == 0, res
+        loop, bn = res["loop"], (cfg or f8.default_attn_fp8_config(head_dim, blk)).block_n
+        per_thread = 64 * bn // 128  # scores per thread and key block
+        if cfg is not None and cfg.kperm:
+            assert loop["PRMT"] == 0 and loop["LOP3"] == 0 and loop["SEL"] == 0 and loop["SHFL"] == 8, loop
+            assert loop["F2FP"] == per_thread // 2, loop
+        if cfg is not None and cfg.emu:
+            assert loop["MUFU"] <= per_thread - per_thread // cfg.emu + 4, loop
+        else:
+            assert loop["MUFU"] >= per_thread, loop
     assert res["shared"] <= f8.SMEM_LIMIT
 
 
 @needs_gluon
 @pytest.mark.parametrize("causal,sink,D,blk,config", [(True, True, 128, 128, None), (False, False, 64, 256, None),
-                                                       (True, False, 128, 64, None), (False, False, 128, 128, "n128s3p")])
+                                                       (True, False, 128, 64, None), (False, False, 128, 128, "n128s3p"),
+                                                       (True, False, 128, 128, "n128s4ke2"), (False, True, 64, 64, "n64s4k")])
 def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, config, monkeypatch, request):
     """The launcher's own arguments (4-D host TMA descriptors over the transposed views of the
     quantized tensors, the scales, LSE, sink, sizes, constexprs) bind and compile for sm_90 under
@@ -194,7 +269,7 @@ def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, conf
     (2, 1100, 304, 4, 2, 64, True, torch.bfloat16, False, "bshd", 256),  # empty causal rows: O = 0, LSE = +inf
     (1, 1, 16, 2, 1, 128, False, torch.bfloat16, False, "bshd", 128),
 ])
-@pytest.mark.parametrize("config", [None, "n128s3p"])
+@pytest.mark.parametrize("config", [None, "n128s3p", "n128s4k", "n128s4ke2", "n128s4pke4"])
 def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink, layout, blk, config):
     from primus_turbo.pytorch.ops import attention_fp8 as opf8
     from primus_turbo.testing import attention_ref

@@ -62,6 +62,71 @@ def _to_e4m3(y, SOFT: tl.constexpr):
 
 
 @triton.jit
+def _exp2_fma(x, DEG: tl.constexpr):
+    """``2**x`` without MUFU.EX2, on the FMA pipe: ``x = j + f`` with ``j = round(x)``, ``|f| <= 1/2``
+    (the 1.5 * 2**23 rounding trick), ``2**f`` by a minimax polynomial of degree DEG (max relative
+    error 2: 1.7e-3, 3: 7.5e-5, 4: 2.7e-6, 5: 2e-7), ``j`` added into the exponent bits. ``x`` must be
+    finite and below 128; it is clamped at -126 (then the result is tiny and >= 0, never 0)."""
+    x = tl.maximum(x, -126.0)
+    r = x + 12582912.0  # the low mantissa bits of r hold round(x), two's complement
+    f = x - (r - 12582912.0)
+    if DEG == 2:
+        p = (0.23842893540859222 * f + 0.7034479975700378) * f + 1.0004431009292603
+    elif DEG == 3:
+        p = ((0.0551716685295105 * f + 0.2426111251115799) * f + 0.6932609677314758) * f + 0.9999280571937561
+    elif DEG == 4:
+        p = (((0.009570102207362652 * f + 0.05591785907745361) * f + 0.240247443318367) * f
+             + 0.6931217908859253) * f + 0.9999992847442627
+    else:
+        p = ((((0.0013276472454890609 * f + 0.009675540961325169) * f + 0.05550713092088699) * f
+              + 0.24022120237350464) * f + 0.6931469440460205) * f + 1.0000001192092896
+    # (r's bits << 23) keeps round(x) << 23 only: the magic constant's own bits shift out
+    bits = p.to(tl.int32, bitcast=True) + (r.to(tl.int32, bitcast=True) << 23)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _split_top(x):
+    """[M, N] -> the halves of the top column bit (a register bit of a wgmma accumulator)."""
+    BM: tl.constexpr = x.shape[0]
+    BN: tl.constexpr = x.shape[1]
+    return tl.split(tl.permute(tl.reshape(x, [BM, 2, BN // 2]), [0, 2, 1]))
+
+
+@triton.jit
+def _join_top(a, b):
+    BM: tl.constexpr = a.shape[0]
+    BN: tl.constexpr = a.shape[1]
+    return tl.reshape(tl.permute(tl.join(a, b), [0, 2, 1]), [BM, 2 * BN])
+
+
+@triton.jit
+def _exp2_mixed(x, EMU: tl.constexpr, DEG: tl.constexpr):
+    """``2**x`` with 1/EMU of the elements (EMU 0: none; 2, 4 or 8) on the FMA pipe (:func:`_exp2_fma`)
+    and the rest on MUFU.EX2 (the hardware's 16 exponentials per clock and SM are, with FP8 MMAs, as
+    slow as the MMAs). The split is over column bit 0 (a wgmma accumulator holds column pairs in
+    one thread) and then the top column bits (registers too), so it moves no data."""
+    if EMU == 0:
+        return tl.exp2(x)
+    else:
+        BM: tl.constexpr = x.shape[0]
+        BN: tl.constexpr = x.shape[1]
+        a, b = tl.split(tl.reshape(x, [BM, BN // 2, 2]))
+        a = tl.exp2(a)
+        if EMU == 2:
+            b = _exp2_fma(b, DEG)
+        else:
+            b0, b1 = _split_top(b)
+            if EMU == 4:
+                b1 = _exp2_fma(b1, DEG)
+            else:
+                b10, b11 = _split_top(b1)
+                b1 = _join_top(tl.exp2(b10), _exp2_fma(b11, DEG))
+            b = _join_top(tl.exp2(b0), b1)
+        return tl.reshape(tl.join(a, b), [BM, BN])
+
+
+@triton.jit
 def _quant_tokens_kernel(
     X, Y, SCALE_INV,
     stride_xb, stride_xs, stride_xh, stride_xd,
@@ -105,8 +170,11 @@ def _attn_fp8_fwd_step(acc, m_i, l_i, q, q_scale, k_base, v_base, ks_base, vs_ba
                        offs_dqk, offs_dv, stride_ks, stride_kd, stride_vs, stride_vd, seq_q, seq_k, off,
                        win_left, win_right, D_QK, D_V, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                        BLK: tl.constexpr, P_SCALE: tl.constexpr, SOFT: tl.constexpr, MASKED: tl.constexpr,
-                       EVEN_D: tl.constexpr, P_LOG2: tl.constexpr, NEG_SCALE: tl.constexpr):
-    """One key block (see ``_attn_fwd_step``; ``MASKED=False``: whole, fully visible block)."""
+                       EVEN_D: tl.constexpr, P_LOG2: tl.constexpr, NEG_SCALE: tl.constexpr,
+                       EXP_EMU: tl.constexpr = 0, EXP_DEG: tl.constexpr = 3):
+    """One key block (see ``_attn_fwd_step``; ``MASKED=False``: whole, fully visible block).
+    EXP_EMU / EXP_DEG: 1/EXP_EMU of the exponentials of a whole block on the FMA pipe
+    (:func:`_exp2_mixed`); masked blocks (scores may be -inf) keep MUFU.EX2."""
     offs_n = start_n + offs_n0
     kt_ptrs = k_base + offs_n[None, :] * stride_ks + offs_dqk[:, None] * stride_kd
     v_ptrs = v_base + offs_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd
@@ -128,7 +196,8 @@ def _attn_fp8_fwd_step(acc, m_i, l_i, q, q_scale, k_base, v_base, ks_base, vs_ba
         ps = tl.where(ok, tl.exp2(d * rs[:, None] - (m_safe[:, None] - P_LOG2)), 0.0)
     else:
         m_new, m_safe = _running_max(m_i, d, d, rs, False, NEG_SCALE)
-        ps = tl.exp2(d * rs[:, None] - (m_safe[:, None] - P_LOG2))  # = P * P_SCALE, in [0, P_SCALE]
+        # = P * P_SCALE, in [0, P_SCALE]
+        ps = _exp2_mixed(d * rs[:, None] - (m_safe[:, None] - P_LOG2), EXP_EMU, EXP_DEG)
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(ps, 1) * (1.0 / P_SCALE)
     p8 = _to_e4m3(ps, SOFT)
@@ -156,6 +225,7 @@ def _attn_fp8_fwd_kernel(
     BLK: tl.constexpr, P_SCALE: tl.constexpr, SOFT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     EVEN_D: tl.constexpr, P_LOG2: tl.constexpr, NEG_SCALE: tl.constexpr,
+    EXP_EMU: tl.constexpr = 0, EXP_DEG: tl.constexpr = 3,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -207,7 +277,7 @@ def _attn_fp8_fwd_kernel(
                                            offs_m, offs_n0, offs_dqk, offs_dv, stride_ks, stride_kd, stride_vs,
                                            stride_vd, seq_q, seq_k, off, win_left, win_right, D_QK, D_V,
                                            HAS_LEFT, HAS_RIGHT, BLK, P_SCALE, SOFT, False, EVEN_D,
-                                           P_LOG2, NEG_SCALE)
+                                           P_LOG2, NEG_SCALE, EXP_EMU, EXP_DEG)
     for start_n in range(bb, hi, BLOCK_N):
         acc, m_i, l_i = _attn_fp8_fwd_step(acc, m_i, l_i, q, q_scale, k_base, v_base, ks_base, vs_base, start_n,
                                            offs_m, offs_n0, offs_dqk, offs_dv, stride_ks, stride_kd, stride_vs,
@@ -231,6 +301,8 @@ def _fp8_dims(d_qk: int, d_v: int) -> tuple[int, int]:
 
 #: sm_90 tiles per padded head dim (BLOCK_M, BLOCK_N, num_warps, num_stages); scripts/tune_attention.py --fp8
 FP8_FWD_CONFIGS = {64: (64, 64, 4, 3), 128: (64, 128, 4, 3), 256: (128, 64, 8, 2)}
+#: default ``exp_emu`` of :func:`flash_attn_fp8_fwd_triton` (0: every exponential on MUFU.EX2)
+FP8_FWD_EXP_EMU = 0
 
 
 def _fwd_config(d_max: int, blk: int) -> tuple[int, int, int, int]:
@@ -287,16 +359,24 @@ def flash_attn_fp8_fwd_triton(
     q8: torch.Tensor, k8: torch.Tensor, v8t: torch.Tensor, q_scale_inv: torch.Tensor, k_scale_inv: torch.Tensor,
     v_scale_inv: torch.Tensor, blk: int, sink: Optional[torch.Tensor], softmax_scale: float,
     win_left: int = -1, win_right: int = -1, out_dtype: torch.dtype = torch.bfloat16,
+    exp_emu: Optional[int] = None, exp_deg: int = 3,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 attention forward on :func:`quantize_tokens_fp8` outputs: ``q8 [B, Hq, Sq, Dqk]``,
     ``k8 [B, Hk, Sk, Dqk]``, ``v8t [B, Hk, Dv, Sk]`` (E4M3) with their ``[B, H, ceil(S / blk)]`` fp32
-    multipliers. Returns ``O [B, Sq, Hq, Dv]`` in ``out_dtype`` and ``LSE [B, Hq, Sq]`` fp32."""
+    multipliers. Returns ``O [B, Sq, Hq, Dv]`` in ``out_dtype`` and ``LSE [B, Hq, Sq]`` fp32.
+
+    ``exp_emu`` (opt-in, not yet timed; None: :data:`FP8_FWD_EXP_EMU`, 0): 2, 4 or 8 runs 1/exp_emu
+    of the softmax exponentials of the whole key blocks on the FMA pipe (a degree-``exp_deg``
+    polynomial, 2..5) instead of MUFU.EX2."""
     B, H, Sq, Dqk = q8.shape
     Hk, Dv, Sk = v8t.shape[1], v8t.shape[2], v8t.shape[3]
     out = torch.empty((B, Sq, H, Dv), dtype=out_dtype, device=q8.device)
     lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q8.device)
     if B == 0 or Sq == 0 or H == 0:
         return out, lse
+    exp_emu = FP8_FWD_EXP_EMU if exp_emu is None else int(exp_emu)
+    if exp_emu not in (0, 2, 4, 8) or not 2 <= exp_deg <= 5:
+        raise ValueError(f"exp_emu={exp_emu}, exp_deg={exp_deg}: expected exp_emu 0, 2, 4 or 8 and exp_deg 2..5")
     block_dqk, block_dv = _fp8_dims(Dqk, Dv)
     bm, bn, warps, stages = _fwd_config(max(block_dqk, block_dv), blk)
     has_left, has_right, wl, wr = window_flags(win_left, win_right)
@@ -314,6 +394,7 @@ def flash_attn_fp8_fwd_triton(
         BLK=blk, P_SCALE=FP8_ATTN_P_SCALE, SOFT=is_interpreter(),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_DQK=block_dqk, BLOCK_DV=block_dv,
         EVEN_D=(Dqk == block_dqk and Dv == block_dv), P_LOG2=float(math.log2(FP8_ATTN_P_SCALE)),
-        NEG_SCALE=softmax_scale < 0, num_warps=warps, num_stages=stages,
+        NEG_SCALE=softmax_scale < 0, EXP_EMU=exp_emu if bn >= 4 * exp_emu else 0, EXP_DEG=int(exp_deg),
+        num_warps=warps, num_stages=stages,
     )
     return out, lse

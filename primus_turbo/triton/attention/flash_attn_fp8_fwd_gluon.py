@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 from typing import Optional
 
 import torch
@@ -61,6 +62,7 @@ from .flash_attn_fwd_gluon import (
 
 __all__ = [
     "GLUON_ATTN_FP8_ENV",
+    "SMEM_LIMIT",
     "GluonAttnFp8Config",
     "default_attn_fp8_config",
     "flash_attn_fp8_fwd_gluon",
@@ -86,14 +88,31 @@ if GLUON_AVAILABLE:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .flash_attn_fwd_gluon import _pass_turn, _producer, _softmax, _take_turn, _tile
+    from .flash_attn_fwd_gluon import _pass_turn, _producer, _take_turn, _tile
 
 
 @dataclasses.dataclass(frozen=True)
 class GluonAttnFp8Config(GluonAttnConfig):
-    """The bf16 forward's config (``n128s4``, ``p`` for ping-pong, ``r``/``w`` registers); only the
+    """The bf16 forward's config (``n128s4``, ``p`` for ping-pong, ``r``/``w`` registers); the
     shared-memory budget differs: 1-byte Q / K / V tiles plus a separate 16-bit O staging tile.
-    ``o`` (the bf16 kernel's opt-in overlap) is refused: this kernel always has that wait."""
+    ``o`` (the bf16 kernel's opt-in overlap) is refused: this kernel always has that wait.
+
+    Opt-in FP8-only flags (suffixes after ``p``, before ``r``/``w``; off = the shipped kernel):
+
+    * ``k`` (``kperm``): K tiles are loaded through a 5-D TMA descriptor that permutes the keys
+      inside each 32-key group so that the S accumulator fragment *is*, register for register, the
+      A-operand fragment of the P V wgmma (see :func:`_kperm_keys`): P goes fp32 -> E4M3 pairs and
+      into the MMA without the cross-lane shuffles and byte permutes of the layout conversion.
+      Needs a contiguous ``k8`` (the op's quantizer writes one);
+    * ``e<N>`` (``emu``, N in 2, 4, 8): 1/N of the exponentials of the full (unmasked) key blocks
+      run on the FMA pipe (Cody-Waite range reduction + a polynomial, :func:`_exp2_fma`) instead of
+      MUFU.EX2; ``d<deg>`` (``emu_deg``, 2..5, default 3) is the polynomial degree (max relative
+      error 1.7e-3 / 7.5e-5 / 2.7e-6 / 2e-7 for 2 / 3 / 4 / 5; P is rounded to E4M3, 2**-4
+      relative, right after). Masked (diagonal / tail) blocks always use MUFU.EX2."""
+
+    kperm: bool = False
+    emu: int = 0
+    emu_deg: int = 3
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
         q = self.BLOCK_M * head_dim * elem_bytes
@@ -101,9 +120,35 @@ class GluonAttnFp8Config(GluonAttnConfig):
         o = self.BLOCK_M * head_dim * 2
         return q + kv + o + 8 * (2 * 2 * self.stages + 3) + 1024  # + barriers, + the swizzle alignment
 
+    def short(self) -> str:
+        flags = ("p" if self.pingpong else "") + ("o" if self.overlap else "") + ("k" if self.kperm else "")
+        if self.emu:
+            flags += f"e{self.emu}" + (f"d{self.emu_deg}" if self.emu_deg != 3 else "")
+        return f"n{self.block_n}s{self.stages}{flags}r{self.consumer_regs}w{self.producer_regs}"
+
+    @classmethod
+    def parse(cls, text: str) -> "GluonAttnFp8Config":
+        """``"n128s4"``, ``"n128s4p"``, ``"n128s4k"``, ``"n128s4ke2"``, ``"n128s4pke4d2"``,
+        ``"n64s6r232w40"`` -> config (n: block_n, s: stages, p: ping-pong, k: key-permuted K load,
+        e<N>: 1/N of the exponentials on the FMA pipe, d<deg>: its polynomial degree, r / w:
+        consumer / producer registers per thread)."""
+        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(o)?(k)?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?", text.strip())
+        if not m:
+            raise ValueError(f"bad Gluon FP8 attention config {text!r}; expected e.g. n128s4, n128s3p, n128s4k, "
+                             f"n128s4ke2, n128s4pke4d2, n64s6r232w40")
+        bn, st, pp, ov, kp, emu, deg, r, w = m.groups()
+        return cls(int(bn), int(st), int(r or 240), int(w or 24), bool(pp), bool(ov), bool(kp), int(emu or 0),
+                   int(deg or 3))
+
     def check(self, head_dim: int) -> Optional[str]:
         if self.overlap:
             return "config suffix o: the FP8 forward always keeps the softmax under the PV MMA (no option)"
+        if self.emu not in (0, 2, 4, 8):
+            return f"e{self.emu}: the emulated fraction of the exponentials is 1/2, 1/4 or 1/8 (e2, e4, e8)"
+        if not 2 <= self.emu_deg <= 5:
+            return f"d{self.emu_deg}: the exp2 polynomial degree is 2 to 5"
+        if self.emu and self.block_n < 4 * self.emu:
+            return f"e{self.emu} needs block_n >= {4 * self.emu}"
         return super().check(head_dim)
 
 
@@ -129,10 +174,213 @@ def default_attn_fp8_config(head_dim: int, blk: int = 128) -> GluonAttnFp8Config
 if GLUON_AVAILABLE:
 
     @gluon.jit
+    def _fp8_producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                      H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr,
+                      STAGES: gl.constexpr, KPERM: gl.constexpr):
+        """One warp: the bf16 forward's producer with V^T's keys as the box's inner dimension and,
+        KPERM, K through the 5-D key-permuting descriptor (its first coordinate counts 16-key groups
+        of the flattened [B * Hk * Sk] keys; Sk is a multiple of 16, so a group never straddles two
+        heads; a tile's keys past Sk read the next head's keys or zeros, and are masked)."""
+        if KPERM:
+            HALF: gl.constexpr = q_desc.block_type.shape[1]
+            pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N)
+            hk = h // GROUP
+            m0 = pid_m * (2 * HALF)
+            g0 = (b * (H // GROUP) + hk) * (SEQ_K // 16)
+            mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [b, m0, h, 0], q_bar, q_smem.index(0))
+            tma.async_copy_global_to_shared(q_desc, [b, m0 + HALF, h, 0], q_bar, q_smem.index(1))
+            for j in range(n_blocks):
+                s = j % STAGES
+                phase = ((j // STAGES) & 1) ^ 1  # empty barriers start one phase behind
+                mbarrier.wait(k_empty.index(s), phase)
+                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(k_desc, [g0 + j * (BLOCK_N // 16), 0, 0, 0, 0], k_ready.index(s),
+                                                k_bufs.index(s))
+                mbarrier.wait(v_empty.index(s), phase)
+                mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(v_desc, [b, 0, hk, j * BLOCK_N], v_ready.index(s), v_bufs.index(s))
+        else:
+            _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                      H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, True)
+
+    @gluon.jit
+    def _kperm_keys(c):
+        """The key held by row ``c`` of a key-permuted K tile (config flag ``k``): inside each group
+        of 32, ``c = 16 i1 + 8 i0 + 2 t + e`` holds key ``16 i1 + 4 t + 2 i0 + e``. The S accumulator
+        puts column ``8 i + 2 t + e`` in lane ``t`` of a quad, register ``(i, e)``; the E4M3 A
+        operand of an m64k32 wgmma puts k ``16 h + 4 t + f`` in lane ``t``, register ``(h, f)``: with
+        this order the score a thread holds is the P element its own A registers need."""
+        return (c & -32) | (c & 16) | (((c >> 1) & 3) << 2) | (((c >> 3) & 1) << 1) | (c & 1)
+
+    @gluon.constexpr_function
+    def _packed_p_layout(rows, groups):
+        """Layout of the KPERM loop-carried P, int32 ``[rows, groups, 4]`` (A register of row, 16-key
+        group, lane t of the quad) for a 4-warp consumer: what the split of the S accumulator gives,
+        written out so that the joins of :func:`_p_mma_operand` put their new dimensions in the
+        lowest register bits (a SliceLayout operand would make them higher bits)."""
+        reg = [[8, 0, 0]] + [[0, 1 << i, 0] for i in range(groups.bit_length() - 1)]
+        lane = [[0, 0, 1], [0, 0, 2], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
+        warp = [[16, 0, 0], [32, 0, 0]]
+        return gl.DistributedLinearLayout(reg, lane, warp, [], [rows, groups, 4])
+
+    @gluon.jit
+    def _p_operand(p, p_layout: gl.constexpr, KPERM: gl.constexpr, after=0, AFTER: gl.constexpr = False):
+        """fp32 P (in units of the static scale) -> what the loop carries to the next iteration's PV
+        wgmma: without KPERM, E4M3 in the A-operand layout (a layout conversion that shuffles
+        within quads); with KPERM, the A registers themselves as an int32 ``[M, N / 16, 4]`` tensor
+        (:func:`_p_mma_operand` turns it into the operand). KPERM: S's columns are in
+        :func:`_kperm_keys` order, so the four E4M3 codes of A register ``(row, 16-key group g,
+        lane t)`` (keys ``16 g + 4 t + f``, ``f = 2 i0 + e``) are this thread's accumulator
+        elements of column bits ``e`` (bit 0) and ``i0`` (bit 3): split them out (register-only) and
+        pack each four with two ``cvt.rn.satfinite.e4m3x2.f32`` (the rounding of
+        ``.to(float8e4nv)``). Carrying 8-bit elements through the loop instead costs a byte
+        extraction and re-packing per element (the PRMT / LOP3 of the default path).
+
+        ``after`` (KPERM, AFTER): a value the packing must wait for (an unused asm operand): the previous
+        P's A registers as returned by the wait that retires its PV wgmma, so the new codes are
+        written only once that wgmma no longer reads its registers (else ptxas, which reuses them,
+        serializes every wgmma: note C7513)."""
+        if KPERM:
+            HM: gl.constexpr = p.type.shape[0]
+            N: gl.constexpr = p.type.shape[1]
+            pe0, pe1 = gl.split(gl.reshape(p, [HM, N // 2, 2]))  # column bit 0 (e)
+            x00, x01 = gl.split(gl.permute(gl.reshape(pe0, [HM, N // 16, 2, 4]), [0, 1, 3, 2]))  # bit 3 (i0)
+            x10, x11 = gl.split(gl.permute(gl.reshape(pe1, [HM, N // 16, 2, 4]), [0, 1, 3, 2]))
+            if AFTER:
+                after = gl.convert_layout(after, x00.type.layout, assert_trivial=True)
+            # bytes f = 0..3 of the A register: (e, i0) = (0, 0), (1, 0), (0, 1), (1, 1)
+            packed = gl.inline_asm_elementwise(
+                """{
+                .reg .b16 lo, hi;
+                cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;
+                cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;
+                mov.b32 $0, {lo, hi};
+                }""",
+                "=r,r,r,r,r,r", [x00, x10, x01, x11, after], dtype=gl.int32, is_pure=True, pack=1)
+            return gl.convert_layout(packed, _packed_p_layout(HM, N // 16), assert_trivial=True)
+        else:
+            return gl.convert_layout(p.to(gl.float8e4nv), p_layout)
+
+    @gluon.jit
+    def _p_mma_operand(pc, p_layout: gl.constexpr, KPERM: gl.constexpr):
+        """The loop-carried P (:func:`_p_operand`) as the PV wgmma's A operand. KPERM: each int32
+        register becomes its four E4M3 codes in place (an identity inline asm over four copies, so
+        the bytes go from register to operand without being unpacked); keys ``16 g + 4 t + f``."""
+        if KPERM:
+            HM: gl.constexpr = pc.type.shape[0]
+            G: gl.constexpr = pc.type.shape[1]
+            x = gl.join(pc, pc)
+            x = gl.join(x, x)
+            p8 = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r,r,r", [x], dtype=gl.float8e4nv,
+                                           is_pure=True, pack=4)
+            return gl.convert_layout(gl.reshape(p8, [HM, 16 * G]), p_layout)
+        else:
+            return pc
+
+    @gluon.jit
+    def _exp2_fma(x, DEG: gl.constexpr):
+        """``2**x`` on the FMA pipe (no MUFU): ``x = j + f`` with ``j = round(x)``, ``|f| <= 1/2``;
+        ``2**f`` by a minimax polynomial (relative error: DEG 2: 1.7e-3, 3: 7.5e-5, 4: 2.7e-6,
+        5: 2e-7), ``j`` added into the exponent field. ``x`` must not be NaN or +inf and stay below
+        128; it is clamped at -126 (the result is then tiny and >= 0, never exactly 0)."""
+        x = gl.maximum(x, -126.0)
+        r = x + 12582912.0  # 1.5 * 2**23: r's low mantissa bits hold round(x) in two's complement
+        f = x - (r - 12582912.0)
+        if DEG == 2:
+            p = (0.23842893540859222 * f + 0.7034479975700378) * f + 1.0004431009292603
+        elif DEG == 3:
+            p = ((0.0551716685295105 * f + 0.2426111251115799) * f + 0.6932609677314758) * f + 0.9999280571937561
+        elif DEG == 4:
+            p = (((0.009570102207362652 * f + 0.05591785907745361) * f + 0.240247443318367) * f
+                 + 0.6931217908859253) * f + 0.9999992847442627
+        else:
+            p = ((((0.0013276472454890609 * f + 0.009675540961325169) * f + 0.05550713092088699) * f
+                  + 0.24022120237350464) * f + 0.6931469440460205) * f + 1.0000001192092896
+        # (r's bits << 23) keeps only round(x) << 23: the magic's own bits shift out
+        bits = p.to(gl.int32, bitcast=True) + (r.to(gl.int32, bitcast=True) << 23)
+        return bits.to(gl.float32, bitcast=True)
+
+    @gluon.jit
+    def _split_top(x):
+        """[M, N] -> the halves of the top column bit (a register bit of a wgmma accumulator)."""
+        HM: gl.constexpr = x.type.shape[0]
+        N: gl.constexpr = x.type.shape[1]
+        return gl.split(gl.permute(gl.reshape(x, [HM, 2, N // 2]), [0, 2, 1]))
+
+    @gluon.jit
+    def _join_top(a, b):
+        HM: gl.constexpr = a.type.shape[0]
+        N: gl.constexpr = a.type.shape[1]
+        b = gl.convert_layout(b, a.type.layout, assert_trivial=True)  # equal layouts, different types
+        return gl.reshape(gl.permute(gl.join(a, b), [0, 2, 1]), [HM, 2 * N])
+
+    @gluon.jit
+    def _exp2_mixed(x, EMU: gl.constexpr, DEG: gl.constexpr):
+        """``2**x`` with 1/EMU of the elements (EMU 0: none) on the FMA pipe (:func:`_exp2_fma`), the
+        rest on MUFU.EX2. The split is over column bits a thread holds in registers (bit 0, then the
+        top ones), so splitting and joining move no data; the result has x's layout."""
+        if EMU == 0:
+            return gl.exp2(x)
+        else:
+            HM: gl.constexpr = x.type.shape[0]
+            N: gl.constexpr = x.type.shape[1]
+            a, b = gl.split(gl.reshape(x, [HM, N // 2, 2]))
+            a = gl.exp2(a)
+            if EMU == 2:
+                b = _exp2_fma(b, DEG)
+            else:
+                b0, b1 = _split_top(b)
+                b0 = gl.exp2(b0)
+                if EMU == 4:
+                    b1 = _exp2_fma(b1, DEG)
+                else:
+                    b10, b11 = _split_top(b1)
+                    b1 = _join_top(gl.exp2(b10), _exp2_fma(b11, DEG))
+                b = _join_top(b0, b1)
+            b = gl.convert_layout(b, a.type.layout, assert_trivial=True)
+            y = gl.reshape(gl.join(a, b), [HM, N])
+            return gl.convert_layout(y, x.type.layout, assert_trivial=True)
+
+    @gluon.jit
+    def _fp8_softmax(s, m_i, l_i, rs, offs_m, n0, SEQ_K, diag, p_layout: gl.constexpr, HAS_RIGHT: gl.constexpr,
+                     MASKED: gl.constexpr, P_LOG2: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr,
+                     EMU_DEG: gl.constexpr):
+        """The bf16 forward's ``_softmax`` with a per-row scale ``rs`` (ROW_SCALE) and P in units of
+        ``2**P_LOG2``, plus the FP8 flags: KPERM (S's columns are keys in :func:`_kperm_keys` order:
+        the mask uses that order, P goes to the MMA without a shuffle), EMU / EMU_DEG (part of the
+        exponentials of full blocks on the FMA pipe; masked blocks, whose scores may be -inf, keep
+        MUFU.EX2 only). Returns (fp32 P in units of ``2**P_LOG2``, m, l, alpha)."""
+        BLOCK_N: gl.constexpr = s.type.shape[1]
+        if MASKED:
+            cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
+            if KPERM:
+                cols = _kperm_keys(cols)
+            offs_n = n0 + cols
+            ok = gl.expand_dims(offs_n < SEQ_K, 0)
+            if HAS_RIGHT:
+                ok = ok & (gl.expand_dims(offs_n, 0) <= gl.expand_dims(offs_m + diag, 1))
+            s = gl.where(ok, s, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1) * rs)
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = gl.maximum(m_i, gl.max(s, 1) * rs)
+            m_safe = m_new
+        x = s * gl.expand_dims(rs, 1) - gl.expand_dims(m_safe - P_LOG2, 1)
+        if MASKED:
+            p = gl.exp2(x)
+        else:
+            p = _exp2_mixed(x, EMU, EMU_DEG)
+        alpha = gl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return p, m_new, l_i, alpha
+
+    @gluon.jit
     def _fp8_step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn, s_regs, acc, p, m_i, l_i, vs_prev,
                   q_scale, ks_base, vs_base, offs_m, SEQ_K, diag, o_layout: gl.constexpr, p_layout: gl.constexpr,
                   BLK: gl.constexpr, P_LOG2: gl.constexpr, HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr,
-                  STAGES: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr):
+                  STAGES: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr, KPERM: gl.constexpr,
+                  EMU: gl.constexpr, EMU_DEG: gl.constexpr):
         """Iteration j >= 1: issue S_j, issue O += P8_{j-1} V8_{j-1}, softmax S_j while the PV MMA
         runs, then retire it and move O to block j's units (alpha_j * vs_{j-1} / vs_j)."""
         BLOCK_N: gl.constexpr = s_regs.type.shape[1]
@@ -144,26 +392,35 @@ if GLUON_AVAILABLE:
         # barrier waits so their latency hides behind them
         rs = q_scale * gl.load(ks_base + (j * BLOCK_N) // BLK)
         vs = gl.load(vs_base + (j * BLOCK_N) // BLK)
+        # P_{j-1}'s A registers, made before the wgmmas are issued: ptxas serializes the wgmmas of a
+        # batch when a non-wgmma instruction defines one's inputs in between (note C7513)
+        p_op = _p_mma_operand(p, p_layout, KPERM)
         mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
         mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
         _take_turn(turn, j, WG, PINGPONG)
         s_tok = warpgroup_mma(q, k_bufs.index(s).reshape([BLOCK_N, D_QK]).permute((1, 0)), s_regs,
                               use_acc=False, is_async=True)
         # V^T tile [D, keys] viewed as [keys, D]: the B operand with K (keys) contiguous
-        o_tok = warpgroup_mma(p, v_bufs.index(sp).reshape([D_V, BLOCK_N]).permute((1, 0)), acc, is_async=True)
+        o_tok = warpgroup_mma(p_op, v_bufs.index(sp).reshape([D_V, BLOCK_N]).permute((1, 0)), acc, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
         s_regs = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(s), count=1)
-        p_new, m_i, l_i, alpha = _softmax(s_regs, m_i, l_i, rs, offs_m, j * BLOCK_N, SEQ_K, diag, gl.float8e4nv,
-                                          p_layout, HAS_RIGHT, MASKED, True, P_LOG2)
+        p_new, m_i, l_i, alpha = _fp8_softmax(s_regs, m_i, l_i, rs, offs_m, j * BLOCK_N, SEQ_K, diag, p_layout,
+                                              HAS_RIGHT, MASKED, P_LOG2, KPERM, EMU, EMU_DEG)
         # ptxas hoists a wgmma wait as high as it can (it is ready once issued; what it stalls is
         # not modelled), i.e. above the exponentials, and the PV MMA would no longer overlap the
         # softmax. A wait on an mbarrier that has already completed (Q's) is a try_wait loop in the
         # PTX: a basic-block boundary ptxas does not schedule across, for one try_wait. P_{j-1}
         # is not a dependency of the wait (its lowering takes no 8-bit operands); ptxas keeps an
         # in-flight wgmma's A registers untouched on its own (no serialization notes).
-        mbarrier.wait(q_bar, 0)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
+        if KPERM:
+            mbarrier.wait(q_bar, 0)
+            acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p))
+            p_new = _p_operand(p_new, p_layout, KPERM, p, True)
+        else:
+            p_new = _p_operand(p_new, p_layout, KPERM)
+            mbarrier.wait(q_bar, 0)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
         mbarrier.arrive(v_empty.index(sp), count=1)
         # O in units of V block j's scale from here on: powers of two, so the ratio is exact
         acc = acc * gl.expand_dims(gl.convert_layout(alpha * (vs_prev / vs), gl.SliceLayout(1, o_layout)), 1)
@@ -174,7 +431,7 @@ if GLUON_AVAILABLE:
                       QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                       WG: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, BLK: gl.constexpr, P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
-                      PINGPONG: gl.constexpr):
+                      PINGPONG: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr, EMU_DEG: gl.constexpr):
         """One warpgroup: query rows [WG*64, WG*64+64) of the tile."""
         HALF: gl.constexpr = o_desc.block_type.shape[1]
         D_QK: gl.constexpr = q_smem.type.shape[4]
@@ -227,24 +484,26 @@ if GLUON_AVAILABLE:
         _pass_turn(turn, WG, PINGPONG)
         s_regs = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(0), count=1)
-        p, m_i, l_i, alpha = _softmax(s_regs, m_i, l_i, rs, offs_m, 0, SEQ_K, diag, gl.float8e4nv, p_layout,
-                                      HAS_RIGHT, True, True, P_LOG2)
+        p, m_i, l_i, alpha = _fp8_softmax(s_regs, m_i, l_i, rs, offs_m, 0, SEQ_K, diag, p_layout, HAS_RIGHT, True,
+                                          P_LOG2, KPERM, EMU, EMU_DEG)
+        p = _p_operand(p, p_layout, KPERM)
         acc = gl.zeros([HALF, D_V], gl.float32, o_layout)
         for j in range(1, n_full):
             s_regs, acc, p, m_i, l_i, vs = _fp8_step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
                                                      s_regs, acc, p, m_i, l_i, vs, q_scale, ks_base, vs_base, offs_m,
                                                      SEQ_K, diag, o_layout, p_layout, BLK, P_LOG2, HAS_RIGHT, False,
-                                                     STAGES, WG, PINGPONG)
+                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG)
         for j in range(gl.maximum(n_full, 1), n_blocks):
             s_regs, acc, p, m_i, l_i, vs = _fp8_step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
                                                      s_regs, acc, p, m_i, l_i, vs, q_scale, ks_base, vs_base, offs_m,
                                                      SEQ_K, diag, o_layout, p_layout, BLK, P_LOG2, HAS_RIGHT, True,
-                                                     STAGES, WG, PINGPONG)
+                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG)
         # the last block's PV
         sl = (n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(sl), ((n_blocks - 1) // STAGES) & 1)
         _take_turn(turn, n_blocks, WG, PINGPONG)
-        o_tok = warpgroup_mma(p, v_bufs.index(sl).reshape([D_V, BLOCK_N]).permute((1, 0)), acc, is_async=True)
+        o_tok = warpgroup_mma(_p_mma_operand(p, p_layout, KPERM), v_bufs.index(sl).reshape([D_V, BLOCK_N]).permute((1, 0)),
+                              acc, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
         mbarrier.arrive(v_empty.index(sl), count=1)
@@ -270,6 +529,7 @@ if GLUON_AVAILABLE:
         HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr, BLK: gl.constexpr,
         P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
+        KPERM: gl.constexpr = False, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3,
     ):
         """O, LSE of 128 query rows of one (batch, head) from E4M3 q / k / v^T: producer warp + two
         consumer warpgroups.
@@ -279,15 +539,22 @@ if GLUON_AVAILABLE:
         [B, Sq, H, D] with [1, 64, 1, D]. QS / KS / VS: contiguous fp32 [B, H(k), NB(Q/K)]
         multipliers of BLK-token blocks (BLK a multiple of BLOCK_N: constexpr, it divides the key
         index). HAS_RIGHT (a right window bound, causal = 0) adds the diagonal loop; HAS_SINK
-        changes the init."""
+        changes the init. KPERM / EMU / EMU_DEG: GluonAttnFp8Config's kperm / emu / emu_deg; with
+        KPERM, k is a 5-D descriptor over the contiguous k8 seen as [B * Hk * Sk / 16, 2, 4, 2, D]
+        with strides [16 D, 2 D, 4 D, D, 1] and box [BLOCK_N / 16, 2, 4, 2, D]: the TMA load itself
+        puts the keys in :func:`_kperm_keys` order."""
         HALF: gl.constexpr = q_desc.block_type.shape[1]
-        BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
         D_QK: gl.constexpr = q_desc.block_type.shape[3]
         D_V: gl.constexpr = v_desc.block_type.shape[1]
+        if KPERM:
+            BLOCK_N: gl.constexpr = 16 * k_desc.block_type.shape[0]
+            k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N // 16, 2, 4, 2, D_QK], k_desc.layout)
+        else:
+            BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+            k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 1, BLOCK_N, 1, D_QK], k_desc.layout)
         gl.static_assert(v_desc.block_type.shape[3] == BLOCK_N, "K and V^T boxes cover the same keys")
         gl.static_assert(BLK % BLOCK_N == 0, "a key tile must lie in one scale block")
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, HALF, 1, D_QK], q_desc.layout)
-        k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 1, BLOCK_N, 1, D_QK], k_desc.layout)
         v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, D_V, 1, BLOCK_N], v_desc.layout)
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, 1, HALF, 1, D_V], o_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -307,12 +574,14 @@ if GLUON_AVAILABLE:
         gl.warp_specialize([
             (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                              QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
-                             0, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG)),
+                             0, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
+                             EMU_DEG)),
             (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                              QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
-                             1, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-                         H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, True)),
+                             1, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
+                             EMU_DEG)),
+            (_fp8_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                             H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, KPERM)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -385,6 +654,8 @@ def gluon_attn_fp8_operand_reason(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale
     for name, t in (("q8", qv), ("k8", kv)):
         if _tma_strides(t) is None:
             return f"{name} strides {tuple(t.stride())}: TMA needs a unit head-dim stride and 16-byte aligned strides"
+    if cfg.kperm and not k8.is_contiguous():
+        return f"config {cfg.short()}: the key-permuting K descriptor (flag k) needs a contiguous k8"
     if _tma_strides(vv) is None:
         return (f"v8t strides {tuple(v8t.stride())}: TMA needs unit key stride and 16-byte aligned rows "
                 f"(seq_kv={Sk} must be a multiple of 16 for the transposed FP8 V)")
@@ -425,14 +696,21 @@ def _kernel_args(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, out, l
     B, H, Sq, D = q8.shape
     Hk, Sk = k8.size(1), k8.size(2)
     qv, kv, vv = _views(q8, k8, v8t)
-    args = (_desc(qv, (1, HALF_M, 1, D)), _desc(kv, (1, cfg.block_n, 1, D)), _desc(vv, (1, D, 1, cfg.block_n)),
+    if cfg.kperm:  # keys permuted inside each 32-key group by the descriptor's strides (see the kernel)
+        k_box = (cfg.block_n // 16, 2, 4, 2, D)
+        k_d = TensorDescriptor(k8, [B * Hk * Sk // 16, 2, 4, 2, D], [16 * D, 2 * D, 4 * D, D, 1], list(k_box),
+                               _layout(k_box, k8.dtype))
+    else:
+        k_d = _desc(kv, (1, cfg.block_n, 1, D))
+    args = (_desc(qv, (1, HALF_M, 1, D)), k_d, _desc(vv, (1, D, 1, cfg.block_n)),
             _desc(out, (1, HALF_M, 1, D)),
             q_scale_inv, k_scale_inv, v_scale_inv, lse, sink if sink is not None else lse,
             H, H // Hk, Sq, Sk, q_scale_inv.size(-1), k_scale_inv.size(-1), Sk - Sq, max(win_right, 0),
             float(softmax_scale) * LOG2E)
     kwargs = dict(HAS_RIGHT=win_right >= 0, HAS_SINK=sink is not None, STAGES=cfg.stages, BLK=int(blk),
                   P_SCALE=P_SCALE, P_LOG2=float(math.log2(P_SCALE)), CONSUMER_REGS=cfg.consumer_regs,
-                  PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, num_warps=4)
+                  PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, KPERM=cfg.kperm, EMU=cfg.emu,
+                  EMU_DEG=cfg.emu_deg, num_warps=4)
     grid = (-(-Sq // cfg.BLOCK_M), B * H)
     return grid, args, kwargs
 
