@@ -33,8 +33,22 @@ def _win(causal, window):
         ((96, 160, 1, 1, 32, 32), False, (-1, -1), False),
     ],
 )
-def test_kernels_vs_fp64(cfg, causal, window, sink, device):
-    _check_vs_fp64(cfg, causal, window, sink, device, 0.3)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kernels_vs_fp64(cfg, causal, window, sink, dtype, device):
+    """fp32 (exact products) and fp16 (the tensor-core path on the GPU, where narrow head dims are
+    padded to 64-wide tiles: see mma_min_block) on the same masks and ragged sizes."""
+    _check_vs_fp64(cfg, causal, window, sink, device, 0.3, dtype)
+
+
+def test_mma_min_block():
+    from primus_turbo.triton.attention import flash_attn_fwd as fwd_mod
+
+    cpu16 = torch.empty(1, dtype=torch.float16)
+    assert fwd_mod.mma_min_block(cpu16) == 16
+    assert fwd_mod.attn_block_dims(40, 24, 64) == (64, 64) and fwd_mod.attn_block_dims(40, 24) == (64, 32)
+    if torch.cuda.is_available():
+        assert fwd_mod.mma_min_block(cpu16.cuda()) == 64
+        assert fwd_mod.mma_min_block(torch.empty(1, device="cuda")) == 16
 
 
 @pytest.mark.parametrize("scale", [-0.3, 0.0])

@@ -33,7 +33,8 @@ import triton.language as tl
 from primus_turbo.triton import is_interpreter
 
 from .flash_attn_fwd import (
-    LOG2E, _kv_range, _unmasked_kv_blocks, _visible, attn_block_dims, dot_precision, even_head_dims, window_flags,
+    LOG2E, _kv_range, _unmasked_kv_blocks, _visible, attn_block_dims, dot_precision, even_head_dims, mma_min_block,
+    window_flags,
 )
 
 __all__ = ["flash_attn_bwd_triton", "flash_attn_varlen_bwd_triton"]
@@ -469,11 +470,12 @@ def _launch_common(q, v, win_left, win_right, softmax_scale, varlen: bool):
     """What every backward launch shares: ``(head-dim tile for the config tables, window bounds wl,
     wr, the base-2 score scale, the kernels' common constexprs)``."""
     Dqk, Dv = q.size(-1), v.size(-1)
-    block_dqk, block_dv = attn_block_dims(Dqk, Dv)
+    min_block = mma_min_block(q)  # narrow 16-bit head dims padded to 64 on the GPU (see mma_min_block)
+    block_dqk, block_dv = attn_block_dims(Dqk, Dv, min_block)
     has_left, has_right, wl, wr = window_flags(win_left, win_right)
     common = dict(
         HAS_LEFT=has_left, HAS_RIGHT=has_right, IS_VARLEN=varlen, BLOCK_DQK=block_dqk, BLOCK_DV=block_dv,
-        EVEN_D=even_head_dims(Dqk, Dv), DOT_PRECISION=dot_precision(q.dtype),
+        EVEN_D=even_head_dims(Dqk, Dv, min_block), DOT_PRECISION=dot_precision(q.dtype),
     )
     return max(block_dqk, block_dv), wl, wr, float(softmax_scale) * LOG2E, common
 

@@ -37,7 +37,8 @@ import triton.language as tl
 from primus_turbo.triton import is_interpreter
 from primus_turbo.triton.interpreter import bf16_dot_fixed
 
-__all__ = ["check_flash_attn_triton", "flash_attn_fwd_triton", "flash_attn_varlen_fwd_triton", "attn_block_dims", "LOG2E"]
+__all__ = ["check_flash_attn_triton", "flash_attn_fwd_triton", "flash_attn_varlen_fwd_triton", "attn_block_dims",
+           "mma_min_block", "LOG2E"]
 
 LOG2E = 1.4426950408889634
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -246,9 +247,20 @@ def _attn_fwd_kernel(
     tl.store(LSE + lse_row + offs_m, lse, mask=offs_m < seq_q)
 
 
-def attn_block_dims(d_qk: int, d_v: int) -> tuple[int, int]:
-    """Head dims padded to powers of two (at least 16, the smallest tl.dot size)."""
-    return max(16, triton.next_power_of_2(d_qk)), max(16, triton.next_power_of_2(d_v))
+def attn_block_dims(d_qk: int, d_v: int, min_block: int = 16) -> tuple[int, int]:
+    """Head dims padded to powers of two (at least ``min_block``: 16, the smallest tl.dot size, or
+    :func:`mma_min_block`)."""
+    return max(min_block, triton.next_power_of_2(d_qk)), max(min_block, triton.next_power_of_2(d_v))
+
+
+def mma_min_block(t: torch.Tensor) -> int:
+    """The smallest head-dim tile the kernels use for ``t``'s inputs: 64 for fp16/bf16 on the GPU,
+    else 16. On the H200 (Triton 3.6) a 32-wide bf16/fp16 value tile gave wrong P @ V products
+    (head_dim_v 24: every query row that saw more than 16 keys was wrong, 5.7 dB; fp32 inputs,
+    which take no tensor-core path, and 64-wide tiles were right), so narrow head dims are padded
+    to 64 there: the loads are masked and the extra MMA width is small against the memory traffic
+    of such heads."""
+    return 64 if t.is_cuda and t.dtype in (torch.float16, torch.bfloat16) else 16
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -293,9 +305,9 @@ def _fwd_config(d_max: int) -> tuple[int, int, int, int]:
     return FWD_CONFIGS[max(FWD_CONFIGS)]
 
 
-def even_head_dims(d_qk: int, d_v: int) -> bool:
+def even_head_dims(d_qk: int, d_v: int, min_block: int = 16) -> bool:
     """Head dims equal to their padded block dims: loads need no head-dim mask."""
-    block_dqk, block_dv = attn_block_dims(d_qk, d_v)
+    block_dqk, block_dv = attn_block_dims(d_qk, d_v, min_block)
     return d_qk == block_dqk and d_v == block_dv
 
 
@@ -304,7 +316,8 @@ def _launch_fwd(q4, k4, v4, out4, lse, sink, softmax_scale, win_left, win_right,
     """One launch of :func:`_attn_fwd_kernel` on logical 4-D stride tuples (varlen: batch stride 0)."""
     (q, qs), (k, ks), (v, vs), (out, os_) = q4, k4, v4, out4
     Dqk, Dv = q.size(-1), v.size(-1)
-    block_dqk, block_dv = attn_block_dims(Dqk, Dv)
+    min_block = mma_min_block(q)
+    block_dqk, block_dv = attn_block_dims(Dqk, Dv, min_block)
     bm, bn, warps, stages = _fwd_config(max(block_dqk, block_dv))
     has_left, has_right, wl, wr = window_flags(win_left, win_right)
     varlen = cu_q is not None
@@ -316,7 +329,7 @@ def _launch_fwd(q4, k4, v4, out4, lse, sink, softmax_scale, win_left, win_right,
         H, Sq, Sk, H // Hk, Dqk, Dv,
         float(softmax_scale) * LOG2E, Sk - Sq, wl, wr,
         HAS_SINK=sink is not None, HAS_LEFT=has_left, HAS_RIGHT=has_right, IS_VARLEN=varlen,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_DQK=block_dqk, BLOCK_DV=block_dv, EVEN_D=even_head_dims(Dqk, Dv),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_DQK=block_dqk, BLOCK_DV=block_dv, EVEN_D=even_head_dims(Dqk, Dv, min_block),
         DOT_PRECISION=dot_precision(q.dtype), NEG_SCALE=softmax_scale < 0, num_warps=warps, num_stages=stages,
     )
 
