@@ -152,10 +152,13 @@ class GluonAttnFp8Config(GluonAttnConfig):
         return super().check(head_dim)
 
 
-#: per head dim; not yet measured on the H200 (scripts/check_gluon_attn.py --fp8 times them, --configs
-#: sweeps). FP8 tiles are half the bf16 ones, so the ring is deeper for the same shared memory:
-#: D=128 n128s4 is 16 KB Q + 4 x 32 KB K/V + 32 KB O.
-_DEFAULT_CONFIGS = {64: GluonAttnFp8Config(block_n=128, stages=4), 128: GluonAttnFp8Config(block_n=128, stages=4)}
+#: per head dim (H200, session 6, scripts/check_gluon_attn_fp8.py --compare: n128s4k the best at head
+#: dim 128 on 3 of 4 rows, n128s4pk 816 TFLOP/s on the fourth; n128s4 without k 0.77-1.08x our bf16
+#: forward). FP8 tiles are half the bf16 ones, so the ring is deeper for the same shared memory:
+#: D=128 n128s4 is 16 KB Q + 4 x 32 KB K/V + 32 KB O. A non-contiguous k8 cannot take ``k``: the op
+#: then runs the tl FP8 kernel (gluon_attn_fp8_fwd_reason names why).
+_DEFAULT_CONFIGS = {64: GluonAttnFp8Config(block_n=128, stages=4, kperm=True),
+                    128: GluonAttnFp8Config(block_n=128, stages=4, kperm=True)}
 
 
 def default_attn_fp8_config(head_dim: int, blk: int = 128) -> GluonAttnFp8Config:
@@ -589,12 +592,14 @@ if GLUON_AVAILABLE:
 # Checks and launch
 # ----------------------------------------------------------------------------------------------
 def use_gluon_attn_fp8_fwd() -> bool:
-    """``PRIMUS_TURBO_ATTN_FP8_FWD_GLUON``: 1 runs this kernel for ``flash_attn_fp8_func``'s forward
-    where :func:`gluon_attn_fp8_fwd_reason` allows, 0 and auto never (auto: off; on the H200 it
-    measured 0.87-0.97x the tl FP8 forward at head dim 128, 0.73-0.76x at 64)."""
+    """``PRIMUS_TURBO_ATTN_FP8_FWD_GLUON``: 1 and auto run this kernel for ``flash_attn_fp8_func``'s
+    forward where :func:`gluon_attn_fp8_fwd_reason` allows, 0 never. Auto is on since the H200
+    measurement of the ``k`` configs (session 6, ``scripts/check_gluon_attn_fp8.py --compare``, 32
+    heads, 16k tokens): n128s4k 715-787 TFLOP/s at head dim 128 (1.06-1.25x the tl FP8 kernel,
+    1.10-1.32x our bf16 Gluon forward), 424 / 333 at head dim 64 (1.00 / 1.05x tl)."""
     from primus_turbo.pytorch.core.env import env_auto_flag
 
-    return bool(env_auto_flag(GLUON_ATTN_FP8_ENV))
+    return env_auto_flag(GLUON_ATTN_FP8_ENV) is not False
 
 
 def _views(q8, k8, v8t):
