@@ -236,6 +236,22 @@ class GroupedGemmVariableKTritonBackend(KernelBackend):
             x, y, group_lens, group_offs, out=out, accumulate=accumulate, num_cu=num_cu, checked=True)
 
 
+def _default_vk(x, y, group_lens, group_offs, out=None, accumulate=False, num_cu=None, **kw) -> BackendType:
+    """The vendor kernel where it can run, except the fused accumulation into an fp32 ``main_grad``
+    where the 16-bit Gluon variable-K kernel can run it: it adds in its epilogue (TMA reduce-add)
+    what the vendor path writes out and adds in a second pass. H200 (session 6,
+    scripts/check_gluon_grouped.py, DeepSeek-V3 / Qwen3-30B-A3B EP8, balanced and unbalanced): 1.23-1.55x
+    ``torch._grouped_mm`` + ``add_`` on all 8 cases."""
+    args = dict(x=x, y=y, group_lens=group_lens, group_offs=group_offs, out=out, accumulate=accumulate,
+                num_cu=num_cu, **kw)
+    if accumulate and out is not None and out.dtype == torch.float32 and num_cu is None:
+        gluon = _gluon16("grouped_gemm_variable_k_gluon", x)
+        if gluon is not None and group_offs is not None and \
+                gluon.gluon_variable_k_reason(x, y, group_offs, out=out, accumulate=True) is None:
+            return BackendType.TRITON
+    return BackendType.TORCH if GroupedGemmVariableKTorchBackend.can_handle(**args) else BackendType.TRITON
+
+
 def _make_key_vk(x, y, group_lens, group_offs, out=None, accumulate=False, num_cu=None, **_):
     return (x.size(0), x.size(1), y.size(1), group_offs.numel() - 1, x.dtype,
             None if out is None else out.dtype, bool(accumulate), num_cu, x.device.type)
@@ -246,8 +262,7 @@ grouped_gemm_variable_k_dispatcher = AutoKernelDispatcher(
     family="grouped_gemm",
     backends=[GroupedGemmVariableKTorchBackend, GroupedGemmVariableKTritonBackend],
     make_key=_make_key_vk,
-    default=lambda **kw: (
-        BackendType.TORCH if GroupedGemmVariableKTorchBackend.can_handle(**kw) else BackendType.TRITON),
+    default=lambda **kw: _default_vk(**kw),
     default_checked=BackendType.TORCH,
     make_tune_kwargs=scratch_out_tune_kwargs,
 )

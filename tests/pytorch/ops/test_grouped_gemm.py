@@ -307,3 +307,31 @@ def test_vendor_route_respects_pins_and_num_cu(monkeypatch):
     assert not ops_mod._vendor_route(a, b, None)
     GlobalBackendManager.set_grouped_gemm_backend(BackendType.TORCH)
     assert ops_mod._vendor_route(a, b, None)
+
+
+def test_default_vk_picks_gluon_for_fp32_accumulation(monkeypatch):
+    """The variable-K dispatcher's default: the vendor kernel, except the fused accumulation into an
+    fp32 main_grad where the 16-bit Gluon kernel can run it (TRITON backend, which runs the Gluon
+    kernel); the module is emulated (its reason None / a refusal), the rule is what is tested."""
+    from types import SimpleNamespace
+
+    from primus_turbo.pytorch.backends import grouped_gemm as be
+    from primus_turbo.pytorch.core.backend import BackendType
+
+    x = torch.randn(64, 16, dtype=torch.bfloat16)
+    y = torch.randn(64, 32, dtype=torch.bfloat16)
+    offs = torch.tensor([0, 32, 64])
+    out = torch.zeros(2, 16, 32)
+    verdict = {"reason": None}
+    fake = SimpleNamespace(gluon_variable_k_reason=lambda *a, **k: verdict["reason"])
+    monkeypatch.setattr(be, "_gluon16", lambda name, t: fake)
+    monkeypatch.setattr(be.GroupedGemmVariableKTorchBackend, "can_handle", classmethod(lambda cls, **kw: True))
+    kw = dict(x=x, y=y, group_lens=offs.diff(), group_offs=offs, out=out)
+    assert be._default_vk(**kw, accumulate=True) == BackendType.TRITON
+    assert be._default_vk(**kw, accumulate=False) == BackendType.TORCH  # plain wgrad: vendor
+    assert be._default_vk(**{**kw, "out": out.bfloat16()}, accumulate=True) == BackendType.TORCH  # bf16 main_grad
+    verdict["reason"] = "P must be a multiple of 64"
+    assert be._default_vk(**kw, accumulate=True) == BackendType.TORCH
+    monkeypatch.setattr(be, "_gluon16", lambda name, t: None)  # switch off / not CUDA
+    verdict["reason"] = None
+    assert be._default_vk(**kw, accumulate=True) == BackendType.TORCH
