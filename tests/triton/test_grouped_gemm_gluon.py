@@ -6,7 +6,8 @@ On CPU: the eligibility reasons, the config parser, the backend rule (``PRIMUS_T
 with a mocked platform, and that every kernel variant compiles for sm_90 without spills or
 serialized wgmmas (also through the launchers' own arguments). On an sm_90 GPU: against the fp32
 reference (bf16 >= 45 dB, fp16 >= 50 dB) with balanced, unbalanced and empty groups, NaN rows past
-``group_offs[G]`` (zero output rows, never read by the wgrad), M / N / K tails, both weight
+``group_offs[G]`` (zero output rows, never read by the wgrad), short groups next to groups whose
+rows hold Inf / NaN (never leaking into them), M / N / K tails, both weight
 layouts, fused fp32 accumulation, bitwise repeatability, and the op.
 """
 
@@ -85,8 +86,12 @@ def test_config_parse_check_and_fit():
     assert c.check(2) is None and gg.GROUPED16_DEFAULT_CONFIG.check(2) is None
     assert "shared memory" in gg.GluonGroupedConfig.parse("n256s5").check(2)
     assert "epi_n" in gg.GluonGroupedConfig.parse("n128s4e256").check(2)
-    fitted = gg.fitted_config(gg.GROUPED16_DEFAULT_CONFIG, torch.float32)
-    assert fitted.check(4) is None and fitted.stages == gg.GROUPED16_DEFAULT_CONFIG.stages and fitted.epi_n == 64
+    d = gg.GROUPED16_DEFAULT_CONFIG
+    fitted = gg.fitted_config(d, torch.float32)
+    assert fitted.check(4) is None and (fitted.block_n, fitted.stages) == (d.block_n, d.stages)
+    assert 64 <= fitted.epi_n <= d.epi_n
+    fitted = gg.fitted_config(c, torch.float32)  # n256s4: fp32 staging fits only in 64-column pieces
+    assert fitted.check(4) is None and (fitted.stages, fitted.epi_n) == (4, 64)
     for text in gg.GROUPED16_CANDIDATES:
         assert gg.GluonGroupedConfig.parse(text).check(2) is None, text
 
@@ -314,6 +319,82 @@ def test_variable_k_matches_reference(pattern, P, Q, dtype, config):
             assert torch.all(out[g] == 0), f"empty group {g} must be zero"
     assert _snr(_ref_wgrad(x, y, lens), out) >= MIN_SNR[dtype], (pattern, P, Q)
     assert torch.equal(vk.grouped_gemm_variable_k_gluon(x, y, offs, config=cfg), out)
+
+
+# rows of the poisoned groups: (x / a value, y / dy value); each kernel must keep them out of the
+# other groups' results (0 * Inf and 0 * NaN are NaN: zeroing one operand of a row is not enough)
+POISONS = {"inf_nan": (float("inf"), float("nan")), "nan_neginf": (float("nan"), float("-inf"))}
+
+
+def _poisoned_lens(short):
+    """Group sizes: a short group first (its block reaches before row 0), a poisoned group, the
+    short group right after it (its last block reloads the poisoned rows), another poisoned group
+    right after it, a clean multi-block group with a partial last block, and a poisoned last group.
+    Returns (lens, poisoned group indices)."""
+    return [short, 100, short, 70, 130, 41], (1, 3, 5)
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("short", [5, 17, 63])
+@pytest.mark.parametrize("poison", list(POISONS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config", [None, "n128k64s6", "n64k32s4"])
+def test_variable_k_short_group_ignores_other_groups_inf_nan(short, poison, dtype, config):
+    """A group shorter than a token block next to groups whose rows hold Inf / NaN in both x and
+    y: its last block reloads those rows and must zero them in both operands (zeroing x alone
+    gives 0 * Inf = NaN in this expert's gradient). Every clean group finite and >= the SNR bar
+    against the fp32 reference of its own rows."""
+    lens, bad = _poisoned_lens(short)
+    P, Q = 128, 256
+    x = torch.randn(sum(lens), P, device="cuda").to(dtype)
+    y = torch.randn(sum(lens), Q, device="cuda").to(dtype)
+    offs = _offsets(lens, "cuda")
+    vx, vy = POISONS[poison]
+    for g in bad:
+        rows = slice(sum(lens[:g]), sum(lens[:g + 1]))
+        x[rows] = vx
+        y[rows] = vy
+    cfg = gg.GluonGroupedConfig.parse(config) if config else None
+    assert vk.gluon_variable_k_reason(x, y, offs) is None
+    out = vk.grouped_gemm_variable_k_gluon(x, y, offs, config=cfg)  # x's dtype
+    ref = _ref_wgrad(x, y, lens)
+    for g, n in enumerate(lens):
+        if g in bad:
+            continue
+        assert torch.isfinite(out[g]).all(), f"group {g} ({n} tokens) took another group's Inf / NaN"
+        assert _snr(ref[g], out[g]) >= MIN_SNR[dtype], (g, n)
+    c0 = torch.randn(len(lens), P, Q, device="cuda")
+    acc = c0.clone()
+    cfg32 = gg.fitted_config(cfg or vk.VARIABLE_K16_DEFAULT_CONFIG, torch.float32)  # fp32 staging fits
+    vk.grouped_gemm_variable_k_gluon(x, y, offs, out=acc, accumulate=True, config=cfg32)
+    for g in range(len(lens)):
+        if g not in bad:
+            assert torch.isfinite(acc[g]).all() and _snr(ref[g] + c0[g].double(), acc[g]) >= 60.0, g
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("short", [5, 17, 63])
+@pytest.mark.parametrize("poison", list(POISONS))
+@pytest.mark.parametrize("kmajor", [True, False])
+def test_m_grouped_short_group_ignores_other_groups_inf_nan(short, poison, kmajor):
+    """The forward: a group's output rows come from its own rows of a only (a tile's rows of the
+    neighbouring groups, here Inf / NaN, are separate rows of the MMA and never stored)."""
+    lens, bad = _poisoned_lens(short)
+    a, B, _, offs = _operands(lens, 256, 136, "cuda", torch.bfloat16, tail=7, kmajor=kmajor)
+    vx, _ = POISONS[poison]
+    for g in bad:
+        a[sum(lens[:g]):sum(lens[:g + 1])] = vx
+    out = gg.grouped_gemm_gluon(a, B, offs)
+    ref = _ref_fwd(a, B, lens)
+    assert torch.all(out[sum(lens):] == 0), "rows past offs[G] must be zero"
+    for g, n in enumerate(lens):
+        if g in bad:
+            continue
+        rows = slice(sum(lens[:g]), sum(lens[:g + 1]))
+        assert torch.isfinite(out[rows]).all(), f"group {g} ({n} rows) took another group's Inf / NaN"
+        assert _snr(ref[rows], out[rows]) >= MIN_SNR[torch.bfloat16], (g, n)
 
 
 @sm90

@@ -20,12 +20,13 @@ registers, one MMA in flight):
 * token blocks start at ``offs[g] + i * BLOCK_K`` (TMA takes any row coordinate), except the last
   one, which ends at ``offs[g+1]``: it starts at ``offs[g+1] - BLOCK_K`` and so reloads tokens of
   block i - 1 (or, for a group shorter than BLOCK_K, the previous groups' tokens or zeros before
-  row 0). Before its MMA each consumer warpgroup zeroes those leading rows of its own x box in
-  shared memory (``_zero_rows``), so they add nothing. No block ever reads a row at or past
-  ``offs[g+1]``: rows past ``offs[G]`` (uninitialized in a capacity-padded buffer, possibly NaN)
-  are never loaded. (A zeroed x row times a y row of another group that holds Inf would give a
-  NaN; y's rows there are other experts' routed tokens, finite in a training that is not already
-  diverging.)
+  row 0). Before its MMA each consumer warpgroup zeroes those leading rows in shared memory in
+  BOTH operand boxes, its own x box and the shared y box (``_zero_skipped``), so they add exactly
+  nothing: zeroing one operand only would turn an Inf or NaN of another expert's token (or a
+  counted token's) in the other operand into a NaN (0 * Inf) in this expert's gradient. Only
+  these boundary blocks are touched; full blocks run the plain loop. No block ever reads a row at
+  or past ``offs[g+1]``: rows past ``offs[G]`` (uninitialized in a capacity-padded buffer,
+  possibly NaN) are never loaded.
 * an empty group runs no main loop: its tile stores zeros, or, accumulating, nothing.
 
 Requirements (:func:`gluon_variable_k_reason`): sm_90, Gluon importable, x and y bf16 or fp16 of
@@ -111,13 +112,34 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _zero_rows(buf, n):
-        """Rows [0, n) of the shared [BLOCK_K, 64] x box to zero, made visible to the wgmma (the
-        async proxy) for the whole warpgroup before it is issued."""
+        """Rows [0, n) of a shared [BLOCK_K, C] box (C a multiple of 64) to zero, in [16, 64]
+        pieces (8 elements a thread: one 16-byte vector); pieces wholly at or past row n are not
+        touched. A piece that straddles n writes its rows >= n back unchanged. No fence here
+        (:func:`_zero_skipped`)."""
         ROWS: gl.constexpr = buf.type.shape[0]
-        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16-byte pieces, 4 warps
-        vals = buf.load(layout)
-        rows = gl.expand_dims(gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)), 1)
-        buf.store(gl.where(rows >= n, vals, gl.zeros_like(vals)))
+        COLS: gl.constexpr = buf.type.shape[1]
+        gl.static_assert(ROWS % 16 == 0 and COLS % 64 == 0, "box must be [16 i, 64 j]")
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # [16, 64], 4 warps
+        rows = gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(1, layout)), 1)
+        for r in gl.static_range(ROWS // 16):
+            if r * 16 < n:
+                for c in gl.static_range(COLS // 64):
+                    piece = buf.slice(r * 16, 16, dim=0).slice(c * 64, 64, dim=1)
+                    vals = piece.load(layout)
+                    piece.store(gl.where(rows + r * 16 >= n, vals, gl.zeros_like(vals)))
+
+    @gluon.jit
+    def _zero_skipped(a_buf, b_buf, n):
+        """Rows [0, n) of both operand boxes of a group's last token block (the tokens already
+        counted, another group's, or TMA's zeros before row 0) to zero, made visible to the wgmma
+        (the async proxy) for the whole warpgroup before it is issued. Zeroing x alone is not
+        enough: a zeroed x row times a y row holding Inf is NaN in the MMA (and the other way
+        round). x's box is this warpgroup's own; y's box is shared by both warpgroups, so both
+        zero it: each writes zeros to rows < n and, in a straddling piece, the values already
+        there to rows >= n, so whichever order the two warpgroups' stores and wgmma reads take,
+        every read sees the same bytes (zeros below n, the loaded tokens from n on)."""
+        _zero_rows(a_buf, n)
+        _zero_rows(b_buf, n)
         fence_async_shared()
         gl.thread_barrier()
 
@@ -125,13 +147,16 @@ if GLUON_AVAILABLE:
     def _vk16_mainloop(acc, a_bufs, b_bufs, ready, empty, it, k_tiles, skip, WG: gl.constexpr,
                        STAGES: gl.constexpr):
         """The group's k_tiles (>= 1) token blocks into acc; the last block's first ``skip`` rows
-        (already counted, or another group's) zeroed in this warpgroup's x box first."""
+        (already counted, or another group's) zeroed in this warpgroup's x box and in the y box
+        first (only there: every other block runs the plain wgmma loop)."""
         for kk in range(k_tiles):
             s = it % STAGES
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
             if kk == k_tiles - 1:
                 if skip > 0:
-                    _zero_rows(a_bufs.index(2 * s + WG), skip)
+                    b_buf = b_bufs.index(s)  # [1, BLOCK_K, BLOCK_N], the 3-D box
+                    _zero_skipped(a_bufs.index(2 * s + WG),
+                                  b_buf.reshape([b_buf.type.shape[1], b_buf.type.shape[2]]), skip)
             acc, it = _mma_block(acc, a_bufs, b_bufs, ready, empty, it, kk == 0, WG, STAGES, False, False)
         return _mma_drain(acc, empty, it, STAGES), it
 
