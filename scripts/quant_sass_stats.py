@@ -92,6 +92,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="16384x7168")
     p.add_argument("--only", nargs="+", default=["with_trans_blockwise", "with_trans_mx", "fp4", "fp4_with_trans"])
+    p.add_argument("--match", nargs="+", default=None,
+                   help="only the candidates whose label contains one of these strings (default always runs)")
     args = p.parse_args(argv)
     rows, cols = (int(v) for v in args.shape.split("x"))
     x = torch.empty(rows, cols, dtype=torch.bfloat16)
@@ -102,6 +104,8 @@ def main(argv=None) -> int:
         for name in args.only:
             cands, call = _cases(name, x)
             for cfg in cands:
+                if args.match and cfg is not None and not any(m in str(cfg) for m in args.match):
+                    continue
                 _SEEN.clear()
                 call(cfg)
                 for r in _SEEN:

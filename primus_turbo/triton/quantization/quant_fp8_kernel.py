@@ -890,6 +890,13 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
         q, s = fp8_quant_launch(x, out_dtype, row)
         st = _transposed_single(x, qt, col, out_dtype)
         return q, s, qt, st
+    if tile is not None and len(tile) > 3 and tile[3] == "packed":
+        # opt-in: the bf16-pair kernel of quant_fp8_packed.py (falls back to the default where it does not apply)
+        from .quant_fp8_packed import fp8_packed_ok, fp8_packed_with_trans_launch
+
+        if fp8_packed_ok(x, out_dtype, row, col, tile):
+            return fp8_packed_with_trans_launch(x, out_dtype, row, col, tile)
+        tile = None
     cfg = tile if (tile is not None and len(tile) >= 3) else None
     if cfg is None and tile is None:
         cfg = with_trans_config(rows, cols, row, col)
@@ -930,6 +937,10 @@ WITH_TRANS_CANDIDATES = (
     (128, 128, 4, 168, "staged"), (128, 128, 4, 0, "staged"), (128, 128, 8, 0, "staged"),
     (128, 128, 4, 128, "staged"), (128, 256, 8, 0, "staged"), (256, 128, 8, 0, "staged"),
     (64, 128, 4, 0, "staged"), (64, 128, 4, 128, "staged"), (128, 64, 4, 0, "staged"),
+    # the bf16-pair kernel (quant_fp8_packed.py, bf16 -> E4M3): (TR, TC, num_warps, "packed"[, maxnreg])
+    (128, 128, 4, "packed"), (128, 128, 4, "packed", 168), (128, 128, 8, "packed"), (128, 256, 8, "packed"),
+    (64, 128, 4, "packed"), (64, 128, 4, "packed", 128), (32, 128, 4, "packed"), (64, 256, 8, "packed"),
+    (128, 64, 4, "packed"), (32, 256, 4, "packed"),
 )
 
 
@@ -955,6 +966,10 @@ def with_trans_config(rows: int, cols: int, row: QuantGrouping, col: QuantGroupi
 def _dual_ok(rows: int, cols: int, row: QuantGrouping, col: QuantGrouping, cfg) -> bool:
     """Whether the two-copy kernel covers these groupings and shape with tile ``cfg``."""
     tr, tc = cfg[0], cfg[1]
+    if len(cfg) > 3 and cfg[3] == "packed":  # shape/grouping check only (dtype: at the launch)
+        return (row.mode == col.mode and row.mode in (_MODE_FP32, _MODE_MX) and row.gr == 1 and col.gc == 1
+                and row.gc == col.gr and row.gc in (32, 64, 128) and (row.mode == _MODE_FP32 or row.gc == 32)
+                and rows % 4 == 0 and cols % 4 == 0 and tr % row.gc == 0 and tc % row.gc == 0)
     if row.mode != col.mode or row.mode == _MODE_TENSOR or row.gr != 1 or col.gc != 1:
         return False
     gc, gr_t = row.padded()[1], col.padded()[0]

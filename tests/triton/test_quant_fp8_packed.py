@@ -1,0 +1,121 @@
+"""The bf16-pair two-copy FP8 quantizer (primus_turbo/triton/quantization/quant_fp8_packed.py).
+
+* The PTX code sequence through its numpy model (emulate_codes) on every bf16 bit pattern and
+  several multipliers, against torch's fp32 -> E4M3 conversion of the clamped product.
+* The kernel in the interpreter (its SOFT branch, same data flow) against quant_ref: BLOCKWISE
+  and MX, even and ragged tiles, zero / inf / NaN / subnormal blocks.
+* On a GPU: the PTX path against quant_ref.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from primus_turbo.pytorch.core.low_precision import ScalingGranularity as G
+from primus_turbo.testing import quant_ref as R
+from primus_turbo.triton import is_interpreter
+from primus_turbo.triton.quantization import quant_fp8_kernel as F8
+from primus_turbo.triton.quantization import quant_fp8_packed as P
+
+_ALL = np.arange(65536, dtype=np.uint32)
+E4M3 = torch.float8_e4m3fn
+
+
+def _torch_codes(x_bits: np.ndarray, m: float) -> np.ndarray:
+    x = torch.from_numpy((x_bits << 16).astype(np.uint32).view(np.float32).copy())
+    y = (x * torch.tensor(m, dtype=torch.float32)).clamp(-448.0, 448.0)
+    return y.to(E4M3).view(torch.uint8).numpy()
+
+
+@pytest.mark.parametrize("m", [1.0, 2.0 ** -3, 2.0 ** 7, 448.0 / 3.0, 448.0 / 1e-30, 1.7, 2.0 ** 100])
+def test_emulated_codes_exhaustive(m):
+    mb = np.float32(m).view(np.uint32)
+    h = _ALL.reshape(-1, 4, 4)  # [group, quarter k, element j]
+    p0 = [(h[:, k, 0] | (h[:, k, 1] << 16)).astype(np.uint32) for k in range(4)]
+    p1 = [(h[:, k, 2] | (h[:, k, 3] << 16)).astype(np.uint32) for k in range(4)]
+    mm = [np.full(h.shape[0], mb, dtype=np.uint32)] * 4
+    rows, cols = P.emulate_codes(p0, p1, mm, mm)
+    want = _torch_codes(_ALL, m).reshape(-1, 4, 4)
+    nan = ((_ALL & 0x7FFF) > 0x7F80).reshape(-1, 4, 4)
+    want = np.where(nan, 0x7F, want)  # cvt.rn.satfinite: NaN -> 0x7F (quant_ref's code)
+    for k in range(4):
+        got = np.stack([(rows[k] >> (8 * j)) & 0xFF for j in range(4)], 1)
+        assert np.array_equal(got, want[:, k, :]), k
+    for j in range(4):
+        got = np.stack([(cols[j] >> (8 * k)) & 0xFF for k in range(4)], 1)
+        assert np.array_equal(got, want[:, :, j]), j
+
+
+def test_ptx_text():
+    assert P.CODES_PTX.count("cvt.rn.satfinite.e4m3x2.f32") == 16
+    assert P.CODES_PTX.count("mul.rn.f32") == 32
+
+
+def _special(rows, cols, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g) * torch.exp2(torch.randint(-10, 11, (rows, 1), generator=g).float())
+    x[0, :40] = 0.0
+    x[1, 3] = float("inf")
+    x[5, 70] = float("-inf")
+    x[2, 7] = float("nan")
+    x[3, :] = 1e-39
+    x[6, :32] = torch.tensor([448.0, 1e-30, -7.9, 5.99, 0.0625 * 1.0625, 17.0, 18.0, 19.0] * 4)
+    x[:, 9] = 3e5
+    x = x.to(torch.bfloat16)
+    x[7, 0:32] = torch.tensor([0xFF81, 0x7FC1, 0x8001, 0x0001] * 8, dtype=torch.int32).to(torch.int16).view(
+        torch.bfloat16)
+    return x.to(device)
+
+
+def _bits(t):
+    """Bit patterns; E4M3 NaN codes (0x7F / 0xFF: the sign of a NaN is not part of the contract
+    here, the tl kernels' soft conversion and quant_ref differ in it) mapped to 0x7F."""
+    t = t.contiguous()
+    if t.element_size() == 1:
+        b = t.view(torch.uint8)
+        return torch.where((b & 0x7F) == 0x7F, torch.full_like(b, 0x7F), b)
+    return t.view(torch.int32)
+
+
+def _check(x, mx, cfg):
+    row = F8.QuantGrouping(1, 1, 32) if mx else F8.QuantGrouping(0, 1, 128)
+    col = F8.QuantGrouping(1, 32, 1) if mx else F8.QuantGrouping(0, 128, 1)
+    gran = G.MX_BLOCKWISE if mx else G.BLOCKWISE
+    assert P.fp8_packed_ok(x, E4M3, row, col, cfg)
+    outs = F8.fp8_quant_with_trans_launch(x, E4M3, row, col, tile=cfg)
+    xc = x.cpu()
+    ref = (*R.quantize_fp8_ref(xc, E4M3, gran), *R.quantize_fp8_ref(xc.t().contiguous(), E4M3, gran))
+    for o, r in zip(outs, ref):
+        assert tuple(o.shape) == tuple(r.shape)
+        assert torch.equal(_bits(o.cpu()), _bits(r)), int((_bits(o.cpu()) != _bits(r)).sum())
+
+
+_CASES = [
+    (False, (256, 256), (128, 128, 4, "packed")),
+    (False, (200, 260), (128, 128, 4, "packed")),
+    (False, (128, 384), (128, 256, 8, "packed")),
+    (True, (256, 256), (128, 128, 4, "packed")),
+    (True, (96, 224), (64, 128, 4, "packed")),
+    (True, (64, 128), (32, 256, 4, "packed")),
+]
+
+
+@pytest.mark.skipif(not is_interpreter(), reason="interpreter (SOFT) path; the GPU test runs the PTX")
+@pytest.mark.parametrize("mx,shape,cfg", _CASES)
+def test_interpreter_vs_ref(mx, shape, cfg):
+    _check(_special(*shape, "cpu"), mx, cfg)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or is_interpreter(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mx,shape,cfg", _CASES + [(False, (1024, 7168), (128, 128, 4, "packed", 168)),
+                                                  (True, (1024, 7168), (64, 128, 4, "packed"))])
+def test_gpu_vs_ref(mx, shape, cfg):
+    _check(_special(*shape, "cuda"), mx, cfg)
+
+
+def test_not_covered_falls_back():
+    x = torch.zeros(64, 64, dtype=torch.float32)
+    row, col = F8.QuantGrouping(0, 1, 128), F8.QuantGrouping(0, 128, 1)
+    assert not P.fp8_packed_ok(x, E4M3, row, col, (128, 128, 4, "packed"))
