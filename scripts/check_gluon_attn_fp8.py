@@ -30,7 +30,7 @@ side by side. For head dim 128 (seq 4096 and 16384) and 64 (seq 4096), causal an
 batch * seq = 16k tokens, it times our bf16 Gluon forward, the tl FP8 forward (default and each
 ``--tl-emu`` value: ``exp_emu``, 1/N of the exponentials on the FMA pipe) and the Gluon FP8 forward
 (default and each ``--fp8-configs`` config: ``k`` key-permuted K load / shuffle-free P, ``e<N>``
-exponential emulation, ``p`` ping-pong), and prints TFLOP/s and the ratio to the bf16 forward.
+exponential emulation, ``p`` ping-pong, ``c<T>`` conditional O rescale), and prints TFLOP/s and the ratio to the bf16 forward.
 Before timing, each variant's O on a small ragged GQA case (B=2, seq 1008, 4/2 heads: tail
 masks, the flattened key index of ``k``) is compared with fp32 attention on the dequantized inputs
 (>= 28 dB), on the unquantized inputs (>= 20 dB) and with its family's default (>= 30 dB); a
@@ -38,6 +38,7 @@ variant that fails is not timed:
 
     PYTHONPATH=. python scripts/check_gluon_attn_fp8.py --compare [--out DIR]
         [--fp8-configs n128s4k n128s4ke2 ...] [--tl-emu 2 4] [--seq 4096 16384] [--head-dims 128 64]
+        [--no-tl]   # our bf16 forward and the Gluon FP8 variants only (no tl FP8 kernel)
 """
 
 from __future__ import annotations
@@ -136,9 +137,12 @@ def _a_register_hazards(sass: str) -> int:
     return bad
 
 
-def loop_ops(sass: str, ops=("MUFU", "FFMA", "FADD", "FMNMX", "F2FP", "PRMT", "LOP3", "SHFL", "SEL")) -> dict:
+def loop_ops(sass: str, ops=("MUFU", "FFMA", "FADD", "FMUL", "FMNMX", "F2FP", "PRMT", "LOP3", "SHFL", "SEL",
+                             "VOTE")) -> dict:
     """Opcode counts of the first innermost loop that issues QGMMAs (a consumer's full-block loop:
-    one key block of 64 rows per warp), plus ``instrs``, its instruction count."""
+    one key block of 64 rows per warp), plus ``instrs``, its instruction count, and ``skip``, the
+    instructions a warp does not issue when the ``c<T>`` config skips its O rescale (the FMULs
+    between a VOTE and the loop's end that are jumped over; 0 without a vote)."""
     from collections import Counter
 
     ins = []
@@ -153,8 +157,12 @@ def loop_ops(sass: str, ops=("MUFU", "FFMA", "FADD", "FMNMX", "F2FP", "PRMT", "L
         body = [t for a, t in ins if int(m.group(1), 16) <= a <= addr]
         inner = sum(bool(re.search(r"\bBRA (?:`\()?0x([0-9a-f]+)", t)) for t in body[:-1])
         c = Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
-        if c["QGMMA"] and inner <= 8:
-            return dict(instrs=len(body), **{o: c[o] for o in ops})
+        if c["QGMMA"] and inner <= 16:
+            skip, seen = 0, False
+            for t in body:
+                seen = seen or t.startswith("VOTE")
+                skip += seen and t.split()[0] == "FMUL"
+            return dict(instrs=len(body), skip=skip, **{o: c[o] for o in ops})
     return {}
 
 
@@ -183,10 +191,10 @@ def compile_attn_fp8(head_dim: int, causal: bool, out_dtype: str = "bf16", sink:
            "QS": "*fp32", "KS": "*fp32", "VS": "*fp32", "LSE": "*fp32", "SINK": "*fp32",
            "H": "i32", "GROUP": "i32", "SEQ_Q": "i32", "SEQ_K": "i32", "NBQ": "i32", "NBK": "i32",
            "offset": "i32", "win_right": "i32", "qk_scale": "fp32"}
-    consts = dict(HAS_RIGHT=bool(causal), HAS_SINK=bool(sink), STAGES=cfg.stages, BLK=blk, P_SCALE=f8.P_SCALE,
-                  P_LOG2=float(math.log2(f8.P_SCALE)), CONSUMER_REGS=cfg.consumer_regs,
+    consts = dict(HAS_RIGHT=bool(causal), HAS_SINK=bool(sink), STAGES=cfg.stages, BLK=blk, P_SCALE=2.0 ** cfg.p_log2(),
+                  P_LOG2=cfg.p_log2(), CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, KPERM=cfg.kperm, EMU=cfg.emu,
-                  EMU_DEG=cfg.emu_deg)
+                  EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy)
     name = (f"attn_fp8_d{head_dim}_{'causal' if causal else 'full'}_{out_dtype}{'_sink' if sink else ''}"
             f"_blk{blk}_{cfg.short()}")
 
@@ -414,6 +422,7 @@ def main(args) -> int:
 # GPU: --compare (old vs new FP8 forward options in one call)
 # ---------------------------------------------------------------------------------------------
 COMPARE_CONFIGS = ["n128s4k", "n128s4ke2", "n128s4ke4", "n128s4pk"]
+#: the tl kernel's exp_emu values timed by default (``--no-tl``: no tl variant at all, a Gluon-only sweep)
 COMPARE_TL_EMU = [2, 4]
 MIN_SNR_SAME = 30.0  # an option vs its family's default (tl or Gluon) on the same FP8 tensors
 
@@ -432,8 +441,9 @@ def _compare_impls(q, k, v, D, causal, configs, tl_emu, blk=128):
     impls = {}
     if fa.gluon_attn_fwd_reason(q, k, v, None, scale, -1, wr) is None:
         impls["bf16_gluon"] = lambda: fa.flash_attn_fwd_gluon(q, k, v, None, scale, -1, wr)[0]
-    impls["tl"] = lambda: flash_attn_fp8_fwd_triton(*args)[0]
-    for n in tl_emu:
+    if tl_emu is not None:
+        impls["tl"] = lambda: flash_attn_fp8_fwd_triton(*args)[0]
+    for n in tl_emu or ():
         impls[f"tl:e{n}"] = lambda n=n: flash_attn_fp8_fwd_triton(*args, exp_emu=n)[0]
     if f8.gluon_attn_fp8_fwd_reason(*args) is None:
         impls["gluon"] = lambda: f8.flash_attn_fp8_fwd_gluon(*args)[0]
@@ -534,7 +544,10 @@ def compare_main(argv) -> int:
     p.add_argument("--head-dims", type=int, nargs="*", default=[128, 64])
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--no-timing", action="store_true")
+    p.add_argument("--no-tl", action="store_true", help="time only our bf16 forward and the Gluon FP8 variants")
     a = p.parse_args(argv)
+    if a.no_tl:
+        a.tl_emu = None
     if not torch.cuda.is_available():
         print("no CUDA device")
         return 1

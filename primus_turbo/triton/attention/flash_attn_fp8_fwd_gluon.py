@@ -108,11 +108,22 @@ class GluonAttnFp8Config(GluonAttnConfig):
       run on the FMA pipe (Cody-Waite range reduction + a polynomial, :func:`_exp2_fma`) instead of
       MUFU.EX2; ``d<deg>`` (``emu_deg``, 2..5, default 3) is the polynomial degree (max relative
       error 1.7e-3 / 7.5e-5 / 2.7e-6 / 2e-7 for 2 / 3 / 4 / 5; P is rounded to E4M3, 2**-4
-      relative, right after). Masked (diagonal / tail) blocks always use MUFU.EX2."""
+      relative, right after). Masked (diagonal / tail) blocks always use MUFU.EX2;
+    * ``c<T>`` (``lazy``, T in 1..4): conditional rescaling of O. A row's reference maximum moves
+      only when the row maximum exceeds it by more than T (log2 units), and a warp skips the O
+      rescale (one FMUL per accumulator element) when none of its rows moved and V's block scale
+      did not change. P is kept in units of ``2**(8 - T)`` instead of 256 so that P <= 256 still
+      holds against a stale reference (E4M3 max 448); O / l and LSE are invariant to the reference
+      (exact), only P's rounding points move (E4M3's relative step is the same)."""
 
     kperm: bool = False
     emu: int = 0
     emu_deg: int = 3
+    lazy: int = 0
+
+    def p_log2(self) -> float:
+        """log2 of the static P scale (8, i.e. 256, less the ``c<T>`` threshold)."""
+        return float(math.log2(P_SCALE)) - self.lazy
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
         q = self.BLOCK_M * head_dim * elem_bytes
@@ -122,27 +133,30 @@ class GluonAttnFp8Config(GluonAttnConfig):
 
     def short(self) -> str:
         flags = ("p" if self.pingpong else "") + ("o" if self.overlap else "") + ("k" if self.kperm else "")
+        flags += f"c{self.lazy}" if self.lazy else ""
         if self.emu:
             flags += f"e{self.emu}" + (f"d{self.emu_deg}" if self.emu_deg != 3 else "")
         return f"n{self.block_n}s{self.stages}{flags}r{self.consumer_regs}w{self.producer_regs}"
 
     @classmethod
     def parse(cls, text: str) -> "GluonAttnFp8Config":
-        """``"n128s4"``, ``"n128s4p"``, ``"n128s4k"``, ``"n128s4ke2"``, ``"n128s4pke4d2"``,
+        """``"n128s4"``, ``"n128s4p"``, ``"n128s4k"``, ``"n128s4ke2"``, ``"n128s4kc2"``, ``"n128s4pke4d2"``,
         ``"n64s6r232w40"`` -> config (n: block_n, s: stages, p: ping-pong, k: key-permuted K load,
-        e<N>: 1/N of the exponentials on the FMA pipe, d<deg>: its polynomial degree, r / w:
-        consumer / producer registers per thread)."""
-        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(o)?(k)?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?", text.strip())
+        c<T>: conditional O rescale with threshold T, e<N>: 1/N of the exponentials on the FMA pipe,
+        d<deg>: its polynomial degree, r / w: consumer / producer registers per thread)."""
+        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(o)?(k)?(?:c(\d+))?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?", text.strip())
         if not m:
             raise ValueError(f"bad Gluon FP8 attention config {text!r}; expected e.g. n128s4, n128s3p, n128s4k, "
-                             f"n128s4ke2, n128s4pke4d2, n64s6r232w40")
-        bn, st, pp, ov, kp, emu, deg, r, w = m.groups()
+                             f"n128s4ke2, n128s4kc2, n128s4pke4d2, n64s6r232w40")
+        bn, st, pp, ov, kp, lz, emu, deg, r, w = m.groups()
         return cls(int(bn), int(st), int(r or 240), int(w or 24), bool(pp), bool(ov), bool(kp), int(emu or 0),
-                   int(deg or 3))
+                   int(deg or 3), int(lz or 0))
 
     def check(self, head_dim: int) -> Optional[str]:
         if self.overlap:
             return "config suffix o: the FP8 forward always keeps the softmax under the PV MMA (no option)"
+        if not 0 <= self.lazy <= 4:
+            return f"c{self.lazy}: the conditional-rescale threshold is 1 to 4 (log2 units)"
         if self.emu not in (0, 2, 4, 8):
             return f"e{self.emu}: the emulated fraction of the exponentials is 1/2, 1/4 or 1/8 (e2, e4, e8)"
         if not 2 <= self.emu_deg <= 5:
@@ -348,12 +362,14 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _fp8_softmax(s, m_i, l_i, rs, offs_m, n0, SEQ_K, diag, p_layout: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      MASKED: gl.constexpr, P_LOG2: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr,
-                     EMU_DEG: gl.constexpr):
+                     EMU_DEG: gl.constexpr, LAZY: gl.constexpr = 0):
         """The bf16 forward's ``_softmax`` with a per-row scale ``rs`` (ROW_SCALE) and P in units of
         ``2**P_LOG2``, plus the FP8 flags: KPERM (S's columns are keys in :func:`_kperm_keys` order:
         the mask uses that order, P goes to the MMA without a shuffle), EMU / EMU_DEG (part of the
         exponentials of full blocks on the FMA pipe; masked blocks, whose scores may be -inf, keep
-        MUFU.EX2 only). Returns (fp32 P in units of ``2**P_LOG2``, m, l, alpha)."""
+        MUFU.EX2 only), LAZY (``c<T>``: the reference maximum moves only when the row maximum
+        passes it by more than LAZY; then alpha is exactly 1). Returns (fp32 P in units of
+        ``2**P_LOG2``, m, l, alpha)."""
         BLOCK_N: gl.constexpr = s.type.shape[1]
         if MASKED:
             cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
@@ -364,10 +380,12 @@ if GLUON_AVAILABLE:
             if HAS_RIGHT:
                 ok = ok & (gl.expand_dims(offs_n, 0) <= gl.expand_dims(offs_m + diag, 1))
             s = gl.where(ok, s, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 1) * rs)
+        m_new = gl.maximum(m_i, gl.max(s, 1) * rs)
+        if LAZY:  # the reference moves only past the threshold (P <= 2**(P_LOG2 + LAZY) = 256)
+            m_new = gl.where(m_new > m_i + LAZY, m_new, m_i)
+        if MASKED:
             m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
         else:
-            m_new = gl.maximum(m_i, gl.max(s, 1) * rs)
             m_safe = m_new
         x = s * gl.expand_dims(rs, 1) - gl.expand_dims(m_safe - P_LOG2, 1)
         if MASKED:
@@ -378,12 +396,50 @@ if GLUON_AVAILABLE:
         l_i = l_i * alpha + gl.sum(p, 1)
         return p, m_new, l_i, alpha
 
+    @gluon.constexpr_function
+    def _lazy_asm(pk):
+        """PTX of :func:`_rescale`'s LAZY path for ``pk`` accumulator registers (``$0..``, tied to
+        the inputs), their factors and the warp's vote (the first of its copies): a uniform branch
+        around the multiplies. ``${:uid}`` makes the label unique per asm instance."""
+        muls = "".join(f"mul.f32 ${i}, ${i}, ${2 * pk + i};\n" for i in range(pk))
+        return ("{\n.reg .pred p;\nsetp.ne.u32 p, $" + str(3 * pk) + ", 0;\n@!p bra.uni SKIP${:uid};\n" + muls
+                + "SKIP${:uid}:\n}")
+
+    @gluon.constexpr_function
+    def _lazy_constraints(pk):
+        return ",".join(["=f"] * pk + [str(i) for i in range(pk)] + ["f"] * pk + ["r"] * pk)
+
+    @gluon.jit
+    def _rescale(acc, factor, o_layout: gl.constexpr, LAZY: gl.constexpr):
+        """``acc * factor`` (one factor per row). LAZY: a warp whose rows all have factor 1 (no
+        reference moved, same V scale) skips the multiplies: a warp vote, then a uniform branch
+        around the FMULs of each 16 accumulator registers (the rows a thread holds are its
+        two-element row fragment, voted on as one pack)."""
+        f = gl.convert_layout(factor, gl.SliceLayout(1, o_layout))
+        if LAZY:
+            need = gl.inline_asm_elementwise(
+                """{
+                .reg .pred p, q;
+                setp.neu.f32 p, $2, 0f3F800000;
+                setp.neu.f32 q, $3, 0f3F800000;
+                or.pred p, p, q;
+                vote.sync.any.pred p, p, 0xffffffff;
+                selp.u32 $0, 1, 0, p;
+                mov.u32 $1, $0;
+                }""", "=r,=r,f,f", [f], dtype=gl.int32, is_pure=True, pack=2)
+            PK: gl.constexpr = 16
+            return gl.inline_asm_elementwise(_lazy_asm(PK), _lazy_constraints(PK),
+                                             [acc, gl.expand_dims(f, 1), gl.expand_dims(need, 1)],
+                                             dtype=gl.float32, is_pure=True, pack=PK)
+        else:
+            return acc * gl.expand_dims(f, 1)
+
     @gluon.jit
     def _fp8_step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn, s_regs, acc, p, m_i, l_i, vs_prev,
                   q_scale, ks_base, vs_base, offs_m, SEQ_K, diag, o_layout: gl.constexpr, p_layout: gl.constexpr,
                   BLK: gl.constexpr, P_LOG2: gl.constexpr, HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr,
                   STAGES: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr, KPERM: gl.constexpr,
-                  EMU: gl.constexpr, EMU_DEG: gl.constexpr):
+                  EMU: gl.constexpr, EMU_DEG: gl.constexpr, LAZY: gl.constexpr = 0):
         """Iteration j >= 1: issue S_j, issue O += P8_{j-1} V8_{j-1}, softmax S_j while the PV MMA
         runs, then retire it and move O to block j's units (alpha_j * vs_{j-1} / vs_j)."""
         BLOCK_N: gl.constexpr = s_regs.type.shape[1]
@@ -409,32 +465,51 @@ if GLUON_AVAILABLE:
         s_regs = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(s), count=1)
         p_new, m_i, l_i, alpha = _fp8_softmax(s_regs, m_i, l_i, rs, offs_m, j * BLOCK_N, SEQ_K, diag, p_layout,
-                                              HAS_RIGHT, MASKED, P_LOG2, KPERM, EMU, EMU_DEG)
+                                              HAS_RIGHT, MASKED, P_LOG2, KPERM, EMU, EMU_DEG, LAZY)
         # ptxas hoists a wgmma wait as high as it can (it is ready once issued; what it stalls is
         # not modelled), i.e. above the exponentials, and the PV MMA would no longer overlap the
         # softmax. A wait on an mbarrier that has already completed (Q's) is a try_wait loop in the
         # PTX: a basic-block boundary ptxas does not schedule across, for one try_wait. P_{j-1}
         # is not a dependency of the wait (its lowering takes no 8-bit operands); ptxas keeps an
         # in-flight wgmma's A registers untouched on its own (no serialization notes).
-        if KPERM:
+        if LAZY:
+            # vs_prev / vs of powers of two by the exponent fields (exact; no IEEE division)
+            ratio = ((vs_prev.to(gl.int32, bitcast=True) - vs.to(gl.int32, bitcast=True)) + 0x3F800000).to(
+                gl.float32, bitcast=True)
             mbarrier.wait(q_bar, 0)
-            acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p))
-            p_new = _p_operand(p_new, p_layout, KPERM, p, True)
+            if KPERM:
+                acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
+            # the branches of the skippable rescale before P's packing, so the packed registers
+            # are written once, into the A registers of the next PV wgmma
+            acc = _rescale(acc, alpha * ratio, o_layout, LAZY)
+            if KPERM:
+                p_out = _p_operand(p_new, p_layout, KPERM, p, True)
+            else:
+                p_out = _p_operand(p_new, p_layout, KPERM)
+            mbarrier.arrive(v_empty.index(sp), count=1)
         else:
-            p_new = _p_operand(p_new, p_layout, KPERM)
-            mbarrier.wait(q_bar, 0)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
-        mbarrier.arrive(v_empty.index(sp), count=1)
-        # O in units of V block j's scale from here on: powers of two, so the ratio is exact
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha * (vs_prev / vs), gl.SliceLayout(1, o_layout)), 1)
-        return s_regs, acc, p_new, m_i, l_i, vs
+            if KPERM:
+                mbarrier.wait(q_bar, 0)
+                acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p))
+                p_out = _p_operand(p_new, p_layout, KPERM, p, True)
+            else:
+                p_out = _p_operand(p_new, p_layout, KPERM)
+                mbarrier.wait(q_bar, 0)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
+            mbarrier.arrive(v_empty.index(sp), count=1)
+            # O in units of V block j's scale from here on: powers of two, so the ratio is exact
+            acc = _rescale(acc, alpha * (vs_prev / vs), o_layout, False)
+        return s_regs, acc, p_out, m_i, l_i, vs
 
     @gluon.jit
     def _fp8_consumer(o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                       QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                       WG: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, BLK: gl.constexpr, P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
-                      PINGPONG: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr, EMU_DEG: gl.constexpr):
+                      PINGPONG: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr, EMU_DEG: gl.constexpr,
+                      LAZY: gl.constexpr):
         """One warpgroup: query rows [WG*64, WG*64+64) of the tile."""
         HALF: gl.constexpr = o_desc.block_type.shape[1]
         D_QK: gl.constexpr = q_smem.type.shape[4]
@@ -488,19 +563,19 @@ if GLUON_AVAILABLE:
         s_regs = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(0), count=1)
         p, m_i, l_i, alpha = _fp8_softmax(s_regs, m_i, l_i, rs, offs_m, 0, SEQ_K, diag, p_layout, HAS_RIGHT, True,
-                                          P_LOG2, KPERM, EMU, EMU_DEG)
+                                          P_LOG2, KPERM, EMU, EMU_DEG, LAZY)
         p = _p_operand(p, p_layout, KPERM)
         acc = gl.zeros([HALF, D_V], gl.float32, o_layout)
         for j in range(1, n_full):
             s_regs, acc, p, m_i, l_i, vs = _fp8_step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
                                                      s_regs, acc, p, m_i, l_i, vs, q_scale, ks_base, vs_base, offs_m,
                                                      SEQ_K, diag, o_layout, p_layout, BLK, P_LOG2, HAS_RIGHT, False,
-                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG)
+                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG, LAZY)
         for j in range(gl.maximum(n_full, 1), n_blocks):
             s_regs, acc, p, m_i, l_i, vs = _fp8_step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
                                                      s_regs, acc, p, m_i, l_i, vs, q_scale, ks_base, vs_base, offs_m,
                                                      SEQ_K, diag, o_layout, p_layout, BLK, P_LOG2, HAS_RIGHT, True,
-                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG)
+                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG, LAZY)
         # the last block's PV
         sl = (n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(sl), ((n_blocks - 1) // STAGES) & 1)
@@ -532,7 +607,7 @@ if GLUON_AVAILABLE:
         HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr, BLK: gl.constexpr,
         P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
-        KPERM: gl.constexpr = False, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3,
+        KPERM: gl.constexpr = False, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3, LAZY: gl.constexpr = 0,
     ):
         """O, LSE of 128 query rows of one (batch, head) from E4M3 q / k / v^T: producer warp + two
         consumer warpgroups.
@@ -541,8 +616,9 @@ if GLUON_AVAILABLE:
         [1, BLOCK_N, 1, D], v over V^T as [B, D, Hk, Sk] with [1, D, 1, BLOCK_N], o (16-bit) over
         [B, Sq, H, D] with [1, 64, 1, D]. QS / KS / VS: contiguous fp32 [B, H(k), NB(Q/K)]
         multipliers of BLK-token blocks (BLK a multiple of BLOCK_N: constexpr, it divides the key
-        index). HAS_RIGHT (a right window bound, causal = 0) adds the diagonal loop; HAS_SINK
-        changes the init. KPERM / EMU / EMU_DEG: GluonAttnFp8Config's kperm / emu / emu_deg; with
+        index). P_SCALE / P_LOG2: the static P scale (``GluonAttnFp8Config.p_log2``). HAS_RIGHT (a right window bound, causal = 0) adds the diagonal loop; HAS_SINK
+        changes the init. KPERM / EMU / EMU_DEG / LAZY: GluonAttnFp8Config's kperm / emu / emu_deg /
+        lazy; with
         KPERM, k is a 5-D descriptor over the contiguous k8 seen as [B * Hk * Sk / 16, 2, 4, 2, D]
         with strides [16 D, 2 D, 4 D, D, 1] and box [BLOCK_N / 16, 2, 4, 2, D]: the TMA load itself
         puts the keys in :func:`_kperm_keys` order."""
@@ -578,11 +654,11 @@ if GLUON_AVAILABLE:
             (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                              QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                              0, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                             EMU_DEG)),
+                             EMU_DEG, LAZY)),
             (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                              QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                              1, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                             EMU_DEG)),
+                             EMU_DEG, LAZY)),
             (_fp8_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                              H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, KPERM)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -713,9 +789,9 @@ def _kernel_args(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, out, l
             H, H // Hk, Sq, Sk, q_scale_inv.size(-1), k_scale_inv.size(-1), Sk - Sq, max(win_right, 0),
             float(softmax_scale) * LOG2E)
     kwargs = dict(HAS_RIGHT=win_right >= 0, HAS_SINK=sink is not None, STAGES=cfg.stages, BLK=int(blk),
-                  P_SCALE=P_SCALE, P_LOG2=float(math.log2(P_SCALE)), CONSUMER_REGS=cfg.consumer_regs,
+                  P_SCALE=2.0 ** cfg.p_log2(), P_LOG2=cfg.p_log2(), CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, KPERM=cfg.kperm, EMU=cfg.emu,
-                  EMU_DEG=cfg.emu_deg, num_warps=4)
+                  EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, num_warps=4)
     grid = (-(-Sq // cfg.BLOCK_M), B * H)
     return grid, args, kwargs
 
