@@ -30,7 +30,8 @@ side by side. For head dim 128 (seq 4096 and 16384) and 64 (seq 4096), causal an
 batch * seq = 16k tokens, it times our bf16 Gluon forward, the tl FP8 forward (default and each
 ``--tl-emu`` value: ``exp_emu``, 1/N of the exponentials on the FMA pipe) and the Gluon FP8 forward
 (default and each ``--fp8-configs`` config: ``k`` key-permuted K load / shuffle-free P, ``e<N>``
-exponential emulation, ``p`` ping-pong, ``c<T>`` conditional O rescale), and prints TFLOP/s and the ratio to the bf16 forward.
+exponential emulation, ``p`` ping-pong, ``c<T>`` conditional O rescale, ``l`` row sums reduced
+once), and prints TFLOP/s and the ratio to the bf16 forward.
 Before timing, each variant's O on a small ragged GQA case (B=2, seq 1008, 4/2 heads: tail
 masks, the flattened key index of ``k``) is compared with fp32 attention on the dequantized inputs
 (>= 28 dB), on the unquantized inputs (>= 20 dB) and with its family's default (>= 30 dB); a
@@ -194,7 +195,7 @@ def compile_attn_fp8(head_dim: int, causal: bool, out_dtype: str = "bf16", sink:
     consts = dict(HAS_RIGHT=bool(causal), HAS_SINK=bool(sink), STAGES=cfg.stages, BLK=blk, P_SCALE=2.0 ** cfg.p_log2(),
                   P_LOG2=cfg.p_log2(), CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, KPERM=cfg.kperm, EMU=cfg.emu,
-                  EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy)
+                  EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, LSUM=cfg.lsum)
     name = (f"attn_fp8_d{head_dim}_{'causal' if causal else 'full'}_{out_dtype}{'_sink' if sink else ''}"
             f"_blk{blk}_{cfg.short()}")
 

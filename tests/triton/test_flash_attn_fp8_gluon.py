@@ -136,6 +136,11 @@ def test_config():
     assert cfg.p_log2() == 6.0 and f8.default_attn_fp8_config(128).p_log2() == 8.0
     assert f8.default_attn_fp8_config(128).lazy == 0 and f8.default_attn_fp8_config(64).lazy == 0
     assert "threshold" in f8.GluonAttnFp8Config.parse("n128s4kc5").check(128)
+    # l: per-lane row-sum partials, reduced once in the epilogue
+    cfg = f8.GluonAttnFp8Config.parse("n128s4pkc2le4")
+    assert (cfg.lazy, cfg.lsum, cfg.emu) == (2, True, 4) and cfg.short() == "n128s4pkc2le4r240w24"
+    assert f8.GluonAttnFp8Config.parse("n128s4kl") == f8.GluonAttnFp8Config(128, 4, kperm=True, lsum=True)
+    assert not f8.default_attn_fp8_config(128).lsum
 
 
 @needs_gluon
@@ -212,6 +217,8 @@ def test_op_gluon_switch_is_a_no_op_off_sm90(monkeypatch):
     (64, False, "bf16", False, 128, "n128s4ke4"), (128, True, "bf16", False, 128, "n128s4e2"),
     (128, False, "bf16", False, 128, "n128s4kc2"), (64, True, "fp16", True, 128, "n128s4kc2"),
     (128, True, "bf16", False, 128, "n128s4pkc1"), (128, False, "bf16", False, 128, "n128s4c2"),
+    (128, True, "bf16", False, 128, "n128s4kc2l"), (64, False, "fp16", True, 128, "n128s4kc2l"),
+    (64, True, "bf16", False, 128, "n128s4kl"),
 ])
 def test_compiles_for_sm90_without_spills(head_dim, causal, out_dtype, sink, blk, config, request):
     """Every shipped variant (and the opt-in configs) compiles for sm_90: QGMMA in the SASS, no local
@@ -233,7 +240,8 @@ def test_compiles_for_sm90_without_spills(head_dim, causal, out_dtype, sink, blk
         per_thread = 64 * bn // 128  # scores per thread and key block
         if cfg is not None and cfg.kperm:
             # (at most one scalar LOP3: ptxas places one of the ping-pong turn's in the causal pkc loop)
-            assert loop["PRMT"] == 0 and loop["LOP3"] <= 1 and loop["SEL"] == 0 and loop["SHFL"] == 8, loop
+            assert loop["PRMT"] == 0 and loop["LOP3"] <= 1 and loop["SEL"] == 0, loop
+            assert loop["SHFL"] == (4 if cfg.lsum else 8), loop  # l: the row max's only
             assert loop["F2FP"] == per_thread // 2, loop
         if cfg is not None and cfg.lazy:  # one warp vote; the O rescale's FMULs can be jumped over
             assert loop["VOTE"] == 1 and loop["skip"] == head_dim // 2, loop
@@ -248,7 +256,8 @@ def test_compiles_for_sm90_without_spills(head_dim, causal, out_dtype, sink, blk
 @pytest.mark.parametrize("causal,sink,D,blk,config", [(True, True, 128, 128, None), (False, False, 64, 256, None),
                                                        (True, False, 128, 64, None), (False, False, 128, 128, "n128s3p"),
                                                        (True, False, 128, 128, "n128s4ke2"), (False, True, 64, 64, "n64s4k"),
-                                                       (True, True, 128, 128, "n128s4kc2")])
+                                                       (True, True, 128, 128, "n128s4kc2"),
+                                                       (True, True, 64, 128, "n128s4kc2l")])
 def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, config, monkeypatch, request):
     """The launcher's own arguments (4-D host TMA descriptors over the transposed views of the
     quantized tensors, the scales, LSE, sink, sizes, constexprs) bind and compile for sm_90 under
@@ -284,7 +293,7 @@ def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, conf
     (1, 1, 16, 2, 1, 128, False, torch.bfloat16, False, "bshd", 128),
 ])
 @pytest.mark.parametrize("config", [None, "n128s3p", "n128s4k", "n128s4ke2", "n128s4pke4", "n128s4kc2", "n128s4pkc2",
-                                    "n128s4c1"])
+                                    "n128s4c1", "n128s4kc2l", "n128s4kl"])
 def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink, layout, blk, config):
     from primus_turbo.pytorch.ops import attention_fp8 as opf8
     from primus_turbo.testing import attention_ref

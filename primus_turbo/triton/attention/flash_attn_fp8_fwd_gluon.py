@@ -114,12 +114,17 @@ class GluonAttnFp8Config(GluonAttnConfig):
       rescale (one FMUL per accumulator element) when none of its rows moved and V's block scale
       did not change. P is kept in units of ``2**(8 - T)`` instead of 256 so that P <= 256 still
       holds against a stale reference (E4M3 max 448); O / l and LSE are invariant to the reference
-      (exact), only P's rounding points move (E4M3's relative step is the same)."""
+      (exact), only P's rounding points move (E4M3's relative step is the same);
+    * ``l`` (``lsum``): the row sum ``l`` stays a per-thread partial (one per lane of the quad that
+      shares a row) through the key loop and is reduced across the quad once, in the epilogue:
+      no shuffles and no cross-lane adds per key block (the reduction order changes, nothing
+      else)."""
 
     kperm: bool = False
     emu: int = 0
     emu_deg: int = 3
     lazy: int = 0
+    lsum: bool = False
 
     def p_log2(self) -> float:
         """log2 of the static P scale (8, i.e. 256, less the ``c<T>`` threshold)."""
@@ -133,7 +138,7 @@ class GluonAttnFp8Config(GluonAttnConfig):
 
     def short(self) -> str:
         flags = ("p" if self.pingpong else "") + ("o" if self.overlap else "") + ("k" if self.kperm else "")
-        flags += f"c{self.lazy}" if self.lazy else ""
+        flags += (f"c{self.lazy}" if self.lazy else "") + ("l" if self.lsum else "")
         if self.emu:
             flags += f"e{self.emu}" + (f"d{self.emu_deg}" if self.emu_deg != 3 else "")
         return f"n{self.block_n}s{self.stages}{flags}r{self.consumer_regs}w{self.producer_regs}"
@@ -142,15 +147,16 @@ class GluonAttnFp8Config(GluonAttnConfig):
     def parse(cls, text: str) -> "GluonAttnFp8Config":
         """``"n128s4"``, ``"n128s4p"``, ``"n128s4k"``, ``"n128s4ke2"``, ``"n128s4kc2"``, ``"n128s4pke4d2"``,
         ``"n64s6r232w40"`` -> config (n: block_n, s: stages, p: ping-pong, k: key-permuted K load,
-        c<T>: conditional O rescale with threshold T, e<N>: 1/N of the exponentials on the FMA pipe,
-        d<deg>: its polynomial degree, r / w: consumer / producer registers per thread)."""
-        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(o)?(k)?(?:c(\d+))?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?", text.strip())
+        c<T>: conditional O rescale with threshold T, l: row sums reduced once, e<N>: 1/N of the
+        exponentials on the FMA pipe, d<deg>: its polynomial degree, r / w: consumer / producer registers per thread)."""
+        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(o)?(k)?(?:c(\d+))?(l)?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?",
+                         text.strip())
         if not m:
             raise ValueError(f"bad Gluon FP8 attention config {text!r}; expected e.g. n128s4, n128s3p, n128s4k, "
                              f"n128s4ke2, n128s4kc2, n128s4pke4d2, n64s6r232w40")
-        bn, st, pp, ov, kp, lz, emu, deg, r, w = m.groups()
+        bn, st, pp, ov, kp, lz, ls, emu, deg, r, w = m.groups()
         return cls(int(bn), int(st), int(r or 240), int(w or 24), bool(pp), bool(ov), bool(kp), int(emu or 0),
-                   int(deg or 3), int(lz or 0))
+                   int(deg or 3), int(lz or 0), bool(ls))
 
     def check(self, head_dim: int) -> Optional[str]:
         if self.overlap:
@@ -362,14 +368,14 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _fp8_softmax(s, m_i, l_i, rs, offs_m, n0, SEQ_K, diag, p_layout: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      MASKED: gl.constexpr, P_LOG2: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr,
-                     EMU_DEG: gl.constexpr, LAZY: gl.constexpr = 0):
+                     EMU_DEG: gl.constexpr, LAZY: gl.constexpr = 0, LSUM: gl.constexpr = False):
         """The bf16 forward's ``_softmax`` with a per-row scale ``rs`` (ROW_SCALE) and P in units of
         ``2**P_LOG2``, plus the FP8 flags: KPERM (S's columns are keys in :func:`_kperm_keys` order:
         the mask uses that order, P goes to the MMA without a shuffle), EMU / EMU_DEG (part of the
         exponentials of full blocks on the FMA pipe; masked blocks, whose scores may be -inf, keep
         MUFU.EX2 only), LAZY (``c<T>``: the reference maximum moves only when the row maximum
         passes it by more than LAZY; then alpha is exactly 1). Returns (fp32 P in units of
-        ``2**P_LOG2``, m, l, alpha)."""
+        ``2**P_LOG2``, m, l, alpha); LSUM: l is the [rows, 4] per-lane partial (:func:`_row_partial`)."""
         BLOCK_N: gl.constexpr = s.type.shape[1]
         if MASKED:
             cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
@@ -393,8 +399,32 @@ if GLUON_AVAILABLE:
         else:
             p = _exp2_mixed(x, EMU, EMU_DEG)
         alpha = gl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + gl.sum(p, 1)
+        if LSUM:
+            part = _row_partial(p)
+            a2 = gl.convert_layout(alpha, gl.SliceLayout(1, part.type.layout), assert_trivial=True)
+            l_i = l_i * gl.expand_dims(a2, 1) + part
+        else:
+            l_i = l_i * alpha + gl.sum(p, 1)
         return p, m_new, l_i, alpha
+
+    @gluon.jit
+    def _lsum_init(l0, s_layout: gl.constexpr, BLOCK_N: gl.constexpr):
+        """[M] initial row sums -> the [M, 4] partials of :func:`_row_partial`'s layout (lane 0
+        of each quad holds the value, the others 0)."""
+        HM: gl.constexpr = l0.type.shape[0]
+        part = _row_partial(gl.zeros([HM, BLOCK_N], gl.float32, s_layout))
+        lane = gl.arange(0, 4, layout=gl.SliceLayout(0, part.type.layout))
+        l0 = gl.convert_layout(l0, gl.SliceLayout(1, part.type.layout), assert_trivial=True)
+        return gl.where(gl.expand_dims(lane, 0) == 0, gl.expand_dims(l0, 1), part)
+
+    @gluon.jit
+    def _row_partial(x):
+        """[M, N] wgmma accumulator -> [M, 4]: each thread's sum of its own elements of each row
+        (column ``8 i + 2 t + e`` is register (i, e) of lane t of the quad: the sum over i and e is
+        register-only; the t axis stays in the lanes)."""
+        HM: gl.constexpr = x.type.shape[0]
+        N: gl.constexpr = x.type.shape[1]
+        return gl.sum(gl.sum(gl.reshape(x, [HM, N // 8, 4, 2]), 3), 1)
 
     @gluon.constexpr_function
     def _lazy_asm(pk):
@@ -439,7 +469,7 @@ if GLUON_AVAILABLE:
                   q_scale, ks_base, vs_base, offs_m, SEQ_K, diag, o_layout: gl.constexpr, p_layout: gl.constexpr,
                   BLK: gl.constexpr, P_LOG2: gl.constexpr, HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr,
                   STAGES: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr, KPERM: gl.constexpr,
-                  EMU: gl.constexpr, EMU_DEG: gl.constexpr, LAZY: gl.constexpr = 0):
+                  EMU: gl.constexpr, EMU_DEG: gl.constexpr, LAZY: gl.constexpr = 0, LSUM: gl.constexpr = False):
         """Iteration j >= 1: issue S_j, issue O += P8_{j-1} V8_{j-1}, softmax S_j while the PV MMA
         runs, then retire it and move O to block j's units (alpha_j * vs_{j-1} / vs_j)."""
         BLOCK_N: gl.constexpr = s_regs.type.shape[1]
@@ -465,7 +495,7 @@ if GLUON_AVAILABLE:
         s_regs = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(s), count=1)
         p_new, m_i, l_i, alpha = _fp8_softmax(s_regs, m_i, l_i, rs, offs_m, j * BLOCK_N, SEQ_K, diag, p_layout,
-                                              HAS_RIGHT, MASKED, P_LOG2, KPERM, EMU, EMU_DEG, LAZY)
+                                              HAS_RIGHT, MASKED, P_LOG2, KPERM, EMU, EMU_DEG, LAZY, LSUM)
         # ptxas hoists a wgmma wait as high as it can (it is ready once issued; what it stalls is
         # not modelled), i.e. above the exponentials, and the PV MMA would no longer overlap the
         # softmax. A wait on an mbarrier that has already completed (Q's) is a try_wait loop in the
@@ -509,7 +539,7 @@ if GLUON_AVAILABLE:
                       WG: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, BLK: gl.constexpr, P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
                       PINGPONG: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr, EMU_DEG: gl.constexpr,
-                      LAZY: gl.constexpr):
+                      LAZY: gl.constexpr, LSUM: gl.constexpr):
         """One warpgroup: query rows [WG*64, WG*64+64) of the tile."""
         HALF: gl.constexpr = o_desc.block_type.shape[1]
         D_QK: gl.constexpr = q_smem.type.shape[4]
@@ -548,6 +578,8 @@ if GLUON_AVAILABLE:
         else:
             m_i = gl.full([HALF], float("-inf"), gl.float32, row_layout)
             l_i = gl.full([HALF], 0.0, gl.float32, row_layout)
+        if LSUM:  # per-lane partials: the initial l (the sink's) in lane 0 of each quad
+            l_i = _lsum_init(l_i, s_layout, BLOCK_N)
 
         mbarrier.wait(q_bar, 0)
         q = q_smem.index(WG).reshape([HALF, D_QK])
@@ -563,19 +595,19 @@ if GLUON_AVAILABLE:
         s_regs = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(0), count=1)
         p, m_i, l_i, alpha = _fp8_softmax(s_regs, m_i, l_i, rs, offs_m, 0, SEQ_K, diag, p_layout, HAS_RIGHT, True,
-                                          P_LOG2, KPERM, EMU, EMU_DEG, LAZY)
+                                          P_LOG2, KPERM, EMU, EMU_DEG, LAZY, LSUM)
         p = _p_operand(p, p_layout, KPERM)
         acc = gl.zeros([HALF, D_V], gl.float32, o_layout)
         for j in range(1, n_full):
             s_regs, acc, p, m_i, l_i, vs = _fp8_step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
                                                      s_regs, acc, p, m_i, l_i, vs, q_scale, ks_base, vs_base, offs_m,
                                                      SEQ_K, diag, o_layout, p_layout, BLK, P_LOG2, HAS_RIGHT, False,
-                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG, LAZY)
+                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM)
         for j in range(gl.maximum(n_full, 1), n_blocks):
             s_regs, acc, p, m_i, l_i, vs = _fp8_step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
                                                      s_regs, acc, p, m_i, l_i, vs, q_scale, ks_base, vs_base, offs_m,
                                                      SEQ_K, diag, o_layout, p_layout, BLK, P_LOG2, HAS_RIGHT, True,
-                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG, LAZY)
+                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM)
         # the last block's PV
         sl = (n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(sl), ((n_blocks - 1) // STAGES) & 1)
@@ -586,6 +618,8 @@ if GLUON_AVAILABLE:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
         mbarrier.arrive(v_empty.index(sl), count=1)
 
+        if LSUM:
+            l_i = gl.convert_layout(gl.sum(l_i, 1), row_layout)
         empty = l_i == 0.0
         l_safe = gl.where(empty, 1.0, l_i)
         lse = gl.where(empty, float("inf"), (m_i + (gl.log2(l_safe) - P_LOG2)) / 1.4426950408889634)
@@ -608,6 +642,7 @@ if GLUON_AVAILABLE:
         P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
         KPERM: gl.constexpr = False, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3, LAZY: gl.constexpr = 0,
+        LSUM: gl.constexpr = False,
     ):
         """O, LSE of 128 query rows of one (batch, head) from E4M3 q / k / v^T: producer warp + two
         consumer warpgroups.
@@ -616,9 +651,9 @@ if GLUON_AVAILABLE:
         [1, BLOCK_N, 1, D], v over V^T as [B, D, Hk, Sk] with [1, D, 1, BLOCK_N], o (16-bit) over
         [B, Sq, H, D] with [1, 64, 1, D]. QS / KS / VS: contiguous fp32 [B, H(k), NB(Q/K)]
         multipliers of BLK-token blocks (BLK a multiple of BLOCK_N: constexpr, it divides the key
-        index). P_SCALE / P_LOG2: the static P scale (``GluonAttnFp8Config.p_log2``). HAS_RIGHT (a right window bound, causal = 0) adds the diagonal loop; HAS_SINK
-        changes the init. KPERM / EMU / EMU_DEG / LAZY: GluonAttnFp8Config's kperm / emu / emu_deg /
-        lazy; with
+        index). P_SCALE / P_LOG2: the static P scale (``GluonAttnFp8Config.p_log2``). HAS_RIGHT (a
+        right window bound, causal = 0) adds the diagonal loop; HAS_SINK changes the init. KPERM / EMU / EMU_DEG / LAZY / LSUM: GluonAttnFp8Config's kperm / emu /
+        emu_deg / lazy / lsum; with
         KPERM, k is a 5-D descriptor over the contiguous k8 seen as [B * Hk * Sk / 16, 2, 4, 2, D]
         with strides [16 D, 2 D, 4 D, D, 1] and box [BLOCK_N / 16, 2, 4, 2, D]: the TMA load itself
         puts the keys in :func:`_kperm_keys` order."""
@@ -654,11 +689,11 @@ if GLUON_AVAILABLE:
             (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                              QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                              0, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                             EMU_DEG, LAZY)),
+                             EMU_DEG, LAZY, LSUM)),
             (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                              QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                              1, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                             EMU_DEG, LAZY)),
+                             EMU_DEG, LAZY, LSUM)),
             (_fp8_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                              H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, KPERM)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -791,7 +826,7 @@ def _kernel_args(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, out, l
     kwargs = dict(HAS_RIGHT=win_right >= 0, HAS_SINK=sink is not None, STAGES=cfg.stages, BLK=int(blk),
                   P_SCALE=2.0 ** cfg.p_log2(), P_LOG2=cfg.p_log2(), CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, KPERM=cfg.kperm, EMU=cfg.emu,
-                  EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, num_warps=4)
+                  EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, LSUM=cfg.lsum, num_warps=4)
     grid = (-(-Sq // cfg.BLOCK_M), B * H)
     return grid, args, kwargs
 
