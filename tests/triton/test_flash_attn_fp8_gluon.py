@@ -141,6 +141,11 @@ def test_config():
     assert (cfg.lazy, cfg.lsum, cfg.emu) == (2, True, 4) and cfg.short() == "n128s4pkc2le4r240w24"
     assert f8.GluonAttnFp8Config.parse("n128s4kl") == f8.GluonAttnFp8Config(128, 4, kperm=True, lsum=True)
     assert not f8.default_attn_fp8_config(128).lsum
+    # g: heads-fastest grid (the key-permuted producer only)
+    cfg = f8.GluonAttnFp8Config.parse("n128s4kc2lg")
+    assert cfg.heads_first and cfg.short() == "n128s4kc2lgr240w24" and cfg.check(128) is None
+    assert "needs k" in f8.GluonAttnFp8Config.parse("n128s4g").check(128)
+    assert not f8.default_attn_fp8_config(64).heads_first
 
 
 @needs_gluon
@@ -257,7 +262,8 @@ def test_compiles_for_sm90_without_spills(head_dim, causal, out_dtype, sink, blk
                                                        (True, False, 128, 64, None), (False, False, 128, 128, "n128s3p"),
                                                        (True, False, 128, 128, "n128s4ke2"), (False, True, 64, 64, "n64s4k"),
                                                        (True, True, 128, 128, "n128s4kc2"),
-                                                       (True, True, 64, 128, "n128s4kc2l")])
+                                                       (True, True, 64, 128, "n128s4kc2l"),
+                                                       (True, False, 128, 128, "n128s4kc2lg")])
 def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, config, monkeypatch, request):
     """The launcher's own arguments (4-D host TMA descriptors over the transposed views of the
     quantized tensors, the scales, LSE, sink, sizes, constexprs) bind and compile for sm_90 under
@@ -272,7 +278,7 @@ def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, conf
     out = torch.empty(B, Sq, Hq, D, dtype=torch.bfloat16)
     lse = torch.empty(B, Hq, Sq)
     grid, args, kwargs = f8._kernel_args(*ops, out, lse, torch.zeros(Hq) if sink else None, 0.1, wr, cfg)
-    assert grid == (2, B * Hq)
+    assert grid == ((B * Hq, 2) if cfg.heads_first else (2, B * Hq))
     kernel = warmup_for_sm90(f8._attn_fp8_fwd_ws_kernel, args, kwargs, monkeypatch)
     assert kernel.metadata.shared <= f8.SMEM_LIMIT
     assert kernel.metadata.num_warps == 12  # 4 + 4 consumer warps, 1 producer warp, rounded up
@@ -292,8 +298,8 @@ def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, conf
     (2, 1100, 304, 4, 2, 64, True, torch.bfloat16, False, "bshd", 256),  # empty causal rows: O = 0, LSE = +inf
     (1, 1, 16, 2, 1, 128, False, torch.bfloat16, False, "bshd", 128),
 ])
-@pytest.mark.parametrize("config", [None, "n128s3p", "n128s4k", "n128s4ke2", "n128s4pke4", "n128s4kc2", "n128s4pkc2",
-                                    "n128s4c1", "n128s4kc2l", "n128s4kl"])
+@pytest.mark.parametrize("config", [None, "n128s3p", "n128s4k", "n128s4ke2", "n128s4pke4", "n128s4kc2", "n128s4c1",
+                                    "n128s4kc2l", "n128s4pkc2lg"])
 def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink, layout, blk, config):
     from primus_turbo.pytorch.ops import attention_fp8 as opf8
     from primus_turbo.testing import attention_ref

@@ -118,13 +118,17 @@ class GluonAttnFp8Config(GluonAttnConfig):
     * ``l`` (``lsum``): the row sum ``l`` stays a per-thread partial (one per lane of the quad that
       shares a row) through the key loop and is reduced across the quad once, in the epilogue:
       no shuffles and no cross-lane adds per key block (the reduction order changes, nothing
-      else)."""
+      else);
+    * ``g`` (``heads_first``, with ``k``): grid ``(B * H, query tiles)`` instead of ``(query tiles,
+      B * H)``: the CTAs in flight are one query tile of many heads, and causal runs the longest
+      tiles of every head first (the shortest ones fill the last wave) instead of per head."""
 
     kperm: bool = False
     emu: int = 0
     emu_deg: int = 3
     lazy: int = 0
     lsum: bool = False
+    heads_first: bool = False
 
     def p_log2(self) -> float:
         """log2 of the static P scale (8, i.e. 256, less the ``c<T>`` threshold)."""
@@ -138,7 +142,7 @@ class GluonAttnFp8Config(GluonAttnConfig):
 
     def short(self) -> str:
         flags = ("p" if self.pingpong else "") + ("o" if self.overlap else "") + ("k" if self.kperm else "")
-        flags += (f"c{self.lazy}" if self.lazy else "") + ("l" if self.lsum else "")
+        flags += (f"c{self.lazy}" if self.lazy else "") + ("l" if self.lsum else "") + ("g" if self.heads_first else "")
         if self.emu:
             flags += f"e{self.emu}" + (f"d{self.emu_deg}" if self.emu_deg != 3 else "")
         return f"n{self.block_n}s{self.stages}{flags}r{self.consumer_regs}w{self.producer_regs}"
@@ -147,20 +151,23 @@ class GluonAttnFp8Config(GluonAttnConfig):
     def parse(cls, text: str) -> "GluonAttnFp8Config":
         """``"n128s4"``, ``"n128s4p"``, ``"n128s4k"``, ``"n128s4ke2"``, ``"n128s4kc2"``, ``"n128s4pke4d2"``,
         ``"n64s6r232w40"`` -> config (n: block_n, s: stages, p: ping-pong, k: key-permuted K load,
-        c<T>: conditional O rescale with threshold T, l: row sums reduced once, e<N>: 1/N of the
-        exponentials on the FMA pipe, d<deg>: its polynomial degree, r / w: consumer / producer registers per thread)."""
-        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(o)?(k)?(?:c(\d+))?(l)?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?",
+        c<T>: conditional O rescale with threshold T, l: row sums reduced once, g: heads-fastest
+        grid, e<N>: 1/N of the exponentials on the FMA pipe, d<deg>: its polynomial degree, r / w:
+        consumer / producer registers per thread)."""
+        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(o)?(k)?(?:c(\d+))?(l)?(g)?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?",
                          text.strip())
         if not m:
             raise ValueError(f"bad Gluon FP8 attention config {text!r}; expected e.g. n128s4, n128s3p, n128s4k, "
                              f"n128s4ke2, n128s4kc2, n128s4pke4d2, n64s6r232w40")
-        bn, st, pp, ov, kp, lz, ls, emu, deg, r, w = m.groups()
+        bn, st, pp, ov, kp, lz, ls, hf, emu, deg, r, w = m.groups()
         return cls(int(bn), int(st), int(r or 240), int(w or 24), bool(pp), bool(ov), bool(kp), int(emu or 0),
-                   int(deg or 3), int(lz or 0), bool(ls))
+                   int(deg or 3), int(lz or 0), bool(ls), bool(hf))
 
     def check(self, head_dim: int) -> Optional[str]:
         if self.overlap:
             return "config suffix o: the FP8 forward always keeps the softmax under the PV MMA (no option)"
+        if self.heads_first and not self.kperm:
+            return "g (heads-fastest grid) needs k (the key-permuted producer reads the swapped grid)"
         if not 0 <= self.lazy <= 4:
             return f"c{self.lazy}: the conditional-rescale threshold is 1 to 4 (log2 units)"
         if self.emu not in (0, 2, 4, 8):
@@ -199,14 +206,15 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _fp8_producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                       H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr,
-                      STAGES: gl.constexpr, KPERM: gl.constexpr):
+                      STAGES: gl.constexpr, KPERM: gl.constexpr, HEADS_FIRST: gl.constexpr = False):
         """One warp: the bf16 forward's producer with V^T's keys as the box's inner dimension and,
         KPERM, K through the 5-D key-permuting descriptor (its first coordinate counts 16-key groups
         of the flattened [B * Hk * Sk] keys; Sk is a multiple of 16, so a group never straddles two
         heads; a tile's keys past Sk read the next head's keys or zeros, and are masked)."""
         if KPERM:
             HALF: gl.constexpr = q_desc.block_type.shape[1]
-            pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N)
+            pid_m, b, h, n_blocks = _tile_fp8(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N,
+                                              HEADS_FIRST)
             hk = h // GROUP
             m0 = pid_m * (2 * HALF)
             g0 = (b * (H // GROUP) + hk) * (SEQ_K // 16)
@@ -226,6 +234,24 @@ if GLUON_AVAILABLE:
         else:
             _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                       H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, True)
+
+    @gluon.jit
+    def _tile_fp8(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, HEADS_FIRST: gl.constexpr):
+        """The bf16 forward's ``_tile``; HEADS_FIRST (config flag ``g``): grid axis 0 is batch * head,
+        axis 1 the query tile (reversed for causal: the longest rows of all heads first)."""
+        if HEADS_FIRST:
+            pid_m = gl.program_id(1)
+            if HAS_RIGHT:
+                pid_m = gl.num_programs(1) - 1 - pid_m
+            pid_bh = gl.program_id(0)
+            hi = SEQ_K
+            if HAS_RIGHT:
+                hi = gl.minimum(pid_m * BLOCK_M + BLOCK_M + offset + win_right, SEQ_K)
+            n_blocks = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
+            return pid_m, pid_bh // H, pid_bh % H, n_blocks
+        else:
+            return _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_M, BLOCK_N)
 
     @gluon.jit
     def _kperm_keys(c):
@@ -539,7 +565,7 @@ if GLUON_AVAILABLE:
                       WG: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, BLK: gl.constexpr, P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
                       PINGPONG: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr, EMU_DEG: gl.constexpr,
-                      LAZY: gl.constexpr, LSUM: gl.constexpr):
+                      LAZY: gl.constexpr, LSUM: gl.constexpr, HEADS_FIRST: gl.constexpr = False):
         """One warpgroup: query rows [WG*64, WG*64+64) of the tile."""
         HALF: gl.constexpr = o_desc.block_type.shape[1]
         D_QK: gl.constexpr = q_smem.type.shape[4]
@@ -555,7 +581,8 @@ if GLUON_AVAILABLE:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N)
+        pid_m, b, h, n_blocks = _tile_fp8(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N,
+                                          HEADS_FIRST)
         hk = h // GROUP
         m0 = pid_m * (2 * HALF) + WG * HALF
         offs_m = m0 + gl.arange(0, HALF, layout=row_layout)
@@ -642,7 +669,7 @@ if GLUON_AVAILABLE:
         P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
         KPERM: gl.constexpr = False, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3, LAZY: gl.constexpr = 0,
-        LSUM: gl.constexpr = False,
+        LSUM: gl.constexpr = False, HEADS_FIRST: gl.constexpr = False,
     ):
         """O, LSE of 128 query rows of one (batch, head) from E4M3 q / k / v^T: producer warp + two
         consumer warpgroups.
@@ -652,8 +679,9 @@ if GLUON_AVAILABLE:
         [B, Sq, H, D] with [1, 64, 1, D]. QS / KS / VS: contiguous fp32 [B, H(k), NB(Q/K)]
         multipliers of BLK-token blocks (BLK a multiple of BLOCK_N: constexpr, it divides the key
         index). P_SCALE / P_LOG2: the static P scale (``GluonAttnFp8Config.p_log2``). HAS_RIGHT (a
-        right window bound, causal = 0) adds the diagonal loop; HAS_SINK changes the init. KPERM / EMU / EMU_DEG / LAZY / LSUM: GluonAttnFp8Config's kperm / emu /
-        emu_deg / lazy / lsum; with
+        right window bound, causal = 0) adds the diagonal loop; HAS_SINK changes the init. KPERM /
+        EMU / EMU_DEG / LAZY / LSUM / HEADS_FIRST: GluonAttnFp8Config's kperm / emu / emu_deg / lazy
+        / lsum / heads_first (grid (B * H, query tiles)); with
         KPERM, k is a 5-D descriptor over the contiguous k8 seen as [B * Hk * Sk / 16, 2, 4, 2, D]
         with strides [16 D, 2 D, 4 D, D, 1] and box [BLOCK_N / 16, 2, 4, 2, D]: the TMA load itself
         puts the keys in :func:`_kperm_keys` order."""
@@ -689,13 +717,14 @@ if GLUON_AVAILABLE:
             (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                              QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                              0, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                             EMU_DEG, LAZY, LSUM)),
+                             EMU_DEG, LAZY, LSUM, HEADS_FIRST)),
             (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                              QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                              1, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                             EMU_DEG, LAZY, LSUM)),
+                             EMU_DEG, LAZY, LSUM, HEADS_FIRST)),
             (_fp8_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-                             H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, KPERM)),
+                             H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, KPERM,
+                             HEADS_FIRST)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -750,8 +779,11 @@ def gluon_attn_fp8_operand_reason(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale
         return f"softmax_scale={softmax_scale}: the Gluon FP8 forward takes a positive scale (it maximizes raw scores)"
     if Sk == 0:
         return "seq_kv = 0"
-    if B * H > 65535:
+    cfg0 = _fp8_config(D, blk, config)
+    if B * H > 65535 and not cfg0.heads_first:
         return f"batch * heads_q = {B * H} exceeds the grid's 65535"
+    if cfg0.heads_first and -(-Sq // cfg0.BLOCK_M) > 65535:
+        return f"seq_q {Sq}: {-(-Sq // cfg0.BLOCK_M)} query tiles exceed the grid's 65535 (config flag g)"
     if H % Hk:
         return f"heads_q={H} is not a multiple of heads_kv={Hk}"
     cfg = _fp8_config(D, blk, config)
@@ -826,8 +858,10 @@ def _kernel_args(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, out, l
     kwargs = dict(HAS_RIGHT=win_right >= 0, HAS_SINK=sink is not None, STAGES=cfg.stages, BLK=int(blk),
                   P_SCALE=2.0 ** cfg.p_log2(), P_LOG2=cfg.p_log2(), CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, KPERM=cfg.kperm, EMU=cfg.emu,
-                  EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, LSUM=cfg.lsum, num_warps=4)
+                  EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, LSUM=cfg.lsum, HEADS_FIRST=cfg.heads_first, num_warps=4)
     grid = (-(-Sq // cfg.BLOCK_M), B * H)
+    if cfg.heads_first:
+        grid = (B * H, grid[0])
     return grid, args, kwargs
 
 
