@@ -426,6 +426,10 @@ COMPARE_CONFIGS = ["n128s4k", "n128s4ke2", "n128s4ke4", "n128s4pk"]
 #: the tl kernel's exp_emu values timed by default (``--no-tl``: no tl variant at all, a Gluon-only sweep)
 COMPARE_TL_EMU = [2, 4]
 MIN_SNR_SAME = 30.0  # an option vs its family's default (tl or Gluon) on the same FP8 tensors
+#: c<T> configs round P at other points (a stale reference max scales a row's P by 2**-f, f in
+#: [0, T]): two equally accurate E4M3 roundings differ by about sqrt(2) times either's error
+#: (CPU model, seq 1008: 31.1 dB c2 vs default, 31.8 vs 32.4 dB against fp32): 3 dB less
+MIN_SNR_SAME_LAZY = 27.0
 
 
 def _compare_impls(q, k, v, D, causal, configs, tl_emu, blk=128):
@@ -454,6 +458,13 @@ def _compare_impls(q, k, v, D, causal, configs, tl_emu, blk=128):
             impls[f"gluon:{text}"] = lambda cfg=cfg: f8.flash_attn_fp8_fwd_gluon(*args, config=cfg)[0]
     deq = (q8, qs, k8, ks, v8t, vs)
     return impls, deq
+
+
+def _lazy(name: str) -> bool:
+    """True for a ``gluon:<config>`` variant with the ``c<T>`` flag."""
+    from primus_turbo.triton.attention import flash_attn_fp8_fwd_gluon as f8
+
+    return name.startswith("gluon:") and f8.GluonAttnFp8Config.parse(name.split(":", 1)[1]).lazy > 0
 
 
 def compare_accuracy(head_dims, configs, tl_emu) -> tuple[list, set]:
@@ -489,8 +500,9 @@ def compare_accuracy(head_dims, configs, tl_emu) -> tuple[list, set]:
                          snr_deq=round(_snr_finite(ref, out), 2), snr_bf16=round(_snr_finite(hi, out), 2))
                 if fam in outs and fam != name:
                     r["snr_vs_default"] = round(_snr_finite(outs[fam], out), 2)
+                same = MIN_SNR_SAME_LAZY if _lazy(name) else MIN_SNR_SAME
                 r["ok"] = bool(not r["nan"] and (name == "bf16_gluon" or r["snr_deq"] >= MIN_SNR_DEQ)
-                               and r["snr_bf16"] >= MIN_SNR_BF16 and r.get("snr_vs_default", 99.0) >= MIN_SNR_SAME)
+                               and r["snr_bf16"] >= MIN_SNR_BF16 and r.get("snr_vs_default", 99.0) >= same)
                 rows.append(r)
                 if r["ok"]:
                     ok.add((D, causal, name))

@@ -319,7 +319,10 @@ def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink,
     out, lse = f8.flash_attn_fp8_fwd_gluon(*args, out_dtype=dtype, config=cfg, out=out, lse=lse)
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     tl_out, tl_lse = flash_attn_fp8_fwd_triton(*args, out_dtype=dtype)
-    assert _snr_finite(tl_out.float(), out.float()) >= MIN_SNR_TL
+    # c<T> rounds P at other points than the tl kernel (equally accurate: the fp32 bars below
+    # are unchanged); two such roundings differ by ~sqrt(2) times either's error
+    lazy = cfg is not None and cfg.lazy
+    assert _snr_finite(tl_out.float(), out.float()) >= MIN_SNR_TL - (3.0 if lazy else 0.0)
     assert _snr_finite(tl_lse, lse) >= MIN_SNR_TL
     qd = dequantize_tokens_fp8(q8, qs, blk, torch.float32)
     kd = dequantize_tokens_fp8(k8, ks, blk, torch.float32)
