@@ -6,8 +6,8 @@ compiled for sm_90 exactly as the GPU JIT would specialise it (divisibility-by-1
 argument specialisation taken from the real arguments), then ``ptxas -v`` gives registers and
 spills and ``cuobjdump -sass`` the instruction count. Printed per configuration: registers,
 spill bytes, shared memory, SASS instructions per element per thread (the kernels are
-straight-line code, so this is the issued instruction count) and the programs per SM that the
-registers allow. No timing: the GPU sweep is scripts/tune_quant.py.
+straight-line code, so this is the issued instruction count; in brackets the kernel's total)
+and the programs per SM that the registers allow. No timing: the GPU sweep is scripts/tune_quant.py.
 
     PYTHONPATH=. python scripts/quant_sass_stats.py [--shape 16384x7168] [--only fp4 ...]
 """
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
                     per_thread = rows * cols / r["grid"][0] / threads
                     progs = min(65536 // max(st["regs"] * threads, 1), 2048 // threads)
                     print(f"{label} regs {st['regs']:3d} spill {st['spill'][0]:>4s}/{st['spill'][1]:>4s} B "
-                          f"smem {st['smem']:6d} SASS/elem {st['sass'] / per_thread:5.1f} programs/SM {progs}",
+                          f"smem {st['smem']:6d} SASS/elem {st['sass'] / per_thread:5.1f} ({st['sass']:5d}) programs/SM {progs}",
                           flush=True)
     finally:
         JITFunction.run = original

@@ -21,6 +21,7 @@ from primus_turbo.triton.quantization import quant_fp4_packed as P
 from primus_turbo.triton.quantization.quant_fp4_kernel import fp4_quant_launch
 
 from .gluon_compile_child import rerun_outside_interpreter
+from .quant_special_helpers import special_bf16
 
 _ALL = np.arange(65536, dtype=np.uint32)
 
@@ -63,21 +64,13 @@ def test_emulated_amax_exponent():
 
 
 def _special(rows, cols, device, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, cols, generator=g) * torch.exp2(torch.randint(-10, 11, (rows, 1), generator=g).float())
-    x[0, :32] = 0.0
-    x[1, 3] = float("inf")
-    x[1, 40] = float("-inf")
-    x[2, 7] = float("nan")
-    x[2, 9] = -float("nan")
-    x[3, :32] = 1e-39  # a subnormal block (E8M0 byte 0, multiplier 2**127)
-    x[3, 5] = -2e-39
-    x[4, 32:64] = -0.0
-    x[5, :32] = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0] * 4)  # ties
-    x[6, :32] = torch.tensor([448.0, 1e-30, -7.9, 5.99] * 8)
-    x = x.to(torch.bfloat16)
-    x[7, 0:32] = torch.tensor([0xFF81, 0x7FC1, 0x8001, 0x0001] * 8, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-    return x.to(device)
+    return special_bf16(rows, cols, device, [
+        ((0, slice(0, 32)), 0.0), ((1, 3), float("inf")), ((1, 40), float("-inf")), ((2, 7), float("nan")),
+        ((2, 9), -float("nan")),
+        ((3, slice(0, 32)), 1e-39),  # a subnormal block (E8M0 byte 0, multiplier 2**127)
+        ((3, 5), -2e-39), ((4, slice(32, 64)), -0.0),
+        ((5, slice(0, 32)), [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0] * 4),  # ties
+        ((6, slice(0, 32)), [448.0, 1e-30, -7.9, 5.99] * 8)], seed)
 
 
 def _check(x, tile, with_trans):

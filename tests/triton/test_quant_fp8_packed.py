@@ -19,6 +19,8 @@ from primus_turbo.triton import is_interpreter
 from primus_turbo.triton.quantization import quant_fp8_kernel as F8
 from primus_turbo.triton.quantization import quant_fp8_packed as P
 
+from .quant_special_helpers import special_bf16
+
 _ALL = np.arange(65536, dtype=np.uint32)
 E4M3 = torch.float8_e4m3fn
 
@@ -54,19 +56,11 @@ def test_ptx_text():
 
 
 def _special(rows, cols, device, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, cols, generator=g) * torch.exp2(torch.randint(-10, 11, (rows, 1), generator=g).float())
-    x[0, :40] = 0.0
-    x[1, 3] = float("inf")
-    x[5, 70] = float("-inf")
-    x[2, 7] = float("nan")
-    x[3, :] = 1e-39
-    x[6, :32] = torch.tensor([448.0, 1e-30, -7.9, 5.99, 0.0625 * 1.0625, 17.0, 18.0, 19.0] * 4)
-    x[:, 9] = 3e5
-    x = x.to(torch.bfloat16)
-    x[7, 0:32] = torch.tensor([0xFF81, 0x7FC1, 0x8001, 0x0001] * 8, dtype=torch.int32).to(torch.int16).view(
-        torch.bfloat16)
-    return x.to(device)
+    return special_bf16(rows, cols, device, [
+        ((0, slice(0, 40)), 0.0), ((1, 3), float("inf")), ((5, 70), float("-inf")), ((2, 7), float("nan")),
+        ((3, slice(None)), 1e-39),
+        ((6, slice(0, 32)), [448.0, 1e-30, -7.9, 5.99, 0.0625 * 1.0625, 17.0, 18.0, 19.0] * 4),
+        ((slice(None), 9), 3e5)], seed)
 
 
 def _bits(t):

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .quant_fp8_kernel import _abs_bits, _mx_scales, _round_for_store
+from .quant_fp8_kernel import _abs_bits, _mx_scales, _round_for_store, _tile_pid
 from primus_turbo.triton import is_interpreter
 
 __all__ = ["fp4_quant_launch", "fp4_dequant_launch"]
@@ -348,9 +348,7 @@ def _dequant_mxfp4_kernel(
     ALONG_COLS: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr, SOFT: tl.constexpr,
 ):
     """out[rows, cols] = E2M1(packed) * 2**(scale - 127), packed along ALONG_COLS (or rows)."""
-    pid = tl.program_id(0)
-    pid_r = pid // n_tiles_c
-    pid_c = pid % n_tiles_c
+    pid_r, pid_c = _tile_pid(n_tiles_c)
     offs_r = pid_r * TR + tl.arange(0, TR)
     offs_c = pid_c * TC + tl.arange(0, TC)
     r64 = offs_r.to(tl.int64)

@@ -53,7 +53,8 @@ import triton.language as tl
 
 from primus_turbo.triton import is_interpreter
 
-from .quant_fp8_kernel import _mx_scales
+from .quant_fp8_kernel import _mx_scales, _tile_pid
+from .quant_fp8_packed import _load4, _maxabs2
 
 __all__ = ["fp4_packed_ok", "fp4_packed_launch", "fp4_packed_with_trans_launch", "emulate",
            "ROW_WORD_PROG", "COL_WORDS_PROG", "AMAX_WORD_PROG"]
@@ -417,48 +418,16 @@ def _col_words(p0, p1, p2, p3, p4, p5, p6, p7, m2, SOFT: tl.constexpr):
         mh = (m2 & -65536).to(tl.float32, bitcast=True)
         we = tl.zeros(p0.shape, dtype=tl.int32)
         wo = tl.zeros(p0.shape, dtype=tl.int32)
-        lo, hi = _halves(p0)
-        we |= _nib_soft(lo, ml)
-        wo |= _nib_soft(hi, mh)
-        lo, hi = _halves(p1)
-        we |= _nib_soft(lo, ml) << 4
-        wo |= _nib_soft(hi, mh) << 4
-        lo, hi = _halves(p2)
-        we |= _nib_soft(lo, ml) << 8
-        wo |= _nib_soft(hi, mh) << 8
-        lo, hi = _halves(p3)
-        we |= _nib_soft(lo, ml) << 12
-        wo |= _nib_soft(hi, mh) << 12
-        lo, hi = _halves(p4)
-        we |= _nib_soft(lo, ml) << 16
-        wo |= _nib_soft(hi, mh) << 16
-        lo, hi = _halves(p5)
-        we |= _nib_soft(lo, ml) << 20
-        wo |= _nib_soft(hi, mh) << 20
-        lo, hi = _halves(p6)
-        we |= _nib_soft(lo, ml) << 24
-        wo |= _nib_soft(hi, mh) << 24
-        lo, hi = _halves(p7)
-        we |= _nib_soft(lo, ml) << 28
-        wo |= _nib_soft(hi, mh) << 28
+        ps = (p0, p1, p2, p3, p4, p5, p6, p7)
+        for k in tl.static_range(8):
+            lo, hi = _halves(ps[k])
+            we |= _nib_soft(lo, ml) << (4 * k)
+            wo |= _nib_soft(hi, mh) << (4 * k)
         return we, wo
     else:
         return tl.inline_asm_elementwise(_COL_WORDS_PTX, "=r,=r,r,r,r,r,r,r,r,r,r",
                                          [p0, p1, p2, p3, p4, p5, p6, p7, m2], dtype=(tl.int32, tl.int32),
                                          is_pure=True, pack=1)
-
-
-@triton.jit
-def _max_abs_pairs(a, b, SOFT: tl.constexpr):
-    """Per half max(|a|, |b|) of two bf16 pairs, as bits (sign cleared, NaN above inf)."""
-    if SOFT:
-        lo = tl.maximum(a & 0x7FFF, b & 0x7FFF)
-        hi = tl.maximum((a >> 16) & 0x7FFF, (b >> 16) & 0x7FFF)
-        return lo | (hi << 16)
-    else:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b32 t; max.NaN.xorsign.abs.bf16x2 t, $1, $2; and.b32 $0, t, 0x7FFF7FFF; }",
-            "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -509,18 +478,13 @@ def _store_row_words(p_ptr, s_ptr, w, byte, r, pid_c, rows, n_pairs, stride_p, s
 
 @triton.jit
 def _quant_mxfp4_packed_kernel(
-    # pointers: x as int32 pairs, packed words, E8M0 bytes
-    x_ptr, p_ptr, s_ptr,
-    # sizes: rows, pairs per row (cols / 2), tiles along the pairs
-    rows, n_pairs, n_tiles_c,
-    # row strides: x (pairs), p (words), s (bytes)
-    stride_x, stride_p, stride_s,
+    x_ptr, p_ptr, s_ptr,  # x as int32 pairs, packed words, E8M0 bytes
+    rows, n_pairs, n_tiles_c,  # pairs per row (cols / 2), tiles along the pairs
+    stride_x, stride_p, stride_s,  # row strides: x (pairs), p (words), s (bytes)
     TR: tl.constexpr, TC: tl.constexpr, EVEN: tl.constexpr, SOFT: tl.constexpr,
 ):
     """MXFP4 along rows of a bf16 [TR, TC] tile read as int32 pairs (cols % 32 == 0)."""
-    pid = tl.program_id(0)
-    pid_r = pid // n_tiles_c
-    pid_c = pid % n_tiles_c
+    pid_r, pid_c = _tile_pid(n_tiles_c)
     TP: tl.constexpr = TC // 2
     NB: tl.constexpr = TC // 32
     r = pid_r * TR + tl.arange(0, TR)
@@ -566,26 +530,9 @@ def _quant_mxfp4_packed_dual_kernel(
     i = pid_r * TE + tl.arange(0, TE)
     pc = pid_c * TP + tl.arange(0, TP)
     base = x_ptr + (8 * i).to(tl.int64)[:, None] * stride_x + pc[None, :]
-    if EVEN:
-        mask = None
-        v0 = tl.load(base)
-        v1 = tl.load(base + stride_x)
-        v2 = tl.load(base + 2 * stride_x)
-        v3 = tl.load(base + 3 * stride_x)
-        v4 = tl.load(base + 4 * stride_x)
-        v5 = tl.load(base + 5 * stride_x)
-        v6 = tl.load(base + 6 * stride_x)
-        v7 = tl.load(base + 7 * stride_x)
-    else:
-        mask = (i < rows // 8)[:, None] & (pc < n_pairs)[None, :]
-        v0 = tl.load(base, mask=mask, other=0)
-        v1 = tl.load(base + stride_x, mask=mask, other=0)
-        v2 = tl.load(base + 2 * stride_x, mask=mask, other=0)
-        v3 = tl.load(base + 3 * stride_x, mask=mask, other=0)
-        v4 = tl.load(base + 4 * stride_x, mask=mask, other=0)
-        v5 = tl.load(base + 5 * stride_x, mask=mask, other=0)
-        v6 = tl.load(base + 6 * stride_x, mask=mask, other=0)
-        v7 = tl.load(base + 7 * stride_x, mask=mask, other=0)
+    mask = None if EVEN else (i < rows // 8)[:, None] & (pc < n_pairs)[None, :]
+    v0, v1, v2, v3 = _load4(base, stride_x, mask, EVEN)
+    v4, v5, v6, v7 = _load4(base + 4 * stride_x, stride_x, mask, EVEN)
     _packed_eighth(v0, 0, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
     _packed_eighth(v1, 1, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
     _packed_eighth(v2, 2, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
@@ -595,8 +542,8 @@ def _quant_mxfp4_packed_dual_kernel(
     _packed_eighth(v6, 6, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
     _packed_eighth(v7, 7, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
     # column blocks: 32 rows = 4 octets x 8 eighths; |x| per half, max over the eighths in registers
-    a = _max_abs_pairs(_max_abs_pairs(_max_abs_pairs(v0, v1, SOFT), _max_abs_pairs(v2, v3, SOFT), SOFT),
-                       _max_abs_pairs(_max_abs_pairs(v4, v5, SOFT), _max_abs_pairs(v6, v7, SOFT), SOFT), SOFT)
+    a = _maxabs2(_maxabs2(_maxabs2(v0, v1, SOFT), _maxabs2(v2, v3, SOFT), SOFT),
+                 _maxabs2(_maxabs2(v4, v5, SOFT), _maxabs2(v6, v7, SOFT), SOFT), SOFT)
     a = tl.reshape(a, (TE // 4, 4, TP))
     blo = tl.max(a << 16, axis=1)  # fp32 bits of the low columns' amax
     bhi = tl.max(a & -65536, axis=1)

@@ -79,6 +79,13 @@ def _abs_bits(x):
 
 
 @triton.jit
+def _tile_pid(n_tiles_c):
+    """(tile row, tile column) of this program in a row-major grid of n_tiles_c tile columns."""
+    pid = tl.program_id(0)
+    return pid // n_tiles_c, pid % n_tiles_c
+
+
+@triton.jit
 def _fp32_scales(amax_bits, FP8_MAX: tl.constexpr):
     """(scale, scale_inv) of the contract: FP8_MAX / amax (IEEE-rounded, capped at FLT_MAX) when
     0 < amax < inf, else 1; scale_inv = 1 / scale (IEEE-rounded)."""

@@ -125,6 +125,17 @@ def emulate_codes(pairs0, pairs1, mr, mc):
 # Device helpers
 # ----------------------------------------------------------------------------------------------
 @triton.jit
+def _load4(base, stride, mask, EVEN: tl.constexpr):
+    """The rows at base, base + stride, base + 2 stride, base + 3 stride (zeros outside mask
+    unless EVEN)."""
+    if EVEN:
+        return tl.load(base), tl.load(base + stride), tl.load(base + 2 * stride), tl.load(base + 3 * stride)
+    else:
+        return (tl.load(base, mask=mask, other=0), tl.load(base + stride, mask=mask, other=0),
+                tl.load(base + 2 * stride, mask=mask, other=0), tl.load(base + 3 * stride, mask=mask, other=0))
+
+
+@triton.jit
 def _maxabs2(a, b, SOFT: tl.constexpr):
     """Per half max(|a|, |b|) of two bf16 pairs as bits (sign cleared, NaN above inf)."""
     if SOFT:
@@ -215,17 +226,8 @@ def _quant_fp8_packed_dual_kernel(
     i = pid_r * TQ + tl.arange(0, TQ)
     pc = pid_c * TP + tl.arange(0, TP)
     base = x_ptr + (4 * i).to(tl.int64)[:, None] * stride_x + pc[None, :]
-    if EVEN:
-        v0 = tl.load(base)
-        v1 = tl.load(base + stride_x)
-        v2 = tl.load(base + 2 * stride_x)
-        v3 = tl.load(base + 3 * stride_x)
-    else:
-        mask = (i < rows // 4)[:, None] & (pc < n_pairs)[None, :]
-        v0 = tl.load(base, mask=mask, other=0)
-        v1 = tl.load(base + stride_x, mask=mask, other=0)
-        v2 = tl.load(base + 2 * stride_x, mask=mask, other=0)
-        v3 = tl.load(base + 3 * stride_x, mask=mask, other=0)
+    v0, v1, v2, v3 = _load4(base, stride_x, None if EVEN else (i < rows // 4)[:, None] & (pc < n_pairs)[None, :],
+                            EVEN)
     a0, b0 = tl.split(tl.reshape(v0, (NB, QB, NR, WB, 2)))
     a1, b1 = tl.split(tl.reshape(v1, (NB, QB, NR, WB, 2)))
     a2, b2 = tl.split(tl.reshape(v2, (NB, QB, NR, WB, 2)))
