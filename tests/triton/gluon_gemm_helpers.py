@@ -16,6 +16,11 @@ sm90 = pytest.mark.skipif(not ON_SM90, reason="needs an sm_90 (Hopper) GPU")
 needs_gluon = pytest.mark.skipif(not dense.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
 
 
+def sm90_gpu(test):
+    """``@sm90`` and ``@pytest.mark.gpu`` in one: a GPU test that runs only on an sm_90 GPU."""
+    return sm90(pytest.mark.gpu(test))
+
+
 def offsets(lens, device):
     """int64 [G+1] offsets of groups of sizes ``lens`` (0 first) on ``device``."""
     offs = torch.zeros(len(lens) + 1, dtype=torch.int64)

@@ -23,7 +23,7 @@ from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_variable_k_gluon a
 from tests.triton.gluon_compile_child import rerun_outside_interpreter, warmup_for_sm90  # noqa: E402
 from tests.triton.gluon_gemm_helpers import (  # noqa: E402
     assert_pinned_gluon_raises_on_cpu, assert_refused_on_cpu, assert_row_scales_arg, compile_report, fake_platform,
-    needs_gluon, sm90,
+    needs_gluon, sm90_gpu,
 )
 from tests.triton.gluon_gemm_helpers import offsets as _offsets  # noqa: E402
 from tests.triton.gluon_gemm_helpers import snr as _snr  # noqa: E402
@@ -275,8 +275,7 @@ LENS = {
 }
 
 
-@sm90
-@pytest.mark.gpu
+@sm90_gpu
 @pytest.mark.parametrize("pattern", list(LENS))
 @pytest.mark.parametrize("P,Q", [(256, 512), (192, 200), (64, 136)])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
@@ -299,8 +298,7 @@ def test_matches_reference_and_tl(pattern, P, Q, out_dtype):
     assert _snr(tl_out.float(), out) >= (40.0 if out_dtype == torch.bfloat16 else 60.0)
 
 
-@sm90
-@pytest.mark.gpu
+@sm90_gpu
 @pytest.mark.parametrize("pattern", ["balanced", "unbalanced"])
 def test_accumulate_into_fp32(pattern):
     """out += ...: a TMA reduce-add; empty groups leave out[g] bit-for-bit unchanged; the same
@@ -326,8 +324,7 @@ def test_accumulate_into_fp32(pattern):
     assert _snr(2 * ref + c0.double(), out) >= 50.0
 
 
-@sm90
-@pytest.mark.gpu
+@sm90_gpu
 @pytest.mark.parametrize("pattern", ["unbalanced", "small"])
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_configs_are_bit_identical(pattern, accumulate):
@@ -351,8 +348,7 @@ def test_configs_are_bit_identical(pattern, accumulate):
             assert torch.equal(out, outs["n128s6"]), (pattern, accumulate, P, Q, text)
 
 
-@sm90
-@pytest.mark.gpu
+@sm90_gpu
 def test_hybrid_num_programs_strides_and_clamped_offsets():
     P, Q = 128, 256
     (x, sx, y, sy, offs), ref = _operands([384, 0, 640], P, Q, "cuda", x_dtype=E5M2)
@@ -370,8 +366,7 @@ def test_hybrid_num_programs_strides_and_clamped_offsets():
     assert torch.equal(clamped, out)
 
 
-@sm90
-@pytest.mark.gpu
+@sm90_gpu
 def test_backend_and_op_with_the_switch(monkeypatch):
     """grouped_gemm_fp8 BLOCKWISE (E4M3 and HYBRID) with the switch off and on: the same grads,
     and with the switch on its variable-K dispatcher picks GLUON."""

@@ -23,7 +23,7 @@ pytest.importorskip("triton")
 from primus_turbo.triton.grouped_gemm import grouped_gemm_gluon as gg  # noqa: E402
 from primus_turbo.triton.grouped_gemm import grouped_gemm_variable_k_gluon as vk  # noqa: E402
 from tests.triton.gluon_compile_child import rerun_outside_interpreter, warmup_for_sm90  # noqa: E402
-from tests.triton.gluon_gemm_helpers import fake_platform, needs_gluon, sm90  # noqa: E402
+from tests.triton.gluon_gemm_helpers import fake_platform, needs_gluon, sm90_gpu  # noqa: E402
 from tests.triton.gluon_gemm_helpers import offsets as _offsets  # noqa: E402
 from tests.triton.gluon_gemm_helpers import snr as _snr  # noqa: E402
 
@@ -271,8 +271,7 @@ LENS = {
 }
 
 
-@sm90
-@pytest.mark.gpu
+@sm90_gpu
 @pytest.mark.parametrize("pattern", list(LENS))
 @pytest.mark.parametrize("N,K", [(256, 512), (192, 136), (384, 72)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -293,8 +292,7 @@ def test_m_grouped_matches_reference(pattern, N, K, dtype, kmajor, config):
     assert torch.equal(few, out)
 
 
-@sm90
-@pytest.mark.gpu
+@sm90_gpu
 @pytest.mark.parametrize("pattern", list(LENS))
 @pytest.mark.parametrize("P,Q", [(256, 512), (192, 200), (64, 136)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -334,8 +332,7 @@ def _poisoned_lens(short):
     return [short, 100, short, 70, 130, 41], (1, 3, 5)
 
 
-@sm90
-@pytest.mark.gpu
+@sm90_gpu
 @pytest.mark.parametrize("short", [5, 17, 63])
 @pytest.mark.parametrize("poison", list(POISONS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -373,8 +370,7 @@ def test_variable_k_short_group_ignores_other_groups_inf_nan(short, poison, dtyp
             assert torch.isfinite(acc[g]).all() and _snr(ref[g] + c0[g].double(), acc[g]) >= 60.0, g
 
 
-@sm90
-@pytest.mark.gpu
+@sm90_gpu
 @pytest.mark.parametrize("short", [5, 17, 63])
 @pytest.mark.parametrize("poison", list(POISONS))
 @pytest.mark.parametrize("kmajor", [True, False])
@@ -397,8 +393,7 @@ def test_m_grouped_short_group_ignores_other_groups_inf_nan(short, poison, kmajo
         assert _snr(ref[rows], out[rows]) >= MIN_SNR[torch.bfloat16], (g, n)
 
 
-@sm90
-@pytest.mark.gpu
+@sm90_gpu
 @pytest.mark.parametrize("pattern", ["balanced", "unbalanced"])
 def test_variable_k_accumulates_into_fp32(pattern):
     lens = LENS[pattern]
@@ -418,8 +413,7 @@ def test_variable_k_accumulates_into_fp32(pattern):
     assert _snr(2 * ref + c0.double(), out) >= 60.0
 
 
-@sm90
-@pytest.mark.gpu
+@sm90_gpu
 @pytest.mark.parametrize("trans_b", [True, False])
 @pytest.mark.parametrize("fuse", [None, "megatron"])
 def test_op_triton_backend_runs_gluon(trans_b, fuse, monkeypatch):

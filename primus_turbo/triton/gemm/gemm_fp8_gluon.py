@@ -101,6 +101,25 @@ except Exception as _exc:  # noqa: BLE001 - any failure means "no Gluon here"
     _GLUON_IMPORT_ERROR = f"{type(_exc).__name__}: {_exc}"
 
 
+def _ring_smem_bytes(stages: int, stage: int, staging: int) -> int:
+    """Shared memory of a warp-specialized kernel: ``stages`` ring stages of ``stage`` bytes, the
+    output ``staging`` buffers, two mbarriers (8 bytes) a stage, 256 bytes of alignment."""
+    return stages * stage + staging + 2 * 8 * stages + 256
+
+
+def _pipeline_reason(cfg) -> Optional[str]:
+    """The checks every warp-specialized Gluon GEMM config shares (this module's and the 16-bit
+    grouped ``GluonGroupedConfig``): stages, staging buffers, GROUP_M and the setmaxnreg budgets of
+    two 128-thread consumer warpgroups and the producer's warpgroup. None when they hold."""
+    if cfg.stages < 2 or cfg.c_bufs not in (1, 2) or cfg.group_m < 1:
+        return f"bad config {cfg.short()}: stages >= 2, c_bufs 1 or 2, group_m >= 1"
+    if any(r % 8 or not 24 <= r <= 256 for r in (cfg.consumer_regs, cfg.producer_regs)):
+        return f"setmaxnreg counts must be multiples of 8 in [24, 256], got {cfg.consumer_regs}, {cfg.producer_regs}"
+    if 2 * 128 * cfg.consumer_regs + 128 * cfg.producer_regs > 65536:
+        return f"registers: 2 x 128 x {cfg.consumer_regs} + 128 x {cfg.producer_regs} > 65536"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class GluonBlockwiseConfig:
     """Tile and pipeline shape. BLOCK_M is fixed at 128 (two consumer warpgroups of 64 rows) and
@@ -125,7 +144,7 @@ class GluonBlockwiseConfig:
         if b_row_scales and row_scales_via_smem(self):
             stage += 4 * self.block_n  # the K block's fp32 column scales travel with it
         staging = 2 * self.c_bufs * 64 * SCALE_BLOCK * out_bytes  # per warpgroup: c_bufs 64 x 128 tiles
-        return self.stages * stage + staging + 2 * 8 * self.stages + 256  # + barriers' alignment
+        return _ring_smem_bytes(self.stages, stage, staging)
 
     def short(self) -> str:
         return (f"n{self.block_n}s{self.stages}g{self.group_m}c{self.c_bufs}{'x' if self.pipeline else ''}"
@@ -152,12 +171,9 @@ class GluonBlockwiseConfig:
             return f"block_n must be 128 or 256 (whole B scale blocks per tile), got {self.block_n}"
         if self.pipeline and self.block_n != 128:
             return f"pipelined partials need block_n 128 (three 64 x block_n fp32 sets), got {self.block_n}"
-        if self.stages < 2 or self.c_bufs not in (1, 2) or self.group_m < 1:
-            return f"bad config {self.short()}: stages >= 2, c_bufs 1 or 2, group_m >= 1"
-        if any(r % 8 or not 24 <= r <= 256 for r in (self.consumer_regs, self.producer_regs)):
-            return f"setmaxnreg counts must be multiples of 8 in [24, 256], got {self.consumer_regs}, {self.producer_regs}"
-        if 2 * 128 * self.consumer_regs + 128 * self.producer_regs > 65536:
-            return f"registers: 2 x 128 x {self.consumer_regs} + 128 x {self.producer_regs} > 65536"
+        bad = _pipeline_reason(self)
+        if bad is not None:
+            return bad
         if self.smem_bytes(out_bytes, b_row_scales) > SMEM_LIMIT:
             return (f"config {self.short()} needs {self.smem_bytes(out_bytes, b_row_scales)} bytes of shared memory"
                     f"{' (with per-row B scales)' if b_row_scales else ''}, sm_90 has {SMEM_LIMIT}")

@@ -313,6 +313,20 @@ def gluon_variable_k_operand_reason(x_t, sx, y_t, sy, group_offs, out: Optional[
         if t.numel() and not _dense._tma_rows_ok(t):
             return (f"{name} must be token-contiguous with 16-byte aligned base and rows for TMA "
                     f"(strides {tuple(t.stride())})")
+    return variable_k_out_reason(
+        out, G, P, Q, accumulate, out_dtype if out_dtype is not None else torch.bfloat16, _OUT_DTYPES,
+        "output dtype {dtype} is not one of bfloat16, float16, float32",
+        None if _TMA_REDUCE_OK else
+        f"accumulation needs Gluon's TMA reduce op, not found in this Triton ({_TMA_REDUCE_ERROR})")
+
+
+def variable_k_out_reason(out, G: int, P: int, Q: int, accumulate: bool, out_dtype: torch.dtype,
+                          out_dtypes: tuple, dtype_error: str, reduce_error: Optional[str]) -> Optional[str]:
+    """The output half of the variable-K operand checks (this module's FP8 kernel and the 16-bit
+    one, grouped_gemm_variable_k_gluon.py): ``out`` (or, when None, a new one of ``out_dtype``)
+    must be ``[G, P, Q]``, mergeable into the ``[G * P, Q]`` view the epilogue stores through, of
+    one of ``out_dtypes`` (else ``dtype_error`` formatted with ``dtype``) with 16-byte aligned rows;
+    accumulation needs an fp32 ``out`` and the TMA reduce op (``reduce_error`` when it is missing)."""
     if out is not None:
         if not isinstance(out, torch.Tensor):
             return f"out must be a torch.Tensor, got {type(out).__name__}"
@@ -326,18 +340,18 @@ def gluon_variable_k_operand_reason(x_t, sx, y_t, sy, group_offs, out: Optional[
     elif accumulate:
         return "accumulate=True needs out"
     else:
-        dtype = out_dtype if out_dtype is not None else torch.bfloat16
-    if dtype not in _OUT_DTYPES:
-        return f"output dtype {dtype} is not one of bfloat16, float16, float32"
+        dtype = out_dtype
+    if dtype not in out_dtypes:
+        return dtype_error.format(dtype=dtype)
     if (Q * dtype.itemsize) % 16:
         return f"out rows of Q={Q} {dtype} elements are not 16-byte aligned for the TMA store"
     if accumulate:
         if dtype != torch.float32:
-            # the TMA reduce-add would add a bf16-rounded tile in bf16 (two roundings, where the tl
+            # the TMA reduce-add would add a rounded tile in 16 bits (two roundings, where the tl
             # kernel rounds fp32 out + acc once)
             return f"accumulation runs as an fp32 TMA reduce-add: out must be float32, got {dtype}"
-        if not _TMA_REDUCE_OK:
-            return f"accumulation needs Gluon's TMA reduce op, not found in this Triton ({_TMA_REDUCE_ERROR})"
+        if reduce_error is not None:
+            return reduce_error
     return None
 
 
@@ -430,15 +444,30 @@ def grouped_gemm_fp8_variable_k_blockwise_gluon(x_t: torch.Tensor, sx: torch.Ten
     G = group_offs.numel() - 1
     if out is None:
         out = torch.empty((G, P, Q), dtype=out_dtype, device=x_t.device)
+    return launch_variable_k(
+        "grouped_gemm_fp8_variable_k_blockwise_gluon", _grouped_gemm_fp8_variable_k_ws_kernel, out, M, accumulate,
+        config or (lambda: variable_k_default_config(P, Q, M, G, out.dtype)),
+        lambda cfg: cfg.check(out.element_size(), b_row_scales=True),
+        lambda cfg: _kernel_args(x_t, sx, y_t, sy, group_offs, out, cfg, accumulate), num_programs)
+
+
+def launch_variable_k(name: str, kernel, out: torch.Tensor, M: int, accumulate: bool, config, check, kernel_args,
+                      num_programs: Optional[int]) -> torch.Tensor:
+    """The launch of a variable-K kernel (this module's and the 16-bit one) on validated inputs
+    into ``out [G, P, Q]``, returned: nothing for an empty output, zeros (or, accumulating, nothing)
+    for no tokens; else ``config`` (a config, or a callable making the default), ``check(cfg)``
+    (a reason raised as ValueError naming ``name``) and ``kernel_args(cfg)`` (positional and
+    keyword arguments) on a persistent grid over the G * cdiv(P, BLOCK_M) * cdiv(Q, block_n) tiles."""
+    G, P, Q = out.shape
     if G == 0 or P == 0 or Q == 0:
         return out
     if M == 0:
         return out if accumulate else out.zero_()
-    cfg = config or variable_k_default_config(P, Q, M, G, out.dtype)
-    bad = cfg.check(out.element_size(), b_row_scales=True)
+    cfg = config() if callable(config) else config
+    bad = check(cfg)
     if bad is not None:
-        raise ValueError(f"grouped_gemm_fp8_variable_k_blockwise_gluon: {bad}")
-    args, kwargs = _kernel_args(x_t, sx, y_t, sy, group_offs, out, cfg, accumulate)
+        raise ValueError(f"{name}: {bad}")
+    args, kwargs = kernel_args(cfg)
     tiles = G * -(-P // cfg.BLOCK_M) * -(-Q // cfg.block_n)
-    _dense._launch_persistent(_grouped_gemm_fp8_variable_k_ws_kernel, x_t.device, tiles, num_programs, args, kwargs)
+    _dense._launch_persistent(kernel, out.device, tiles, num_programs, args, kwargs)
     return out

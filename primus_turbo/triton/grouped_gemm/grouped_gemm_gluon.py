@@ -79,7 +79,7 @@ class GluonGroupedConfig:
     def smem_bytes(self, out_bytes: int = 2, in_bytes: int = 2) -> int:
         stage = (self.BLOCK_M + self.block_n) * self.block_k * in_bytes
         staging = 2 * self.c_bufs * _HALF_M * self.epi_n * out_bytes
-        return self.stages * stage + staging + 2 * 8 * self.stages + 256  # + barriers' alignment
+        return _dense._ring_smem_bytes(self.stages, stage, staging)
 
     def short(self) -> str:
         return (f"n{self.block_n}k{self.block_k}s{self.stages}g{self.group_m}e{self.epi_n}c{self.c_bufs}"
@@ -105,12 +105,9 @@ class GluonGroupedConfig:
             return f"block_n must be 64, 128 or 256 and block_k 32 or 64, got {self.block_n}, {self.block_k}"
         if self.epi_n not in (64, 128, 256) or self.epi_n > self.block_n:
             return f"epi_n must be 64, 128 or 256 and at most block_n, got {self.epi_n}"
-        if self.stages < 2 or self.c_bufs not in (1, 2) or self.group_m < 1:
-            return f"bad config {self.short()}: stages >= 2, c_bufs 1 or 2, group_m >= 1"
-        if any(r % 8 or not 24 <= r <= 256 for r in (self.consumer_regs, self.producer_regs)):
-            return f"setmaxnreg counts must be multiples of 8 in [24, 256], got {self.consumer_regs}, {self.producer_regs}"
-        if 2 * 128 * self.consumer_regs + 128 * self.producer_regs > 65536:
-            return f"registers: 2 x 128 x {self.consumer_regs} + 128 x {self.producer_regs} > 65536"
+        bad = _dense._pipeline_reason(self)
+        if bad is not None:
+            return bad
         if self.smem_bytes(out_bytes) > _dense.SMEM_LIMIT:
             return f"config {self.short()} needs {self.smem_bytes(out_bytes)} bytes of shared memory, sm_90 has " \
                    f"{_dense.SMEM_LIMIT}"

@@ -45,6 +45,10 @@ import torch
 from primus_turbo.triton.gemm import gemm_fp8_gluon as _dense
 from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, gluon_platform_reason
 from primus_turbo.triton.grouped_gemm import grouped_gemm_gluon as _m
+from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_variable_k_gluon import (
+    launch_variable_k,
+    variable_k_out_reason,
+)
 from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import GluonGroupedConfig
 
 __all__ = [
@@ -245,32 +249,11 @@ def gluon_variable_k_operand_reason(x, y, group_offs, out: Optional[torch.Tensor
     for name, t in (("x", x), ("y", y)):
         if t.numel() and not _m._rows_ok(t, 1):
             return f"{name} must be row-major with 16-byte aligned base and rows for TMA (strides {tuple(t.stride())})"
-    if out is not None:
-        if not isinstance(out, torch.Tensor):
-            return f"out must be a torch.Tensor, got {type(out).__name__}"
-        if tuple(out.shape) != (G, P, Q):
-            return f"out has shape {tuple(out.shape)}, expected [G, P, Q] = {[G, P, Q]}"
-        dtype = out.dtype
-        if out.numel() and (out.stride(2) != 1 or (out.stride(1) * out.element_size()) % 16 or out.data_ptr() % 16
-                            or (G > 1 and out.stride(0) != P * out.stride(1))):
-            return (f"out must be row-contiguous, experts stacked row after row (a [G * P, Q] view), with 16-byte "
-                    f"aligned base and rows (strides {tuple(out.stride())})")
-    elif accumulate:
-        return "accumulate=True needs out"
-    else:
-        dtype = out_dtype if out_dtype is not None else x.dtype
-    if dtype not in (x.dtype, torch.float32):
-        return f"output dtype {dtype} must be the operands' ({x.dtype}) or float32"
-    if (Q * dtype.itemsize) % 16:
-        return f"out rows of Q={Q} {dtype} elements are not 16-byte aligned for the TMA store"
-    if accumulate:
-        if dtype != torch.float32:
-            # a TMA reduce-add into 16-bit out would add a rounded tile in 16 bits (two roundings,
-            # where the tl kernel rounds out + acc once)
-            return f"accumulation runs as an fp32 TMA reduce-add: out must be float32, got {dtype}"
-        if getattr(_m, "_tma_reduce_add", None) is None:
-            return "accumulation needs Gluon's TMA reduce op, not found in this Triton"
-    return None
+    return variable_k_out_reason(
+        out, G, P, Q, accumulate, out_dtype if out_dtype is not None else x.dtype, (x.dtype, torch.float32),
+        f"output dtype {{dtype}} must be the operands' ({x.dtype}) or float32",
+        None if getattr(_m, "_tma_reduce_add", None) is not None else
+        "accumulation needs Gluon's TMA reduce op, not found in this Triton")
 
 
 def gluon_variable_k_reason(x, y, group_offs, out: Optional[torch.Tensor] = None, accumulate: bool = False,
@@ -328,15 +311,8 @@ def grouped_gemm_variable_k_gluon(x: torch.Tensor, y: torch.Tensor, group_offs: 
     G = group_offs.numel() - 1
     if out is None:
         out = torch.empty((G, P, Q), dtype=out_dtype or x.dtype, device=x.device)
-    if G == 0 or P == 0 or Q == 0:
-        return out
-    if M == 0:
-        return out if accumulate else out.zero_()
-    cfg = config or _m.fitted_config(VARIABLE_K16_DEFAULT_CONFIG, out.dtype)
-    bad = cfg.check(out.element_size())
-    if bad is not None:
-        raise ValueError(f"grouped_gemm_variable_k_gluon: {bad}")
-    args, kwargs = _kernel_args(x, y, group_offs, out, cfg, accumulate)
-    tiles = G * -(-P // cfg.BLOCK_M) * -(-Q // cfg.block_n)
-    _dense._launch_persistent(_grouped_gemm_variable_k_gluon_ws_kernel, x.device, tiles, num_programs, args, kwargs)
-    return out
+    return launch_variable_k(
+        "grouped_gemm_variable_k_gluon", _grouped_gemm_variable_k_gluon_ws_kernel, out, M, accumulate,
+        config or (lambda: _m.fitted_config(VARIABLE_K16_DEFAULT_CONFIG, out.dtype)),
+        lambda cfg: cfg.check(out.element_size()),
+        lambda cfg: _kernel_args(x, y, group_offs, out, cfg, accumulate), num_programs)
