@@ -31,7 +31,7 @@ batch * seq = 16k tokens, it times our bf16 Gluon forward, the tl FP8 forward (d
 ``--tl-emu`` value: ``exp_emu``, 1/N of the exponentials on the FMA pipe) and the Gluon FP8 forward
 (default and each ``--fp8-configs`` config: ``k`` key-permuted K load / shuffle-free P, ``e<N>``
 exponential emulation, ``p`` ping-pong, ``c<T>`` conditional O rescale, ``l`` row sums reduced
-once), and prints TFLOP/s and the ratio to the bf16 forward.
+once, ``u`` row sums by the MMA), and prints TFLOP/s and the ratio to the bf16 forward.
 Before timing, each variant's O on a small ragged GQA case (B=2, seq 1008, 4/2 heads: tail
 masks, the flattened key index of ``k``) is compared with fp32 attention on the dequantized inputs
 (>= 28 dB), on the unquantized inputs (>= 20 dB) and with its family's default (>= 30 dB); a
@@ -143,7 +143,7 @@ def loop_ops(sass: str, ops=("MUFU", "FFMA", "FADD", "FMUL", "FMNMX", "F2FP", "P
     """Opcode counts of the first innermost loop that issues QGMMAs (a consumer's full-block loop:
     one key block of 64 rows per warp), plus ``instrs``, its instruction count, and ``skip``, the
     instructions a warp does not issue when the ``c<T>`` config skips its O rescale (the FMULs
-    between a VOTE and the loop's end that are jumped over; 0 without a vote)."""
+    between the first predicated branch after a VOTE and the loop's end; 0 without a vote)."""
     from collections import Counter
 
     ins = []
@@ -159,10 +159,11 @@ def loop_ops(sass: str, ops=("MUFU", "FFMA", "FADD", "FMUL", "FMNMX", "F2FP", "P
         inner = sum(bool(re.search(r"\bBRA (?:`\()?0x([0-9a-f]+)", t)) for t in body[:-1])
         c = Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
         if c["QGMMA"] and inner <= 16:
-            skip, seen = 0, False
-            for t in body:
+            skip, seen, jump = 0, False, False
+            for t in body:  # from the first predicated branch after the vote (the u flag's l FMULs precede it)
                 seen = seen or t.startswith("VOTE")
-                skip += seen and t.split()[0] == "FMUL"
+                jump = jump or (seen and bool(re.match(r"@!?U?P\w+\s+BRA\b", t)))
+                skip += jump and t.split()[0] == "FMUL"
             return dict(instrs=len(body), skip=skip, **{o: c[o] for o in ops})
     return {}
 
@@ -196,6 +197,8 @@ def compile_attn_fp8(head_dim: int, causal: bool, out_dtype: str = "bf16", sink:
                   P_LOG2=cfg.p_log2(), CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, KPERM=cfg.kperm, EMU=cfg.emu,
                   EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, LSUM=cfg.lsum, HEADS_FIRST=cfg.heads_first)
+    if cfg.lmma:
+        consts["LMMA"] = True
     name = (f"attn_fp8_d{head_dim}_{'causal' if causal else 'full'}_{out_dtype}{'_sink' if sink else ''}"
             f"_blk{blk}_{cfg.short()}")
 
@@ -461,10 +464,14 @@ def _compare_impls(q, k, v, D, causal, configs, tl_emu, blk=128):
 
 
 def _lazy(name: str) -> bool:
-    """True for a ``gluon:<config>`` variant with the ``c<T>`` flag."""
+    """True for a ``gluon:<config>`` variant with the ``c<T>`` or the ``u`` flag (``u``: l is the sum
+    of the E4M3-rounded P, not of the fp32 P: another equally accurate rounding point)."""
     from primus_turbo.triton.attention import flash_attn_fp8_fwd_gluon as f8
 
-    return name.startswith("gluon:") and f8.GluonAttnFp8Config.parse(name.split(":", 1)[1]).lazy > 0
+    if not name.startswith("gluon:"):
+        return False
+    cfg = f8.GluonAttnFp8Config.parse(name.split(":", 1)[1])
+    return cfg.lazy > 0 or cfg.lmma
 
 
 def compare_accuracy(head_dims, configs, tl_emu) -> tuple[list, set]:

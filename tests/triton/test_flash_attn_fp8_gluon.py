@@ -148,6 +148,12 @@ def test_config():
     assert cfg.heads_first and cfg.short() == "n128s4kc2lgr240w24" and cfg.check(128) is None
     assert "needs k" in f8.GluonAttnFp8Config.parse("n128s4g").check(128)
     assert not f8.default_attn_fp8_config(64).heads_first
+    # u: row sums by a ones wgmma (two [8, BLOCK_N] E4M3 tiles of shared memory), not with l
+    cfg = f8.GluonAttnFp8Config.parse("n128s4kc2u")
+    assert cfg.lmma and cfg.short() == "n128s4kc2ur240w24" and f8.GluonAttnFp8Config.parse(cfg.short()) == cfg
+    assert cfg.check(128) is None and cfg.smem_bytes(128) == f8.GluonAttnFp8Config(128, 4).smem_bytes(128) + 2048
+    assert "alternatives" in f8.GluonAttnFp8Config.parse("n128s4klu").check(128)
+    assert not f8.default_attn_fp8_config(128).lmma and not f8.default_attn_fp8_config(64).lmma
 
 
 @needs_gluon
@@ -226,14 +232,17 @@ def test_op_gluon_switch_is_a_no_op_off_sm90(monkeypatch):
     (128, False, "bf16", False, 128, "n128s4kc2"), (64, True, "fp16", True, 128, "n128s4kc2"),
     (128, True, "bf16", False, 128, "n128s4pkc1"), (128, False, "bf16", False, 128, "n128s4c2"),
     (128, True, "bf16", False, 128, "n128s4kc2l"), (64, False, "fp16", True, 128, "n128s4kc2l"),
-    (64, True, "bf16", False, 128, "n128s4kl"),
+    (64, True, "bf16", False, 128, "n128s4kl"), (128, False, "bf16", False, 128, "n128s4ku"),
+    (64, True, "fp16", True, 128, "n128s4kc2u"), (128, True, "bf16", False, 64, "n64s4ku"),
+    (128, True, "bf16", False, 128, "n128s4c2u"),
 ])
 def test_compiles_for_sm90_without_spills(head_dim, causal, out_dtype, sink, blk, config, request):
     """Every shipped variant (and the opt-in configs) compiles for sm_90: QGMMA in the SASS, no local
     memory, no serialized wgmma, the softmax between the S and PV waits, no write to an in-flight
     wgmma's A registers. ``k``: the full-block loop converts P with F2FP only (no PRMT / LOP3 / SEL,
-    no shuffle but the 8 of the row max and sum); ``e<N>``: 1/N of its MUFU.EX2 move to FFMAs; ``c<T>``: one warp
-    vote, and the O rescale (head_dim / 2 FMULs per thread) can be jumped over."""
+    no shuffle but the 8 of the row max and sum); ``u``: no row-sum FADDs and shuffles; ``e<N>``:
+    1/N of its MUFU.EX2 move to FFMAs; ``c<T>``: one warp vote, and the O rescale (head_dim / 2
+    FMULs per thread) can be jumped over."""
     if rerun_outside_interpreter(request):
         return
     cfg = f8.GluonAttnFp8Config.parse(config) if config else None
@@ -249,8 +258,10 @@ def test_compiles_for_sm90_without_spills(head_dim, causal, out_dtype, sink, blk
         if cfg is not None and cfg.kperm:
             # (at most one scalar LOP3: ptxas places one of the ping-pong turn's in the causal pkc loop)
             assert loop["PRMT"] == 0 and loop["LOP3"] <= 1 and loop["SEL"] == 0, loop
-            assert loop["SHFL"] == (4 if cfg.lsum else 8), loop  # l: the row max's only
+            assert loop["SHFL"] == (4 if cfg.lsum or cfg.lmma else 8), loop  # l / u: the row max's only
             assert loop["F2FP"] == per_thread // 2, loop
+        if cfg is not None and cfg.lmma:  # the row sums' FADDs are gone (64 per thread at block_n 128)
+            assert loop["FADD"] <= 8, loop
         if cfg is not None and cfg.lazy:  # one warp vote; the O rescale's FMULs can be jumped over
             assert loop["VOTE"] == 1 and loop["skip"] == head_dim // 2, loop
         if cfg is not None and cfg.emu:
@@ -266,7 +277,9 @@ def test_compiles_for_sm90_without_spills(head_dim, causal, out_dtype, sink, blk
                                                        (True, False, 128, 128, "n128s4ke2"), (False, True, 64, 64, "n64s4k"),
                                                        (True, True, 128, 128, "n128s4kc2"),
                                                        (True, True, 64, 128, "n128s4kc2l"),
-                                                       (True, False, 128, 128, "n128s4kc2lg")])
+                                                       (True, False, 128, 128, "n128s4kc2lg"),
+                                                       (True, True, 128, 128, "n128s4kc2u"),
+                                                       (False, False, 64, 64, "n64s4ku")])
 def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, config, monkeypatch, request):
     """The launcher's own arguments (4-D host TMA descriptors over the transposed views of the
     quantized tensors, the scales, LSE, sink, sizes, constexprs) bind and compile for sm_90 under
@@ -302,7 +315,7 @@ def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, conf
     (1, 1, 16, 2, 1, 128, False, torch.bfloat16, False, "bshd", 128),
 ])
 @pytest.mark.parametrize("config", [None, "n128s3p", "n128s4k", "n128s4ke2", "n128s4pke4", "n128s4kc2", "n128s4c1",
-                                    "n128s4kc2l", "n128s4pkc2lg"])
+                                    "n128s4kc2l", "n128s4pkc2lg", "n128s4ku", "n128s4kc2u", "n128s4c2u"])
 def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink, layout, blk, config):
     from primus_turbo.pytorch.ops import attention_fp8 as opf8
     from primus_turbo.testing import attention_ref
@@ -323,8 +336,9 @@ def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink,
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     tl_out, tl_lse = flash_attn_fp8_fwd_triton(*args, out_dtype=dtype)
     # c<T> rounds P at other points than the tl kernel (equally accurate: the fp32 bars below
-    # are unchanged); two such roundings differ by ~sqrt(2) times either's error
-    lazy = cfg is not None and cfg.lazy
+    # are unchanged); two such roundings differ by ~sqrt(2) times either's error. u: l sums the
+    # rounded P (the tl kernel's the fp32 P)
+    lazy = cfg is not None and (cfg.lazy or cfg.lmma)
     assert _snr_finite(tl_out.float(), out.float()) >= MIN_SNR_TL - (3.0 if lazy else 0.0)
     assert _snr_finite(tl_lse, lse) >= MIN_SNR_TL
     qd = dequantize_tokens_fp8(q8, qs, blk, torch.float32)

@@ -66,7 +66,9 @@ def _exp2_fma(x, DEG: tl.constexpr):
     """``2**x`` without MUFU.EX2, on the FMA pipe: ``x = j + f`` with ``j = round(x)``, ``|f| <= 1/2``
     (the 1.5 * 2**23 rounding trick), ``2**f`` by a minimax polynomial of degree DEG (max relative
     error 2: 1.7e-3, 3: 7.5e-5, 4: 2.7e-6, 5: 2e-7), ``j`` added into the exponent bits. ``x`` must be
-    finite and below 128; it is clamped at -126 (then the result is tiny and >= 0, never 0)."""
+    finite and below 128; it is clamped at -126 (then the result is tiny and >= 0, never 0).
+    The Gluon FP8 forward (``flash_attn_fp8_fwd_gluon.py``) calls this function too: keep it to
+    arithmetic, ``tl.maximum`` and bit casts, which compile in a Gluon caller as well."""
     x = tl.maximum(x, -126.0)
     r = x + 12582912.0  # the low mantissa bits of r hold round(x), two's complement
     f = x - (r - 12582912.0)

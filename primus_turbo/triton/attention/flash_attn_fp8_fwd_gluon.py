@@ -88,6 +88,9 @@ if GLUON_AVAILABLE:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    # the tl kernel's exp2 on the FMA pipe (arithmetic and bit casts only: it compiles in a Gluon
+    # caller as it is, one polynomial table for both kernels)
+    from .flash_attn_fp8 import _exp2_fma
     from .flash_attn_fwd_gluon import _pass_turn, _producer, _take_turn, _tile
 
 
@@ -121,7 +124,13 @@ class GluonAttnFp8Config(GluonAttnConfig):
       else);
     * ``g`` (``heads_first``, with ``k``): grid ``(B * H, query tiles)`` instead of ``(query tiles,
       B * H)``: the CTAs in flight are one query tile of many heads, and causal runs the longest
-      tiles of every head first (the shortest ones fill the last wave) instead of per head."""
+      tiles of every head first (the shortest ones fill the last wave) instead of per head;
+    * ``u`` (``lmma``, not with ``l``): the row sum ``l`` comes from the tensor cores: with each PV
+      wgmma a second one, ``l += P8 1`` (m64n8k32, B a shared [8, BLOCK_N] tile of E4M3 ones per
+      warpgroup, written once), accumulates the row sums into an [M, 8] fp32 accumulator (every
+      column is the row sum) rescaled by alpha with O (not by the V scale ratio). Per key block it
+      replaces the 64 FADDs (+ quad shuffles) of ``sum(p)`` with 4 QGMMAs and 4 FMULs; ``l`` is
+      then the sum of the E4M3-rounded P (the P the O accumulator sees) instead of the fp32 P."""
 
     kperm: bool = False
     emu: int = 0
@@ -129,6 +138,7 @@ class GluonAttnFp8Config(GluonAttnConfig):
     lazy: int = 0
     lsum: bool = False
     heads_first: bool = False
+    lmma: bool = False
 
     def p_log2(self) -> float:
         """log2 of the static P scale (8, i.e. 256, less the ``c<T>`` threshold)."""
@@ -138,11 +148,13 @@ class GluonAttnFp8Config(GluonAttnConfig):
         q = self.BLOCK_M * head_dim * elem_bytes
         kv = 2 * self.stages * self.block_n * head_dim * elem_bytes
         o = self.BLOCK_M * head_dim * 2
+        o += 2 * 8 * self.block_n if self.lmma else 0  # the ones tiles of u
         return q + kv + o + 8 * (2 * 2 * self.stages + 3) + 1024  # + barriers, + the swizzle alignment
 
     def short(self) -> str:
         flags = ("p" if self.pingpong else "") + ("o" if self.overlap else "") + ("k" if self.kperm else "")
         flags += (f"c{self.lazy}" if self.lazy else "") + ("l" if self.lsum else "") + ("g" if self.heads_first else "")
+        flags += "u" if self.lmma else ""
         if self.emu:
             flags += f"e{self.emu}" + (f"d{self.emu_deg}" if self.emu_deg != 3 else "")
         return f"n{self.block_n}s{self.stages}{flags}r{self.consumer_regs}w{self.producer_regs}"
@@ -152,22 +164,24 @@ class GluonAttnFp8Config(GluonAttnConfig):
         """``"n128s4"``, ``"n128s4p"``, ``"n128s4k"``, ``"n128s4ke2"``, ``"n128s4kc2"``, ``"n128s4pke4d2"``,
         ``"n64s6r232w40"`` -> config (n: block_n, s: stages, p: ping-pong, k: key-permuted K load,
         c<T>: conditional O rescale with threshold T, l: row sums reduced once, g: heads-fastest
-        grid, e<N>: 1/N of the exponentials on the FMA pipe, d<deg>: its polynomial degree, r / w:
-        consumer / producer registers per thread)."""
-        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(o)?(k)?(?:c(\d+))?(l)?(g)?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?",
+        grid, u: row sums by the MMA, e<N>: 1/N of the exponentials on the FMA pipe, d<deg>: its
+        polynomial degree, r / w: consumer / producer registers per thread)."""
+        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(o)?(k)?(?:c(\d+))?(l)?(g)?(u)?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?",
                          text.strip())
         if not m:
             raise ValueError(f"bad Gluon FP8 attention config {text!r}; expected e.g. n128s4, n128s3p, n128s4k, "
                              f"n128s4ke2, n128s4kc2, n128s4pke4d2, n64s6r232w40")
-        bn, st, pp, ov, kp, lz, ls, hf, emu, deg, r, w = m.groups()
+        bn, st, pp, ov, kp, lz, ls, hf, lm, emu, deg, r, w = m.groups()
         return cls(int(bn), int(st), int(r or 240), int(w or 24), bool(pp), bool(ov), bool(kp), int(emu or 0),
-                   int(deg or 3), int(lz or 0), bool(ls), bool(hf))
+                   int(deg or 3), int(lz or 0), bool(ls), bool(hf), bool(lm))
 
     def check(self, head_dim: int) -> Optional[str]:
         if self.overlap:
             return "config suffix o: the FP8 forward always keeps the softmax under the PV MMA (no option)"
         if self.heads_first and not self.kperm:
             return "g (heads-fastest grid) needs k (the key-permuted producer reads the swapped grid)"
+        if self.lmma and self.lsum:
+            return "u (row sums by the MMA) and l (per-lane row sums) are alternatives"
         if not 0 <= self.lazy <= 4:
             return f"c{self.lazy}: the conditional-rescale threshold is 1 to 4 (log2 units)"
         if self.emu not in (0, 2, 4, 8):
@@ -213,8 +227,8 @@ if GLUON_AVAILABLE:
         heads; a tile's keys past Sk read the next head's keys or zeros, and are masked)."""
         if KPERM:
             HALF: gl.constexpr = q_desc.block_type.shape[1]
-            pid_m, b, h, n_blocks = _tile_fp8(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N,
-                                              HEADS_FIRST)
+            pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N,
+                                          1 if HEADS_FIRST else 0)
             hk = h // GROUP
             m0 = pid_m * (2 * HALF)
             g0 = (b * (H // GROUP) + hk) * (SEQ_K // 16)
@@ -234,24 +248,6 @@ if GLUON_AVAILABLE:
         else:
             _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                       H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, True)
-
-    @gluon.jit
-    def _tile_fp8(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, HEADS_FIRST: gl.constexpr):
-        """The bf16 forward's ``_tile``; HEADS_FIRST (config flag ``g``): grid axis 0 is batch * head,
-        axis 1 the query tile (reversed for causal: the longest rows of all heads first)."""
-        if HEADS_FIRST:
-            pid_m = gl.program_id(1)
-            if HAS_RIGHT:
-                pid_m = gl.num_programs(1) - 1 - pid_m
-            pid_bh = gl.program_id(0)
-            hi = SEQ_K
-            if HAS_RIGHT:
-                hi = gl.minimum(pid_m * BLOCK_M + BLOCK_M + offset + win_right, SEQ_K)
-            n_blocks = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
-            return pid_m, pid_bh // H, pid_bh % H, n_blocks
-        else:
-            return _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_M, BLOCK_N)
 
     @gluon.jit
     def _kperm_keys(c):
@@ -328,27 +324,28 @@ if GLUON_AVAILABLE:
             return pc
 
     @gluon.jit
-    def _exp2_fma(x, DEG: gl.constexpr):
-        """``2**x`` on the FMA pipe (no MUFU): ``x = j + f`` with ``j = round(x)``, ``|f| <= 1/2``;
-        ``2**f`` by a minimax polynomial (relative error: DEG 2: 1.7e-3, 3: 7.5e-5, 4: 2.7e-6,
-        5: 2e-7), ``j`` added into the exponent field. ``x`` must not be NaN or +inf and stay below
-        128; it is clamped at -126 (the result is then tiny and >= 0, never exactly 0)."""
-        x = gl.maximum(x, -126.0)
-        r = x + 12582912.0  # 1.5 * 2**23: r's low mantissa bits hold round(x) in two's complement
-        f = x - (r - 12582912.0)
-        if DEG == 2:
-            p = (0.23842893540859222 * f + 0.7034479975700378) * f + 1.0004431009292603
-        elif DEG == 3:
-            p = ((0.0551716685295105 * f + 0.2426111251115799) * f + 0.6932609677314758) * f + 0.9999280571937561
-        elif DEG == 4:
-            p = (((0.009570102207362652 * f + 0.05591785907745361) * f + 0.240247443318367) * f
-                 + 0.6931217908859253) * f + 0.9999992847442627
-        else:
-            p = ((((0.0013276472454890609 * f + 0.009675540961325169) * f + 0.05550713092088699) * f
-                  + 0.24022120237350464) * f + 0.6931469440460205) * f + 1.0000001192092896
-        # (r's bits << 23) keeps only round(x) << 23: the magic's own bits shift out
-        bits = p.to(gl.int32, bitcast=True) + (r.to(gl.int32, bitcast=True) << 23)
-        return bits.to(gl.float32, bitcast=True)
+    def _l_operand(p_op, l_acc):
+        """The PV wgmma's A operand (P8) as the A operand of the row-sum wgmma into ``l_acc``
+        (config flag ``u``): the same registers (an A fragment does not depend on the MMA's N)."""
+        layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_acc.type.layout, k_width=4)
+        return gl.convert_layout(p_op, layout, assert_trivial=True)
+
+    @gluon.jit
+    def _l_rescale(l_acc, alpha):
+        """``l_acc * alpha`` (config flag ``u``: the row-sum accumulator follows the softmax rescale)."""
+        return l_acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_acc.type.layout)), 1)
+
+    @gluon.jit
+    def _ones_tile(ones_smem, WG: gl.constexpr):
+        """Config flag ``u``: this warpgroup's [8, BLOCK_N] shared tile of E4M3 ones (the B operand of
+        ``l += P8 1``, keys contiguous), written once before the key loop."""
+        BLOCK_N: gl.constexpr = ones_smem.type.shape[2]
+        blocked: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+        ones = ones_smem.index(WG)
+        ones.store(gl.full([8, BLOCK_N], 1.0, gl.float32, blocked).to(gl.float8e4nv))
+        fence_async_shared()
+        gl.thread_barrier()
+        return ones
 
     @gluon.jit
     def _split_top(x):
@@ -394,14 +391,16 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _fp8_softmax(s, m_i, l_i, rs, offs_m, n0, SEQ_K, diag, p_layout: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      MASKED: gl.constexpr, P_LOG2: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr,
-                     EMU_DEG: gl.constexpr, LAZY: gl.constexpr = 0, LSUM: gl.constexpr = False):
+                     EMU_DEG: gl.constexpr, LAZY: gl.constexpr = 0, LSUM: gl.constexpr = False,
+                     LMMA: gl.constexpr = False):
         """The bf16 forward's ``_softmax`` with a per-row scale ``rs`` (ROW_SCALE) and P in units of
         ``2**P_LOG2``, plus the FP8 flags: KPERM (S's columns are keys in :func:`_kperm_keys` order:
         the mask uses that order, P goes to the MMA without a shuffle), EMU / EMU_DEG (part of the
         exponentials of full blocks on the FMA pipe; masked blocks, whose scores may be -inf, keep
         MUFU.EX2 only), LAZY (``c<T>``: the reference maximum moves only when the row maximum
         passes it by more than LAZY; then alpha is exactly 1). Returns (fp32 P in units of
-        ``2**P_LOG2``, m, l, alpha); LSUM: l is the [rows, 4] per-lane partial (:func:`_row_partial`)."""
+        ``2**P_LOG2``, m, l, alpha); LSUM: l is the [rows, 4] per-lane partial (:func:`_row_partial`);
+        LMMA: l is returned as passed (the PV step's ones wgmma sums P)."""
         BLOCK_N: gl.constexpr = s.type.shape[1]
         if MASKED:
             cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
@@ -425,7 +424,9 @@ if GLUON_AVAILABLE:
         else:
             p = _exp2_mixed(x, EMU, EMU_DEG)
         alpha = gl.exp2(m_i - m_safe)
-        if LSUM:
+        if LMMA:
+            pass
+        elif LSUM:
             part = _row_partial(p)
             a2 = gl.convert_layout(alpha, gl.SliceLayout(1, part.type.layout), assert_trivial=True)
             l_i = l_i * gl.expand_dims(a2, 1) + part
@@ -495,9 +496,12 @@ if GLUON_AVAILABLE:
                   q_scale, ks_base, vs_base, offs_m, SEQ_K, diag, o_layout: gl.constexpr, p_layout: gl.constexpr,
                   BLK: gl.constexpr, P_LOG2: gl.constexpr, HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr,
                   STAGES: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr, KPERM: gl.constexpr,
-                  EMU: gl.constexpr, EMU_DEG: gl.constexpr, LAZY: gl.constexpr = 0, LSUM: gl.constexpr = False):
+                  EMU: gl.constexpr, EMU_DEG: gl.constexpr, LAZY: gl.constexpr = 0, LSUM: gl.constexpr = False,
+                  ones=None, LMMA: gl.constexpr = False):
         """Iteration j >= 1: issue S_j, issue O += P8_{j-1} V8_{j-1}, softmax S_j while the PV MMA
-        runs, then retire it and move O to block j's units (alpha_j * vs_{j-1} / vs_j)."""
+        runs, then retire it and move O to block j's units (alpha_j * vs_{j-1} / vs_j). LMMA: ``l_i``
+        is the [M, 8] accumulator of ``l += P8_{j-1} 1`` (``ones``: the [8, BLOCK_N] E4M3 ones),
+        issued with the PV wgmma and rescaled by alpha_j."""
         BLOCK_N: gl.constexpr = s_regs.type.shape[1]
         D_QK: gl.constexpr = q.type.shape[1]
         D_V: gl.constexpr = acc.type.shape[1]
@@ -517,11 +521,13 @@ if GLUON_AVAILABLE:
                               use_acc=False, is_async=True)
         # V^T tile [D, keys] viewed as [keys, D]: the B operand with K (keys) contiguous
         o_tok = warpgroup_mma(p_op, v_bufs.index(sp).reshape([D_V, BLOCK_N]).permute((1, 0)), acc, is_async=True)
+        if LMMA:
+            l_tok = warpgroup_mma(_l_operand(p_op, l_i), ones.permute((1, 0)), l_i, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
         s_regs = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(s), count=1)
         p_new, m_i, l_i, alpha = _fp8_softmax(s_regs, m_i, l_i, rs, offs_m, j * BLOCK_N, SEQ_K, diag, p_layout,
-                                              HAS_RIGHT, MASKED, P_LOG2, KPERM, EMU, EMU_DEG, LAZY, LSUM)
+                                              HAS_RIGHT, MASKED, P_LOG2, KPERM, EMU, EMU_DEG, LAZY, LSUM, LMMA)
         # ptxas hoists a wgmma wait as high as it can (it is ready once issued; what it stalls is
         # not modelled), i.e. above the exponentials, and the PV MMA would no longer overlap the
         # softmax. A wait on an mbarrier that has already completed (Q's) is a try_wait loop in the
@@ -533,7 +539,13 @@ if GLUON_AVAILABLE:
             ratio = ((vs_prev.to(gl.int32, bitcast=True) - vs.to(gl.int32, bitcast=True)) + 0x3F800000).to(
                 gl.float32, bitcast=True)
             mbarrier.wait(q_bar, 0)
-            if KPERM:
+            if LMMA:
+                if KPERM:
+                    acc, l_i, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok, p))
+                else:
+                    acc, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok))
+                l_i = _l_rescale(l_i, alpha)
+            elif KPERM:
                 acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p))
             else:
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
@@ -548,13 +560,21 @@ if GLUON_AVAILABLE:
         else:
             if KPERM:
                 mbarrier.wait(q_bar, 0)
-                acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p))
+                if LMMA:
+                    acc, l_i, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok, p))
+                else:
+                    acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p))
                 p_out = _p_operand(p_new, p_layout, KPERM, p, True)
             else:
                 p_out = _p_operand(p_new, p_layout, KPERM)
                 mbarrier.wait(q_bar, 0)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
+                if LMMA:
+                    acc, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok))
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
             mbarrier.arrive(v_empty.index(sp), count=1)
+            if LMMA:
+                l_i = _l_rescale(l_i, alpha)
             # O in units of V block j's scale from here on: powers of two, so the ratio is exact
             acc = _rescale(acc, alpha * (vs_prev / vs), o_layout, False)
         return s_regs, acc, p_out, m_i, l_i, vs
@@ -565,8 +585,10 @@ if GLUON_AVAILABLE:
                       WG: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, BLK: gl.constexpr, P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
                       PINGPONG: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr, EMU_DEG: gl.constexpr,
-                      LAZY: gl.constexpr, LSUM: gl.constexpr, HEADS_FIRST: gl.constexpr = False):
-        """One warpgroup: query rows [WG*64, WG*64+64) of the tile."""
+                      LAZY: gl.constexpr, LSUM: gl.constexpr, HEADS_FIRST: gl.constexpr = False, ones_smem=None,
+                      LMMA: gl.constexpr = False):
+        """One warpgroup: query rows [WG*64, WG*64+64) of the tile. LMMA (config flag ``u``):
+        ``ones_smem`` [2, 8, BLOCK_N] E4M3, row sums by the MMA."""
         HALF: gl.constexpr = o_desc.block_type.shape[1]
         D_QK: gl.constexpr = q_smem.type.shape[4]
         D_V: gl.constexpr = o_desc.block_type.shape[3]
@@ -580,9 +602,12 @@ if GLUON_AVAILABLE:
         # S does not map onto it register for register, so the conversion shuffles within warps
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+        # LMMA: l += P8 1 as an m64n8k32 wgmma, every column of its accumulator a row sum
+        l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, 8, 32])
 
-        pid_m, b, h, n_blocks = _tile_fp8(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N,
-                                          HEADS_FIRST)
+        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N,
+                                      1 if HEADS_FIRST else 0)
         hk = h // GROUP
         m0 = pid_m * (2 * HALF) + WG * HALF
         offs_m = m0 + gl.arange(0, HALF, layout=row_layout)
@@ -607,6 +632,12 @@ if GLUON_AVAILABLE:
             l_i = gl.full([HALF], 0.0, gl.float32, row_layout)
         if LSUM:  # per-lane partials: the initial l (the sink's) in lane 0 of each quad
             l_i = _lsum_init(l_i, s_layout, BLOCK_N)
+        if LMMA:  # the ones wgmma's accumulator, starting at the initial l
+            l_i = gl.zeros([HALF, 8], gl.float32, l_layout) + gl.expand_dims(
+                gl.convert_layout(l_i, gl.SliceLayout(1, l_layout)), 1)
+            ones = _ones_tile(ones_smem, WG)
+        else:
+            ones = None
 
         mbarrier.wait(q_bar, 0)
         q = q_smem.index(WG).reshape([HALF, D_QK])
@@ -622,31 +653,38 @@ if GLUON_AVAILABLE:
         s_regs = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(0), count=1)
         p, m_i, l_i, alpha = _fp8_softmax(s_regs, m_i, l_i, rs, offs_m, 0, SEQ_K, diag, p_layout, HAS_RIGHT, True,
-                                          P_LOG2, KPERM, EMU, EMU_DEG, LAZY, LSUM)
+                                          P_LOG2, KPERM, EMU, EMU_DEG, LAZY, LSUM, LMMA)
         p = _p_operand(p, p_layout, KPERM)
         acc = gl.zeros([HALF, D_V], gl.float32, o_layout)
         for j in range(1, n_full):
             s_regs, acc, p, m_i, l_i, vs = _fp8_step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
                                                      s_regs, acc, p, m_i, l_i, vs, q_scale, ks_base, vs_base, offs_m,
                                                      SEQ_K, diag, o_layout, p_layout, BLK, P_LOG2, HAS_RIGHT, False,
-                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM)
+                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM, ones, LMMA)
         for j in range(gl.maximum(n_full, 1), n_blocks):
             s_regs, acc, p, m_i, l_i, vs = _fp8_step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
                                                      s_regs, acc, p, m_i, l_i, vs, q_scale, ks_base, vs_base, offs_m,
                                                      SEQ_K, diag, o_layout, p_layout, BLK, P_LOG2, HAS_RIGHT, True,
-                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM)
+                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM, ones, LMMA)
         # the last block's PV
         sl = (n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(sl), ((n_blocks - 1) // STAGES) & 1)
         _take_turn(turn, n_blocks, WG, PINGPONG)
-        o_tok = warpgroup_mma(_p_mma_operand(p, p_layout, KPERM), v_bufs.index(sl).reshape([D_V, BLOCK_N]).permute((1, 0)),
-                              acc, is_async=True)
+        p_op = _p_mma_operand(p, p_layout, KPERM)
+        o_tok = warpgroup_mma(p_op, v_bufs.index(sl).reshape([D_V, BLOCK_N]).permute((1, 0)), acc, is_async=True)
+        if LMMA:
+            l_tok = warpgroup_mma(_l_operand(p_op, l_i), ones.permute((1, 0)), l_i, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
+        if LMMA:
+            acc, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok))
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
         mbarrier.arrive(v_empty.index(sl), count=1)
 
         if LSUM:
             l_i = gl.convert_layout(gl.sum(l_i, 1), row_layout)
+        if LMMA:  # all 8 columns hold the row sum
+            l_i = gl.convert_layout(gl.max(l_i, 1), row_layout)
         empty = l_i == 0.0
         l_safe = gl.where(empty, 1.0, l_i)
         lse = gl.where(empty, float("inf"), (m_i + (gl.log2(l_safe) - P_LOG2)) / 1.4426950408889634)
@@ -669,7 +707,7 @@ if GLUON_AVAILABLE:
         P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
         KPERM: gl.constexpr = False, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3, LAZY: gl.constexpr = 0,
-        LSUM: gl.constexpr = False, HEADS_FIRST: gl.constexpr = False,
+        LSUM: gl.constexpr = False, HEADS_FIRST: gl.constexpr = False, LMMA: gl.constexpr = False,
     ):
         """O, LSE of 128 query rows of one (batch, head) from E4M3 q / k / v^T: producer warp + two
         consumer warpgroups.
@@ -681,7 +719,7 @@ if GLUON_AVAILABLE:
         index). P_SCALE / P_LOG2: the static P scale (``GluonAttnFp8Config.p_log2``). HAS_RIGHT (a
         right window bound, causal = 0) adds the diagonal loop; HAS_SINK changes the init. KPERM /
         EMU / EMU_DEG / LAZY / LSUM / HEADS_FIRST: GluonAttnFp8Config's kperm / emu / emu_deg / lazy
-        / lsum / heads_first (grid (B * H, query tiles)); with
+        / lsum / heads_first (grid (B * H, query tiles)) / lmma; with
         KPERM, k is a 5-D descriptor over the contiguous k8 seen as [B * Hk * Sk / 16, 2, 4, 2, D]
         with strides [16 D, 2 D, 4 D, D, 1] and box [BLOCK_N / 16, 2, 4, 2, D]: the TMA load itself
         puts the keys in :func:`_kperm_keys` order."""
@@ -699,6 +737,12 @@ if GLUON_AVAILABLE:
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, HALF, 1, D_QK], q_desc.layout)
         v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, D_V, 1, BLOCK_N], v_desc.layout)
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, 1, HALF, 1, D_V], o_desc.layout)
+        if LMMA:  # one [8, BLOCK_N] tile of E4M3 ones per consumer warpgroup (config flag u)
+            ones_smem = gl.allocate_shared_memory(
+                gl.float8e4nv, [2, 8, BLOCK_N],
+                gl.NVMMASharedLayout(swizzle_byte_width=128 if BLOCK_N >= 128 else 64, element_bitwidth=8, rank=2))
+        else:
+            ones_smem = o_smem  # a placeholder (warp_specialize takes no None), unused
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -717,11 +761,11 @@ if GLUON_AVAILABLE:
             (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                              QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                              0, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                             EMU_DEG, LAZY, LSUM, HEADS_FIRST)),
+                             EMU_DEG, LAZY, LSUM, HEADS_FIRST, ones_smem, LMMA)),
             (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                              QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                              1, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                             EMU_DEG, LAZY, LSUM, HEADS_FIRST)),
+                             EMU_DEG, LAZY, LSUM, HEADS_FIRST, ones_smem, LMMA)),
             (_fp8_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                              H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, KPERM,
                              HEADS_FIRST)),
@@ -859,6 +903,8 @@ def _kernel_args(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, out, l
                   P_SCALE=2.0 ** cfg.p_log2(), P_LOG2=cfg.p_log2(), CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, KPERM=cfg.kperm, EMU=cfg.emu,
                   EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, LSUM=cfg.lsum, HEADS_FIRST=cfg.heads_first, num_warps=4)
+    if cfg.lmma:  # only set when on: the default configs' launch (and cache key) stay as they were
+        kwargs["LMMA"] = True
     grid = (-(-Sq // cfg.BLOCK_M), B * H)
     if cfg.heads_first:
         grid = (B * H, grid[0])

@@ -151,15 +151,16 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr):
+              BLOCK_N: gl.constexpr, M_AXIS: gl.constexpr = 0):
         """(pid_m, b, h, number of key blocks the tile's rows can see). Causal tiles run the
-        longest rows first within each head (grid axis 0 reversed) so the short ones fill the
-        tail; at least one block is visited (fully masked when the rows see nothing) so the
-        producer and the consumers agree on the count without a special case."""
-        pid_m = gl.program_id(0)
+        longest rows first (the query-tile grid axis reversed) so the short ones fill the tail; at
+        least one block is visited (fully masked when the rows see nothing) so the producer and
+        the consumers agree on the count without a special case. ``M_AXIS``: the grid axis of the
+        query tiles, the other one is batch * head (1: the FP8 forward's heads-fastest grid)."""
+        pid_m = gl.program_id(M_AXIS)
         if HAS_RIGHT:
-            pid_m = gl.num_programs(0) - 1 - pid_m
-        pid_bh = gl.program_id(1)
+            pid_m = gl.num_programs(M_AXIS) - 1 - pid_m
+        pid_bh = gl.program_id(1 - M_AXIS)
         hi = SEQ_K
         if HAS_RIGHT:
             hi = gl.minimum(pid_m * BLOCK_M + BLOCK_M + offset + win_right, SEQ_K)
