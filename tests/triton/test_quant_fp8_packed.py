@@ -4,6 +4,8 @@
   several multipliers, against torch's fp32 -> E4M3 conversion of the clamped product.
 * The kernel in the interpreter (its SOFT branch, same data flow) against quant_ref: BLOCKWISE
   and MX, even and ragged tiles, zero / inf / NaN / subnormal blocks.
+* The sm_90 compile (no GPU; in a child process outside the interpreter): "packed2" stores the
+  row-wise words without a shared-memory conversion (fewer STS and instructions than "packed").
 * On a GPU: the PTX path against quant_ref.
 """
 
@@ -19,6 +21,7 @@ from primus_turbo.triton import is_interpreter
 from primus_turbo.triton.quantization import quant_fp8_kernel as F8
 from primus_turbo.triton.quantization import quant_fp8_packed as P
 
+from .gluon_compile_child import rerun_outside_interpreter
 from .quant_special_helpers import special_bf16
 
 _ALL = np.arange(65536, dtype=np.uint32)
@@ -93,6 +96,10 @@ _CASES = [
     (True, (256, 256), (128, 128, 4, "packed")),
     (True, (96, 224), (64, 128, 4, "packed")),
     (True, (64, 128), (32, 256, 4, "packed")),
+    # packed2: the row-wise words stored from their own layout (same data flow)
+    (False, (256, 256), (128, 128, 4, "packed2")),
+    (False, (200, 260), (128, 128, 4, "packed2")),
+    (True, (96, 224), (64, 128, 4, "packed2")),
 ]
 
 
@@ -104,7 +111,9 @@ def test_interpreter_vs_ref(mx, shape, cfg):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or is_interpreter(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("mx,shape,cfg", _CASES + [(False, (1024, 7168), (128, 128, 4, "packed", 168)),
-                                                  (True, (1024, 7168), (64, 128, 4, "packed"))])
+                                                  (True, (1024, 7168), (64, 128, 4, "packed")),
+                                                  (False, (1024, 7168), (128, 128, 4, "packed2", 168)),
+                                                  (True, (1024, 7168), (128, 128, 4, "packed2", 168))])
 def test_gpu_vs_ref(mx, shape, cfg):
     _check(_special(*shape, "cuda"), mx, cfg)
 
@@ -113,3 +122,48 @@ def test_not_covered_falls_back():
     x = torch.zeros(64, 64, dtype=torch.float32)
     row, col = F8.QuantGrouping(0, 1, 128), F8.QuantGrouping(0, 128, 1)
     assert not P.fp8_packed_ok(x, E4M3, row, col, (128, 128, 4, "packed"))
+
+
+def test_packed2_compiles_with_fewer_shared_stores(request):
+    """sm_90 compile (no GPU): "packed2" issues fewer STS and instructions than "packed", no spills
+    (a lost contiguity hint would bring the conversion back silently)."""
+    if rerun_outside_interpreter(request):
+        return
+    import importlib.util
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from triton.runtime.jit import JITFunction
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "quant_sass_stats.py"
+    spec = importlib.util.spec_from_file_location("quant_sass_stats", path)
+    S = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(S)
+    x = torch.empty(4096, 7168, dtype=torch.bfloat16)
+    counts = {}
+    orig = JITFunction.run
+    JITFunction.run = S._capture
+    try:
+        for mx, tc in ((False, 128), (True, 128)):
+            row = F8.QuantGrouping(1, 1, 32) if mx else F8.QuantGrouping(0, 1, 128)
+            col = F8.QuantGrouping(1, 32, 1) if mx else F8.QuantGrouping(0, 128, 1)
+            for tag in ("packed", "packed2"):
+                S._SEEN.clear()
+                F8.fp8_quant_with_trans_launch(x, E4M3, row, col, tile=(128 if not mx else 64, tc, 4, tag))
+                (r,) = S._SEEN
+                assert r["error"] is None, r["error"]
+                assert S._stats(r["kernel"])["spill"] == ("0", "0")
+                with tempfile.TemporaryDirectory() as d:
+                    cubin = Path(d) / "k.cubin"
+                    cubin.write_bytes(r["kernel"].asm["cubin"])
+                    sass = subprocess.run([S._BIN + "/cuobjdump", "-sass", str(cubin)], capture_output=True,
+                                          text=True).stdout
+                ins = [ln for ln in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?[A-Z]", ln)]
+                counts[mx, tag] = (len(ins), sum(1 for ln in ins if re.search(r"\bSTS\b|\bSTS\.", ln)))
+    finally:
+        JITFunction.run = orig
+    for mx in (False, True):
+        (n1, sts1), (n2, sts2) = counts[mx, "packed"], counts[mx, "packed2"]
+        assert n2 < n1 and sts2 < sts1, counts

@@ -897,7 +897,7 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
         q, s = fp8_quant_launch(x, out_dtype, row)
         st = _transposed_single(x, qt, col, out_dtype)
         return q, s, qt, st
-    if tile is not None and len(tile) > 3 and tile[3] == "packed":
+    if tile is not None and len(tile) > 3 and tile[3] in ("packed", "packed2"):
         # opt-in: the bf16-pair kernel of quant_fp8_packed.py (falls back to the default where it does not apply)
         from .quant_fp8_packed import fp8_packed_ok, fp8_packed_with_trans_launch
 
@@ -948,6 +948,11 @@ WITH_TRANS_CANDIDATES = (
     (128, 128, 4, "packed"), (128, 128, 4, "packed", 168), (128, 128, 8, "packed"), (128, 256, 8, "packed"),
     (64, 128, 4, "packed"), (64, 128, 4, "packed", 128), (32, 128, 4, "packed"), (64, 256, 8, "packed"),
     (128, 64, 4, "packed"), (32, 256, 4, "packed"),
+    # "packed2": the same with the row-wise words stored from their own layout (no shared-memory
+    # conversion; sm_90 compile: BLOCKWISE 128x128x4 1656 -> 1616 SASS, MX 128x128x4/168 2040 ->
+    # 1944 and no spills)
+    (128, 128, 4, "packed2"), (128, 128, 4, "packed2", 168), (128, 128, 8, "packed2"), (128, 256, 8, "packed2"),
+    (64, 128, 4, "packed2"), (64, 128, 4, "packed2", 128), (32, 256, 4, "packed2"), (128, 64, 4, "packed2"),
 )
 
 
@@ -973,7 +978,7 @@ def with_trans_config(rows: int, cols: int, row: QuantGrouping, col: QuantGroupi
 def _dual_ok(rows: int, cols: int, row: QuantGrouping, col: QuantGrouping, cfg) -> bool:
     """Whether the two-copy kernel covers these groupings and shape with tile ``cfg``."""
     tr, tc = cfg[0], cfg[1]
-    if len(cfg) > 3 and cfg[3] == "packed":  # shape/grouping check only (dtype: at the launch)
+    if len(cfg) > 3 and cfg[3] in ("packed", "packed2"):  # shape/grouping check only (dtype: at the launch)
         return (row.mode == col.mode and row.mode in (_MODE_FP32, _MODE_MX) and row.gr == 1 and col.gc == 1
                 and row.gc == col.gr and row.gc in (32, 64, 128) and (row.mode == _MODE_FP32 or row.gc == 32)
                 and rows % 4 == 0 and cols % 4 == 0 and tr % row.gc == 0 and tc % row.gc == 0)

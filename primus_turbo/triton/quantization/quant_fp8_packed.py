@@ -204,6 +204,29 @@ def _fold(u):
 
 
 @triton.jit
+def _store_row_words_v2(q_ptr, w0, w1, w2, w3, r0, wc0, nb, qb, nr, wb, rows, n_pairs, stride_q, QB: tl.constexpr,
+                        WB: tl.constexpr, EVEN: tl.constexpr):
+    """Row-wise words w_k [NB, QB, NR, WB] (rows r0 + 4 (nb QB + qb) + k, words wc0 + nr WB + wb) stored
+    from their own layout (2 words per thread, blocks and quads over the lanes after the words):
+    the tensors are viewed as [NR, QB, NB, WB] (a free permutation) and the offsets declared
+    contiguous in runs of 2 only, so the compiler's store layout (4 words per thread for fully
+    contiguous offsets, lanes over the leading axes first) is theirs and no shared-memory
+    conversion comes before the (8-byte) stores."""
+    r_row = r0 + 4 * (nb[None, None, :, None] * QB + qb[None, :, None, None])  # [1, QB, NB, 1]
+    wcol = wc0 + nr[:, None, None, None] * WB + wb[None, None, None, :]   # [NR, 1, 1, WB]
+    # (the hint on the last op of the offsets: on a foldable one it is lost)
+    qp = q_ptr + tl.max_contiguous(r_row.to(tl.int64) * stride_q + wcol, [1, 1, 1, 2])  # [NR, QB, NB, WB]
+    if EVEN:
+        qmask = None
+    else:
+        qmask = (r_row < rows) & (wcol < n_pairs // 2)
+    tl.store(qp, tl.permute(w0, (2, 1, 0, 3)), mask=qmask)
+    tl.store(qp + stride_q, tl.permute(w1, (2, 1, 0, 3)), mask=qmask)
+    tl.store(qp + 2 * stride_q, tl.permute(w2, (2, 1, 0, 3)), mask=qmask)
+    tl.store(qp + 3 * stride_q, tl.permute(w3, (2, 1, 0, 3)), mask=qmask)
+
+
+@triton.jit
 def _quant_fp8_packed_dual_kernel(
     # pointers: x as int32 pairs; row-wise words + scales; transposed words + scales; scratch (BLOCKWISE)
     x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, scr_ptr,
@@ -211,7 +234,7 @@ def _quant_fp8_packed_dual_kernel(
     # row strides: x (pairs), q (words), s, qt (words: rows / 4), st
     stride_x, stride_q, stride_s, stride_qt, stride_st,
     MODE: tl.constexpr, FP8_MAX: tl.constexpr, EMAX: tl.constexpr, G: tl.constexpr,
-    TR: tl.constexpr, TC: tl.constexpr, EVEN: tl.constexpr, SOFT: tl.constexpr,
+    TR: tl.constexpr, TC: tl.constexpr, EVEN: tl.constexpr, SOFT: tl.constexpr, V2: tl.constexpr = False,
 ):
     """Both copies for 1 x G row blocks and G x 1 column blocks (MODE 0: fp32 scales, MODE 1: MX)."""
     pid = tl.program_id(0)
@@ -343,17 +366,21 @@ def _quant_fp8_packed_dual_kernel(
     c3 = c3[:, None, :, :]
     w0, w1, w2, w3, u0, u1, u2, u3 = _codes(a0, a1, a2, a3, b0, b1, b2, b3, r0, r1, r2, r3, c0, c1, c2, c3, SOFT)
     # row-wise words: q viewed as int32 [rows, cols / 4]
-    r_row = (pid_r * TR + 4 * li)[:, :, :, None]                       # [NB, QB, 1, 1]
-    wcol = pid_c * (TC // 4) + (nr[:, None] * WB + wb[None, :])[None, None, :, :]  # [1, 1, NR, WB]
-    qp = q_ptr + r_row.to(tl.int64) * stride_q + wcol
-    if EVEN:
-        qmask = None
+    if V2:
+        _store_row_words_v2(q_ptr, w0, w1, w2, w3, pid_r * TR, pid_c * (TC // 4), nb, qb, nr, wb, rows, n_pairs,
+                            stride_q, QB, WB, EVEN)
     else:
-        qmask = (r_row < rows) & (wcol < n_pairs // 2)
-    tl.store(qp, w0, mask=qmask)
-    tl.store(qp + stride_q, w1, mask=qmask)
-    tl.store(qp + 2 * stride_q, w2, mask=qmask)
-    tl.store(qp + 3 * stride_q, w3, mask=qmask)
+        r_row = (pid_r * TR + 4 * li)[:, :, :, None]                       # [NB, QB, 1, 1]
+        wcol = pid_c * (TC // 4) + (nr[:, None] * WB + wb[None, :])[None, None, :, :]  # [1, 1, NR, WB]
+        qp = q_ptr + r_row.to(tl.int64) * stride_q + wcol
+        if EVEN:
+            qmask = None
+        else:
+            qmask = (r_row < rows) & (wcol < n_pairs // 2)
+        tl.store(qp, w0, mask=qmask)
+        tl.store(qp + stride_q, w1, mask=qmask)
+        tl.store(qp + 2 * stride_q, w2, mask=qmask)
+        tl.store(qp + 3 * stride_q, w3, mask=qmask)
     # column-wise words: [NB, QB, NR, WB, 4] (column 4w + j) -> [TQ, TC] -> transposed rows
     u = tl.reshape(tl.join(tl.join(u0, u2), tl.join(u1, u3)), (TQ, TC))
     ut = tl.trans(u)
@@ -388,7 +415,8 @@ def fp8_packed_ok(x: torch.Tensor, out_dtype, row, col, cfg) -> bool:
 
 def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> tuple:
     """``(q, s, qt, st)`` of ``quantize_fp8_with_trans`` (see :func:`fp8_packed_ok`).
-    ``cfg`` = (TR, TC, num_warps, "packed"[, maxnreg])."""
+    ``cfg`` = (TR, TC, num_warps, "packed" | "packed2"[, maxnreg]); "packed2": the row-wise words
+    stored from their own layout (V2)."""
     rows, cols = x.shape
     tr, tc, nw = cfg[:3]
     maxnreg = cfg[4] if len(cfg) > 4 else 0
@@ -414,7 +442,8 @@ def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> t
         rows, cols // 2, n_tc,
         xp.stride(0), cols // 4, n_sc, rows // 4, n_str,
         MODE=row.mode, FP8_MAX=fp8_max_of(out_dtype), EMAX=mx_emax_of(out_dtype), G=g,
-        TR=tr, TC=tc, EVEN=rows % tr == 0 and cols % tc == 0, SOFT=is_interpreter(), num_warps=nw, **extra,
+        TR=tr, TC=tc, EVEN=rows % tr == 0 and cols % tc == 0, SOFT=is_interpreter(), V2=cfg[3] == "packed2",
+        num_warps=nw, **extra,
     )
     return q, s, qt, st
 
