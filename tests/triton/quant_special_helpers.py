@@ -1,5 +1,5 @@
-"""Inputs with special values for the bf16-pair quantizer tests (test_quant_fp8_packed.py,
-test_quant_fp4_packed.py)."""
+"""Helpers of the bf16-pair quantizer tests (test_quant_fp8_packed.py, test_quant_fp4_packed.py):
+inputs with special values, the sm_90 compile of a launch (no GPU)."""
 
 from __future__ import annotations
 
@@ -20,3 +20,41 @@ def special_bf16(rows: int, cols: int, device, values: list, seed: int = 0) -> t
     x = x.to(torch.bfloat16)
     x[7, 0:32] = torch.tensor(_PAYLOADS * 8, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
     return x.to(device)
+
+
+def sm90_kernels(launch) -> list:
+    """Run ``launch()`` (quantizer launches on CPU tensors of a GPU shape) with the launches
+    compiled for sm_90 and not run (scripts/quant_sass_stats.py's capture; outside the
+    interpreter). Returns per kernel ``(name, error, stats, sass instruction lines)``, stats as
+    quant_sass_stats._stats (registers, spills, ...)."""
+    import importlib.util
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from triton.runtime.jit import JITFunction
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "quant_sass_stats.py"
+    spec = importlib.util.spec_from_file_location("quant_sass_stats", path)
+    S = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(S)
+    orig = JITFunction.run
+    JITFunction.run = S._capture
+    S._SEEN.clear()
+    try:
+        launch()
+    finally:
+        JITFunction.run = orig
+    out = []
+    for r in S._SEEN:
+        if r["error"] is not None:
+            out.append((r["name"], r["error"], None, []))
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            cubin = Path(d) / "k.cubin"
+            cubin.write_bytes(r["kernel"].asm["cubin"])
+            sass = subprocess.run([S._BIN + "/cuobjdump", "-sass", str(cubin)], capture_output=True, text=True).stdout
+        ins = [ln for ln in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?[A-Z]", ln)]
+        out.append((r["name"], None, S._stats(r["kernel"]), ins))
+    return out

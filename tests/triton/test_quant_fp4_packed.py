@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -21,7 +23,7 @@ from primus_turbo.triton.quantization import quant_fp4_packed as P
 from primus_turbo.triton.quantization.quant_fp4_kernel import fp4_quant_launch
 
 from .gluon_compile_child import rerun_outside_interpreter
-from .quant_special_helpers import special_bf16
+from .quant_special_helpers import sm90_kernels, special_bf16
 
 _ALL = np.arange(65536, dtype=np.uint32)
 
@@ -110,36 +112,14 @@ def test_packed_compiles_for_sm90(request):
     """Compile both kernels for sm_90 (no GPU): bf16x2 arithmetic in the SASS, no local memory."""
     if rerun_outside_interpreter(request):
         return
-    import importlib.util
-    import re
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "quant_sass_stats.py"
-    spec = importlib.util.spec_from_file_location("quant_sass_stats", path)
-    S = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(S)
-    from triton.runtime.jit import JITFunction
-
     x = torch.empty(4096, 7168, dtype=torch.bfloat16)
-    orig = JITFunction.run
-    JITFunction.run = S._capture
-    try:
-        S._SEEN.clear()
-        fp4_quant_launch(x, True, tile=(8, 1024, 4, "packed"))
-        fp4_quant_launch(x, True, with_trans=True, tile=(64, 128, 4, "packed"))
-    finally:
-        JITFunction.run = orig
-    assert [r["name"] for r in S._SEEN] == ["_quant_mxfp4_packed_kernel", "_quant_mxfp4_packed_dual_kernel"]
-    for r in S._SEEN:
-        assert r["error"] is None, r["error"]
-        st = S._stats(r["kernel"])
+    kernels = sm90_kernels(lambda: (fp4_quant_launch(x, True, tile=(8, 1024, 4, "packed")),
+                                    fp4_quant_launch(x, True, with_trans=True, tile=(64, 128, 4, "packed"))))
+    assert [k[0] for k in kernels] == ["_quant_mxfp4_packed_kernel", "_quant_mxfp4_packed_dual_kernel"]
+    for _, err, st, ins in kernels:
+        assert err is None, err
         assert st["spill"] == ("0", "0"), st
-        with tempfile.TemporaryDirectory() as d:
-            cubin = Path(d) / "k.cubin"
-            cubin.write_bytes(r["kernel"].asm["cubin"])
-            sass = subprocess.run([S._BIN + "/cuobjdump", "-sass", str(cubin)], capture_output=True, text=True).stdout
+        sass = "\n".join(ins)
         assert re.search(r"HFMA2\.BF16", sass) and "HMNMX2" in sass and "LDL" not in sass and "STL" not in sass
 
 

@@ -22,7 +22,7 @@ from primus_turbo.triton.quantization import quant_fp8_kernel as F8
 from primus_turbo.triton.quantization import quant_fp8_packed as P
 
 from .gluon_compile_child import rerun_outside_interpreter
-from .quant_special_helpers import special_bf16
+from .quant_special_helpers import sm90_kernels, special_bf16
 
 _ALL = np.arange(65536, dtype=np.uint32)
 E4M3 = torch.float8_e4m3fn
@@ -129,41 +129,15 @@ def test_packed2_compiles_with_fewer_shared_stores(request):
     (a lost contiguity hint would bring the conversion back silently)."""
     if rerun_outside_interpreter(request):
         return
-    import importlib.util
-    import re
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    from triton.runtime.jit import JITFunction
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "quant_sass_stats.py"
-    spec = importlib.util.spec_from_file_location("quant_sass_stats", path)
-    S = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(S)
     x = torch.empty(4096, 7168, dtype=torch.bfloat16)
-    counts = {}
-    orig = JITFunction.run
-    JITFunction.run = S._capture
-    try:
-        for mx, tc in ((False, 128), (True, 128)):
-            row = F8.QuantGrouping(1, 1, 32) if mx else F8.QuantGrouping(0, 1, 128)
-            col = F8.QuantGrouping(1, 32, 1) if mx else F8.QuantGrouping(0, 128, 1)
-            for tag in ("packed", "packed2"):
-                S._SEEN.clear()
-                F8.fp8_quant_with_trans_launch(x, E4M3, row, col, tile=(128 if not mx else 64, tc, 4, tag))
-                (r,) = S._SEEN
-                assert r["error"] is None, r["error"]
-                assert S._stats(r["kernel"])["spill"] == ("0", "0")
-                with tempfile.TemporaryDirectory() as d:
-                    cubin = Path(d) / "k.cubin"
-                    cubin.write_bytes(r["kernel"].asm["cubin"])
-                    sass = subprocess.run([S._BIN + "/cuobjdump", "-sass", str(cubin)], capture_output=True,
-                                          text=True).stdout
-                ins = [ln for ln in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?[A-Z]", ln)]
-                counts[mx, tag] = (len(ins), sum(1 for ln in ins if re.search(r"\bSTS\b|\bSTS\.", ln)))
-    finally:
-        JITFunction.run = orig
     for mx in (False, True):
-        (n1, sts1), (n2, sts2) = counts[mx, "packed"], counts[mx, "packed2"]
-        assert n2 < n1 and sts2 < sts1, counts
+        row = F8.QuantGrouping(1, 1, 32) if mx else F8.QuantGrouping(0, 1, 128)
+        col = F8.QuantGrouping(1, 32, 1) if mx else F8.QuantGrouping(0, 128, 1)
+        counts = []
+        for tag in ("packed", "packed2"):
+            tile = (64 if mx else 128, 128, 4, tag)
+            ((_, err, st, ins),) = sm90_kernels(lambda: F8.fp8_quant_with_trans_launch(x, E4M3, row, col, tile=tile))
+            assert err is None, err
+            assert st["spill"] == ("0", "0"), st
+            counts.append((len(ins), sum(1 for ln in ins if " STS" in ln)))
+        assert counts[1][0] < counts[0][0] and counts[1][1] < counts[0][1], (mx, counts)
