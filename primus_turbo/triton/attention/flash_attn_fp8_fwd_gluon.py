@@ -331,6 +331,35 @@ if GLUON_AVAILABLE:
         return gl.convert_layout(p_op, layout, assert_trivial=True)
 
     @gluon.jit
+    def _pv_issue(p_op, v_tile, acc, l_acc, ones, LMMA: gl.constexpr):
+        """Issue ``O += P8 V8`` (``v_tile``: the V^T tile [D, keys] viewed as [keys, D], the B operand
+        with K = keys contiguous) and, LMMA (config flag ``u``), ``l += P8 1``. Returns both tokens
+        (the second is the first without LMMA)."""
+        D_V: gl.constexpr = acc.type.shape[1]
+        BLOCK_N: gl.constexpr = v_tile.type.shape[3]  # v_tile: a ring slot, [1, D, 1, keys]
+        o_tok = warpgroup_mma(p_op, v_tile.reshape([D_V, BLOCK_N]).permute((1, 0)), acc, is_async=True)
+        l_tok = o_tok
+        if LMMA:
+            l_tok = warpgroup_mma(_l_operand(p_op, l_acc), ones.permute((1, 0)), l_acc, is_async=True)
+        return o_tok, l_tok
+
+    @gluon.jit
+    def _pv_retire(o_tok, l_tok, l_acc, p, WITH_P: gl.constexpr, LMMA: gl.constexpr):
+        """Wait for :func:`_pv_issue`'s wgmmas: (O, l, p). WITH_P: the loop-carried P is a dependency of
+        the wait (KPERM: its registers come back from the wait, see :func:`_p_operand`'s ``after``);
+        LMMA: l is the ones wgmma's accumulator (else ``l_acc`` is returned as passed)."""
+        if LMMA:
+            if WITH_P:
+                acc, l_acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok, p))
+            else:
+                acc, l_acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok))
+        elif WITH_P:
+            acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p))
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
+        return acc, l_acc, p
+
+    @gluon.jit
     def _l_rescale(l_acc, alpha):
         """``l_acc * alpha`` (config flag ``u``: the row-sum accumulator follows the softmax rescale)."""
         return l_acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_acc.type.layout)), 1)
@@ -504,7 +533,6 @@ if GLUON_AVAILABLE:
         issued with the PV wgmma and rescaled by alpha_j."""
         BLOCK_N: gl.constexpr = s_regs.type.shape[1]
         D_QK: gl.constexpr = q.type.shape[1]
-        D_V: gl.constexpr = acc.type.shape[1]
         s = j % STAGES
         sp = (j - 1) % STAGES
         # block j's scales (scalars: the key tile lies in one scale block), loaded before the
@@ -519,10 +547,7 @@ if GLUON_AVAILABLE:
         _take_turn(turn, j, WG, PINGPONG)
         s_tok = warpgroup_mma(q, k_bufs.index(s).reshape([BLOCK_N, D_QK]).permute((1, 0)), s_regs,
                               use_acc=False, is_async=True)
-        # V^T tile [D, keys] viewed as [keys, D]: the B operand with K (keys) contiguous
-        o_tok = warpgroup_mma(p_op, v_bufs.index(sp).reshape([D_V, BLOCK_N]).permute((1, 0)), acc, is_async=True)
-        if LMMA:
-            l_tok = warpgroup_mma(_l_operand(p_op, l_i), ones.permute((1, 0)), l_i, is_async=True)
+        o_tok, l_tok = _pv_issue(p_op, v_bufs.index(sp), acc, l_i, ones, LMMA)
         _pass_turn(turn, WG, PINGPONG)
         s_regs = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(s), count=1)
@@ -539,16 +564,9 @@ if GLUON_AVAILABLE:
             ratio = ((vs_prev.to(gl.int32, bitcast=True) - vs.to(gl.int32, bitcast=True)) + 0x3F800000).to(
                 gl.float32, bitcast=True)
             mbarrier.wait(q_bar, 0)
+            acc, l_i, p = _pv_retire(o_tok, l_tok, l_i, p, KPERM, LMMA)
             if LMMA:
-                if KPERM:
-                    acc, l_i, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok, p))
-                else:
-                    acc, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok))
                 l_i = _l_rescale(l_i, alpha)
-            elif KPERM:
-                acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p))
-            else:
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
             # the branches of the skippable rescale before P's packing, so the packed registers
             # are written once, into the A registers of the next PV wgmma
             acc = _rescale(acc, alpha * ratio, o_layout, LAZY)
@@ -560,18 +578,12 @@ if GLUON_AVAILABLE:
         else:
             if KPERM:
                 mbarrier.wait(q_bar, 0)
-                if LMMA:
-                    acc, l_i, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok, p))
-                else:
-                    acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p))
+                acc, l_i, p = _pv_retire(o_tok, l_tok, l_i, p, True, LMMA)
                 p_out = _p_operand(p_new, p_layout, KPERM, p, True)
             else:
                 p_out = _p_operand(p_new, p_layout, KPERM)
                 mbarrier.wait(q_bar, 0)
-                if LMMA:
-                    acc, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok))
-                else:
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
+                acc, l_i, p = _pv_retire(o_tok, l_tok, l_i, p, False, LMMA)
             mbarrier.arrive(v_empty.index(sp), count=1)
             if LMMA:
                 l_i = _l_rescale(l_i, alpha)
@@ -670,15 +682,9 @@ if GLUON_AVAILABLE:
         sl = (n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(sl), ((n_blocks - 1) // STAGES) & 1)
         _take_turn(turn, n_blocks, WG, PINGPONG)
-        p_op = _p_mma_operand(p, p_layout, KPERM)
-        o_tok = warpgroup_mma(p_op, v_bufs.index(sl).reshape([D_V, BLOCK_N]).permute((1, 0)), acc, is_async=True)
-        if LMMA:
-            l_tok = warpgroup_mma(_l_operand(p_op, l_i), ones.permute((1, 0)), l_i, is_async=True)
+        o_tok, l_tok = _pv_issue(_p_mma_operand(p, p_layout, KPERM), v_bufs.index(sl), acc, l_i, ones, LMMA)
         _pass_turn(turn, WG, PINGPONG)
-        if LMMA:
-            acc, l_i = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok))
-        else:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
+        acc, l_i, p = _pv_retire(o_tok, l_tok, l_i, p, False, LMMA)
         mbarrier.arrive(v_empty.index(sl), count=1)
 
         if LSUM:
