@@ -227,6 +227,34 @@ def _store_row_words_v2(q_ptr, w0, w1, w2, w3, r0, wc0, nb, qb, nr, wb, rows, n_
 
 
 @triton.jit
+def _store_col_words_v3(qt_ptr, u0, u1, u2, u3, i0, c0, rows, n_pairs, stride_qt, EVEN: tl.constexpr):
+    """Column words u_j [1, 32, 1, 32] (128 x 128 BLOCKWISE tile, 4 warps: quad qb over 2 lanes x
+    4 warps x 4 repeats, word w over 16 lanes x 2 registers) stored straight from their registers
+    (4-byte stores, no shared-memory transpose): viewed as [16 (w lanes), 2 (qb lanes), 4 (warps),
+    4 (qb repeats), 2 (w registers)], offsets declared non-contiguous, which is the compiler's
+    own store layout for that shape."""
+    wl = tl.arange(0, 16)[:, None, None, None, None]
+    ql = tl.arange(0, 2)[None, :, None, None, None]
+    qw = tl.arange(0, 4)[None, None, :, None, None]
+    qr = tl.arange(0, 4)[None, None, None, :, None]
+    wr = tl.arange(0, 2)[None, None, None, None, :]
+    q = i0 + qr * 8 + qw * 2 + ql                                           # quad (word of qt)
+    c = c0 + 4 * (2 * wl + wr)                                              # column of j = 0
+    ofs = c.to(tl.int64) * stride_qt + q
+    mask = None if EVEN else (c < 2 * n_pairs) & (q < rows // 4)
+    _store_col_word_v3(qt_ptr, ofs, u0, mask)
+    _store_col_word_v3(qt_ptr, ofs + stride_qt, u1, None if EVEN else mask & (c + 1 < 2 * n_pairs))
+    _store_col_word_v3(qt_ptr, ofs + 2 * stride_qt, u2, None if EVEN else mask & (c + 2 < 2 * n_pairs))
+    _store_col_word_v3(qt_ptr, ofs + 3 * stride_qt, u3, None if EVEN else mask & (c + 3 < 2 * n_pairs))
+
+
+@triton.jit
+def _store_col_word_v3(qt_ptr, ofs, u, mask):
+    v = tl.permute(tl.reshape(u, (4, 4, 2, 16, 2)), (3, 2, 1, 0, 4))       # [wl, ql, qw, qr, wr]
+    tl.store(tl.max_contiguous(qt_ptr + ofs, [1, 1, 1, 1, 1]), v, mask=mask)
+
+
+@triton.jit
 def _quant_fp8_packed_dual_kernel(
     # pointers: x as int32 pairs; row-wise words + scales; transposed words + scales; scratch (BLOCKWISE)
     x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, scr_ptr,
@@ -235,6 +263,7 @@ def _quant_fp8_packed_dual_kernel(
     stride_x, stride_q, stride_s, stride_qt, stride_st,
     MODE: tl.constexpr, FP8_MAX: tl.constexpr, EMAX: tl.constexpr, G: tl.constexpr,
     TR: tl.constexpr, TC: tl.constexpr, EVEN: tl.constexpr, SOFT: tl.constexpr, V2: tl.constexpr = False,
+    V3: tl.constexpr = False,
 ):
     """Both copies for 1 x G row blocks and G x 1 column blocks (MODE 0: fp32 scales, MODE 1: MX)."""
     pid = tl.program_id(0)
@@ -382,6 +411,17 @@ def _quant_fp8_packed_dual_kernel(
         tl.store(qp + 2 * stride_q, w2, mask=qmask)
         tl.store(qp + 3 * stride_q, w3, mask=qmask)
     # column-wise words: [NB, QB, NR, WB, 4] (column 4w + j) -> [TQ, TC] -> transposed rows
+    if V3:
+        _store_col_words_v3(qt_ptr, u0, u1, u2, u3, pid_r * TQ, pid_c * TC, rows, n_pairs, stride_qt, EVEN)
+    else:
+        _store_col_words(qt_ptr, u0, u1, u2, u3, i, pid_c, rows, n_pairs, stride_qt, TQ, TC, EVEN)
+
+
+@triton.jit
+def _store_col_words(qt_ptr, u0, u1, u2, u3, i, pid_c, rows, n_pairs, stride_qt, TQ: tl.constexpr,
+                     TC: tl.constexpr, EVEN: tl.constexpr):
+    """Column words u_j [NB, QB, NR, WB] (column 4w + j of quads i) as rows of the transposed copy
+    (a shared-memory transpose to 4 consecutive quads per thread, 16-byte stores)."""
     u = tl.reshape(tl.join(tl.join(u0, u2), tl.join(u1, u3)), (TQ, TC))
     ut = tl.trans(u)
     c = pid_c * TC + tl.arange(0, TC)
@@ -410,13 +450,16 @@ def fp8_packed_ok(x: torch.Tensor, out_dtype, row, col, cfg) -> bool:
     tr, tc = cfg[0], cfg[1]
     if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4 or cols % 4 or rows % 4:
         return False
+    if len(cfg) > 3 and cfg[3] == "packed3" and (tr, tc, g, row.mode) != (128, 128, 128, 0):
+        return False  # its column-word store is written for the 128 x 128 BLOCKWISE tile
     return tr % g == 0 and tc % g == 0
 
 
 def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> tuple:
     """``(q, s, qt, st)`` of ``quantize_fp8_with_trans`` (see :func:`fp8_packed_ok`).
-    ``cfg`` = (TR, TC, num_warps, "packed" | "packed2"[, maxnreg]); "packed2": the row-wise words
-    stored from their own layout (V2)."""
+    ``cfg`` = (TR, TC, num_warps, "packed" | "packed2" | "packed3"[, maxnreg]); "packed2": the
+    row-wise words stored from their own layout (V2); "packed3" (128 x 128 BLOCKWISE only): also
+    the column words, 4-byte stores without the shared-memory transpose (V3)."""
     rows, cols = x.shape
     tr, tc, nw = cfg[:3]
     maxnreg = cfg[4] if len(cfg) > 4 else 0
@@ -442,7 +485,8 @@ def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> t
         rows, cols // 2, n_tc,
         xp.stride(0), cols // 4, n_sc, rows // 4, n_str,
         MODE=row.mode, FP8_MAX=fp8_max_of(out_dtype), EMAX=mx_emax_of(out_dtype), G=g,
-        TR=tr, TC=tc, EVEN=rows % tr == 0 and cols % tc == 0, SOFT=is_interpreter(), V2=cfg[3] == "packed2",
+        TR=tr, TC=tc, EVEN=rows % tr == 0 and cols % tc == 0, SOFT=is_interpreter(), V2=cfg[3] in ("packed2", "packed3"),
+        V3=cfg[3] == "packed3",
         num_warps=nw, **extra,
     )
     return q, s, qt, st
