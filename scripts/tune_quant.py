@@ -24,7 +24,7 @@ kernels of quant_fp4_packed.py (bf16 input only; two elements per instruction, ~
 instructions per element instead of 21 for ``quantize_fp4``, ~25 instead of 42 with the
 transposed copy), and for ``with_trans_*`` the bf16-pair FP8 kernel of quant_fp8_packed.py;
 ``packed2`` candidates (``--match packed2``) are that FP8 kernel with the row-wise words stored
-from their own layout, ``packed3`` (128 x 128 BLOCKWISE) also the column words without the
+from their own layout, ``packed3`` (128-column tiles) also the column words without the
 shared-memory transpose (fewer shared-memory round trips: SASS counts in quant_fp8_kernel's
 ``WITH_TRANS_CANDIDATES`` comment, scripts/quant_sass_stats.py).
 

@@ -100,10 +100,13 @@ _CASES = [
     (False, (256, 256), (128, 128, 4, "packed2")),
     (False, (200, 260), (128, 128, 4, "packed2")),
     (True, (96, 224), (64, 128, 4, "packed2")),
-    # packed3 (128 x 128 BLOCKWISE): also the column words without the shared-memory transpose
+    # packed3 (TC = 128): also the column words without the shared-memory transpose
     (False, (256, 256), (128, 128, 4, "packed3")),
     (False, (200, 260), (128, 128, 4, "packed3")),
     (False, (128, 384), (128, 128, 4, "packed3")),
+    (True, (96, 224), (64, 128, 4, "packed3")),
+    (True, (128, 256), (128, 128, 4, "packed3")),
+    (True, (64, 128), (32, 128, 4, "packed3")),
 ]
 
 
@@ -119,20 +122,21 @@ def test_interpreter_vs_ref(mx, shape, cfg):
                                                   (False, (1024, 7168), (128, 128, 4, "packed2", 168)),
                                                   (True, (1024, 7168), (128, 128, 4, "packed2", 168)),
                                                   (False, (1024, 7168), (128, 128, 4, "packed3", 168)),
-                                                  (False, (1000, 7164), (128, 128, 4, "packed3"))])
+                                                  (False, (1000, 7164), (128, 128, 4, "packed3")),
+                                                  (True, (1000, 7168), (64, 128, 4, "packed3"))])
 def test_gpu_vs_ref(mx, shape, cfg):
     _check(_special(*shape, "cuda"), mx, cfg)
 
 
-def test_packed3_only_128x128_blockwise():
+def test_packed3_only_128_column_tiles():
     x = torch.zeros(256, 256, dtype=torch.bfloat16)
     bw = F8.QuantGrouping(0, 1, 128), F8.QuantGrouping(0, 128, 1)
     mx = F8.QuantGrouping(1, 1, 32), F8.QuantGrouping(1, 32, 1)
-    assert P.fp8_packed_ok(x, E4M3, *bw, (128, 128, 4, "packed3"))
-    assert not P.fp8_packed_ok(x, E4M3, *bw, (128, 256, 8, "packed3"))
-    assert not P.fp8_packed_ok(x, E4M3, *mx, (128, 128, 4, "packed3"))
-    assert not F8._dual_ok(256, 256, *mx, (128, 128, 4, "packed3"))
-    assert F8._dual_ok(256, 256, *bw, (128, 128, 4, "packed3"))
+    for g in (bw, mx):
+        assert P.fp8_packed_ok(x, E4M3, *g, (128, 128, 4, "packed3"))
+        assert F8._dual_ok(256, 256, *g, (128, 128, 4, "packed3"))
+        assert not P.fp8_packed_ok(x, E4M3, *g, (128, 256, 8, "packed3"))
+        assert not F8._dual_ok(256, 256, *g, (128, 256, 8, "packed3"))
 
 
 def test_not_covered_falls_back():
@@ -143,7 +147,7 @@ def test_not_covered_falls_back():
 
 def test_packed2_compiles_with_fewer_shared_stores(request):
     """sm_90 compile (no GPU): "packed2" issues fewer STS and instructions than "packed", and
-    "packed3" (BLOCKWISE) fewer than "packed2", no spills (a lost contiguity hint would bring the
+    "packed3" fewer than "packed2", no spills (a lost contiguity hint would bring the
     shared-memory conversions back silently)."""
     if rerun_outside_interpreter(request):
         return
@@ -152,7 +156,7 @@ def test_packed2_compiles_with_fewer_shared_stores(request):
         row = F8.QuantGrouping(1, 1, 32) if mx else F8.QuantGrouping(0, 1, 128)
         col = F8.QuantGrouping(1, 32, 1) if mx else F8.QuantGrouping(0, 128, 1)
         counts = []
-        for tag in ("packed", "packed2") + (() if mx else ("packed3",)):
+        for tag in ("packed", "packed2", "packed3"):
             tile = (64 if mx else 128, 128, 4, tag)
             ((_, err, st, ins),) = sm90_kernels(lambda: F8.fp8_quant_with_trans_launch(x, E4M3, row, col, tile=tile))
             assert err is None, err

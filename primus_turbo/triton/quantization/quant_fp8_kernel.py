@@ -953,9 +953,11 @@ WITH_TRANS_CANDIDATES = (
     # 1944 and no spills)
     (128, 128, 4, "packed2"), (128, 128, 4, "packed2", 168), (128, 128, 8, "packed2"), (128, 256, 8, "packed2"),
     (64, 128, 4, "packed2"), (64, 128, 4, "packed2", 128), (32, 256, 4, "packed2"), (128, 64, 4, "packed2"),
-    # "packed3" (128 x 128 BLOCKWISE only): packed2 with the column words stored straight from
-    # their registers (4-byte stores, no shared-memory transpose): 1496 SASS (11.7 per element)
+    # "packed3" (TC = 128 only): packed2 with the column words stored straight from their
+    # registers (4-byte stores, no shared-memory transpose): BLOCKWISE 128x128x4 1496 SASS (11.7
+    # per element), MX 64x128x4 1008 (1144 packed), MX 128x128x4 1856 (2008 packed), no spills
     (128, 128, 4, "packed3"), (128, 128, 4, "packed3", 168), (128, 128, 4, "packed3", 128),
+    (64, 128, 4, "packed3"), (64, 128, 4, "packed3", 128), (32, 128, 4, "packed3"),
 )
 
 
@@ -985,7 +987,7 @@ def _dual_ok(rows: int, cols: int, row: QuantGrouping, col: QuantGrouping, cfg) 
         return (row.mode == col.mode and row.mode in (_MODE_FP32, _MODE_MX) and row.gr == 1 and col.gc == 1
                 and row.gc == col.gr and row.gc in (32, 64, 128) and (row.mode == _MODE_FP32 or row.gc == 32)
                 and rows % 4 == 0 and cols % 4 == 0 and tr % row.gc == 0 and tc % row.gc == 0
-                and (cfg[3] != "packed3" or (tr, tc, row.gc, row.mode) == (128, 128, 128, _MODE_FP32)))
+                and (cfg[3] != "packed3" or tc == 128))
     if row.mode != col.mode or row.mode == _MODE_TENSOR or row.gr != 1 or col.gc != 1:
         return False
     gc, gr_t = row.padded()[1], col.padded()[0]

@@ -227,31 +227,39 @@ def _store_row_words_v2(q_ptr, w0, w1, w2, w3, r0, wc0, nb, qb, nr, wb, rows, n_
 
 
 @triton.jit
-def _store_col_words_v3(qt_ptr, u0, u1, u2, u3, i0, c0, rows, n_pairs, stride_qt, EVEN: tl.constexpr):
-    """Column words u_j [1, 32, 1, 32] (128 x 128 BLOCKWISE tile, 4 warps: quad qb over 2 lanes x
-    4 warps x 4 repeats, word w over 16 lanes x 2 registers) stored straight from their registers
-    (4-byte stores, no shared-memory transpose): viewed as [16 (w lanes), 2 (qb lanes), 4 (warps),
-    4 (qb repeats), 2 (w registers)], offsets declared non-contiguous, which is the compiler's
-    own store layout for that shape."""
-    wl = tl.arange(0, 16)[:, None, None, None, None]
-    ql = tl.arange(0, 2)[None, :, None, None, None]
-    qw = tl.arange(0, 4)[None, None, :, None, None]
-    qr = tl.arange(0, 4)[None, None, None, :, None]
-    wr = tl.arange(0, 2)[None, None, None, None, :]
-    q = i0 + qr * 8 + qw * 2 + ql                                           # quad (word of qt)
-    c = c0 + 4 * (2 * wl + wr)                                              # column of j = 0
+def _store_col_words_v3(qt_ptr, u0, u1, u2, u3, i0, c0, rows, n_pairs, stride_qt, NB: tl.constexpr,
+                        QB: tl.constexpr, NR: tl.constexpr, WB: tl.constexpr, EVEN: tl.constexpr):
+    """Column words u_j [NB, QB, NR, WB] (quads i0 + nb QB + qb, columns c0 + 4 (nr WB + wb) + j)
+    stored straight from their registers (4-byte stores, no shared-memory transpose). With TC =
+    128 and 4 warps their layout holds 2 words per thread, lanes over WB / 2 words, the NR blocks
+    and 2 quads, warps over 4 quads: viewed as [WB / 2, NR, 2, 4, QB / 8, NB, 2] (lanes, warps,
+    registers) with offsets declared non-contiguous, that is the compiler's own store layout."""
+    WL: tl.constexpr = WB // 2
+    QR: tl.constexpr = QB // 8
+    wl = tl.arange(0, WL)[:, None, None, None, None, None, None]
+    nr = tl.arange(0, NR)[None, :, None, None, None, None, None]
+    ql = tl.arange(0, 2)[None, None, :, None, None, None, None]
+    qw = tl.arange(0, 4)[None, None, None, :, None, None, None]
+    qr = tl.arange(0, QR)[None, None, None, None, :, None, None]
+    nb = tl.arange(0, NB)[None, None, None, None, None, :, None]
+    wr = tl.arange(0, 2)[None, None, None, None, None, None, :]
+    q = i0 + nb * QB + qr * 8 + qw * 2 + ql                                 # quad (word of qt)
+    c = c0 + 4 * (nr * WB + 2 * wl + wr)                                    # column of j = 0
     ofs = c.to(tl.int64) * stride_qt + q
     mask = None if EVEN else (c < 2 * n_pairs) & (q < rows // 4)
-    _store_col_word_v3(qt_ptr, ofs, u0, mask)
-    _store_col_word_v3(qt_ptr, ofs + stride_qt, u1, None if EVEN else mask & (c + 1 < 2 * n_pairs))
-    _store_col_word_v3(qt_ptr, ofs + 2 * stride_qt, u2, None if EVEN else mask & (c + 2 < 2 * n_pairs))
-    _store_col_word_v3(qt_ptr, ofs + 3 * stride_qt, u3, None if EVEN else mask & (c + 3 < 2 * n_pairs))
+    _store_col_word_v3(qt_ptr, ofs, u0, mask, NB, QR, NR, WL)
+    _store_col_word_v3(qt_ptr, ofs + stride_qt, u1, mask, NB, QR, NR, WL)
+    _store_col_word_v3(qt_ptr, ofs + 2 * stride_qt, u2, mask, NB, QR, NR, WL)
+    _store_col_word_v3(qt_ptr, ofs + 3 * stride_qt, u3, mask, NB, QR, NR, WL)
 
 
 @triton.jit
-def _store_col_word_v3(qt_ptr, ofs, u, mask):
-    v = tl.permute(tl.reshape(u, (4, 4, 2, 16, 2)), (3, 2, 1, 0, 4))       # [wl, ql, qw, qr, wr]
-    tl.store(tl.max_contiguous(qt_ptr + ofs, [1, 1, 1, 1, 1]), v, mask=mask)
+def _store_col_word_v3(qt_ptr, ofs, u, mask, NB: tl.constexpr, QR: tl.constexpr, NR: tl.constexpr,
+                       WL: tl.constexpr):
+    # [NB, QB, NR, WB] -> [NB, QR, 4, 2, NR, WL, 2] -> [WL, NR, 2, 4, QR, NB, 2]
+    v = tl.permute(tl.reshape(u, (NB, QR, 4, 2, NR, WL, 2)), (5, 4, 3, 2, 1, 0, 6))
+    # (the hint on the pointers: on a foldable offset op it is lost)
+    tl.store(tl.max_contiguous(qt_ptr + ofs, [1, 1, 1, 1, 1, 1, 1]), v, mask=mask)
 
 
 @triton.jit
@@ -412,7 +420,8 @@ def _quant_fp8_packed_dual_kernel(
         tl.store(qp + 3 * stride_q, w3, mask=qmask)
     # column-wise words: [NB, QB, NR, WB, 4] (column 4w + j) -> [TQ, TC] -> transposed rows
     if V3:
-        _store_col_words_v3(qt_ptr, u0, u1, u2, u3, pid_r * TQ, pid_c * TC, rows, n_pairs, stride_qt, EVEN)
+        _store_col_words_v3(qt_ptr, u0, u1, u2, u3, pid_r * TQ, pid_c * TC, rows, n_pairs, stride_qt, NB, QB, NR,
+                            WB, EVEN)
     else:
         _store_col_words(qt_ptr, u0, u1, u2, u3, i, pid_c, rows, n_pairs, stride_qt, TQ, TC, EVEN)
 
@@ -450,16 +459,16 @@ def fp8_packed_ok(x: torch.Tensor, out_dtype, row, col, cfg) -> bool:
     tr, tc = cfg[0], cfg[1]
     if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4 or cols % 4 or rows % 4:
         return False
-    if len(cfg) > 3 and cfg[3] == "packed3" and (tr, tc, g, row.mode) != (128, 128, 128, 0):
-        return False  # its column-word store is written for the 128 x 128 BLOCKWISE tile
+    if len(cfg) > 3 and cfg[3] == "packed3" and tc != 128:
+        return False  # its column-word store is written for the layout of 128-column tiles
     return tr % g == 0 and tc % g == 0
 
 
 def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> tuple:
     """``(q, s, qt, st)`` of ``quantize_fp8_with_trans`` (see :func:`fp8_packed_ok`).
     ``cfg`` = (TR, TC, num_warps, "packed" | "packed2" | "packed3"[, maxnreg]); "packed2": the
-    row-wise words stored from their own layout (V2); "packed3" (128 x 128 BLOCKWISE only): also
-    the column words, 4-byte stores without the shared-memory transpose (V3)."""
+    row-wise words stored from their own layout (V2); "packed3" (TC = 128 only): also the column
+    words, 4-byte stores without the shared-memory transpose (V3)."""
     rows, cols = x.shape
     tr, tc, nw = cfg[:3]
     maxnreg = cfg[4] if len(cfg) > 4 else 0
