@@ -238,10 +238,9 @@ def merge_rows_launch(src: torch.Tensor, out: torch.Tensor, row_id_map: torch.Te
     if t == 0 or h == 0:
         return out
     k = row_id_map.shape[1]
-    nw, bt, bc = merge_rows_config(h, k, src.element_size())
-    num_warps = num_warps or nw
-    block_t = block_t or (32 if _interp() else bt)
-    bc = block_c or (col_block(h, src.element_size(), num_warps) if num_warps != nw else bc)
+    num_warps = num_warps or MERGE_NUM_WARPS
+    block_t = block_t or (32 if _interp() else MERGE_BLOCK_T)
+    bc = block_c or col_block(h, src.element_size(), num_warps)  # 16-byte loads per lane
     grid = (_cdiv(t, block_t),)
     if out.dtype == torch.bfloat16 and _interp():
         # the interpreter's fp32 -> bf16 cast truncates: store fp32, round (RNE) with torch
@@ -261,14 +260,12 @@ def merge_rows_launch(src: torch.Tensor, out: torch.Tensor, row_id_map: torch.Te
 MERGE_UNROLL_MAX = 16
 
 
-def merge_rows_config(h: int, k: int, elem_bytes: int) -> tuple[int, int, int]:
-    """Default ``(num_warps, block_t, block_c)`` of merge_rows: one token per program, 8 warps,
-    16-byte loads per lane, so a column step keeps K x 16 bytes per lane in flight. H200, bf16
-    [8192 | 16384, 7168] from top-8 rows (scripts/tune_memory_bound.py --only merge_rows): 1.03-1.05x
-    the device copy's GB/s, against ~0.3x for the runtime-K loop it replaced; the worst of the 12
-    configs swept 0.66x."""
-    num_warps = 8
-    return num_warps, 1, col_block(h, elem_bytes, num_warps)
+#: merge_rows' default launch: one token per program, 8 warps, 16-byte loads per lane, so a column
+#: step keeps K x 16 bytes per lane in flight. H200, bf16 [8192 | 16384, 7168] from top-8 rows
+#: (scripts/tune_memory_bound.py --only merge_rows): 1.03-1.05x the device copy's GB/s, against
+#: ~0.3x for the runtime-K loop it replaced; the worst of the 12 configs swept 0.66x.
+MERGE_NUM_WARPS = 8
+MERGE_BLOCK_T = 1
 
 
 # ----------------------------------------------------------------------------------------------

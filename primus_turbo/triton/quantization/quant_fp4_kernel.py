@@ -452,6 +452,18 @@ def fp4_quant_launch(x: torch.Tensor, along_cols: bool, with_trans: bool = False
                          or seed.device != dev):
         raise ValueError("fp4_quant_launch: stochastic rounding needs seed, a one-element int64 tensor on "
                          f"{dev}, got {seed!r}")
+    # the bf16-pair kernels (quant_fp4_packed.py, which allocate their own outputs): the default for
+    # bf16 rows on the GPU, or a tile (TR, TC, num_warps, "packed"[, maxnreg])
+    packed_tile = tile
+    if tile is None and along_cols and x.is_cuda and not is_interpreter():
+        packed_tile = fp4_packed_default(with_trans)
+    if _packed(packed_tile, x, with_trans, sr, sr_t):
+        from .quant_fp4_packed import fp4_packed_launch, fp4_packed_with_trans_launch
+
+        cfg = (*packed_tile[:3], *packed_tile[4:])
+        if with_trans:
+            return fp4_packed_with_trans_launch(x, cfg)
+        return fp4_packed_launch(x, cfg)
     if along_cols:
         p = torch.empty((rows, cols // 2), dtype=torch.uint8, device=dev)
         s = torch.empty((rows, cols // _BLOCK), dtype=torch.uint8, device=dev)
@@ -463,18 +475,6 @@ def fp4_quant_launch(x: torch.Tensor, along_cols: bool, with_trans: bool = False
         st = torch.empty((cols, rows // _BLOCK), dtype=torch.uint8, device=dev)
     else:
         pt, st = p, s
-    if tile is None and along_cols and x.is_cuda and not is_interpreter():
-        packed_tile = fp4_packed_default(with_trans)
-        if _packed(packed_tile, x, with_trans, sr, sr_t):
-            tile = packed_tile
-    if _packed(tile, x, with_trans, sr, sr_t):
-        # the bf16-pair kernels (quant_fp4_packed.py): tile (TR, TC, num_warps, "packed"[, maxnreg])
-        from .quant_fp4_packed import fp4_packed_launch, fp4_packed_with_trans_launch
-
-        cfg = (*tile[:3], *tile[4:])
-        if with_trans:
-            return fp4_packed_with_trans_launch(x, cfg)
-        return fp4_packed_launch(x, cfg)
     if tile is not None and len(tile) > 3 and tile[3] == "packed":
         tile = (*tile[:3], *tile[4:])  # not covered here: the same tile for the tl kernels
     generic = tile is not None and len(tile) > 3 and tile[3] == "generic"

@@ -875,8 +875,6 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
     rows, cols = x.shape
     fmax = fp8_max_of(out_dtype)
     dev = x.device
-    q = torch.empty((rows, cols), dtype=out_dtype, device=dev)
-    qt = torch.empty((cols, rows), dtype=out_dtype, device=dev)
     tensorwise = row.mode == _MODE_TENSOR
     if tensorwise != (col.mode == _MODE_TENSOR):
         raise ValueError("fp8_quant_with_trans_launch: TENSORWISE must be used for both copies or neither")
@@ -887,6 +885,7 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
         # tile that the compiler then shares with the first copy, miscompiled on sm_90 with
         # Triton 3.6: wrong bytes in both copies.)
         q, s = fp8_quant_launch(x, out_dtype, row)
+        qt = torch.empty((cols, rows), dtype=out_dtype, device=dev)
         transpose_bytes(q, qt)
         st = s.clone() if row.mode == _MODE_TENSOR else s.t().contiguous()  # custom ops may not alias outputs
         return q, s, qt, st
@@ -895,6 +894,7 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
     if not one_tile:
         # ROWWISE: each copy through the single-grouping path, the column copy via transposed strides
         q, s = fp8_quant_launch(x, out_dtype, row)
+        qt = torch.empty((cols, rows), dtype=out_dtype, device=dev)
         st = _transposed_single(x, qt, col, out_dtype)
         return q, s, qt, st
     if tile is not None and len(tile) > 3 and tile[3] in ("packed", "packed2", "packed3"):
@@ -904,6 +904,9 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
         if fp8_packed_ok(x, out_dtype, row, col, tile):
             return fp8_packed_with_trans_launch(x, out_dtype, row, col, tile)
         tile = None
+    # the two-copy and generic kernels write into these (the paths above allocate their own)
+    q = torch.empty((rows, cols), dtype=out_dtype, device=dev)
+    qt = torch.empty((cols, rows), dtype=out_dtype, device=dev)
     cfg = tile if (tile is not None and len(tile) >= 3) else None
     if cfg is None and tile is None:
         cfg = with_trans_config(rows, cols, row, col)
