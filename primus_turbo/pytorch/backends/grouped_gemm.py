@@ -28,6 +28,8 @@ __all__ = [
     "GroupedGemmTritonBackend",
     "GroupedGemmVariableKTorchBackend",
     "GroupedGemmVariableKTritonBackend",
+    "GLUON_WGRAD_MIN_FLOPS",
+    "gluon_wgrad",
     "grouped_gemm_dispatcher",
     "grouped_gemm_variable_k_dispatcher",
 ]
@@ -236,19 +238,40 @@ class GroupedGemmVariableKTritonBackend(KernelBackend):
             x, y, group_lens, group_offs, out=out, accumulate=accumulate, num_cu=num_cu, checked=True)
 
 
+#: The plain (non-accumulating) 16-bit wgrad runs the Gluon variable-K kernel from this many FLOPs
+#: (2 * M * P * Q) up. H200 (session 6, scripts/check_gluon_grouped.py, DeepSeek-V3 / Qwen3-30B-A3B
+#: EP8, balanced and unbalanced, 1e11-4e12 FLOPs): 0.987-1.34x ``torch._grouped_mm``, 1.096x geomean.
+#: Below the bound the GEMM takes well under 0.2 ms and the Python launch would cost what the
+#: kernel gains; those shapes were not measured with it.
+GLUON_WGRAD_MIN_FLOPS = 1e11
+
+
+def gluon_wgrad(x, y, group_offs, out=None, accumulate=False):
+    """The 16-bit Gluon variable-K module when the default dispatch gives it this wgrad, else None:
+    the fused accumulation into an fp32 ``main_grad`` (it adds in its epilogue with a TMA
+    reduce-add what the vendor path writes out and adds in a second pass: 1.23-1.55x
+    ``torch._grouped_mm`` + ``add_`` on all 8 cases of session 6) and the plain wgrad of at least
+    :data:`GLUON_WGRAD_MIN_FLOPS`. Shapes, dtypes and strides only: no host sync."""
+    if group_offs is None:
+        return None
+    if accumulate:
+        if out is None or out.dtype != torch.float32:
+            return None  # a bf16 main_grad: the vendor GEMM + add_
+    elif 2.0 * x.size(0) * x.size(1) * y.size(1) < GLUON_WGRAD_MIN_FLOPS:
+        return None
+    gluon = _gluon16("grouped_gemm_variable_k_gluon", x)
+    if gluon is None or gluon.gluon_variable_k_reason(x, y, group_offs, out=out, accumulate=accumulate) is not None:
+        return None
+    return gluon
+
+
 def _default_vk(x, y, group_lens, group_offs, out=None, accumulate=False, num_cu=None, **kw) -> BackendType:
-    """The vendor kernel where it can run, except the fused accumulation into an fp32 ``main_grad``
-    where the 16-bit Gluon variable-K kernel can run it: it adds in its epilogue (TMA reduce-add)
-    what the vendor path writes out and adds in a second pass. H200 (session 6,
-    scripts/check_gluon_grouped.py, DeepSeek-V3 / Qwen3-30B-A3B EP8, balanced and unbalanced): 1.23-1.55x
-    ``torch._grouped_mm`` + ``add_`` on all 8 cases."""
+    """The vendor kernel where it can run, except where :func:`gluon_wgrad` takes the problem
+    (the TRITON backend runs the Gluon kernel)."""
     args = dict(x=x, y=y, group_lens=group_lens, group_offs=group_offs, out=out, accumulate=accumulate,
                 num_cu=num_cu, **kw)
-    if accumulate and out is not None and out.dtype == torch.float32 and num_cu is None:
-        gluon = _gluon16("grouped_gemm_variable_k_gluon", x)
-        if gluon is not None and group_offs is not None and \
-                gluon.gluon_variable_k_reason(x, y, group_offs, out=out, accumulate=True) is None:
-            return BackendType.TRITON
+    if num_cu is None and gluon_wgrad(x, y, group_offs, out=out, accumulate=accumulate) is not None:
+        return BackendType.TRITON
     return BackendType.TORCH if GroupedGemmVariableKTorchBackend.can_handle(**args) else BackendType.TRITON
 
 

@@ -29,6 +29,7 @@ from ..backends.grouped_gemm import (
     GROUPED_GEMM_DTYPES,
     GroupedGemmTorchBackend,
     GroupedGemmVariableKTorchBackend,
+    gluon_wgrad,
     grouped_gemm_dispatcher,
     grouped_gemm_variable_k_dispatcher,
 )
@@ -118,9 +119,13 @@ def _vk(x, y, group_lens, group_offs, num_cu):
     return _vk_eager(x, y, group_lens, group_offs, num_cu)
 
 
-def _vendor_route(a: torch.Tensor, B: torch.Tensor, num_cu) -> bool:
-    """True when the forward, grad_input and grad_weight of this call all run ``torch._grouped_mm``
-    (the TORCH backends) under the current settings, decided once per forward.
+def _vendor_route(a: torch.Tensor, B: torch.Tensor, num_cu) -> Optional[str]:
+    """Truthy when the forward, grad_input and grad_weight of this call all run on the TORCH
+    backends' path under the current settings, decided once per forward: ``"pinned"`` when the user
+    pinned TORCH (every GEMM on ``torch._grouped_mm``), ``"default"`` when the default dispatch
+    chose it (the grad_weight then takes the Gluon variable-K kernel where
+    :func:`gluon_wgrad` gives it the problem, as the variable-K dispatcher's default would); None
+    otherwise.
 
     The dispatcher would reach the same three answers, one resolution per GEMM; for small expert
     GEMMs that Python time is what the step costs (the vendor kernels take tens of microseconds),
@@ -131,13 +136,15 @@ def _vendor_route(a: torch.Tensor, B: torch.Tensor, num_cu) -> bool:
     aligned exactly when the forward output's are (checked here). One pin covers both dispatchers
     (their family is ``grouped_gemm``); under autotuning every GEMM keeps its own dispatch."""
     if num_cu is not None or torch.compiler.is_compiling():
-        return False
+        return None
     backend, _source, tune = grouped_gemm_dispatcher.plan(_BF16)
     if tune or backend not in (None, BackendType.TORCH):
-        return False
+        return None
     if (B.size(2) * a.element_size()) % 16:
-        return False  # grad_out rows would not be aligned for the vendor grad_weight
-    return GroupedGemmTorchBackend.check(a, B, None, None) is None
+        return None  # grad_out rows would not be aligned for the vendor grad_weight
+    if GroupedGemmTorchBackend.check(a, B, None, None) is not None:
+        return None
+    return "default" if backend is None else "pinned"
 
 
 def _vk_accum(x, y, group_lens, group_offs, c, num_cu):
@@ -192,7 +199,11 @@ class GroupedGemmFunction(torch.autograd.Function):
                 b.grad_added_to_main_grad = True
                 grad_b = _megatron_dummy_wgrad(b)
             elif vendor:
-                grad_b = GroupedGemmVariableKTorchBackend.execute(x, y, group_lens, group_offs, offs32=offs32)
+                gluon = gluon_wgrad(x, y, group_offs) if vendor == "default" else None
+                if gluon is not None:
+                    grad_b = gluon.grouped_gemm_variable_k_gluon(x, y, group_offs)
+                else:
+                    grad_b = GroupedGemmVariableKTorchBackend.execute(x, y, group_lens, group_offs, offs32=offs32)
             else:
                 grad_b = _vk(x, y, group_lens, group_offs, num_cu)
         return grad_a, grad_b, None, None, None, None, None, None

@@ -232,6 +232,28 @@ def test_no_host_sync(backend):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_large_wgrad_on_default_route(trans_b):
+    """A wgrad above GLUON_WGRAD_MIN_FLOPS on the default dispatch (the Gluon variable-K kernel on
+    sm_90, the vendor kernel elsewhere): right, with unbalanced, empty and tail rows, and bitwise
+    repeatable."""
+    from primus_turbo.pytorch.backends.grouped_gemm import GLUON_WGRAD_MIN_FLOPS
+
+    lens = [3000, 0, 1900, 3292]
+    a, b, gl = _make(lens, 4096, 2048, torch.bfloat16, trans_b, "cuda", extra_rows=77)
+    assert 2.0 * sum(lens) * 4096 * 2048 >= GLUON_WGRAD_MIN_FLOPS
+    _check_fwd_bwd(a, b, gl, trans_b, torch.bfloat16, extra_rows=77)
+    grads = []
+    for _ in range(2):
+        bb = b.detach().requires_grad_()
+        out = grouped_gemm(a, bb, gl, trans_b=trans_b)
+        out.backward(torch.ones_like(out))
+        grads.append(bb.grad)
+    assert torch.equal(grads[0], grads[1])
+    assert torch.equal(grads[0][1], torch.zeros_like(grads[0][1]))  # the empty group's gradient
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.name if b else "default")
 def test_cuda_graph_capture(backend):
     _pin(backend)
@@ -292,6 +314,37 @@ def test_vendor_route_one_decision_per_step(trans_b, monkeypatch):
     assert not resolved  # and none went through the per-GEMM dispatch
 
 
+@pytest.mark.parametrize("pinned", [False, True])
+def test_vendor_route_gives_large_wgrad_to_gluon(pinned, monkeypatch):
+    """On the default vendor route the grad_weight goes to the Gluon variable-K kernel where
+    gluon_wgrad gives it the problem (emulated here: the module and the vendor kernel are CPU
+    stand-ins); a TORCH pin keeps every GEMM on the vendor kernel."""
+    if ON_GPU:
+        pytest.skip("CPU emulation of the vendor path")
+    from types import SimpleNamespace
+
+    import primus_turbo.pytorch.backends.grouped_gemm as bg
+
+    ops_mod = __import__("sys").modules["primus_turbo.pytorch.ops.grouped_gemm"]
+    calls, gluon_calls = [], []
+    emulated = _emulated_grouped_mm([])
+
+    def variable_k(x, y, group_offs):
+        gluon_calls.append(group_offs.dtype)
+        return emulated(x.t(), y, offs=group_offs[1:].to(torch.int32))
+
+    fake = SimpleNamespace(grouped_gemm_variable_k_gluon=variable_k)
+    monkeypatch.setattr(bg, "_sm90_bf16", lambda t: None)
+    monkeypatch.setattr(torch, "_grouped_mm", _emulated_grouped_mm(calls), raising=False)
+    monkeypatch.setattr(ops_mod, "gluon_wgrad", lambda x, y, offs, **k: fake)
+    if pinned:
+        GlobalBackendManager.set_grouped_gemm_backend(BackendType.TORCH)
+    a, b, gl = _make([5, 0, 19, 8], 24, 16, torch.bfloat16, True, "cpu", extra_rows=3)
+    _check_fwd_bwd(a, b, gl, True, torch.bfloat16, extra_rows=3)
+    assert calls == [(2, 3), (2, 3)] + ([(2, 2)] if pinned else [])
+    assert gluon_calls == ([] if pinned else [torch.int64])
+
+
 def test_vendor_route_respects_pins_and_num_cu(monkeypatch):
     if ON_GPU:
         pytest.skip("CPU emulation of the vendor path")
@@ -309,10 +362,11 @@ def test_vendor_route_respects_pins_and_num_cu(monkeypatch):
     assert ops_mod._vendor_route(a, b, None)
 
 
-def test_default_vk_picks_gluon_for_fp32_accumulation(monkeypatch):
-    """The variable-K dispatcher's default: the vendor kernel, except the fused accumulation into an
-    fp32 main_grad where the 16-bit Gluon kernel can run it (TRITON backend, which runs the Gluon
-    kernel); the module is emulated (its reason None / a refusal), the rule is what is tested."""
+def test_default_vk_picks_gluon_for_fp32_accumulation_and_large_wgrad(monkeypatch):
+    """The variable-K dispatcher's default: the vendor kernel, except where the 16-bit Gluon kernel
+    can run the fused accumulation into an fp32 main_grad, or a plain wgrad of at least
+    GLUON_WGRAD_MIN_FLOPS (TRITON backend, which runs the Gluon kernel); the module is emulated
+    (its reason None / a refusal), the rule is what is tested."""
     from types import SimpleNamespace
 
     from primus_turbo.pytorch.backends import grouped_gemm as be
@@ -328,8 +382,17 @@ def test_default_vk_picks_gluon_for_fp32_accumulation(monkeypatch):
     monkeypatch.setattr(be.GroupedGemmVariableKTorchBackend, "can_handle", classmethod(lambda cls, **kw: True))
     kw = dict(x=x, y=y, group_lens=offs.diff(), group_offs=offs, out=out)
     assert be._default_vk(**kw, accumulate=True) == BackendType.TRITON
-    assert be._default_vk(**kw, accumulate=False) == BackendType.TORCH  # plain wgrad: vendor
+    assert be._default_vk(**kw, accumulate=False) == BackendType.TORCH  # small plain wgrad: vendor
     assert be._default_vk(**{**kw, "out": out.bfloat16()}, accumulate=True) == BackendType.TORCH  # bf16 main_grad
+    assert be._default_vk(**kw, accumulate=True, num_cu=8) == BackendType.TORCH  # vendor can_handle emulated
+    # a plain wgrad at the bound: 2 * M * P * Q == GLUON_WGRAD_MIN_FLOPS
+    monkeypatch.setattr(be, "GLUON_WGRAD_MIN_FLOPS", 2.0 * 64 * 16 * 32)
+    assert be._default_vk(**{**kw, "out": None}, accumulate=False) == BackendType.TRITON
+    assert be.gluon_wgrad(x, y, offs) is fake
+    assert be.gluon_wgrad(x, y, None) is None  # no device offsets: nothing to schedule from
+    monkeypatch.setattr(be, "GLUON_WGRAD_MIN_FLOPS", 2.0 * 64 * 16 * 32 + 1)
+    assert be._default_vk(**{**kw, "out": None}, accumulate=False) == BackendType.TORCH
+    assert be.gluon_wgrad(x, y, offs) is None
     verdict["reason"] = "P must be a multiple of 64"
     assert be._default_vk(**kw, accumulate=True) == BackendType.TORCH
     monkeypatch.setattr(be, "_gluon16", lambda name, t: None)  # switch off / not CUDA
