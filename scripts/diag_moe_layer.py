@@ -22,6 +22,35 @@ import torch  # noqa: E402
 from scripts.diag_fp8_linear import _profile  # noqa: E402
 
 
+def _host_profile(step, steps: int = 3, top: int = 30) -> str:
+    """Host time per step: ``steps`` steps issued back to back after a sync, timed on the host
+    without waiting for the GPU (a few hundred launches fit the launch queue, so the host does not
+    block), then a cProfile of the same (sorted by own time): where the Python of a step goes."""
+    import cProfile
+    import io
+    import pstats
+    import time
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    host_ms = (time.perf_counter() - t0) * 1e3 / steps
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    text = "\n".join(line[:200] for line in buf.getvalue().splitlines() if line.strip())
+    return f"   host {host_ms:.3f} ms per step (no sync; {steps} steps)\n" + text
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -30,6 +59,9 @@ def main(argv=None) -> int:
     p.add_argument("--ffn", type=int, default=2048)
     p.add_argument("--experts", type=int, default=32)
     p.add_argument("--topk", type=int, default=8)
+    p.add_argument("--host", action="store_true",
+                   help="also the host (Python + launch) time per step and a cProfile of it")
+    p.add_argument("--only", nargs="+", default=None, help="subset of: bf16 fp8")
     args = p.parse_args(argv)
     import triton
 
@@ -43,6 +75,8 @@ def main(argv=None) -> int:
     x = torch.randn(t, h, device=dev, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(t, h, device=dev, dtype=torch.bfloat16)
     configs = {"bf16": None, "fp8 BLOCKWISE": Float8QuantConfig(granularity="BLOCKWISE", block_size=128)}
+    if args.only:
+        configs = {n: c for n, c in configs.items() if n.split()[0] in args.only}
     for name, cfg in configs.items():
         layer = turbo.modules.MoELayer(h, f, e, k, score_function="softmax", router_dtype=torch.float32,
                                        config=cfg, dtype=torch.bfloat16, device=dev)
@@ -57,6 +91,8 @@ def main(argv=None) -> int:
             ms = triton.testing.do_bench(step, warmup=20, rep=100, return_mode="median")
             out.append(f"\n== {name}: step {ms:.3f} ms ({flops / ms / 1e9:.0f} TFLOP/s expert GEMMs)")
             out.append(_profile(step, top=24))
+            if args.host:
+                out.append(_host_profile(step))
         except Exception as exc:
             out.append(f"\n== {name}: {type(exc).__name__}: {exc}"[:400])
         print("\n".join(out[-2:]), flush=True)
