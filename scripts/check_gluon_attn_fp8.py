@@ -31,7 +31,7 @@ batch * seq = 16k tokens, it times our bf16 Gluon forward, the tl FP8 forward (d
 ``--tl-emu`` value: ``exp_emu``, 1/N of the exponentials on the FMA pipe) and the Gluon FP8 forward
 (default and each ``--fp8-configs`` config: ``k`` key-permuted K load / shuffle-free P, ``e<N>``
 exponential emulation, ``p`` ping-pong, ``c<T>`` conditional O rescale, ``l`` row sums reduced
-once, ``u`` row sums by the MMA), and prints TFLOP/s and the ratio to the bf16 forward.
+once, ``g`` heads-fastest grid), and prints TFLOP/s and the ratio to the bf16 forward.
 Before timing, each variant's O on a small ragged GQA case (B=2, seq 1008, 4/2 heads: tail
 masks, the flattened key index of ``k``) is compared with fp32 attention on the dequantized inputs
 (>= 28 dB), on the unquantized inputs (>= 20 dB) and with its family's default (>= 30 dB); a
@@ -160,7 +160,7 @@ def loop_ops(sass: str, ops=("MUFU", "FFMA", "FADD", "FMUL", "FMNMX", "F2FP", "P
         c = Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
         if c["QGMMA"] and inner <= 16:
             skip, seen, jump = 0, False, False
-            for t in body:  # from the first predicated branch after the vote (the u flag's l FMULs precede it)
+            for t in body:  # from the first predicated branch after the vote
                 seen = seen or t.startswith("VOTE")
                 jump = jump or (seen and bool(re.match(r"@!?U?P\w+\s+BRA\b", t)))
                 skip += jump and t.split()[0] == "FMUL"
@@ -170,7 +170,8 @@ def loop_ops(sass: str, ops=("MUFU", "FFMA", "FADD", "FMUL", "FMNMX", "F2FP", "P
 
 def compile_attn_fp8(head_dim: int, causal: bool, out_dtype: str = "bf16", sink: bool = False, blk: int = 128,
                      cfg=None, dump: str | None = None, sass_out: bool = False) -> dict:
-    """Compile the Gluon FP8 forward for sm_90 and report what ptxas and the SASS say: ``regs``
+    """Compile the Gluon FP8 forward (``cfg``, else the default for head_dim, blk and causal) for
+    sm_90 and report what ptxas and the SASS say: ``regs``
     (launch maxnreg), ``max_reg`` (highest register any partition touches), ``spill_bytes``,
     ``qgmma`` / ``local_mem`` (STL/LDL) counts, ``serialized`` (ptxas C75xx notes), ``overlap``
     (softmax between the S and PV waits), ``a_hazards``, shared memory."""
@@ -178,7 +179,7 @@ def compile_attn_fp8(head_dim: int, causal: bool, out_dtype: str = "bf16", sink:
 
     from primus_turbo.triton.attention import flash_attn_fp8_fwd_gluon as f8
 
-    cfg = cfg or f8.default_attn_fp8_config(head_dim, blk)
+    cfg = cfg or f8.default_attn_fp8_config(head_dim, blk, causal)
 
     def box(dt, gdt, shape):
         layout = gl.NVMMASharedLayout.get_default_for(list(shape), gdt)
@@ -197,8 +198,6 @@ def compile_attn_fp8(head_dim: int, causal: bool, out_dtype: str = "bf16", sink:
                   P_LOG2=cfg.p_log2(), CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, KPERM=cfg.kperm, EMU=cfg.emu,
                   EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, LSUM=cfg.lsum, HEADS_FIRST=cfg.heads_first)
-    if cfg.lmma:
-        consts["LMMA"] = True
     name = (f"attn_fp8_d{head_dim}_{'causal' if causal else 'full'}_{out_dtype}{'_sink' if sink else ''}"
             f"_blk{blk}_{cfg.short()}")
 
@@ -227,7 +226,8 @@ def compile_report(dump: str | None = None, sass_out: bool = False, configs=()) 
         todo = [(d, c, "bf16", False, 128, f8.GluonAttnFp8Config.parse(t)) for t in configs for d in (128, 64)
                 for c in (False, True)]
     for d, c, dt, sk, blk, cfg in todo:
-        r = _attn.compile_row(rows, f"attn fp8 d{d} causal={c} {dt} sink={sk} blk={blk} {cfg.short() if cfg else ''}",
+        label = (cfg or f8.default_attn_fp8_config(d, blk, c)).short() + ("" if cfg else " (default)")
+        r = _attn.compile_row(rows, f"attn fp8 d{d} causal={c} {dt} sink={sk} blk={blk} {label}",
                               f"attn_fp8_d{d}_{c}_{dt}_{sk}_{blk}",
                               lambda: compile_attn_fp8(d, c, dt, sk, blk, cfg, dump=dump, sass_out=sass_out))
         if r is None:
@@ -295,9 +295,12 @@ def run_variant(spec) -> dict:
                snr_out_tl=_snr_finite(tl_out.float(), out.float()),
                snr_lse_tl=_snr_finite(tl_lse, lse),
                snr_out_bf16=_snr_finite(hi_out.float(), out[:, :, :hr].float()))
+    # c<T> (the default but at head dim 64 causal) rounds P at other points than the tl kernel: two
+    # equally accurate roundings differ by ~sqrt(2) times either's error, 3 dB off the bars vs tl
+    lazy_margin = 3.0 if (cfg or f8.default_attn_fp8_config(D, blk, causal)).lazy else 0.0
     ok = not res["nan_out"] and not res["nan_lse"] and res["snr_out_deq"] >= MIN_SNR_DEQ and \
-        res["snr_lse_deq"] >= MIN_SNR_LSE and res["snr_out_tl"] >= MIN_SNR_TL and res["snr_lse_tl"] >= MIN_SNR_TL \
-        and res["snr_out_bf16"] >= MIN_SNR_BF16
+        res["snr_lse_deq"] >= MIN_SNR_LSE and res["snr_out_tl"] >= MIN_SNR_TL - lazy_margin \
+        and res["snr_lse_tl"] >= MIN_SNR_TL and res["snr_out_bf16"] >= MIN_SNR_BF16
     # the backward (FP8 and bf16) through the op on this forward's O and LSE vs on the tl forward's
     if cfg is None and Sq * Sk <= 2 ** 22 and not (causal and Sq > Sk):
         fp8_cfg = Float8QuantConfig(format=Format.E4M3, granularity=ScalingGranularity.BLOCKWISE, block_size=blk)
@@ -317,7 +320,7 @@ def run_variant(spec) -> dict:
                     grads[flag] = [t.grad for t in (qq, kk, vv, ss) if t is not None]
                 key = f"snr_grads_{'fp8' if fp8_bwd else 'bf16'}_bwd"
                 res[key] = [round(_snr_finite(a.float(), b.float()), 1) for a, b in zip(grads["0"], grads["1"])]
-                ok = ok and all(x >= MIN_SNR_GRAD for x in res[key])
+                ok = ok and all(x >= MIN_SNR_GRAD - lazy_margin for x in res[key])
         finally:
             opf8.FP8_BACKWARD = saved
             os.environ.pop(f8.GLUON_ATTN_FP8_ENV, None)
@@ -425,7 +428,9 @@ def main(args) -> int:
 # ---------------------------------------------------------------------------------------------
 # GPU: --compare (old vs new FP8 forward options in one call)
 # ---------------------------------------------------------------------------------------------
-COMPARE_CONFIGS = ["n128s4k", "n128s4ke2", "n128s4ke4", "n128s4pk"]
+#: the session-6 default (k), the session-7 one spelled out (kc2; the default keeps k at head dim 64
+#: causal) and variants of it
+COMPARE_CONFIGS = ["n128s4k", "n128s4kc2", "n128s4kc2l", "n128s4pkc2"]
 #: the tl kernel's exp_emu values timed by default (``--no-tl``: no tl variant at all, a Gluon-only sweep)
 COMPARE_TL_EMU = [2, 4]
 MIN_SNR_SAME = 30.0  # an option vs its family's default (tl or Gluon) on the same FP8 tensors
@@ -463,15 +468,15 @@ def _compare_impls(q, k, v, D, causal, configs, tl_emu, blk=128):
     return impls, deq
 
 
-def _lazy(name: str) -> bool:
-    """True for a ``gluon:<config>`` variant with the ``c<T>`` or the ``u`` flag (``u``: l is the sum
-    of the E4M3-rounded P, not of the fp32 P: another equally accurate rounding point)."""
+def _lazy(name: str, D: int, causal: bool) -> bool:
+    """True for a ``gluon:<config>`` variant compared with a Gluon default when either has the
+    ``c<T>`` flag (P rounded at other points: another equally accurate rounding)."""
     from primus_turbo.triton.attention import flash_attn_fp8_fwd_gluon as f8
 
     if not name.startswith("gluon:"):
         return False
     cfg = f8.GluonAttnFp8Config.parse(name.split(":", 1)[1])
-    return cfg.lazy > 0 or cfg.lmma
+    return cfg.lazy > 0 or f8.default_attn_fp8_config(D, 128, causal).lazy > 0
 
 
 def compare_accuracy(head_dims, configs, tl_emu) -> tuple[list, set]:
@@ -507,7 +512,7 @@ def compare_accuracy(head_dims, configs, tl_emu) -> tuple[list, set]:
                          snr_deq=round(_snr_finite(ref, out), 2), snr_bf16=round(_snr_finite(hi, out), 2))
                 if fam in outs and fam != name:
                     r["snr_vs_default"] = round(_snr_finite(outs[fam], out), 2)
-                same = MIN_SNR_SAME_LAZY if _lazy(name) else MIN_SNR_SAME
+                same = MIN_SNR_SAME_LAZY if _lazy(name, D, causal) else MIN_SNR_SAME
                 r["ok"] = bool(not r["nan"] and (name == "bf16_gluon" or r["snr_deq"] >= MIN_SNR_DEQ)
                                and r["snr_bf16"] >= MIN_SNR_BF16 and r.get("snr_vs_default", 99.0) >= same)
                 rows.append(r)

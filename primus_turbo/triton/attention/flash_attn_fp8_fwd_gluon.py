@@ -35,7 +35,8 @@ buffer for the TMA store (the bf16 kernel reuses Q's).
 :func:`gluon_attn_fp8_fwd_reason` refuses what the kernel does not take (head dims other than
 64 / 128 or unequal, left windows, negative scales, scale blocks of 32 tokens, ``seq_kv`` not a
 multiple of 16: the rows of ``v8t`` must be 16-byte aligned for TMA) and the op runs the tl kernel
-instead. ``PRIMUS_TURBO_ATTN_FP8_FWD_GLUON`` turns it on (auto: off until measured on the H200).
+instead. ``PRIMUS_TURBO_ATTN_FP8_FWD_GLUON`` switches it (auto: on, since the H200 measurements).
+The default config depends on the head dim and causality (:func:`default_attn_fp8_config`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ GLUON_ATTN_FP8_ENV = "PRIMUS_TURBO_ATTN_FP8_FWD_GLUON"
 #: = flash_attn_fp8.FP8_ATTN_P_SCALE (not imported: that module imports triton.language kernels)
 P_SCALE = 256.0
 _OUT_DTYPES = (torch.bfloat16, torch.float16)
+#: GluonAttnFp8Config.parse's grammar; ``{u}``: where the removed flag ``u`` stood ("" to parse,
+#: "u" to recognize an old config string and name the flag in the error)
+_CONFIG_RE = r"n(\d+)s(\d+)(p)?(o)?(k)?(?:c(\d+))?(l)?(g)?{u}(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?"
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -124,13 +128,11 @@ class GluonAttnFp8Config(GluonAttnConfig):
       else);
     * ``g`` (``heads_first``, with ``k``): grid ``(B * H, query tiles)`` instead of ``(query tiles,
       B * H)``: the CTAs in flight are one query tile of many heads, and causal runs the longest
-      tiles of every head first (the shortest ones fill the last wave) instead of per head;
-    * ``u`` (``lmma``, not with ``l``): the row sum ``l`` comes from the tensor cores: with each PV
-      wgmma a second one, ``l += P8 1`` (m64n8k32, B a shared [8, BLOCK_N] tile of E4M3 ones per
-      warpgroup, written once), accumulates the row sums into an [M, 8] fp32 accumulator (every
-      column is the row sum) rescaled by alpha with O (not by the V scale ratio). Per key block it
-      replaces the 64 FADDs (+ quad shuffles) of ``sum(p)`` with 4 QGMMAs and 4 FMULs; ``l`` is
-      then the sum of the E4M3-rounded P (the P the O accumulator sees) instead of the fp32 P."""
+      tiles of every head first (the shortest ones fill the last wave) instead of per head.
+
+    The former flag ``u`` (row sums by a wgmma of P8 against a shared tile of E4M3 ones) is gone:
+    its output was wrong on the H200 (session 7: -0.08 dB full, 0.4 dB causal against fp32);
+    :meth:`parse` refuses it by name."""
 
     kperm: bool = False
     emu: int = 0
@@ -138,7 +140,6 @@ class GluonAttnFp8Config(GluonAttnConfig):
     lazy: int = 0
     lsum: bool = False
     heads_first: bool = False
-    lmma: bool = False
 
     def p_log2(self) -> float:
         """log2 of the static P scale (8, i.e. 256, less the ``c<T>`` threshold)."""
@@ -148,13 +149,11 @@ class GluonAttnFp8Config(GluonAttnConfig):
         q = self.BLOCK_M * head_dim * elem_bytes
         kv = 2 * self.stages * self.block_n * head_dim * elem_bytes
         o = self.BLOCK_M * head_dim * 2
-        o += 2 * 8 * self.block_n if self.lmma else 0  # the ones tiles of u
         return q + kv + o + 8 * (2 * 2 * self.stages + 3) + 1024  # + barriers, + the swizzle alignment
 
     def short(self) -> str:
         flags = ("p" if self.pingpong else "") + ("o" if self.overlap else "") + ("k" if self.kperm else "")
         flags += (f"c{self.lazy}" if self.lazy else "") + ("l" if self.lsum else "") + ("g" if self.heads_first else "")
-        flags += "u" if self.lmma else ""
         if self.emu:
             flags += f"e{self.emu}" + (f"d{self.emu_deg}" if self.emu_deg != 3 else "")
         return f"n{self.block_n}s{self.stages}{flags}r{self.consumer_regs}w{self.producer_regs}"
@@ -164,24 +163,24 @@ class GluonAttnFp8Config(GluonAttnConfig):
         """``"n128s4"``, ``"n128s4p"``, ``"n128s4k"``, ``"n128s4ke2"``, ``"n128s4kc2"``, ``"n128s4pke4d2"``,
         ``"n64s6r232w40"`` -> config (n: block_n, s: stages, p: ping-pong, k: key-permuted K load,
         c<T>: conditional O rescale with threshold T, l: row sums reduced once, g: heads-fastest
-        grid, u: row sums by the MMA, e<N>: 1/N of the exponentials on the FMA pipe, d<deg>: its
-        polynomial degree, r / w: consumer / producer registers per thread)."""
-        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(o)?(k)?(?:c(\d+))?(l)?(g)?(u)?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?",
-                         text.strip())
+        grid, e<N>: 1/N of the exponentials on the FMA pipe, d<deg>: its polynomial degree, r / w:
+        consumer / producer registers per thread). The removed flag ``u`` is refused by name."""
+        m = re.fullmatch(_CONFIG_RE.format(u=""), text.strip())
         if not m:
+            if re.fullmatch(_CONFIG_RE.format(u="u"), text.strip()):
+                raise ValueError(f"Gluon FP8 attention config {text!r}: flag u (row sums by the MMA) was removed "
+                                 f"(its output was wrong on the H200); drop the u")
             raise ValueError(f"bad Gluon FP8 attention config {text!r}; expected e.g. n128s4, n128s3p, n128s4k, "
                              f"n128s4ke2, n128s4kc2, n128s4pke4d2, n64s6r232w40")
-        bn, st, pp, ov, kp, lz, ls, hf, lm, emu, deg, r, w = m.groups()
+        bn, st, pp, ov, kp, lz, ls, hf, emu, deg, r, w = m.groups()
         return cls(int(bn), int(st), int(r or 240), int(w or 24), bool(pp), bool(ov), bool(kp), int(emu or 0),
-                   int(deg or 3), int(lz or 0), bool(ls), bool(hf), bool(lm))
+                   int(deg or 3), int(lz or 0), bool(ls), bool(hf))
 
     def check(self, head_dim: int) -> Optional[str]:
         if self.overlap:
             return "config suffix o: the FP8 forward always keeps the softmax under the PV MMA (no option)"
         if self.heads_first and not self.kperm:
             return "g (heads-fastest grid) needs k (the key-permuted producer reads the swapped grid)"
-        if self.lmma and self.lsum:
-            return "u (row sums by the MMA) and l (per-lane row sums) are alternatives"
         if not 0 <= self.lazy <= 4:
             return f"c{self.lazy}: the conditional-rescale threshold is 1 to 4 (log2 units)"
         if self.emu not in (0, 2, 4, 8):
@@ -193,20 +192,33 @@ class GluonAttnFp8Config(GluonAttnConfig):
         return super().check(head_dim)
 
 
-#: per head dim (H200, session 6, scripts/check_gluon_attn_fp8.py --compare: n128s4k the best at head
-#: dim 128 on 3 of 4 rows, n128s4pk 816 TFLOP/s on the fourth; n128s4 without k 0.77-1.08x our bf16
-#: forward). FP8 tiles are half the bf16 ones, so the ring is deeper for the same shared memory:
-#: D=128 n128s4 is 16 KB Q + 4 x 32 KB K/V + 32 KB O. A non-contiguous k8 cannot take ``k``: the op
-#: then runs the tl FP8 kernel (gluon_attn_fp8_fwd_reason names why).
-_DEFAULT_CONFIGS = {64: GluonAttnFp8Config(block_n=128, stages=4, kperm=True),
-                    128: GluonAttnFp8Config(block_n=128, stages=4, kperm=True)}
+#: per (head dim, causal). H200, session 7, scripts/check_gluon_attn_fp8.py --compare (32 heads, 16k
+#: tokens; TFLOP/s, ratio to our bf16 Gluon forward), n128s4k (the session-6 default) vs n128s4kc2:
+#:   D=128 full   S=4096 : bf16 578, k 728 (1.26x), kc2 736 (1.27x)
+#:   D=128 full   S=16384: bf16 614, k 774 (1.26x), kc2 823 (1.34x)
+#:   D=128 causal S=4096 : bf16 526, k 553 (1.05x), kc2 580 (1.10x)
+#:   D=128 causal S=16384: bf16 627, k 711 (1.13x), kc2 805 (1.28x)
+#:   D=64  full   S=4096 : bf16 367, k 363 (0.99x), kc2 432 (1.18x)
+#:   D=64  causal S=4096 : bf16 312, k 333 (1.07x), kc2 301 (0.97x)
+#: geomean k 1.122x, kc2 1.184x; kc2's accuracy (B=2, seq 1008, vs fp32) 31.8-34.1 dB, as k's. So
+#: kc2 (conditional O rescale, threshold 2) everywhere but head dim 64 causal, which keeps k.
+#: (Session 6: k the best of n128s4 / k / ke2 / ke4 / pk at head dim 128 on 3 of 4 rows; n128s4
+#: without k 0.77-1.08x our bf16 forward.) FP8 tiles are half the bf16 ones, so the ring is deeper
+#: for the same shared memory: D=128 n128s4 is 16 KB Q + 4 x 32 KB K/V + 32 KB O. A non-contiguous
+#: k8 cannot take ``k``: the op then runs the tl FP8 kernel (gluon_attn_fp8_fwd_reason names why).
+_DEFAULT_CONFIGS = {(64, False): GluonAttnFp8Config(block_n=128, stages=4, kperm=True, lazy=2),
+                    (64, True): GluonAttnFp8Config(block_n=128, stages=4, kperm=True),
+                    (128, False): GluonAttnFp8Config(block_n=128, stages=4, kperm=True, lazy=2),
+                    (128, True): GluonAttnFp8Config(block_n=128, stages=4, kperm=True, lazy=2)}
 
 
-def default_attn_fp8_config(head_dim: int, blk: int = 128) -> GluonAttnFp8Config:
-    """The default config; with 64-token scale blocks the key tile shrinks to 64 (a key tile must
-    lie in one k / v scale block: its scales are scalars). 32-token blocks are not taken: a 32-key
-    tile would halve the MMA widths."""
-    cfg = _DEFAULT_CONFIGS[head_dim]
+def default_attn_fp8_config(head_dim: int, blk: int = 128, causal: bool = False) -> GluonAttnFp8Config:
+    """The default config for ``head_dim`` and ``causal`` (the kernel's normalized window: causal is
+    ``win_right == 0``; anything else, a right window included, takes the full-attention config).
+    With 64-token scale blocks the key tile shrinks to 64 (a key tile must lie in one k / v scale
+    block: its scales are scalars). 32-token blocks are not taken: a 32-key tile would halve the
+    MMA widths."""
+    cfg = _DEFAULT_CONFIGS[(head_dim, bool(causal))]
     if 64 <= blk < cfg.block_n:
         cfg = dataclasses.replace(cfg, block_n=blk)
     return cfg
@@ -324,57 +336,22 @@ if GLUON_AVAILABLE:
             return pc
 
     @gluon.jit
-    def _l_operand(p_op, l_acc):
-        """The PV wgmma's A operand (P8) as the A operand of the row-sum wgmma into ``l_acc``
-        (config flag ``u``): the same registers (an A fragment does not depend on the MMA's N)."""
-        layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_acc.type.layout, k_width=4)
-        return gl.convert_layout(p_op, layout, assert_trivial=True)
-
-    @gluon.jit
-    def _pv_issue(p_op, v_tile, acc, l_acc, ones, LMMA: gl.constexpr):
+    def _pv_issue(p_op, v_tile, acc):
         """Issue ``O += P8 V8`` (``v_tile``: the V^T tile [D, keys] viewed as [keys, D], the B operand
-        with K = keys contiguous) and, LMMA (config flag ``u``), ``l += P8 1``. Returns both tokens
-        (the second is the first without LMMA)."""
+        with K = keys contiguous); returns its token."""
         D_V: gl.constexpr = acc.type.shape[1]
         BLOCK_N: gl.constexpr = v_tile.type.shape[3]  # v_tile: a ring slot, [1, D, 1, keys]
-        o_tok = warpgroup_mma(p_op, v_tile.reshape([D_V, BLOCK_N]).permute((1, 0)), acc, is_async=True)
-        l_tok = o_tok
-        if LMMA:
-            l_tok = warpgroup_mma(_l_operand(p_op, l_acc), ones.permute((1, 0)), l_acc, is_async=True)
-        return o_tok, l_tok
+        return warpgroup_mma(p_op, v_tile.reshape([D_V, BLOCK_N]).permute((1, 0)), acc, is_async=True)
 
     @gluon.jit
-    def _pv_retire(o_tok, l_tok, l_acc, p, WITH_P: gl.constexpr, LMMA: gl.constexpr):
-        """Wait for :func:`_pv_issue`'s wgmmas: (O, l, p). WITH_P: the loop-carried P is a dependency of
-        the wait (KPERM: its registers come back from the wait, see :func:`_p_operand`'s ``after``);
-        LMMA: l is the ones wgmma's accumulator (else ``l_acc`` is returned as passed)."""
-        if LMMA:
-            if WITH_P:
-                acc, l_acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok, p))
-            else:
-                acc, l_acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, l_tok))
-        elif WITH_P:
+    def _pv_retire(o_tok, p, WITH_P: gl.constexpr):
+        """Wait for :func:`_pv_issue`'s wgmma: (O, p). WITH_P: the loop-carried P is a dependency of
+        the wait (KPERM: its registers come back from the wait, see :func:`_p_operand`'s ``after``)."""
+        if WITH_P:
             acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p))
         else:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
-        return acc, l_acc, p
-
-    @gluon.jit
-    def _l_rescale(l_acc, alpha):
-        """``l_acc * alpha`` (config flag ``u``: the row-sum accumulator follows the softmax rescale)."""
-        return l_acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_acc.type.layout)), 1)
-
-    @gluon.jit
-    def _ones_tile(ones_smem, WG: gl.constexpr):
-        """Config flag ``u``: this warpgroup's [8, BLOCK_N] shared tile of E4M3 ones (the B operand of
-        ``l += P8 1``, keys contiguous), written once before the key loop."""
-        BLOCK_N: gl.constexpr = ones_smem.type.shape[2]
-        blocked: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
-        ones = ones_smem.index(WG)
-        ones.store(gl.full([8, BLOCK_N], 1.0, gl.float32, blocked).to(gl.float8e4nv))
-        fence_async_shared()
-        gl.thread_barrier()
-        return ones
+        return acc, p
 
     @gluon.jit
     def _split_top(x):
@@ -420,16 +397,14 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _fp8_softmax(s, m_i, l_i, rs, offs_m, n0, SEQ_K, diag, p_layout: gl.constexpr, HAS_RIGHT: gl.constexpr,
                      MASKED: gl.constexpr, P_LOG2: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr,
-                     EMU_DEG: gl.constexpr, LAZY: gl.constexpr = 0, LSUM: gl.constexpr = False,
-                     LMMA: gl.constexpr = False):
+                     EMU_DEG: gl.constexpr, LAZY: gl.constexpr = 0, LSUM: gl.constexpr = False):
         """The bf16 forward's ``_softmax`` with a per-row scale ``rs`` (ROW_SCALE) and P in units of
         ``2**P_LOG2``, plus the FP8 flags: KPERM (S's columns are keys in :func:`_kperm_keys` order:
         the mask uses that order, P goes to the MMA without a shuffle), EMU / EMU_DEG (part of the
         exponentials of full blocks on the FMA pipe; masked blocks, whose scores may be -inf, keep
         MUFU.EX2 only), LAZY (``c<T>``: the reference maximum moves only when the row maximum
         passes it by more than LAZY; then alpha is exactly 1). Returns (fp32 P in units of
-        ``2**P_LOG2``, m, l, alpha); LSUM: l is the [rows, 4] per-lane partial (:func:`_row_partial`);
-        LMMA: l is returned as passed (the PV step's ones wgmma sums P)."""
+        ``2**P_LOG2``, m, l, alpha); LSUM: l is the [rows, 4] per-lane partial (:func:`_row_partial`)."""
         BLOCK_N: gl.constexpr = s.type.shape[1]
         if MASKED:
             cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
@@ -453,9 +428,7 @@ if GLUON_AVAILABLE:
         else:
             p = _exp2_mixed(x, EMU, EMU_DEG)
         alpha = gl.exp2(m_i - m_safe)
-        if LMMA:
-            pass
-        elif LSUM:
+        if LSUM:
             part = _row_partial(p)
             a2 = gl.convert_layout(alpha, gl.SliceLayout(1, part.type.layout), assert_trivial=True)
             l_i = l_i * gl.expand_dims(a2, 1) + part
@@ -525,12 +498,9 @@ if GLUON_AVAILABLE:
                   q_scale, ks_base, vs_base, offs_m, SEQ_K, diag, o_layout: gl.constexpr, p_layout: gl.constexpr,
                   BLK: gl.constexpr, P_LOG2: gl.constexpr, HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr,
                   STAGES: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr, KPERM: gl.constexpr,
-                  EMU: gl.constexpr, EMU_DEG: gl.constexpr, LAZY: gl.constexpr = 0, LSUM: gl.constexpr = False,
-                  ones=None, LMMA: gl.constexpr = False):
+                  EMU: gl.constexpr, EMU_DEG: gl.constexpr, LAZY: gl.constexpr = 0, LSUM: gl.constexpr = False):
         """Iteration j >= 1: issue S_j, issue O += P8_{j-1} V8_{j-1}, softmax S_j while the PV MMA
-        runs, then retire it and move O to block j's units (alpha_j * vs_{j-1} / vs_j). LMMA: ``l_i``
-        is the [M, 8] accumulator of ``l += P8_{j-1} 1`` (``ones``: the [8, BLOCK_N] E4M3 ones),
-        issued with the PV wgmma and rescaled by alpha_j."""
+        runs, then retire it and move O to block j's units (alpha_j * vs_{j-1} / vs_j)."""
         BLOCK_N: gl.constexpr = s_regs.type.shape[1]
         D_QK: gl.constexpr = q.type.shape[1]
         s = j % STAGES
@@ -547,12 +517,12 @@ if GLUON_AVAILABLE:
         _take_turn(turn, j, WG, PINGPONG)
         s_tok = warpgroup_mma(q, k_bufs.index(s).reshape([BLOCK_N, D_QK]).permute((1, 0)), s_regs,
                               use_acc=False, is_async=True)
-        o_tok, l_tok = _pv_issue(p_op, v_bufs.index(sp), acc, l_i, ones, LMMA)
+        o_tok = _pv_issue(p_op, v_bufs.index(sp), acc)
         _pass_turn(turn, WG, PINGPONG)
         s_regs = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(s), count=1)
         p_new, m_i, l_i, alpha = _fp8_softmax(s_regs, m_i, l_i, rs, offs_m, j * BLOCK_N, SEQ_K, diag, p_layout,
-                                              HAS_RIGHT, MASKED, P_LOG2, KPERM, EMU, EMU_DEG, LAZY, LSUM, LMMA)
+                                              HAS_RIGHT, MASKED, P_LOG2, KPERM, EMU, EMU_DEG, LAZY, LSUM)
         # ptxas hoists a wgmma wait as high as it can (it is ready once issued; what it stalls is
         # not modelled), i.e. above the exponentials, and the PV MMA would no longer overlap the
         # softmax. A wait on an mbarrier that has already completed (Q's) is a try_wait loop in the
@@ -564,9 +534,7 @@ if GLUON_AVAILABLE:
             ratio = ((vs_prev.to(gl.int32, bitcast=True) - vs.to(gl.int32, bitcast=True)) + 0x3F800000).to(
                 gl.float32, bitcast=True)
             mbarrier.wait(q_bar, 0)
-            acc, l_i, p = _pv_retire(o_tok, l_tok, l_i, p, KPERM, LMMA)
-            if LMMA:
-                l_i = _l_rescale(l_i, alpha)
+            acc, p = _pv_retire(o_tok, p, KPERM)
             # the branches of the skippable rescale before P's packing, so the packed registers
             # are written once, into the A registers of the next PV wgmma
             acc = _rescale(acc, alpha * ratio, o_layout, LAZY)
@@ -578,15 +546,13 @@ if GLUON_AVAILABLE:
         else:
             if KPERM:
                 mbarrier.wait(q_bar, 0)
-                acc, l_i, p = _pv_retire(o_tok, l_tok, l_i, p, True, LMMA)
+                acc, p = _pv_retire(o_tok, p, True)
                 p_out = _p_operand(p_new, p_layout, KPERM, p, True)
             else:
                 p_out = _p_operand(p_new, p_layout, KPERM)
                 mbarrier.wait(q_bar, 0)
-                acc, l_i, p = _pv_retire(o_tok, l_tok, l_i, p, False, LMMA)
+                acc, p = _pv_retire(o_tok, p, False)
             mbarrier.arrive(v_empty.index(sp), count=1)
-            if LMMA:
-                l_i = _l_rescale(l_i, alpha)
             # O in units of V block j's scale from here on: powers of two, so the ratio is exact
             acc = _rescale(acc, alpha * (vs_prev / vs), o_layout, False)
         return s_regs, acc, p_out, m_i, l_i, vs
@@ -597,10 +563,8 @@ if GLUON_AVAILABLE:
                       WG: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, BLK: gl.constexpr, P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
                       PINGPONG: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr, EMU_DEG: gl.constexpr,
-                      LAZY: gl.constexpr, LSUM: gl.constexpr, HEADS_FIRST: gl.constexpr = False, ones_smem=None,
-                      LMMA: gl.constexpr = False):
-        """One warpgroup: query rows [WG*64, WG*64+64) of the tile. LMMA (config flag ``u``):
-        ``ones_smem`` [2, 8, BLOCK_N] E4M3, row sums by the MMA."""
+                      LAZY: gl.constexpr, LSUM: gl.constexpr, HEADS_FIRST: gl.constexpr = False):
+        """One warpgroup: query rows [WG*64, WG*64+64) of the tile."""
         HALF: gl.constexpr = o_desc.block_type.shape[1]
         D_QK: gl.constexpr = q_smem.type.shape[4]
         D_V: gl.constexpr = o_desc.block_type.shape[3]
@@ -614,9 +578,6 @@ if GLUON_AVAILABLE:
         # S does not map onto it register for register, so the conversion shuffles within warps
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-        # LMMA: l += P8 1 as an m64n8k32 wgmma, every column of its accumulator a row sum
-        l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, 8, 32])
 
         pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N,
                                       1 if HEADS_FIRST else 0)
@@ -644,12 +605,6 @@ if GLUON_AVAILABLE:
             l_i = gl.full([HALF], 0.0, gl.float32, row_layout)
         if LSUM:  # per-lane partials: the initial l (the sink's) in lane 0 of each quad
             l_i = _lsum_init(l_i, s_layout, BLOCK_N)
-        if LMMA:  # the ones wgmma's accumulator, starting at the initial l
-            l_i = gl.zeros([HALF, 8], gl.float32, l_layout) + gl.expand_dims(
-                gl.convert_layout(l_i, gl.SliceLayout(1, l_layout)), 1)
-            ones = _ones_tile(ones_smem, WG)
-        else:
-            ones = None
 
         mbarrier.wait(q_bar, 0)
         q = q_smem.index(WG).reshape([HALF, D_QK])
@@ -665,32 +620,30 @@ if GLUON_AVAILABLE:
         s_regs = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(0), count=1)
         p, m_i, l_i, alpha = _fp8_softmax(s_regs, m_i, l_i, rs, offs_m, 0, SEQ_K, diag, p_layout, HAS_RIGHT, True,
-                                          P_LOG2, KPERM, EMU, EMU_DEG, LAZY, LSUM, LMMA)
+                                          P_LOG2, KPERM, EMU, EMU_DEG, LAZY, LSUM)
         p = _p_operand(p, p_layout, KPERM)
         acc = gl.zeros([HALF, D_V], gl.float32, o_layout)
         for j in range(1, n_full):
             s_regs, acc, p, m_i, l_i, vs = _fp8_step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
                                                      s_regs, acc, p, m_i, l_i, vs, q_scale, ks_base, vs_base, offs_m,
                                                      SEQ_K, diag, o_layout, p_layout, BLK, P_LOG2, HAS_RIGHT, False,
-                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM, ones, LMMA)
+                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM)
         for j in range(gl.maximum(n_full, 1), n_blocks):
             s_regs, acc, p, m_i, l_i, vs = _fp8_step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
                                                      s_regs, acc, p, m_i, l_i, vs, q_scale, ks_base, vs_base, offs_m,
                                                      SEQ_K, diag, o_layout, p_layout, BLK, P_LOG2, HAS_RIGHT, True,
-                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM, ones, LMMA)
+                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM)
         # the last block's PV
         sl = (n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(sl), ((n_blocks - 1) // STAGES) & 1)
         _take_turn(turn, n_blocks, WG, PINGPONG)
-        o_tok, l_tok = _pv_issue(_p_mma_operand(p, p_layout, KPERM), v_bufs.index(sl), acc, l_i, ones, LMMA)
+        o_tok = _pv_issue(_p_mma_operand(p, p_layout, KPERM), v_bufs.index(sl), acc)
         _pass_turn(turn, WG, PINGPONG)
-        acc, l_i, p = _pv_retire(o_tok, l_tok, l_i, p, False, LMMA)
+        acc, p = _pv_retire(o_tok, p, False)
         mbarrier.arrive(v_empty.index(sl), count=1)
 
         if LSUM:
             l_i = gl.convert_layout(gl.sum(l_i, 1), row_layout)
-        if LMMA:  # all 8 columns hold the row sum
-            l_i = gl.convert_layout(gl.max(l_i, 1), row_layout)
         empty = l_i == 0.0
         l_safe = gl.where(empty, 1.0, l_i)
         lse = gl.where(empty, float("inf"), (m_i + (gl.log2(l_safe) - P_LOG2)) / 1.4426950408889634)
@@ -713,7 +666,7 @@ if GLUON_AVAILABLE:
         P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
         KPERM: gl.constexpr = False, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3, LAZY: gl.constexpr = 0,
-        LSUM: gl.constexpr = False, HEADS_FIRST: gl.constexpr = False, LMMA: gl.constexpr = False,
+        LSUM: gl.constexpr = False, HEADS_FIRST: gl.constexpr = False,
     ):
         """O, LSE of 128 query rows of one (batch, head) from E4M3 q / k / v^T: producer warp + two
         consumer warpgroups.
@@ -725,7 +678,7 @@ if GLUON_AVAILABLE:
         index). P_SCALE / P_LOG2: the static P scale (``GluonAttnFp8Config.p_log2``). HAS_RIGHT (a
         right window bound, causal = 0) adds the diagonal loop; HAS_SINK changes the init. KPERM /
         EMU / EMU_DEG / LAZY / LSUM / HEADS_FIRST: GluonAttnFp8Config's kperm / emu / emu_deg / lazy
-        / lsum / heads_first (grid (B * H, query tiles)) / lmma; with
+        / lsum / heads_first (grid (B * H, query tiles)); with
         KPERM, k is a 5-D descriptor over the contiguous k8 seen as [B * Hk * Sk / 16, 2, 4, 2, D]
         with strides [16 D, 2 D, 4 D, D, 1] and box [BLOCK_N / 16, 2, 4, 2, D]: the TMA load itself
         puts the keys in :func:`_kperm_keys` order."""
@@ -743,12 +696,6 @@ if GLUON_AVAILABLE:
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, HALF, 1, D_QK], q_desc.layout)
         v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, D_V, 1, BLOCK_N], v_desc.layout)
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, 1, HALF, 1, D_V], o_desc.layout)
-        if LMMA:  # one [8, BLOCK_N] tile of E4M3 ones per consumer warpgroup (config flag u)
-            ones_smem = gl.allocate_shared_memory(
-                gl.float8e4nv, [2, 8, BLOCK_N],
-                gl.NVMMASharedLayout(swizzle_byte_width=128 if BLOCK_N >= 128 else 64, element_bitwidth=8, rank=2))
-        else:
-            ones_smem = o_smem  # a placeholder (warp_specialize takes no None), unused
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -767,11 +714,11 @@ if GLUON_AVAILABLE:
             (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                              QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                              0, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                             EMU_DEG, LAZY, LSUM, HEADS_FIRST, ones_smem, LMMA)),
+                             EMU_DEG, LAZY, LSUM, HEADS_FIRST)),
             (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                              QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                              1, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                             EMU_DEG, LAZY, LSUM, HEADS_FIRST, ones_smem, LMMA)),
+                             EMU_DEG, LAZY, LSUM, HEADS_FIRST)),
             (_fp8_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                              H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, KPERM,
                              HEADS_FIRST)),
@@ -786,7 +733,9 @@ def use_gluon_attn_fp8_fwd() -> bool:
     forward where :func:`gluon_attn_fp8_fwd_reason` allows, 0 never. Auto is on since the H200
     measurement of the ``k`` configs (session 6, ``scripts/check_gluon_attn_fp8.py --compare``, 32
     heads, 16k tokens): n128s4k 715-787 TFLOP/s at head dim 128 (1.06-1.25x the tl FP8 kernel,
-    1.10-1.32x our bf16 Gluon forward), 424 / 333 at head dim 64 (1.00 / 1.05x tl)."""
+    1.10-1.32x our bf16 Gluon forward), 424 / 333 at head dim 64 (1.00 / 1.05x tl). Session 7 moved
+    the default to n128s4kc2 except at head dim 64 causal (geomean 1.18x our bf16 forward; see
+    ``_DEFAULT_CONFIGS``)."""
     from primus_turbo.pytorch.core.env import env_auto_flag
 
     return env_auto_flag(GLUON_ATTN_FP8_ENV) is not False
@@ -797,8 +746,9 @@ def _views(q8, k8, v8t):
     return q8.transpose(1, 2), k8.transpose(1, 2), v8t.transpose(1, 2)
 
 
-def _fp8_config(head_dim: int, blk: int, config: Optional[GluonAttnFp8Config]) -> GluonAttnFp8Config:
-    return config if config is not None else default_attn_fp8_config(head_dim, blk)
+def _fp8_config(head_dim: int, blk: int, config: Optional[GluonAttnFp8Config], win_right: int) -> GluonAttnFp8Config:
+    """``config``, else the default for this head dim, scale block and window (causal: ``win_right == 0``)."""
+    return config if config is not None else default_attn_fp8_config(head_dim, blk, win_right == 0)
 
 
 def gluon_attn_fp8_operand_reason(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk: int, sink=None,
@@ -829,14 +779,13 @@ def gluon_attn_fp8_operand_reason(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale
         return f"softmax_scale={softmax_scale}: the Gluon FP8 forward takes a positive scale (it maximizes raw scores)"
     if Sk == 0:
         return "seq_kv = 0"
-    cfg0 = _fp8_config(D, blk, config)
-    if B * H > 65535 and not cfg0.heads_first:
+    cfg = _fp8_config(D, blk, config, win_right)
+    if B * H > 65535 and not cfg.heads_first:
         return f"batch * heads_q = {B * H} exceeds the grid's 65535"
-    if cfg0.heads_first and -(-Sq // cfg0.BLOCK_M) > 65535:
-        return f"seq_q {Sq}: {-(-Sq // cfg0.BLOCK_M)} query tiles exceed the grid's 65535 (config flag g)"
+    if cfg.heads_first and -(-Sq // cfg.BLOCK_M) > 65535:
+        return f"seq_q {Sq}: {-(-Sq // cfg.BLOCK_M)} query tiles exceed the grid's 65535 (config flag g)"
     if H % Hk:
         return f"heads_q={H} is not a multiple of heads_kv={Hk}"
-    cfg = _fp8_config(D, blk, config)
     if blk % cfg.block_n:
         return (f"scale block_size={blk}: the Gluon FP8 forward's key tile ({cfg.block_n}) must lie in one scale "
                 f"block (block_size 64, 128 or 256)")
@@ -909,8 +858,6 @@ def _kernel_args(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, out, l
                   P_SCALE=2.0 ** cfg.p_log2(), P_LOG2=cfg.p_log2(), CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, KPERM=cfg.kperm, EMU=cfg.emu,
                   EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, LSUM=cfg.lsum, HEADS_FIRST=cfg.heads_first, num_warps=4)
-    if cfg.lmma:  # only set when on: the default configs' launch (and cache key) stay as they were
-        kwargs["LMMA"] = True
     grid = (-(-Sq // cfg.BLOCK_M), B * H)
     if cfg.heads_first:
         grid = (B * H, grid[0])
@@ -947,7 +894,7 @@ def flash_attn_fp8_fwd_gluon(
     out, lse = _outputs("flash_attn_fp8_fwd_gluon", out, lse, B, Sq, H, D, out_dtype, q8.device)
     if B == 0 or Sq == 0 or H == 0:
         return out, lse
-    cfg = _fp8_config(D, blk, config)
+    cfg = _fp8_config(D, blk, config, win_right)
     grid, args, kwargs = _kernel_args(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, out, lse, sink,
                                       softmax_scale, win_right, cfg)
     with torch.cuda.device(q8.device):
