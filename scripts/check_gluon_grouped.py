@@ -174,6 +174,11 @@ CASES = [  # (G, tokens per expert, N, K, label): forward out [M, N] = a [M, K] 
     (16, 2048, 1536, 2048, "Qwen3 gate_up"),
     (16, 2048, 2048, 768, "Qwen3 down"),
 ]
+#: many small groups (DeepSeek-V3 at EP4: 64 local experts, 512 tokens each): ``--cases g64``
+CASES_G64 = [
+    (64, 512, 4096, 7168, "DSv3-EP4 gate_up"),
+    (64, 512, 7168, 2048, "DSv3-EP4 down"),
+]
 TAIL_ROWS = 100  # unbalanced: rows past group_offs[G], filled with NaN (must never reach a result)
 MIN_SNR = 45.0  # bf16 output against the fp32 product
 GEMMS = ("fwd", "dgrad", "wgrad", "wgrad_acc")
@@ -422,6 +427,10 @@ def gpu_main(args) -> int:
         if ok:
             configs.append(GluonGroupedConfig.parse(t))
     cases = CASES[:1] + CASES[3:] if args.quick else CASES
+    if args.cases == "g64":
+        cases = CASES_G64
+    elif args.cases == "all":
+        cases = cases + CASES_G64
     results = []
     for case in cases:
         for pattern in ("balanced", "unbalanced"):
@@ -446,6 +455,8 @@ def main(argv=None) -> int:
     p.add_argument("--sass", action="store_true")
     p.add_argument("--smoke", default=None, help=argparse.SUPPRESS)
     p.add_argument("--quick", action="store_true", help="DeepSeek-V3 gate_up and Qwen3 down only")
+    p.add_argument("--cases", choices=("ep8", "g64", "all"), default="ep8",
+                   help="ep8: DeepSeek-V3 / Qwen3 EP8 (default); g64: 64 experts x 512 tokens; all: both")
     p.add_argument("--rep-ms", type=int, default=40)
     p.add_argument("--smoke-timeout", type=int, default=90)
     p.add_argument("--out", default=None, help="write check_gluon_grouped.json here")
