@@ -126,7 +126,8 @@ def build_cases(
                     for routing in routings:
                         eff = "balanced" if g == 1 else routing
                         key = (g, mm, n, k, eff)
-                        name = f"{model}:{case}:ep{ep}:{routing}"
+                        # tokens per expert in the name: the FP8 rows look their BF16 baseline up by it
+                        name = f"{model}:{case}:ep{ep}:t{m}:{routing}"
                         if key in seen:
                             seen[key]["also"].append(name)
                             continue
