@@ -87,7 +87,41 @@ def padded_group_layout(group_offs: torch.Tensor, m_total: int, align: int,
     ``round_up(m_total + align * G, align)``, so shapes never depend on device values.
     ``nonempty=True`` gives every group, empty ones too, at least ``align`` (zero) rows. Offsets are
     clamped to ``[0, m_total]`` exactly as the kernels clamp them.
+
+    On CUDA (and on CPU under ``TRITON_INTERPRET=1``) one Triton launch computes both
+    (``primus_turbo/triton/grouped_gemm/padded_layout.py``; the torch version below is about fifteen
+    small ops, ~0.5 ms of host time per call); :func:`_padded_group_layout_torch` elsewhere (no
+    Triton, plain CPU, other offset dtypes, under ``torch.compile``, sizes past 2**31 rows).
     """
+    if _padded_layout_backend(group_offs, m_total, align) == "triton":
+        from primus_turbo.triton.grouped_gemm.padded_layout import padded_group_layout_triton
+
+        return padded_group_layout_triton(group_offs, m_total, align, nonempty)
+    return _padded_group_layout_torch(group_offs, m_total, align, nonempty)
+
+
+def _padded_layout_backend(group_offs: torch.Tensor, m_total: int, align: int) -> str:
+    """``"triton"`` where the one-launch kernel computes :func:`padded_group_layout`, else ``"torch"``."""
+    from primus_turbo.triton import is_interpreter, triton_available
+
+    if not (group_offs.is_cuda or (group_offs.device.type == "cpu" and is_interpreter())):
+        return "torch"
+    if group_offs.dtype not in (torch.int32, torch.int64) or group_offs.dim() != 1 \
+            or not group_offs.is_contiguous() or group_offs.numel() == 0:
+        return "torch"
+    if not triton_available() or torch.compiler.is_compiling():
+        return "torch"
+    if not (isinstance(m_total, int) and isinstance(align, int)) or m_total < 0 or align < 1:
+        return "torch"
+    from primus_turbo.triton.grouped_gemm.padded_layout import MAX_ROWS
+
+    m_pad = -(-(m_total + align * (group_offs.numel() - 1)) // align) * align
+    return "triton" if m_pad < MAX_ROWS else "torch"
+
+
+def _padded_group_layout_torch(group_offs: torch.Tensor, m_total: int, align: int,
+                               nonempty: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`padded_group_layout` in torch ops (the fallback, and the reference of the tests)."""
     G = group_offs.numel() - 1
     dev = group_offs.device
     offs = group_offs.clamp(0, m_total)
