@@ -10,6 +10,9 @@ straight-line code, so this is the issued instruction count; in brackets the ker
 and the programs per SM that the registers allow. No timing: the GPU sweep is scripts/tune_quant.py.
 
     PYTHONPATH=. python scripts/quant_sass_stats.py [--shape 16384x7168] [--only fp4 ...]
+
+``--only blocks_batched`` (not in the default list): the one-launch kernel for 128 x 128 blocks of
+32 expert weights ``[32, rows, cols]`` next to the 2-D kernel on one expert (the same tile).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin
 _TARGET = GPUTarget("cuda", 90, 32)
 _BACKEND = make_backend(_TARGET)
 _SEEN: list[dict] = []
+_BATCH = 32  # experts of the blocks_batched case (GPT-OSS-20B: 32; --shape 2880x2880)
 
 
 def _capture(self, *args, grid, warmup, **kwargs):
@@ -74,6 +78,12 @@ def _cases(name: str, x: torch.Tensor):
     from primus_turbo.triton.quantization import quant_fp8_kernel as F8
 
     rows, cols = x.shape
+    if name == "blocks_batched":  # grouped-GEMM weights [G, R, C], 128 x 128 blocks: batched kernel vs one expert
+        g = F8.QuantGrouping(0, 128, 128)
+        w = torch.empty(_BATCH, rows, cols, dtype=x.dtype)
+        return ["batched", "per-expert"], lambda cfg: (
+            F8.fp8_quant_batched_launch(w, torch.float8_e4m3fn, g) if cfg == "batched"
+            else F8.fp8_quant_launch(w[0], torch.float8_e4m3fn, g))
     if name.startswith("with_trans"):
         mx = name.endswith("mx")
         row = F8.QuantGrouping(1, 1, 32) if mx else F8.QuantGrouping(0, 1, 128)
@@ -116,7 +126,7 @@ def main(argv=None) -> int:
                         continue
                     st = _stats(r["kernel"])
                     threads = 32 * r["num_warps"]
-                    per_thread = rows * cols / r["grid"][0] / threads
+                    per_thread = rows * cols / r["grid"][0] / threads  # per matrix (a batched grid's axis 1)
                     progs = min(65536 // max(st["regs"] * threads, 1), 2048 // threads)
                     print(f"{label} regs {st['regs']:3d} spill {st['spill'][0]:>4s}/{st['spill'][1]:>4s} B "
                           f"smem {st['smem']:6d} SASS/elem {st['sass'] / per_thread:5.1f} ({st['sass']:5d}) programs/SM {progs}",

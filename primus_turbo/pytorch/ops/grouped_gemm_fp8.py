@@ -183,8 +183,12 @@ def _quant_weight(w: torch.Tensor, dtype, gran: str, bs: int):
         q, s = _quantize_fp8(w.reshape(G * R, C), dtype, _G.BLOCKWISE, block_size=bs, axis=-1,
                              scaling_recipe=recipe)
         return q.view(G, R, C), s.view(G, R // bs, s.shape[-1])
-    qs = [_quantize_fp8(w[g], dtype, _G.BLOCKWISE, block_size=bs, axis=-1, scaling_recipe=recipe) for g in range(G)]
-    return torch.stack([q for q, _ in qs]), torch.stack([s for _, s in qs])
+    # the last bs x bs block row of each expert covers R % bs rows: one batched launch over the
+    # experts, the same blocks (and bytes) as quantizing each expert alone (the reference
+    # backend, without Triton, loops over the experts)
+    from .quantization import _quantize_fp8_blocks_batched  # a sibling module: imported late
+
+    return _quantize_fp8_blocks_batched(w, dtype, bs)
 
 
 def _weight_copies(b: torch.Tensor, trans_b: bool, dtype, gran: str, bs: int, need_fwd: bool, need_dgrad: bool):

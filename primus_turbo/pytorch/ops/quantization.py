@@ -241,6 +241,48 @@ def _quantize_fp8_fake(x, out_dtype, granularity, block_size, axis, use_2d_block
     return x.new_empty(shape, dtype=out_dtype), x.new_empty(s_shape, dtype=_scale_dtype(g))
 
 
+def _quantize_fp8_blocks_batched_eager(x: torch.Tensor, out_dtype: torch.dtype, block_size: int
+                                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    nb, rows, cols = x.shape
+    s_shape = (nb, -(-rows // block_size), -(-cols // block_size))
+    if x.numel() == 0:
+        return torch.empty(tuple(x.shape), dtype=out_dtype, device=x.device), torch.empty(
+            s_shape, dtype=torch.float32, device=x.device)
+    if quant_backend(x) == "reference":  # no Triton kernel here: each matrix alone
+        from primus_turbo.testing.quant_ref import quantize_fp8_ref
+
+        qs = [quantize_fp8_ref(x[i], out_dtype, _G.BLOCKWISE, block_size=block_size, axis=-1,
+                               scaling_recipe=ScalingRecipe(use_2d_block=True)) for i in range(nb)]
+        return torch.stack([q for q, _ in qs]), torch.stack([sc for _, sc in qs])
+    from primus_turbo.triton.quantization import fp8_quant_batched_launch
+
+    return fp8_quant_batched_launch(x, out_dtype, _grouping(_G.BLOCKWISE, block_size, block_size))
+
+
+quantize_fp8_blocks_batched_impl = torch.library.custom_op(
+    "primus_turbo::quantize_fp8_blocks_batched_impl", _quantize_fp8_blocks_batched_eager, mutates_args=()
+)
+
+
+@quantize_fp8_blocks_batched_impl.register_fake
+def _quantize_fp8_blocks_batched_fake(x, out_dtype, block_size):
+    nb, rows, cols = x.shape
+    return (x.new_empty(tuple(x.shape), dtype=out_dtype),
+            x.new_empty((nb, -(-rows // block_size), -(-cols // block_size)), dtype=torch.float32))
+
+
+def _quantize_fp8_blocks_batched(x: torch.Tensor, out_dtype: torch.dtype, block_size: int
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """BLOCKWISE ``b x b`` quantization of every matrix of ``x [B, R, C]`` (grouped-GEMM expert
+    weights): ``(q [B, R, C], scale_inv [B, ceil(R/b), ceil(C/b)] fp32)``, bit-identical to
+    ``quantize_fp8(x[i], out_dtype, BLOCKWISE, block_size=b, scaling_recipe=ScalingRecipe(
+    use_2d_block=True))`` for each ``i`` stacked, for any R (blocks never straddle two matrices;
+    the last block row of each covers ``R % b`` rows). One Triton launch on CUDA / under the
+    interpreter; the per-matrix reference otherwise. Arguments are validated by the caller."""
+    return _call(torch.ops.primus_turbo.quantize_fp8_blocks_batched_impl, _quantize_fp8_blocks_batched_eager,
+                 x, out_dtype, block_size)
+
+
 def _with_trans_shapes(rows, cols, g, b, use_2d, use_2d_t):
     br, bc = _block(g, b, -1, use_2d, rows, cols)
     tbr, tbc = _block(g, b, 0, use_2d_t, rows, cols)  # column copy's blocks, in x's coordinates

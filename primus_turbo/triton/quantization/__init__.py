@@ -12,6 +12,7 @@ if triton_available():
     from .quant_fp8_kernel import (  # noqa: F401
         QuantGrouping,
         fp8_dequant_launch,
+        fp8_quant_batched_launch,
         fp8_quant_launch,
         fp8_quant_with_trans_launch,
         tile_config,
@@ -21,6 +22,7 @@ if triton_available():
     __all__ += [
         "QuantGrouping",
         "fp8_quant_launch",
+        "fp8_quant_batched_launch",
         "fp8_quant_with_trans_launch",
         "fp8_dequant_launch",
         "fp4_quant_launch",

@@ -14,6 +14,10 @@ MX ``(1, 32)`` / ``(32, 1)``. The kernels:
   registers (e.g. ``(b, 1)`` next to ``(1, b)``) and writes it through the transposed strides:
   ``quantize_fp8_with_trans`` reads x once. ``MODE`` 2 (TENSORWISE) takes the amax from the
   one-int buffer the amax kernel filled and forms the scale on the device (no host sync).
+* ``_quant_fp8_tile_batched_kernel``: the one-grouping tile kernel over a batch ``x [B, rows,
+  cols]`` (grid axis 1 = the matrix): every matrix quantized exactly as alone, blocks never
+  straddling two of them, in one launch (``fp8_quant_batched_launch``; grouped-GEMM weights
+  ``[G, R, C]`` in b x b blocks when b does not divide R).
 * ``_quant_fp8_dual_kernel``: the two copies of ``quantize_fp8_with_trans`` for ``1 x g`` row
   blocks with ``g x 1`` column blocks (BLOCKWISE, MX), rows % 4 == 0. The tile is read as four
   row-interleaved quarters, so the column copy's codes of 4 consecutive rows meet in one thread
@@ -54,6 +58,7 @@ __all__ = [
     "QuantGrouping",
     "tile_config",
     "fp8_quant_launch",
+    "fp8_quant_batched_launch",
     "fp8_quant_with_trans_launch",
     "fp8_dequant_launch",
     "transpose_bytes",
@@ -299,6 +304,40 @@ def _quant_fp8_tile_kernel(
         _store_tile(qt_ptr, st_ptr, yt, st, pid, offs_c, offs_r, mask_t, cols, rows,
                     stride_qtc, stride_qtr, stride_stc, stride_str, n_stc, n_str,
                     MODE_T, TC, TR, GC_T, GR_T, pid_c, pid_r, IS_E4M3, SOFT)
+
+
+@triton.jit
+def _quant_fp8_tile_batched_kernel(
+    # pointers: input [B, rows, cols], output [B, rows, cols] (contiguous), scales [B, n_sr, n_sc]
+    x_ptr, q_ptr, s_ptr,
+    # sizes of one matrix of the batch
+    rows, cols, n_tiles_c,
+    # strides: x (batch, row, col), q (batch), s (batch)
+    stride_xb, stride_xr, stride_xc, stride_qb, stride_sb,
+    # extents of one matrix's scale grid
+    n_sr, n_sc,
+    # meta-parameters
+    FP8_MAX: tl.constexpr, EMAX: tl.constexpr, MODE: tl.constexpr, GR: tl.constexpr, GC: tl.constexpr,
+    TR: tl.constexpr, TC: tl.constexpr, IS_E4M3: tl.constexpr, SOFT: tl.constexpr,
+):
+    """``_quant_fp8_tile_kernel`` (one grouping, no second copy) over a batch of matrices in one
+    launch: program (pid, b) runs tile ``pid`` of matrix ``b`` exactly as the 2-D kernel runs it on
+    matrix ``b`` alone (its rows masked against ``rows``, so a block never straddles two matrices
+    and the last block row covers ``rows % GR`` rows): the same codes and scales, bit for bit.
+    Used for the b x b weight blocks of grouped GEMMs whose rows per expert are not a multiple of b."""
+    pid = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    pid_r = pid // n_tiles_c
+    pid_c = pid % n_tiles_c
+    offs_r = pid_r * TR + tl.arange(0, TR)
+    offs_c = pid_c * TC + tl.arange(0, TC)
+    mask = (offs_r < rows)[:, None] & (offs_c < cols)[None, :]
+    x_ptrs = (x_ptr + b * stride_xb + offs_r.to(tl.int64)[:, None] * stride_xr
+              + offs_c.to(tl.int64)[None, :] * stride_xc)
+    x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+    y, s = _quantize_groups(x, s_ptr, MODE, FP8_MAX, EMAX, TR, TC, GR, GC)
+    _store_tile(q_ptr + b * stride_qb, s_ptr + b * stride_sb, y, s, pid, offs_r, offs_c, mask, rows, cols,
+                cols, 1, n_sc, 1, n_sr, n_sc, MODE, TR, TC, GR, GC, pid_r, pid_c, IS_E4M3, SOFT)
 
 
 @triton.jit
@@ -856,6 +895,41 @@ def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGro
         HAS_T=False, MODE_T=grouping.mode, GR_T=gr, GC_T=gc,
         TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
     )
+    return q, s
+
+
+#: the most matrices one batched launch covers (the grid's second dimension)
+_MAX_GRID_Y = 65535
+
+
+def fp8_quant_batched_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGrouping):
+    """Quantize each matrix of a 3-D ``x [B, rows, cols]`` with one grouping (fp32 BLOCKWISE or MX,
+    blocks that fit one tile) in one launch, bit-identical to :func:`fp8_quant_launch` on every
+    ``x[b]`` followed by ``torch.stack``: blocks never straddle two matrices, whatever ``rows``.
+    Returns ``(q [B, rows, cols], scale [B, n_sr, n_sc])``. ``x`` may have any strides (a
+    contiguous ``x`` reads fastest). The launch geometry per matrix is :func:`fp8_quant_launch`'s."""
+    if x.dim() != 3:
+        raise ValueError(f"fp8_quant_batched_launch: expected a 3-D tensor, got shape {tuple(x.shape)}")
+    if grouping.mode == _MODE_TENSOR or not _fits_tile(grouping):
+        raise ValueError(f"fp8_quant_batched_launch: {grouping} needs blocks that fit one tile (not "
+                         "TENSORWISE, not a long ROWWISE row)")
+    nb, rows, cols = x.shape
+    gr, gc, tr, tc, nw, n_prog, n_tc, n_sr, n_sc = _single_plan(rows, cols, grouping)
+    q = torch.empty((nb, rows, cols), dtype=out_dtype, device=x.device)
+    s = torch.empty((nb, n_sr, n_sc), dtype=torch.uint8 if grouping.mode == _MODE_MX else torch.float32,
+                    device=x.device)
+    if q.numel() == 0:
+        return q, s
+    q8 = q.view(torch.uint8)
+    for b0 in range(0, nb, _MAX_GRID_Y):  # one launch for any realistic batch (<= 65535 matrices)
+        xs, qs, ss = (x, q8, s) if b0 == 0 else (x[b0:], q8[b0:], s[b0:])
+        _quant_fp8_tile_batched_kernel[(n_prog, min(_MAX_GRID_Y, nb - b0))](
+            xs, qs, ss, rows, cols, n_tc,
+            x.stride(0), x.stride(1), x.stride(2), rows * cols, n_sr * n_sc,
+            n_sr, n_sc,
+            FP8_MAX=fp8_max_of(out_dtype), EMAX=mx_emax_of(out_dtype), MODE=grouping.mode, GR=gr, GC=gc,
+            TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
+        )
     return q, s
 
 

@@ -265,26 +265,40 @@ def test_grouped_gemm_fp8_blockwise_wgrad_is_fp8(device, monkeypatch):
     assert not b.grad[1].any()
 
 
-@pytest.mark.parametrize("r, c, bs", [(256, 200, 128), (64, 96, 32), (200, 64, 128)],
-                         ids=["R-2-blocks", "bs32", "R-not-a-multiple"])
+@pytest.mark.parametrize("r, c, bs", [(256, 200, 128), (64, 96, 32), (200, 64, 128), (2880 // 9, 200, 128),
+                                     (64, 128, 128)],
+                         ids=["R-2-blocks", "bs32", "R-not-a-multiple", "R-320", "R-below-a-block"])
 def test_blockwise_weight_quantization_one_launch(r, c, bs, device, monkeypatch):
-    """BLOCKWISE weights [G, R, C]: one quantization of [G * R, C] when bs divides R (its bs x bs
-    tiles never straddle two experts), bit-identical to quantizing each expert alone; the
-    per-expert loop otherwise. The dgrad copy is the byte transpose of the forward copy."""
+    """BLOCKWISE weights [G, R, C] in bs x bs tiles per expert: one kernel launch for any R (one
+    quantization of [G * R, C] when bs divides R, its tiles never straddling two experts; else the
+    batched kernel over the experts, whose last tile row covers R % bs rows), bit-identical to
+    quantizing each expert alone. The dgrad copy is the byte transpose of the forward copy."""
     import importlib
 
     from primus_turbo.pytorch.core.low_precision import ScalingRecipe
     from primus_turbo.pytorch.ops.quantization import quantize_fp8
+    from primus_turbo.triton.quantization import quant_fp8_kernel as F8
 
     ops = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm_fp8")  # the module, not the op
 
     G = 3
     w = torch.randn(G, r, c, device=device) * torch.exp2(torch.randint(-6, 7, (G, 1, 1), device=device).float())
+    w[1, -(r % bs or bs):, :bs] = 0.0  # an all-zero (partial) block: scale_inv 1
     launches = []
-    real = ops._quantize_fp8
-    monkeypatch.setattr(ops, "_quantize_fp8", lambda x, *a, **kw: launches.append(x.shape) or real(x, *a, **kw))
+
+    class _Count:  # stands in for a kernel of the quantizer module: records each launch
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            launches.append((self.name, grid))
+            return self.kernel[grid]
+
+    for name in [n for n in vars(F8) if n.endswith("_kernel")]:
+        monkeypatch.setattr(F8, name, _Count(name, getattr(F8, name)))
     q, s = ops._quant_weight(w, torch.float8_e4m3fn, "BLOCKWISE", bs)
-    assert len(launches) == (1 if r % bs == 0 else G)
+    assert [n for n, _ in launches] == ["_quant_fp8_tile_kernel" if r % bs == 0 else "_quant_fp8_tile_batched_kernel"]
+    monkeypatch.undo()
     recipe = ScalingRecipe(use_2d_block=True)
     per = [quantize_fp8(w[g], torch.float8_e4m3fn, BW, block_size=bs, axis=-1, scaling_recipe=recipe)
            for g in range(G)]
@@ -295,6 +309,10 @@ def test_blockwise_weight_quantization_one_launch(r, c, bs, device, monkeypatch)
     assert torch.equal(fwd[0].view(torch.uint8), q.view(torch.uint8))
     assert torch.equal(dgr[0].view(torch.uint8), q.view(torch.uint8).transpose(1, 2))
     assert torch.equal(dgr[1], s.transpose(1, 2))
+    assert s[1, -1, 0] == 1.0  # the zero block
+    fwd_nn, _ = ops._weight_copies(w.transpose(1, 2).contiguous(), False, torch.float8_e4m3fn, "BLOCKWISE", bs, True,
+                                   False)  # the [G, K, N] layout: its [G, N, K] view quantized
+    assert torch.equal(fwd_nn[0].view(torch.uint8), q.view(torch.uint8)) and torch.equal(fwd_nn[1], s)
 
 
 # ----------------------------------------------------------------------------------------------

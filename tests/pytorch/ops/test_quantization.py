@@ -914,3 +914,79 @@ def test_two_copy_launchers_strided_input(device):
         assert_bits_equal(a, b, "fp8 mx")
     for a, b in zip(fp4_quant_launch(xt, True, with_trans=True), fp4_quant_launch(xt.contiguous(), True, with_trans=True)):
         assert_bits_equal(a, b, "fp4")
+
+
+# ---- BLOCKWISE b x b blocks of a batch of matrices (grouped-GEMM expert weights) in one launch -
+def _expert_weights(nb, r, c, in_dtype, device, seed):
+    """[nb, r, c] with per-expert magnitudes, a few large outliers per expert and one all-zero
+    b x b block per expert (expert 0: the partial last block row's first block; others: the first
+    block), so zero blocks (scale 1) and outlier-dominated blocks both occur."""
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(nb, r, c, generator=gen) * torch.exp2(torch.randint(-8, 9, (nb, 1, 1), generator=gen).float())
+    for e in range(nb):
+        idx = torch.randint(0, r * c, (4,), generator=gen)
+        w[e].view(-1)[idx] = torch.randn(4, generator=gen).sign() * 3.0e4 * (1 + torch.rand(4, generator=gen))
+        r0 = (r - 1) // 128 * 128 if e == 0 else 0
+        w[e, r0:r0 + 128, :128] = 0.0
+    return w.to(in_dtype).to(device)
+
+
+BATCHED_CASES = [(nb, r, c, 128) for nb in (1, 3) for r in (200, 64, 130, 320) for c in (128, 200, 384)]
+BATCHED_CASES += [(3, r, 200, 32) for r in (200, 64, 130, 320)]
+
+
+@pytest.mark.parametrize("nb, r, c, bs", BATCHED_CASES, ids=[f"G{n}-R{r}-C{c}-b{b}" for n, r, c, b in BATCHED_CASES])
+def test_blocks_batched_matches_per_matrix(nb, r, c, bs, device):
+    """One batched launch (b x b blocks of every matrix of [B, R, C], any R) is bit-identical to
+    quantizing each matrix alone and stacking: data bytes and fp32 scales, zero blocks included."""
+    for i, (in_dtype, out_dtype) in enumerate([(torch.float32, E4M3), (torch.bfloat16, E5M2),
+                                               (torch.bfloat16, E4M3), (torch.float32, E5M2)]):
+        w = _expert_weights(nb, r, c, in_dtype, device, seed=1000 * r + 10 * c + nb + i)
+        q, s = Q._quantize_fp8_blocks_batched(w, out_dtype, bs)
+        per = [Q.quantize_fp8(w[e], out_dtype, G.BLOCKWISE, block_size=bs, scaling_recipe=R2D) for e in range(nb)]
+        nr, nc = -(-r // bs), -(-c // bs)
+        assert q.shape == (nb, r, c) and q.dtype == out_dtype and q.is_contiguous()
+        assert s.shape == (nb, nr, nc) and s.dtype == torch.float32 and s.is_contiguous()
+        assert torch.equal(q.view(torch.uint8), torch.stack([p[0] for p in per]).view(torch.uint8))
+        assert torch.equal(s, torch.stack([p[1] for p in per]))
+        if bs == 128:  # the zero blocks have scale_inv 1; the first per-matrix check ran the kernel
+            assert s[0, nr - 1, 0] == 1.0 and (nb == 1 or bool((s[1:, 0, 0] == 1.0).all()))
+
+
+def test_blocks_batched_launcher_strides_empty_and_reference(device, monkeypatch):
+    from primus_turbo.triton.quantization import QuantGrouping, fp8_quant_batched_launch
+
+    w = _expert_weights(3, 200, 160, torch.bfloat16, device, seed=7)
+    q, s = fp8_quant_batched_launch(w, E4M3, QuantGrouping(0, 128, 128))
+    # a strided view (the [G, K, N] weights seen as [G, N, K]) reads the same values
+    qt, st = fp8_quant_batched_launch(w.transpose(1, 2).contiguous().transpose(1, 2), E4M3, QuantGrouping(0, 128, 128))
+    assert torch.equal(q.view(torch.uint8), qt.view(torch.uint8)) and torch.equal(s, st)
+    # MX 1 x 32 through the same kernel: each matrix as alone
+    qm, sm = fp8_quant_batched_launch(w, E4M3, QuantGrouping(1, 1, 32))
+    for e in range(3):
+        q1, s1 = Q.quantize_fp8(w[e], E4M3, G.MX_BLOCKWISE)
+        assert torch.equal(qm[e].view(torch.uint8), q1.view(torch.uint8)) and torch.equal(sm[e], s1.view(torch.uint8))
+    for shape in ((0, 64, 128), (2, 0, 128), (2, 64, 0)):
+        qe, se = Q._quantize_fp8_blocks_batched(torch.empty(shape, device=device), E4M3, 128)
+        assert qe.shape == shape and se.shape == (shape[0], -(-shape[1] // 128), -(-shape[2] // 128))
+    with pytest.raises(ValueError, match="3-D"):
+        fp8_quant_batched_launch(w[0], E4M3, QuantGrouping(0, 128, 128))
+    with pytest.raises(ValueError, match="fit one tile"):
+        fp8_quant_batched_launch(w, E4M3, QuantGrouping(2, 1, 1))
+    if torch.cuda.is_available():
+        return  # the interpreter cannot be switched off for the reference comparison here
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert Q.quant_backend(w) == "reference"
+    qr, sr = Q._quantize_fp8_blocks_batched(w, E4M3, 128)  # the per-matrix reference loop
+    assert_bits_equal(qr, q)
+    assert_bits_equal(sr, s)
+
+
+def test_blocks_batched_torch_compile(device):
+    w = _expert_weights(2, 200, 128, torch.bfloat16, device, seed=3)
+    compiled = torch.compile(lambda t: Q._quantize_fp8_blocks_batched(t, E4M3, 128), fullgraph=True,
+                             backend="aot_eager")
+    q, s = compiled(w)
+    q2, s2 = Q._quantize_fp8_blocks_batched(w, E4M3, 128)
+    assert_bits_equal(q, q2)
+    assert_bits_equal(s, s2)
