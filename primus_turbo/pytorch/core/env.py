@@ -47,6 +47,12 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "warp-specialized Gluon kernel where it can run, 0 the Triton kernel; auto: Gluon where it was measured faster "
         "(head dim 128, except causal at <= 2048 queries), Triton elsewhere.",
     ),
+    "PRIMUS_TURBO_ATTN_VARLEN_GLUON": (
+        "0",
+        "TRITON attention forward of flash_attn_varlen_func (packed THD; fp16/bf16, head dims 64/128, no left "
+        "window) on sm_90: 1 the warp-specialized Gluon varlen kernel where it can run, 0 the Triton kernel; auto = 0 "
+        "until it is measured on the H200. The backward is the Triton varlen backward either way.",
+    ),
     "PRIMUS_TURBO_ATTN_FP8_FWD_GLUON": (
         "auto",
         "flash_attn_fp8_func forward on sm_90 (head dims 64/128, no left window, seq_kv a multiple of 16, scale "

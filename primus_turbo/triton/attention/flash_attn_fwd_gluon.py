@@ -39,6 +39,18 @@ dimension (a query or key block past the end of its sequence never reads another
 TMA needs a unit head-dim stride and 16-byte aligned base and strides:
 :func:`gluon_attn_fwd_reason` refuses anything else (and left windows, negative scales, fp32,
 other head dims), and the caller runs the ``triton.language`` kernel instead.
+
+Varlen (packed THD, :func:`flash_attn_varlen_fwd_gluon`, the contract of the tl
+``flash_attn_varlen_fwd_triton``): the same producer / consumers (constexpr ``VARLEN``; the dense
+kernel's code is unchanged) over the packed tensors viewed as ``[1, T, H, D]``, grid (query tiles of
+``max_seqlen_q``, heads, documents). Each CTA reads its document's row ranges from the int32
+``cu_seqlens`` on the device (no host sync) and exits when its tile starts past the document's end;
+masks use the document's lengths (bottom-right aligned per document). A key block past the
+document's end reads the next document's rows (TMA zero-fills only past the tensor), which the
+softmax masks like keys past seq_k; a warpgroup's 64 O rows go out by TMA when they lie inside the
+document, else by masked 16-byte stores from the staged tile (TMA would clip only at the tensor's
+end); the LSE ``[H, T]`` with a masked store. Rows no document owns get ``O = 0``, ``LSE = +inf``
+from a small tl kernel launched first.
 """
 
 from __future__ import annotations
@@ -54,15 +66,21 @@ from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, SMEM_LIMIT,
 
 __all__ = [
     "GLUON_ATTN_ENV",
+    "GLUON_ATTN_VARLEN_ENV",
     "GluonAttnConfig",
     "default_attn_config",
     "flash_attn_fwd_gluon",
+    "flash_attn_varlen_fwd_gluon",
     "gluon_attn_fwd_reason",
     "gluon_attn_operand_reason",
+    "gluon_attn_varlen_fwd_reason",
+    "gluon_attn_varlen_operand_reason",
     "use_gluon_attn_fwd",
+    "use_gluon_attn_varlen_fwd",
 ]
 
 GLUON_ATTN_ENV = "PRIMUS_TURBO_ATTN_FWD_GLUON"
+GLUON_ATTN_VARLEN_ENV = "PRIMUS_TURBO_ATTN_VARLEN_GLUON"
 LOG2E = 1.4426950408889634
 _DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (64, 128)
@@ -79,6 +97,8 @@ if GLUON_AVAILABLE:
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    import triton
+    import triton.language as tl
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,50 +171,74 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, M_AXIS: gl.constexpr = 0):
+              BLOCK_N: gl.constexpr, M_AXIS: gl.constexpr = 0, VARLEN: gl.constexpr = False):
         """(pid_m, b, h, number of key blocks the tile's rows can see). Causal tiles run the
         longest rows first (the query-tile grid axis reversed) so the short ones fill the tail; at
         least one block is visited (fully masked when the rows see nothing) so the producer and
         the consumers agree on the count without a special case. ``M_AXIS``: the grid axis of the
-        query tiles, the other one is batch * head (1: the FP8 forward's heads-fastest grid)."""
+        query tiles, the other one is batch * head (1: the FP8 forward's heads-fastest grid).
+        ``VARLEN``: the grid is (query tiles, heads, documents), ``b`` the document, and SEQ_Q /
+        SEQ_K / offset are that document's."""
         pid_m = gl.program_id(M_AXIS)
         if HAS_RIGHT:
             pid_m = gl.num_programs(M_AXIS) - 1 - pid_m
-        pid_bh = gl.program_id(1 - M_AXIS)
+        if VARLEN:
+            b = gl.program_id(2)
+            h = gl.program_id(1)
+        else:
+            pid_bh = gl.program_id(1 - M_AXIS)
         hi = SEQ_K
         if HAS_RIGHT:
             hi = gl.minimum(pid_m * BLOCK_M + BLOCK_M + offset + win_right, SEQ_K)
         n_blocks = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
-        return pid_m, pid_bh // H, pid_bh % H, n_blocks
+        if not VARLEN:
+            b = pid_bh // H
+            h = pid_bh % H
+        return pid_m, b, h, n_blocks
 
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                   H, GROUP, SEQ_Q, SEQ_K, offset, win_right,
                   HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  V_KEYS_INNER: gl.constexpr = False):
+                  V_KEYS_INNER: gl.constexpr = False, Q_ROW0=0, K_ROW0=0, VARLEN: gl.constexpr = False):
         """One warp: Q's two halves once, then K_j and V_j into ring slot ``j % STAGES``.
         ``V_KEYS_INNER``: v_desc is over V^T viewed as [B, D, H, S] (the FP8 forward's V copy, keys
-        contiguous for the K-major FP8 MMA operand), so a key block is the box's inner dimension."""
+        contiguous for the K-major FP8 MMA operand), so a key block is the box's inner dimension.
+        ``VARLEN``: the descriptors are over the packed [1, T, H, D] tensors and the document's rows
+        start at ``Q_ROW0`` / ``K_ROW0``; a block past the document's end reads the next document's
+        rows (or zeros past the tensor), which the consumers mask (keys) or never store (queries)."""
         HALF: gl.constexpr = q_desc.block_type.shape[1]
-        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N)
+        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N, 0, VARLEN)
         hk = h // GROUP
         m0 = pid_m * (2 * HALF)
+        if VARLEN:
+            bq = 0
+            mq = Q_ROW0 + m0
+        else:
+            bq = b
+            mq = m0
         # rows past seq_q arrive zero-filled and still count their full box bytes
         mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, m0, h, 0], q_bar, q_smem.index(0))
-        tma.async_copy_global_to_shared(q_desc, [b, m0 + HALF, h, 0], q_bar, q_smem.index(1))
+        tma.async_copy_global_to_shared(q_desc, [bq, mq, h, 0], q_bar, q_smem.index(0))
+        tma.async_copy_global_to_shared(q_desc, [bq, mq + HALF, h, 0], q_bar, q_smem.index(1))
         for j in range(n_blocks):
             s = j % STAGES
             phase = ((j // STAGES) & 1) ^ 1  # empty barriers start one phase behind: no wait on the first lap
+            if VARLEN:
+                bk = 0
+                nk = K_ROW0 + j * BLOCK_N
+            else:
+                bk = b
+                nk = j * BLOCK_N
             mbarrier.wait(k_empty.index(s), phase)
             mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [b, j * BLOCK_N, hk, 0], k_ready.index(s), k_bufs.index(s))
+            tma.async_copy_global_to_shared(k_desc, [bk, nk, hk, 0], k_ready.index(s), k_bufs.index(s))
             mbarrier.wait(v_empty.index(s), phase)
             mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
             if V_KEYS_INNER:
-                tma.async_copy_global_to_shared(v_desc, [b, 0, hk, j * BLOCK_N], v_ready.index(s), v_bufs.index(s))
+                tma.async_copy_global_to_shared(v_desc, [bk, 0, hk, nk], v_ready.index(s), v_bufs.index(s))
             else:
-                tma.async_copy_global_to_shared(v_desc, [b, j * BLOCK_N, hk, 0], v_ready.index(s), v_bufs.index(s))
+                tma.async_copy_global_to_shared(v_desc, [bk, nk, hk, 0], v_ready.index(s), v_bufs.index(s))
 
     @gluon.jit
     def _softmax(s, m_i, l_i, qk_scale, offs_m, n0, SEQ_K, diag, dtype: gl.constexpr, p_layout: gl.constexpr,
@@ -281,11 +325,31 @@ if GLUON_AVAILABLE:
         return s_regs, acc, p_new, m_i, l_i
 
     @gluon.jit
+    def _store_rows(tile, O, Q_ROW0, m0, SEQ_Q, h, stride_os, stride_oh):
+        """Rows ``m0 + i < SEQ_Q`` of the staged [HALF, D] O tile (shared memory) to packed O rows
+        ``Q_ROW0 + m0 + i`` of head ``h``: 16-byte vectors, a row mask (the varlen epilogue of a
+        warpgroup's half that crosses its document's end)."""
+        HALF: gl.constexpr = tile.type.shape[0]
+        D: gl.constexpr = tile.type.shape[1]
+        COLS: gl.constexpr = D // 8  # threads along a row, 8 elements (16 bytes) each
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COLS, COLS], [4, 1], [1, 0])
+        vals = tile.load(layout)
+        rows = m0 + gl.arange(0, HALF, layout=gl.SliceLayout(1, layout))
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+        offs = (gl.expand_dims((Q_ROW0 + rows).to(gl.int64) * stride_os, 1) + h.to(gl.int64) * stride_oh
+                + gl.expand_dims(cols, 0))
+        ok = gl.expand_dims(rows < SEQ_Q, 1) & gl.expand_dims(cols < D, 0)
+        gl.store(O + offs, vals, mask=ok)
+
+    @gluon.jit
     def _consumer(o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE, SINK,
                   H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale,
                   WG: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr):
-        """One warpgroup: query rows [WG*64, WG*64+64) of the tile."""
+                  STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
+                  O=0, stride_os=0, stride_oh=0, stride_lh=0, Q_ROW0=0, VARLEN: gl.constexpr = False):
+        """One warpgroup: query rows [WG*64, WG*64+64) of the tile. ``VARLEN``: SEQ_Q / SEQ_K /
+        offset are the document's, its rows start at ``Q_ROW0`` of the packed O ``[T, H, D]``
+        (pointer ``O``, row / head strides) and LSE ``[H, T]`` (head stride ``stride_lh``)."""
         HALF: gl.constexpr = o_desc.block_type.shape[1]
         D_QK: gl.constexpr = q_smem.type.shape[4]
         D_V: gl.constexpr = o_desc.block_type.shape[3]
@@ -299,7 +363,7 @@ if GLUON_AVAILABLE:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N)
+        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N, 0, VARLEN)
         m0 = pid_m * (2 * HALF) + WG * HALF
         offs_m = m0 + gl.arange(0, HALF, layout=row_layout)
         diag = offset + win_right
@@ -351,32 +415,37 @@ if GLUON_AVAILABLE:
         empty = l_i == 0.0
         l_safe = gl.where(empty, 1.0, l_i)
         lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) / 1.4426950408889634)
-        gl.store(LSE + (b * H + h).to(gl.int64) * SEQ_Q + offs_m, lse, mask=offs_m < SEQ_Q)
+        if VARLEN:
+            gl.store(LSE + h.to(gl.int64) * stride_lh + (Q_ROW0 + offs_m), lse, mask=offs_m < SEQ_Q)
+        else:
+            gl.store(LSE + (b * H + h).to(gl.int64) * SEQ_Q + offs_m, lse, mask=offs_m < SEQ_Q)
         out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
         # this warpgroup's Q half is dead (its last S MMA has retired): stage O there for the TMA
         # store, which clips the rows past seq_q
         o_smem = q_smem.index(WG)
         o_smem.reshape([HALF, D_V]).store(out.to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [b, m0, h, 0], o_smem)
-        tma.store_wait(pendings=0)
+        if VARLEN:
+            # the TMA store clips only at the packed tensor's end: a half that crosses the document's
+            # end (its rows past it are the next document's) goes out through masked stores
+            if m0 + HALF <= SEQ_Q:
+                fence_async_shared()
+                tma.async_copy_shared_to_global(o_desc, [0, Q_ROW0 + m0, h, 0], o_smem)
+                tma.store_wait(pendings=0)
+            else:
+                _store_rows(o_smem.reshape([HALF, D_V]), O, Q_ROW0, m0, SEQ_Q, h, stride_os, stride_oh)
+        else:
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [b, m0, h, 0], o_smem)
+            tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _attn_fwd_ws_kernel(
-        q_desc, k_desc, v_desc, o_desc,
-        LSE, SINK,
-        H, GROUP, SEQ_Q, SEQ_K,
-        offset, win_right, qk_scale,
-        HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
-        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
-        OVERLAP: gl.constexpr = False,
-    ):
-        """O, LSE of 128 query rows of one (batch, head): producer warp + two consumer warpgroups.
-
-        Descriptors over logical [B, S, H, D]: q/o boxes [1, 64, 1, D] (a warpgroup's rows),
-        k/v boxes [1, BLOCK_N, 1, D]. HAS_RIGHT (a right window bound, causal = 0) is constexpr
-        because it adds the diagonal loop and reverses the grid; HAS_SINK changes the init; PINGPONG /
-        OVERLAP: GluonAttnConfig's pingpong / overlap."""
+    def _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale,
+                     HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
+                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
+                     OVERLAP: gl.constexpr, O=0, stride_os=0, stride_oh=0, stride_lh=0, Q_ROW0=0, K_ROW0=0,
+                     VARLEN: gl.constexpr = False):
+        """The body of both kernels: shared memory, barriers, producer warp + two consumer
+        warpgroups (``VARLEN``: one document's tile, the varlen arguments as :func:`_consumer`'s)."""
         HALF: gl.constexpr = q_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
         D_QK: gl.constexpr = q_desc.block_type.shape[3]
@@ -399,16 +468,78 @@ if GLUON_AVAILABLE:
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer warpgroup
             mbarrier.init(v_empty.index(i), count=2)
-        gl.warp_specialize([
-            (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
-                         SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 0, HAS_RIGHT, HAS_SINK, BLOCK_N,
-                         STAGES, PINGPONG, OVERLAP)),
-            (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
-                         SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 1, HAS_RIGHT, HAS_SINK, BLOCK_N,
-                         STAGES, PINGPONG, OVERLAP)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-                         H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        if VARLEN:
+            gl.warp_specialize([
+                (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
+                             SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 0, HAS_RIGHT, HAS_SINK,
+                             BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, True)),
+                (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
+                             SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 1, HAS_RIGHT, HAS_SINK,
+                             BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, True)),
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
+                             v_empty, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, False,
+                             Q_ROW0, K_ROW0, True)),
+            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        else:
+            gl.warp_specialize([
+                (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
+                             SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 0, HAS_RIGHT, HAS_SINK,
+                             BLOCK_N, STAGES, PINGPONG, OVERLAP)),
+                (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
+                             SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 1, HAS_RIGHT, HAS_SINK,
+                             BLOCK_N, STAGES, PINGPONG, OVERLAP)),
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
+                             v_empty, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES)),
+            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+    @gluon.jit
+    def _attn_fwd_ws_kernel(
+        q_desc, k_desc, v_desc, o_desc,
+        LSE, SINK,
+        H, GROUP, SEQ_Q, SEQ_K,
+        offset, win_right, qk_scale,
+        HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
+        OVERLAP: gl.constexpr = False,
+    ):
+        """O, LSE of 128 query rows of one (batch, head): producer warp + two consumer warpgroups.
+
+        Descriptors over logical [B, S, H, D]: q/o boxes [1, 64, 1, D] (a warpgroup's rows),
+        k/v boxes [1, BLOCK_N, 1, D]. HAS_RIGHT (a right window bound, causal = 0) is constexpr
+        because it adds the diagonal loop and reverses the grid; HAS_SINK changes the init; PINGPONG /
+        OVERLAP: GluonAttnConfig's pingpong / overlap."""
+        _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale,
+                     HAS_RIGHT, HAS_SINK, STAGES, CONSUMER_REGS, PRODUCER_REGS, PINGPONG, OVERLAP)
+
+    @gluon.jit
+    def _attn_fwd_varlen_ws_kernel(
+        q_desc, k_desc, v_desc, o_desc,
+        O, LSE, SINK, CU_Q, CU_K,
+        H, GROUP, stride_os, stride_oh, stride_lh,
+        win_right, qk_scale,
+        HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
+        OVERLAP: gl.constexpr = False,
+    ):
+        """Varlen (packed THD): O, LSE of 128 query rows of one (document, head); grid (query
+        tiles of max_seqlen_q, heads, documents). Descriptors over the packed tensors viewed as
+        [1, T, H, D]; document ``b`` is q rows ``CU_Q[b] .. CU_Q[b+1]-1`` and k / v rows
+        ``CU_K[b] .. CU_K[b+1]-1`` (int32, read here on the device), masks bottom-right aligned
+        per document. A tile that starts past its document's end exits at once. O ``[T, H, D]``
+        (pointer and row / head strides for the partial tiles' masked stores), LSE ``[H, T]``."""
+        HALF: gl.constexpr = q_desc.block_type.shape[1]
+        pid_m = gl.program_id(0)
+        if HAS_RIGHT:
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        b = gl.program_id(2)
+        q_start = gl.load(CU_Q + b)
+        seq_q = gl.load(CU_Q + b + 1) - q_start
+        k_start = gl.load(CU_K + b)
+        seq_k = gl.load(CU_K + b + 1) - k_start
+        if pid_m * (2 * HALF) < seq_q:
+            _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, SINK, H, GROUP, seq_q, seq_k, seq_k - seq_q, win_right,
+                         qk_scale, HAS_RIGHT, HAS_SINK, STAGES, CONSUMER_REGS, PRODUCER_REGS, PINGPONG, OVERLAP,
+                         O, stride_os, stride_oh, stride_lh, q_start, k_start, True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -580,4 +711,181 @@ def flash_attn_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink
     grid, args, kwargs = _kernel_args(q, k, v, out, lse, sink, softmax_scale, win_right, cfg)
     with torch.cuda.device(q.device):
         _attn_fwd_ws_kernel[grid](*args, **kwargs)
+    return out, lse
+
+
+# ----------------------------------------------------------------------------------------------
+# Varlen (packed THD)
+# ----------------------------------------------------------------------------------------------
+#: documents per launch and query heads: grid axes 2 and 1 (CUDA's limit on y and z)
+_MAX_GRID_YZ = 65535
+
+
+def use_gluon_attn_varlen_fwd() -> bool:
+    """``PRIMUS_TURBO_ATTN_VARLEN_GLUON``: 1 runs :func:`flash_attn_varlen_fwd_gluon` for the TRITON
+    backend's varlen forward wherever :func:`gluon_attn_varlen_fwd_reason` allows, 0 (the default)
+    and auto never: it has not run on a GPU yet (auto becomes the measured rule once it has)."""
+    from primus_turbo.pytorch.core.env import env_auto_flag
+
+    return bool(env_auto_flag(GLUON_ATTN_VARLEN_ENV))
+
+
+def gluon_attn_varlen_operand_reason(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                                     sink=None, softmax_scale: float = 1.0, win_left: int = -1,
+                                     win_right: int = -1) -> Optional[str]:
+    """The shape / dtype / stride half of :func:`gluon_attn_varlen_fwd_reason` (CPU-checkable): the
+    dense forward's rules on the packed ``[T, H, D]`` tensors viewed as ``[1, T, H, D]``, plus int32
+    ``cu_seqlens`` of equal length on q's device with a unit stride, at most 65535 documents."""
+    if not GLUON_AVAILABLE:
+        return "triton.experimental.gluon is not importable"
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        return f"varlen q, k, v must be packed [total, heads, dim], got {q.dim()}-D, {k.dim()}-D, {v.dim()}-D"
+    reason = gluon_attn_operand_reason(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), sink, softmax_scale,
+                                       win_left, win_right)
+    if reason is not None:
+        return reason
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 1:
+            return f"{name} must be a 1-D int32 tensor with batch + 1 entries"
+        if cu.device != q.device:
+            return f"{name} is on {cu.device}, q on {q.device}"
+        if cu.numel() > 1 and cu.stride(0) != 1:
+            return f"{name} must have a unit stride, got {cu.stride(0)}"
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        return f"cu_seqlens_q has {cu_seqlens_q.numel()} entries, cu_seqlens_k {cu_seqlens_k.numel()}"
+    if cu_seqlens_q.numel() - 1 > _MAX_GRID_YZ:
+        return f"{cu_seqlens_q.numel() - 1} documents exceed the grid's {_MAX_GRID_YZ}"
+    if q.size(1) > _MAX_GRID_YZ:
+        return f"heads_q = {q.size(1)} exceeds the grid's {_MAX_GRID_YZ}"
+    if max(q.size(0), k.size(0)) >= 2 ** 31 - 2 * GluonAttnConfig.BLOCK_M:
+        return f"total tokens q={q.size(0)}, k={k.size(0)}: TMA row coordinates are int32"
+    if int(max_seqlen_q) < 0 or int(max_seqlen_k) < 0:
+        return f"max_seqlen_q={max_seqlen_q}, max_seqlen_k={max_seqlen_k} must be >= 0"
+    return None
+
+
+def gluon_attn_varlen_fwd_reason(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                                 sink=None, softmax_scale: float = 1.0, win_left: int = -1,
+                                 win_right: int = -1) -> Optional[str]:
+    """None when :func:`flash_attn_varlen_fwd_gluon` can run these inputs on their device, else why
+    not. Never raises, never synchronizes (``cu_seqlens`` values are not read)."""
+    return _device_reason(gluon_attn_varlen_operand_reason, (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                             max_seqlen_k, sink, softmax_scale, win_left, win_right))
+
+
+if GLUON_AVAILABLE:
+
+    @triton.jit
+    def _varlen_fill_outside_kernel(O, LSE, CU, NSEQ, T, H, stride_os, stride_oh, stride_lh,
+                                    D: tl.constexpr, BLOCK_T: tl.constexpr):
+        """O = 0 and LSE = +inf on the packed rows outside ``CU[0] .. CU[NSEQ]-1`` (the rows no
+        document owns, which the attention kernel never writes): the tl varlen forward's contract.
+        A block of rows inside that range returns at once (so, when the documents cover every row,
+        all of them do)."""
+        r0 = tl.program_id(0) * BLOCK_T
+        lo = tl.load(CU)
+        hi = tl.load(CU + NSEQ)
+        if (r0 >= lo) & (r0 + BLOCK_T <= hi):
+            return
+        rows = r0 + tl.arange(0, BLOCK_T)
+        cols = tl.arange(0, D)
+        outside = (rows < T) & ((rows < lo) | (rows >= hi))
+        o_ptrs = O + rows[:, None].to(tl.int64) * stride_os + cols[None, :]
+        lse_ptrs = LSE + rows
+        for _ in range(H):
+            tl.store(o_ptrs, tl.zeros([BLOCK_T, D], dtype=O.dtype.element_ty), mask=outside[:, None])
+            tl.store(lse_ptrs, tl.full([BLOCK_T], float("inf"), tl.float32), mask=outside)
+            o_ptrs += stride_oh
+            lse_ptrs += stride_lh
+
+
+def _fill_outside(out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor) -> None:
+    """:func:`_varlen_fill_outside_kernel` on ``out [T, H, D]`` (unit head-dim stride, D a power of
+    two) and ``lse [H, T]`` (unit token stride)."""
+    T, H, D = out.shape
+    if T == 0 or H == 0:
+        return
+    block_t = 64
+    _varlen_fill_outside_kernel[(triton.cdiv(T, block_t),)](
+        out, lse, cu_seqlens_q, cu_seqlens_q.numel() - 1, T, H, out.stride(0), out.stride(1), lse.stride(0),
+        D=D, BLOCK_T=block_t, num_warps=4)
+
+
+def _varlen_outputs(out, lse, T: int, H: int, D: int, dtype: torch.dtype, device) -> tuple:
+    """O ``[T, H, D]`` and LSE ``[H, T]`` destinations: new (uninitialized: the kernel writes the
+    documents' rows, :func:`_fill_outside` the others) or the caller's, checked."""
+    fn = "flash_attn_varlen_fwd_gluon"
+    if out is None:
+        out = torch.empty((T, H, D), dtype=dtype, device=device)
+    elif (tuple(out.shape) != (T, H, D) or out.dtype != dtype or out.device != device
+          or (out.numel() and _tma_strides(out.unsqueeze(0)) is None)):
+        raise ValueError(f"{fn}: out must be {dtype} {[T, H, D]} on {device} with a unit head-dim stride and "
+                         f"16-byte aligned strides, got {out.dtype} {list(out.shape)} strides {tuple(out.stride())}")
+    if lse is None:
+        lse = torch.empty((H, T), dtype=torch.float32, device=device)
+    elif (tuple(lse.shape) != (H, T) or lse.dtype != torch.float32 or lse.device != device
+          or (lse.numel() and lse.stride(1) != 1)):
+        raise ValueError(f"{fn}: lse must be float32 {[H, T]} on {device} with a unit token stride, got "
+                         f"{lse.dtype} {list(lse.shape)} strides {tuple(lse.stride())}")
+    return out, lse
+
+
+def _varlen_kernel_args(q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                        softmax_scale: float, win_right: int, cfg: GluonAttnConfig) -> tuple:
+    """(grid, positional args, keyword args) of :func:`_attn_fwd_varlen_ws_kernel` for validated,
+    non-empty packed inputs: grid (query tiles of ``max_seqlen_q``, heads, documents)."""
+    H, Hk = q.size(1), k.size(1)
+    q4, k4, v4, o4 = (t.unsqueeze(0) for t in (q, k, v, out))
+    args = (_desc(q4, HALF_M), _desc(k4, cfg.block_n), _desc(v4, cfg.block_n), _desc(o4, HALF_M),
+            out, lse, sink if sink is not None else lse, cu_seqlens_q, cu_seqlens_k,
+            H, H // Hk, out.stride(0), out.stride(1), lse.stride(0), max(win_right, 0),
+            float(softmax_scale) * LOG2E)
+    kwargs = dict(HAS_RIGHT=win_right >= 0, HAS_SINK=sink is not None, STAGES=cfg.stages,
+                  CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong,
+                  OVERLAP=cfg.overlap, num_warps=4)
+    grid = (-(-int(max_seqlen_q) // cfg.BLOCK_M), H, cu_seqlens_q.numel() - 1)
+    return grid, args, kwargs
+
+
+def flash_attn_varlen_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                                sink: Optional[torch.Tensor], softmax_scale: float, win_left: int = -1,
+                                win_right: int = -1, config: Optional[GluonAttnConfig] = None,
+                                out: Optional[torch.Tensor] = None,
+                                lse: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed (THD) attention forward on Hopper: the contract of
+    :func:`flash_attn_fwd.flash_attn_varlen_fwd_triton`. q ``[Tq, Hq, D]``, k / v ``[Tk, Hk, D]``
+    (the dense Gluon forward's dtypes, head dims, strides and windows); document ``b`` is q rows
+    ``cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1`` and k / v rows ``cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1``
+    (int32 ``[B+1]`` on the device, read there only: no host sync), at most ``max_seqlen_q`` query
+    rows each (host int; it sizes the grid); masks are bottom-right aligned per document (causal:
+    ``win_right = 0``). Returns ``O [Tq, Hq, D]`` and ``LSE [Hq, Tq]`` fp32 (natural log, ``+inf``
+    for a row that sees no key and has no sink), so :func:`flash_attn_varlen_bwd_triton` takes them
+    as they are; rows outside ``cu_seqlens_q[0] .. cu_seqlens_q[-1]`` get ``O = 0``, ``LSE = +inf``.
+
+    A document's last key block may read rows of the next document (or of k / v past
+    ``cu_seqlens_k[-1]``): those keys are masked, but ``P V`` multiplies their V rows by 0, so they
+    must be finite (a NaN or Inf there, e.g. uninitialized padding after the last document, would
+    reach that document's output); the tl kernel never reads them.
+
+    Raises ValueError with :func:`gluon_attn_varlen_fwd_reason`'s text for inputs it does not take."""
+    reason = gluon_attn_varlen_fwd_reason(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sink,
+                                          softmax_scale, win_left, win_right)
+    if reason is not None:
+        raise ValueError(f"flash_attn_varlen_fwd_gluon: {reason}")
+    Tq, H, D = q.shape
+    out, lse = _varlen_outputs(out, lse, Tq, H, D, q.dtype, q.device)
+    if Tq == 0 or H == 0:
+        return out, lse
+    cfg = config or default_attn_config(D)
+    bad = cfg.check(D)
+    if bad is not None:
+        raise ValueError(f"flash_attn_varlen_fwd_gluon: {bad}")
+    with torch.cuda.device(q.device):
+        # first, so that a (buggy) write of the attention kernel past a document's end would show
+        _fill_outside(out, lse, cu_seqlens_q)
+        if cu_seqlens_q.numel() > 1 and int(max_seqlen_q) > 0:
+            grid, args, kwargs = _varlen_kernel_args(q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                     softmax_scale, win_right, cfg)
+            _attn_fwd_varlen_ws_kernel[grid](*args, **kwargs)
     return out, lse
