@@ -12,6 +12,8 @@ the packed run bitwise, and the tl varlen backward on the Gluon forward's O and 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -306,6 +308,8 @@ def test_check_script_dry_run_on_cpu(monkeypatch):
     (Triton interpreter) standing in for the Gluon one: its reference, comparisons, per-document
     bitwise check, trailing rows and the backward through the op (a check of the script, not of the
     Gluon kernel)."""
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("CPU tensors through the tl kernel need the Triton interpreter; the GPU runs the real check")
     from primus_turbo.triton.attention.flash_attn_fwd import flash_attn_varlen_fwd_triton
 
     s_mod = _script()
