@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .zero_tail import _direct_entry, _no_launch_hooks, _raw_stream
+from .zero_tail import cached_launch
 
 __all__ = ["padded_group_layout_triton", "BLOCK_P"]
 
@@ -105,20 +105,7 @@ def padded_group_layout_triton(group_offs: torch.Tensor, m_total: int, align: in
     poffs = torch.empty(G + 1, dtype=torch.int64, device=dev)
     grid0 = max(-(-m_pad // BLOCK_P), 1)  # one program at least: program 0 writes padded_offs
     args = (group_offs, src, poffs, G, m_total, align, m_pad)
-    if group_offs.is_cuda:
-        index = group_offs.get_device()
-        entry = _compiled.get((index, group_offs.dtype, nonempty))
-        if entry is not None:
-            kernel, direct = entry
-            if direct is not None and _no_launch_hooks():  # a profiler's hooks need Triton's path
-                launch, function, coop, pdl, packed = direct
-                launch(grid0, 1, 1, _raw_stream(index), function, coop, pdl, None, None, packed, None, None, None,
-                       *args, nonempty, BLOCK_P, _BLOCK_G)
-            else:
-                kernel[(grid0, 1, 1)](*args, nonempty, BLOCK_P, _BLOCK_G)
-            return src, poffs
-    kernel = _padded_layout_kernel[(grid0, 1, 1)](*args, NONEMPTY=nonempty, BLOCK_P=BLOCK_P, BLOCK_G=_BLOCK_G,
-                                                  num_warps=_NUM_WARPS)
-    if group_offs.is_cuda:  # the interpreter has no compiled kernel to keep
-        _compiled[(group_offs.get_device(), group_offs.dtype, nonempty)] = (kernel, _direct_entry(kernel))
+    index = group_offs.get_device() if group_offs.is_cuda else None
+    cached_launch(_compiled, (index, group_offs.dtype, nonempty), _padded_layout_kernel, grid0, args,
+                  dict(NONEMPTY=nonempty, BLOCK_P=BLOCK_P, BLOCK_G=_BLOCK_G), _NUM_WARPS, index)
     return src, poffs

@@ -63,22 +63,33 @@ def zero_tail_rows_(out: torch.Tensor, group_offs: torch.Tensor) -> torch.Tensor
     block_n = min(triton.next_power_of_2(n), 256)
     grid0 = triton.cdiv(m, _BLOCK_R)
     args = (out, group_offs, group_offs.numel() - 1, m, n, out.stride(0))
-    if out.is_cuda:
-        index = out.get_device()
-        entry = _compiled.get((index, out.dtype, group_offs.dtype, block_n))
+    index = out.get_device() if out.is_cuda else None
+    cached_launch(_compiled, (index, out.dtype, group_offs.dtype, block_n), _zero_tail_kernel, grid0, args,
+                  dict(BLOCK_R=_BLOCK_R, BLOCK_N=block_n), 4, index)
+    return out
+
+
+def cached_launch(compiled: dict, key: tuple, jit_fn, grid0: int, args: tuple, constexprs: dict, num_warps: int,
+                  device_index) -> None:
+    """Launch ``jit_fn[(grid0, 1, 1)](*args, **constexprs)``, keeping the compiled kernel in
+    ``compiled[key]`` (``key`` must name everything the compilation depends on: the device, dtypes,
+    constexprs). From the second launch on it goes through the C entry of :func:`_direct_entry`
+    unless a launch hook is installed. ``constexprs`` in the kernel's signature order (the cached
+    paths pass them positionally); ``device_index`` None off CUDA (the interpreter keeps nothing)."""
+    if device_index is not None:
+        entry = compiled.get(key)
         if entry is not None:
             kernel, direct = entry
             if direct is not None and _no_launch_hooks():  # a profiler's hooks need Triton's path
                 launch, function, coop, pdl, packed = direct
-                launch(grid0, 1, 1, _raw_stream(index), function, coop, pdl, None, None, packed, None, None, None,
-                       *args, _BLOCK_R, block_n)
+                launch(grid0, 1, 1, _raw_stream(device_index), function, coop, pdl, None, None, packed, None, None, None,
+                       *args, *constexprs.values())
             else:
-                kernel[(grid0, 1, 1)](*args, _BLOCK_R, block_n)
-            return out
-    kernel = _zero_tail_kernel[(grid0, 1, 1)](*args, BLOCK_R=_BLOCK_R, BLOCK_N=block_n, num_warps=4)
-    if out.is_cuda:  # the interpreter has no compiled kernel to keep
-        _compiled[(out.get_device(), out.dtype, group_offs.dtype, block_n)] = (kernel, _direct_entry(kernel))
-    return out
+                kernel[(grid0, 1, 1)](*args, *constexprs.values())
+            return
+    kernel = jit_fn[(grid0, 1, 1)](*args, **constexprs, num_warps=num_warps)
+    if device_index is not None:
+        compiled[key] = (kernel, _direct_entry(kernel))
 
 
 def _no_launch_hooks() -> bool:
