@@ -14,9 +14,12 @@ On an sm_90 GPU (project not installed, PYTHONPATH=. is enough):
    ``[57, 311, 800, 173]``, ``[2048, 64, 64, 64]`` and 8 x 2048, causal and full, at heads 32/8 head
    dim 128 and 8/8 head dim 64, plus a sink, a right window, key lengths != query lengths (empty
    causal rows), an empty document, trailing rows no document owns (must come back O = 0,
-   LSE = +inf, untouched by the last document's partial tile) and fp16. O and LSE are poisoned
-   (NaN) before the call and compared per document with an fp32 reference (>= 40 dB) and with the
-   tl varlen forward (>= 40 dB); +inf LSE entries must match exactly; each document run alone
+   LSE = +inf, untouched by the last document's partial tile), fp16, and packs whose k / v rows past
+   ``cu_seqlens_k[-1]`` hold NaN and +Inf (``nan_tail``: the output must equal, bitwise, the
+   output with those rows finite, and have no NaN: the kernel loads a document's last key block
+   shifted back so it never reads them), one of them with documents shorter than the key block. O
+   and LSE are poisoned (NaN) before the call and compared per document with an fp32 reference
+   (>= 40 dB) and with the tl varlen forward (>= 40 dB); +inf LSE entries must match exactly; each document run alone
    (its own one-document pack) must give its rows of the packed run bitwise; the tl varlen
    backward on the Gluon forward's O and LSE (``flash_attn_varlen_func``, TRITON backend,
    ``PRIMUS_TURBO_ATTN_VARLEN_GLUON`` 0 vs 1) must give the gradients it gives on the tl forward's.
@@ -51,7 +54,8 @@ DEVICE = "cuda"  # the tests' CPU dry run of check_case swaps in "cpu" (and the 
 PATTERNS = {"eq512": [512] * 4, "pow2": [128, 256, 512, 1024], "odd": [57, 311, 800, 173],
             "long-first": [2048, 64, 64, 64]}
 UNIFORM = [2048] * 8
-# (name, lens_q, lens_k (None: = lens_q), Hq, Hk, D, causal, dtype, sink, win_right, extra rows past cu[-1])
+# (name, lens_q, lens_k (None: = lens_q), Hq, Hk, D, causal, dtype, sink, win_right, extra rows past cu[-1]
+#  [, config (None: the default), nan_tail (k / v rows past cu_seqlens_k[-1] NaN / +Inf)])
 CASES = [
     (f"{pname}_h{hq}x{hk}_d{d}_{'causal' if c else 'full'}", lens, None, hq, hk, d, c, "bf16", False, -1, 0)
     for pname, lens in list(PATTERNS.items()) + [("uniform2048", UNIFORM)]
@@ -65,6 +69,9 @@ CASES = [
     ("empty_doc_h8x2_d128_causal", [200, 0, 333, 1], None, 8, 2, 128, True, "bf16", False, -1, 0),
     ("trailing_rows_h8x2_d128_causal", [100, 250], None, 8, 2, 128, True, "bf16", False, -1, 77),
     ("trailing_rows_h8x8_d64_full", [130, 63], None, 8, 8, 64, False, "fp16", False, -1, 200),
+    ("nan_tail_odd_h32x8_d128_causal", [57, 311, 800, 173], None, 32, 8, 128, True, "bf16", False, -1, 200, None,
+     True),
+    ("nan_tail_short_h8x8_d64_full", [5, 70, 130, 1, 300], None, 8, 8, 64, False, "bf16", False, -1, 100, None, True),
 ]
 
 
@@ -151,6 +158,14 @@ def cu_seqlens(lens, device):
     return torch.tensor(cu, dtype=torch.int32, device=device)
 
 
+def poison_tail(k, v, n_k: int) -> None:
+    """k / v rows from ``n_k`` (``cu_seqlens_k[-1]``) on, in place: the first half NaN, the rest +Inf."""
+    half = n_k + (k.size(0) - n_k + 1) // 2
+    for t in (k, v):
+        t[n_k:half] = float("nan")
+        t[half:] = float("inf")
+
+
 def make_pack(lens_q, lens_k, Hq, Hk, D, dtype, device, extra_rows: int = 0, seed: int = 0):
     """Random packed q ``[sum(lens_q) + extra_rows, Hq, D]``, k / v ``[sum(lens_k) + extra_rows, Hk, D]``
     (``extra_rows``: rows past ``cu_seqlens[-1]`` that no document owns)."""
@@ -230,6 +245,7 @@ def check_case(spec) -> dict:
 
     name, lens_q, lens_k, Hq, Hk, D, causal, dt, sink, win_right, extra = spec[:11]
     cfg = fa.GluonAttnConfig.parse(spec[11]) if len(spec) > 11 and spec[11] else None
+    nan_tail = bool(len(spec) > 12 and spec[12])
     lens_k = lens_k or lens_q
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
     q, k, v = make_pack(lens_q, lens_k, Hq, Hk, D, dtype, DEVICE, extra)
@@ -239,6 +255,9 @@ def check_case(spec) -> dict:
     reason = fa.gluon_attn_varlen_fwd_reason(q, k, v, cq, ck, max(lens_q), max(lens_k), s, scale, -1, wr)
     if reason is not None:
         return dict(name=name, ok=False, error=f"refused: {reason}")
+    if nan_tail:  # the output with finite rows past cu_seqlens_k[-1], then those rows NaN / +Inf
+        fin_out, fin_lse = (t.clone() for t in run_gluon(q, k, v, lens_q, lens_k, causal, scale, s, win_right, cfg))
+        poison_tail(k, v, sum(lens_k))
     t0 = time.time()
     out, lse = run_gluon(q, k, v, lens_q, lens_k, causal, scale, s, win_right, cfg)
     if q.is_cuda:
@@ -252,6 +271,9 @@ def check_case(spec) -> dict:
                snr_out_tl=snr_finite(tl_out.float(), out.float()), snr_lse_tl=snr_finite(tl_lse, lse))
     ok = not res["nan_out"] and not res["nan_lse"] and all(
         res[key] >= MIN_SNR for key in ("snr_out_ref", "snr_lse_ref", "snr_out_tl", "snr_lse_tl"))
+    if nan_tail:
+        res["nan_tail_bitwise"] = bool(torch.equal(out, fin_out) and torch.equal(lse, fin_lse))
+        ok = ok and res["nan_tail_bitwise"]
     if extra:  # rows no document owns: exactly O = 0, LSE = +inf
         res["trailing_rows_ok"] = bool((out[n:] == 0).all() and (lse[:, n:] == float("inf")).all())
         ok = ok and res["trailing_rows_ok"]
@@ -423,10 +445,10 @@ def main(argv=None) -> int:
     if not args.no_check:
         print("correctness (each case in a child process):")
         checks = []
-        specs = [list(c) for c in CASES] + [list(c) + [t] for t in args.configs for c in CASES
+        specs = [list(c) for c in CASES] + [list(c[:11]) + [t] + list(c[12:]) for t in args.configs for c in CASES
                                              if c[7] == "bf16" and c[5] == 128]
         for spec in specs:
-            name = spec[0] + (f":{spec[11]}" if len(spec) > 11 else "")
+            name = spec[0] + (f":{spec[11]}" if len(spec) > 11 and spec[11] else "")
             if args.only and not any(o in name for o in args.only):
                 continue
             r = cga.run_child(Path(__file__).resolve(), "--child", spec, args.timeout)

@@ -2,12 +2,14 @@
 primus_turbo/triton/attention/flash_attn_fwd_gluon.py).
 
 On CPU: the eligibility reasons, the TRITON backend's dispatch rule (``PRIMUS_TURBO_ATTN_VARLEN_GLUON``
-on / off / invalid, reason check; kernels mocked), the kernel that writes O = 0 / LSE = +inf on
-the rows no document owns (Triton interpreter), and the sm_90 compile of every variant (head dim
-64/128, causal or not, bf16/fp16, sink) and of the launcher's own arguments (GQA). On an sm_90 GPU:
-O and LSE (poisoned with NaN before the call) against a per-document fp32 reference and the tl
-varlen forward for the document patterns of the H200 report, each document alone giving its rows of
-the packed run bitwise, and the tl varlen backward on the Gluon forward's O and LSE.
+auto by ``max_seqlen_q`` / on / off / invalid, reason check; kernels mocked), the kernel that writes
+O = 0 / LSE = +inf on the rows no document owns (Triton interpreter), and the sm_90 compile of every
+variant (head dim 64/128, causal or not, bf16/fp16, sink) and of the launcher's own arguments (GQA).
+On an sm_90 GPU: O and LSE (poisoned with NaN before the call) against a per-document fp32
+reference and the tl varlen forward for the document patterns of the H200 report, each document
+alone giving its rows of the packed run bitwise, k / v rows past ``cu_seqlens_k[-1]`` holding NaN
+and +Inf changing nothing (bitwise; documents shorter than the key block too: ``-k nan``), and the
+tl varlen backward on the Gluon forward's O and LSE.
 """
 
 from __future__ import annotations
@@ -94,15 +96,36 @@ def test_env_registered_and_documented():
 
     from primus_turbo.pytorch.core.env import ENV_VARS
 
-    assert ENV_VARS[fa.GLUON_ATTN_VARLEN_ENV][0] == "0"
+    assert ENV_VARS[fa.GLUON_ATTN_VARLEN_ENV][0] == "auto"
     doc = (Path(__file__).resolve().parents[2] / "docs" / "env_vars.md").read_text()
-    assert f"`{fa.GLUON_ATTN_VARLEN_ENV}` | `0`" in doc
+    assert f"`{fa.GLUON_ATTN_VARLEN_ENV}` | `auto`" in doc
+
+
+def test_use_rule(monkeypatch):
+    """use_gluon_attn_varlen_fwd: auto (the default) from max_seqlen_q 2048 on, 1 always, 0 never."""
+    monkeypatch.delenv(fa.GLUON_ATTN_VARLEN_ENV, raising=False)
+    assert fa.VARLEN_AUTO_MIN_SEQLEN_Q == 2048
+    assert not fa.use_gluon_attn_varlen_fwd(2047) and fa.use_gluon_attn_varlen_fwd(2048)
+    assert fa.use_gluon_attn_varlen_fwd(16384) and not fa.use_gluon_attn_varlen_fwd(0)
+    for auto in ("auto", "AUTO", ""):
+        monkeypatch.setenv(fa.GLUON_ATTN_VARLEN_ENV, auto)
+        assert not fa.use_gluon_attn_varlen_fwd(2047) and fa.use_gluon_attn_varlen_fwd(2048)
+    for on in ("1", "on", "true"):
+        monkeypatch.setenv(fa.GLUON_ATTN_VARLEN_ENV, on)
+        assert fa.use_gluon_attn_varlen_fwd(1) and fa.use_gluon_attn_varlen_fwd(2047)
+    for off in ("0", "off", "false"):
+        monkeypatch.setenv(fa.GLUON_ATTN_VARLEN_ENV, off)
+        assert not fa.use_gluon_attn_varlen_fwd(2048) and not fa.use_gluon_attn_varlen_fwd(16384)
+    monkeypatch.setenv(fa.GLUON_ATTN_VARLEN_ENV, "maybe")
+    with pytest.raises(ValueError, match="PRIMUS_TURBO_ATTN_VARLEN_GLUON"):
+        fa.use_gluon_attn_varlen_fwd(2048)
 
 
 def test_dispatch_rule(monkeypatch):
-    """The TRITON backend's varlen forward runs the Gluon varlen kernel only with the switch at 1
-    and the reason check passing; the switch's default (0) and auto keep the tl kernel. Recorded with
-    both kernels and the reason mocked (no sm_90 here), through AttnTritonBackend.execute."""
+    """The TRITON backend's varlen forward runs the Gluon varlen kernel where the switch allows it
+    for the call's max_seqlen_q (auto, the default: >= 2048; 1: always; 0: never) and the reason
+    check passes, else the tl kernel. Recorded with both kernels and the reason mocked (no sm_90
+    here), through AttnTritonBackend.execute; max_seqlen_q reaches the rule as the host int."""
     import primus_turbo.triton.attention as tl_attn
     from primus_turbo.pytorch.backends.attention import AttnTritonBackend
 
@@ -114,23 +137,29 @@ def test_dispatch_rule(monkeypatch):
     q = torch.empty(100, 4, 128, dtype=torch.bfloat16)
     cu = torch.tensor([0, 40, 100], dtype=torch.int32)
 
-    def picked():
+    def picked(max_seqlen_q=60):
         calls.clear()
-        AttnTritonBackend.execute(q, q, q, 0.1, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=60, max_seqlen_k=60)
+        AttnTritonBackend.execute(q, q, q, 0.1, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_seqlen_q,
+                                  max_seqlen_k=60)
         assert len(calls) == 1
         return calls[0]
 
-    monkeypatch.delenv(fa.GLUON_ATTN_VARLEN_ENV, raising=False)
-    assert picked() == "tl"  # default 0
+    monkeypatch.delenv(fa.GLUON_ATTN_VARLEN_ENV, raising=False)  # default auto
+    assert picked(2047) == "tl" and picked(2048) == "gluon" and picked(8192) == "gluon"
+    for auto in ("auto", ""):
+        monkeypatch.setenv(fa.GLUON_ATTN_VARLEN_ENV, auto)
+        assert picked(2047) == "tl" and picked(2048) == "gluon"
     for on in ("1", "on", "true"):
         monkeypatch.setenv(fa.GLUON_ATTN_VARLEN_ENV, on)
-        assert picked() == "gluon"
+        assert picked(60) == "gluon" and picked(2047) == "gluon"
     reason["value"] = "the Gluon forward takes float16 and bfloat16"
-    assert picked() == "tl"  # refused by the reason check
+    assert picked(2048) == "tl"  # refused by the reason check, 1 or auto
+    monkeypatch.delenv(fa.GLUON_ATTN_VARLEN_ENV, raising=False)
+    assert picked(2048) == "tl"
     reason["value"] = None
-    for off in ("0", "auto", ""):
+    for off in ("0", "off"):
         monkeypatch.setenv(fa.GLUON_ATTN_VARLEN_ENV, off)
-        assert picked() == "tl"
+        assert picked(2048) == "tl" and picked(16384) == "tl"
     monkeypatch.setenv(fa.GLUON_ATTN_VARLEN_ENV, "maybe")
     with pytest.raises(ValueError, match="PRIMUS_TURBO_ATTN_VARLEN_GLUON"):
         picked()
@@ -143,12 +172,15 @@ def test_dispatch_rule(monkeypatch):
 
 
 def test_dispatch_real_reason_on_cpu(monkeypatch):
-    """With the switch at 1 on CPU the real reason check refuses (no sm_90): the tl kernel runs."""
+    """With the switch at 1 (or auto and a long max_seqlen_q) on CPU the real reason check refuses
+    (no sm_90): the tl kernel runs."""
     from primus_turbo.pytorch.backends import attention as ab
 
-    monkeypatch.setenv(fa.GLUON_ATTN_VARLEN_ENV, "1")
     q, k, v, cu = _pack([30, 34], 2, 2, 64)
+    monkeypatch.setenv(fa.GLUON_ATTN_VARLEN_ENV, "1")
     assert ab._gluon_varlen_fwd(q, k, v, cu, cu, 34, 34, None, 0.125, -1, 0) is None
+    monkeypatch.delenv(fa.GLUON_ATTN_VARLEN_ENV, raising=False)
+    assert ab._gluon_varlen_fwd(q, k, v, cu, cu, 4096, 4096, None, 0.125, -1, 0) is None
 
 
 @needs_gluon
@@ -291,6 +323,55 @@ def test_documents_alone_match_bitwise(pattern, causal):
         start += n
 
 
+def _nan_tail_check(lens, Hq, Hk, D, causal, extra):
+    """k / v rows past cu_seqlens_k[-1] NaN / +Inf (the documents' own rows, and so each document's
+    neighbours, finite): O and LSE equal, bitwise, those of the same pack with finite trailing rows,
+    without NaN, right against the fp32 reference; each document alone gives its rows bitwise. The
+    kernel loads a document's last key block shifted back to end at the document's end, so it never
+    reads those rows (a block read past the end would multiply them by P = 0: NaN)."""
+    s_mod = _script()
+    q, k, v = s_mod.make_pack(lens, lens, Hq, Hk, D, torch.bfloat16, "cuda", extra)
+    scale = D ** -0.5
+    fin_out, fin_lse = (t.clone() for t in s_mod.run_gluon(q, k, v, lens, lens, causal, scale))
+    n = sum(lens)
+    s_mod.poison_tail(k, v, n)
+    assert torch.isnan(k[n:]).any() and torch.isinf(v[n:]).any() and torch.isfinite(k[:n]).all()
+    out, lse = s_mod.run_gluon(q, k, v, lens, lens, causal, scale)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert torch.equal(out, fin_out) and torch.equal(lse, fin_lse), (
+        (out.float() - fin_out.float()).abs().max().item())
+    ref_out, ref_lse = s_mod.reference(q, k, v, lens, lens, causal, scale)
+    assert s_mod.snr_finite(ref_out, out[:n].float()) >= MIN_SNR
+    assert s_mod.snr_finite(ref_lse, lse[:, :n]) >= MIN_SNR
+    assert (out[n:] == 0).all() and (lse[:, n:] == float("inf")).all()
+    start = 0
+    for m in lens:
+        o1, l1 = s_mod.run_gluon(q[start:start + m], k[start:start + m], v[start:start + m], [m], [m], causal, scale)
+        assert torch.equal(o1, out[start:start + m]) and torch.equal(l1, lse[:, start:start + m]), (m, start)
+        start += m
+
+
+@sm90
+@pytest.mark.parametrize("pattern", ["odd", "pow2", "long-first"])
+@pytest.mark.parametrize("Hq,Hk,D", [(32, 8, 128), (8, 8, 64)], ids=["h32x8d128", "h8x8d64"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_nan_trailing_kv_rows_ignored(pattern, Hq, Hk, D, causal):
+    """(a) NaN / +Inf in the k / v rows past cu_seqlens_k[-1] (200 of them, past a last document
+    that ends inside a key block) change nothing."""
+    _nan_tail_check(PATTERNS[pattern], Hq, Hk, D, causal, 200)
+
+
+@sm90
+@pytest.mark.parametrize("lens", [[5, 70, 130, 1, 300], [1, 127, 129, 3]], ids=["5-70-130-1-300", "1-127-129-3"])
+@pytest.mark.parametrize("Hq,Hk,D", [(32, 8, 128), (8, 8, 64)], ids=["h32x8d128", "h8x8d64"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_nan_trailing_rows_short_documents(lens, Hq, Hk, D, causal):
+    """(b) Documents shorter than the key block (128): their one block is loaded shifted back over
+    the previous documents' rows (or TMA's zeros before row 0), all masked; NaN / +Inf past
+    cu_seqlens_k[-1] change nothing."""
+    _nan_tail_check(lens, Hq, Hk, D, causal, 100)
+
+
 @sm90
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_backward_on_gluon_forward(causal):
@@ -306,8 +387,8 @@ def test_varlen_backward_on_gluon_forward(causal):
 def test_check_script_dry_run_on_cpu(monkeypatch):
     """scripts/check_gluon_attn_varlen.py's correctness case end to end on CPU, the tl varlen kernel
     (Triton interpreter) standing in for the Gluon one: its reference, comparisons, per-document
-    bitwise check, trailing rows and the backward through the op (a check of the script, not of the
-    Gluon kernel)."""
+    bitwise check, trailing rows, NaN / +Inf k / v rows past cu_seqlens_k[-1] and the backward through
+    the op (a check of the script, not of the Gluon kernel)."""
     if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("CPU tensors through the tl kernel need the Triton interpreter; the GPU runs the real check")
     from primus_turbo.triton.attention.flash_attn_fwd import flash_attn_varlen_fwd_triton
@@ -326,8 +407,10 @@ def test_check_script_dry_run_on_cpu(monkeypatch):
     monkeypatch.setattr(fa, "gluon_attn_varlen_fwd_reason", lambda *a: None)
     monkeypatch.setattr(fa, "flash_attn_varlen_fwd_gluon", stand_in)
     for spec in (["dry_causal_sink", [5, 17, 9], None, 2, 1, 64, True, "bf16", True, -1, 0],
-                 ["dry_cross_trailing", [9, 3], [4, 12], 2, 2, 64, False, "fp16", False, 6, 7]):
+                 ["dry_cross_trailing", [9, 3], [4, 12], 2, 2, 64, False, "fp16", False, 6, 7],
+                 ["dry_nan_tail", [5, 17, 9], None, 2, 1, 64, True, "bf16", False, -1, 6, None, True]):
         res = s_mod.check_case(spec)
         assert res["ok"], res
+        assert res.get("nan_tail_bitwise", True) and ("nan_tail_bitwise" in res) == (spec[0] == "dry_nan_tail")
     assert sum(s_mod.tile_pattern([57, 311, 800, 173])) == s_mod.TOKENS
     assert s_mod.tile_pattern([2048]) == [2048] * 8

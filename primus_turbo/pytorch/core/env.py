@@ -48,13 +48,14 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "(head dim 128, except causal at <= 2048 queries), Triton elsewhere.",
     ),
     "PRIMUS_TURBO_ATTN_VARLEN_GLUON": (
-        "0",
+        "auto",
         "TRITON attention forward of flash_attn_varlen_func (packed THD; fp16/bf16, head dims 64/128, no left "
-        "window) on sm_90: 1 the warp-specialized Gluon varlen kernel where it can run, 0 the Triton kernel; auto = 0. "
-        "H200 (session 7, 16384-token packs, 32/8 heads, d128): 1.01-1.22x the Triton kernel on packs of 2048-token "
-        "documents, 0.73-0.91x on packs of 50-800-token ones; it also reads (and multiplies by zero) the k/v rows "
-        "past a document's end, so NaN/Inf there would reach the output: opt-in until it has a length rule and "
-        "guards those rows. The backward is the Triton varlen backward either way.",
+        "window) on sm_90: 1 the warp-specialized Gluon varlen kernel where it can run, 0 the Triton kernel; auto: "
+        "Gluon where max_seqlen_q >= 2048 (a host int: no sync), Triton below. H200 (session 7, 16384-token packs, "
+        "32/8 heads, d128, Gluon / Triton, full / causal): 2048-token documents 1.22x / 1.09x, 2048-64-64-64 "
+        "1.11x / 1.01x, 128-256-512-1024 1.02x / 0.89x, 512x4 0.77x / 0.77x, 57-311-800-173 0.91x / 0.73x. No k/v "
+        "row past a document's end is read (a document's last key block is loaded shifted back), so rows past "
+        "cu_seqlens_k[-1] may hold NaN. The backward is the Triton varlen backward either way.",
     ),
     "PRIMUS_TURBO_ATTN_FP8_FWD_GLUON": (
         "auto",

@@ -45,9 +45,13 @@ Varlen (packed THD, :func:`flash_attn_varlen_fwd_gluon`, the contract of the tl
 kernel's code is unchanged) over the packed tensors viewed as ``[1, T, H, D]``, grid (query tiles of
 ``max_seqlen_q``, heads, documents). Each CTA reads its document's row ranges from the int32
 ``cu_seqlens`` on the device (no host sync) and exits when its tile starts past the document's end;
-masks use the document's lengths (bottom-right aligned per document). A key block past the
-document's end reads the next document's rows (TMA zero-fills only past the tensor), which the
-softmax masks like keys past seq_k; a warpgroup's 64 O rows go out by TMA when they lie inside the
+masks use the document's lengths (bottom-right aligned per document). A document's last key block,
+when it would cross the document's end, is loaded shifted back so that the box ends exactly there
+(start ``seq_k - BLOCK_N``: rows of the block before, or, for a document shorter than the block,
+earlier rows or TMA's zeros before the tensor's start), and the softmax masks the keys outside
+``[j * BLOCK_N, seq_k)`` (causal / window conditions on the true key index): no K / V row past a
+document's end is read, so NaN / Inf past ``cu_seqlens_k[-1]`` (e.g. uninitialized padding) cannot
+reach the output through ``0 * V``. A warpgroup's 64 O rows go out by TMA when they lie inside the
 document, else by masked 16-byte stores from the staged tile (TMA would clip only at the tensor's
 end); the LSE ``[H, T]`` with a masked store. Rows no document owns get ``O = 0``, ``LSE = +inf``
 from a small tl kernel launched first.
@@ -197,6 +201,14 @@ if GLUON_AVAILABLE:
         return pid_m, b, h, n_blocks
 
     @gluon.jit
+    def _key_start(j, SEQ_K, BLOCK_N: gl.constexpr):
+        """Varlen: the first key (relative to the document) of the box loaded for key block ``j``:
+        ``j * BLOCK_N``, or ``SEQ_K - BLOCK_N`` (possibly negative) when the block would cross the
+        document's end, so that the box ends there (the producer and the consumers agree through
+        this one function; the softmax masks the keys before ``j * BLOCK_N``)."""
+        return gl.minimum(j * BLOCK_N, SEQ_K - BLOCK_N)
+
+    @gluon.jit
     def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                   H, GROUP, SEQ_Q, SEQ_K, offset, win_right,
                   HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -205,8 +217,11 @@ if GLUON_AVAILABLE:
         ``V_KEYS_INNER``: v_desc is over V^T viewed as [B, D, H, S] (the FP8 forward's V copy, keys
         contiguous for the K-major FP8 MMA operand), so a key block is the box's inner dimension.
         ``VARLEN``: the descriptors are over the packed [1, T, H, D] tensors and the document's rows
-        start at ``Q_ROW0`` / ``K_ROW0``; a block past the document's end reads the next document's
-        rows (or zeros past the tensor), which the consumers mask (keys) or never store (queries)."""
+        start at ``Q_ROW0`` / ``K_ROW0``. A key block that would cross the document's end
+        (``(j + 1) * BLOCK_N > SEQ_K``) is loaded shifted back to end exactly there (box start
+        ``SEQ_K - BLOCK_N``, :func:`_key_start`; earlier rows, masked by the consumers, or zeros
+        before the tensor's start), so no K / V row past the document's end is read; a Q block past
+        it reads the next document's rows (or zeros), which are never stored."""
         HALF: gl.constexpr = q_desc.block_type.shape[1]
         pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N, 0, VARLEN)
         hk = h // GROUP
@@ -226,7 +241,7 @@ if GLUON_AVAILABLE:
             phase = ((j // STAGES) & 1) ^ 1  # empty barriers start one phase behind: no wait on the first lap
             if VARLEN:
                 bk = 0
-                nk = K_ROW0 + j * BLOCK_N
+                nk = K_ROW0 + _key_start(j, SEQ_K, BLOCK_N)
             else:
                 bk = b
                 nk = j * BLOCK_N
@@ -243,18 +258,24 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _softmax(s, m_i, l_i, qk_scale, offs_m, n0, SEQ_K, diag, dtype: gl.constexpr, p_layout: gl.constexpr,
                  HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr, ROW_SCALE: gl.constexpr = False,
-                 P_LOG2: gl.constexpr = 0.0):
+                 P_LOG2: gl.constexpr = 0.0, N_LO=0, VARLEN: gl.constexpr = False):
         """One key block of the online softmax on raw scores ``s`` (base 2, scale folded into the
         exponent's FMA). ``MASKED``: keys past SEQ_K and (HAS_RIGHT) past ``row + diag`` are out;
         a row that has seen no key keeps ``m = -inf`` and gets ``p = 0``, ``alpha = 0``.
         ``ROW_SCALE``: ``qk_scale`` is one positive value per row (the FP8 forward's q and k
         dequantization scales times ``scale * log2(e)``), else a scalar. ``P_LOG2``: P comes out
         multiplied by ``2**P_LOG2`` (the FP8 forward's static P scale, folded into the exponent), and
-        so does ``l``. Returns (P in the PV MMA's A-operand layout, m, l, alpha)."""
+        so does ``l``. ``VARLEN`` (MASKED): column ``c`` is key ``n0 + c`` (``n0``: the block's possibly
+        shifted start, :func:`_key_start`) and keys before ``N_LO`` (the block's nominal start, already
+        seen by the previous block) are out as well. Returns (P in the PV MMA's A-operand layout, m,
+        l, alpha)."""
         BLOCK_N: gl.constexpr = s.type.shape[1]
         if MASKED:
             offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
-            ok = gl.expand_dims(offs_n < SEQ_K, 0)
+            if VARLEN:
+                ok = gl.expand_dims((offs_n >= N_LO) & (offs_n < SEQ_K), 0)
+            else:
+                ok = gl.expand_dims(offs_n < SEQ_K, 0)
             if HAS_RIGHT:
                 ok = ok & (gl.expand_dims(offs_n, 0) <= gl.expand_dims(offs_m + diag, 1))
             s = gl.where(ok, s, float("-inf"))
@@ -295,9 +316,11 @@ if GLUON_AVAILABLE:
     def _step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn, s_regs, acc, p, m_i, l_i,
               qk_scale, offs_m, SEQ_K, diag, o_layout: gl.constexpr, p_layout: gl.constexpr,
               HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-              PINGPONG: gl.constexpr, OVERLAP: gl.constexpr):
+              PINGPONG: gl.constexpr, OVERLAP: gl.constexpr, VARLEN: gl.constexpr = False):
         """Iteration j >= 1: issue S_j, issue O += P_{j-1} V_{j-1}, softmax S_j while the PV MMA
-        runs, then retire it and rescale O by this block's alpha."""
+        runs, then retire it and rescale O by this block's alpha. ``VARLEN`` and ``MASKED``: block j
+        may be the document's last, loaded shifted back (:func:`_key_start`); the unmasked blocks lie
+        inside the document and never are."""
         BLOCK_N: gl.constexpr = s_regs.type.shape[1]
         s = j % STAGES
         sp = (j - 1) % STAGES
@@ -311,8 +334,13 @@ if GLUON_AVAILABLE:
         # wgmma groups retire in order: waiting down to one outstanding is S_j done, PV still running
         s_regs = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(s), count=1)
-        p_new, m_i, l_i, alpha = _softmax(s_regs, m_i, l_i, qk_scale, offs_m, j * BLOCK_N, SEQ_K, diag, q.dtype, p_layout,
-                                          HAS_RIGHT, MASKED)
+        if VARLEN and MASKED:
+            p_new, m_i, l_i, alpha = _softmax(s_regs, m_i, l_i, qk_scale, offs_m, _key_start(j, SEQ_K, BLOCK_N), SEQ_K,
+                                              diag, q.dtype, p_layout, HAS_RIGHT, MASKED, False, 0.0, j * BLOCK_N,
+                                              True)
+        else:
+            p_new, m_i, l_i, alpha = _softmax(s_regs, m_i, l_i, qk_scale, offs_m, j * BLOCK_N, SEQ_K, diag, q.dtype,
+                                              p_layout, HAS_RIGHT, MASKED)
         if OVERLAP:
             # ptxas hoists a wgmma wait as high as it can (here: above the exponentials), and the
             # PV MMA no longer overlaps the softmax. A wait on an mbarrier that has already
@@ -392,8 +420,12 @@ if GLUON_AVAILABLE:
         _pass_turn(turn, WG, PINGPONG)
         s_regs = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(0), count=1)
-        p, m_i, l_i, alpha = _softmax(s_regs, m_i, l_i, qk_scale, offs_m, 0, SEQ_K, diag, dtype, p_layout, HAS_RIGHT,
-                                      True)
+        if VARLEN:  # block 0 is the document's last when SEQ_K <= BLOCK_N: loaded shifted back
+            p, m_i, l_i, alpha = _softmax(s_regs, m_i, l_i, qk_scale, offs_m, _key_start(0, SEQ_K, BLOCK_N), SEQ_K,
+                                          diag, dtype, p_layout, HAS_RIGHT, True, False, 0.0, 0, True)
+        else:
+            p, m_i, l_i, alpha = _softmax(s_regs, m_i, l_i, qk_scale, offs_m, 0, SEQ_K, diag, dtype, p_layout,
+                                          HAS_RIGHT, True)
         acc = gl.zeros([HALF, D_V], gl.float32, o_layout)
         for j in range(1, n_full):
             s_regs, acc, p, m_i, l_i = _step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
@@ -402,7 +434,7 @@ if GLUON_AVAILABLE:
         for j in range(gl.maximum(n_full, 1), n_blocks):
             s_regs, acc, p, m_i, l_i = _step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
                                              s_regs, acc, p, m_i, l_i, qk_scale, offs_m, SEQ_K, diag, o_layout,
-                                             p_layout, HAS_RIGHT, True, STAGES, WG, PINGPONG, OVERLAP)
+                                             p_layout, HAS_RIGHT, True, STAGES, WG, PINGPONG, OVERLAP, VARLEN)
         # the last block's PV
         sl = (n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(sl), ((n_blocks - 1) // STAGES) & 1)
@@ -721,13 +753,24 @@ def flash_attn_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink
 _MAX_GRID_YZ = 65535
 
 
-def use_gluon_attn_varlen_fwd() -> bool:
-    """``PRIMUS_TURBO_ATTN_VARLEN_GLUON``: 1 runs :func:`flash_attn_varlen_fwd_gluon` for the TRITON
-    backend's varlen forward wherever :func:`gluon_attn_varlen_fwd_reason` allows, 0 (the default)
-    and auto never: it has not run on a GPU yet (auto becomes the measured rule once it has)."""
+#: ``auto`` runs the Gluon varlen forward from this ``max_seqlen_q`` on (H200, session 7: it won on
+#: every pack whose longest document had 2048 tokens, lost on packs of shorter documents)
+VARLEN_AUTO_MIN_SEQLEN_Q = 2048
+
+
+def use_gluon_attn_varlen_fwd(max_seqlen_q: int) -> bool:
+    """``PRIMUS_TURBO_ATTN_VARLEN_GLUON`` for a varlen call's ``max_seqlen_q`` (the host int of
+    ``flash_attn_varlen_func``: no sync): 1 runs :func:`flash_attn_varlen_fwd_gluon` for the TRITON
+    backend's varlen forward wherever :func:`gluon_attn_varlen_fwd_reason` allows, 0 never, auto (the
+    default) where ``max_seqlen_q >= 2048``. H200, 16384-token packs, 32/8 heads, d128, Gluon / tl
+    (full / causal): documents of 2048 tokens 1.22x / 1.09x, 2048-64-64-64 1.11x / 1.01x,
+    128-256-512-1024 1.02x / 0.89x, 512 x 4 0.77x / 0.77x, 57-311-800-173 0.91x / 0.73x."""
     from primus_turbo.pytorch.core.env import env_auto_flag
 
-    return bool(env_auto_flag(GLUON_ATTN_VARLEN_ENV))
+    flag = env_auto_flag(GLUON_ATTN_VARLEN_ENV)
+    if flag is None:
+        return int(max_seqlen_q) >= VARLEN_AUTO_MIN_SEQLEN_Q
+    return flag
 
 
 def gluon_attn_varlen_operand_reason(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
@@ -863,10 +906,12 @@ def flash_attn_varlen_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     for a row that sees no key and has no sink), so :func:`flash_attn_varlen_bwd_triton` takes them
     as they are; rows outside ``cu_seqlens_q[0] .. cu_seqlens_q[-1]`` get ``O = 0``, ``LSE = +inf``.
 
-    A document's last key block may read rows of the next document (or of k / v past
-    ``cu_seqlens_k[-1]``): those keys are masked, but ``P V`` multiplies their V rows by 0, so they
-    must be finite (a NaN or Inf there, e.g. uninitialized padding after the last document, would
-    reach that document's output); the tl kernel never reads them.
+    No k / v row past a document's end is read (its last key block is loaded shifted back to end
+    there), so rows past ``cu_seqlens_k[-1]`` may hold anything (NaN, uninitialized memory). A
+    document shorter than the key block (128) reads up to ``128 - len`` rows before its start (the
+    previous documents', masked: ``P V`` multiplies them by 0, so they must be finite, as the
+    documents' rows are; before row 0, TMA reads zeros); with ``cu_seqlens_k[0] > 0`` that may
+    include rows before ``cu_seqlens_k[0]``.
 
     Raises ValueError with :func:`gluon_attn_varlen_fwd_reason`'s text for inputs it does not take."""
     reason = gluon_attn_varlen_fwd_reason(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sink,
