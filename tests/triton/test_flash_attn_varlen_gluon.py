@@ -102,11 +102,14 @@ def test_env_registered_and_documented():
 
 
 def test_use_rule(monkeypatch):
-    """use_gluon_attn_varlen_fwd: auto (the default) from max_seqlen_q 2048 on, 1 always, 0 never."""
+    """use_gluon_attn_varlen_fwd: auto (the default) for full attention from max_seqlen_q 2048 on, 1 always, 0 never."""
     monkeypatch.delenv(fa.GLUON_ATTN_VARLEN_ENV, raising=False)
     assert fa.VARLEN_AUTO_MIN_SEQLEN_Q == 2048
     assert not fa.use_gluon_attn_varlen_fwd(2047) and fa.use_gluon_attn_varlen_fwd(2048)
     assert fa.use_gluon_attn_varlen_fwd(16384) and not fa.use_gluon_attn_varlen_fwd(0)
+    # auto: full attention only (causal / a right bound measured slower than the tl kernel)
+    assert not fa.use_gluon_attn_varlen_fwd(16384, 0) and not fa.use_gluon_attn_varlen_fwd(16384, 5)
+    assert fa.use_gluon_attn_varlen_fwd(16384, -1)
     for auto in ("auto", "AUTO", ""):
         monkeypatch.setenv(fa.GLUON_ATTN_VARLEN_ENV, auto)
         assert not fa.use_gluon_attn_varlen_fwd(2047) and fa.use_gluon_attn_varlen_fwd(2048)

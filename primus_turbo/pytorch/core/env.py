@@ -51,9 +51,10 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "auto",
         "TRITON attention forward of flash_attn_varlen_func (packed THD; fp16/bf16, head dims 64/128, no left "
         "window) on sm_90: 1 the warp-specialized Gluon varlen kernel where it can run, 0 the Triton kernel; auto: "
-        "Gluon where max_seqlen_q >= 2048 (a host int: no sync), Triton below. H200 (session 7, 16384-token packs, "
-        "32/8 heads, d128, Gluon / Triton, full / causal): 2048-token documents 1.22x / 1.09x, 2048-64-64-64 "
-        "1.11x / 1.01x, 128-256-512-1024 1.02x / 0.89x, 512x4 0.77x / 0.77x, 57-311-800-173 0.91x / 0.73x. No k/v "
+        "Gluon for full attention (no causal / right bound) where max_seqlen_q >= 2048 (a host int: no sync), "
+        "Triton elsewhere. H200 (session 7, 16384-token packs, 32/8 heads, d128, Gluon / Triton, full / causal) "
+        "with the shifted last block: 2048-token documents 1.27x / 0.96x, 2048-64-64-64 1.02x / 0.91x, "
+        "128-256-512-1024 0.93x / 0.77x, 512x4 0.91x / 0.81x, 57-311-800-173 0.80x / 0.71x. No k/v "
         "row past a document's end is read (a document's last key block is loaded shifted back), so rows past "
         "cu_seqlens_k[-1] may hold NaN. The backward is the Triton varlen backward either way.",
     ),

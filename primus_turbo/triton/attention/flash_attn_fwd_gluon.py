@@ -758,18 +758,21 @@ _MAX_GRID_YZ = 65535
 VARLEN_AUTO_MIN_SEQLEN_Q = 2048
 
 
-def use_gluon_attn_varlen_fwd(max_seqlen_q: int) -> bool:
+def use_gluon_attn_varlen_fwd(max_seqlen_q: int, win_right: int = -1) -> bool:
     """``PRIMUS_TURBO_ATTN_VARLEN_GLUON`` for a varlen call's ``max_seqlen_q`` (the host int of
-    ``flash_attn_varlen_func``: no sync): 1 runs :func:`flash_attn_varlen_fwd_gluon` for the TRITON
-    backend's varlen forward wherever :func:`gluon_attn_varlen_fwd_reason` allows, 0 never, auto (the
-    default) where ``max_seqlen_q >= 2048``. H200, 16384-token packs, 32/8 heads, d128, Gluon / tl
-    (full / causal): documents of 2048 tokens 1.22x / 1.09x, 2048-64-64-64 1.11x / 1.01x,
-    128-256-512-1024 1.02x / 0.89x, 512 x 4 0.77x / 0.77x, 57-311-800-173 0.91x / 0.73x."""
+    ``flash_attn_varlen_func``: no sync) and normalized right window (``win_right >= 0``: causal or a
+    right bound): 1 runs :func:`flash_attn_varlen_fwd_gluon` for the TRITON backend's varlen forward
+    wherever :func:`gluon_attn_varlen_fwd_reason` allows, 0 never, auto (the default) for full
+    attention (no right bound) with ``max_seqlen_q >= 2048``. H200, 16384-token packs, 32/8 heads,
+    d128, Gluon / tl (full / causal), with the shifted last key block (session 7, call 7):
+    documents of 2048 tokens 1.27x / 0.96x, 2048-64-64-64 1.02x / 0.91x, 128-256-512-1024
+    0.93x / 0.77x, 512 x 4 0.91x / 0.81x, 57-311-800-173 0.80x / 0.71x (call 6, before the shift:
+    1.22 / 1.09, 1.11 / 1.01, 1.02 / 0.89, 0.77 / 0.77, 0.91 / 0.73)."""
     from primus_turbo.pytorch.core.env import env_auto_flag
 
     flag = env_auto_flag(GLUON_ATTN_VARLEN_ENV)
     if flag is None:
-        return int(max_seqlen_q) >= VARLEN_AUTO_MIN_SEQLEN_Q
+        return win_right < 0 and int(max_seqlen_q) >= VARLEN_AUTO_MIN_SEQLEN_Q
     return flag
 
 
