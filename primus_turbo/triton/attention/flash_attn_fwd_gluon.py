@@ -697,6 +697,13 @@ def _desc(t: torch.Tensor, rows: int):
                             _layout(rows, t.size(-1), t.dtype))
 
 
+def _launch_kwargs(cfg: GluonAttnConfig, win_right: int, sink) -> dict:
+    """The constexpr / launch keywords of the dense and the varlen kernels."""
+    return dict(HAS_RIGHT=win_right >= 0, HAS_SINK=sink is not None, STAGES=cfg.stages,
+                CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong,
+                OVERLAP=cfg.overlap, num_warps=4)
+
+
 def _kernel_args(q, k, v, out, lse, sink, softmax_scale: float, win_right: int, cfg: GluonAttnConfig) -> tuple:
     """(grid, positional args, keyword args) of the launch for validated, non-empty inputs."""
     B, Sq, H, _ = q.shape
@@ -704,9 +711,7 @@ def _kernel_args(q, k, v, out, lse, sink, softmax_scale: float, win_right: int, 
     args = (_desc(q, HALF_M), _desc(k, cfg.block_n), _desc(v, cfg.block_n), _desc(out, HALF_M),
             lse, sink if sink is not None else lse,
             H, H // Hk, Sq, Sk, Sk - Sq, max(win_right, 0), float(softmax_scale) * LOG2E)
-    kwargs = dict(HAS_RIGHT=win_right >= 0, HAS_SINK=sink is not None, STAGES=cfg.stages,
-                  CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong,
-                  OVERLAP=cfg.overlap, num_warps=4)
+    kwargs = _launch_kwargs(cfg, win_right, sink)
     grid = (-(-Sq // cfg.BLOCK_M), B * H)
     return grid, args, kwargs
 
@@ -753,8 +758,9 @@ def flash_attn_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink
 _MAX_GRID_YZ = 65535
 
 
-#: ``auto`` runs the Gluon varlen forward from this ``max_seqlen_q`` on (H200, session 7: it won on
-#: every pack whose longest document had 2048 tokens, lost on packs of shorter documents)
+#: ``auto`` runs the Gluon varlen forward for full attention from this ``max_seqlen_q`` on (H200,
+#: session 7: it won on the full-attention packs whose longest document had 2048 tokens, lost on
+#: packs of shorter documents and, with the shifted last key block, on the causal ones)
 VARLEN_AUTO_MIN_SEQLEN_Q = 2048
 
 
@@ -886,9 +892,7 @@ def _varlen_kernel_args(q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, max
             out, lse, sink if sink is not None else lse, cu_seqlens_q, cu_seqlens_k,
             H, H // Hk, out.stride(0), out.stride(1), lse.stride(0), max(win_right, 0),
             float(softmax_scale) * LOG2E)
-    kwargs = dict(HAS_RIGHT=win_right >= 0, HAS_SINK=sink is not None, STAGES=cfg.stages,
-                  CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong,
-                  OVERLAP=cfg.overlap, num_warps=4)
+    kwargs = _launch_kwargs(cfg, win_right, sink)
     grid = (-(-int(max_seqlen_q) // cfg.BLOCK_M), H, cu_seqlens_q.numel() - 1)
     return grid, args, kwargs
 
