@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Why is the Gluon 16-bit grouped forward slow with many small groups? Forward only, bf16,
+``w [G, N, K]`` (``trans_b=True``), balanced groups; times ``torch._grouped_mm``, the Gluon kernel
+at each config given and the tl kernel, and three probes that separate weight traffic from the
+tile schedule:
+
+* ``shared-w``: every expert reads the same weight (``w[:1].expand``: a zero group stride), so the
+  weights fit in L2; a large gain over the real run means the kernel is bound by weight reads;
+* ``G/4 x 4M``: the same FLOPs with a quarter of the experts, 4x the rows each (the weight bytes
+  per FLOP divided by 4);
+* ``grid/2``: half the SMs (fewer tiles in flight, so fewer weight tiles competing for L2).
+
+    PYTHONPATH=. python scripts/diag_grouped_small.py [--configs n256k64s3e256 n128k64s6] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+import torch  # noqa: E402
+
+SHAPES = ((64, 512, 4096, 7168, "DSv3-EP4 gate_up"), (64, 512, 7168, 2048, "DSv3-EP4 down"),
+          (64, 2048, 4096, 7168, "DSv3-EP4 gate_up t2048"))
+
+
+def _bench(fn, rep_ms: int) -> float:
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median"))
+
+
+def _snr(ref: torch.Tensor, out: torch.Tensor) -> float:
+    ref = ref.double()
+    err = (out.double() - ref).pow(2).sum().clamp_min(1e-300)
+    return float(10 * torch.log10(ref.pow(2).sum() / err))
+
+
+def run_shape(G, m, N, K, label, configs, rep_ms):
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import GluonGroupedConfig, grouped_gemm_gluon
+    from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import grouped_gemm_triton
+
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    M = G * m
+    a = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(G, N, K, device=dev, dtype=torch.bfloat16, generator=gen) * K ** -0.5
+    lens = torch.full((G,), m, device=dev, dtype=torch.int64)
+    offs = torch.zeros(G + 1, device=dev, dtype=torch.int64)
+    offs[1:] = torch.cumsum(lens, 0)
+    offs32 = offs[1:].to(torch.int32)
+    flops = 2.0 * M * N * K
+    rows = []
+
+    def add(name, fn, ref=None):
+        try:
+            out = fn()
+            torch.cuda.synchronize()
+            snr = _snr(ref, out) if ref is not None else None
+            ms = _bench(fn, rep_ms)
+            rows.append({"case": label, "impl": name, "ms": ms, "tflops": flops / ms * 1e-9, "snr": snr})
+        except Exception as exc:  # a probe that cannot run is reported, not fatal
+            rows.append({"case": label, "impl": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+        print(rows[-1], flush=True)
+
+    ref = torch._grouped_mm(a, w.transpose(-2, -1), offs=offs32)
+    add("torch", lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs32))
+    for c in configs:
+        cfg = GluonGroupedConfig.parse(c)
+        add(f"gluon {c}", lambda cfg=cfg: grouped_gemm_gluon(a, w.transpose(1, 2), offs, config=cfg), ref)
+    c0 = GluonGroupedConfig.parse(configs[0])
+    add("gluon grid/2", lambda: grouped_gemm_gluon(a, w.transpose(1, 2), offs, config=c0, num_programs=66), ref)
+    add("tl", lambda: grouped_gemm_triton(a, w.transpose(1, 2), lens, offs), ref)
+    # probes
+    ws = w[:1].expand(G, N, K)
+    ref_s = torch._grouped_mm(a, w[:1].expand(G, N, K).contiguous().transpose(-2, -1), offs=offs32)
+    add("torch shared-w", lambda: torch._grouped_mm(a, ws.transpose(-2, -1), offs=offs32), ref_s)
+    add("gluon shared-w", lambda: grouped_gemm_gluon(a, ws.transpose(1, 2), offs, config=c0), ref_s)
+    g4 = max(G // 4, 1)
+    w4 = w[:g4]
+    offs4 = torch.arange(g4 + 1, device=dev, dtype=torch.int64) * (M // g4)
+    ref4 = torch._grouped_mm(a, w4.transpose(-2, -1), offs=offs4[1:].to(torch.int32))
+    add("torch G/4x4M", lambda: torch._grouped_mm(a, w4.transpose(-2, -1), offs=offs4[1:].to(torch.int32)), ref4)
+    add("gluon G/4x4M", lambda: grouped_gemm_gluon(a, w4.transpose(1, 2), offs4, config=c0), ref4)
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", nargs="+", default=["n256k64s3e256", "n128k64s6", "n256k64s4"])
+    p.add_argument("--rep-ms", type=int, default=30)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    rows = []
+    for shape in SHAPES:
+        rows += run_shape(*shape, args.configs, args.rep_ms)
+        torch.cuda.empty_cache()
+    print(f"\n{'case':28s} {'impl':26s} {'ms':>8s} {'TFLOP/s':>8s} {'SNR':>6s}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['case']:28s} {r['impl']:26s} ERROR {r['error'][:80]}")
+        else:
+            snr = "" if r["snr"] is None else f"{r['snr']:.1f}"
+            print(f"{r['case']:28s} {r['impl']:26s} {r['ms']:8.3f} {r['tflops']:8.1f} {snr:>6s}")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "diag_grouped_small.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
