@@ -26,8 +26,13 @@ if str(_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-SHAPES = ((64, 512, 4096, 7168, "DSv3-EP4 gate_up"), (64, 512, 7168, 2048, "DSv3-EP4 down"),
-          (64, 2048, 4096, 7168, "DSv3-EP4 gate_up t2048"))
+#: (G, rows per group, N, K, label, weight stored K-major): forward rows read ``w [G, N, K]``
+#: (K-major), dgrad rows ``w [G, K, N]`` (N-major, the transposed-weight product of the backward)
+SHAPES = ((64, 512, 4096, 7168, "DSv3-EP4 gate_up", True), (64, 512, 7168, 2048, "DSv3-EP4 down", True),
+          (64, 512, 2048, 7168, "DSv3-EP4 down dgrad", False), (64, 512, 7168, 4096, "DSv3-EP4 gate_up dgrad", False),
+          (64, 1024, 4096, 7168, "DSv3-EP4 gate_up t1024", True),
+          (64, 2048, 4096, 7168, "DSv3-EP4 gate_up t2048", True), (32, 2048, 4096, 7168, "DSv3-EP8 gate_up", True),
+          (16, 2048, 2048, 768, "Qwen3-EP8 down", True))
 
 
 def _bench(fn, rep_ms: int) -> float:
@@ -42,7 +47,7 @@ def _snr(ref: torch.Tensor, out: torch.Tensor) -> float:
     return float(10 * torch.log10(ref.pow(2).sum() / err))
 
 
-def run_shape(G, m, N, K, label, configs, rep_ms):
+def run_shape(G, m, N, K, label, kmajor, configs, rep_ms, grids, probes):
     from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import GluonGroupedConfig, grouped_gemm_gluon
     from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import grouped_gemm_triton
 
@@ -51,6 +56,8 @@ def run_shape(G, m, N, K, label, configs, rep_ms):
     M = G * m
     a = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=gen)
     w = torch.randn(G, N, K, device=dev, dtype=torch.bfloat16, generator=gen) * K ** -0.5
+    if not kmajor:  # the same logical [G, K, N] weight stored N-major
+        w = w.transpose(1, 2).contiguous().transpose(1, 2)
     lens = torch.full((G,), m, device=dev, dtype=torch.int64)
     offs = torch.zeros(G + 1, device=dev, dtype=torch.int64)
     offs[1:] = torch.cumsum(lens, 0)
@@ -75,8 +82,13 @@ def run_shape(G, m, N, K, label, configs, rep_ms):
         cfg = GluonGroupedConfig.parse(c)
         add(f"gluon {c}", lambda cfg=cfg: grouped_gemm_gluon(a, w.transpose(1, 2), offs, config=cfg), ref)
     c0 = GluonGroupedConfig.parse(configs[0])
-    add("gluon grid/2", lambda: grouped_gemm_gluon(a, w.transpose(1, 2), offs, config=c0, num_programs=66), ref)
+    for n in grids:
+        add(f"gluon {configs[0]} grid {n}",
+            lambda n=n: grouped_gemm_gluon(a, w.transpose(1, 2), offs, config=c0, num_programs=n), ref)
+    add("default (turbo.ops)", lambda: _default_op(a, w, lens, offs), ref)
     add("tl", lambda: grouped_gemm_triton(a, w.transpose(1, 2), lens, offs), ref)
+    if not probes:
+        return rows
     # probes
     ws = w[:1].expand(G, N, K)
     ref_s = torch._grouped_mm(a, w[:1].expand(G, N, K).contiguous().transpose(-2, -1), offs=offs32)
@@ -91,15 +103,26 @@ def run_shape(G, m, N, K, label, configs, rep_ms):
     return rows
 
 
+def _default_op(a, w, lens, offs):
+    import primus_turbo.pytorch as turbo
+
+    return turbo.ops.grouped_gemm(a, w, lens, group_offs=offs, trans_b=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", nargs="+", default=["n256k64s3e256", "n128k64s6", "n256k64s4"])
     p.add_argument("--rep-ms", type=int, default=30)
+    p.add_argument("--grids", type=int, nargs="*", default=[66], help="persistent grid caps timed with the first config")
+    p.add_argument("--only", nargs="*", default=None, help="shapes whose label contains one of these")
+    p.add_argument("--no-probes", action="store_true", help="skip the shared-weight and G/4 probes")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     rows = []
     for shape in SHAPES:
-        rows += run_shape(*shape, args.configs, args.rep_ms)
+        if args.only and not any(o in shape[4] for o in args.only):
+            continue
+        rows += run_shape(*shape, args.configs, args.rep_ms, args.grids, not args.no_probes)
         torch.cuda.empty_cache()
     print(f"\n{'case':28s} {'impl':26s} {'ms':>8s} {'TFLOP/s':>8s} {'SNR':>6s}")
     for r in rows:
