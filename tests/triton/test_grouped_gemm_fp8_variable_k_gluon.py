@@ -338,14 +338,16 @@ def test_configs_are_bit_identical(pattern, accumulate):
         dtype = torch.float32 if accumulate else torch.bfloat16
         c0 = torch.randn(G, P, Q, device="cuda").to(dtype)
         outs = {}
-        for text in ("n128s6", "n256s3", "n128s4xr240w24", None):
+        # an fp32 output's staging buffers leave room for five 128-wide stages, not six
+        first = "n128s5" if accumulate else "n128s6"
+        for text in (first, "n256s3", "n128s4xr240w24", None):
             cfg = dense.GluonBlockwiseConfig.parse(text) if text else None
             out = c0.clone()
             vk.grouped_gemm_fp8_variable_k_blockwise_gluon(x, sx, y, sy, offs, out=out, accumulate=accumulate,
                                                            config=cfg)
             outs[text] = out
         for text, out in outs.items():
-            assert torch.equal(out, outs["n128s6"]), (pattern, accumulate, P, Q, text)
+            assert torch.equal(out, outs[first]), (pattern, accumulate, P, Q, text)
 
 
 @sm90_gpu

@@ -96,6 +96,22 @@ def test_config_parse_check_and_fit():
         assert gg.GluonGroupedConfig.parse(text).check(2) is None, text
 
 
+def test_default_config_rule_small_groups_long_k():
+    """128 x 128 tiles where an average group has at most half a wave of 128 x 256 tiles and
+    K >= 4096 (the H200 rows of the rule's comment), 128 x 256 everywhere else."""
+    small, big = gg.GROUPED16_SMALL_GROUPS_CONFIG, gg.GROUPED16_DEFAULT_CONFIG
+    assert small.check(2) is None and gg.fitted_config(small, torch.float32).check(4) is None
+    rule = gg.default_grouped16_config
+    assert rule(64 * 512, 4096, 7168, 64, 132) is small  # DeepSeek-V3 EP4 gate_up forward
+    assert rule(64 * 512, 2048, 7168, 64, 132) is small  # its down GEMM's dgrad
+    assert rule(64 * 512, 7168, 2048, 64, 132) is big  # down forward: K 2048
+    assert rule(64 * 512, 7168, 4096, 64, 132) is big  # gate_up dgrad: 112 tiles per group
+    assert rule(64 * 1024, 4096, 7168, 64, 132) is big  # 1024 rows: a full wave per group
+    assert rule(32 * 2048, 4096, 7168, 32, 132) is big
+    assert rule(64 * 512, 4096, 7168, 64, 66) is big  # half the SMs: a group fills their wave
+    assert rule(0, 4096, 7168, 64, 132) is small and rule(100, 4096, 7168, 0, 132) is big
+
+
 @needs_gluon
 def test_m_operand_reasons():
     a, B, _, offs = _operands([40, 0, 100], 128, 64, "cpu")
@@ -276,7 +292,7 @@ LENS = {
 @pytest.mark.parametrize("N,K", [(256, 512), (192, 136), (384, 72)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kmajor", [True, False])
-@pytest.mark.parametrize("config", [None, "n128k64s6", "n256k64s3e256"])
+@pytest.mark.parametrize("config", [None, "n128k64s5", "n128k64s6", "n256k64s3e256"])
 def test_m_grouped_matches_reference(pattern, N, K, dtype, kmajor, config):
     lens = LENS[pattern]
     a, B, _, offs = _operands(lens, N, K, "cuda", dtype, tail=7, kmajor=kmajor)

@@ -12,6 +12,7 @@ import torch
 pytest.importorskip("triton")
 
 from primus_turbo.pytorch.ops import moe_permute as _op  # noqa: E402  (the function: loads the module)
+from primus_turbo.triton import is_interpreter  # noqa: E402
 from primus_turbo.triton.moe import permute_kernel as pk  # noqa: E402
 from primus_turbo.triton.moe.permute_kernel import (  # noqa: E402
     build_permute_map_launch,
@@ -150,8 +151,11 @@ def test_merge_rows_kernel_matches_reference(k, weighted, block_t):
     row_map = torch.randint(0, n_src, (t, k), generator=g, dtype=torch.int32)
     row_map[torch.rand(t, k, generator=g) < 0.25] = -1
     w = torch.rand(t, k, generator=g) if weighted else None
-    out = torch.full((t, h), float("nan"))
-    pk.merge_rows_launch(src, out, row_map, w, block_t=block_t)
+    # the kernel on the GPU where there is one (outside the interpreter Triton takes no CPU tensors)
+    dev = "cuda" if torch.cuda.is_available() and not is_interpreter() else "cpu"
+    out = torch.full((t, h), float("nan"), device=dev)
+    pk.merge_rows_launch(src.to(dev), out, row_map.to(dev), None if w is None else w.to(dev), block_t=block_t)
+    out = out.cpu()
     ref = torch.zeros(t, h)
     for j in range(k):
         r = row_map[:, j].long()

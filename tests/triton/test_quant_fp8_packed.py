@@ -123,7 +123,9 @@ def test_interpreter_vs_ref(mx, shape, cfg):
                                                   (True, (1024, 7168), (128, 128, 4, "packed2", 168)),
                                                   (False, (1024, 7168), (128, 128, 4, "packed3", 168)),
                                                   (False, (1000, 7164), (128, 128, 4, "packed3")),
-                                                  (True, (1000, 7168), (64, 128, 4, "packed3"))])
+                                                  # MX quantizes 32-row column blocks: a row count
+                                                  # that is a multiple of 32 but not of the 64-row tile
+                                                  (True, (992, 7168), (64, 128, 4, "packed3"))])
 def test_gpu_vs_ref(mx, shape, cfg):
     _check(_special(*shape, "cuda"), mx, cfg)
 

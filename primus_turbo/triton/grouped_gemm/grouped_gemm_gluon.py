@@ -45,7 +45,9 @@ from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, gluon_platf
 __all__ = [
     "GLUON_GROUPED_ENV",
     "GROUPED16_DEFAULT_CONFIG",
+    "GROUPED16_SMALL_GROUPS_CONFIG",
     "GluonGroupedConfig",
+    "default_grouped16_config",
     "gluon_grouped_enabled",
     "gluon_grouped_operand_reason",
     "gluon_grouped_reason",
@@ -121,8 +123,19 @@ class GluonGroupedConfig:
 # 1.31 / 1.25 / 1.31x our tl kernel. n256k64s4 (two 128-column pieces) measured 0.915 / 0.807 / 1.055,
 # n128k64s6 0.882 / 0.848 / 0.995.
 GROUPED16_DEFAULT_CONFIG = GluonGroupedConfig(block_n=256, block_k=64, stages=3, group_m=8, epi_n=256, c_bufs=1)
+# Many small groups with a long K: 128 x 128 tiles. H200 (session 8, scripts/diag_grouped_small.py, 64
+# experts x 512 rows, two runs): with 128 x 256 tiles a group has at most half a wave of tiles, so the
+# grid works on 2-4 experts at once, and the kernel runs at the same speed on half the SMs (a shared
+# bound, not the tensor cores): DeepSeek-V3 gate_up forward (K 7168) 4.25 ms -> 2.60-2.62 ms with
+# n128k64s5 (torch._grouped_mm 2.60-2.68), the down GEMM's dgrad (K 7168, N 2048) 4.16 -> 2.14 ms. With
+# K 2048 (down forward) or at >= 1024 rows per group (a full wave per group) 128 x 256 stays ahead (1.49
+# vs 1.62 ms; 5.57 vs 6.54 ms); gate_up's dgrad (K 4096, 0.85 of a wave per group, not taken by the
+# rule) measured 3.31 ms with 128 x 256, 3.07 with n128k64s5.
+GROUPED16_SMALL_GROUPS_CONFIG = GluonGroupedConfig(block_n=128, block_k=64, stages=5, group_m=8, epi_n=128, c_bufs=1)
+#: K from which :func:`default_grouped16_config` considers the small-group tiles
+SMALL_GROUPS_MIN_K = 4096
 # the configs scripts/check_gluon_grouped.py times by default (the default first)
-GROUPED16_CANDIDATES = ("n256k64s3e256", "n256k64s4", "n128k64s6")
+GROUPED16_CANDIDATES = ("n256k64s3e256", "n256k64s4", "n128k64s6", "n128k64s5")
 
 
 if GLUON_AVAILABLE:
@@ -458,6 +471,20 @@ def gluon_grouped_enabled() -> bool:
     return env_auto_flag(GLUON_GROUPED_ENV) is not False
 
 
+def default_grouped16_config(M: int, N: int, K: int, G: int, num_programs: int) -> GluonGroupedConfig:
+    """The M-grouped kernel's tiles for ``a [M, K]``, ``G`` groups, ``N`` output columns on
+    ``num_programs`` persistent programs, from shapes alone (the group sizes stay on the device, so
+    the mean ``M / G`` stands for them): :data:`GROUPED16_SMALL_GROUPS_CONFIG` when an average group
+    has at most half a wave of 128 x 256 tiles and K >= :data:`SMALL_GROUPS_MIN_K`, else
+    :data:`GROUPED16_DEFAULT_CONFIG` (not yet fitted to the output dtype)."""
+    if G > 0 and K >= SMALL_GROUPS_MIN_K:
+        rows = -(-M // G)
+        tiles = -(-rows // GluonGroupedConfig.BLOCK_M) * -(-N // GROUPED16_DEFAULT_CONFIG.block_n)
+        if 2 * tiles <= num_programs:
+            return GROUPED16_SMALL_GROUPS_CONFIG
+    return GROUPED16_DEFAULT_CONFIG
+
+
 def fitted_config(cfg: GluonGroupedConfig, out_dtype: torch.dtype) -> GluonGroupedConfig:
     """``cfg`` shrunk until it fits next to its staging buffers for ``out_dtype``: narrower
     pieces (epi_n down to 64), one buffer per warpgroup, then fewer stages."""
@@ -527,7 +554,7 @@ def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tenso
             K-contiguous (``w.transpose(1, 2)`` of a ``[G, N, K]`` weight).
         group_offs: ``[G+1]`` int64 on the device (read only there: no host sync).
         out_dtype: a's dtype (default) or float32 (ignored when ``out`` is given).
-        config: :class:`GluonGroupedConfig` (GROUPED16_DEFAULT_CONFIG fitted when None).
+        config: :class:`GluonGroupedConfig` (when None: :func:`default_grouped16_config`, fitted).
         out: optional contiguous ``[M_total, N]`` output (every row is written, the tail with zeros).
         num_programs: cap on the persistent grid (the op's ``num_cu``); all SMs when None.
 
@@ -547,7 +574,10 @@ def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tenso
         return out
     if G == 0 or K == 0:
         return out.zero_()
-    cfg = config or fitted_config(GROUPED16_DEFAULT_CONFIG, out.dtype)
+    if config is None:
+        progs = min(num_programs or _dense._num_sms(a.device), _dense._num_sms(a.device))
+        config = fitted_config(default_grouped16_config(M, N, K, G, progs), out.dtype)
+    cfg = config
     bad = cfg.check(out.element_size())
     if bad is not None:
         raise ValueError(f"grouped_gemm_gluon: {bad}")
