@@ -35,6 +35,23 @@ SHAPES = ((64, 512, 4096, 7168, "DSv3-EP4 gate_up", True), (64, 512, 7168, 2048,
           (16, 2048, 2048, 768, "Qwen3-EP8 down", True))
 
 
+#: the expert GEMMs of the MoE layer benchmark (16384 tokens): forward (K-major ``[G, N, K]``
+#: weights) and dgrad (the same weights read N-major) of gate_up and down, per model
+MOE_SHAPES = (
+    (32, 4096, 4096, 7168, "moe DSv3 gate_up", True), (32, 4096, 7168, 2048, "moe DSv3 down", True),
+    (32, 4096, 7168, 4096, "moe DSv3 gate_up dgrad", False), (32, 4096, 2048, 7168, "moe DSv3 down dgrad", False),
+    (8, 4096, 28672, 4096, "moe Mixtral gate_up", True), (8, 4096, 4096, 14336, "moe Mixtral down", True),
+    (8, 4096, 4096, 28672, "moe Mixtral gate_up dgrad", False),
+    (8, 4096, 14336, 4096, "moe Mixtral down dgrad", False),
+    (32, 2048, 5760, 2880, "moe GPT-OSS gate_up", True), (32, 2048, 2880, 2880, "moe GPT-OSS down", True),
+    (32, 2048, 2880, 5760, "moe GPT-OSS gate_up dgrad", False),
+    (32, 2048, 2880, 2880, "moe GPT-OSS down dgrad", False),
+    (128, 1024, 1536, 2048, "moe Qwen3 gate_up", True), (128, 1024, 2048, 768, "moe Qwen3 down", True),
+    (128, 1024, 2048, 1536, "moe Qwen3 gate_up dgrad", False),
+    (128, 1024, 768, 2048, "moe Qwen3 down dgrad", False),
+)
+
+
 def _bench(fn, rep_ms: int) -> float:
     import triton
 
@@ -47,7 +64,7 @@ def _snr(ref: torch.Tensor, out: torch.Tensor) -> float:
     return float(10 * torch.log10(ref.pow(2).sum() / err))
 
 
-def run_shape(G, m, N, K, label, kmajor, configs, rep_ms, grids, probes):
+def run_shape(G, m, N, K, label, kmajor, configs, rep_ms, grids, probes, tl=True):
     from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import GluonGroupedConfig, grouped_gemm_gluon
     from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import grouped_gemm_triton
 
@@ -86,7 +103,8 @@ def run_shape(G, m, N, K, label, kmajor, configs, rep_ms, grids, probes):
         add(f"gluon {configs[0]} grid {n}",
             lambda n=n: grouped_gemm_gluon(a, w.transpose(1, 2), offs, config=c0, num_programs=n), ref)
     add("default (turbo.ops)", lambda: _default_op(a, w, lens, offs), ref)
-    add("tl", lambda: grouped_gemm_triton(a, w.transpose(1, 2), lens, offs), ref)
+    if tl:
+        add("tl", lambda: grouped_gemm_triton(a, w.transpose(1, 2), lens, offs), ref)
     if not probes:
         return rows
     # probes
@@ -116,13 +134,15 @@ def main(argv=None) -> int:
     p.add_argument("--grids", type=int, nargs="*", default=[66], help="persistent grid caps timed with the first config")
     p.add_argument("--only", nargs="*", default=None, help="shapes whose label contains one of these")
     p.add_argument("--no-probes", action="store_true", help="skip the shared-weight and G/4 probes")
+    p.add_argument("--no-tl", action="store_true", help="skip the tl kernel")
+    p.add_argument("--moe", action="store_true", help="the MoE layer benchmark's expert GEMMs instead")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     rows = []
-    for shape in SHAPES:
+    for shape in MOE_SHAPES if args.moe else SHAPES:
         if args.only and not any(o in shape[4] for o in args.only):
             continue
-        rows += run_shape(*shape, args.configs, args.rep_ms, args.grids, not args.no_probes)
+        rows += run_shape(*shape, args.configs, args.rep_ms, args.grids, not args.no_probes, not args.no_tl)
         torch.cuda.empty_cache()
     print(f"\n{'case':28s} {'impl':26s} {'ms':>8s} {'TFLOP/s':>8s} {'SNR':>6s}")
     for r in rows:
