@@ -96,17 +96,19 @@ def test_config_parse_check_and_fit():
         assert gg.GluonGroupedConfig.parse(text).check(2) is None, text
 
 
-def test_default_config_rule_small_groups_long_k():
-    """128 x 128 tiles where an average group has at most half a wave of 128 x 256 tiles and
-    K >= 4096 (the H200 rows of the rule's comment), 128 x 256 everywhere else."""
+def test_default_config_rule_small_groups():
+    """128 x 128 tiles where an average group has at most half a wave of 128 x 256 tiles (the H200
+    rows of the rule's comment), 128 x 256 everywhere else."""
     small, big = gg.GROUPED16_SMALL_GROUPS_CONFIG, gg.GROUPED16_DEFAULT_CONFIG
     assert small.check(2) is None and gg.fitted_config(small, torch.float32).check(4) is None
     rule = gg.default_grouped16_config
-    assert rule(64 * 512, 4096, 7168, 64, 132) is small  # DeepSeek-V3 EP4 gate_up forward
+    assert rule(64 * 512, 4096, 7168, 64, 132) is small  # DeepSeek-V3 EP4 gate_up forward: 64 tiles
     assert rule(64 * 512, 2048, 7168, 64, 132) is small  # its down GEMM's dgrad
-    assert rule(64 * 512, 7168, 2048, 64, 132) is big  # down forward: K 2048
-    assert rule(64 * 512, 7168, 4096, 64, 132) is big  # gate_up dgrad: 112 tiles per group
-    assert rule(64 * 1024, 4096, 7168, 64, 132) is big  # 1024 rows: a full wave per group
+    assert rule(128 * 1024, 2048, 768, 128, 132) is small  # Qwen3-30B-A3B down: 64 tiles per group
+    assert rule(128 * 1024, 768, 2048, 128, 132) is small
+    assert rule(64 * 512, 7168, 2048, 64, 132) is big  # EP4 down forward: 112 tiles per group
+    assert rule(64 * 512, 7168, 4096, 64, 132) is big
+    assert rule(64 * 1024, 4096, 7168, 64, 132) is big  # 1024 rows: 128 tiles, about a wave
     assert rule(32 * 2048, 4096, 7168, 32, 132) is big
     assert rule(64 * 512, 4096, 7168, 64, 66) is big  # half the SMs: a group fills their wave
     assert rule(0, 4096, 7168, 64, 132) is small and rule(100, 4096, 7168, 0, 132) is big

@@ -123,17 +123,17 @@ class GluonGroupedConfig:
 # 1.31 / 1.25 / 1.31x our tl kernel. n256k64s4 (two 128-column pieces) measured 0.915 / 0.807 / 1.055,
 # n128k64s6 0.882 / 0.848 / 0.995.
 GROUPED16_DEFAULT_CONFIG = GluonGroupedConfig(block_n=256, block_k=64, stages=3, group_m=8, epi_n=256, c_bufs=1)
-# Many small groups with a long K: 128 x 128 tiles. H200 (session 8, scripts/diag_grouped_small.py, 64
-# experts x 512 rows, two runs): with 128 x 256 tiles a group has at most half a wave of tiles, so the
-# grid works on 2-4 experts at once, and the kernel runs at the same speed on half the SMs (a shared
-# bound, not the tensor cores): DeepSeek-V3 gate_up forward (K 7168) 4.25 ms -> 2.60-2.62 ms with
-# n128k64s5 (torch._grouped_mm 2.60-2.68), the down GEMM's dgrad (K 7168, N 2048) 4.16 -> 2.14 ms. With
-# K 2048 (down forward) or at >= 1024 rows per group (a full wave per group) 128 x 256 stays ahead (1.49
-# vs 1.62 ms; 5.57 vs 6.54 ms); gate_up's dgrad (K 4096, 0.85 of a wave per group, not taken by the
-# rule) measured 3.31 ms with 128 x 256, 3.07 with n128k64s5.
+# Many small groups: 128 x 128 tiles. With 128 x 256 tiles, where an average group has at most half a
+# wave of tiles (so the grid works on two or more experts at once), the kernel ran at the same speed on
+# half the SMs as on all of them, and an L2-resident weight (every expert reading one) did not help: a
+# shared bound that grows with the experts in flight, not weight bandwidth or the tensor cores. H200
+# (session 8, scripts/diag_grouped_small.py), ms torch._grouped_mm / 128 x 256 / n128k64s5: DeepSeek-V3
+# EP4 (64 experts x 512 rows) gate_up forward 2.60 / 4.25 / 2.60, down dgrad 1.33 / 4.16 / 2.14;
+# Qwen3-30B-A3B MoE layer (128 x 1024 rows) gate_up 1.21 / 2.69 / 1.34, down 0.74 / 1.11 / 0.66, gate_up
+# dgrad 1.18 / 2.13 / 1.20, down dgrad (N 768) 0.66 / 2.69 / 1.37. Above half a wave per group 128 x 256
+# stays ahead: EP4 down forward (112 tiles per group) 1.42 / 1.49 / 1.62, 1024 rows per group (128
+# tiles) 5.63 / 5.57 / 5.83, EP4 gate_up dgrad (112 tiles) 2.85 / 3.31 / 3.07.
 GROUPED16_SMALL_GROUPS_CONFIG = GluonGroupedConfig(block_n=128, block_k=64, stages=5, group_m=8, epi_n=128, c_bufs=1)
-#: K from which :func:`default_grouped16_config` considers the small-group tiles
-SMALL_GROUPS_MIN_K = 4096
 # the configs scripts/check_gluon_grouped.py times by default (the default first)
 GROUPED16_CANDIDATES = ("n256k64s3e256", "n256k64s4", "n128k64s6", "n128k64s5")
 
@@ -475,9 +475,10 @@ def default_grouped16_config(M: int, N: int, K: int, G: int, num_programs: int) 
     """The M-grouped kernel's tiles for ``a [M, K]``, ``G`` groups, ``N`` output columns on
     ``num_programs`` persistent programs, from shapes alone (the group sizes stay on the device, so
     the mean ``M / G`` stands for them): :data:`GROUPED16_SMALL_GROUPS_CONFIG` when an average group
-    has at most half a wave of 128 x 256 tiles and K >= :data:`SMALL_GROUPS_MIN_K`, else
-    :data:`GROUPED16_DEFAULT_CONFIG` (not yet fitted to the output dtype)."""
-    if G > 0 and K >= SMALL_GROUPS_MIN_K:
+    has at most half a wave of 128 x 256 tiles, else :data:`GROUPED16_DEFAULT_CONFIG` (not yet
+    fitted to the output dtype). ``K`` is part of the signature for rules to come; the measured
+    rows did not depend on it."""
+    if G > 0:
         rows = -(-M // G)
         tiles = -(-rows // GluonGroupedConfig.BLOCK_M) * -(-N // GROUPED16_DEFAULT_CONFIG.block_n)
         if 2 * tiles <= num_programs:
