@@ -35,8 +35,10 @@ SHAPES = ((64, 512, 4096, 7168, "DSv3-EP4 gate_up", True), (64, 512, 7168, 2048,
           (16, 2048, 2048, 768, "Qwen3-EP8 down", True))
 
 
-#: the expert GEMMs of the MoE layer benchmark (16384 tokens): forward (K-major ``[G, N, K]``
-#: weights) and dgrad (the same weights read N-major) of gate_up and down, per model
+#: expert GEMMs at 16384 tokens: forward (K-major ``[G, N, K]`` weights) and dgrad (the same
+#: weights read N-major) of gate_up and down; DeepSeek-V3, Mixtral and GPT-OSS with the MoE layer
+#: benchmark's local experts, Qwen3-30B-A3B with all 128 experts (1024 rows each; the benchmark
+#: runs 32)
 MOE_SHAPES = (
     (32, 4096, 4096, 7168, "moe DSv3 gate_up", True), (32, 4096, 7168, 2048, "moe DSv3 down", True),
     (32, 4096, 7168, 4096, "moe DSv3 gate_up dgrad", False), (32, 4096, 2048, 7168, "moe DSv3 down dgrad", False),

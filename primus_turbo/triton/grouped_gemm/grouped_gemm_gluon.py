@@ -129,7 +129,7 @@ GROUPED16_DEFAULT_CONFIG = GluonGroupedConfig(block_n=256, block_k=64, stages=3,
 # shared bound that grows with the experts in flight, not weight bandwidth or the tensor cores. H200
 # (session 8, scripts/diag_grouped_small.py), ms torch._grouped_mm / 128 x 256 / n128k64s5: DeepSeek-V3
 # EP4 (64 experts x 512 rows) gate_up forward 2.60 / 4.25 / 2.60, down dgrad 1.33 / 4.16 / 2.14;
-# Qwen3-30B-A3B MoE layer (128 x 1024 rows) gate_up 1.21 / 2.69 / 1.34, down 0.74 / 1.11 / 0.66, gate_up
+# Qwen3-30B-A3B with all 128 experts (x 1024 rows) gate_up 1.21 / 2.69 / 1.34, down 0.74 / 1.11 / 0.66, gate_up
 # dgrad 1.18 / 2.13 / 1.20, down dgrad (N 768) 0.66 / 2.69 / 1.37. Above half a wave per group 128 x 256
 # stays ahead: EP4 down forward (112 tiles per group) 1.42 / 1.49 / 1.62, 1024 rows per group (128
 # tiles) 5.63 / 5.57 / 5.83, EP4 gate_up dgrad (112 tiles) 2.85 / 3.31 / 3.07.
