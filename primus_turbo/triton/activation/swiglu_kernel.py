@@ -41,6 +41,11 @@ def glu_config(rows: int, f: int) -> tuple[int, int, int]:
     Heuristic: a whole row when ``F <= 4096`` (BLOCK_F = next power of two), else 4096-column tiles;
     rows stacked to ~4096 output elements per program (the backward touches five tiles of that
     size, ~40 KiB of bf16 in flight). Warps: 4 up to 1024 elements, 8 up to 4096.
+
+    Not shape-aware on purpose: at F = 2880 (GPT-OSS) the one 4096-column tile leaves 30% of the
+    lanes idle, but more column tiles would change the op's fp32 sum of the dprobs partials (not
+    bit-identical), and the forward already ran at ~0.95x the device copy there (H200 profile).
+    scripts/tune_gptoss_memory.py times the alternatives and checks their bytes.
     """
     block_f = min(triton.next_power_of_2(max(f, 1)), _MAX_BLOCK_F)
     block_r = max(1, min(_TARGET_TILE // block_f, triton.next_power_of_2(max(rows, 1))))
@@ -122,12 +127,22 @@ def _glu_bwd_kernel(DO, X, P, M, DX, DP, n_rows, F, stride_do, stride_x, stride_
         tl.store(DP + pid_c.to(tl.int64) * n_rows + rows, dpart, mask=rmask)
 
 
-def glu_fwd_launch(x: torch.Tensor, act: int, probs=None, mask=None) -> torch.Tensor:
-    """``x``: contiguous ``[rows, 2F]``; ``probs`` fp32 ``[rows]``; ``mask`` uint8/int ``[rows]``."""
+def _check_config(config) -> tuple[int, int, int]:
+    br, bf, warps = (int(v) for v in config)
+    if br < 1 or bf < 16 or br & (br - 1) or bf & (bf - 1) or warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"config (BLOCK_R, BLOCK_F, num_warps) must be powers of two with BLOCK_F >= 16 and "
+                         f"num_warps <= 16, got {tuple(config)}")
+    return br, bf, warps
+
+
+def glu_fwd_launch(x: torch.Tensor, act: int, probs=None, mask=None, config=None) -> torch.Tensor:
+    """``x``: contiguous ``[rows, 2F]``; ``probs`` fp32 ``[rows]``; ``mask`` uint8/int ``[rows]``.
+    ``config`` ``(BLOCK_R, BLOCK_F, num_warps)`` overrides :func:`glu_config` (for tuning: the
+    forward is elementwise, so any tiling gives the same bytes)."""
     rows, f2 = x.shape
     f = f2 // 2
     out = torch.empty((rows, f), dtype=x.dtype, device=x.device)
-    br, bf, warps = glu_config(rows, f)
+    br, bf, warps = glu_config(rows, f) if config is None else _check_config(config)
     grid = (triton.cdiv(rows, br), triton.cdiv(f, bf))
     _glu_fwd_kernel[grid](x, probs if probs is not None else x, mask if mask is not None else x, out, rows, f,
                           x.stride(0), out.stride(0), ACT=act, HAS_P=probs is not None, HAS_M=mask is not None,
@@ -135,13 +150,15 @@ def glu_fwd_launch(x: torch.Tensor, act: int, probs=None, mask=None) -> torch.Te
     return out
 
 
-def glu_bwd_launch(dout: torch.Tensor, x: torch.Tensor, act: int, probs=None, mask=None):
+def glu_bwd_launch(dout: torch.Tensor, x: torch.Tensor, act: int, probs=None, mask=None, config=None):
     """Returns ``(dx, dprobs_partial)``; ``dprobs_partial`` is fp32 ``[column tiles, rows]`` (sum over
-    dim 0) or None without probs."""
+    dim 0) or None without probs. ``config`` ``(BLOCK_R, BLOCK_F, num_warps)`` overrides
+    :func:`glu_config` (for tuning): ``dx`` is elementwise, but with probs a different column
+    tiling (or a different reduction layout) may change the fp32 sum order of ``dprobs``."""
     rows, f2 = x.shape
     f = f2 // 2
     dx = torch.empty_like(x)
-    br, bf, warps = glu_config(rows, f)
+    br, bf, warps = glu_config(rows, f) if config is None else _check_config(config)
     grid = (triton.cdiv(rows, br), triton.cdiv(f, bf))
     dp = torch.empty((grid[1], rows), dtype=torch.float32, device=x.device) if probs is not None else None
     _glu_bwd_kernel[grid](dout, x, probs if probs is not None else x, mask if mask is not None else x, dx,

@@ -63,13 +63,17 @@ def _gather_quant_cols_t_kernel(
         tl.store(s_ptrs, scale_inv, mask=cols < C)
 
 
-def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.dtype, block_size: int):
+def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.dtype, block_size: int, *,
+                               tc: "int | None" = None, num_warps: "int | None" = None):
     """``(q_t [C, M_pad] dtype, s [M_pad / block_size, C] fp32 scale_inv)`` with
     ``q_t.T, s`` equal to the BLOCKWISE ``block_size x 1`` quantization of ``x[src]`` (rows with
     ``src < 0`` zero), i.e. of ``gather_rows(x, src)`` along axis 0.
 
     ``x`` 2-D with unit column stride, float32 / float16 / bfloat16; ``src`` 1-D int32/int64 of
-    length ``M_pad``, a multiple of ``block_size`` (a power of two >= 16); ``dtype`` E4M3 or E5M2."""
+    length ``M_pad``, a multiple of ``block_size`` (a power of two >= 16); ``dtype`` E4M3 or E5M2.
+    ``tc`` (columns per tile, a power of two >= 16) / ``num_warps`` override the default launch
+    (scripts/tune_gptoss_memory.py sweeps them): every column's block is reduced and stored whole
+    by one program whatever the tile width, so the output bytes do not depend on them."""
     if x.dim() != 2 or (x.size(1) > 1 and x.stride(1) != 1):
         raise ValueError(f"x must be 2-D with unit column stride, got shape {tuple(x.shape)} strides {x.stride()}")
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -88,12 +92,17 @@ def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.
     s = torch.empty((m_pad // block_size, C), dtype=torch.float32, device=x.device)
     if C == 0 or m_pad == 0:
         return q_t, s
+    if tc is not None and (tc < 16 or tc & (tc - 1)):
+        raise ValueError(f"tc must be a power of two >= 16, got tc={tc}")
+    if num_warps is not None and num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got num_warps={num_warps}")
     # tiles of block_size x TC: 64 columns at 128-token blocks keeps 8192 elements per program
-    tc = max(16, min(triton.next_power_of_2(C), 8192 // block_size))
+    # (at GPT-OSS's C = 2880 / 5760, 64 divides C: no idle column lanes)
+    tc = tc or max(16, min(triton.next_power_of_2(C), 8192 // block_size))
     n_tiles_c = triton.cdiv(C, tc)
     grid = ((m_pad // block_size) * n_tiles_c,)
     _gather_quant_cols_t_kernel[grid](
         x, src, q_t.view(torch.uint8), s, C, m_pad, x.stride(0), n_tiles_c,
         FP8_MAX=_FP8_MAX[dtype], BS=block_size, TC=tc, EVEN_C=(C % tc == 0),
-        IS_E4M3=dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=4)
+        IS_E4M3=dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=num_warps or 4)
     return q_t, s

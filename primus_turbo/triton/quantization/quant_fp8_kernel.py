@@ -861,9 +861,11 @@ def _fits_tile(g: QuantGrouping) -> bool:
     return not (g.gc == 1 and pr > 256)
 
 
-def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGrouping):
+def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGrouping, tile: "tuple | None" = None):
     """Quantize a contiguous 2-D ``x`` with one grouping. Returns ``(q [rows, cols], scale)``;
-    ``scale`` is ``[n_sr, n_sc]`` (fp32, or uint8 E8M0 bytes for MX) or 0-dim for TENSORWISE."""
+    ``scale`` is ``[n_sr, n_sc]`` (fp32, or uint8 E8M0 bytes for MX) or 0-dim for TENSORWISE.
+    ``tile=(TR, TC, num_warps)`` overrides :func:`tile_config` for blocks that fit a tile (for
+    tuning, scripts/tune_gptoss_memory.py): a tile holds whole blocks, so the bytes are the same."""
     rows, cols = x.shape
     fmax = fp8_max_of(out_dtype)
     q = torch.empty((rows, cols), dtype=out_dtype, device=x.device)
@@ -886,6 +888,13 @@ def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGro
         _long_rowwise(x, q, (cols, 1), s.view(-1), grouping.gr == 1, fmax)
         return q, s
     gr, gc, tr, tc, nw, n_prog, n_tc, n_sr, n_sc = _single_plan(rows, cols, grouping)
+    if tile is not None:
+        tr, tc, nw = (int(v) for v in tile)
+        if tr < gr or tc < gc or tr & (tr - 1) or tc & (tc - 1):
+            raise ValueError(f"fp8_quant_launch: tile {tuple(tile)} must be powers of two holding whole "
+                             f"{gr} x {gc} blocks")
+        n_tc = triton.cdiv(cols, tc)
+        n_prog = triton.cdiv(rows, tr) * n_tc
     s = torch.empty((n_sr, n_sc), dtype=torch.uint8 if grouping.mode == _MODE_MX else torch.float32, device=x.device)
     _quant_fp8_tile_kernel[(n_prog,)](
         x, q.view(torch.uint8), s, q, s, s, rows, cols, n_tc,
