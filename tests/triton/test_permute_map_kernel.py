@@ -140,8 +140,7 @@ def test_fused_gather_rows_and_probs(device):
     assert torch.equal(pout, torch.where(ok, probs.reshape(-1)[src.clamp(min=0)], torch.zeros(())))
 
 
-@pytest.mark.parametrize("k,weighted,block_t", [(1, True, None), (8, True, None), (8, False, 4), (20, True, None),
-                                               (32, True, None), (70, True, None)])
+@pytest.mark.parametrize("k,weighted,block_t", [(1, True, None), (8, True, None), (8, False, 4), (20, True, None)])
 def test_merge_rows_kernel_matches_reference(k, weighted, block_t):
     """merge_rows_launch (unrolled terms for k <= MERGE_UNROLL_MAX, a runtime loop above) against the
     fp32 sum in ascending j of the torch path: fp32 output, so the two agree bit for bit (the

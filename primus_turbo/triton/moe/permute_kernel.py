@@ -92,7 +92,7 @@ def _merge_term(acc, src_ptr, map_base, w_base, j, tmask, cols, cmask, stride_sr
 @triton.jit
 def _merge_rows_kernel(src_ptr, out_ptr, map_ptr, w_ptr, T, K, H, stride_src, stride_out,
                        HAS_W: tl.constexpr, K_STATIC: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
-    """``K_STATIC > 0`` (= K: a top-k of 1..16 or one column per expert): the K terms are unrolled, so the K row
+    """``K_STATIC > 0`` (= K, the usual top-k of 1..16): the K terms are unrolled, so the K row
     loads of a column step are all in flight at once; a runtime loop over K (``K_STATIC = 0``, for
     wide maps) issues them one dependent index load + row load at a time, which measured ~0.3x the
     copy bandwidth at top-8."""
@@ -258,13 +258,9 @@ def merge_rows_launch(src: torch.Tensor, out: torch.Tensor, row_id_map: torch.Te
     return out
 
 
-#: widest row map whose terms merge_rows unrolls: top-k indices (1..16) and the map form's one column
-#: per local expert (moe_unpermute after a bool routing map: [T, E], k of E routed, the rest -1; the
-#: unrolled -1 terms are masked loads that move no bytes). Wider maps keep the runtime loop rather than
-#: compile a huge body. The runtime loop measured ~0.3x the copy bandwidth (one dependent index
-#: load + row load at a time): at E 32 it was the MoE layer's two merges (0.76 ms per GPT-OSS-20B
-#: step against ~0.24 ms for the top-k form).
-MERGE_UNROLL_MAX = 64
+#: widest row map whose terms merge_rows unrolls (top-k is 1..16 in practice; a wider map, e.g. one
+#: column per expert, keeps a runtime loop rather than compiling a huge unrolled body)
+MERGE_UNROLL_MAX = 16
 
 
 #: merge_rows' default launch: one token per program, 8 warps, 16-byte loads per lane, so a column
