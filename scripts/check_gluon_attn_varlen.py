@@ -47,6 +47,10 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
+# the dense check's script loader and finite-entry SNR (ref's non-finite entries must match exactly)
+from scripts.check_gluon_attn import _snr_finite as snr_finite  # noqa: E402
+from scripts.check_gluon_attn import load_script as _load_script  # noqa: E402
+
 MIN_SNR = 40.0
 TOKENS = 16384
 CHILD_TIMEOUT_S = 300
@@ -73,15 +77,6 @@ CASES = [
      True),
     ("nan_tail_short_h8x8_d64_full", [5, 70, 130, 1, 300], None, 8, 8, 64, False, "bf16", False, -1, 100, None, True),
 ]
-
-
-def _load_script(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, _ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,20 +199,6 @@ def reference(q, k, v, lens_q, lens_k, causal: bool, scale: float, sink=None, wi
         lses.append(lse[0].float())
         cq, ck = cq + nq, ck + nk
     return torch.cat(outs), torch.cat(lses, dim=1)
-
-
-def snr_finite(ref, out) -> float:
-    """SNR in dB over ref's finite entries (-inf unless both agree exactly on the others)."""
-    import torch
-
-    from primus_turbo.testing import snr_db
-
-    fin = torch.isfinite(ref)
-    if not torch.equal(fin, torch.isfinite(out)) or not torch.equal(ref[~fin], out[~fin]):
-        return float("-inf")
-    if not fin.any():
-        return float("inf")
-    return snr_db(ref[fin].double().cpu(), out[fin].double().cpu())
 
 
 def run_gluon(q, k, v, lens_q, lens_k, causal, scale, sink=None, win_right=-1, cfg=None, poison=True):

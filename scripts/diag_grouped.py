@@ -38,7 +38,8 @@ def _host_us(step, n: int = 50) -> float:
     return (t1 - t0) / n * 1e6
 
 
-def _cprofile(step, n: int = 200, top: int = 25) -> str:
+def _cprofile(step, n: int = 200, top: int = 25, sorts=("tottime",)) -> str:
+    """cProfile of ``n`` calls of ``step``: the ``top`` rows under each sort key of ``sorts``."""
     import cProfile
     import io
     import pstats
@@ -50,7 +51,9 @@ def _cprofile(step, n: int = 200, top: int = 25) -> str:
     prof.disable()
     torch.cuda.synchronize()
     buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    stats = pstats.Stats(prof, stream=buf)
+    for key in sorts:
+        stats.sort_stats(key).print_stats(top)
     return buf.getvalue()
 
 

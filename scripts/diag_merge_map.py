@@ -44,7 +44,8 @@ def main(argv=None) -> int:
         copy_src = torch.empty(nbytes // 2, device=dev, dtype=torch.bfloat16)
         copy_dst = torch.empty_like(copy_src)
         copy_ms = float(triton.testing.do_bench(lambda: copy_dst.copy_(copy_src), warmup=10, rep=30))
-        nw, bc = pk.merge_rows_config(h, 2)
+        nw = pk.MERGE_NUM_WARPS
+        bc = pk.col_block(h, 2, nw)  # merge_rows_launch's default launch
         outs = {}
         for name, ks in (("runtime loop", 0), ("unrolled", e)):
             out = torch.full((t, h), float("nan"), device=dev, dtype=torch.bfloat16)

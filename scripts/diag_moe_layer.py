@@ -20,34 +20,16 @@ if str(_ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from scripts.diag_fp8_linear import _profile  # noqa: E402
+from scripts.diag_grouped import _cprofile, _host_us  # noqa: E402
 
 
 def _host_profile(step, steps: int = 3, top: int = 30) -> str:
     """Host time per step: ``steps`` steps issued back to back after a sync, timed on the host
     without waiting for the GPU (a few hundred launches fit the launch queue, so the host does not
-    block), then a cProfile of the same (sorted by own time): where the Python of a step goes."""
-    import cProfile
-    import io
-    import pstats
-    import time
-
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    host_ms = (time.perf_counter() - t0) * 1e3 / steps
-    torch.cuda.synchronize()
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(steps):
-        step()
-    prof.disable()
-    torch.cuda.synchronize()
-    buf = io.StringIO()
-    stats = pstats.Stats(prof, stream=buf)
-    stats.sort_stats("tottime").print_stats(top)
-    stats.sort_stats("cumulative").print_stats(top)
-    text = "\n".join(line[:200] for line in buf.getvalue().splitlines() if line.strip())
+    block), then a cProfile of the same (by own and by cumulative time): where the Python of a step goes."""
+    host_ms = _host_us(step, steps) / 1e3
+    text = _cprofile(step, steps, top, sorts=("tottime", "cumulative"))
+    text = "\n".join(line[:200] for line in text.splitlines() if line.strip())
     return f"   host {host_ms:.3f} ms per step (no sync; {steps} steps)\n" + text
 
 

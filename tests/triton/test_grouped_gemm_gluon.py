@@ -102,16 +102,16 @@ def test_default_config_rule_small_groups():
     small, big = gg.GROUPED16_SMALL_GROUPS_CONFIG, gg.GROUPED16_DEFAULT_CONFIG
     assert small.check(2) is None and gg.fitted_config(small, torch.float32).check(4) is None
     rule = gg.default_grouped16_config
-    assert rule(64 * 512, 4096, 7168, 64, 132) is small  # DeepSeek-V3 EP4 gate_up forward: 64 tiles
-    assert rule(64 * 512, 2048, 7168, 64, 132) is small  # its down GEMM's dgrad
-    assert rule(128 * 1024, 2048, 768, 128, 132) is small  # Qwen3-30B-A3B down: 64 tiles per group
-    assert rule(128 * 1024, 768, 2048, 128, 132) is small
-    assert rule(64 * 512, 7168, 2048, 64, 132) is big  # EP4 down forward: 112 tiles per group
-    assert rule(64 * 512, 7168, 4096, 64, 132) is big
-    assert rule(64 * 1024, 4096, 7168, 64, 132) is big  # 1024 rows: 128 tiles, about a wave
-    assert rule(32 * 2048, 4096, 7168, 32, 132) is big
-    assert rule(64 * 512, 4096, 7168, 64, 66) is big  # half the SMs: a group fills their wave
-    assert rule(0, 4096, 7168, 64, 132) is small and rule(100, 4096, 7168, 0, 132) is big
+    assert rule(64 * 512, 4096, 64, 132) is small  # DeepSeek-V3 EP4 gate_up forward: 64 tiles
+    assert rule(64 * 512, 2048, 64, 132) is small  # its down GEMM's dgrad
+    assert rule(128 * 1024, 2048, 128, 132) is small  # Qwen3-30B-A3B down: 64 tiles per group
+    assert rule(128 * 1024, 768, 128, 132) is small
+    assert rule(64 * 512, 7168, 64, 132) is big  # EP4 down forward / gate_up dgrad: 112 tiles per group
+    assert rule(64 * 512, 4097, 64, 132) is big  # one column past 4096: 68 tiles, over half of 132
+    assert rule(64 * 1024, 4096, 64, 132) is big  # 1024 rows: 128 tiles, about a wave
+    assert rule(32 * 2048, 4096, 32, 132) is big
+    assert rule(64 * 512, 4096, 64, 66) is big  # half the SMs: a group fills their wave
+    assert rule(0, 4096, 64, 132) is small and rule(100, 4096, 0, 132) is big
 
 
 @needs_gluon

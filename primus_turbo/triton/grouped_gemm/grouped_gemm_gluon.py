@@ -471,13 +471,12 @@ def gluon_grouped_enabled() -> bool:
     return env_auto_flag(GLUON_GROUPED_ENV) is not False
 
 
-def default_grouped16_config(M: int, N: int, K: int, G: int, num_programs: int) -> GluonGroupedConfig:
+def default_grouped16_config(M: int, N: int, G: int, num_programs: int) -> GluonGroupedConfig:
     """The M-grouped kernel's tiles for ``a [M, K]``, ``G`` groups, ``N`` output columns on
     ``num_programs`` persistent programs, from shapes alone (the group sizes stay on the device, so
     the mean ``M / G`` stands for them): :data:`GROUPED16_SMALL_GROUPS_CONFIG` when an average group
     has at most half a wave of 128 x 256 tiles, else :data:`GROUPED16_DEFAULT_CONFIG` (not yet
-    fitted to the output dtype). ``K`` is part of the signature for rules to come; the measured
-    rows did not depend on it."""
+    fitted to the output dtype). K does not enter: the measured rows did not depend on it."""
     if G > 0:
         rows = -(-M // G)
         tiles = -(-rows // GluonGroupedConfig.BLOCK_M) * -(-N // GROUPED16_DEFAULT_CONFIG.block_n)
@@ -576,8 +575,8 @@ def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tenso
     if G == 0 or K == 0:
         return out.zero_()
     if config is None:
-        progs = min(num_programs or _dense._num_sms(a.device), _dense._num_sms(a.device))
-        config = fitted_config(default_grouped16_config(M, N, K, G, progs), out.dtype)
+        sms = _dense._num_sms(a.device)
+        config = fitted_config(default_grouped16_config(M, N, G, min(num_programs or sms, sms)), out.dtype)
     cfg = config
     bad = cfg.check(out.element_size())
     if bad is not None:

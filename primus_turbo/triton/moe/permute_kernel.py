@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 __all__ = ["gather_rows_launch", "merge_rows_launch", "build_permute_map_launch", "permute_map_scan_launch",
-           "permute_map_assign_launch", "col_block", "merge_rows_config"]
+           "permute_map_assign_launch", "col_block"]
 
 
 @triton.jit
@@ -238,12 +238,9 @@ def merge_rows_launch(src: torch.Tensor, out: torch.Tensor, row_id_map: torch.Te
     if t == 0 or h == 0:
         return out
     k = row_id_map.shape[1]
-    if num_warps is None and block_c is None:
-        num_warps, bc = merge_rows_config(h, src.element_size())
-    else:
-        num_warps = num_warps or MERGE_NUM_WARPS
-        bc = block_c or col_block(h, src.element_size(), num_warps)  # 16-byte loads per lane
+    num_warps = num_warps or MERGE_NUM_WARPS
     block_t = block_t or (32 if _interp() else MERGE_BLOCK_T)
+    bc = block_c or col_block(h, src.element_size(), num_warps)  # 16-byte loads per lane
     grid = (_cdiv(t, block_t),)
     if out.dtype == torch.bfloat16 and _interp():
         # the interpreter's fp32 -> bf16 cast truncates: store fp32, round (RNE) with torch
@@ -269,36 +266,6 @@ MERGE_UNROLL_MAX = 16
 #: ~0.3x for the runtime-K loop it replaced; the worst of the 12 configs swept 0.66x.
 MERGE_NUM_WARPS = 8
 MERGE_BLOCK_T = 1
-
-#: below this fraction of the launched columns doing work, merge_rows_config tries half the warps
-#: (strictly below: 3072 and 7168 columns of bf16, 75% and 88% at 8 warps, keep the measured default)
-MERGE_MIN_LANE_USE = 0.75
-
-
-def _lane_use(h: int, bc: int) -> float:
-    """Fraction of the column lanes of a row's ``cdiv(h, bc)`` steps that hold a column."""
-    return h / (_cdiv(h, bc) * bc)
-
-
-def merge_rows_config(h: int, elem_bytes: int) -> tuple[int, int]:
-    """``(num_warps, BLOCK_C)`` of merge_rows' default launch for rows of ``h`` elements.
-
-    ``MERGE_NUM_WARPS`` with 16-byte loads per lane, unless those column steps leave more than
-    ``1 - MERGE_MIN_LANE_USE`` (a quarter) of the lanes idle and half the warps (still 16 bytes
-    per lane, so a step half as wide) wastes strictly fewer. Why: the block is a power of two, so a width like
-    GPT-OSS's H=2880 (bf16) ran as 2048 + 832 columns, 70% of the lanes of the two steps; 4 warps
-    x 1024 columns covers it in 3 steps at 94%. Power-of-two-friendly widths keep the measured
-    default (H=7168: 4 x 2048 at 88% stays; H=4096, 2048: 100%). Only the launch changes, not the
-    fp32 sum of any output element (same terms, same order), so the result is bit-identical.
-    scripts/tune_gptoss_memory.py times both choices at H=2880."""
-    nw = MERGE_NUM_WARPS
-    bc = col_block(h, elem_bytes, nw)
-    use = _lane_use(h, bc)
-    if use < MERGE_MIN_LANE_USE:
-        bc2 = col_block(h, elem_bytes, nw // 2)
-        if _lane_use(h, bc2) > use:
-            return nw // 2, bc2
-    return nw, bc
 
 
 # ----------------------------------------------------------------------------------------------
