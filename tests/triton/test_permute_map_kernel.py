@@ -140,22 +140,33 @@ def test_fused_gather_rows_and_probs(device):
     assert torch.equal(pout, torch.where(ok, probs.reshape(-1)[src.clamp(min=0)], torch.zeros(())))
 
 
-@pytest.mark.parametrize("k,weighted,block_t", [(1, True, None), (8, True, None), (8, False, 4), (20, True, None)])
-def test_merge_rows_kernel_matches_reference(k, weighted, block_t):
-    """merge_rows_launch (unrolled terms for k <= MERGE_UNROLL_MAX, a runtime loop above) against the
-    fp32 sum in ascending j of the torch path: fp32 output, so the two agree bit for bit (the
-    weighted sum on a GPU to its FMA rounding); rows marked -1 (dropped pairs) contribute nothing;
-    the output is poisoned first."""
+@pytest.mark.parametrize("k,weighted,block_t,compact,chunk,keep", [
+    (1, True, None, None, None, 0.75), (8, True, None, None, None, 0.75), (8, False, 4, None, None, 0.75),
+    (20, True, None, None, None, 0.75),       # wide: packed and merged in chunks (the default above 16)
+    (20, True, None, False, None, 0.75),      # wide through the runtime loop
+    (8, True, 4, True, 2, 0.75),              # packing forced on a narrow map, chunks of 2, 4 tokens a block
+    (32, True, None, None, None, 0.125),      # map form: one column per expert, ~4 of 32 routed
+    (32, False, 4, None, 8, 0.125),
+    (24, True, None, None, None, 0.0)])       # nothing routed: zero rows
+def test_merge_rows_kernel_matches_reference(k, weighted, block_t, compact, chunk, keep):
+    """merge_rows_launch (unrolled terms for k <= MERGE_UNROLL_MAX; above it the map packed per token
+    and merged in unrolled chunks, or the runtime loop) against the fp32 sum in ascending j of the
+    torch path: fp32 output, so the two agree bit for bit (the weighted sum on a GPU to its FMA
+    rounding); rows marked -1 (dropped or unrouted pairs) contribute nothing; the output is poisoned
+    first."""
     g = torch.Generator().manual_seed(100 + k)
     t, h, n_src = 7, 200, 40  # h not a power of two: a masked column step
     src = torch.randn(n_src, h, generator=g)
     row_map = torch.randint(0, n_src, (t, k), generator=g, dtype=torch.int32)
-    row_map[torch.rand(t, k, generator=g) < 0.25] = -1
+    row_map[torch.rand(t, k, generator=g) >= keep] = -1
+    row_map[0, :] = -1  # a token with no entry at all
+    row_map[1, -1] = 3  # the last column used
     w = torch.rand(t, k, generator=g) if weighted else None
     # the kernel on the GPU where there is one (outside the interpreter Triton takes no CPU tensors)
     dev = "cuda" if torch.cuda.is_available() and not is_interpreter() else "cpu"
     out = torch.full((t, h), float("nan"), device=dev)
-    pk.merge_rows_launch(src.to(dev), out, row_map.to(dev), None if w is None else w.to(dev), block_t=block_t)
+    pk.merge_rows_launch(src.to(dev), out, row_map.to(dev), None if w is None else w.to(dev), block_t=block_t,
+                         compact=compact, chunk=chunk)
     out = out.cpu()
     ref = torch.zeros(t, h)
     for j in range(k):
@@ -167,3 +178,24 @@ def test_merge_rows_kernel_matches_reference(k, weighted, block_t):
         torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
     else:
         assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("k,weighted", [(32, True), (5, False), (200, True)])
+def test_compact_map_kernel(k, weighted):
+    """compact_map_launch packs each token's kept entries (>= 0) to the front in ascending column
+    order, with their weights, and counts them; the slots past the count are not part of the contract."""
+    g = torch.Generator().manual_seed(7 + k)
+    t = 37  # more than one block of tokens, a partial last block
+    row_map = torch.randint(0, 1000, (t, k), generator=g, dtype=torch.int32)
+    row_map[torch.rand(t, k, generator=g) < 0.8] = -1
+    row_map[3, :] = -1
+    w = torch.rand(t, k, generator=g) if weighted else None
+    dev = "cuda" if torch.cuda.is_available() and not is_interpreter() else "cpu"
+    cmap, cw, n = pk.compact_map_launch(row_map.to(dev), None if w is None else w.to(dev))
+    assert n.dtype == torch.int32 and (cw is None) == (w is None)
+    for i in range(t):
+        keep = (row_map[i] >= 0).nonzero().flatten()
+        assert int(n[i]) == keep.numel()
+        assert torch.equal(cmap[i, :keep.numel()].cpu(), row_map[i, keep])
+        if weighted:
+            assert torch.equal(cw[i, :keep.numel()].cpu(), w[i, keep])

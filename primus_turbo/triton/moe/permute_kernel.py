@@ -90,23 +90,36 @@ def _merge_term(acc, src_ptr, map_base, w_base, j, tmask, cols, cmask, stride_sr
 
 
 @triton.jit
-def _merge_rows_kernel(src_ptr, out_ptr, map_ptr, w_ptr, T, K, H, stride_src, stride_out,
-                       HAS_W: tl.constexpr, K_STATIC: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+def _merge_rows_kernel(src_ptr, out_ptr, map_ptr, w_ptr, n_ptr, T, K, H, stride_src, stride_out,
+                       HAS_W: tl.constexpr, K_STATIC: tl.constexpr, COUNTED: tl.constexpr,
+                       BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     """``K_STATIC > 0`` (= K, the usual top-k of 1..16): the K terms are unrolled, so the K row
     loads of a column step are all in flight at once; a runtime loop over K (``K_STATIC = 0``, for
     wide maps) issues them one dependent index load + row load at a time, which measured ~0.3x the
-    copy bandwidth at top-8."""
+    copy bandwidth at top-8.
+
+    ``COUNTED``: the map was packed by ``_compact_map_kernel`` (token ``t``'s ``n[t]`` entries first,
+    ascending ``j``); the terms run in unrolled chunks of ``K_STATIC`` up to the block's largest
+    ``n``, so a wide map (one column per expert, a few routed) costs about what its top-k form does."""
     pid = tl.program_id(0)
     toks = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = toks < T
     map_base = map_ptr + toks.to(tl.int64) * K
     w_base = w_ptr + toks.to(tl.int64) * K
     out_base = out_ptr + toks.to(tl.int64)[:, None] * stride_out
+    if COUNTED:
+        n = tl.load(n_ptr + toks, mask=tmask, other=0)
+        n_hi = tl.max(n, 0)
     for c0 in range(0, H, BLOCK_C):
         cols = c0 + tl.arange(0, BLOCK_C)
         cmask = cols < H
         acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
-        if K_STATIC > 0:
+        if COUNTED:
+            for j0 in range(0, n_hi, K_STATIC):
+                for i in tl.static_range(K_STATIC):  # ascending j across and within chunks
+                    acc = _merge_term(acc, src_ptr, map_base, w_base, j0 + i, tmask & (j0 + i < n), cols, cmask,
+                                      stride_src, HAS_W)
+        elif K_STATIC > 0:
             for j in tl.static_range(K_STATIC):  # ascending j: the fp32 sum order is fixed
                 acc = _merge_term(acc, src_ptr, map_base, w_base, j, tmask, cols, cmask, stride_src, HAS_W)
         else:
@@ -114,6 +127,28 @@ def _merge_rows_kernel(src_ptr, out_ptr, map_ptr, w_ptr, T, K, H, stride_src, st
                 acc = _merge_term(acc, src_ptr, map_base, w_base, j, tmask, cols, cmask, stride_src, HAS_W)
         tl.store(out_base + cols[None, :], acc.to(out_ptr.dtype.element_ty),
                  mask=tmask[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _compact_map_kernel(map_ptr, w_ptr, cmap_ptr, cw_ptr, n_ptr, T, K, HAS_W: tl.constexpr,
+                        BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Packs each token's entries with ``map[t, j] >= 0`` to the front of its row in ascending ``j``:
+    ``cmap[t, :n[t]]`` (and their weights ``cw[t, :n[t]]``), ``n[t]`` the count. Slots past ``n[t]``
+    are left unwritten: the counted merge never reads them."""
+    pid = tl.program_id(0)
+    toks = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = toks < T
+    cols = tl.arange(0, BLOCK_K)
+    row = toks.to(tl.int64)[:, None] * K
+    r = tl.load(map_ptr + row + cols[None, :], mask=tmask[:, None] & (cols[None, :] < K), other=-1)
+    ok = r >= 0
+    oki = ok.to(tl.int32)
+    pos = tl.cumsum(oki, axis=1) - oki  # the entry's place among the token's kept entries
+    tl.store(cmap_ptr + row + pos, r, mask=ok)
+    if HAS_W:
+        w = tl.load(w_ptr + row + cols[None, :], mask=ok, other=0)
+        tl.store(cw_ptr + row + pos, w, mask=ok)
+    tl.store(n_ptr + toks, tl.sum(oki, axis=1), mask=tmask)
 
 
 @triton.jit
@@ -231,9 +266,14 @@ def gather_rows_launch(src: torch.Tensor, out: torch.Tensor, src_row: torch.Tens
 
 def merge_rows_launch(src: torch.Tensor, out: torch.Tensor, row_id_map: torch.Tensor,
                       weights: Optional[torch.Tensor] = None, block_t: Optional[int] = None,
-                      num_warps: Optional[int] = None, block_c: Optional[int] = None) -> torch.Tensor:
+                      num_warps: Optional[int] = None, block_c: Optional[int] = None,
+                      compact: Optional[bool] = None, chunk: Optional[int] = None) -> torch.Tensor:
     """out[t] = sum_j weights[t, j] * src[row_id_map[t, j]] (fp32 accumulation). 2-D, unit column stride.
-    ``block_t`` / ``num_warps`` / ``block_c`` override the launch configuration (benchmarks sweep them)."""
+    ``block_t`` / ``num_warps`` / ``block_c`` override the launch configuration (benchmarks sweep them).
+
+    A map wider than :data:`MERGE_UNROLL_MAX` (``compact`` forces the choice) is first packed by
+    ``_compact_map_kernel`` (one small launch over the map) and merged in unrolled chunks of
+    ``chunk`` (:data:`MERGE_CHUNK`) terms up to each token's count; same terms, same order, same bits."""
     t, h = out.shape
     if t == 0 or h == 0:
         return out
@@ -245,19 +285,49 @@ def merge_rows_launch(src: torch.Tensor, out: torch.Tensor, row_id_map: torch.Te
     if out.dtype == torch.bfloat16 and _interp():
         # the interpreter's fp32 -> bf16 cast truncates: store fp32, round (RNE) with torch
         tmp = torch.empty(out.shape, dtype=torch.float32, device=out.device)
-        merge_rows_launch(src, tmp, row_id_map, weights, block_t, num_warps, block_c)
+        merge_rows_launch(src, tmp, row_id_map, weights, block_t, num_warps, block_c, compact, chunk)
         out.copy_(tmp)
         return out
+    if compact is None:
+        compact = k > MERGE_UNROLL_MAX
+    counts = row_id_map
+    if compact:
+        row_id_map, weights, counts = compact_map_launch(row_id_map, weights)
+        k_static = chunk or MERGE_CHUNK
+    else:
+        k_static = k if k <= MERGE_UNROLL_MAX else 0
     _merge_rows_kernel[grid](
-        src, out, row_id_map, weights if weights is not None else row_id_map, t, k, h,
-        src.stride(0), out.stride(0), HAS_W=weights is not None, K_STATIC=k if k <= MERGE_UNROLL_MAX else 0,
+        src, out, row_id_map, weights if weights is not None else row_id_map, counts, t, k, h,
+        src.stride(0), out.stride(0), HAS_W=weights is not None, K_STATIC=k_static, COUNTED=compact,
         BLOCK_T=block_t, BLOCK_C=bc, num_warps=num_warps)
     return out
 
 
-#: widest row map whose terms merge_rows unrolls (top-k is 1..16 in practice; a wider map, e.g. one
-#: column per expert, keeps a runtime loop rather than compiling a huge unrolled body)
+def compact_map_launch(row_id_map: torch.Tensor, weights: Optional[torch.Tensor] = None):
+    """``(packed map, packed weights or None, counts int32 [T])`` of a contiguous ``[T, K]`` map (see
+    ``_compact_map_kernel``; slots past a token's count are uninitialised)."""
+    t, k = row_id_map.shape
+    cmap = torch.empty_like(row_id_map)
+    cw = torch.empty_like(weights) if weights is not None else None
+    n = torch.empty(t, dtype=torch.int32, device=row_id_map.device)
+    if t == 0:
+        return cmap, cw, n
+    block_k = triton.next_power_of_2(max(k, 1))
+    block_t = max(1, min(64, 4096 // block_k))
+    _compact_map_kernel[(_cdiv(t, block_t),)](row_id_map, weights if weights is not None else row_id_map,
+                                             cmap, cw if cw is not None else cmap, n, t, k,
+                                             HAS_W=weights is not None, BLOCK_T=block_t, BLOCK_K=block_k,
+                                             num_warps=4)
+    return cmap, cw, n
+
+
+#: widest row map whose terms merge_rows unrolls (top-k is 1..16 in practice); a wider map, e.g. one
+#: column per expert with a few routed, is packed per token and merged in chunks of MERGE_CHUNK
 MERGE_UNROLL_MAX = 16
+
+
+#: terms per unrolled chunk of the counted (packed-map) merge: top-4 in one chunk, top-8 in two
+MERGE_CHUNK = 4
 
 
 #: merge_rows' default launch: one token per program, 8 warps, 16-byte loads per lane, so a column
