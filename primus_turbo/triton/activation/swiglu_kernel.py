@@ -14,12 +14,13 @@ One program per ``[BLOCK_R, BLOCK_F]`` tile of ``out`` (grid ``(row tiles, colum
 forward reads the matching tiles of ``a`` and ``b`` once and writes ``out`` once; the backward reads
 ``dout``, ``a``, ``b`` once and writes ``da``, ``db`` once, plus (with probs) the tile's partial
 ``dprobs = sum_f dout * act(a) * b`` in fp32 to ``[column tiles, rows]``, reduced over dim 0 by the
-op layer (deterministic, no atomics; one column tile whenever ``F <= 4096``, then it is the result).
+op layer (deterministic, no atomics; one column tile whenever ``F <= 1024`` or a power of two up to 4096,
+then it is the result).
 Masked rows write exact zeros whatever ``x``/``probs`` hold (NaN included).
 
 Vector accesses: contiguous rows, ``tl.arange`` column offsets: 16-byte accesses when ``F`` is a
 multiple of 16 (Triton specializes on divisibility by 16). Offsets are int64. Blocks:
-:func:`glu_config`.
+:func:`glu_config` (forward), :func:`glu_bwd_config` (backward).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["ACT_SILU", "ACT_GELU_TANH", "glu_config", "glu_fwd_launch", "glu_bwd_launch"]
+__all__ = ["ACT_SILU", "ACT_GELU_TANH", "glu_config", "glu_bwd_config", "glu_fwd_launch", "glu_bwd_launch"]
 
 ACT_SILU, ACT_GELU_TANH = 0, 1
 _MAX_BLOCK_F = 4096
@@ -42,15 +43,31 @@ def glu_config(rows: int, f: int) -> tuple[int, int, int]:
     rows stacked to ~4096 output elements per program (the backward touches five tiles of that
     size, ~40 KiB of bf16 in flight). Warps: 4 up to 1024 elements, 8 up to 4096.
 
-    Not shape-aware on purpose: at F = 2880 (GPT-OSS) the one 4096-column tile leaves 30% of the
-    lanes idle, but more column tiles would change the op's fp32 sum of the dprobs partials (not
-    bit-identical), and the forward already ran at ~0.95x the device copy there (H200 profile).
+    At F = 2880 (GPT-OSS) the one 4096-column tile leaves 30% of the lanes idle; the forward still
+    ran at ~0.99x the device copy there, the backward did not (see :func:`glu_bwd_config`).
     scripts/tune_gptoss_memory.py times the alternatives and checks their bytes.
     """
     block_f = min(triton.next_power_of_2(max(f, 1)), _MAX_BLOCK_F)
     block_r = max(1, min(_TARGET_TILE // block_f, triton.next_power_of_2(max(rows, 1))))
     n = block_r * block_f
     return block_r, block_f, (4 if n <= 1024 else 8)
+
+
+def glu_bwd_config(rows: int, f: int) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_F, num_warps) of the backward: :func:`glu_config`, except where ``F > 1024``
+    and 1024-column tiles leave fewer lanes idle than the power-of-two tile, e.g. GPT-OSS's
+    F = 2880 (three tiles, 94% of the lanes, against one 4096 tile, 70%): one row of 1024 columns
+    per program, 4 warps. H200, [65536, 2 x 2880] with probs (scripts/tune_gptoss_memory.py):
+    0.51 ms (0.87x the device copy) against 0.70 ms (0.63x) for glu_config's 1 x 4096 x 8; 2 x 1024
+    x 4 measured the same, 4 x 1024 x 8 0.58 ms. dprobs then sums three fp32 partials (a fixed order:
+    deterministic, the same for every row count)."""
+    br, bf, warps = glu_config(rows, f)
+    if f > 1024:
+        def used(tile):
+            return f / (-(-f // tile) * tile)
+        if used(1024) > used(bf):
+            return 1, 1024, 4
+    return br, bf, warps
 
 
 @triton.jit
@@ -153,12 +170,12 @@ def glu_fwd_launch(x: torch.Tensor, act: int, probs=None, mask=None, config=None
 def glu_bwd_launch(dout: torch.Tensor, x: torch.Tensor, act: int, probs=None, mask=None, config=None):
     """Returns ``(dx, dprobs_partial)``; ``dprobs_partial`` is fp32 ``[column tiles, rows]`` (sum over
     dim 0) or None without probs. ``config`` ``(BLOCK_R, BLOCK_F, num_warps)`` overrides
-    :func:`glu_config` (for tuning): ``dx`` is elementwise, but with probs a different column
+    :func:`glu_bwd_config` (for tuning): ``dx`` is elementwise, but with probs a different column
     tiling (or a different reduction layout) may change the fp32 sum order of ``dprobs``."""
     rows, f2 = x.shape
     f = f2 // 2
     dx = torch.empty_like(x)
-    br, bf, warps = glu_config(rows, f) if config is None else _check_config(config)
+    br, bf, warps = glu_bwd_config(rows, f) if config is None else _check_config(config)
     grid = (triton.cdiv(rows, br), triton.cdiv(f, bf))
     dp = torch.empty((grid[1], rows), dtype=torch.float32, device=x.device) if probs is not None else None
     _glu_bwd_kernel[grid](dout, x, probs if probs is not None else x, mask if mask is not None else x, dx,

@@ -762,7 +762,8 @@ def tile_config(rows: int, cols: int, groups: tuple[tuple[int, int], ...], with_
     ~32 KiB in flight per SM, what HBM3e needs at ~600 ns latency), never taller than the tensor.
     With a transposed output: a square 128 x 128 tile, 4 warps (the H200 sweep's best), so both
     copies are written in rows of >= 128 contiguous bytes.
-    Warps: 4 up to 2048 elements, 8 up to 8192, 16 above (<= 32 fp32 registers of x per thread).
+    Warps: 4 up to 2048 elements, 8 up to 8192, 16 above (<= 32 fp32 registers of x per thread),
+    except 4 for a 128 x 128 tile (measured).
     """
     need_r = max(g[0] for g in groups)
     need_c = max(g[1] for g in groups)
@@ -777,7 +778,10 @@ def tile_config(rows: int, cols: int, groups: tuple[tuple[int, int], ...], with_
         tc = max(need_c, min(tc, max(1, _TARGET_TILE // tr)))  # tall blocks: narrower tiles
     n = tr * tc
     num_warps = 4 if n <= 2048 else (8 if n <= 8192 else 16)
-    if with_trans:
+    if with_trans or (tr, tc) == (128, 128):
+        # 128 x 128 (the b x b weight blocks' tile): 4 warps measured fastest on the H200, bf16
+        # [184320, 2880] (scripts/tune_gptoss_memory.py): 0.376 ms (1.00x the device copy) against
+        # 0.408 (16 warps) and 0.402 (8); same bytes whatever the warps
         num_warps = 4
     return tr, tc, num_warps
 

@@ -120,9 +120,11 @@ def test_geglu_is_tanh_approximation(device):
     assert rel_err(tanh, y) < 1e-6 < rel_err(exact, y)
 
 
-def test_wide_rows_split_dprobs(device):
-    """F > 4096: several column tiles, dprobs reduced from per-tile partials."""
-    x = torch.randn(3, 2 * 4200, device=device, requires_grad=True)
+@pytest.mark.parametrize("f", [4200, 2880])
+def test_wide_rows_split_dprobs(device, f):
+    """Several column tiles, dprobs reduced from per-tile partials: F > 4096 (forward and backward),
+    and F = 2880 (GPT-OSS), whose backward runs three 1024-column tiles (glu_bwd_config)."""
+    x = torch.randn(3, 2 * f, device=device, requires_grad=True)
     probs = torch.rand(3, device=device, requires_grad=True)
     y = swiglu_with_probs(x, probs)
     dout = torch.randn_like(y)
@@ -160,6 +162,17 @@ def test_torch_compile_fullgraph(device):
     _close(yr, y, torch.float32, "out")
     _close(dxr, x.grad, torch.float32, "dx")
     assert rel_err(dpr, p.grad) < 1e-5
+
+
+def test_glu_bwd_config():
+    """The backward's tiling: 1024-column tiles where they waste fewer lanes than the power-of-two
+    tile (F = 2880), the forward's config otherwise."""
+    pytest.importorskip("triton")
+    from primus_turbo.triton.activation.swiglu_kernel import glu_bwd_config, glu_config
+
+    assert glu_bwd_config(65536, 2880) == (1, 1024, 4)
+    for f in (512, 1024, 2048, 1536, 4096, 8192):
+        assert glu_bwd_config(65536, f) == glu_config(65536, f), f
 
 
 def test_empty(device):
