@@ -453,6 +453,14 @@ GROUPED_CASES = [  # (G, rows per group, N, K, label)
     (16, 2048, 1536, 2048, "Qwen3-30B-A3B gate_up"),
     (16, 2048, 2048, 768, "Qwen3-30B-A3B down"),
 ]
+#: --moe-cases gpt-oss: GPT-OSS-20B's MoE layer step (16384 tokens, top-4, 32 experts: 2048 rows per
+#: expert, hidden = ffn = 2880): gate_up forward, down forward (= both dgrads' N x K up to order),
+#: gate_up dgrad
+GROUPED_CASES_GPTOSS = [
+    (32, 2048, 5760, 2880, "GPT-OSS-20B gate_up"),
+    (32, 2048, 2880, 2880, "GPT-OSS-20B down"),
+    (32, 2048, 2880, 5760, "GPT-OSS-20B gate_up dgrad"),
+]
 GROUPED_TAIL_ROWS = 100  # rows past group_offs[G] in the unbalanced pattern (must come back zero)
 GROUPED_SAMPLE_ROWS = 16  # reference rows at each end of every group
 
@@ -637,8 +645,9 @@ def main_grouped(args) -> int:
     info = _gpu_info()
     print(json.dumps(info))
     results = []
-    for G, rows, N, K, label in GROUPED_CASES:
-        for pattern in ("balanced", "unbalanced"):
+    cases = GROUPED_CASES_GPTOSS if args.moe_cases == "gpt-oss" else GROUPED_CASES
+    for G, rows, N, K, label in cases:
+        for pattern in args.patterns:
             r = _timed(lambda: run_grouped_case(G, rows, N, K, label, pattern, configs, args.rep_ms, not args.no_time),
                        lambda exc: dict(G=G, rows=rows, N=N, K=K, label=label, pattern=pattern, gluon={},
                                         errors={"case": _err(exc)}))
@@ -657,6 +666,10 @@ def main_grouped(args) -> int:
 GROUPED_WGRAD_CASES = [  # (G, tokens per group, P, Q, label): dW[g] [P, Q] = dY_g^T [P, T_g] @ X_g [T_g, Q]
     (32, 2048, 4096, 7168, "DeepSeek-V3 EP8 gate_up wgrad"),  # dW of w1/w3 [2 x 2048, 7168] per expert
     (32, 2048, 7168, 2048, "DeepSeek-V3 EP8 down wgrad"),     # dW of w2 [7168, 2048] per expert
+]
+GROUPED_WGRAD_CASES_GPTOSS = [
+    (32, 2048, 5760, 2880, "GPT-OSS-20B gate_up wgrad"),
+    (32, 2048, 2880, 2880, "GPT-OSS-20B down wgrad"),
 ]
 GROUPED_WGRAD_SAMPLE_ROWS = 32  # reference rows of P per group (spread over P, first and last included)
 
@@ -879,8 +892,9 @@ def main_grouped_wgrad(args) -> int:
     info = _gpu_info()
     print(json.dumps(info))
     results = []
-    runs = [(case, pattern, fmt, acc) for case in GROUPED_WGRAD_CASES for fmt in args.formats
-            for pattern in ("balanced", "unbalanced") for acc in (False, True)]
+    cases = GROUPED_WGRAD_CASES_GPTOSS if args.moe_cases == "gpt-oss" else GROUPED_WGRAD_CASES
+    runs = [(case, pattern, fmt, acc) for case in cases for fmt in args.formats
+            for pattern in args.patterns for acc in (False, True)]
     for (G, rows, P, Q, label), pattern, fmt, acc in runs:
         def failed(exc):
             r = dict(G=G, rows=rows, P=P, Q=Q, label=label, pattern=pattern, format=fmt, accumulate=acc, gluon={},
@@ -917,6 +931,10 @@ def main(argv=None) -> int:
     p.add_argument("--grouped-wgrad", action="store_true",
                    help="the variable-K grouped kernel (MoE wgrad) on DeepSeek-V3 EP8 expert shapes (see the module "
                         "docstring)")
+    p.add_argument("--moe-cases", default="default", choices=["default", "gpt-oss"],
+                   help="--grouped / --grouped-wgrad: the DeepSeek-V3 / Qwen3 cases, or GPT-OSS-20B's layer step")
+    p.add_argument("--patterns", nargs="*", default=["balanced", "unbalanced"], choices=["balanced", "unbalanced"],
+                   help="--grouped / --grouped-wgrad: group-size patterns")
     p.add_argument("--formats", nargs="*", default=["E4M3"], choices=["E4M3", "HYBRID"],
                    help="--grouped-wgrad: E4M3 dY and/or HYBRID's E5M2 dY")
     args = p.parse_args(argv)
