@@ -479,15 +479,14 @@ def _group_lens(G: int, rows: int, pattern: str) -> list:
 
 
 def _quantize_grouped(x: torch.Tensor, w: torch.Tensor):
-    """x [M, K] 1 x 128; w [G, N, K] 128 x 128 per expert (N % 128 == 0: one launch)."""
+    """x [M, K] 1 x 128; w [G, N, K] 128 x 128 per expert (the op's weight quantizer: one launch,
+    also where N % 128 != 0, e.g. GPT-OSS's 2880)."""
     import primus_turbo.pytorch as turbo
-    from primus_turbo.pytorch.core.low_precision import ScalingRecipe
+    from primus_turbo.pytorch.ops.grouped_gemm_fp8 import _quant_weight
 
-    G, N, K = w.shape
     a_q, sa = turbo.ops.quantize_fp8(x, torch.float8_e4m3fn, "BLOCKWISE")
-    b_q, sb = turbo.ops.quantize_fp8(w.reshape(G * N, K), torch.float8_e4m3fn, "BLOCKWISE",
-                                     scaling_recipe=ScalingRecipe(use_2d_block=True))
-    return a_q, sa, b_q.view(G, N, K), sb.view(G, N // 128, sb.shape[-1])
+    b_q, sb = _quant_weight(w, torch.float8_e4m3fn, "BLOCKWISE", 128)
+    return a_q, sa, b_q, sb
 
 
 def _grouped_ref_rows(a_q, sa, b_q, sb, lens: list) -> tuple:
