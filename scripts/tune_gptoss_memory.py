@@ -19,8 +19,9 @@ Per kernel, the calls of the step it stands for:
   and [M, 5760] (fc1 grad): ``fp8_quant_launch`` with ``tile=(TR, TC, num_warps)``.
 - ``quant_128x128`` the fc1 weight ``[E * 2F, H]`` in 128 x 128 blocks.
 - ``gather_quant_cols_t`` the wgrad token copies (128 x 1 blocks in the padded token layout, stored
-  transposed) of [M, 2880] and [M, 5760]: ``tc`` x ``num_warps``.
-- ``transpose_bytes`` the fc1 weight's dgrad copy [E * 2F, H] FP8: default launch only.
+  transposed) of [M, 2880] and [M, 5760]: ``tc`` x ``num_warps`` (x ``tiles_per_prog``: the prefetching
+  loop kernel).
+- ``transpose_bytes`` the fc1 weight's dgrad copy [E * 2F, H] FP8: ``(T, num_warps)`` square tiles.
 - ``glu_fwd`` / ``glu_bwd`` SwiGLU with probs and row mask on [M, 5760]: ``(BLOCK_R, BLOCK_F,
   num_warps)``. The backward's dprobs is compared as the op forms it (partials summed over dim 0):
   a config with other column tiles (or another reduction layout) may round it differently, and is
@@ -76,7 +77,10 @@ GATHER_ROWS_BLOCK_R = (1, 2, 8)
 QUANT_1X128_TILES = ((8, 1024, 4), (16, 1024, 16), (4, 1024, 4), (16, 512, 8), (32, 256, 8), (64, 128, 8),
                      (32, 128, 4))
 QUANT_128X128_TILES = ((128, 128, 8), (128, 128, 16), (128, 256, 16), (256, 128, 16))
-GATHER_QUANT = ((64, 8), (64, 2), (32, 4), (32, 2), (128, 4), (128, 8))  # (tc, num_warps)
+TRANSPOSE_TILES = ((64, 2), (64, 8), (128, 4), (128, 8), (32, 1), (32, 2))  # (T, num_warps)
+#: (tc, num_warps[, tiles_per_prog]): the third runs the prefetching loop kernel
+GATHER_QUANT = ((64, 2), (32, 2), (64, 4, 1), (64, 4, 3), (64, 4, 9), (64, 4, 64), (32, 2, 4), (32, 4, 6),
+                (64, 2, 5), (128, 4, 3), (64, 8, 9))
 GLU_CONFIGS = ((1, 4096, 8), (1, 4096, 16), (1, 4096, 4), (2, 4096, 16), (1, 1024, 4), (4, 1024, 8), (2, 1024, 4),
                (1, 2048, 8))
 
@@ -226,7 +230,9 @@ def run_sweep(sw: Sweep, s: dict, only) -> None:
         if want("transpose_bytes"):
             q = fp8_quant_launch(w, e4m3, grp)[0]
             qt = torch.empty(q.shape[::-1], dtype=q.dtype, device=dev)
-            sw.case("transpose_bytes", tuple(q.shape), 2 * q.numel(), None, {}, lambda cfg: (transpose_bytes(q, qt),))
+            sw.case("transpose_bytes", tuple(q.shape), 2 * q.numel(), None,
+                    {f"{t}x{t}x{nw}": (t, nw) for t, nw in TRANSPOSE_TILES},
+                    lambda cfg: (transpose_bytes(q, qt, cfg),))
             q = qt = None  # noqa: F841
         w = None  # noqa: F841
 
@@ -236,9 +242,10 @@ def run_sweep(sw: Sweep, s: dict, only) -> None:
         for c in (h, 2 * f):
             x = randn(m, c)
             sw.case("gather_quant_cols_t", (m, c), m * c * 2 + m_pad * c + (m_pad // BLOCK) * c * 4, None,
-                    {f"tc={tc},{nw}w": (tc, nw) for tc, nw in GATHER_QUANT},
+                    {f"tc={g[0]},{g[1]}w" + (f",loop{g[2]}" if len(g) > 2 else ""): g for g in GATHER_QUANT},
                     lambda cfg, x=x: gather_quant_cols_t_launch(
-                        x, psrc, e4m3, BLOCK, **({} if cfg is None else {"tc": cfg[0], "num_warps": cfg[1]})))
+                        x, psrc, e4m3, BLOCK, **({} if cfg is None else {
+                            "tc": cfg[0], "num_warps": cfg[1], "tiles_per_prog": cfg[2] if len(cfg) > 2 else None})))
             x = None  # noqa: F841
 
     if want("glu_fwd") or want("glu_bwd"):

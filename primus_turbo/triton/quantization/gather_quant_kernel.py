@@ -63,8 +63,56 @@ def _gather_quant_cols_t_kernel(
         tl.store(s_ptrs, scale_inv, mask=cols < C)
 
 
+@triton.jit
+def _gq_tile(x, cols, rows, tb, q_ptr, s_ptr, C, M_PAD, FP8_MAX: tl.constexpr, EVEN_C: tl.constexpr,
+             IS_E4M3: tl.constexpr, SOFT: tl.constexpr):
+    """Quantize one gathered [BS, TC] tile along its rows and store it transposed (with its scales)."""
+    amax_bits = tl.max(_abs_bits(x), axis=0)
+    scale, scale_inv = _fp32_scales(amax_bits, FP8_MAX)
+    codes = _fp8_codes(x * scale[None, :], FP8_MAX, IS_E4M3, SOFT)
+    q_ptrs = q_ptr + cols.to(tl.int64)[:, None] * M_PAD + rows[None, :]
+    s_ptrs = s_ptr + tb.to(tl.int64) * C + cols
+    if EVEN_C:
+        tl.store(q_ptrs, tl.trans(codes))
+        tl.store(s_ptrs, scale_inv)
+    else:
+        tl.store(q_ptrs, tl.trans(codes), mask=(cols < C)[:, None])
+        tl.store(s_ptrs, scale_inv, mask=cols < C)
+
+
+@triton.jit
+def _gather_quant_cols_t_loop_kernel(
+    x_ptr, src_ptr, q_ptr, s_ptr,
+    C, M_PAD, stride_x, n_tiles_c, n_groups_c, tiles_per_prog,
+    FP8_MAX: tl.constexpr, BS: tl.constexpr, TC: tl.constexpr, EVEN_C: tl.constexpr,
+    IS_E4M3: tl.constexpr, SOFT: tl.constexpr,
+):
+    """The same tiles as ``_gather_quant_cols_t_kernel``, ``tiles_per_prog`` column tiles of one
+    token block per program: the gathered row offsets are loaded once, and the next tile's load is
+    issued before the current tile is reduced, transposed and stored, so a program's memory traffic
+    overlaps its shared-memory phases. Same arithmetic per tile: the same bytes."""
+    pid = tl.program_id(0)
+    tb = pid // n_groups_c
+    t0 = (pid % n_groups_c) * tiles_per_prog
+    t_end = tl.minimum(t0 + tiles_per_prog, n_tiles_c)
+    rows = tb * BS + tl.arange(0, BS)
+    src = tl.load(src_ptr + rows)
+    keep = src >= 0
+    base = x_ptr + tl.maximum(src, 0).to(tl.int64)[:, None] * stride_x
+    cols = t0 * TC + tl.arange(0, TC)
+    x = tl.load(base + cols[None, :], mask=keep[:, None] & (cols < C)[None, :], other=0.0)
+    for t in range(t0, t_end):
+        cols_n = cols + TC
+        x_n = tl.load(base + cols_n[None, :], mask=keep[:, None] & ((cols_n < C) & (t + 1 < t_end))[None, :],
+                      other=0.0)
+        _gq_tile(x.to(tl.float32), cols, rows, tb, q_ptr, s_ptr, C, M_PAD, FP8_MAX, EVEN_C, IS_E4M3, SOFT)
+        x = x_n
+        cols = cols_n
+
+
 def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.dtype, block_size: int, *,
-                               tc: "int | None" = None, num_warps: "int | None" = None):
+                               tc: "int | None" = None, num_warps: "int | None" = None,
+                               tiles_per_prog: "int | None" = None):
     """``(q_t [C, M_pad] dtype, s [M_pad / block_size, C] fp32 scale_inv)`` with
     ``q_t.T, s`` equal to the BLOCKWISE ``block_size x 1`` quantization of ``x[src]`` (rows with
     ``src < 0`` zero), i.e. of ``gather_rows(x, src)`` along axis 0.
@@ -73,7 +121,9 @@ def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.
     length ``M_pad``, a multiple of ``block_size`` (a power of two >= 16); ``dtype`` E4M3 or E5M2.
     ``tc`` (columns per tile, a power of two >= 16) / ``num_warps`` override the default launch
     (scripts/tune_gptoss_memory.py sweeps them): every column's block is reduced and stored whole
-    by one program whatever the tile width, so the output bytes do not depend on them."""
+    by one program whatever the tile width, so the output bytes do not depend on them.
+    ``tiles_per_prog`` (>= 1) runs the prefetching loop kernel with that many column tiles per
+    program (the same bytes); None: one tile per program."""
     if x.dim() != 2 or (x.size(1) > 1 and x.stride(1) != 1):
         raise ValueError(f"x must be 2-D with unit column stride, got shape {tuple(x.shape)} strides {x.stride()}")
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -100,6 +150,15 @@ def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.
     # (at GPT-OSS's C = 2880 / 5760, 64 divides C: no idle column lanes)
     tc = tc or max(16, min(triton.next_power_of_2(C), 8192 // block_size))
     n_tiles_c = triton.cdiv(C, tc)
+    if tiles_per_prog is not None:
+        if tiles_per_prog < 1:
+            raise ValueError(f"tiles_per_prog must be >= 1, got {tiles_per_prog}")
+        n_groups_c = triton.cdiv(n_tiles_c, tiles_per_prog)
+        _gather_quant_cols_t_loop_kernel[((m_pad // block_size) * n_groups_c,)](
+            x, src, q_t.view(torch.uint8), s, C, m_pad, x.stride(0), n_tiles_c, n_groups_c, tiles_per_prog,
+            FP8_MAX=_FP8_MAX[dtype], BS=block_size, TC=tc, EVEN_C=(C % tc == 0),
+            IS_E4M3=dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=num_warps or 4)
+        return q_t, s
     grid = ((m_pad // block_size) * n_tiles_c,)
     _gather_quant_cols_t_kernel[grid](
         x, src, q_t.view(torch.uint8), s, C, m_pad, x.stride(0), n_tiles_c,

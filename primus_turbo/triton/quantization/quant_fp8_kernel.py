@@ -664,11 +664,12 @@ def _transpose_bytes_kernel(
     tl.store(dst_ptr + g * stride_dg + c64[:, None] * stride_dc + r64[None, :] * stride_dr, vt, mask=mt)
 
 
-def transpose_bytes(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+def transpose_bytes(src: torch.Tensor, dst: torch.Tensor, tile: "tuple[int, int] | None" = None) -> torch.Tensor:
     """``dst.copy_(src.transpose(-2, -1))`` for 1-byte tensors (FP8, packed FP4, E8M0, uint8), at
     copy speed (torch's generic strided copy of a byte transpose runs far below it): ``src [R, C]``
     -> ``dst [C, R]``, or batched ``src [G, R, C]`` -> ``dst [G, C, R]`` in one launch. Any strides
-    (16-byte vector accesses where the unit-stride dims and the other strides allow them)."""
+    (16-byte vector accesses where the unit-stride dims and the other strides allow them).
+    ``tile=(T, num_warps)`` overrides the 64 x 64, 4-warp launch (for tuning; same bytes)."""
     if src.dim() not in (2, 3) or dst.dim() != src.dim():
         raise ValueError(f"transpose_bytes: src and dst must both be 2-D or 3-D, got {tuple(src.shape)} and "
                          f"{tuple(dst.shape)}")
@@ -682,11 +683,11 @@ def transpose_bytes(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
                          f"{tuple(dst.shape)}")
     if G == 0 or rows == 0 or cols == 0:
         return dst
-    t = 64
+    t, nw = tile if tile is not None else (64, 4)
     n_tr, n_tc = triton.cdiv(rows, t), triton.cdiv(cols, t)
     s3, d3 = s3.view(torch.uint8), d3.view(torch.uint8)
     _transpose_bytes_kernel[(G * n_tr * n_tc,)](
-        s3, d3, rows, cols, n_tr, n_tc, *s3.stride(), *d3.stride(), T=t, num_warps=4)
+        s3, d3, rows, cols, n_tr, n_tc, *s3.stride(), *d3.stride(), T=t, num_warps=nw)
     return dst
 
 
