@@ -19,8 +19,8 @@ Per kernel, the calls of the step it stands for:
   and [M, 5760] (fc1 grad): ``fp8_quant_launch`` with ``tile=(TR, TC, num_warps)``.
 - ``quant_128x128`` the fc1 weight ``[E * 2F, H]`` in 128 x 128 blocks.
 - ``gather_quant_cols_t`` the wgrad token copies (128 x 1 blocks in the padded token layout, stored
-  transposed) of [M, 2880] and [M, 5760]: ``tc`` x ``num_warps`` (x ``tiles_per_prog``: the prefetching
-  loop kernel).
+  transposed) of [M, 2880] and [M, 5760]: ``tc`` x ``num_warps`` x ``tiles_per_prog`` (the prefetching
+  loop kernel) x ``tmode`` (how the codes are transposed).
 - ``transpose_bytes`` the fc1 weight's dgrad copy [E * 2F, H] FP8: ``(T, num_warps)`` square tiles.
 - ``glu_fwd`` / ``glu_bwd`` SwiGLU with probs and row mask on [M, 5760]: ``(BLOCK_R, BLOCK_F,
   num_warps)``. The backward's dprobs is compared as the op forms it (partials summed over dim 0):
@@ -78,9 +78,11 @@ QUANT_1X128_TILES = ((8, 1024, 4), (16, 1024, 16), (4, 1024, 4), (16, 512, 8), (
                      (32, 128, 4))
 QUANT_128X128_TILES = ((128, 128, 8), (128, 128, 16), (128, 256, 16), (256, 128, 16))
 TRANSPOSE_TILES = ((64, 2), (64, 8), (128, 4), (128, 8), (32, 1), (32, 2))  # (T, num_warps)
-#: (tc, num_warps[, tiles_per_prog]): the third runs the prefetching loop kernel
-GATHER_QUANT = ((64, 2), (32, 2), (64, 4, 1), (64, 4, 3), (64, 4, 9), (64, 4, 64), (32, 2, 4), (32, 4, 6),
-                (64, 2, 5), (128, 4, 3), (64, 8, 9))
+#: (tc, num_warps, tiles_per_prog or None, tmode): tiles_per_prog runs the prefetching loop kernel;
+#: tmode 1 / 2 transpose the codes as int32 / as words of 4 tokens (gather_quant_kernel._gq_tile)
+GATHER_QUANT = ((32, 2, None, 0), (64, 4, 9, 0), (64, 4, None, 1), (64, 4, None, 2), (32, 2, None, 2),
+                (64, 2, None, 2), (128, 4, None, 2), (128, 8, None, 2), (256, 8, None, 2), (64, 4, 9, 2),
+                (128, 4, 4, 2))
 GLU_CONFIGS = ((1, 4096, 8), (1, 4096, 16), (1, 4096, 4), (2, 4096, 16), (1, 1024, 4), (4, 1024, 8), (2, 1024, 4),
                (1, 2048, 8))
 
@@ -242,10 +244,11 @@ def run_sweep(sw: Sweep, s: dict, only) -> None:
         for c in (h, 2 * f):
             x = randn(m, c)
             sw.case("gather_quant_cols_t", (m, c), m * c * 2 + m_pad * c + (m_pad // BLOCK) * c * 4, None,
-                    {f"tc={g[0]},{g[1]}w" + (f",loop{g[2]}" if len(g) > 2 else ""): g for g in GATHER_QUANT},
+                    {f"tc={g[0]},{g[1]}w" + (f",loop{g[2]}" if g[2] else "") + (f",t{g[3]}" if g[3] else ""): g
+                     for g in GATHER_QUANT},
                     lambda cfg, x=x: gather_quant_cols_t_launch(
                         x, psrc, e4m3, BLOCK, **({} if cfg is None else {
-                            "tc": cfg[0], "num_warps": cfg[1], "tiles_per_prog": cfg[2] if len(cfg) > 2 else None})))
+                            "tc": cfg[0], "num_warps": cfg[1], "tiles_per_prog": cfg[2], "tmode": cfg[3]})))
             x = None  # noqa: F841
 
     if want("glu_fwd") or want("glu_bwd"):
