@@ -27,7 +27,9 @@ def _three_pass(x, src, dtype, bs):
     ([1], 16, {"tiles_per_prog": 4}),
     # the codes transposed as int32 (tmode 1) or as words of 4 tokens (tmode 2)
     ([5, 0, 130, 64], 200, {"tmode": 1}), ([5, 0, 130, 64], 200, {"tmode": 2}),
-    ([128, 256], 96, {"tc": 32, "tiles_per_prog": 2, "tmode": 2}), ([1], 16, {"tmode": 2})])
+    ([128, 256], 96, {"tc": 32, "tiles_per_prog": 2, "tmode": 2}), ([1], 16, {"tmode": 2}),
+    # bands of token blocks, token block fastest (a partial last band)
+    ([300, 0, 130, 64], 96, {"tc": 32, "tb_group": 3}), ([128, 256], 200, {"tb_group": 16})])
 @pytest.mark.parametrize("xdtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_matches_the_three_passes(lens, c, launch, xdtype, dtype, device):
@@ -64,6 +66,8 @@ def test_strided_rows_and_errors(device):
         gather_quant_cols_t_launch(x, src[:200], torch.float8_e4m3fn, 128)
     with pytest.raises(ValueError, match="power of two"):
         gather_quant_cols_t_launch(x, src, torch.float8_e4m3fn, 96)
+    with pytest.raises(ValueError, match="tb_group"):
+        gather_quant_cols_t_launch(x, src, torch.float8_e4m3fn, 128, tb_group=0)
     with pytest.raises(ValueError, match="tmode"):
         gather_quant_cols_t_launch(x, src, torch.float8_e4m3fn, 128, tmode=3)
     with pytest.raises(ValueError, match="tiles_per_prog"):

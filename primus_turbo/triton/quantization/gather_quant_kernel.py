@@ -33,13 +33,22 @@ _FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 @triton.jit
 def _gather_quant_cols_t_kernel(
     x_ptr, src_ptr, q_ptr, s_ptr,
-    C, M_PAD, stride_x, n_tiles_c,
+    C, M_PAD, stride_x, n_tiles_c, n_tb,
     FP8_MAX: tl.constexpr, BS: tl.constexpr, TC: tl.constexpr, EVEN_C: tl.constexpr,
-    IS_E4M3: tl.constexpr, SOFT: tl.constexpr, TMODE: tl.constexpr,
+    IS_E4M3: tl.constexpr, SOFT: tl.constexpr, TMODE: tl.constexpr, TB_GROUP: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    tb = pid // n_tiles_c  # token block of the padded layout
-    pid_c = pid % n_tiles_c
+    if TB_GROUP == 1:
+        tb = pid // n_tiles_c  # token block of the padded layout
+        pid_c = pid % n_tiles_c
+    else:
+        # bands of TB_GROUP token blocks, the token block fastest inside a band: consecutive
+        # programs write adjacent 128-byte pieces of the same rows of the transposed copy
+        band = pid // (TB_GROUP * n_tiles_c)
+        in_band = pid % (TB_GROUP * n_tiles_c)
+        width = tl.minimum(n_tb - band * TB_GROUP, TB_GROUP)
+        tb = band * TB_GROUP + in_band % width
+        pid_c = in_band // width
     rows = tb * BS + tl.arange(0, BS)  # every token block lies wholly inside M_PAD (a multiple of BS)
     cols = pid_c * TC + tl.arange(0, TC)
     src = tl.load(src_ptr + rows)
@@ -120,7 +129,8 @@ def _gather_quant_cols_t_loop_kernel(
 
 def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.dtype, block_size: int, *,
                                tc: "int | None" = None, num_warps: "int | None" = None,
-                               tiles_per_prog: "int | None" = None, tmode: "int | None" = None):
+                               tiles_per_prog: "int | None" = None, tmode: "int | None" = None,
+                               tb_group: "int | None" = None):
     """``(q_t [C, M_pad] dtype, s [M_pad / block_size, C] fp32 scale_inv)`` with
     ``q_t.T, s`` equal to the BLOCKWISE ``block_size x 1`` quantization of ``x[src]`` (rows with
     ``src < 0`` zero), i.e. of ``gather_rows(x, src)`` along axis 0.
@@ -132,7 +142,8 @@ def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.
     by one program whatever the tile width, so the output bytes do not depend on them.
     ``tiles_per_prog`` (>= 1) runs the prefetching loop kernel with that many column tiles per
     program (the same bytes); None: one tile per program. ``tmode`` (0, 1, 2: see ``_gq_tile``)
-    picks how the codes are transposed; None: 0."""
+    picks how the codes are transposed; None: 0. ``tb_group`` (>= 1) orders the one-tile-per-program
+    grid in bands of that many token blocks, token block fastest; None: 1 (column tile fastest)."""
     if x.dim() != 2 or (x.size(1) > 1 and x.stride(1) != 1):
         raise ValueError(f"x must be 2-D with unit column stride, got shape {tuple(x.shape)} strides {x.stride()}")
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -172,9 +183,14 @@ def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.
             IS_E4M3=dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), TMODE=tmode,
             num_warps=num_warps or 4)
         return q_t, s
-    grid = ((m_pad // block_size) * n_tiles_c,)
+    tb_group = 1 if tb_group is None else int(tb_group)
+    if tb_group < 1:
+        raise ValueError(f"tb_group must be >= 1, got {tb_group}")
+    n_tb = m_pad // block_size
+    grid = (n_tb * n_tiles_c,)
     _gather_quant_cols_t_kernel[grid](
-        x, src, q_t.view(torch.uint8), s, C, m_pad, x.stride(0), n_tiles_c,
+        x, src, q_t.view(torch.uint8), s, C, m_pad, x.stride(0), n_tiles_c, n_tb,
         FP8_MAX=_FP8_MAX[dtype], BS=block_size, TC=tc, EVEN_C=(C % tc == 0),
-        IS_E4M3=dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), TMODE=tmode, num_warps=num_warps or 4)
+        IS_E4M3=dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), TMODE=tmode, TB_GROUP=tb_group,
+        num_warps=num_warps or 4)
     return q_t, s
