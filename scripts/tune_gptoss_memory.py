@@ -19,8 +19,7 @@ Per kernel, the calls of the step it stands for:
   and [M, 5760] (fc1 grad): ``fp8_quant_launch`` with ``tile=(TR, TC, num_warps)``.
 - ``quant_128x128`` the fc1 weight ``[E * 2F, H]`` in 128 x 128 blocks.
 - ``gather_quant_cols_t`` the wgrad token copies (128 x 1 blocks in the padded token layout, stored
-  transposed) of [M, 2880] and [M, 5760]: ``tc`` x ``num_warps`` x ``tiles_per_prog`` (the prefetching
-  loop kernel) x ``tmode`` (how the codes are transposed).
+  transposed) of [M, 2880] and [M, 5760]: ``tc`` x ``num_warps``.
 - ``transpose_bytes`` the fc1 weight's dgrad copy [E * 2F, H] FP8: ``(T, num_warps)`` square tiles.
 - ``glu_fwd`` / ``glu_bwd`` SwiGLU with probs and row mask on [M, 5760]: ``(BLOCK_R, BLOCK_F,
   num_warps)``. The backward's dprobs is compared as the op forms it (partials summed over dim 0):
@@ -78,13 +77,11 @@ QUANT_1X128_TILES = ((8, 1024, 4), (16, 1024, 16), (4, 1024, 4), (16, 512, 8), (
                      (32, 128, 4))
 QUANT_128X128_TILES = ((128, 128, 8), (128, 128, 16), (128, 256, 16), (256, 128, 16))
 TRANSPOSE_TILES = ((64, 2), (64, 8), (128, 4), (128, 8), (32, 1), (32, 2))  # (T, num_warps)
-#: (tc, num_warps, tiles_per_prog or None, tmode[, tb_group]): tiles_per_prog runs the prefetching loop
-#: kernel; tmode 1 / 2 transpose the codes as int32 / as words of 4 tokens (gather_quant_kernel._gq_tile);
-#: tb_group orders the grid in bands of token blocks. Measured on the H200 (session 9): the loop kernel
-#: and tmode 1 / 2 no faster than the default (tmode 2 up to 30x slower at 128+ columns)
-GATHER_QUANT = ((32, 2, None, 0), (64, 4, None, 0, 2), (64, 4, None, 0, 4), (64, 4, None, 0, 8),
-                (64, 4, None, 0, 16), (64, 4, None, 0, 64), (32, 2, None, 0, 8), (32, 2, None, 0, 32),
-                (128, 4, None, 0, 8), (64, 4, None, 1, 16))
+#: (tc, num_warps). Also tried on the H200 in session 9 and removed again (bit-identical, no gain):
+#: a prefetching loop over several column tiles per program (0.98-1.01x the default), the codes
+#: transposed as int32 (1.00x) or as 32-bit words of 4 tokens (0.87x, 0.07x at 256 columns), the
+#: grid in bands of token blocks so the transposed rows are written contiguously (1.01-1.04x)
+GATHER_QUANT = ((64, 8), (64, 2), (32, 4), (32, 2), (128, 4), (128, 8))
 GLU_CONFIGS = ((1, 4096, 8), (1, 4096, 16), (1, 4096, 4), (2, 4096, 16), (1, 1024, 4), (4, 1024, 8), (2, 1024, 4),
                (1, 2048, 8))
 
@@ -246,12 +243,9 @@ def run_sweep(sw: Sweep, s: dict, only) -> None:
         for c in (h, 2 * f):
             x = randn(m, c)
             sw.case("gather_quant_cols_t", (m, c), m * c * 2 + m_pad * c + (m_pad // BLOCK) * c * 4, None,
-                    {f"tc={g[0]},{g[1]}w" + (f",loop{g[2]}" if g[2] else "") + (f",t{g[3]}" if g[3] else "")
-                     + (f",band{g[4]}" if len(g) > 4 else ""): g for g in GATHER_QUANT},
+                    {f"tc={tc},{nw}w": (tc, nw) for tc, nw in GATHER_QUANT},
                     lambda cfg, x=x: gather_quant_cols_t_launch(
-                        x, psrc, e4m3, BLOCK, **({} if cfg is None else {
-                            "tc": cfg[0], "num_warps": cfg[1], "tiles_per_prog": cfg[2], "tmode": cfg[3],
-                            "tb_group": cfg[4] if len(cfg) > 4 else None})))
+                        x, psrc, e4m3, BLOCK, **({} if cfg is None else {"tc": cfg[0], "num_warps": cfg[1]})))
             x = None  # noqa: F841
 
     if want("glu_fwd") or want("glu_bwd"):

@@ -33,22 +33,13 @@ _FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 @triton.jit
 def _gather_quant_cols_t_kernel(
     x_ptr, src_ptr, q_ptr, s_ptr,
-    C, M_PAD, stride_x, n_tiles_c, n_tb,
+    C, M_PAD, stride_x, n_tiles_c,
     FP8_MAX: tl.constexpr, BS: tl.constexpr, TC: tl.constexpr, EVEN_C: tl.constexpr,
-    IS_E4M3: tl.constexpr, SOFT: tl.constexpr, TMODE: tl.constexpr, TB_GROUP: tl.constexpr,
+    IS_E4M3: tl.constexpr, SOFT: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    if TB_GROUP == 1:
-        tb = pid // n_tiles_c  # token block of the padded layout
-        pid_c = pid % n_tiles_c
-    else:
-        # bands of TB_GROUP token blocks, the token block fastest inside a band: consecutive
-        # programs write adjacent 128-byte pieces of the same rows of the transposed copy
-        band = pid // (TB_GROUP * n_tiles_c)
-        in_band = pid % (TB_GROUP * n_tiles_c)
-        width = tl.minimum(n_tb - band * TB_GROUP, TB_GROUP)
-        tb = band * TB_GROUP + in_band % width
-        pid_c = in_band // width
+    tb = pid // n_tiles_c  # token block of the padded layout
+    pid_c = pid % n_tiles_c
     rows = tb * BS + tl.arange(0, BS)  # every token block lies wholly inside M_PAD (a multiple of BS)
     cols = pid_c * TC + tl.arange(0, TC)
     src = tl.load(src_ptr + rows)
@@ -58,79 +49,22 @@ def _gather_quant_cols_t_kernel(
         mask = mask & (cols < C)[None, :]
     x_ptrs = x_ptr + tl.maximum(src, 0).to(tl.int64)[:, None] * stride_x + cols[None, :]
     x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
-    _gq_tile(x, cols, rows, tb, q_ptr, s_ptr, C, M_PAD, FP8_MAX, EVEN_C, IS_E4M3, SOFT, BS, TC, TMODE)
-
-
-@triton.jit
-def _gq_tile(x, cols, rows, tb, q_ptr, s_ptr, C, M_PAD, FP8_MAX: tl.constexpr, EVEN_C: tl.constexpr,
-             IS_E4M3: tl.constexpr, SOFT: tl.constexpr, BS: tl.constexpr, TC: tl.constexpr, TMODE: tl.constexpr):
-    """Quantize one gathered fp32 [BS, TC] tile along its rows (one block per column) and store it
-    transposed, with its scales. TMODE: how the codes are transposed in registers (the same
-    bytes land either way): 0 as bytes; 1 widened to int32 first (transpose_bytes' pattern);
-    2 as 32-bit words of 4 consecutive tokens (a quarter of the elements to move), stored through
-    an int32 view."""
     amax_bits = tl.max(_abs_bits(x), axis=0)  # [TC]: one block per column
     scale, scale_inv = _fp32_scales(amax_bits, FP8_MAX)
-    codes = _fp8_codes(x * scale[None, :], FP8_MAX, IS_E4M3, SOFT)  # [BS, TC] uint8
-    cmask = (cols < C)[:, None]
-    if TMODE == 2:
-        # word j of column c = tokens 4j..4j+3, little-endian: a sum of disjoint byte fields
-        w = tl.reshape(codes.to(tl.int32), (BS // 4, 4, TC))
-        shift = (tl.arange(0, 4) * 8)[None, :, None]
-        words = tl.sum(w << shift, axis=1)  # [BS/4, TC]
-        wrows = tb * (BS // 4) + tl.arange(0, BS // 4)
-        q_ptrs = q_ptr.to(tl.pointer_type(tl.int32)) + cols.to(tl.int64)[:, None] * (M_PAD // 4) + wrows[None, :]
-        vals = tl.trans(words)
-    else:
-        q_ptrs = q_ptr + cols.to(tl.int64)[:, None] * M_PAD + rows[None, :]
-        if TMODE == 1:
-            vals = tl.trans(codes.to(tl.int32)).to(tl.uint8)
-        else:
-            vals = tl.trans(codes)
+    codes = _fp8_codes(x * scale[None, :], FP8_MAX, IS_E4M3, SOFT)  # [BS, TC]
+    # transposed store: row c of the copy holds this block's BS tokens, contiguous
+    q_ptrs = q_ptr + cols.to(tl.int64)[:, None] * M_PAD + rows[None, :]
     s_ptrs = s_ptr + tb.to(tl.int64) * C + cols
     if EVEN_C:
-        tl.store(q_ptrs, vals)
+        tl.store(q_ptrs, tl.trans(codes))
         tl.store(s_ptrs, scale_inv)
     else:
-        tl.store(q_ptrs, vals, mask=cmask)
+        tl.store(q_ptrs, tl.trans(codes), mask=(cols < C)[:, None])
         tl.store(s_ptrs, scale_inv, mask=cols < C)
 
 
-@triton.jit
-def _gather_quant_cols_t_loop_kernel(
-    x_ptr, src_ptr, q_ptr, s_ptr,
-    C, M_PAD, stride_x, n_tiles_c, n_groups_c, tiles_per_prog,
-    FP8_MAX: tl.constexpr, BS: tl.constexpr, TC: tl.constexpr, EVEN_C: tl.constexpr,
-    IS_E4M3: tl.constexpr, SOFT: tl.constexpr, TMODE: tl.constexpr,
-):
-    """The same tiles as ``_gather_quant_cols_t_kernel``, ``tiles_per_prog`` column tiles of one
-    token block per program: the gathered row offsets are loaded once, and the next tile's load is
-    issued before the current tile is reduced, transposed and stored, so a program's memory traffic
-    overlaps its shared-memory phases. Same arithmetic per tile: the same bytes."""
-    pid = tl.program_id(0)
-    tb = pid // n_groups_c
-    t0 = (pid % n_groups_c) * tiles_per_prog
-    t_end = tl.minimum(t0 + tiles_per_prog, n_tiles_c)
-    rows = tb * BS + tl.arange(0, BS)
-    src = tl.load(src_ptr + rows)
-    keep = src >= 0
-    base = x_ptr + tl.maximum(src, 0).to(tl.int64)[:, None] * stride_x
-    cols = t0 * TC + tl.arange(0, TC)
-    x = tl.load(base + cols[None, :], mask=keep[:, None] & (cols < C)[None, :], other=0.0)
-    for t in range(t0, t_end):
-        cols_n = cols + TC
-        x_n = tl.load(base + cols_n[None, :], mask=keep[:, None] & ((cols_n < C) & (t + 1 < t_end))[None, :],
-                      other=0.0)
-        _gq_tile(x.to(tl.float32), cols, rows, tb, q_ptr, s_ptr, C, M_PAD, FP8_MAX, EVEN_C, IS_E4M3, SOFT, BS, TC,
-                 TMODE)
-        x = x_n
-        cols = cols_n
-
-
 def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.dtype, block_size: int, *,
-                               tc: "int | None" = None, num_warps: "int | None" = None,
-                               tiles_per_prog: "int | None" = None, tmode: "int | None" = None,
-                               tb_group: "int | None" = None):
+                               tc: "int | None" = None, num_warps: "int | None" = None):
     """``(q_t [C, M_pad] dtype, s [M_pad / block_size, C] fp32 scale_inv)`` with
     ``q_t.T, s`` equal to the BLOCKWISE ``block_size x 1`` quantization of ``x[src]`` (rows with
     ``src < 0`` zero), i.e. of ``gather_rows(x, src)`` along axis 0.
@@ -139,11 +73,7 @@ def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.
     length ``M_pad``, a multiple of ``block_size`` (a power of two >= 16); ``dtype`` E4M3 or E5M2.
     ``tc`` (columns per tile, a power of two >= 16) / ``num_warps`` override the default launch
     (scripts/tune_gptoss_memory.py sweeps them): every column's block is reduced and stored whole
-    by one program whatever the tile width, so the output bytes do not depend on them.
-    ``tiles_per_prog`` (>= 1) runs the prefetching loop kernel with that many column tiles per
-    program (the same bytes); None: one tile per program. ``tmode`` (0, 1, 2: see ``_gq_tile``)
-    picks how the codes are transposed; None: 0. ``tb_group`` (>= 1) orders the one-tile-per-program
-    grid in bands of that many token blocks, token block fastest; None: 1 (column tile fastest)."""
+    by one program whatever the tile width, so the output bytes do not depend on them."""
     if x.dim() != 2 or (x.size(1) > 1 and x.stride(1) != 1):
         raise ValueError(f"x must be 2-D with unit column stride, got shape {tuple(x.shape)} strides {x.stride()}")
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -170,27 +100,9 @@ def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.
     # (at GPT-OSS's C = 2880 / 5760, 64 divides C: no idle column lanes)
     tc = tc or max(16, min(triton.next_power_of_2(C), 8192 // block_size))
     n_tiles_c = triton.cdiv(C, tc)
-    tmode = 0 if tmode is None else tmode
-    if tmode not in (0, 1, 2):
-        raise ValueError(f"tmode must be 0, 1 or 2, got {tmode}")
-    if tiles_per_prog is not None:
-        if tiles_per_prog < 1:
-            raise ValueError(f"tiles_per_prog must be >= 1, got {tiles_per_prog}")
-        n_groups_c = triton.cdiv(n_tiles_c, tiles_per_prog)
-        _gather_quant_cols_t_loop_kernel[((m_pad // block_size) * n_groups_c,)](
-            x, src, q_t.view(torch.uint8), s, C, m_pad, x.stride(0), n_tiles_c, n_groups_c, tiles_per_prog,
-            FP8_MAX=_FP8_MAX[dtype], BS=block_size, TC=tc, EVEN_C=(C % tc == 0),
-            IS_E4M3=dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), TMODE=tmode,
-            num_warps=num_warps or 4)
-        return q_t, s
-    tb_group = 1 if tb_group is None else int(tb_group)
-    if tb_group < 1:
-        raise ValueError(f"tb_group must be >= 1, got {tb_group}")
-    n_tb = m_pad // block_size
-    grid = (n_tb * n_tiles_c,)
+    grid = ((m_pad // block_size) * n_tiles_c,)
     _gather_quant_cols_t_kernel[grid](
-        x, src, q_t.view(torch.uint8), s, C, m_pad, x.stride(0), n_tiles_c, n_tb,
+        x, src, q_t.view(torch.uint8), s, C, m_pad, x.stride(0), n_tiles_c,
         FP8_MAX=_FP8_MAX[dtype], BS=block_size, TC=tc, EVEN_C=(C % tc == 0),
-        IS_E4M3=dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), TMODE=tmode, TB_GROUP=tb_group,
-        num_warps=num_warps or 4)
+        IS_E4M3=dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=num_warps or 4)
     return q_t, s
