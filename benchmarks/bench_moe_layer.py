@@ -31,6 +31,10 @@ the same parameter tensors, so outputs are comparable):
   router_dtype=fp32)`` called with ``num_out_tokens = T * topk`` (no host sync).
 - ``turbo-fp8-blockwise``: the same layer with ``config=Float8QuantConfig(granularity="BLOCKWISE",
   block_size=128)`` (both expert grouped GEMMs in FP8; quantization included in the time).
+- ``turbo-bf16-pad128`` / ``turbo-fp8-blockwise-pad128`` (opt-in): the same layers with
+  ``pad_multiple=128`` (each expert's rows padded to whole 128-row GEMM tiles, as FP8 training
+  setups pad the routing), called with the worst-case capacity ``layer.max_permuted_tokens(T)``
+  (no host sync); the FLOPs still count the ``T * topk`` routed rows.
 
 Timing: interleaved rounds of :func:`benchmarks.common.time_interleaved` (``do_bench`` median, L2
 flushed, grads set to None before every repetition); the row's ``ms`` is the median over rounds.
@@ -96,7 +100,9 @@ SMOKE_TOKENS = 64
 SMOKE_EXPERTS = 4
 SMOKE_TOPK = 2
 PEER = "torch-baseline"
-IMPLS = (PEER, "turbo-bf16", "turbo-fp8-blockwise")
+IMPLS = (PEER, "turbo-bf16", "turbo-fp8-blockwise", "turbo-bf16-pad128", "turbo-fp8-blockwise-pad128")
+DEFAULT_IMPLS = IMPLS[:3]
+PAD = 128  # the "-pad128" impls: each expert's rows padded to a multiple of PAD (one GEMM tile)
 BLOCK_SIZE = 128
 ROUNDS = 3  # interleaved timing rounds (median of the round medians); 1 with --cpu-smoke
 SEED = 1234
@@ -187,17 +193,21 @@ def _turbo_layers(case: dict[str, Any], names: Sequence[str], device: torch.devi
                 sub.copy_((torch.rand(sub.shape, device=device, generator=gen) * 2 - 1) * bound)
     layers: dict[str, Any] = {"turbo-bf16": base}
     errors: dict[str, str] = {}
-    if "turbo-fp8-blockwise" in names:
+    for name in names:
+        if name == "turbo-bf16":
+            continue
         try:
-            cfg = Float8QuantConfig(granularity="BLOCKWISE", block_size=BLOCK_SIZE)
-            fp8 = turbo.modules.MoELayer(h, f, e, k, score_function="softmax", router_dtype=router_dtype,
-                                         config=cfg, dtype=torch.bfloat16, device="meta")
-            fp8.router.weight = base.router.weight
-            fp8.experts.linear_fc1.weight = base.experts.linear_fc1.weight
-            fp8.experts.linear_fc2.weight = base.experts.linear_fc2.weight
-            layers["turbo-fp8-blockwise"] = fp8
+            cfg = (Float8QuantConfig(granularity="BLOCKWISE", block_size=BLOCK_SIZE)
+                   if name.startswith("turbo-fp8-blockwise") else None)
+            layer = turbo.modules.MoELayer(h, f, e, k, score_function="softmax", router_dtype=router_dtype,
+                                           config=cfg, pad_multiple=PAD if name.endswith("-pad128") else None,
+                                           dtype=torch.bfloat16, device="meta")
+            layer.router.weight = base.router.weight
+            layer.experts.linear_fc1.weight = base.experts.linear_fc1.weight
+            layer.experts.linear_fc2.weight = base.experts.linear_fc2.weight
+            layers[name] = layer
         except Exception as exc:
-            errors["turbo-fp8-blockwise"] = _error_text(exc)
+            errors[name] = _error_text(exc)
     return layers, errors
 
 
@@ -230,7 +240,9 @@ def run_case(case: dict[str, Any], names: Sequence[str], device: torch.device, r
                   "flops_formula": "18*T*topk*H*F (expert GEMMs, fwd+bwd)"}
     rows = {n: Row(OP, case["case"], n, PEER, extra=dict(extra_base)) for n in names}
     for n, r in rows.items():
-        if n == "turbo-fp8-blockwise":
+        if n.endswith("-pad128"):
+            r.extra.update(pad_multiple=PAD)
+        if n.startswith("turbo-fp8-blockwise"):
             r.extra.update(granularity="BLOCKWISE", block_size=BLOCK_SIZE, dtype="e4m3 experts, bf16 rest")
     layers: dict[str, Any] = {}
     x = dy = None
@@ -262,7 +274,9 @@ def run_case(case: dict[str, Any], names: Sequence[str], device: torch.device, r
     def fwd(name: str, routing: Optional[dict] = None) -> torch.Tensor:
         if name == PEER:
             return torch_moe_layer(x, wr, w1, w2, k, routing)
-        return layers[name](x, num_out_tokens=m_cap)
+        layer = layers[name]
+        # padded layers: the worst-case capacity (rows past the padded segments are zero): no host sync
+        return layer(x, num_out_tokens=layer.max_permuted_tokens(t) if layer.pad_multiple else m_cap)
 
     # Pass 1: correctness (and compilation / autotuning of every implementation).
     ref: dict[str, torch.Tensor] = {}
@@ -364,7 +378,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, nargs="+", default=None,
                    help=f"tokens per step (default {' '.join(map(str, TOKENS))})")
     p.add_argument("--models", nargs="+", default=None, help=f"models (default: {' '.join(MOE_MODELS)})")
-    p.add_argument("--impls", nargs="+", default=list(IMPLS), help=f"subset of {', '.join(IMPLS)}")
+    p.add_argument("--impls", nargs="+", default=list(DEFAULT_IMPLS),
+                   help=f"subset of {', '.join(IMPLS)} (default: the first three)")
     p.add_argument("--router-dtype", choices=("fp32", "bf16"), default="fp32",
                    help="dtype of the router weight and GEMM on both sides (default fp32)")
     p.add_argument("--warmup-ms", type=float, default=None, help="do_bench warm-up (default 100; 0 with --cpu-smoke)")
@@ -385,7 +400,7 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
     device = torch.device("cuda" if has_cuda else "cpu")
     models = [x for x in (args.models or (QUICK_MODELS if args.quick else MOE_MODELS)) if x in MODELS]
     tokens = list(args.tokens or (QUICK_TOKENS if args.quick else TOKENS))
-    names = [x for x in IMPLS if x in args.impls] or list(IMPLS)  # none of ours: all of ours
+    names = [x for x in IMPLS if x in args.impls] or list(DEFAULT_IMPLS)  # none of ours: the default ones
     for must in ("turbo-bf16", PEER):  # the peer gives the speedups, turbo-bf16 owns the weights
         if must not in names:
             names.insert(0, must)
