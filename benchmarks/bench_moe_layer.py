@@ -216,7 +216,8 @@ def _turbo_routing(layer, x: torch.Tensor) -> torch.Tensor:
     from primus_turbo.pytorch.ops.moe_router import fused_group_topk_routing_with_aux_score
 
     with torch.no_grad():
-        logits = layer.router(x)
+        rw = layer.router.weight
+        logits = layer.router(x.to(rw.dtype))
         _, _, rmap = fused_group_topk_routing_with_aux_score(logits, layer.topk, 1, 1, "softmax", None)
     return rmap.bool()
 

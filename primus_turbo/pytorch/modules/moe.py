@@ -3,7 +3,7 @@ permutation, experts, combine), built only from ``turbo.ops`` / ``turbo.modules`
 
 Data flow of :class:`MoELayer` for ``T`` tokens, ``E`` experts, top-``k`` routing::
 
-    logits [T, E]          = router(x)                                   RouterLinear (turbo.ops.router_logits)
+    logits [T, E]          = router(x)                                   turbo.modules.Linear
     aux, probs, map [T, E] = fused_group_topk_routing_with_aux_score(logits, ...)
     xp [M, H], pp [M], row_id_map, tokens_per_expert [E]
                            = moe_permute(x, map, probs, num_out_tokens=M, pad_multiple)
@@ -32,9 +32,8 @@ from ..core.low_precision import Float8QuantConfig
 from ..ops.activation import geglu_with_probs, swiglu_with_probs
 from ..ops.moe_permute import moe_permute, moe_unpermute
 from ..ops.moe_router import fused_group_topk_routing_with_aux_score, tokens_per_expert_to_mask
-from ..ops.router_gemm import router_logits
 from .grouped_linear import GroupedLinear
-from .linear import Linear, _fuse_pattern
+from .linear import Linear
 
 __all__ = ["GroupedMLP", "MoELayer"]
 
@@ -58,20 +57,6 @@ def _group_offsets(group_lens: torch.Tensor) -> torch.Tensor:
     offs = torch.zeros(group_lens.numel() + 1, dtype=torch.int64, device=group_lens.device)
     offs[1:] = torch.cumsum(group_lens, 0)
     return offs
-
-
-class RouterLinear(Linear):
-    """The router of :class:`MoELayer`: a :class:`Linear` (same parameters and state dict) whose
-    forward takes activations of any dtype. bf16 activations with an fp32 weight (an fp32 router
-    next to bf16 experts) go through :func:`turbo.ops.router_logits` (fp32-class accuracy on bf16
-    tensor cores, no fp32 copy of ``x``); otherwise ``x`` is cast to the weight's dtype and runs
-    through :class:`Linear`. Returns the logits in the weight's dtype; forward hooks see them."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        if x.dtype == torch.bfloat16 and w.dtype == torch.float32 and x.dim() == 2 and self.bias is None:
-            return router_logits(x, w, fuse_bgrad_accum_pattern=_fuse_pattern(w))
-        return super().forward(x if x.dtype == w.dtype else x.to(w.dtype))
 
 
 class GroupedMLP(torch.nn.Module):
@@ -194,8 +179,8 @@ class MoELayer(torch.nn.Module):
             fp32 router with bf16 experts, Megatron's ``moe_router_dtype``); default ``dtype``.
         dtype, device: of the parameters.
 
-    Submodules: ``router`` (:class:`RouterLinear`, a :class:`turbo.modules.Linear` ``H -> E``, no
-    bias) and ``experts`` (:class:`GroupedMLP`).
+    Submodules: ``router`` (:class:`turbo.modules.Linear` ``H -> E``, no bias) and ``experts``
+    (:class:`GroupedMLP`).
 
     Auxiliary loss (Switch Transformer / Megatron ``switch_load_balancing_loss_func``): with
     ``aux_loss_coeff > 0`` every forward sets ``self.aux_loss`` to the 0-dim float32 tensor::
@@ -245,7 +230,7 @@ class MoELayer(torch.nn.Module):
         self.scaling_factor = None if scaling_factor is None else float(scaling_factor)
         self.pad_multiple = None if pad_multiple in (None, 1) else int(pad_multiple)
         self.aux_loss_coeff = float(aux_loss_coeff)
-        self.router = RouterLinear(hidden_size, num_experts, bias=False, device=device,
+        self.router = Linear(hidden_size, num_experts, bias=False, device=device,
                              dtype=router_dtype if router_dtype is not None else dtype)
         self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size, activation=activation, config=config,
                                   dtype=dtype, device=device)
@@ -301,7 +286,8 @@ class MoELayer(torch.nn.Module):
         elif self.pad_multiple is None:
             num_out_tokens = t * k
 
-        logits = self.router(x)                                                                   # [T, E]
+        rw = self.router.weight
+        logits = self.router(x if x.dtype == rw.dtype else x.to(rw.dtype))                       # [T, E]
         aux_scores, probs, routing_map = fused_group_topk_routing_with_aux_score(
             logits, k, self.groups, self.selected_groups, self.score_function, self.scaling_factor)
 

@@ -12,7 +12,6 @@ from .grouped_gemm_fp8 import grouped_gemm_fp8
 from .moe_permute import moe_permute, moe_unpermute, token_permute, token_unpermute
 from .moe_router import fused_group_topk_routing_with_aux_score, indices_to_multihot, tokens_per_expert_to_mask
 from .normalization import rmsnorm, rmsnorm_residual
-from .router_gemm import router_logits
 from .quantization import (
     dequantize_fp4,
     dequantize_fp8,
@@ -39,7 +38,6 @@ __all__ = [
     "quantize_fp4_with_trans",
     "dequantize_fp4",
     "rmsnorm",
-    "router_logits",
     "rmsnorm_residual",
     "swiglu",
     "swiglu_with_probs",
