@@ -7,7 +7,9 @@ integer view), so FP8 data, NaNs and signed zeros are copied exactly.
 
 ``merge_rows``:  ``out[t, :] = sum_j w[t, j] * src[row_id_map[t, j], :]`` over the entries with
 ``row_id_map[t, j] >= 0``, accumulated in fp32 in ascending ``j`` order, then cast to ``out``'s
-dtype. One program per block of ``BLOCK_T`` tokens.
+dtype. One program per block of ``BLOCK_T`` tokens; up to 16 columns the terms are unrolled, a wider
+map (one column per expert) is packed per token first (``compact_map``) and merged in unrolled
+chunks up to each token's count.
 
 ``permute_map`` (``build_permute_map_launch``): the whole ``moe_permute`` row map on device in three
 launches (count, scan, assign), replacing a chain of ~35 small torch ops that made small problems
@@ -45,8 +47,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["gather_rows_launch", "merge_rows_launch", "build_permute_map_launch", "permute_map_scan_launch",
-           "permute_map_assign_launch", "col_block"]
+__all__ = ["gather_rows_launch", "merge_rows_launch", "compact_map_launch", "build_permute_map_launch",
+           "permute_map_scan_launch", "permute_map_assign_launch", "col_block"]
 
 
 @triton.jit
