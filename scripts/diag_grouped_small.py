@@ -11,6 +11,7 @@ tile schedule:
 * ``grid/2``: half the SMs (fewer tiles in flight, so fewer weight tiles competing for L2).
 
     PYTHONPATH=. python scripts/diag_grouped_small.py [--configs n256k64s3e256 n128k64s6] [--out DIR]
+        [--moe --only Mixtral --rounds 5 --no-probes --no-tl --grids]   (interleaved vendor / Gluon A/B)
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def _snr(ref: torch.Tensor, out: torch.Tensor) -> float:
     return float(10 * torch.log10(ref.pow(2).sum() / err))
 
 
-def run_shape(G, m, N, K, label, kmajor, configs, rep_ms, grids, probes, tl=True):
+def run_shape(G, m, N, K, label, kmajor, configs, rep_ms, grids, probes, tl=True, rounds=1):
     from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import GluonGroupedConfig, grouped_gemm_gluon
     from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import grouped_gemm_triton
 
@@ -105,6 +106,12 @@ def run_shape(G, m, N, K, label, kmajor, configs, rep_ms, grids, probes, tl=True
         add(f"gluon {configs[0]} grid {n}",
             lambda n=n: grouped_gemm_gluon(a, w.transpose(1, 2), offs, config=c0, num_programs=n), ref)
     add("default (turbo.ops)", lambda: _default_op(a, w, lens, offs), ref)
+    for rnd in range(1, rounds):  # interleaved A/B: the vendor kernel, each Gluon config, the default
+        add("torch", lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs32))
+        for c in configs:
+            cfg = GluonGroupedConfig.parse(c)
+            add(f"gluon {c}", lambda cfg=cfg: grouped_gemm_gluon(a, w.transpose(1, 2), offs, config=cfg), ref)
+        add("default (turbo.ops)", lambda: _default_op(a, w, lens, offs), ref)
     if tl:
         add("tl", lambda: grouped_gemm_triton(a, w.transpose(1, 2), lens, offs), ref)
     if not probes:
@@ -138,13 +145,16 @@ def main(argv=None) -> int:
     p.add_argument("--no-probes", action="store_true", help="skip the shared-weight and G/4 probes")
     p.add_argument("--no-tl", action="store_true", help="skip the tl kernel")
     p.add_argument("--moe", action="store_true", help="the MoE layer benchmark's expert GEMMs instead")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time the vendor kernel, the Gluon configs and the default this many times, interleaved")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     rows = []
     for shape in MOE_SHAPES if args.moe else SHAPES:
         if args.only and not any(o in shape[4] for o in args.only):
             continue
-        rows += run_shape(*shape, args.configs, args.rep_ms, args.grids, not args.no_probes, not args.no_tl)
+        rows += run_shape(*shape, args.configs, args.rep_ms, args.grids, not args.no_probes, not args.no_tl,
+                          args.rounds)
         torch.cuda.empty_cache()
     print(f"\n{'case':28s} {'impl':26s} {'ms':>8s} {'TFLOP/s':>8s} {'SNR':>6s}")
     for r in rows:
@@ -153,6 +163,21 @@ def main(argv=None) -> int:
         else:
             snr = "" if r["snr"] is None else f"{r['snr']:.1f}"
             print(f"{r['case']:28s} {r['impl']:26s} {r['ms']:8.3f} {r['tflops']:8.1f} {snr:>6s}")
+    if args.rounds > 1:
+        import statistics
+
+        print(f"\nmedian over {args.rounds} interleaved rounds, and the ratio to torch._grouped_mm")
+        cases = list(dict.fromkeys(r["case"] for r in rows))
+        for case in cases:
+            ms = {}
+            for r in rows:
+                if r["case"] == case and "ms" in r:
+                    ms.setdefault(r["impl"], []).append(r["ms"])
+            base = statistics.median(ms["torch"]) if "torch" in ms else None
+            for impl, v in ms.items():
+                med = statistics.median(v)
+                ratio = f"{base / med:6.3f}" if base else "     -"
+                print(f"{case:28s} {impl:26s} {med:8.3f} x{ratio}  (min {min(v):.3f} max {max(v):.3f}, n {len(v)})")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "diag_grouped_small.json").write_text(json.dumps(rows, indent=1))
