@@ -63,7 +63,8 @@ def test_merge_rows_launch_override_bit_identical():
 def test_launch_overrides_reject_bad_values():
     from primus_turbo.triton.activation.swiglu_kernel import ACT_SILU, glu_fwd_launch
     from primus_turbo.triton.quantization.gather_quant_kernel import gather_quant_cols_t_launch
-    from primus_turbo.triton.quantization.quant_fp8_kernel import QuantGrouping, fp8_quant_launch
+    from primus_turbo.triton.moe.permute_kernel import merge_rows_launch
+    from primus_turbo.triton.quantization.quant_fp8_kernel import QuantGrouping, fp8_quant_launch, transpose_bytes
 
     x = torch.randn(32, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"tile \(8, 64, 4\)"):
@@ -72,3 +73,13 @@ def test_launch_overrides_reject_bad_values():
         gather_quant_cols_t_launch(x, torch.arange(32), torch.float8_e4m3fn, 16, tc=48)
     with pytest.raises(ValueError, match=r"\(1, 100, 4\)"):
         glu_fwd_launch(x, ACT_SILU, config=(1, 100, 4))
+    with pytest.raises(ValueError, match=r"tile \(8, 128, 3\)"):
+        fp8_quant_launch(x, torch.float8_e4m3fn, QuantGrouping(0, 1, 128), tile=(8, 128, 3))
+    q = torch.zeros(32, 64, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"\(48, 4\)"):
+        transpose_bytes(q, torch.empty(64, 32, dtype=torch.uint8), (48, 4))
+    with pytest.raises(ValueError, match=r"\(64, 3\)"):
+        transpose_bytes(q, torch.empty(64, 32, dtype=torch.uint8), (64, 3))
+    with pytest.raises(ValueError, match="chunk must be >= 1, got 0"):
+        merge_rows_launch(x, torch.empty(4, 64, dtype=torch.bfloat16), torch.zeros(4, 20, dtype=torch.int32),
+                          chunk=0)

@@ -162,8 +162,9 @@ def _gluon_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     """The Gluon varlen forward (sm_90) where ``PRIMUS_TURBO_ATTN_VARLEN_GLUON`` allows it for this
     ``max_seqlen_q`` and window (``use_gluon_attn_varlen_fwd``; auto: full attention with
     ``max_seqlen_q >= 2048``, where it was measured faster on the H200; 1: always) and
-    ``gluon_attn_varlen_fwd_reason`` takes the inputs (the dense Gluon forward's rules), else None. Its O ``[Tq, Hq, D]`` and LSE ``[Hq, Tq]`` are the tl varlen forward's, so
-    the varlen backward runs on them unchanged."""
+    ``gluon_attn_varlen_fwd_reason`` takes the inputs (the dense Gluon forward's rules), else None.
+    Its O ``[Tq, Hq, D]`` and LSE ``[Hq, Tq]`` are the tl varlen forward's, so the varlen backward
+    runs on them unchanged."""
     from primus_turbo.triton.attention.flash_attn_fwd_gluon import (
         flash_attn_varlen_fwd_gluon, gluon_attn_varlen_fwd_reason, use_gluon_attn_varlen_fwd,
     )

@@ -62,11 +62,9 @@ def glu_bwd_config(rows: int, f: int) -> tuple[int, int, int]:
     x 4 measured the same, 4 x 1024 x 8 0.58 ms. dprobs then sums three fp32 partials (a fixed order:
     deterministic, the same for every row count)."""
     br, bf, warps = glu_config(rows, f)
-    if f > 1024:
-        def used(tile):
-            return f / (-(-f // tile) * tile)
-        if used(1024) > used(bf):
-            return 1, 1024, 4
+    # lanes used = f / (tiles * tile); 1024-column tiles win where they round f up by less
+    if f > 1024 and -(-f // 1024) * 1024 < -(-f // bf) * bf:
+        return 1, 1024, 4
     return br, bf, warps
 
 

@@ -574,10 +574,10 @@ def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tenso
         return out
     if G == 0 or K == 0:
         return out.zero_()
-    if config is None:
-        sms = _dense._num_sms(a.device)
-        config = fitted_config(default_grouped16_config(M, N, G, min(num_programs or sms, sms)), out.dtype)
     cfg = config
+    if cfg is None:
+        sms = _dense._num_sms(a.device)
+        cfg = fitted_config(default_grouped16_config(M, N, G, min(num_programs or sms, sms)), out.dtype)
     bad = cfg.check(out.element_size())
     if bad is not None:
         raise ValueError(f"grouped_gemm_gluon: {bad}")

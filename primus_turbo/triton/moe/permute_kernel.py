@@ -292,7 +292,9 @@ def merge_rows_launch(src: torch.Tensor, out: torch.Tensor, row_id_map: torch.Te
         return out
     if compact is None:
         compact = k > MERGE_UNROLL_MAX
-    counts = row_id_map
+    if chunk is not None and chunk < 1:
+        raise ValueError(f"merge_rows_launch: chunk must be >= 1, got {chunk}")
+    counts = row_id_map  # unread placeholder pointer unless the map is packed
     if compact:
         row_id_map, weights, counts = compact_map_launch(row_id_map, weights)
         k_static = chunk or MERGE_CHUNK

@@ -684,6 +684,9 @@ def transpose_bytes(src: torch.Tensor, dst: torch.Tensor, tile: "tuple[int, int]
     if G == 0 or rows == 0 or cols == 0:
         return dst
     t, nw = tile if tile is not None else (64, 4)
+    if t < 16 or t & (t - 1) or nw not in (1, 2, 4, 8, 16):
+        raise ValueError(f"transpose_bytes: tile (T, num_warps) needs a power-of-two T >= 16 and num_warps in "
+                         f"1, 2, 4, 8, 16, got {tuple(tile)}")
     n_tr, n_tc = triton.cdiv(rows, t), triton.cdiv(cols, t)
     s3, d3 = s3.view(torch.uint8), d3.view(torch.uint8)
     _transpose_bytes_kernel[(G * n_tr * n_tc,)](
@@ -895,9 +898,9 @@ def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGro
     gr, gc, tr, tc, nw, n_prog, n_tc, n_sr, n_sc = _single_plan(rows, cols, grouping)
     if tile is not None:
         tr, tc, nw = (int(v) for v in tile)
-        if tr < gr or tc < gc or tr & (tr - 1) or tc & (tc - 1):
+        if tr < gr or tc < gc or tr & (tr - 1) or tc & (tc - 1) or nw not in (1, 2, 4, 8, 16):
             raise ValueError(f"fp8_quant_launch: tile {tuple(tile)} must be powers of two holding whole "
-                             f"{gr} x {gc} blocks")
+                             f"{gr} x {gc} blocks, with num_warps in 1, 2, 4, 8, 16")
         n_tc = triton.cdiv(cols, tc)
         n_prog = triton.cdiv(rows, tr) * n_tc
     s = torch.empty((n_sr, n_sc), dtype=torch.uint8 if grouping.mode == _MODE_MX else torch.float32, device=x.device)
