@@ -13,8 +13,12 @@ Per kernel, the calls of the step it stands for:
 - ``merge_rows``  [T, H] from [M, H] bf16, K = 4, no weights (moe_unpermute forward and the
   moe_permute backward). Default: 8 warps x 2048 columns (H = 2880 as 2048 + 832: 70% of the lanes;
   ``4w-1024``, three steps at 94%, measured the same on the H200).
-- ``gather_rows`` [M, H] from [T, H] (moe_permute forward, int16 bits, probs copied): BLOCK_R only.
-- ``unpermute_bwd`` [M, H] grad rows (moe_unpermute backward, no probs): default launch only.
+- ``gather_rows`` [M, H] from [T, H] (moe_permute forward, int16 bits, probs copied): BLOCK_R of the
+  row-major gather, and ``scatter`` (``scatter_rows_launch``: token-major, each token row read once).
+- ``unpermute_bwd`` [M, H] grad rows (moe_unpermute backward, no probs): the row-major gather
+  (``unpermute_bwd_launch``), ``scatter`` (top-k map) and ``scatter-map`` (the [T, E] map form,
+  packed per token first); ``unpermute_bwd_probs`` with probs (weighted rows + the dots).
+  GB/s of these three count each token row read once (the compulsory traffic).
 - ``quant_1x128`` BLOCKWISE 1 x 128 along the columns of [M, 2880] (fc1 input, fc2 input, fc2 grad)
   and [M, 5760] (fc1 grad): ``fp8_quant_launch`` with ``tile=(TR, TC, num_warps)``.
 - ``quant_128x128`` the fc1 weight ``[E * 2F, H]`` in 128 x 128 blocks.
@@ -163,7 +167,7 @@ def run_sweep(sw: Sweep, s: dict, only) -> None:
     from primus_turbo.pytorch.backends.grouped_gemm_fp8 import padded_group_layout
     from primus_turbo.triton.activation.swiglu_kernel import ACT_SILU, glu_bwd_launch, glu_fwd_launch
     from primus_turbo.triton.moe.permute_kernel import (gather_rows_launch, merge_rows_launch,
-                                                        unpermute_bwd_launch)
+                                                        scatter_rows_launch, unpermute_bwd_launch)
     from primus_turbo.triton.quantization.gather_quant_kernel import gather_quant_cols_t_launch
     from primus_turbo.triton.quantization.quant_fp8_kernel import (QuantGrouping, fp8_quant_launch,
                                                                    transpose_bytes)
@@ -193,6 +197,11 @@ def run_sweep(sw: Sweep, s: dict, only) -> None:
         sw.case("merge_rows", (t, h, k), (m * h + t * h) * 2 + t * k * 4, None, MERGE_CANDIDATES, merge)
         src = out = None  # noqa: F841
 
+    # the [T, E] map form MoELayer hands the permutation (one column per expert, k of E routed)
+    rows = row_id_map.long()
+    map_e = torch.full((t, e), -1, dtype=torch.int32, device=dev)
+    map_e.scatter_(1, torch.searchsorted(offs[1:], rows, right=True), row_id_map)
+
     if want("gather_rows"):
         tok = randn(t, h).view(torch.int16)
         out = torch.empty(m, h, device=dev, dtype=torch.int16)
@@ -200,16 +209,39 @@ def run_sweep(sw: Sweep, s: dict, only) -> None:
         pout = torch.empty(m, device=dev)
 
         def gather(cfg):
+            if cfg == "scatter":  # token-major: each token row read once
+                return scatter_rows_launch(tok, row_id_map, src_idx, out=out, weights=probs, probs_out=pout)[:2]
             return gather_rows_launch(tok, out, src_idx, None, cfg, row_div=k, probs=probs, probs_out=pout), pout
-        sw.case("gather_rows", (m, h), 2 * m * h * 2 + m * 8, None, {f"block_r={b}": b for b in GATHER_ROWS_BLOCK_R},
-                gather)
+        # compulsory traffic: each token row read once, M rows written
+        sw.case("gather_rows", (m, h), (t * h + m * h) * 2 + m * 8, None,
+                dict({f"block_r={b}": b for b in GATHER_ROWS_BLOCK_R}, scatter="scatter"), gather)
         tok = out = None  # noqa: F841
 
     if want("unpermute_bwd"):
         gout, perm = randn(t, h), randn(m, h)
-        sw.case("unpermute_bwd", (m, h), (t * h + m * h) * 2 + m * 8, None, {},
-                lambda cfg: (unpermute_bwd_launch(gout, perm, src_idx, k, None, True, False)[0],))
-        gout = perm = None  # noqa: F841
+        gp = torch.empty(m, h, device=dev, dtype=bf16)
+
+        def unperm(cfg):
+            if cfg == "scatter":
+                scatter_rows_launch(gout.view(torch.int16), row_id_map, src_idx, out=gp.view(torch.int16))
+                return (gp,)
+            if cfg == "scatter-map":  # the [T, E] map form: packed per token first
+                scatter_rows_launch(gout.view(torch.int16), map_e, src_idx, out=gp.view(torch.int16))
+                return (gp,)
+            return (unpermute_bwd_launch(gout, perm, src_idx, k, None, True, False)[0],)
+        sw.case("unpermute_bwd", (m, h), (t * h + m * h) * 2 + m * 8, None,
+                {"scatter": "scatter", "scatter-map": "scatter-map"}, unperm)
+        probs = torch.rand(t, k, generator=g).to(dev)
+        dots = torch.empty(m, device=dev)
+
+        def unperm_probs(cfg):
+            if cfg == "scatter":
+                return scatter_rows_launch(gout, row_id_map, src_idx, out=gp, weights=probs, scale_by_weights=True,
+                                           permuted=perm, dot=dots)[::2]
+            return unpermute_bwd_launch(gout, perm, src_idx, k, probs, True, True)
+        sw.case("unpermute_bwd_probs", (m, h), (t * h + 2 * m * h) * 2 + m * 12, None, {"scatter": "scatter"},
+                unperm_probs)
+        gout = perm = gp = None  # noqa: F841
 
     if want("quant_1x128"):
         grp = QuantGrouping(0, 1, BLOCK)

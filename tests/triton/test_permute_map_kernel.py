@@ -1,6 +1,7 @@
 """build_permute_map_launch (count -> scan -> assign kernels) against the torch map builder of
 turbo.ops.moe_permute (``_build_row_id_map`` + ``_inverse``, the torch-backend path), and the fused
-token-row + probs gather (``gather_rows_launch(row_div=K, probs=...)``)."""
+token-row + probs gather (``gather_rows_launch(row_div=K, probs=...)``), and the token-major scatter
+(``scatter_rows_launch``: permute forward, unpermute backward) against torch."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from primus_turbo.triton.moe.permute_kernel import (  # noqa: E402
     build_permute_map_launch,
     gather_rows_launch,
     permute_map_blocks,
+    scatter_rows_launch,
 )
 
 # the package re-exports a function named moe_permute: take the module itself
@@ -199,3 +201,76 @@ def test_compact_map_kernel(k, weighted):
         assert torch.equal(cmap[i, :keep.numel()].cpu(), row_map[i, keep])
         if weighted:
             assert torch.equal(cw[i, :keep.numel()].cpu(), w[i, keep])
+
+
+def _random_map(t, k, keep, n_pad, seed):
+    """A random injective [T, K] row map (``keep`` of the entries routed) into ``routed + n_pad`` rows,
+    the unfilled rows scattered among the routed ones; and its inverse ``src_idx`` (-1 on unfilled rows)."""
+    g = torch.Generator().manual_seed(seed)
+    routed = torch.rand(t, k, generator=g) < keep
+    n = int(routed.sum())
+    n_out = n + n_pad
+    rows = torch.randperm(n_out, generator=g)[:n]
+    rid = torch.full((t * k,), -1, dtype=torch.int32)
+    rid[routed.reshape(-1)] = rows.to(torch.int32)
+    src = torch.full((n_out,), -1, dtype=torch.int64)
+    src[rows] = torch.nonzero(routed.reshape(-1)).reshape(-1)
+    return rid.view(t, k), src
+
+
+@pytest.mark.parametrize("k,keep,n_pad,compact", [
+    (1, 1.0, 0, None), (4, 0.75, 9, None), (8, 1.0, 3, None),
+    (20, 0.75, 5, None),         # wide: packed, scattered in chunks
+    (20, 0.75, 5, False),        # wide through the runtime loop
+    (32, 0.125, 40, None),       # map form: one column per expert, ~4 of 32 routed
+    (24, 0.0, 7, None)])         # nothing routed: only zero rows
+def test_scatter_rows_vs_ref(k, keep, n_pad, compact, device):
+    t, h = 37, 72
+    g = torch.Generator().manual_seed(k * 7 + n_pad)
+    rid, src = _random_map(t, k, keep, n_pad, seed=k + n_pad)
+    n_out = src.shape[0]
+    x = torch.randn(t, h, generator=g)
+    x[3, 5] = float("nan")  # moved bit-exactly
+    w = torch.rand(t, k, generator=g) + 0.25
+    perm = torch.randn(n_out, h, generator=g)
+    ok = src >= 0
+    tok = src.clamp(min=0) // k
+    wflat = w.reshape(-1)[src.clamp(min=0)]
+    want_copy = torch.where(ok[:, None], x[tok], torch.zeros(()))
+    want_w = torch.where(ok, wflat, torch.zeros(()))
+    xs = x.nan_to_num()
+    want_scaled = torch.where(ok[:, None], xs[tok] * wflat[:, None], torch.zeros(()))
+    want_dot = torch.where(ok, (xs[tok].double() * perm.double()).sum(1), torch.zeros((), dtype=torch.float64))
+    d = lambda a: a.to(device)  # noqa: E731
+    # raw bits + the weights copied
+    out = torch.full((n_out, h), float("nan"), device=device)
+    pout = torch.full((n_out,), float("nan"), device=device)
+    scatter_rows_launch(d(x).view(torch.int32), d(rid), d(src), out=out.view(torch.int32), weights=d(w),
+                        probs_out=pout, compact=compact)
+    assert torch.equal(out.view(torch.int32).cpu(), want_copy.view(torch.int32))
+    assert torch.equal(pout.cpu(), want_w)
+    # weighted rows + dots with the permuted rows
+    out = torch.full((n_out, h), float("nan"), device=device)
+    dot = torch.full((n_out,), float("nan"), device=device)
+    scatter_rows_launch(d(xs), d(rid), d(src), out=out, weights=d(w), scale_by_weights=True, permuted=d(perm),
+                        dot=dot, compact=compact)
+    torch.testing.assert_close(out.cpu(), want_scaled, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(dot.cpu().double(), want_dot, rtol=1e-5, atol=1e-5)
+    # bf16 weighted rows: one fp32 product, rounded once
+    xb = xs.to(torch.bfloat16)
+    outb = torch.full((n_out, h), float("nan"), device=device, dtype=torch.bfloat16)
+    scatter_rows_launch(d(xb), d(rid), d(src), out=outb, weights=d(w), scale_by_weights=True, compact=compact)
+    want_b = torch.where(ok[:, None], xb[tok].float() * wflat[:, None], torch.zeros(())).to(torch.bfloat16)
+    assert torch.equal(outb.cpu(), want_b)
+
+
+def test_scatter_rows_errors(device):
+    rid, src = _random_map(5, 2, 1.0, 0, seed=1)
+    x = torch.randn(5, 8, device=device)
+    out = torch.empty(src.shape[0], 8, device=device)
+    with pytest.raises(ValueError, match="scale_by_weights needs weights"):
+        scatter_rows_launch(x, rid.to(device), src.to(device), out=out, scale_by_weights=True)
+    with pytest.raises(ValueError, match="probs_out needs weights"):
+        scatter_rows_launch(x, rid.to(device), src.to(device), probs_out=torch.empty(src.shape[0], device=device))
+    with pytest.raises(ValueError, match="dot needs permuted"):
+        scatter_rows_launch(x, rid.to(device), src.to(device), dot=torch.empty(src.shape[0], device=device))

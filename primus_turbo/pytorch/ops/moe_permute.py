@@ -200,10 +200,12 @@ def _scatter_back(per_row: torch.Tensor, row_id_map: torch.Tensor) -> torch.Tens
 # ----------------------------------------------------------------------------------------------
 # Autograd
 # ----------------------------------------------------------------------------------------------
-def _permute_rows(tokens: torch.Tensor, probs: Optional[torch.Tensor], src_idx: torch.Tensor, k: int):
-    """``(tokens[src_idx // k], probs.flatten()[src_idx])``, zero where ``src_idx < 0`` (one launch on Triton)."""
+def _permute_rows(tokens: torch.Tensor, probs: Optional[torch.Tensor], src_idx: torch.Tensor, k: int,
+                  row_id_map: torch.Tensor):
+    """``(tokens[src_idx // k], probs.flatten()[src_idx])``, zero where ``src_idx < 0`` (one launch on Triton:
+    token-major, each token row read once and written to its ``row_id_map`` rows)."""
     if permute_backend(tokens) == "triton":
-        from primus_turbo.triton.moe import gather_rows_launch
+        from primus_turbo.triton.moe.permute_kernel import scatter_rows_launch
 
         tokens = tokens.contiguous()
         n_out = src_idx.shape[0]
@@ -212,7 +214,8 @@ def _permute_rows(tokens: torch.Tensor, probs: Optional[torch.Tensor], src_idx: 
         if probs is not None:
             probs = probs.contiguous()
             pprobs = torch.empty(n_out, dtype=probs.dtype, device=probs.device)
-        gather_rows_launch(_bits(tokens), _bits(out), src_idx, row_div=k, probs=probs, probs_out=pprobs)
+        scatter_rows_launch(_bits(tokens), row_id_map.contiguous(), src_idx, out=_bits(out), weights=probs,
+                            probs_out=pprobs)
         return out, pprobs
     out = _gather_rows(tokens, src_idx, row_div=k)
     return out, (_gather_flat(probs, src_idx) if probs is not None else None)
@@ -221,7 +224,7 @@ def _permute_rows(tokens: torch.Tensor, probs: Optional[torch.Tensor], src_idx: 
 class _PermuteFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tokens, probs, row_id_map, src_idx, k):
-        out, pprobs = _permute_rows(tokens, probs, src_idx, k)
+        out, pprobs = _permute_rows(tokens, probs, src_idx, k, row_id_map)
         ctx.save_for_backward(row_id_map)
         ctx.has_probs = probs is not None
         ctx.tok_dtype = tokens.dtype
@@ -258,11 +261,20 @@ class _UnpermuteFn(torch.autograd.Function):
         need_perm = ctx.needs_input_grad[0]
         need_probs = probs is not None and ctx.needs_input_grad[2]
         if permute_backend(permuted) == "triton":
-            # one pass: grad rows gathered and weighted, and the probs-gradient dots
-            from primus_turbo.triton.moe.permute_kernel import unpermute_bwd_launch
+            # one token-major pass: each grad row read once, written (weighted) to the token's rows,
+            # with the probs-gradient dots against the permuted rows
+            from primus_turbo.triton.moe.permute_kernel import scatter_rows_launch
 
-            g_perm, dots = unpermute_bwd_launch(g_out.contiguous(), permuted.contiguous(), src_idx, k, probs,
-                                                need_perm, need_probs)
+            permuted = permuted.contiguous()
+            dev = permuted.device
+            g_perm = torch.empty(permuted.shape, dtype=permuted.dtype, device=dev) if need_perm else None
+            dots = torch.empty(n_out, dtype=torch.float32, device=dev) if need_probs else None
+            if need_perm and probs is None:  # plain copies: moved as raw bits
+                scatter_rows_launch(_bits(g_out.to(permuted.dtype).contiguous()), row_id_map, src_idx,
+                                    out=_bits(g_perm))
+            else:
+                scatter_rows_launch(g_out.contiguous(), row_id_map, src_idx, out=g_perm, weights=probs,
+                                    scale_by_weights=probs is not None, permuted=permuted, dot=dots)
             g_probs = _scatter_back(dots, row_id_map).to(probs.dtype) if need_probs else None
             return g_perm, None, g_probs
         src_tok = torch.where(src_idx >= 0, src_idx // k, src_idx)

@@ -190,6 +190,162 @@ def _unpermute_bwd_kernel(g_ptr, perm_ptr, src_ptr, probs_ptr, gp_ptr, dot_ptr, 
         tl.store(dot_ptr + rows, acc, mask=rmask)
 
 
+@triton.jit
+def _scatter_term(g, out_ptr, perm_ptr, map_base, w_base, j, tmask, cols, cmask, stride_out, stride_p, acc, jv,
+                  SCALE_W: tl.constexpr, NEED_OUT: tl.constexpr, NEED_DOT: tl.constexpr):
+    r = tl.load(map_base + j, mask=tmask, other=-1).to(tl.int64)
+    ok = r >= 0
+    r = tl.where(ok, r, 0)
+    m = ok[:, None] & cmask[None, :]
+    if NEED_OUT:
+        y = g
+        if SCALE_W:
+            w = tl.load(w_base + j, mask=tmask & ok, other=0).to(tl.float32)
+            y = g * w[:, None]
+        tl.store(out_ptr + r[:, None] * stride_out + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=m)
+    if NEED_DOT:
+        x = tl.load(perm_ptr + r[:, None] * stride_p + cols[None, :], mask=m, other=0).to(tl.float32)
+        s = tl.sum(g * x, axis=1)
+        acc = tl.where(jv[None, :] == j, acc + s[:, None], acc)
+    return acc
+
+
+@triton.jit
+def _scatter_rows_kernel(g_ptr, map_ptr, w_ptr, n_ptr, src_ptr, out_ptr, pout_ptr, perm_ptr, dot_ptr,
+                         T, K, H, n_out, stride_g, stride_out, stride_p, n_tok_prog,
+                         SCALE_W: tl.constexpr, STORE_W: tl.constexpr, NEED_OUT: tl.constexpr,
+                         NEED_DOT: tl.constexpr, K_STATIC: tl.constexpr, COUNTED: tl.constexpr,
+                         BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+                         BLOCK_Z: tl.constexpr):
+    """Token-major scatter: each token's row ``g[t]`` is read once and written to every row
+    ``r = map[t, j] >= 0`` of ``out`` (times ``w[t, j]`` with ``SCALE_W``); with ``STORE_W``
+    ``pout[r] = w[t, j]``; with ``NEED_DOT`` ``dot[r] = <g[t], perm[r]>`` (fp32). The gather form
+    (one program per output row, ``g[src[o] // K]``) reads a token's row K times, and the K rows of
+    one token lie in K different expert segments, so the re-reads come from DRAM, not L2.
+
+    Programs ``>= n_tok_prog`` write the rows nobody fills (``src[o] < 0``: segment padding, the
+    tail): zeros in ``out``, ``pout`` and ``dot``. ``COUNTED`` / ``K_STATIC`` as in the merge."""
+    pid = tl.program_id(0)
+    if pid < n_tok_prog:
+        toks = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+        tmask = toks < T
+        map_base = map_ptr + toks.to(tl.int64) * K
+        w_base = w_ptr + toks.to(tl.int64) * K
+        g_base = g_ptr + toks.to(tl.int64)[:, None] * stride_g
+        jv = tl.arange(0, BLOCK_K)
+        acc = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+        if COUNTED:
+            n = tl.load(n_ptr + toks, mask=tmask, other=0)
+            n_hi = tl.max(n, 0)
+            jmask = jv[None, :] < n[:, None]
+        else:
+            jmask = (jv[None, :] < K) & tmask[:, None]
+        if NEED_OUT or NEED_DOT:
+            for c0 in range(0, H, BLOCK_C):
+                cols = c0 + tl.arange(0, BLOCK_C)
+                cmask = cols < H
+                g = tl.load(g_base + cols[None, :], mask=tmask[:, None] & cmask[None, :], other=0)
+                if SCALE_W or NEED_DOT:
+                    g = g.to(tl.float32)
+                if COUNTED:
+                    for j0 in range(0, n_hi, K_STATIC):
+                        for i in tl.static_range(K_STATIC):
+                            acc = _scatter_term(g, out_ptr, perm_ptr, map_base, w_base, j0 + i, tmask & (j0 + i < n),
+                                                cols, cmask, stride_out, stride_p, acc, jv, SCALE_W, NEED_OUT,
+                                                NEED_DOT)
+                elif K_STATIC > 0:
+                    for j in tl.static_range(K_STATIC):
+                        acc = _scatter_term(g, out_ptr, perm_ptr, map_base, w_base, j, tmask, cols, cmask,
+                                            stride_out, stride_p, acc, jv, SCALE_W, NEED_OUT, NEED_DOT)
+                else:
+                    for j in range(0, K):
+                        acc = _scatter_term(g, out_ptr, perm_ptr, map_base, w_base, j, tmask, cols, cmask,
+                                            stride_out, stride_p, acc, jv, SCALE_W, NEED_OUT, NEED_DOT)
+        if STORE_W or NEED_DOT:
+            rr = tl.load(map_base[:, None] + jv[None, :], mask=jmask, other=-1).to(tl.int64)
+            ok = rr >= 0
+            rr = tl.where(ok, rr, 0)
+            if STORE_W:
+                w = tl.load(w_base[:, None] + jv[None, :], mask=jmask & ok, other=0)
+                tl.store(pout_ptr + rr, w, mask=ok)
+            if NEED_DOT:
+                tl.store(dot_ptr + rr, acc, mask=ok)
+    else:
+        rows = (pid - n_tok_prog) * BLOCK_Z + tl.arange(0, BLOCK_Z)
+        rmask = rows < n_out
+        empty = (tl.load(src_ptr + rows, mask=rmask, other=0) < 0) & rmask
+        if tl.max(empty.to(tl.int32), 0) > 0:
+            if STORE_W:
+                tl.store(pout_ptr + rows, tl.zeros([BLOCK_Z], dtype=pout_ptr.dtype.element_ty), mask=empty)
+            if NEED_DOT:
+                tl.store(dot_ptr + rows, tl.zeros([BLOCK_Z], dtype=tl.float32), mask=empty)
+            if NEED_OUT:
+                r64 = rows.to(tl.int64)[:, None] * stride_out
+                for c0 in range(0, H, BLOCK_C):
+                    cols = c0 + tl.arange(0, BLOCK_C)
+                    tl.store(out_ptr + r64 + cols[None, :], tl.zeros([BLOCK_Z, BLOCK_C], dtype=out_ptr.dtype.element_ty),
+                             mask=empty[:, None] & (cols < H)[None, :])
+
+
+def scatter_rows_launch(g: torch.Tensor, row_id_map: torch.Tensor, src_idx: torch.Tensor,
+                        out: Optional[torch.Tensor] = None, weights: Optional[torch.Tensor] = None,
+                        scale_by_weights: bool = False, probs_out: Optional[torch.Tensor] = None,
+                        permuted: Optional[torch.Tensor] = None, dot: Optional[torch.Tensor] = None,
+                        compact: Optional[bool] = None, num_warps: Optional[int] = None):
+    """Token-major row scatter (see ``_scatter_rows_kernel``), the inverse direction of ``merge_rows``:
+
+    - ``out[r] = g[t]`` (raw bits: pass integer views) or ``g[t] * weights[t, j]`` (``scale_by_weights``)
+      for every ``r = row_id_map[t, j] >= 0``; ``probs_out[r] = weights[t, j]``;
+      ``dot[r] = <g[t], permuted[r]>`` (fp32);
+    - rows with ``src_idx[r] < 0`` (nobody fills them) get zeros in all three.
+
+    ``g`` ``[T, H]``, ``row_id_map`` contiguous ``[T, K]`` int32, ``src_idx`` ``[n_out]`` (its inverse),
+    ``weights`` contiguous ``[T, K]``. A map wider than :data:`MERGE_UNROLL_MAX` is packed first."""
+    t, k = row_id_map.shape
+    n_out = src_idx.shape[0]
+    h = g.shape[1]
+    if n_out == 0 or (out is None and probs_out is None and dot is None):
+        return out, probs_out, dot
+    if scale_by_weights and weights is None:
+        raise ValueError("scatter_rows_launch: scale_by_weights needs weights")
+    if probs_out is not None and weights is None:
+        raise ValueError("scatter_rows_launch: probs_out needs weights")
+    if dot is not None and permuted is None:
+        raise ValueError("scatter_rows_launch: dot needs permuted")
+    if out is not None and out.dtype == torch.bfloat16 and scale_by_weights and _interp():
+        # the interpreter's fp32 -> bf16 cast truncates: store fp32, round (RNE) with torch after
+        tmp = torch.empty(out.shape, dtype=torch.float32, device=out.device)
+        scatter_rows_launch(g, row_id_map, src_idx, tmp, weights, True, probs_out, permuted, dot, compact, num_warps)
+        out.copy_(tmp)
+        return out, probs_out, dot
+    if compact is None:
+        compact = k > MERGE_UNROLL_MAX
+    counts = row_id_map
+    if compact:
+        row_id_map, weights, counts = compact_map_launch(row_id_map, weights)
+        k_static = MERGE_CHUNK
+    else:
+        k_static = k if k <= MERGE_UNROLL_MAX else 0
+    num_warps = num_warps or MERGE_NUM_WARPS
+    block_t = 32 if _interp() else MERGE_BLOCK_T
+    elem = out.element_size() if out is not None else g.element_size()
+    bc = col_block(h, elem, num_warps) if h > 0 else 16
+    block_z = 64
+    n_tok_prog = _cdiv(t, block_t) if t > 0 else 0
+    grid = (n_tok_prog + _cdiv(n_out, block_z),)
+    any_ = out if out is not None else (probs_out if probs_out is not None else dot)
+    _scatter_rows_kernel[grid](
+        g, row_id_map, weights if weights is not None else row_id_map, counts, src_idx,
+        out if out is not None else any_, probs_out if probs_out is not None else any_,
+        permuted if permuted is not None else g, dot if dot is not None else any_,
+        t, k, h, n_out, g.stride(0), out.stride(0) if out is not None else 0,
+        permuted.stride(0) if permuted is not None else 0, n_tok_prog,
+        SCALE_W=scale_by_weights, STORE_W=probs_out is not None, NEED_OUT=out is not None and h > 0,
+        NEED_DOT=dot is not None, K_STATIC=k_static, COUNTED=compact, BLOCK_T=block_t, BLOCK_C=bc,
+        BLOCK_K=triton.next_power_of_2(max(k, 1)), BLOCK_Z=block_z, num_warps=num_warps)
+    return out, probs_out, dot
+
+
 def unpermute_bwd_launch(g: torch.Tensor, permuted: torch.Tensor, src_idx: torch.Tensor, row_div: int,
                          probs: Optional[torch.Tensor], need_grad_permuted: bool, need_dot: bool):
     """``(grad_permuted or None, dot or None)`` of the weighted merge (see _unpermute_bwd_kernel).

@@ -365,6 +365,32 @@ def test_unpermute_backward_bf16_vs_fp64(need, device):
         assert w.grad is None
 
 
+def test_wide_map_backward_vs_fp64(device):
+    # map form wider than the unrolled limit (24 experts, top-3, padded segments): moe_permute's backward
+    # (merge) and moe_unpermute's backward (token-major scatter + probs dots) through the packed map
+    t, e, k = 50, 24, 3
+    g = torch.Generator().manual_seed(21)
+    idx = torch.rand(t, e, generator=g).topk(k, dim=1).indices
+    rmap = torch.zeros(t, e, dtype=torch.bool).scatter_(1, idx, True)
+    probs = torch.zeros(t, e).scatter_(1, idx, torch.rand(t, k, generator=g) + 0.1)
+    x = torch.randn(t, 40, generator=g).to(device=device, dtype=torch.bfloat16).requires_grad_()
+    w = probs.to(device).requires_grad_()
+    perm, _, rid = moe_permute(x, rmap.to(device), pad_multiple=8)
+    y = perm * 1.5
+    out = moe_unpermute(y, rid, w)
+    go = torch.randn(out.shape, generator=g).to(device=device, dtype=torch.bfloat16)
+    out.backward(go)
+    r = rid.long()
+    x64 = x.detach().double()
+    w64 = w.detach().double().requires_grad_()
+    x64.requires_grad_()
+    rows = torch.where((r >= 0)[..., None], (x64 * 1.5)[:, None, :].expand(t, e, -1), torch.zeros((), dtype=torch.float64))
+    (rows * w64[..., None]).sum(1).backward(go.double())
+    assert snr_db(x64.grad, x.grad) >= 40.0
+    assert snr_db(w64.grad, w.grad) >= 40.0
+    assert bool((w.grad[~rmap.to(device)] == 0).all())
+
+
 def test_auto_fused_map_rule():
     """PRIMUS_TURBO_PERMUTE_FUSED_MAP=auto: the map kernels always on CPU (CI runs them); on CUDA
     for a bool routing map and for top-k indices up to FUSED_MAP_MAX_INDEX_ROWS routed rows."""
