@@ -77,6 +77,10 @@ MERGE_CANDIDATES = {  # label: (block_t, num_warps, block_c)
     "bt2-8w-1024": (2, 8, 1024), "bt4-4w-1024": (4, 4, 1024),
 }
 GATHER_ROWS_BLOCK_R = (1, 2, 8)
+#: token-major scatter launches (block_t, num_warps, block_c): one token row per step keeps one load in
+#: flight per program, so wider rows per step / more tokens per program / more programs per SM are swept
+SCATTER_CONFIGS = ((1, 8, 2048), (1, 8, 4096), (1, 16, 4096), (1, 4, 4096), (2, 8, 4096), (2, 16, 4096),
+                   (4, 16, 4096), (2, 4, 1024), (4, 8, 1024), (1, 4, 1024), (1, 2, 1024), (8, 8, 1024))
 QUANT_1X128_TILES = ((8, 1024, 4), (16, 1024, 16), (4, 1024, 4), (16, 512, 8), (32, 256, 8), (64, 128, 8),
                      (32, 128, 4))
 QUANT_128X128_TILES = ((128, 128, 8), (128, 128, 16), (128, 256, 16), (256, 128, 16))
@@ -209,12 +213,15 @@ def run_sweep(sw: Sweep, s: dict, only) -> None:
         pout = torch.empty(m, device=dev)
 
         def gather(cfg):
-            if cfg == "scatter":  # token-major: each token row read once
-                return scatter_rows_launch(tok, row_id_map, src_idx, out=out, weights=probs, probs_out=pout)[:2]
+            if isinstance(cfg, tuple):  # token-major scatter: each token row read once
+                bt, nw, bc = cfg
+                return scatter_rows_launch(tok, row_id_map, src_idx, out=out, weights=probs, probs_out=pout,
+                                           num_warps=nw, block_t=bt, block_c=bc)[:2]
             return gather_rows_launch(tok, out, src_idx, None, cfg, row_div=k, probs=probs, probs_out=pout), pout
         # compulsory traffic: each token row read once, M rows written
         sw.case("gather_rows", (m, h), (t * h + m * h) * 2 + m * 8, None,
-                dict({f"block_r={b}": b for b in GATHER_ROWS_BLOCK_R}, scatter="scatter"), gather)
+                dict({f"block_r={b}": b for b in GATHER_ROWS_BLOCK_R},
+                     **{f"scatter-bt{c[0]}-{c[1]}w-{c[2]}": c for c in SCATTER_CONFIGS}), gather)
         tok = out = None  # noqa: F841
 
     if want("unpermute_bwd"):
@@ -222,15 +229,16 @@ def run_sweep(sw: Sweep, s: dict, only) -> None:
         gp = torch.empty(m, h, device=dev, dtype=bf16)
 
         def unperm(cfg):
-            if cfg == "scatter":
-                scatter_rows_launch(gout.view(torch.int16), row_id_map, src_idx, out=gp.view(torch.int16))
-                return (gp,)
-            if cfg == "scatter-map":  # the [T, E] map form: packed per token first
-                scatter_rows_launch(gout.view(torch.int16), map_e, src_idx, out=gp.view(torch.int16))
+            if cfg is not None:  # ("map" | "topk", (block_t, num_warps, block_c))
+                form, (bt, nw, bc) = cfg
+                scatter_rows_launch(gout.view(torch.int16), map_e if form == "map" else row_id_map, src_idx,
+                                    out=gp.view(torch.int16), num_warps=nw, block_t=bt, block_c=bc)
                 return (gp,)
             return (unpermute_bwd_launch(gout, perm, src_idx, k, None, True, False)[0],)
-        sw.case("unpermute_bwd", (m, h), (t * h + m * h) * 2 + m * 8, None,
-                {"scatter": "scatter", "scatter-map": "scatter-map"}, unperm)
+        cands = {f"scatter-bt{c[0]}-{c[1]}w-{c[2]}": ("topk", c) for c in SCATTER_CONFIGS}
+        # the [T, E] map form (packed per token first) at three of the launches
+        cands.update({f"scatter-map-bt{c[0]}-{c[1]}w-{c[2]}": ("map", c) for c in SCATTER_CONFIGS[:3]})
+        sw.case("unpermute_bwd", (m, h), (t * h + m * h) * 2 + m * 8, None, cands, unperm)
         probs = torch.rand(t, k, generator=g).to(dev)
         dots = torch.empty(m, device=dev)
 

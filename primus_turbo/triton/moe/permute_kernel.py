@@ -291,7 +291,8 @@ def scatter_rows_launch(g: torch.Tensor, row_id_map: torch.Tensor, src_idx: torc
                         out: Optional[torch.Tensor] = None, weights: Optional[torch.Tensor] = None,
                         scale_by_weights: bool = False, probs_out: Optional[torch.Tensor] = None,
                         permuted: Optional[torch.Tensor] = None, dot: Optional[torch.Tensor] = None,
-                        compact: Optional[bool] = None, num_warps: Optional[int] = None):
+                        compact: Optional[bool] = None, num_warps: Optional[int] = None,
+                        block_t: Optional[int] = None, block_c: Optional[int] = None):
     """Token-major row scatter (see ``_scatter_rows_kernel``), the inverse direction of ``merge_rows``:
 
     - ``out[r] = g[t]`` (raw bits: pass integer views) or ``g[t] * weights[t, j]`` (``scale_by_weights``)
@@ -315,7 +316,8 @@ def scatter_rows_launch(g: torch.Tensor, row_id_map: torch.Tensor, src_idx: torc
     if out is not None and out.dtype == torch.bfloat16 and scale_by_weights and _interp():
         # the interpreter's fp32 -> bf16 cast truncates: store fp32, round (RNE) with torch after
         tmp = torch.empty(out.shape, dtype=torch.float32, device=out.device)
-        scatter_rows_launch(g, row_id_map, src_idx, tmp, weights, True, probs_out, permuted, dot, compact, num_warps)
+        scatter_rows_launch(g, row_id_map, src_idx, tmp, weights, True, probs_out, permuted, dot, compact, num_warps,
+                            block_t, block_c)
         out.copy_(tmp)
         return out, probs_out, dot
     if compact is None:
@@ -327,9 +329,9 @@ def scatter_rows_launch(g: torch.Tensor, row_id_map: torch.Tensor, src_idx: torc
     else:
         k_static = k if k <= MERGE_UNROLL_MAX else 0
     num_warps = num_warps or MERGE_NUM_WARPS
-    block_t = 32 if _interp() else MERGE_BLOCK_T
+    block_t = block_t or (32 if _interp() else MERGE_BLOCK_T)
     elem = out.element_size() if out is not None else g.element_size()
-    bc = col_block(h, elem, num_warps) if h > 0 else 16
+    bc = block_c or (col_block(h, elem, num_warps) if h > 0 else 16)
     block_z = 64
     n_tok_prog = _cdiv(t, block_t) if t > 0 else 0
     grid = (n_tok_prog + _cdiv(n_out, block_z),)
