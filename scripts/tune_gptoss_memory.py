@@ -80,7 +80,9 @@ GATHER_ROWS_BLOCK_R = (1, 2, 8)
 #: token-major scatter launches (block_t, num_warps, block_c): one token row per step keeps one load in
 #: flight per program, so wider rows per step / more tokens per program / more programs per SM are swept
 SCATTER_CONFIGS = ((1, 8, 2048), (1, 8, 4096), (1, 16, 4096), (1, 4, 4096), (2, 8, 4096), (2, 16, 4096),
-                   (4, 16, 4096), (2, 4, 1024), (4, 8, 1024), (1, 4, 1024), (1, 2, 1024), (8, 8, 1024))
+                   (4, 16, 4096), (2, 4, 1024), (4, 8, 1024), (1, 4, 1024), (1, 2, 1024), (8, 8, 1024),
+                   (4, 4, 1024), (4, 8, 512), (8, 8, 512), (4, 16, 2048), (8, 16, 1024))
+SCATTER_MAP_CONFIGS = ((4, 8, 1024), (8, 8, 1024), (2, 4, 1024))
 QUANT_1X128_TILES = ((8, 1024, 4), (16, 1024, 16), (4, 1024, 4), (16, 512, 8), (32, 256, 8), (64, 128, 8),
                      (32, 128, 4))
 QUANT_128X128_TILES = ((128, 128, 8), (128, 128, 16), (128, 256, 16), (256, 128, 16))
@@ -229,26 +231,33 @@ def run_sweep(sw: Sweep, s: dict, only) -> None:
         gp = torch.empty(m, h, device=dev, dtype=bf16)
 
         def unperm(cfg):
-            if cfg is not None:  # ("map" | "topk", (block_t, num_warps, block_c))
-                form, (bt, nw, bc) = cfg
+            if cfg is not None:  # ("map" | "topk", (block_t, num_warps, block_c)[, unroll_chunks])
+                form, (bt, nw, bc) = cfg[:2]
                 scatter_rows_launch(gout.view(torch.int16), map_e if form == "map" else row_id_map, src_idx,
-                                    out=gp.view(torch.int16), num_warps=nw, block_t=bt, block_c=bc)
+                                    out=gp.view(torch.int16), num_warps=nw, block_t=bt, block_c=bc,
+                                    unroll_chunks=cfg[2] if len(cfg) > 2 else None)
                 return (gp,)
             return (unpermute_bwd_launch(gout, perm, src_idx, k, None, True, False)[0],)
         cands = {f"scatter-bt{c[0]}-{c[1]}w-{c[2]}": ("topk", c) for c in SCATTER_CONFIGS}
-        # the [T, E] map form (packed per token first) at three of the launches
-        cands.update({f"scatter-map-bt{c[0]}-{c[1]}w-{c[2]}": ("map", c) for c in SCATTER_CONFIGS[:3]})
+        # the [T, E] map form (packed per token first), its chunks unrolled (the default up to 64 columns)
+        # or looped to each block's largest count
+        for c in SCATTER_MAP_CONFIGS:
+            cands[f"scatter-map-bt{c[0]}-{c[1]}w-{c[2]}"] = ("map", c, True)
+            cands[f"scatter-map-loop-bt{c[0]}-{c[1]}w-{c[2]}"] = ("map", c, False)
         sw.case("unpermute_bwd", (m, h), (t * h + m * h) * 2 + m * 8, None, cands, unperm)
         probs = torch.rand(t, k, generator=g).to(dev)
         dots = torch.empty(m, device=dev)
 
         def unperm_probs(cfg):
-            if cfg == "scatter":
-                return scatter_rows_launch(gout, row_id_map, src_idx, out=gp, weights=probs, scale_by_weights=True,
-                                           permuted=perm, dot=dots)[::2]
+            if cfg is not None:
+                bt, nw, bc = cfg
+                scatter_rows_launch(gout, row_id_map, src_idx, out=gp, weights=probs, scale_by_weights=True,
+                                    permuted=perm, dot=dots, num_warps=nw, block_t=bt, block_c=bc)
+                return gp, dots
             return unpermute_bwd_launch(gout, perm, src_idx, k, probs, True, True)
-        sw.case("unpermute_bwd_probs", (m, h), (t * h + 2 * m * h) * 2 + m * 12, None, {"scatter": "scatter"},
-                unperm_probs)
+        # the scatter's dots sum in another order: not bit-exact by construction (compare the times)
+        sw.case("unpermute_bwd_probs", (m, h), (t * h + 2 * m * h) * 2 + m * 12, None,
+                {f"scatter-bt{c[0]}-{c[1]}w-{c[2]}": c for c in SCATTER_MAP_CONFIGS}, unperm_probs)
         gout = perm = gp = None  # noqa: F841
 
     if want("quant_1x128"):

@@ -261,20 +261,21 @@ class _UnpermuteFn(torch.autograd.Function):
         need_perm = ctx.needs_input_grad[0]
         need_probs = probs is not None and ctx.needs_input_grad[2]
         if permute_backend(permuted) == "triton":
-            # one token-major pass: each grad row read once, written (weighted) to the token's rows,
-            # with the probs-gradient dots against the permuted rows
-            from primus_turbo.triton.moe.permute_kernel import scatter_rows_launch
+            from primus_turbo.triton.moe.permute_kernel import scatter_rows_launch, unpermute_bwd_launch
 
             permuted = permuted.contiguous()
-            dev = permuted.device
-            g_perm = torch.empty(permuted.shape, dtype=permuted.dtype, device=dev) if need_perm else None
-            dots = torch.empty(n_out, dtype=torch.float32, device=dev) if need_probs else None
-            if need_perm and probs is None:  # plain copies: moved as raw bits
-                scatter_rows_launch(_bits(g_out.to(permuted.dtype).contiguous()), row_id_map, src_idx,
-                                    out=_bits(g_perm))
-            else:
-                scatter_rows_launch(g_out.contiguous(), row_id_map, src_idx, out=g_perm, weights=probs,
-                                    scale_by_weights=probs is not None, permuted=permuted, dot=dots)
+            if probs is None:
+                # plain copies, token-major: each grad row read once and written to the token's rows
+                # (raw bits); the row-major gather reads it k times
+                g_perm = None
+                if need_perm:
+                    g_perm = torch.empty(permuted.shape, dtype=permuted.dtype, device=permuted.device)
+                    scatter_rows_launch(_bits(g_out.to(permuted.dtype).contiguous()), row_id_map, src_idx,
+                                        out=_bits(g_perm))
+                return g_perm, None, None
+            # weighted rows and the probs-gradient dots in one row-major pass (each output row reads its
+            # token's grad row and its own permuted row)
+            g_perm, dots = unpermute_bwd_launch(g_out.contiguous(), permuted, src_idx, k, probs, need_perm, need_probs)
             g_probs = _scatter_back(dots, row_id_map).to(probs.dtype) if need_probs else None
             return g_perm, None, g_probs
         src_tok = torch.where(src_idx >= 0, src_idx // k, src_idx)
