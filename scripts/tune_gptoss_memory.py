@@ -233,19 +233,16 @@ def run_sweep(sw: Sweep, s: dict, only) -> None:
         gp = torch.empty(m, h, device=dev, dtype=bf16)
 
         def unperm(cfg):
-            if cfg is not None:  # ("map" | "topk", (block_t, num_warps, block_c)[, unroll_chunks])
-                form, (bt, nw, bc) = cfg[:2]
+            if cfg is not None:  # ("map" | "topk", (block_t, num_warps, block_c))
+                form, (bt, nw, bc) = cfg
                 scatter_rows_launch(gout.view(torch.int16), map_e if form == "map" else row_id_map, src_idx,
-                                    out=gp.view(torch.int16), num_warps=nw, block_t=bt, block_c=bc,
-                                    unroll_chunks=cfg[2] if len(cfg) > 2 else None)
+                                    out=gp.view(torch.int16), num_warps=nw, block_t=bt, block_c=bc)
                 return (gp,)
             return (unpermute_bwd_launch(gout, perm, src_idx, k, None, True, False)[0],)
         cands = {f"scatter-bt{c[0]}-{c[1]}w-{c[2]}": ("topk", c) for c in SCATTER_CONFIGS}
-        # the [T, E] map form (packed per token first), its chunks unrolled (the default up to 64 columns)
-        # or looped to each block's largest count
+        # the [T, E] map form (packed per token first, chunks looped to each block's largest count)
         for c in SCATTER_MAP_CONFIGS:
-            cands[f"scatter-map-bt{c[0]}-{c[1]}w-{c[2]}"] = ("map", c, True)
-            cands[f"scatter-map-loop-bt{c[0]}-{c[1]}w-{c[2]}"] = ("map", c, False)
+            cands[f"scatter-map-bt{c[0]}-{c[1]}w-{c[2]}"] = ("map", c)
         sw.case("unpermute_bwd", (m, h), (t * h + m * h) * 2 + m * 8, None, cands, unperm)
         probs = torch.rand(t, k, generator=g).to(dev)
         dots = torch.empty(m, device=dev)

@@ -218,14 +218,14 @@ def _random_map(t, k, keep, n_pad, seed):
     return rid.view(t, k), src
 
 
-@pytest.mark.parametrize("k,keep,n_pad,compact,unroll", [
-    (1, 1.0, 0, None, None), (4, 0.75, 9, None, None), (8, 1.0, 3, None, None),
-    (20, 0.75, 5, None, None),       # wide: packed, every chunk unrolled (masked past the count)
-    (20, 0.75, 5, None, False),      # packed, chunks looped to the block's largest count
-    (20, 0.75, 5, False, None),      # wide through the runtime loop
-    (32, 0.125, 40, None, None),     # map form: one column per expert, ~4 of 32 routed
-    (24, 0.0, 7, None, None)])       # nothing routed: only zero rows
-def test_scatter_rows_vs_ref(k, keep, n_pad, compact, unroll, device):
+@pytest.mark.parametrize("k,keep,n_pad,compact", [
+    (1, 1.0, 0, None), (4, 0.75, 9, None), (8, 1.0, 3, None),
+    (20, 0.75, 5, None),         # wide: packed, chunks looped to the block's largest count
+    (8, 0.75, 5, True),          # packing forced on a narrow map
+    (20, 0.75, 5, False),        # wide through the runtime loop
+    (32, 0.125, 40, None),       # map form: one column per expert, ~4 of 32 routed
+    (24, 0.0, 7, None)])         # nothing routed: only zero rows
+def test_scatter_rows_vs_ref(k, keep, n_pad, compact, device):
     t, h = 37, 72
     g = torch.Generator().manual_seed(k * 7 + n_pad)
     rid, src = _random_map(t, k, keep, n_pad, seed=k + n_pad)
@@ -247,21 +247,20 @@ def test_scatter_rows_vs_ref(k, keep, n_pad, compact, unroll, device):
     out = torch.full((n_out, h), float("nan"), device=device)
     pout = torch.full((n_out,), float("nan"), device=device)
     scatter_rows_launch(d(x).view(torch.int32), d(rid), d(src), out=out.view(torch.int32), weights=d(w),
-                        probs_out=pout, compact=compact, unroll_chunks=unroll)
+                        probs_out=pout, compact=compact)
     assert torch.equal(out.view(torch.int32).cpu(), want_copy.view(torch.int32))
     assert torch.equal(pout.cpu(), want_w)
     # weighted rows + dots with the permuted rows
     out = torch.full((n_out, h), float("nan"), device=device)
     dot = torch.full((n_out,), float("nan"), device=device)
     scatter_rows_launch(d(xs), d(rid), d(src), out=out, weights=d(w), scale_by_weights=True, permuted=d(perm),
-                        dot=dot, compact=compact, unroll_chunks=unroll)
+                        dot=dot, compact=compact)
     torch.testing.assert_close(out.cpu(), want_scaled, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(dot.cpu().double(), want_dot, rtol=1e-5, atol=1e-5)
     # bf16 weighted rows: one fp32 product, rounded once
     xb = xs.to(torch.bfloat16)
     outb = torch.full((n_out, h), float("nan"), device=device, dtype=torch.bfloat16)
-    scatter_rows_launch(d(xb), d(rid), d(src), out=outb, weights=d(w), scale_by_weights=True, compact=compact,
-                        unroll_chunks=unroll)
+    scatter_rows_launch(d(xb), d(rid), d(src), out=outb, weights=d(w), scale_by_weights=True, compact=compact)
     want_b = torch.where(ok[:, None], xb[tok].float() * wflat[:, None], torch.zeros(())).to(torch.bfloat16)
     assert torch.equal(outb.cpu(), want_b)
 

@@ -11,6 +11,13 @@ dtype. One program per block of ``BLOCK_T`` tokens; up to 16 columns the terms a
 map (one column per expert) is packed per token first (``compact_map``) and merged in unrolled
 chunks up to each token's count.
 
+``scatter_rows`` (the token-major direction, ``moe_permute``'s forward and ``moe_unpermute``'s plain
+backward): each token row ``g[t]`` is read once and written to its rows ``row_id_map[t, j] >= 0``
+(as raw bits, or times ``w[t, j]``), the weights copied alongside; rows no pair fills get zeros from
+extra programs of the same launch. The row-major gather reads a token's row once per routed expert
+and those reads sit in different expert segments, so they come from DRAM: at GPT-OSS-20B's top-4
+the scatter ran 0.136 ms against the gather's 0.19 ms.
+
 ``permute_map`` (``build_permute_map_launch``): the whole ``moe_permute`` row map on device in three
 launches (count, scan, assign), replacing a chain of ~35 small torch ops that made small problems
 host-bound:
@@ -215,8 +222,8 @@ def _scatter_rows_kernel(g_ptr, map_ptr, w_ptr, n_ptr, src_ptr, out_ptr, pout_pt
                          T, K, H, n_out, stride_g, stride_out, stride_p, n_tok_prog,
                          SCALE_W: tl.constexpr, STORE_W: tl.constexpr, NEED_OUT: tl.constexpr,
                          NEED_DOT: tl.constexpr, K_STATIC: tl.constexpr, COUNTED: tl.constexpr,
-                         N_CHUNKS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
-                         BLOCK_K: tl.constexpr, BLOCK_Z: tl.constexpr):
+                         BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+                         BLOCK_Z: tl.constexpr):
     """Token-major scatter: each token's row ``g[t]`` is read once and written to every row
     ``r = map[t, j] >= 0`` of ``out`` (times ``w[t, j]`` with ``SCALE_W``); with ``STORE_W``
     ``pout[r] = w[t, j]``; with ``NEED_DOT`` ``dot[r] = <g[t], perm[r]>`` (fp32). The gather form
@@ -247,11 +254,7 @@ def _scatter_rows_kernel(g_ptr, map_ptr, w_ptr, n_ptr, src_ptr, out_ptr, pout_pt
                 g = tl.load(g_base + cols[None, :], mask=tmask[:, None] & cmask[None, :], other=0)
                 if SCALE_W or NEED_DOT:
                     g = g.to(tl.float32)
-                if COUNTED and N_CHUNKS > 0:  # every chunk unrolled, the terms past a token's count masked off
-                    for j in tl.static_range(N_CHUNKS * K_STATIC):
-                        acc = _scatter_term(g, out_ptr, perm_ptr, map_base, w_base, j, tmask & (j < n), cols, cmask,
-                                            stride_out, stride_p, acc, jv, SCALE_W, NEED_OUT, NEED_DOT)
-                elif COUNTED:
+                if COUNTED:
                     for j0 in range(0, n_hi, K_STATIC):
                         for i in tl.static_range(K_STATIC):
                             acc = _scatter_term(g, out_ptr, perm_ptr, map_base, w_base, j0 + i, tmask & (j0 + i < n),
@@ -296,8 +299,7 @@ def scatter_rows_launch(g: torch.Tensor, row_id_map: torch.Tensor, src_idx: torc
                         scale_by_weights: bool = False, probs_out: Optional[torch.Tensor] = None,
                         permuted: Optional[torch.Tensor] = None, dot: Optional[torch.Tensor] = None,
                         compact: Optional[bool] = None, num_warps: Optional[int] = None,
-                        block_t: Optional[int] = None, block_c: Optional[int] = None,
-                        unroll_chunks: Optional[bool] = None):
+                        block_t: Optional[int] = None, block_c: Optional[int] = None):
     """Token-major row scatter (see ``_scatter_rows_kernel``), the inverse direction of ``merge_rows``:
 
     - ``out[r] = g[t]`` (raw bits: pass integer views) or ``g[t] * weights[t, j]`` (``scale_by_weights``)
@@ -322,7 +324,7 @@ def scatter_rows_launch(g: torch.Tensor, row_id_map: torch.Tensor, src_idx: torc
         # the interpreter's fp32 -> bf16 cast truncates: store fp32, round (RNE) with torch after
         tmp = torch.empty(out.shape, dtype=torch.float32, device=out.device)
         scatter_rows_launch(g, row_id_map, src_idx, tmp, weights, True, probs_out, permuted, dot, compact, num_warps,
-                            block_t, block_c, unroll_chunks)
+                            block_t, block_c)
         out.copy_(tmp)
         return out, probs_out, dot
     if compact is None:
@@ -333,9 +335,6 @@ def scatter_rows_launch(g: torch.Tensor, row_id_map: torch.Tensor, src_idx: torc
         k_static = MERGE_CHUNK
     else:
         k_static = k if k <= MERGE_UNROLL_MAX else 0
-    n_chunks = 0
-    if compact and (unroll_chunks if unroll_chunks is not None else k <= SCATTER_UNROLL_MAX):
-        n_chunks = _cdiv(k, k_static)
     num_warps = num_warps or SCATTER_NUM_WARPS
     block_t = block_t or (32 if _interp() else SCATTER_BLOCK_T)
     elem = out.element_size() if out is not None else g.element_size()
@@ -351,7 +350,7 @@ def scatter_rows_launch(g: torch.Tensor, row_id_map: torch.Tensor, src_idx: torc
         t, k, h, n_out, g.stride(0), out.stride(0) if out is not None else 0,
         permuted.stride(0) if permuted is not None else 0, n_tok_prog,
         SCALE_W=scale_by_weights, STORE_W=probs_out is not None, NEED_OUT=out is not None and h > 0,
-        NEED_DOT=dot is not None, K_STATIC=k_static, COUNTED=compact, N_CHUNKS=n_chunks, BLOCK_T=block_t, BLOCK_C=bc,
+        NEED_DOT=dot is not None, K_STATIC=k_static, COUNTED=compact, BLOCK_T=block_t, BLOCK_C=bc,
         BLOCK_K=triton.next_power_of_2(max(k, 1)), BLOCK_Z=block_z, num_warps=num_warps)
     return out, probs_out, dot
 
@@ -508,8 +507,9 @@ MERGE_CHUNK = 4
 SCATTER_BLOCK_T = 4
 SCATTER_NUM_WARPS = 8
 SCATTER_BLOCK_BYTES = 2048
-#: widest packed map whose chunks the scatter unrolls fully (terms past a token's count masked off)
-SCATTER_UNROLL_MAX = 64
+#: The [T, E] map form (GPT-OSS-20B's 32 experts, top-4) is packed per token and scattered in chunks
+#: of MERGE_CHUNK up to each block's largest count: 0.141 ms (0.82x the copy); unrolling all 8 chunks
+#: with the terms past the count masked off ran 0.20-0.32 ms (tried and removed)
 
 
 #: merge_rows' default launch: one token per program, 8 warps, 16-byte loads per lane, so a column
