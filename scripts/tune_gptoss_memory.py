@@ -297,13 +297,14 @@ def run_sweep(sw: Sweep, s: dict, only) -> None:
             qt_buf = torch.empty(g_, c_, r_, dtype=e4m3, device=dev)
 
             def copies(cfg):
-                if cfg == "fused":
-                    return fp8_quant_batched_launch(w3, e4m3, grp, with_t=True)
+                if cfg is not None:  # ("fused", num_warps)
+                    return fp8_quant_batched_launch(w3, e4m3, grp, with_t=True, num_warps=cfg[1])
                 q, sc = fp8_quant_batched_launch(w3, e4m3, grp)
                 transpose_bytes(q, qt_buf)
                 return q, sc, qt_buf
             nb = g_ * -(-r_ // BLOCK) * -(-c_ // BLOCK)
-            sw.case("weight_copies", tuple(w3.shape), w3.numel() * 4 + nb * 4, None, {"fused": "fused"}, copies)
+            sw.case("weight_copies", tuple(w3.shape), w3.numel() * 4 + nb * 4, None,
+                    {f"fused-{nw}w": ("fused", nw) for nw in (4, 8, 16)}, copies)
         w3 = qt_buf = None  # noqa: F841
 
     if want("gather_quant_cols_t"):

@@ -341,8 +341,10 @@ def _quant_fp8_tile_batched_kernel(
                 cols, 1, n_sc, 1, n_sr, n_sc, MODE, TR, TC, GR, GC, pid_r, pid_c, IS_E4M3, SOFT)
     if HAS_T:
         # the same codes, transposed in registers and written row by row of the [cols, rows] copy
-        # (the dgrad operand of square blocks): one read of x instead of a second pass over q
-        codes_t = tl.trans(_fp8_bits(y, IS_E4M3, SOFT))
+        # (the dgrad operand of square blocks): one read of x instead of a second pass over q. Widened
+        # to int32 for the transpose: an 8-bit register transpose miscompiles on sm_90 (it gave wrong
+        # bytes here on the H200; see _transpose_bytes_kernel)
+        codes_t = tl.trans(_fp8_bits(y, IS_E4M3, SOFT).to(tl.int32)).to(tl.uint8)
         qt_ptrs = qt_ptr + b * stride_qb + offs_c.to(tl.int64)[:, None] * rows + offs_r.to(tl.int64)[None, :]
         tl.store(qt_ptrs, codes_t, mask=(offs_c < cols)[:, None] & (offs_r < rows)[None, :])
 
@@ -927,7 +929,7 @@ _MAX_GRID_Y = 65535
 
 
 def fp8_quant_batched_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGrouping,
-                             with_t: bool = False):
+                             with_t: bool = False, num_warps: "int | None" = None):
     """Quantize each matrix of a 3-D ``x [B, rows, cols]`` with one grouping (fp32 BLOCKWISE or MX,
     blocks that fit one tile) in one launch, bit-identical to :func:`fp8_quant_launch` on every
     ``x[b]`` followed by ``torch.stack``: blocks never straddle two matrices, whatever ``rows``.
@@ -936,7 +938,7 @@ def fp8_quant_batched_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: 
 
     ``with_t``: also ``q.transpose(1, 2)`` as a contiguous ``[B, cols, rows]`` tensor, written by the
     same launch (returned third): the dgrad operand of square (b x b) weight blocks, whose scales are
-    ``scale.transpose(1, 2)``."""
+    ``scale.transpose(1, 2)``. ``num_warps`` overrides the plan's (for tuning; same bytes)."""
     if x.dim() != 3:
         raise ValueError(f"fp8_quant_batched_launch: expected a 3-D tensor, got shape {tuple(x.shape)}")
     if grouping.mode == _MODE_TENSOR or not _fits_tile(grouping):
@@ -944,6 +946,10 @@ def fp8_quant_batched_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: 
                          "TENSORWISE, not a long ROWWISE row)")
     nb, rows, cols = x.shape
     gr, gc, tr, tc, nw, n_prog, n_tc, n_sr, n_sc = _single_plan(rows, cols, grouping)
+    if num_warps is not None:
+        if num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"fp8_quant_batched_launch: num_warps must be 1, 2, 4, 8 or 16, got {num_warps}")
+        nw = num_warps
     q = torch.empty((nb, rows, cols), dtype=out_dtype, device=x.device)
     s = torch.empty((nb, n_sr, n_sc), dtype=torch.uint8 if grouping.mode == _MODE_MX else torch.float32,
                     device=x.device)
