@@ -340,11 +340,11 @@ def _quant_fp8_tile_batched_kernel(
     _store_tile(q_ptr + b * stride_qb, s_ptr + b * stride_sb, y, s, pid, offs_r, offs_c, mask, rows, cols,
                 cols, 1, n_sc, 1, n_sr, n_sc, MODE, TR, TC, GR, GC, pid_r, pid_c, IS_E4M3, SOFT)
     if HAS_T:
-        # the same codes, transposed in registers and written row by row of the [cols, rows] copy
-        # (the dgrad operand of square blocks): one read of x instead of a second pass over q. Widened
-        # to int32 for the transpose: an 8-bit register transpose miscompiles on sm_90 (it gave wrong
-        # bytes here on the H200; see _transpose_bytes_kernel)
-        codes_t = tl.trans(_fp8_bits(y, IS_E4M3, SOFT).to(tl.int32)).to(tl.uint8)
+        # the same codes, formed from the scaled tile transposed in registers and written row by row
+        # of the [cols, rows] copy (the dgrad operand of square blocks): one read of x instead of a
+        # second pass over q. The fp32 tile is transposed (as the two-copy tile kernel does): a
+        # transpose of the 8-bit codes, also widened to int32, gave wrong bytes on the H200
+        codes_t = _fp8_bits(tl.trans(y), IS_E4M3, SOFT)
         qt_ptrs = qt_ptr + b * stride_qb + offs_c.to(tl.int64)[:, None] * rows + offs_r.to(tl.int64)[None, :]
         tl.store(qt_ptrs, codes_t, mask=(offs_c < cols)[:, None] & (offs_r < rows)[None, :])
 
@@ -928,6 +928,12 @@ def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGro
 _MAX_GRID_Y = 65535
 
 
+#: warps of the batched launch that also writes the transposed copy (the register transpose of a
+#: 128 x 128 tile): H200, GPT-OSS-20B's fc1 [32, 5760, 2880] (scripts/tune_gptoss_memory.py
+#: --only weight_copies, int32-widened codes): 4 warps 0.75x the copy, 8 warps 0.895x, 16 warps 0.87x
+BATCHED_T_NUM_WARPS = 8
+
+
 def fp8_quant_batched_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGrouping,
                              with_t: bool = False, num_warps: "int | None" = None):
     """Quantize each matrix of a 3-D ``x [B, rows, cols]`` with one grouping (fp32 BLOCKWISE or MX,
@@ -950,6 +956,8 @@ def fp8_quant_batched_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: 
         if num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"fp8_quant_batched_launch: num_warps must be 1, 2, 4, 8 or 16, got {num_warps}")
         nw = num_warps
+    elif with_t:
+        nw = max(nw, BATCHED_T_NUM_WARPS)
     q = torch.empty((nb, rows, cols), dtype=out_dtype, device=x.device)
     s = torch.empty((nb, n_sr, n_sc), dtype=torch.uint8 if grouping.mode == _MODE_MX else torch.float32,
                     device=x.device)
