@@ -340,11 +340,13 @@ def _quant_fp8_tile_batched_kernel(
     _store_tile(q_ptr + b * stride_qb, s_ptr + b * stride_sb, y, s, pid, offs_r, offs_c, mask, rows, cols,
                 cols, 1, n_sc, 1, n_sr, n_sc, MODE, TR, TC, GR, GC, pid_r, pid_c, IS_E4M3, SOFT)
     if HAS_T:
-        # the same codes, formed from the scaled tile transposed in registers and written row by row
-        # of the [cols, rows] copy (the dgrad operand of square blocks): one read of x instead of a
-        # second pass over q. The fp32 tile is transposed (as the two-copy tile kernel does): a
-        # transpose of the 8-bit codes, also widened to int32, gave wrong bytes on the H200
-        codes_t = _fp8_bits(tl.trans(y), IS_E4M3, SOFT)
+        # the same codes, written row by row of the [cols, rows] copy (the dgrad operand of square
+        # blocks): one read of x instead of a second pass over q. The loaded tile is transposed and
+        # quantized again with the transposed blocks (as the two-copy tile kernel does; same amax, same
+        # multiplier, same codes). Transposing the computed codes (8-bit or int32-widened) or the
+        # scaled fp32 tile instead gave wrong bytes on the H200 (right under the interpreter)
+        yt, _ = _quantize_groups(tl.trans(x), s_ptr, MODE, FP8_MAX, EMAX, TC, TR, GC, GR)
+        codes_t = _fp8_bits(yt, IS_E4M3, SOFT)
         qt_ptrs = qt_ptr + b * stride_qb + offs_c.to(tl.int64)[:, None] * rows + offs_r.to(tl.int64)[None, :]
         tl.store(qt_ptrs, codes_t, mask=(offs_c < cols)[:, None] & (offs_r < rows)[None, :])
 
