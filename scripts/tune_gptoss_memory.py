@@ -25,8 +25,6 @@ Per kernel, the calls of the step it stands for:
 - ``gather_quant_cols_t`` the wgrad token copies (128 x 1 blocks in the padded token layout, stored
   transposed) of [M, 2880] and [M, 5760]: ``tc`` x ``num_warps``.
 - ``transpose_bytes`` the fc1 weight's dgrad copy [E * 2F, H] FP8: ``(T, num_warps)`` square tiles.
-- ``weight_copies`` both FP8 copies of the fc1 / fc2 weights (128 x 128 blocks): batched quantization
-  then ``transpose_bytes`` (default row) vs ``fused`` (one launch writes both orientations).
 - ``glu_fwd`` / ``glu_bwd`` SwiGLU with probs and row mask on [M, 5760]: ``(BLOCK_R, BLOCK_F,
   num_warps)``. The backward's dprobs is compared as the op forms it (partials summed over dim 0):
   a config with other column tiles (or another reduction layout) may round it differently, and is
@@ -284,28 +282,6 @@ def run_sweep(sw: Sweep, s: dict, only) -> None:
                     lambda cfg: (transpose_bytes(q, qt, cfg),))
             q = qt = None  # noqa: F841
         w = None  # noqa: F841
-
-    if want("weight_copies"):
-        # the expert weights' two FP8 copies per step (forward [G, N, K] and dgrad [G, K, N], 128 x 128
-        # blocks): quantize, then byte-transpose (the old path) vs one launch writing both
-        from primus_turbo.triton.quantization import fp8_quant_batched_launch
-
-        grp = QuantGrouping(0, BLOCK, BLOCK)
-        for rows in (2 * f, h):  # fc1 [E, 2F, H], fc2 [E, H, F]
-            w3 = randn(e, rows, h if rows == 2 * f else f)
-            g_, r_, c_ = w3.shape
-            qt_buf = torch.empty(g_, c_, r_, dtype=e4m3, device=dev)
-
-            def copies(cfg):
-                if cfg is not None:  # ("fused", num_warps)
-                    return fp8_quant_batched_launch(w3, e4m3, grp, with_t=True, num_warps=cfg[1])
-                q, sc = fp8_quant_batched_launch(w3, e4m3, grp)
-                transpose_bytes(q, qt_buf)
-                return q, sc, qt_buf
-            nb = g_ * -(-r_ // BLOCK) * -(-c_ // BLOCK)
-            sw.case("weight_copies", tuple(w3.shape), w3.numel() * 4 + nb * 4, None,
-                    {f"fused-{nw}w": ("fused", nw) for nw in (4, 8, 16)}, copies)
-        w3 = qt_buf = None  # noqa: F841
 
     if want("gather_quant_cols_t"):
         psrc, _ = padded_group_layout(offs, m, BLOCK)

@@ -42,8 +42,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import os
-
 import torch
 
 from ..backends.grouped_gemm_fp8 import (
@@ -202,13 +200,6 @@ def _weight_copies(b: torch.Tensor, trans_b: bool, dtype, gran: str, bs: int, ne
         fwd = _quant_weight(w_nk, dtype, gran, bs) if need_fwd else None
         dgr = _quant_weight(w_nk.transpose(1, 2), dtype, gran, bs) if need_dgrad else None
         return fwd, dgr
-    if gran == "BLOCKWISE" and need_dgrad and os.environ.get("PRIMUS_TURBO_FUSED_WEIGHT_T", "1") != "0":
-        # bs x bs tiles: one launch writes the codes in both orientations (the transposed tile's
-        # scales are the transposed scale grid)
-        from .quantization import _quantize_fp8_blocks_batched_t  # a sibling module: imported late
-
-        q, s, qt = _quantize_fp8_blocks_batched_t(w_nk.contiguous(), dtype, bs)
-        return ((q, s) if need_fwd else None), (qt, s.transpose(1, 2))
     # TENSORWISE / BLOCKWISE (bs x bs tiles): one quantization serves both orientations
     q, s = _quant_weight(w_nk, dtype, gran, bs)
     dgr = None

@@ -283,40 +283,6 @@ def _quantize_fp8_blocks_batched(x: torch.Tensor, out_dtype: torch.dtype, block_
                  x, out_dtype, block_size)
 
 
-def _quantize_fp8_blocks_batched_t_eager(x: torch.Tensor, out_dtype: torch.dtype, block_size: int
-                                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    nb, rows, cols = x.shape
-    if quant_backend(x) == "reference" or x.numel() == 0:
-        q, s = _quantize_fp8_blocks_batched_eager(x, out_dtype, block_size)
-        qt = q.view(torch.uint8).transpose(1, 2).contiguous().view(out_dtype)
-        return q, s, qt
-    from primus_turbo.triton.quantization import fp8_quant_batched_launch
-
-    return fp8_quant_batched_launch(x, out_dtype, _grouping(_G.BLOCKWISE, block_size, block_size), with_t=True)
-
-
-quantize_fp8_blocks_batched_t_impl = torch.library.custom_op(
-    "primus_turbo::quantize_fp8_blocks_batched_t_impl", _quantize_fp8_blocks_batched_t_eager, mutates_args=()
-)
-
-
-@quantize_fp8_blocks_batched_t_impl.register_fake
-def _quantize_fp8_blocks_batched_t_fake(x, out_dtype, block_size):
-    nb, rows, cols = x.shape
-    return (x.new_empty(tuple(x.shape), dtype=out_dtype),
-            x.new_empty((nb, -(-rows // block_size), -(-cols // block_size)), dtype=torch.float32),
-            x.new_empty((nb, cols, rows), dtype=out_dtype))
-
-
-def _quantize_fp8_blocks_batched_t(x: torch.Tensor, out_dtype: torch.dtype, block_size: int
-                                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`_quantize_fp8_blocks_batched` plus ``q.transpose(1, 2)`` as a contiguous ``[B, C, R]``
-    tensor from the same launch (square blocks: the transposed copy's scales are
-    ``scale.transpose(1, 2)``), instead of a second pass over ``q`` by the byte transpose."""
-    return _call(torch.ops.primus_turbo.quantize_fp8_blocks_batched_t_impl, _quantize_fp8_blocks_batched_t_eager,
-                 x, out_dtype, block_size)
-
-
 def _with_trans_shapes(rows, cols, g, b, use_2d, use_2d_t):
     br, bc = _block(g, b, -1, use_2d, rows, cols)
     tbr, tbc = _block(g, b, 0, use_2d_t, rows, cols)  # column copy's blocks, in x's coordinates

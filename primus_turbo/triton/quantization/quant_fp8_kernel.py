@@ -308,9 +308,8 @@ def _quant_fp8_tile_kernel(
 
 @triton.jit
 def _quant_fp8_tile_batched_kernel(
-    # pointers: input [B, rows, cols], output [B, rows, cols] (contiguous), scales [B, n_sr, n_sc],
-    # the transposed codes [B, cols, rows] (contiguous; with HAS_T)
-    x_ptr, q_ptr, s_ptr, qt_ptr,
+    # pointers: input [B, rows, cols], output [B, rows, cols] (contiguous), scales [B, n_sr, n_sc]
+    x_ptr, q_ptr, s_ptr,
     # sizes of one matrix of the batch
     rows, cols, n_tiles_c,
     # strides: x (batch, row, col), q (batch), s (batch)
@@ -319,7 +318,7 @@ def _quant_fp8_tile_batched_kernel(
     n_sr, n_sc,
     # meta-parameters
     FP8_MAX: tl.constexpr, EMAX: tl.constexpr, MODE: tl.constexpr, GR: tl.constexpr, GC: tl.constexpr,
-    TR: tl.constexpr, TC: tl.constexpr, IS_E4M3: tl.constexpr, SOFT: tl.constexpr, HAS_T: tl.constexpr,
+    TR: tl.constexpr, TC: tl.constexpr, IS_E4M3: tl.constexpr, SOFT: tl.constexpr,
 ):
     """``_quant_fp8_tile_kernel`` (one grouping, no second copy) over a batch of matrices in one
     launch: program (pid, b) runs tile ``pid`` of matrix ``b`` exactly as the 2-D kernel runs it on
@@ -339,16 +338,6 @@ def _quant_fp8_tile_batched_kernel(
     y, s = _quantize_groups(x, s_ptr, MODE, FP8_MAX, EMAX, TR, TC, GR, GC)
     _store_tile(q_ptr + b * stride_qb, s_ptr + b * stride_sb, y, s, pid, offs_r, offs_c, mask, rows, cols,
                 cols, 1, n_sc, 1, n_sr, n_sc, MODE, TR, TC, GR, GC, pid_r, pid_c, IS_E4M3, SOFT)
-    if HAS_T:
-        # the same codes, written row by row of the [cols, rows] copy (the dgrad operand of square
-        # blocks): one read of x instead of a second pass over q. The loaded tile is transposed and
-        # quantized again with the transposed blocks (as the two-copy tile kernel does; same amax, same
-        # multiplier, same codes). Transposing the computed codes (8-bit or int32-widened) or the
-        # scaled fp32 tile instead gave wrong bytes on the H200 (right under the interpreter)
-        yt, _ = _quantize_groups(tl.trans(x), s_ptr, MODE, FP8_MAX, EMAX, TC, TR, GC, GR)
-        codes_t = _fp8_bits(yt, IS_E4M3, SOFT)
-        qt_ptrs = qt_ptr + b * stride_qb + offs_c.to(tl.int64)[:, None] * rows + offs_r.to(tl.int64)[None, :]
-        tl.store(qt_ptrs, codes_t, mask=(offs_c < cols)[:, None] & (offs_r < rows)[None, :])
 
 
 @triton.jit
@@ -930,23 +919,12 @@ def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGro
 _MAX_GRID_Y = 65535
 
 
-#: warps of the batched launch that also writes the transposed copy (the register transpose of a
-#: 128 x 128 tile): H200, GPT-OSS-20B's fc1 [32, 5760, 2880] (scripts/tune_gptoss_memory.py
-#: --only weight_copies, int32-widened codes): 4 warps 0.75x the copy, 8 warps 0.895x, 16 warps 0.87x
-BATCHED_T_NUM_WARPS = 8
-
-
-def fp8_quant_batched_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGrouping,
-                             with_t: bool = False, num_warps: "int | None" = None):
+def fp8_quant_batched_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGrouping):
     """Quantize each matrix of a 3-D ``x [B, rows, cols]`` with one grouping (fp32 BLOCKWISE or MX,
     blocks that fit one tile) in one launch, bit-identical to :func:`fp8_quant_launch` on every
     ``x[b]`` followed by ``torch.stack``: blocks never straddle two matrices, whatever ``rows``.
     Returns ``(q [B, rows, cols], scale [B, n_sr, n_sc])``. ``x`` may have any strides (a
-    contiguous ``x`` reads fastest). The launch geometry per matrix is :func:`fp8_quant_launch`'s.
-
-    ``with_t``: also ``q.transpose(1, 2)`` as a contiguous ``[B, cols, rows]`` tensor, written by the
-    same launch (returned third): the dgrad operand of square (b x b) weight blocks, whose scales are
-    ``scale.transpose(1, 2)``. ``num_warps`` overrides the plan's (for tuning; same bytes)."""
+    contiguous ``x`` reads fastest). The launch geometry per matrix is :func:`fp8_quant_launch`'s."""
     if x.dim() != 3:
         raise ValueError(f"fp8_quant_batched_launch: expected a 3-D tensor, got shape {tuple(x.shape)}")
     if grouping.mode == _MODE_TENSOR or not _fits_tile(grouping):
@@ -954,31 +932,22 @@ def fp8_quant_batched_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: 
                          "TENSORWISE, not a long ROWWISE row)")
     nb, rows, cols = x.shape
     gr, gc, tr, tc, nw, n_prog, n_tc, n_sr, n_sc = _single_plan(rows, cols, grouping)
-    if num_warps is not None:
-        if num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"fp8_quant_batched_launch: num_warps must be 1, 2, 4, 8 or 16, got {num_warps}")
-        nw = num_warps
-    elif with_t:
-        nw = max(nw, BATCHED_T_NUM_WARPS)
     q = torch.empty((nb, rows, cols), dtype=out_dtype, device=x.device)
     s = torch.empty((nb, n_sr, n_sc), dtype=torch.uint8 if grouping.mode == _MODE_MX else torch.float32,
                     device=x.device)
-    qt = torch.empty((nb, cols, rows), dtype=out_dtype, device=x.device) if with_t else None
     if q.numel() == 0:
-        return (q, s, qt) if with_t else (q, s)
+        return q, s
     q8 = q.view(torch.uint8)
-    qt8 = qt.view(torch.uint8) if with_t else q8
     for b0 in range(0, nb, _MAX_GRID_Y):  # one launch for any realistic batch (<= 65535 matrices)
-        xs, qs, ss, qts = (x, q8, s, qt8) if b0 == 0 else (x[b0:], q8[b0:], s[b0:], qt8[b0:])
+        xs, qs, ss = (x, q8, s) if b0 == 0 else (x[b0:], q8[b0:], s[b0:])
         _quant_fp8_tile_batched_kernel[(n_prog, min(_MAX_GRID_Y, nb - b0))](
-            xs, qs, ss, qts, rows, cols, n_tc,
+            xs, qs, ss, rows, cols, n_tc,
             x.stride(0), x.stride(1), x.stride(2), rows * cols, n_sr * n_sc,
             n_sr, n_sc,
             FP8_MAX=fp8_max_of(out_dtype), EMAX=mx_emax_of(out_dtype), MODE=grouping.mode, GR=gr, GC=gc,
-            TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), HAS_T=with_t,
-            num_warps=nw,
+            TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
         )
-    return (q, s, qt) if with_t else (q, s)
+    return q, s
 
 
 def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: QuantGrouping, col: QuantGrouping,

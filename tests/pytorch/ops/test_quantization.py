@@ -982,33 +982,6 @@ def test_blocks_batched_launcher_strides_empty_and_reference(device, monkeypatch
     assert_bits_equal(sr, s)
 
 
-@pytest.mark.parametrize("nb, r, c", [(1, 128, 256), (3, 200, 160), (2, 130, 64), (4, 64, 320)])
-def test_blocks_batched_with_transposed_copy(nb, r, c, device, monkeypatch):
-    """with_t: the same launch also writes q.transpose(1, 2) (contiguous), byte for byte; q and the
-    scales are unchanged by it. NaN / inf blocks included."""
-    from primus_turbo.triton.quantization import QuantGrouping, fp8_quant_batched_launch
-
-    w = _expert_weights(nb, r, c, torch.bfloat16, device, seed=31 * r + c)
-    w[0, 3, 5] = float("nan")
-    w[-1, r - 1, c - 1] = float("inf")
-    q0, s0 = fp8_quant_batched_launch(w, E4M3, QuantGrouping(0, 128, 128))
-    q, s, qt = fp8_quant_batched_launch(w, E4M3, QuantGrouping(0, 128, 128), with_t=True)
-    assert qt.shape == (nb, c, r) and qt.dtype == E4M3 and qt.is_contiguous()
-    assert torch.equal(q.view(torch.uint8), q0.view(torch.uint8)) and torch.equal(s, s0)
-    assert torch.equal(qt.view(torch.uint8), q.view(torch.uint8).transpose(1, 2))
-    q2, s2, qt2 = Q._quantize_fp8_blocks_batched_t(w, E4M3, 128)
-    assert_bits_equal(q2, q)
-    assert_bits_equal(s2, s)
-    assert_bits_equal(qt2, qt)
-    if not torch.cuda.is_available():  # the reference path (no Triton): the same bytes
-        monkeypatch.setenv("TRITON_INTERPRET", "0")
-        assert Q.quant_backend(w) == "reference"
-        qr, sr, qtr = Q._quantize_fp8_blocks_batched_t(w, E4M3, 128)
-        assert_bits_equal(qr, q)
-        assert_bits_equal(sr, s)
-        assert_bits_equal(qtr, qt)
-
-
 def test_blocks_batched_torch_compile(device):
     w = _expert_weights(2, 200, 128, torch.bfloat16, device, seed=3)
     compiled = torch.compile(lambda t: Q._quantize_fp8_blocks_batched(t, E4M3, 128), fullgraph=True,
@@ -1017,9 +990,3 @@ def test_blocks_batched_torch_compile(device):
     q2, s2 = Q._quantize_fp8_blocks_batched(w, E4M3, 128)
     assert_bits_equal(q, q2)
     assert_bits_equal(s, s2)
-    compiled_t = torch.compile(lambda t: Q._quantize_fp8_blocks_batched_t(t, E4M3, 128), fullgraph=True,
-                               backend="aot_eager")
-    q3, s3, qt3 = compiled_t(w)
-    assert_bits_equal(q3, q2)
-    assert_bits_equal(s3, s2)
-    assert_bits_equal(qt3, q2.view(torch.uint8).transpose(1, 2).contiguous().view(E4M3))
