@@ -3,8 +3,7 @@ permutation, experts, combine), built only from ``turbo.ops`` / ``turbo.modules`
 
 Data flow of :class:`MoELayer` for ``T`` tokens, ``E`` experts, top-``k`` routing::
 
-    logits [T, E]          = router(x)                                   turbo.modules.Linear (fp32 router
-                                                                         over 16-bit x: turbo.ops.router_logits)
+    logits [T, E]          = router(x)                                   turbo.modules.Linear
     aux, probs, map [T, E] = fused_group_topk_routing_with_aux_score(logits, ...)
     xp [M, H], pp [M], row_id_map, tokens_per_expert [E]
                            = moe_permute(x, map, probs, num_out_tokens=M, pad_multiple)
@@ -32,9 +31,9 @@ import torch
 from ..core.low_precision import Float8QuantConfig
 from ..ops.activation import geglu_with_probs, swiglu_with_probs
 from ..ops.moe_permute import moe_permute, moe_unpermute
-from ..ops.moe_router import fused_group_topk_routing_with_aux_score, router_logits, tokens_per_expert_to_mask
+from ..ops.moe_router import fused_group_topk_routing_with_aux_score, tokens_per_expert_to_mask
 from .grouped_linear import GroupedLinear
-from .linear import Linear, _fuse_pattern
+from .linear import Linear
 
 __all__ = ["GroupedMLP", "MoELayer"]
 
@@ -158,21 +157,6 @@ class GroupedMLP(torch.nn.Module):
         return self.linear_fc2(h, group_lens, group_offs)                     # [M, H]
 
 
-class _Router(Linear):
-    """The router ``Linear`` (``H -> E``, no bias) of :class:`MoELayer`, called with the tokens in their
-    own dtype. An fp32 router over 16-bit tokens runs :func:`turbo.ops.router_logits` (the fp32 GEMM
-    reading ``x`` as it is: no fp32 copy of ``x``, ``dx`` back in ``x``'s dtype from the kernel);
-    otherwise ``x`` is cast to the weight's dtype and the plain ``Linear`` runs (also when the
-    weight carries a Megatron ``main_grad``, whose fused accumulation ``Linear`` implements)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        if w.dtype == torch.float32 and x.dtype in (torch.bfloat16, torch.float16) and self.bias is None \
-                and x.dim() == 2 and _fuse_pattern(w) is None:
-            return router_logits(x, w)
-        return super().forward(x if x.dtype == w.dtype else x.to(w.dtype))
-
-
 class MoELayer(torch.nn.Module):
     """Token-choice top-k mixture of experts: router, permutation, :class:`GroupedMLP`, combine.
 
@@ -246,7 +230,7 @@ class MoELayer(torch.nn.Module):
         self.scaling_factor = None if scaling_factor is None else float(scaling_factor)
         self.pad_multiple = None if pad_multiple in (None, 1) else int(pad_multiple)
         self.aux_loss_coeff = float(aux_loss_coeff)
-        self.router = _Router(hidden_size, num_experts, bias=False, device=device,
+        self.router = Linear(hidden_size, num_experts, bias=False, device=device,
                              dtype=router_dtype if router_dtype is not None else dtype)
         self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size, activation=activation, config=config,
                                   dtype=dtype, device=device)
@@ -302,7 +286,8 @@ class MoELayer(torch.nn.Module):
         elif self.pad_multiple is None:
             num_out_tokens = t * k
 
-        logits = self.router(x)                                                                   # [T, E]
+        rw = self.router.weight
+        logits = self.router(x if x.dtype == rw.dtype else x.to(rw.dtype))                       # [T, E]
         aux_scores, probs, routing_map = fused_group_topk_routing_with_aux_score(
             logits, k, self.groups, self.selected_groups, self.score_function, self.scaling_factor)
 

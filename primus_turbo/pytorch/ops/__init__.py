@@ -10,8 +10,7 @@ from .grouped_gemm import grouped_gemm
 from .grouped_gemm_fp4 import grouped_gemm_fp4
 from .grouped_gemm_fp8 import grouped_gemm_fp8
 from .moe_permute import moe_permute, moe_unpermute, token_permute, token_unpermute
-from .moe_router import (fused_group_topk_routing_with_aux_score, indices_to_multihot, router_logits,
-                         tokens_per_expert_to_mask)
+from .moe_router import fused_group_topk_routing_with_aux_score, indices_to_multihot, tokens_per_expert_to_mask
 from .normalization import rmsnorm, rmsnorm_residual
 from .quantization import (
     dequantize_fp4,
@@ -44,7 +43,6 @@ __all__ = [
     "swiglu_with_probs",
     "geglu_with_probs",
     "fused_group_topk_routing_with_aux_score",
-    "router_logits",
     "indices_to_multihot",
     "tokens_per_expert_to_mask",
     "moe_permute",

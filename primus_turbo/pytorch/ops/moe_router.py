@@ -37,7 +37,6 @@ import torch
 
 __all__ = [
     "fused_group_topk_routing_with_aux_score",
-    "router_logits",
     "indices_to_multihot",
     "tokens_per_expert_to_mask",
 ]
@@ -152,80 +151,6 @@ def fused_group_topk_routing_with_aux_score(
     probs = torch.zeros_like(scores).scatter(1, top_idx, top_scores)
     routing_map = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device).scatter_(1, top_idx, True)
     return aux_scores, probs, routing_map
-
-
-def _router_triton(x: torch.Tensor, w: torch.Tensor) -> bool:
-    from primus_turbo.triton import is_interpreter, triton_available
-
-    if not triton_available() or torch.compiler.is_compiling():
-        return False
-    from primus_turbo.triton.moe.router_gemm_kernel import ROUTER_MAX_E
-
-    on = x.is_cuda or (x.device.type == "cpu" and is_interpreter())
-    return on and w.shape[0] <= ROUTER_MAX_E
-
-
-#: rows of one split of the router's weight-gradient reduction (a multiple of its 64-row steps)
-_DW_ROWS_PER_SPLIT = 512
-
-
-class _RouterLogits(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w):
-        ctx.save_for_backward(x, w)
-        if not _router_triton(x, w):
-            return torch.nn.functional.linear(x.float(), w)
-        from primus_turbo.triton.moe.router_gemm_kernel import router_fwd_launch
-
-        out = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32, device=x.device)
-        return router_fwd_launch(x.contiguous(), w.contiguous(), out)
-
-    @staticmethod
-    def backward(ctx, g):
-        x, w = ctx.saved_tensors
-        g = g.float().contiguous()
-        dx = dw = None
-        if not _router_triton(x, w):
-            if ctx.needs_input_grad[0]:
-                dx = (g @ w).to(x.dtype)
-            if ctx.needs_input_grad[1]:
-                dw = g.t() @ x.float()
-            return dx, dw
-        from primus_turbo.triton.moe.router_gemm_kernel import router_dw_launch, router_dx_launch
-
-        x, w = x.contiguous(), w.contiguous()
-        if ctx.needs_input_grad[0]:
-            dx = router_dx_launch(g, w, torch.empty_like(x))
-        if ctx.needs_input_grad[1]:
-            t, h = x.shape
-            n_split = max(1, -(-t // _DW_ROWS_PER_SPLIT))
-            part = torch.empty(n_split, w.shape[0], h, dtype=torch.float32, device=x.device)
-            router_dw_launch(g, x, part, _DW_ROWS_PER_SPLIT)
-            dw = part.sum(0)  # a fixed order over the splits: deterministic
-        return dx, dw
-
-
-def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x.float(), weight)`` of an fp32 router (``weight [E, H]`` fp32, no bias) over
-    ``x [T, H]`` (bf16, fp16 or fp32), with autograd, in IEEE fp32 arithmetic, without the fp32 copy
-    of ``x``: the Triton kernels read ``x`` in its dtype and upcast in registers, ``dx`` comes back in
-    ``x``'s dtype (one rounding of the fp32 sum), ``dweight`` in fp32 (a deterministic split-T
-    reduction). Results equal the fp32 GEMM of the upcast tokens up to summation order. Routers wider
-    than 256 experts, and CPU without the Triton interpreter, run the torch expression."""
-    op = "router_logits"
-    if not isinstance(x, torch.Tensor) or x.dim() != 2:
-        raise ValueError(f"{op}: x must be a 2-D tensor [T, H], got {getattr(x, 'shape', type(x))}")
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != x.shape[1]:
-        raise ValueError(f"{op}: weight must be [E, H={x.shape[1]}], got {tuple(getattr(weight, 'shape', ()))}")
-    if weight.dtype != torch.float32:
-        raise TypeError(f"{op}: weight must be float32 (an fp32 router), got {weight.dtype}")
-    if x.dtype not in _LOGIT_DTYPES:
-        raise TypeError(f"{op}: x must be float32, bfloat16 or float16, got {x.dtype}")
-    if x.device != weight.device:
-        raise ValueError(f"{op}: x on {x.device} and weight on {weight.device}")
-    if weight.shape[0] == 0:
-        raise ValueError(f"{op}: weight has no experts (shape {tuple(weight.shape)})")
-    return _RouterLogits.apply(x, weight)
 
 
 class _IndicesToMultihot(torch.autograd.Function):
