@@ -14,7 +14,9 @@ Per kernel, the calls of the step it stands for:
   moe_permute backward). Default: 8 warps x 2048 columns (H = 2880 as 2048 + 832: 70% of the lanes;
   ``4w-1024``, three steps at 94%, measured the same on the H200).
 - ``gather_rows`` [M, H] from [T, H] (moe_permute forward, int16 bits, probs copied): BLOCK_R of the
-  row-major gather, and ``scatter`` (``scatter_rows_launch``: token-major, each token row read once).
+  row-major gather (the "default" row: the launch these cases compare against), and ``scatter-*``
+  (``scatter_rows_launch``: token-major, each token row read once; what the ops run now, at
+  ``scatter-bt4-8w-1024``, its default launch).
 - ``unpermute_bwd`` [M, H] grad rows (moe_unpermute backward, no probs): the row-major gather
   (``unpermute_bwd_launch``), ``scatter`` (top-k map) and ``scatter-map`` (the [T, E] map form,
   packed per token first); ``unpermute_bwd_probs`` with probs (weighted rows + the dots).
