@@ -51,6 +51,7 @@ from ..backends.grouped_gemm_fp8 import (
     padded_group_layout,
 )
 from ..core.backend import PrecisionType
+from ..core.env import env_flag
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingRecipe
 from .gemm import _megatron_dummy_wgrad, check_main_grad
 from .grouped_gemm import _offsets
@@ -143,6 +144,28 @@ def _mx_token_copy(x: torch.Tensor, src: torch.Tensor, quant, pack: int, blockwi
     return _transpose_bytes(q), (_transpose_bytes(s) if s.element_size() == 1 else s.t())
 
 
+def _fused_copies(x: torch.Tensor, gran: str) -> bool:
+    """``PRIMUS_TURBO_GROUPED_FP8_FUSED_COPIES=1`` and the fused gather-quantize kernel can run on ``x``."""
+    if gran != "BLOCKWISE" or not env_flag("PRIMUS_TURBO_GROUPED_FP8_FUSED_COPIES"):
+        return False
+    if x.dim() != 2 or (x.size(1) > 1 and x.stride(1) != 1) or torch.compiler.is_compiling():
+        return False
+    from primus_turbo.pytorch.ops.moe_permute import permute_backend
+
+    return permute_backend(x) == "triton"
+
+
+def _row_and_col_copies(x: torch.Tensor, src: torch.Tensor, dtype, bs: int):
+    """((q [M, C], s [M, ceil(C/bs)]), (q_t [C, M_pad], s_t view [C, M_pad/bs])): :func:`_quant_rows`'s
+    BLOCKWISE copy and :func:`_mx_token_copy`'s from one read of ``x`` (rows ``src`` does not name,
+    i.e. past the routed ones, are left unwritten in the row copy: no GEMM reads them into a stored
+    output row)."""
+    from primus_turbo.triton.quantization.gather_quant_kernel import gather_quant_cols_t_launch
+
+    q_t, s_t, q_r, s_r = gather_quant_cols_t_launch(x, src, dtype, bs, row_copy=True)
+    return (q_r, s_r), (q_t, s_t.t())
+
+
 def _quant_fp8_mx(dtype):
     return lambda x, axis: _quantize_fp8(x, dtype, _G.MX_BLOCKWISE, axis=axis)
 
@@ -231,12 +254,19 @@ class GroupedGemmFP8Function(torch.autograd.Function):
         need_ga, need_gb = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.trans_b, ctx.gran, ctx.bwd_dtype, ctx.bs, ctx.num_cu = trans_b, gran, bwd_dtype, bs, num_cu
         ctx.fuse_accum, ctx.a_dtype, ctx.b_dtype = fuse_accum, a.dtype, b.dtype
-        a_row = _quant_rows(a, fwd_dtype, gran, bs)
+        src = poffs = None
+        fused = need_gb and _fused_copies(a, gran)
+        if fused:  # both copies of a from one read
+            src, poffs = padded_group_layout(group_offs, a.size(0), bs)
+            a_row, saved_a = _row_and_col_copies(a, src, fwd_dtype, bs)
+        else:
+            a_row = _quant_rows(a, fwd_dtype, gran, bs)
         w_fwd, w_dgrad = _weight_copies(b, trans_b, fwd_dtype, gran, bs, True, need_ga)
         out = _mm(a_row, w_fwd, gran, group_lens, group_offs, out_dtype, bs, num_cu)
         saved_w = w_dgrad if need_ga else (None, None)
-        src = poffs = None
-        if need_gb and gran in (_MX, "BLOCKWISE"):
+        if fused:
+            pass  # saved_a came with a_row
+        elif need_gb and gran in (_MX, "BLOCKWISE"):
             # per-group-segment token blocks (MX 32, BLOCKWISE bs): the padded token layout
             blk, quant = _token_quant(gran, fwd_dtype, bs)
             src, poffs = padded_group_layout(group_offs, a.size(0), blk)
@@ -257,16 +287,20 @@ class GroupedGemmFP8Function(torch.autograd.Function):
         gran, bs, num_cu = ctx.gran, ctx.bs, ctx.num_cu
         grad_out = grad_out.contiguous()
         grad_a = grad_b = None
-        dy_row = None
+        dy_row = dy_col = None
+        if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and _fused_copies(grad_out, gran):
+            dy_row, dy_col = _row_and_col_copies(grad_out, src, ctx.bwd_dtype, bs)  # one read of dC
         if ctx.needs_input_grad[0]:
-            dy_row = _quant_rows(grad_out, ctx.bwd_dtype, gran, bs)
+            if dy_row is None:
+                dy_row = _quant_rows(grad_out, ctx.bwd_dtype, gran, bs)
             # dA[rows of g] = dC[rows of g] @ op(b[g]).T; rows past offs[G] come back zero
             grad_a = _mm(dy_row, (wq, ws), gran, group_lens, group_offs, ctx.a_dtype, bs, num_cu)
         if ctx.needs_input_grad[1]:
             fuse = ctx.fuse_accum
             if gran in (_MX, "BLOCKWISE"):  # on the padded token layout of forward (offsets poffs)
-                dy_col = _mx_token_copy(grad_out, src, _token_quant(gran, ctx.bwd_dtype, bs)[1], 1,
-                                        (ctx.bwd_dtype, bs) if gran == "BLOCKWISE" else None)
+                if dy_col is None:
+                    dy_col = _mx_token_copy(grad_out, src, _token_quant(gran, ctx.bwd_dtype, bs)[1], 1,
+                                            (ctx.bwd_dtype, bs) if gran == "BLOCKWISE" else None)
                 A = (aq_t, as_t)
                 X, Y = (dy_col, A) if ctx.trans_b else (A, dy_col)
                 if fuse:
