@@ -275,3 +275,7 @@ def test_scatter_rows_errors(device):
         scatter_rows_launch(x, rid.to(device), src.to(device), probs_out=torch.empty(src.shape[0], device=device))
     with pytest.raises(ValueError, match="dot needs permuted"):
         scatter_rows_launch(x, rid.to(device), src.to(device), dot=torch.empty(src.shape[0], device=device))
+    for kw, msg in ((dict(num_warps=3), "num_warps must be"), (dict(block_t=3), "block_t must be"),
+                    (dict(block_c=8), "block_c must be"), (dict(block_c=96), "block_c must be")):
+        with pytest.raises(ValueError, match=msg):
+            scatter_rows_launch(x, rid.to(device), src.to(device), out=out, **kw)

@@ -320,6 +320,11 @@ def scatter_rows_launch(g: torch.Tensor, row_id_map: torch.Tensor, src_idx: torc
         raise ValueError("scatter_rows_launch: probs_out needs weights")
     if dot is not None and permuted is None:
         raise ValueError("scatter_rows_launch: dot needs permuted")
+    if num_warps is not None and num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"scatter_rows_launch: num_warps must be 1, 2, 4, 8 or 16, got {num_warps}")
+    for name, v, lo in (("block_t", block_t, 1), ("block_c", block_c, 16)):
+        if v is not None and (v < lo or v & (v - 1)):
+            raise ValueError(f"scatter_rows_launch: {name} must be a power of two >= {lo}, got {v}")
     if out is not None and out.dtype == torch.bfloat16 and scale_by_weights and _interp():
         # the interpreter's fp32 -> bf16 cast truncates: store fp32, round (RNE) with torch after
         tmp = torch.empty(out.shape, dtype=torch.float32, device=out.device)
