@@ -20,11 +20,9 @@ def _three_pass(x, src, dtype, bs):
     return q.view(torch.uint8).t(), s
 
 
-@pytest.mark.parametrize("lens,c", [([5, 0, 130, 64], 96), ([128, 256], 200), ([1], 16), ([0, 0], 64)])
-@pytest.mark.parametrize("xdtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_matches_the_three_passes(lens, c, xdtype, dtype, device):
-    torch.manual_seed(len(lens) * 31 + c)
+def _case(lens, c, xdtype, seed, device):
+    """(x [sum(lens) + 3, c] with a zero row, inf and NaN, src of its padded layout, block size)."""
+    torch.manual_seed(seed)
     m = sum(lens) + 3  # rows past the routed ones are never gathered
     x = (torch.randn(m, c, device=device) * torch.logspace(-3, 3, c, device=device)).to(xdtype)
     if m > 10:
@@ -35,6 +33,14 @@ def test_matches_the_three_passes(lens, c, xdtype, dtype, device):
     offs[1:] = torch.cumsum(torch.tensor(lens, device=device), 0)
     bs = 128 if c != 16 else 32
     src, _poffs = padded_group_layout(offs, m, bs)
+    return x, src, bs
+
+
+@pytest.mark.parametrize("lens,c", [([5, 0, 130, 64], 96), ([128, 256], 200), ([1], 16), ([0, 0], 64)])
+@pytest.mark.parametrize("xdtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_matches_the_three_passes(lens, c, xdtype, dtype, device):
+    x, src, bs = _case(lens, c, xdtype, len(lens) * 31 + c, device)
     q_t, s = gather_quant_cols_t_launch(x, src, dtype, bs)
     assert q_t.shape == (c, src.numel()) and q_t.dtype == dtype and s.shape == (src.numel() // bs, c)
     ref_q, ref_s = _three_pass(x, src, dtype, bs)
@@ -70,17 +76,8 @@ def test_strided_rows_and_errors(device):
 def test_row_copy_matches_the_row_quantizer(lens, c, dtype, device):
     """row_copy: the column copy unchanged, and the 1 x bs row copy from the same read equal to the
     row-wise BLOCKWISE quantizer on every routed row (codes and fp32 scales, special values included)."""
-    torch.manual_seed(len(lens) * 17 + c)
-    m = sum(lens) + 3
-    x = (torch.randn(m, c, device=device) * torch.logspace(-3, 3, c, device=device)).to(torch.bfloat16)
-    if m > 10:
-        x[2, :] = 0.0
-        x[7, 3] = float("inf")
-        x[9, 5] = float("nan")
-    offs = torch.zeros(len(lens) + 1, dtype=torch.int64, device=device)
-    offs[1:] = torch.cumsum(torch.tensor(lens, device=device), 0)
-    bs = 128 if c != 16 else 32
-    src, _ = padded_group_layout(offs, m, bs)
+    x, src, bs = _case(lens, c, torch.bfloat16, len(lens) * 17 + c, device)
+    m = x.shape[0]
     q_t0, s0 = gather_quant_cols_t_launch(x, src, dtype, bs)
     q_t, s, q_r, s_r = gather_quant_cols_t_launch(x, src, dtype, bs, row_copy=True)
     assert torch.equal(q_t.view(torch.uint8), q_t0.view(torch.uint8)) and torch.equal(s.view(torch.int32),

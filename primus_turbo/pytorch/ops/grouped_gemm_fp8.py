@@ -131,28 +131,27 @@ def _mx_token_copy(x: torch.Tensor, src: torch.Tensor, quant, pack: int, blockwi
     ``blockwise=(fp8 dtype, block_size)`` (BLOCKWISE): one fused gather + quantize + transposed
     store pass where the Triton kernels run (bit-identical; a third of the memory traffic of the
     three passes)."""
-    if blockwise is not None and x.dim() == 2 and (x.size(1) <= 1 or x.stride(1) == 1) \
-            and not torch.compiler.is_compiling():
-        from primus_turbo.pytorch.ops.moe_permute import permute_backend
+    if blockwise is not None and _gather_quant_runs(x):
+        from primus_turbo.triton.quantization.gather_quant_kernel import gather_quant_cols_t_launch
 
-        if permute_backend(x) == "triton":
-            from primus_turbo.triton.quantization.gather_quant_kernel import gather_quant_cols_t_launch
-
-            q_t, s = gather_quant_cols_t_launch(x, src, *blockwise)
-            return q_t, s.t()
+        q_t, s = gather_quant_cols_t_launch(x, src, *blockwise)
+        return q_t, s.t()
     q, s = quant(gather_rows(x, src), 0)  # [M_pad/pack, C], [M_pad/blk, C]
     return _transpose_bytes(q), (_transpose_bytes(s) if s.element_size() == 1 else s.t())
 
 
-def _fused_copies(x: torch.Tensor, gran: str) -> bool:
-    """``PRIMUS_TURBO_GROUPED_FP8_FUSED_COPIES=1`` and the fused gather-quantize kernel can run on ``x``."""
-    if gran != "BLOCKWISE" or not env_flag("PRIMUS_TURBO_GROUPED_FP8_FUSED_COPIES"):
-        return False
+def _gather_quant_runs(x: torch.Tensor) -> bool:
+    """The fused gather + quantize kernel can run on ``x`` (2-D, unit column stride, Triton, eager)."""
     if x.dim() != 2 or (x.size(1) > 1 and x.stride(1) != 1) or torch.compiler.is_compiling():
         return False
     from primus_turbo.pytorch.ops.moe_permute import permute_backend
 
     return permute_backend(x) == "triton"
+
+
+def _fused_copies(x: torch.Tensor, gran: str) -> bool:
+    """``PRIMUS_TURBO_GROUPED_FP8_FUSED_COPIES=1`` and the fused gather-quantize kernel can run on ``x``."""
+    return gran == "BLOCKWISE" and env_flag("PRIMUS_TURBO_GROUPED_FP8_FUSED_COPIES") and _gather_quant_runs(x)
 
 
 def _row_and_col_copies(x: torch.Tensor, src: torch.Tensor, dtype, bs: int):
@@ -255,26 +254,23 @@ class GroupedGemmFP8Function(torch.autograd.Function):
         ctx.trans_b, ctx.gran, ctx.bwd_dtype, ctx.bs, ctx.num_cu = trans_b, gran, bwd_dtype, bs, num_cu
         ctx.fuse_accum, ctx.a_dtype, ctx.b_dtype = fuse_accum, a.dtype, b.dtype
         src = poffs = None
-        fused = need_gb and _fused_copies(a, gran)
-        if fused:  # both copies of a from one read
+        if need_gb and _fused_copies(a, gran):  # both copies of a from one read
             src, poffs = padded_group_layout(group_offs, a.size(0), bs)
             a_row, saved_a = _row_and_col_copies(a, src, fwd_dtype, bs)
         else:
             a_row = _quant_rows(a, fwd_dtype, gran, bs)
+            if need_gb and gran in (_MX, "BLOCKWISE"):
+                # per-group-segment token blocks (MX 32, BLOCKWISE bs): the padded token layout
+                blk, quant = _token_quant(gran, fwd_dtype, bs)
+                src, poffs = padded_group_layout(group_offs, a.size(0), blk)
+                saved_a = _mx_token_copy(a, src, quant, 1, (fwd_dtype, bs) if gran == "BLOCKWISE" else None)
+            elif need_gb:
+                saved_a = _quant_cols_t(a, fwd_dtype, gran, a_row)
+            else:
+                saved_a = (None, None)
         w_fwd, w_dgrad = _weight_copies(b, trans_b, fwd_dtype, gran, bs, True, need_ga)
         out = _mm(a_row, w_fwd, gran, group_lens, group_offs, out_dtype, bs, num_cu)
         saved_w = w_dgrad if need_ga else (None, None)
-        if fused:
-            pass  # saved_a came with a_row
-        elif need_gb and gran in (_MX, "BLOCKWISE"):
-            # per-group-segment token blocks (MX 32, BLOCKWISE bs): the padded token layout
-            blk, quant = _token_quant(gran, fwd_dtype, bs)
-            src, poffs = padded_group_layout(group_offs, a.size(0), blk)
-            saved_a = _mx_token_copy(a, src, quant, 1, (fwd_dtype, bs) if gran == "BLOCKWISE" else None)
-        elif need_gb:
-            saved_a = _quant_cols_t(a, fwd_dtype, gran, a_row)
-        else:
-            saved_a = (None, None)
         ctx.save_for_backward(*saved_w, *saved_a, group_lens, group_offs, src, poffs,
                               b if (fuse_accum and need_gb) else None)
         if fuse_accum and need_gb:

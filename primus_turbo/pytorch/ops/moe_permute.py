@@ -263,7 +263,6 @@ class _UnpermuteFn(torch.autograd.Function):
         if permute_backend(permuted) == "triton":
             from primus_turbo.triton.moe.permute_kernel import scatter_rows_launch, unpermute_bwd_launch
 
-            permuted = permuted.contiguous()
             if probs is None:
                 # plain copies, token-major: each grad row read once and written to the token's rows
                 # (raw bits); the row-major gather reads it k times
@@ -275,7 +274,8 @@ class _UnpermuteFn(torch.autograd.Function):
                 return g_perm, None, None
             # weighted rows and the probs-gradient dots in one row-major pass (each output row reads its
             # token's grad row and its own permuted row)
-            g_perm, dots = unpermute_bwd_launch(g_out.contiguous(), permuted, src_idx, k, probs, need_perm, need_probs)
+            g_perm, dots = unpermute_bwd_launch(g_out.contiguous(), permuted.contiguous(), src_idx, k, probs,
+                                                need_perm, need_probs)
             g_probs = _scatter_back(dots, row_id_map).to(probs.dtype) if need_probs else None
             return g_perm, None, g_probs
         src_tok = torch.where(src_idx >= 0, src_idx // k, src_idx)
