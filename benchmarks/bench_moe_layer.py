@@ -39,6 +39,10 @@ the same parameter tensors, so outputs are comparable):
 Timing: interleaved rounds of :func:`benchmarks.common.time_interleaved` (``do_bench`` median, L2
 flushed, grads set to None before every repetition); the row's ``ms`` is the median over rounds.
 
+``--variant TAG:VAR=VALUE[,VAR=VALUE...]`` (repeatable) adds ``<impl>@TAG`` for every turbo impl
+asked for: the same layer run with those environment settings (an opt-in path, say), timed in the
+same interleaved rounds as the plain impl, so the two compare without the run-to-run spread.
+
 FLOPs (``tflops``) count the expert GEMMs only (router, softmax, permutation and combine excluded),
 with ``M = T * topk`` routed rows::
 
@@ -196,11 +200,12 @@ def _turbo_layers(case: dict[str, Any], names: Sequence[str], device: torch.devi
     for name in names:
         if name == "turbo-bf16":
             continue
+        impl = _base_impl(name)
         try:
             cfg = (Float8QuantConfig(granularity="BLOCKWISE", block_size=BLOCK_SIZE)
-                   if name.startswith("turbo-fp8-blockwise") else None)
+                   if impl.startswith("turbo-fp8-blockwise") else None)
             layer = turbo.modules.MoELayer(h, f, e, k, score_function="softmax", router_dtype=router_dtype,
-                                           config=cfg, pad_multiple=PAD if name.endswith("-pad128") else None,
+                                           config=cfg, pad_multiple=PAD if impl.endswith("-pad128") else None,
                                            dtype=torch.bfloat16, device="meta")
             layer.router.weight = base.router.weight
             layer.experts.linear_fc1.weight = base.experts.linear_fc1.weight
@@ -209,6 +214,35 @@ def _turbo_layers(case: dict[str, Any], names: Sequence[str], device: torch.devi
         except Exception as exc:
             errors[name] = _error_text(exc)
     return layers, errors
+
+
+def _base_impl(name: str) -> str:
+    """``turbo-fp8-blockwise@fused`` -> ``turbo-fp8-blockwise`` (a ``--variant`` of an impl)."""
+    return name.split("@", 1)[0]
+
+
+def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
+    """``TAG:VAR=VALUE[,VAR=VALUE...]`` -> (TAG, {VAR: VALUE}); malformed specs raise naming the spec."""
+    tag, sep, body = spec.partition(":")
+    pairs = [kv.partition("=") for kv in body.split(",")] if body else []
+    if not sep or not tag or "@" in tag or not pairs or any(not k or not eq for k, eq, _ in pairs):
+        raise ValueError(f"--variant {spec!r}: expected TAG:VAR=VALUE[,VAR=VALUE...]")
+    return tag, {k: v for k, _, v in pairs}
+
+
+@contextlib.contextmanager
+def _env(settings: dict[str, str]):
+    """Environment settings for the duration of one implementation's call (restored after)."""
+    old = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _turbo_routing(layer, x: torch.Tensor) -> torch.Tensor:
@@ -230,7 +264,8 @@ def _snr_rows(ref: torch.Tensor, out: torch.Tensor, keep: Optional[torch.Tensor]
 
 # ---- one case -------------------------------------------------------------------------------
 def run_case(case: dict[str, Any], names: Sequence[str], device: torch.device, router_dtype: torch.dtype,
-             warmup_ms: float, rep_ms: float, log: Callable[[Row], None]) -> list[Row]:
+             warmup_ms: float, rep_ms: float, log: Callable[[Row], None],
+             variants: Optional[dict[str, dict[str, str]]] = None) -> list[Row]:
     _free(device)  # whatever the previous case left
     t, h, f, e, k = case["T"], case["H"], case["F"], case["E"], case["topk"]
     flops = expert_flops(t, k, h, f)
@@ -239,8 +274,15 @@ def run_case(case: dict[str, Any], names: Sequence[str], device: torch.device, r
                   "router_dtype": str(router_dtype).replace("torch.", ""), "flops": flops,
                   "flops_formula": "18*T*topk*H*F (expert GEMMs, fwd+bwd)"}
     rows = {n: Row(OP, case["case"], n, PEER, extra=dict(extra_base)) for n in names}
+    variants = variants or {}
+
+    def env_of(name: str) -> dict[str, str]:
+        return variants[name.split("@", 1)[1]] if "@" in name else {}
+
     for n, r in rows.items():
-        if n.endswith("-pad128"):
+        if env_of(n):
+            r.extra["env"] = env_of(n)
+        if _base_impl(n).endswith("-pad128"):
             r.extra.update(pad_multiple=PAD)
         if n.startswith("turbo-fp8-blockwise"):
             r.extra.update(granularity="BLOCKWISE", block_size=BLOCK_SIZE, dtype="e4m3 experts, bf16 rest")
@@ -290,8 +332,9 @@ def run_case(case: dict[str, Any], names: Sequence[str], device: torch.device, r
             for p in params:
                 p.grad = None
             routing: dict = {}
-            out = fwd(name, routing)
-            out.backward(dy)
+            with _env(env_of(name)):
+                out = fwd(name, routing)
+                out.backward(dy)
             got = {"out": out.detach(), "x": x.grad, "router": wr.grad, "fc1": w1.grad, "fc2": w2.grad}
             del out
             if name == PEER:
@@ -313,7 +356,7 @@ def run_case(case: dict[str, Any], names: Sequence[str], device: torch.device, r
                 row.extra["snr_grad_x_same_routing_db"] = _snr_rows(ref["x"], got["x"], keep_rows)
                 row.extra["snr_vs"] = PEER
             del got
-            steps[name] = ((lambda name=name: fwd(name).backward(dy)), contextlib.nullcontext)
+            steps[name] = ((lambda name=name: fwd(name).backward(dy)), (lambda name=name: _env(env_of(name))))
         except Exception as exc:
             row.error = _error_text(exc)
             if os.environ.get("PRIMUS_TURBO_BENCH_TRACEBACK"):
@@ -385,6 +428,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--warmup-ms", type=float, default=None, help="do_bench warm-up (default 100; 0 with --cpu-smoke)")
     p.add_argument("--rep-ms", type=float, default=None,
                    help="do_bench repetition time per round (default 400; 0 with --cpu-smoke)")
+    p.add_argument("--variant", action="append", default=[], metavar="TAG:VAR=VALUE[,VAR=VALUE...]",
+                   help="also time every turbo impl asked for as <impl>@TAG under these environment settings")
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -405,6 +450,8 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
         if must not in names:
             names.insert(0, must)
     names = [x for x in IMPLS if x in names]
+    variants = dict(parse_variant(v) for v in args.variant)
+    names += [f"{n}@{tag}" for tag in variants for n in list(names) if n != PEER]
     router_dtype = torch.float32 if args.router_dtype == "fp32" else torch.bfloat16
     warmup_ms = args.warmup_ms if args.warmup_ms is not None else (0.0 if args.cpu_smoke else 100.0)
     rep_ms = args.rep_ms if args.rep_ms is not None else (0.0 if args.cpu_smoke else 400.0)
@@ -419,7 +466,7 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
     print(f"bench_moe_layer: {len(cases)} cases x {len(names)} impls on {device}", flush=True)
     rows: list[Row] = []
     for case in cases:
-        rows.extend(run_case(case, names, device, router_dtype, warmup_ms, rep_ms, _print_row))
+        rows.extend(run_case(case, names, device, router_dtype, warmup_ms, rep_ms, _print_row, variants))
 
     path = finish_run(rows, out_dir, RESULT_NAME)
     return path, rows

@@ -64,3 +64,42 @@ def test_bench_moe_layer_cpu_smoke(tmp_path):
     if fp8["error"] is None:
         assert float(fp8["snr_db"]) > 15, fp8
     assert (tmp_path / f"{bench.RESULT_NAME}.md").exists()
+
+
+def test_parse_variant():
+    bench = importlib.import_module("benchmarks.bench_moe_layer")
+    assert bench.parse_variant("fused:A=1") == ("fused", {"A": "1"})
+    assert bench.parse_variant("x:A=1,B=") == ("x", {"A": "1", "B": ""})
+    for bad in ("fused", "fused:", ":A=1", "t:A", "t:=1", "a@b:A=1"):
+        with pytest.raises(ValueError, match="--variant"):
+            bench.parse_variant(bad)
+
+
+@pytest.mark.skipif(not _has_moe_layer(), reason="primus_turbo.pytorch.modules.MoELayer does not exist")
+def test_bench_moe_layer_variant_env(tmp_path, monkeypatch):
+    """``impl@TAG`` rows run under the variant's environment, restored afterwards."""
+    bench = importlib.import_module("benchmarks.bench_moe_layer")
+    monkeypatch.delenv("PRIMUS_TURBO_BENCH_PROBE", raising=False)
+    seen = []
+    import primus_turbo.pytorch as turbo
+
+    orig = turbo.modules.MoELayer.forward
+
+    def spy(self, *a, **kw):
+        import os
+
+        seen.append(os.environ.get("PRIMUS_TURBO_BENCH_PROBE"))
+        return orig(self, *a, **kw)
+
+    monkeypatch.setattr(turbo.modules.MoELayer, "forward", spy)
+    rc = bench.main(["--cpu-smoke", "--quick", "--out", str(tmp_path), "--impls", "turbo-bf16",
+                     "--variant", "probe:PRIMUS_TURBO_BENCH_PROBE=7"])
+    assert rc == 0
+    by = {r["impl"]: r for r in load_rows(tmp_path, bench.RESULT_NAME)}
+    assert set(by) == {"torch-baseline", "turbo-bf16", "turbo-bf16@probe"}
+    assert by["turbo-bf16@probe"]["error"] is None and by["turbo-bf16@probe"]["ms"] > 0
+    assert by["turbo-bf16@probe"]["extra"]["env"] == {"PRIMUS_TURBO_BENCH_PROBE": "7"}
+    assert "7" in seen and None in seen
+    import os
+
+    assert "PRIMUS_TURBO_BENCH_PROBE" not in os.environ
