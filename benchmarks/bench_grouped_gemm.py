@@ -23,7 +23,8 @@ FP8 (only when ``turbo.ops.grouped_gemm_fp8`` exists; op ``grouped_fp8_fwd_<gran
 balanced routing): the forward on operands quantized once, before timing, by the op's own
 quantizers; ``turbo-default`` / ``turbo-triton`` against ``torch._scaled_grouped_mm`` on the same
 FP8 operands (TENSORWISE, ROWWISE; when torch has it) and against the BF16 ``torch_grouped_mm``
-(BLOCKWISE); ``extra.speedup_vs_bf16`` is always against the BF16 peer. SNR there is against the
+(BLOCKWISE); ``turbo-gluon`` (opt-in, FP8 only) pins the FP8 GEMM to the Gluon backend;
+``extra.speedup_vs_bf16`` is always against the BF16 peer. SNR there is against the
 float64 product of the bf16 inputs (quantization error included).
 
     python benchmarks/bench_grouped_gemm.py --out benchmarks/results/h200
@@ -74,6 +75,7 @@ REF_GROUPS = 2
 ROUTING_SEED = 1234
 PEER = "torch_grouped_mm"
 IMPLS = ("torch_grouped_mm", "turbo-default", "turbo-triton")
+FP8_ONLY_IMPLS = ("turbo-gluon",)  # the FP8 GEMMs pinned to the Gluon backend (opt-in)
 MODES = ("fwd", "fwd_bwd")
 FP8_GRANS = ("TENSORWISE", "ROWWISE", "BLOCKWISE")
 FP8_PEER = "scaled_grouped_mm"
@@ -361,9 +363,9 @@ def _fp8_impls(impl_names: Sequence[str], gran: str):
     out = []
     if FP8_PEER in impl_names and baseline == FP8_PEER:
         out.append((FP8_PEER, contextlib.nullcontext, scaled_fn, PEER))
-    for name in ("turbo-default", "turbo-triton"):
+    for name in ("turbo-default", "turbo-triton", "turbo-gluon"):
         if name in impl_names:
-            pin = None if name == "turbo-default" else bt.TRITON
+            pin = {"turbo-default": None, "turbo-triton": bt.TRITON, "turbo-gluon": bt.GLUON}[name]
             out.append((name, (lambda pin=pin: _pin(gbm, pin, "FP8")), turbo_fn, baseline))
     return out, cfg, mod, internals
 
@@ -493,7 +495,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--cases", nargs="+", default=None, help=f"subset of {', '.join(CASES)}")
     p.add_argument("--routings", nargs="+", default=list(ROUTINGS), help=f"subset of {', '.join(ROUTINGS)}")
     p.add_argument("--impls", nargs="+", default=list(IMPLS) + [FP8_PEER],
-                   help=f"subset of {', '.join(IMPLS)}, {FP8_PEER}")
+                   help=f"subset of {', '.join(IMPLS)}, {FP8_PEER}; FP8 only: {', '.join(FP8_ONLY_IMPLS)}")
     p.add_argument("--modes", nargs="+", default=list(MODES), help=f"subset of {', '.join(MODES)}")
     p.add_argument("--fp8", nargs="*", default=None,
                    help=f"FP8 granularities (default {' '.join(FP8_GRANS)}; '--fp8' alone: none)")
@@ -523,7 +525,8 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
     names = [x for x in args.impls if x in IMPLS]
     if PEER not in names:
         names.insert(0, PEER)  # the peer is always measured: speedups need it
-    fp8_names = [FP8_PEER] + [x for x in names if x != PEER]  # the FP8 peer is always measured too
+    # the FP8 peer is always measured too; turbo-gluon (FP8 pinned to GLUON) exists for FP8 only
+    fp8_names = [FP8_PEER] + [x for x in names if x != PEER] + [x for x in args.impls if x in FP8_ONLY_IMPLS]
     grans = list(FP8_GRANS) if args.fp8 is None else [x.upper() for x in args.fp8 if x.upper() in FP8_GRANS]
     div = SMOKE_DIV if args.cpu_smoke else 1
     warmup_ms = args.warmup_ms if args.warmup_ms is not None else (0.0 if args.cpu_smoke else 10.0)

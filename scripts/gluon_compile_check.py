@@ -53,13 +53,14 @@ def _ptxas_report(ptx: str, ptxas: str) -> str:
 
 
 def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass_out: bool = False,
-                   grouped: bool = False, row_scales: bool = False, variable_k: bool = False,
+                   grouped: bool = False, row_scales: bool = False, variable_k: bool = False, col_scale: bool = False,
                    accumulate: bool = False) -> dict:
     """Compile the dense kernel (or, ``grouped``, the M-grouped MoE kernel of
     triton/grouped_gemm/grouped_gemm_fp8_gluon.py; ``variable_k``, the variable-K wgrad kernel of
     triton/grouped_gemm/grouped_gemm_fp8_variable_k_gluon.py, with ``accumulate`` its reduce-add
     epilogue) for sm_90 with config ``cfg``; ``row_scales``: the dense kernel's B_ROW_SCALES path
-    (per-row B scales, the FP8 linear's wgrad)."""
+    (per-row B scales, the FP8 linear's wgrad); ``col_scale``: the M-grouped kernel's COL_SCALE path
+    (per-column weight scales, ROWWISE)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -88,9 +89,9 @@ def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass_o
 
         kernel = gg._grouped_gemm_fp8_blockwise_ws_kernel
         sig.update({"c_ptr": f"*{out_dtype}", "sa_ptr": "*fp32", "sb_ptr": "*fp32", "offs_ptr": "*i64",
-                    "M": "i32", "N": "i32", "K": "i32", "G": "i32", "stride_cm": "i32",
+                    "sc_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "G": "i32", "stride_cm": "i32",
                     "stride_sam": "i32", "stride_sak": "i32", "stride_sbg": "i32", "stride_sbn": "i32",
-                    "stride_sbk": "i32"})
+                    "stride_sbk": "i32", "stride_scg": "i32"})
     else:
         kernel = g._gemm_fp8_blockwise_ws_kernel
         sig.update({"sa_ptr": "*fp32", "sb_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
@@ -101,6 +102,10 @@ def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass_o
         consts["ACCUMULATE"] = bool(accumulate)
     elif accumulate:
         raise ValueError("accumulate is a path of the variable-K kernel only")
+    if grouped and not variable_k:
+        consts["COL_SCALE"] = bool(col_scale)
+    elif col_scale:
+        raise ValueError("col_scale is a path of the M-grouped kernel only")
     if row_scales:
         if grouped or variable_k:
             raise ValueError("row_scales is a path of the dense kernel only")
@@ -127,7 +132,7 @@ def compile_config(cfg, out_dtype: str = "bf16", dump: str | None = None, sass_o
         d = Path(dump)
         d.mkdir(parents=True, exist_ok=True)
         kind = "vk_acc_" if variable_k and accumulate else "vk_" if variable_k else "grouped_" if grouped else ""
-        stem = f"gluon_fp8_{kind}{'rows_' if row_scales else ''}{out_dtype}_{cfg.short()}"
+        stem = f"gluon_fp8_{kind}{'rows_' if row_scales else ''}{'cols_' if col_scale else ''}{out_dtype}_{cfg.short()}"
         for ext in ("ttgir", "llir", "ptx"):
             (d / f"{stem}.{ext}").write_text(k.asm[ext])
         (d / f"{stem}.cubin").write_bytes(k.asm["cubin"])

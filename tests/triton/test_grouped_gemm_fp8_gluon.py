@@ -311,3 +311,216 @@ def test_backend_and_op_with_the_switch(monkeypatch):
         results[value] = (y.detach(), xi.grad, wi.grad)
     for a, b in zip(results["0"], results["1"]):
         assert _snr(a.float(), b) >= 40.0
+
+
+# ---------------------------------------------------------------------------------------------
+# TENSORWISE / ROWWISE on the BLOCKWISE kernel (broadcast scales, per-column weight scales)
+# ---------------------------------------------------------------------------------------------
+def _scale_forms(M, G, N, device):
+    """{name: (a_scale, b_scale)} of every form the scaled path takes (fresh positive values)."""
+    r = lambda *s: torch.rand(*s, device=device) * 0.02 + 0.001  # noqa: E731
+    return {
+        "tensorwise": (r(()), r(())),
+        "tensorwise_1": (r(1), r(1)),
+        "per_expert": (r(()), r(G)),
+        "rowwise": (r(M), r(G, N)),
+        "rowwise_keepdim": (r(M, 1), r(G, N, 1)),
+    }
+
+
+def _scaled_operands(lens, N, K, device, extra_rows=0):
+    G = len(lens)
+    M = sum(lens) + extra_rows
+    a_q = (torch.randn(M, K, device=device) * 60).clamp(-448, 448).to(E4M3)
+    b_q = (torch.randn(G, N, K, device=device) * 60).clamp(-448, 448).to(E4M3)
+    return a_q, b_q, _offsets(lens, device)
+
+
+def _scaled_ref(a_q, a_scale, b_q, b_scale, lens):
+    """float64 (a_q * a_scale) @ (b_q[g] * b_scale[g]).T per group; rows past the groups zero."""
+    M, K = a_q.shape
+    G, N, _ = b_q.shape
+    a_d = a_q.double() * a_scale.double().reshape(-1, 1)
+    bs = b_scale.double().reshape(-1)
+    b_d = b_q.double() * (bs.reshape(1, 1, 1) if bs.numel() == 1 else
+                          bs.reshape(G, 1, 1) if bs.numel() == G else bs.reshape(G, N, 1))
+    ref = torch.zeros(M, N, dtype=torch.float64, device=a_q.device)
+    start = 0
+    for g, n in enumerate(lens):
+        ref[start:start + n] = a_d[start:start + n] @ b_d[g].T
+        start += n
+    return ref
+
+
+def _emulate_kernel(a_q, sa, b_q, sb, sc, lens):
+    """What the kernel computes from its operands, in float64: per 128-deep K block the partial
+    times ``sa[m, kb] * sb[g, n // 128, kb]``, summed, then times ``sc[g, n]`` (COL_SCALE)."""
+    M, K = a_q.shape
+    G, N, _ = b_q.shape
+    out = torch.zeros(M, N, dtype=torch.float64)
+    start = 0
+    for g, n in enumerate(lens):
+        rows = slice(start, start + n)
+        for kb in range(-(-K // 128)):
+            ks = slice(kb * 128, (kb + 1) * 128)
+            part = a_q[rows, ks].double() @ b_q[g, :, ks].double().T
+            colf = sb[g, :, kb].double().repeat_interleave(128)[:N]
+            out[rows] += part * sa[rows, kb].double()[:, None] * colf[None, :]
+        if sc is not None:
+            out[rows] *= sc[g].double()[None, :]
+        start += n
+    return out
+
+
+@needs_gluon
+@pytest.mark.parametrize("form", ["tensorwise", "tensorwise_1", "per_expert", "rowwise", "rowwise_keepdim"])
+def test_scaled_views_reproduce_the_product(form):
+    """The broadcast views the launcher hands the kernel give the TENSORWISE / ROWWISE product
+    (float64 emulation of the kernel's promotion arithmetic against the direct product)."""
+    lens, N, K = [37, 0, 90], 200, 304  # K and N tails: partial 128-blocks
+    a_q, b_q, offs = _scaled_operands(lens, N, K, "cpu", extra_rows=5)
+    a_scale, b_scale = _scale_forms(a_q.shape[0], len(lens), N, "cpu")[form]
+    assert gg.gluon_grouped_scaled_scale_reason(a_q, a_scale, b_q, b_scale, "ROWWISE") is None
+    sa, sb, sc = gg._scaled_views(a_q, a_scale, b_q, b_scale)
+    assert gg.gluon_grouped_operand_reason(a_q, sa, b_q, sb, offs) is None  # the BLOCKWISE operand shapes
+    assert (sc is not None) == form.startswith("rowwise")
+    assert sa.shape == (a_q.shape[0], 3) and sb.shape == (3, 2, 3)
+    assert sa.stride(1) == 0 and sb.stride(1) == 0 and sb.stride(2) == 0  # broadcast, no copies
+    got = _emulate_kernel(a_q, sa, b_q, sb, sc, lens)
+    ref = _scaled_ref(a_q, a_scale, b_q, b_scale, lens)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+
+
+@needs_gluon
+def test_scaled_reasons():
+    lens, N, K = [64, 0, 100], 256, 256
+    a_q, b_q, offs = _scaled_operands(lens, N, K, "cpu")
+    M, G = a_q.shape[0], len(lens)
+    sa, sb = torch.ones(M), torch.ones(G, N)
+    ok = gg.gluon_grouped_scaled_operand_reason
+    assert "sm_90" in gg.gluon_grouped_scaled_reason(a_q, sa, b_q, sb, offs, "ROWWISE")  # CPU tensors
+    assert ok(a_q, sa, b_q, sb, offs, "ROWWISE") is None
+    assert ok(a_q, sa[:1], b_q, sb[:1, :1], offs, "TENSORWISE") is None
+    cases = [
+        (dict(mode="BLOCKWISE"), "TENSORWISE / ROWWISE, not BLOCKWISE"),
+        (dict(mode="MX_BLOCKWISE"), "not MX_BLOCKWISE"),
+        (dict(a_scale=sa[:-1]), "a_scale must hold 1 or M_total=164"),
+        (dict(b_scale=sb[:, :-1]), "b_scale must hold 1, G=3 or G*N=768"),
+        (dict(a_scale=sa.to(torch.int32)), "a_scale must be a float tensor"),
+        (dict(b_scale=None), "b_scale must be a torch.Tensor"),
+        (dict(b_scale=sb.to("meta")), "one device"),
+        (dict(a=a_q.to(torch.float8_e5m2)), "float8_e4m3fn only"),
+        (dict(b=b_q[0]), "[G, N, K]"),
+        (dict(group_offs=offs.to(torch.int32)), "int64 [G+1]"),
+        (dict(a=a_q.t().contiguous().t()), "K-contiguous"),
+    ]
+    base = dict(a=a_q, a_scale=sa, b=b_q, b_scale=sb, group_offs=offs, mode="ROWWISE")
+    for over, match in cases:
+        kw = {**base, **over}
+        reason = ok(kw["a"], kw["a_scale"], kw["b"], kw["b_scale"], kw["group_offs"], kw["mode"])
+        assert reason is not None and match in reason, (over.keys(), reason)
+    with pytest.raises(ValueError, match="grouped_gemm_fp8_scaled_gluon"):
+        gg.grouped_gemm_fp8_scaled_gluon(a_q, sa, b_q, sb, offs, "BLOCKWISE")
+
+
+@needs_gluon
+def test_scaled_default_rule(fake_sm90, monkeypatch):
+    from primus_turbo.pytorch.backends import grouped_gemm_fp8 as be
+    from primus_turbo.pytorch.core.backend import BackendType
+
+    lens, N, K = [64, 0, 100], 256, 256
+    a_q, b_q, offs = _scaled_operands(lens, N, K, "cpu")
+    for mode, (sa, sb) in (("ROWWISE", (torch.ones(164), torch.ones(3, 256))),
+                           ("TENSORWISE", (torch.ones(()), torch.ones(())))):
+        kw = dict(a_q=a_q, a_scale=sa, b_q=b_q, b_scale=sb, mode=mode, group_lens=None, group_offs=offs,
+                  out_dtype=torch.bfloat16, block_size=128, num_cu=None)
+        assert be.GroupedGemmFP8GluonBackend.why_not(**kw) is None, mode
+        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED", "1")
+        assert be._default_mgrouped(**kw) == BackendType.GLUON
+        # E5M2 (HYBRID's dgrad): not the Gluon kernel
+        assert be._default_mgrouped(**dict(kw, a_q=a_q.to(torch.float8_e5m2))) != BackendType.GLUON
+        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED", "0")
+        assert be._default_mgrouped(**kw) != BackendType.GLUON
+    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED", "sometimes")
+    with pytest.raises(ValueError, match="PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED"):
+        be.gluon_grouped_scaled_enabled()
+
+
+@needs_gluon
+@pytest.mark.parametrize("out_dtype", ["bf16", "fp32"])
+def test_col_scale_compiles_for_sm90_without_spills(out_dtype, request):
+    if rerun_outside_interpreter(request):
+        return
+    torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[out_dtype]
+    compile_report(gg.grouped_default_config(1, 1, 1, 1, torch_dtype), out_dtype, grouped=True, col_scale=True)
+
+
+@needs_gluon
+def test_scaled_launcher_arguments_bind_and_compile_for_sm90(monkeypatch, request):
+    if rerun_outside_interpreter(request):
+        return
+    a_q, b_q, offs = _scaled_operands([100, 0, 200], 384, 640, "cpu", extra_rows=20)
+    a_scale, b_scale = _scale_forms(a_q.shape[0], 3, 384, "cpu")["rowwise"]
+    out = torch.empty(a_q.shape[0], 384, dtype=torch.bfloat16)
+    sa, sb, sc = gg._scaled_views(a_q, a_scale, b_q, b_scale)
+    cfg = gg.grouped_default_config(1, 1, 1, 1)
+    args, kwargs = gg._kernel_args(a_q, sa, b_q, sb, offs, out, cfg, sc)
+    assert kwargs["COL_SCALE"] is True and args[7] is sc and args[-1] == 384
+    kernel = warmup_for_sm90(gg._grouped_gemm_fp8_blockwise_ws_kernel, args, kwargs, monkeypatch)
+    assert kernel.metadata.num_warps == 12
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["tensorwise", "per_expert", "rowwise", "rowwise_keepdim"])
+@pytest.mark.parametrize("pattern", ["balanced", "unbalanced", "tiny"])
+@pytest.mark.parametrize("N,K", [(256, 512), (384, 336), (144, 128)])
+def test_scaled_matches_reference(form, pattern, N, K):
+    lens = LENS[pattern]
+    a_q, b_q, offs = _scaled_operands(lens, N, K, "cuda", extra_rows=37)
+    M = a_q.shape[0]
+    a_scale, b_scale = _scale_forms(M, len(lens), N, "cuda")[form]
+    mode = "ROWWISE" if form.startswith("rowwise") else "TENSORWISE"
+    assert gg.gluon_grouped_scaled_reason(a_q, a_scale, b_q, b_scale, offs, mode) is None
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    res = gg.grouped_gemm_fp8_scaled_gluon(a_q, a_scale, b_q, b_scale, offs, mode, out=out)
+    assert res is out and not torch.isnan(out).any(), "unwritten output elements"
+    end = int(offs[-1])
+    assert torch.all(out[end:] == 0), "rows past group_offs[G] must be zero"
+    ref = _scaled_ref(a_q, a_scale, b_q, b_scale, lens)
+    assert _snr(ref, out) >= MIN_SNR[torch.bfloat16], (form, pattern, N, K)
+    f32 = gg.grouped_gemm_fp8_scaled_gluon(a_q, a_scale, b_q, b_scale, offs, mode, out_dtype=torch.float32)
+    assert _snr(ref, f32) >= 100.0  # exact products, fp32 sums: only the promotion's rounding
+    if hasattr(torch, "_scaled_grouped_mm") and N % 16 == 0 and K % 16 == 0 and form != "per_expert":
+        G = len(lens)
+        sa = a_scale.float().reshape(-1).expand(M).contiguous()
+        sb = b_scale.float().reshape(-1).expand(G * N).reshape(G, N).contiguous()
+        vendor = torch._scaled_grouped_mm(a_q, b_q.transpose(-2, -1), sa, sb, offs=offs[1:].to(torch.int32),
+                                          out_dtype=torch.bfloat16)
+        assert _snr(vendor[:end].float(), out[:end]) >= 40.0
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("granularity", ["TENSORWISE", "ROWWISE"])
+def test_scaled_op_with_the_switch(granularity, monkeypatch):
+    """grouped_gemm_fp8 forward and backward with the scaled Gluon default on and off."""
+    import primus_turbo.pytorch as turbo
+    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
+
+    G, N, K, M = 4, 512, 768, 1000
+    lens = torch.tensor([300, 0, 450, 200], dtype=torch.int64, device="cuda")
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(G, N, K, device="cuda") / 32).to(torch.bfloat16)
+    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    cfg = Float8QuantConfig(format="E4M3", granularity=granularity)
+    results = {}
+    for value in ("0", "1"):
+        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED", value)
+        xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = turbo.ops.grouped_gemm_fp8(xi, wi, lens, trans_b=True, config=cfg)
+        y.backward(dy)
+        results[value] = (y.detach(), xi.grad, wi.grad)
+    for a, b in zip(results["0"], results["1"]):
+        assert _snr(a.float(), b) >= 40.0
+    assert torch.all(results["1"][0][950:] == 0)

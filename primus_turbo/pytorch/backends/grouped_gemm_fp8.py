@@ -65,6 +65,7 @@ __all__ = [
     "padded_group_layout",
     "gather_rows",
     "gluon_grouped_enabled",
+    "gluon_grouped_scaled_enabled",
     "gluon_grouped_wgrad_enabled",
 ]
 
@@ -278,8 +279,8 @@ class GroupedGemmFP8GluonBackend(KernelBackend):
     def check(cls, a_q, a_scale, b_q, b_scale, mode, group_lens, group_offs, out_dtype, block_size=128,
               num_cu=None, **_) -> Optional[str]:
         mode = _mode_name(mode)
-        if mode != "BLOCKWISE":
-            return f"the Gluon grouped FP8 kernel is BLOCKWISE only, got {mode}"
+        if mode not in ("BLOCKWISE", "TENSORWISE", "ROWWISE"):
+            return f"the Gluon grouped FP8 kernel serves BLOCKWISE, TENSORWISE and ROWWISE, not {mode}"
         for name, t in (("a_q", a_q), ("b_q", b_q)):
             if isinstance(t, torch.Tensor) and t.dtype != torch.float8_e4m3fn:
                 return f"{name}.dtype={t.dtype}; the Gluon grouped FP8 kernel takes float8_e4m3fn only"
@@ -293,19 +294,25 @@ class GroupedGemmFP8GluonBackend(KernelBackend):
         gluon = _gluon_grouped_module()
         if gluon is None:
             return "the Gluon grouped FP8 kernel is not importable"
+        if mode != "BLOCKWISE":
+            return gluon.gluon_grouped_scaled_reason(a_q, a_scale, b_q, b_scale, group_offs, mode, out_dtype)
         return gluon.gluon_grouped_blockwise_reason(a_q, a_scale, b_q, b_scale, group_offs, out_dtype, block_size)
 
     @classmethod
     def execute(cls, a_q, a_scale, b_q, b_scale, mode, group_lens, group_offs, out_dtype, block_size=128,
                 num_cu=None, **_) -> torch.Tensor:
-        from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_gluon import grouped_gemm_fp8_blockwise_gluon
+        from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_gluon as gluon
 
         if group_offs is None:
             from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import group_offsets
 
             group_offs = group_offsets(group_lens)
-        return grouped_gemm_fp8_blockwise_gluon(a_q, a_scale, b_q, b_scale, group_offs, out_dtype=out_dtype,
-                                                num_programs=num_cu)
+        mode = _mode_name(mode)
+        if mode != "BLOCKWISE":
+            return gluon.grouped_gemm_fp8_scaled_gluon(a_q, a_scale, b_q, b_scale, group_offs, mode,
+                                                       out_dtype=out_dtype, num_programs=num_cu)
+        return gluon.grouped_gemm_fp8_blockwise_gluon(a_q, a_scale, b_q, b_scale, group_offs, out_dtype=out_dtype,
+                                                      num_programs=num_cu)
 
 
 _GLUON_GROUPED: list = []
@@ -330,6 +337,15 @@ def gluon_grouped_enabled() -> bool:
     return True if flag is None else flag
 
 
+def gluon_grouped_scaled_enabled() -> bool:
+    """``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED``: whether the M-grouped TENSORWISE / ROWWISE
+    default takes the Gluon kernel (the BLOCKWISE kernel with broadcast scales) where it can run,
+    before ``torch._scaled_grouped_mm``. 1 on, 0 off, auto: off until measured on the H200. Read
+    per call."""
+    flag = env_auto_flag("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED")
+    return False if flag is None else flag
+
+
 def _make_key(a_q, a_scale, b_q, b_scale, mode, group_lens, group_offs, out_dtype, block_size=128, num_cu=None,
               **_):
     return (a_q.size(0), b_q.size(1), a_q.size(1), b_q.size(0), a_q.dtype, b_q.dtype, out_dtype, _mode_name(mode),
@@ -346,6 +362,8 @@ def _default_mgrouped(**kwargs) -> BackendType:
         if gluon_grouped_enabled() and GroupedGemmFP8GluonBackend.can_handle(**kwargs):
             return BackendType.GLUON
         return BackendType.TRITON
+    if gluon_grouped_scaled_enabled() and GroupedGemmFP8GluonBackend.can_handle(**kwargs):
+        return BackendType.GLUON
     return BackendType.TORCH if GroupedGemmFP8TorchBackend.can_handle(**kwargs) else BackendType.TRITON
 
 

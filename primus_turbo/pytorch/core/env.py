@@ -82,6 +82,12 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "M-grouped FP8 BLOCKWISE GEMM (grouped_gemm_fp8 forward and E4M3 dgrad) on sm_90: 1 the Gluon kernel "
         "where it can run, 0 the Triton kernel; auto: Triton until the Gluon grouped kernel is measured on the H200.",
     ),
+    "PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED": (
+        "auto",
+        "M-grouped FP8 TENSORWISE / ROWWISE GEMM (grouped_gemm_fp8 forward and E4M3 dgrad) on sm_90: 1 the Gluon "
+        "kernel (the BLOCKWISE kernel with broadcast scales) where it can run, 0 torch._scaled_grouped_mm where it "
+        "can run; auto: off until measured on the H200.",
+    ),
     "PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD": (
         "auto",
         "FP8 BLOCKWISE GEMMs with per-row B scales (the FP8 linear's wgrad, 1x128 x 1x128, no accumulation) on "

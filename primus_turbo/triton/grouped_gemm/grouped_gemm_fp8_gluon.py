@@ -53,6 +53,8 @@ from primus_turbo.triton.gemm.gemm_fp8_gluon import (
 __all__ = [
     "GROUPED_DEFAULT_CONFIG",
     "grouped_gemm_fp8_blockwise_gluon",
+    "grouped_gemm_fp8_scaled_gluon",
+    "gluon_grouped_scaled_reason",
     "gluon_grouped_blockwise_reason",
     "gluon_grouped_operand_reason",
     "grouped_default_config",
@@ -134,17 +136,20 @@ if GLUON_AVAILABLE:
         gl.store(c_ptr + rows + cols, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
     @gluon.jit
-    def _g_consumer(c_desc, c_ptr, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
-                    stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+    def _g_consumer(c_desc, c_ptr, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, offs_ptr, sc_ptr, M, N, K, G,
+                    stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk, stride_scg,
                     WG: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                    C_BUFS: gl.constexpr, PIPELINE: gl.constexpr):
-        """One warpgroup: rows [WG*64, WG*64+64) of every tile of every group, and of the tail."""
+                    C_BUFS: gl.constexpr, PIPELINE: gl.constexpr, COL_SCALE: gl.constexpr):
+        """One warpgroup: rows [WG*64, WG*64+64) of every tile of every group, and of the tail.
+        COL_SCALE: the finished tile is multiplied by one scale per output column (``sc[g, n]``,
+        the ROWWISE weight scales), after the promotions."""
         HALF_M: gl.constexpr = c_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
         N_SUB: gl.constexpr = BLOCK_N // SCALE_N
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, SCALE_N, 32])
         row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+        col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
         num_programs = gl.num_programs(0)
         pid = gl.program_id(0)
         num_pid_n = gl.cdiv(N, BLOCK_N)
@@ -183,6 +188,13 @@ if GLUON_AVAILABLE:
                         acc0, acc1, it = _mainloop(acc0, acc1, regs, a_bufs, b_bufs, ready, empty, it, k_tiles,
                                                    sa_rows, mask_m, sb0, sb1, stride_sak, stride_sbk, WG, STAGES,
                                                    N_SUB)
+                    if COL_SCALE:
+                        sc_g = sc_ptr + g.to(gl.int64) * stride_scg
+                        cols = off_n + gl.arange(0, SCALE_N, layout=col_layout)
+                        acc0 = acc0 * gl.expand_dims(gl.load(sc_g + cols, mask=cols < N, other=0.0), 0)
+                        if N_SUB == 2:
+                            cols = cols + SCALE_N
+                            acc1 = acc1 * gl.expand_dims(gl.load(sc_g + cols, mask=cols < N, other=0.0), 0)
                 if off_m + HALF_M <= m_end:  # the whole half is in the group: TMA store (clips at N)
                     st = _store_sub(c_desc, c_bufs, acc0, off_m, off_n, st, WG, 0, C_BUFS)
                     if N_SUB == 2:
@@ -197,15 +209,17 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _grouped_gemm_fp8_blockwise_ws_kernel(
         a_desc, b_desc, c_desc, c_ptr,
-        sa_ptr, sb_ptr, offs_ptr,
+        sa_ptr, sb_ptr, offs_ptr, sc_ptr,
         M, N, K, G,
-        stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+        stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk, stride_scg,
         GROUP_M: gl.constexpr, STAGES: gl.constexpr, C_BUFS: gl.constexpr, PIPELINE: gl.constexpr,
-        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, COL_SCALE: gl.constexpr = False,
     ):
         """Persistent, warp-specialized M-grouped BLOCKWISE GEMM; descriptors as the dense
         kernel's (a_desc [64, 128] boxes, b_desc [BLOCK_N, 128] boxes of the [G * N, K] view,
-        c_desc [64, 128] boxes), plus the output pointer for the masked group-end stores."""
+        c_desc [64, 128] boxes), plus the output pointer for the masked group-end stores.
+        TENSORWISE / ROWWISE run as the same product with broadcast scales (zero strides, see
+        ``_scaled_views``) and, for per-column weight scales, ``sc [G, N]`` (COL_SCALE)."""
         HALF_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
@@ -218,12 +232,12 @@ if GLUON_AVAILABLE:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=2)
         gl.warp_specialize([
-            (_g_consumer, (c_desc, c_ptr, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
-                           stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
-                           0, BLOCK_N, GROUP_M, STAGES, C_BUFS, PIPELINE)),
-            (_g_consumer, (c_desc, c_ptr, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, offs_ptr, M, N, K, G,
-                           stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
-                           1, BLOCK_N, GROUP_M, STAGES, C_BUFS, PIPELINE)),
+            (_g_consumer, (c_desc, c_ptr, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, offs_ptr, sc_ptr,
+                           M, N, K, G, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+                           stride_scg, 0, BLOCK_N, GROUP_M, STAGES, C_BUFS, PIPELINE, COL_SCALE)),
+            (_g_consumer, (c_desc, c_ptr, a_bufs, b_bufs, c_bufs, ready, empty, sa_ptr, sb_ptr, offs_ptr, sc_ptr,
+                           M, N, K, G, stride_cm, stride_sam, stride_sak, stride_sbg, stride_sbn, stride_sbk,
+                           stride_scg, 1, BLOCK_N, GROUP_M, STAGES, C_BUFS, PIPELINE, COL_SCALE)),
             (_g_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N, K, G, BLOCK_N, GROUP_M,
                            STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -318,8 +332,9 @@ def _fitted(out_dtype: torch.dtype) -> GluonBlockwiseConfig:
     return cfg
 
 
-def _kernel_args(a, sa, b, sb, group_offs, out, cfg: GluonBlockwiseConfig) -> tuple:
-    """(positional args, keyword args) of the launch for validated, non-empty inputs."""
+def _kernel_args(a, sa, b, sb, group_offs, out, cfg: GluonBlockwiseConfig, sc: Optional[torch.Tensor] = None) -> tuple:
+    """(positional args, keyword args) of the launch for validated, non-empty inputs; ``sc``: the
+    ``[G, N]`` per-column weight scales of ROWWISE (COL_SCALE), None otherwise."""
     M, K = a.shape
     G, N, _ = b.shape
     bn, bk = cfg.block_n, cfg.BLOCK_K
@@ -328,9 +343,11 @@ def _kernel_args(a, sa, b, sb, group_offs, out, cfg: GluonBlockwiseConfig) -> tu
     # the experts as one [G * N, K] matrix (rows g * N + n); a K tail zero-fills per row
     b_desc = TensorDescriptor(b, [G * N, K], [b.stride(1), 1], [bn, bk], b_layout)
     c_desc = TensorDescriptor(out, [M, N], [out.stride(0), 1], [_HALF_M, SCALE_BLOCK], c_layout)
-    args = (a_desc, b_desc, c_desc, out, sa, sb, group_offs, M, N, K, G,
-            out.stride(0), sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1), sb.stride(2))
+    args = (a_desc, b_desc, c_desc, out, sa, sb, group_offs, sa if sc is None else sc, M, N, K, G,
+            out.stride(0), sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1), sb.stride(2),
+            0 if sc is None else sc.stride(0))
     kwargs = _dense._launch_kwargs(cfg)
+    kwargs["COL_SCALE"] = sc is not None
     return args, kwargs
 
 
@@ -371,6 +388,12 @@ def grouped_gemm_fp8_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch
         a, b, group_offs, out, num_programs)
     if reason is not None:
         raise ValueError(f"grouped_gemm_fp8_blockwise_gluon: {reason}")
+    return _launch(a, sa, b, sb, group_offs, out_dtype, config, out, num_programs, None,
+                   "grouped_gemm_fp8_blockwise_gluon")
+
+
+def _launch(a, sa, b, sb, group_offs, out_dtype, config, out, num_programs, sc, who: str) -> torch.Tensor:
+    """The launch of checked inputs (both entry points)."""
     M, K = a.shape
     G, N, _ = b.shape
     if out is None:
@@ -382,9 +405,116 @@ def grouped_gemm_fp8_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch
     cfg = config or grouped_default_config(M, N, K, G, out_dtype)
     bad = cfg.check(out.element_size())
     if bad is not None:
-        raise ValueError(f"grouped_gemm_fp8_blockwise_gluon: {bad}")
-    args, kwargs = _kernel_args(a, sa, b, sb, group_offs, out, cfg)
+        raise ValueError(f"{who}: {bad}")
+    args, kwargs = _kernel_args(a, sa, b, sb, group_offs, out, cfg, sc)
     # a static bound on the tiles (every group may add one partial row tile, plus the tail)
     tiles = (-(-M // cfg.BLOCK_M) + G + 1) * -(-N // cfg.block_n)
     _dense._launch_persistent(_grouped_gemm_fp8_blockwise_ws_kernel, a.device, tiles, num_programs, args, kwargs)
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# TENSORWISE / ROWWISE on the same kernel
+# ----------------------------------------------------------------------------------------------
+_ONES: dict = {}
+
+
+def _one(device: torch.device) -> torch.Tensor:
+    """A persistent fp32 ``[1]`` tensor holding 1.0 on ``device`` (never written after creation,
+    so CUDA-graph replays read the same value)."""
+    key = (device.type, device.index)
+    t = _ONES.get(key)
+    if t is None:
+        t = _ONES[key] = torch.ones(1, dtype=torch.float32, device=device)
+    return t
+
+
+def gluon_grouped_scaled_scale_reason(a, a_scale, b, b_scale, mode) -> Optional[str]:
+    """None when ``mode`` is TENSORWISE or ROWWISE and the scales have a form the kernel takes:
+    ``a_scale`` one value or one per row of ``a`` (``[M_total]`` / ``[M_total, 1]``); ``b_scale``
+    one value, one per expert (``[G]``) or one per expert row (``[G, N]`` / ``[G, N, 1]``)."""
+    if mode not in ("TENSORWISE", "ROWWISE"):
+        return f"the scaled Gluon grouped path serves TENSORWISE / ROWWISE, not {mode}"
+    for name, t in (("a", a), ("a_scale", a_scale), ("b", b), ("b_scale", b_scale)):
+        if not isinstance(t, torch.Tensor):
+            return f"{name} must be a torch.Tensor, got {type(t).__name__}"
+    if a.dim() != 2 or b.dim() != 3:
+        return f"a must be [M_total, K] and b [G, N, K], got {tuple(a.shape)} and {tuple(b.shape)}"
+    M = a.size(0)
+    G, N = b.size(0), b.size(1)
+    for name, t in (("a_scale", a_scale), ("b_scale", b_scale)):
+        if not t.is_floating_point() or t.dtype.itemsize < 2:
+            return f"{name} must be a float tensor, got {t.dtype}"
+    if a_scale.numel() not in (1, M):
+        return f"a_scale must hold 1 or M_total={M} values, got shape {tuple(a_scale.shape)}"
+    if b_scale.numel() not in (1, G, G * N):
+        return f"b_scale must hold 1, G={G} or G*N={G * N} values, got shape {tuple(b_scale.shape)}"
+    return None
+
+
+def _scaled_views(a, a_scale, b, b_scale):
+    """TENSORWISE / ROWWISE scales as the BLOCKWISE kernel's operands: ``sa [M, ceil(K/128)]``
+    and ``sb [G, ceil(N/128), ceil(K/128)]`` as broadcast views (zero strides: every K block is
+    promoted by the same factors), and ``sc [G, N]`` for per-row weight scales (applied to the
+    finished tile, COL_SCALE) or None. Returns (sa, sb, sc)."""
+    M, K = a.shape
+    G, N, _ = b.shape
+    kb, nb = -(-K // SCALE_BLOCK), -(-N // SCALE_BLOCK)
+    sa = a_scale.float().reshape(-1)
+    sa = sa.reshape(1, 1).expand(M, kb) if sa.numel() == 1 else sa.reshape(M, 1).expand(M, kb)
+    sbf = b_scale.float().reshape(-1)
+    sc = None
+    if sbf.numel() == G * N and N != 1 and sbf.numel() != 1:
+        sc = sbf.reshape(G, N).contiguous()
+        sbf = _one(b.device)
+    if sbf.numel() == 1:
+        sb = sbf.reshape(1, 1, 1).expand(G, nb, kb)
+    else:  # one per expert
+        sb = sbf.reshape(G, 1, 1).expand(G, nb, kb)
+    return sa, sb, sc
+
+
+def gluon_grouped_scaled_operand_reason(a, a_scale, b, b_scale, group_offs, mode: str,
+                                        out_dtype: Optional[torch.dtype] = torch.bfloat16) -> Optional[str]:
+    """The operand half of :func:`gluon_grouped_scaled_reason` (no platform test: checkable on CPU)."""
+    reason = gluon_grouped_scaled_scale_reason(a, a_scale, b, b_scale, mode)
+    if reason is not None:
+        return reason
+    if a_scale.device != a.device or b_scale.device != a.device:
+        return "a, a_scale, b and b_scale must be on one device"
+    sa, sb, _ = _scaled_views(a, a_scale, b, b_scale)
+    return gluon_grouped_operand_reason(a, sa, b, sb, group_offs, out_dtype)
+
+
+def gluon_grouped_scaled_reason(a, a_scale, b, b_scale, group_offs, mode: str,
+                                out_dtype: Optional[torch.dtype] = torch.bfloat16) -> Optional[str]:
+    """None when :func:`grouped_gemm_fp8_scaled_gluon` can run these inputs, else why not.
+    Never raises, never synchronizes."""
+    return _dense._device_reason(gluon_grouped_scaled_operand_reason, gluon_platform_reason,
+                                 (a, a_scale, b, b_scale, group_offs, mode, out_dtype))
+
+
+def grouped_gemm_fp8_scaled_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+                                  group_offs: torch.Tensor, mode: str, out_dtype: torch.dtype = torch.bfloat16,
+                                  config: Optional[GluonBlockwiseConfig] = None,
+                                  out: Optional[torch.Tensor] = None,
+                                  num_programs: Optional[int] = None) -> torch.Tensor:
+    """TENSORWISE / ROWWISE M-grouped FP8 GEMM on the BLOCKWISE kernel:
+    ``out[rows of g] = (a * a_scale)[rows of g] @ (b[g] * b_scale[g])^T``, rows past
+    ``group_offs[G]`` zero.
+
+    ``a_scale``: one multiplier, or one per row of ``a``; ``b_scale``: one, one per expert, or
+    one per expert row (``[G, N]``: ROWWISE, applied to the finished tile). Each 128-deep K
+    block's fp32 partial is promoted into the accumulator as in BLOCKWISE (here with the same
+    factors every block), which keeps the sum in IEEE fp32. Other arguments as
+    :func:`grouped_gemm_fp8_blockwise_gluon`; raises ValueError naming what it cannot run.
+    """
+    if out is not None:
+        out_dtype = out.dtype
+    reason = gluon_grouped_scaled_reason(a, a_scale, b, b_scale, group_offs, mode, out_dtype) or _launch_reason(
+        a, b, group_offs, out, num_programs)
+    if reason is not None:
+        raise ValueError(f"grouped_gemm_fp8_scaled_gluon: {reason}")
+    sa, sb, sc = _scaled_views(a, a_scale, b, b_scale)
+    return _launch(a, sa, b, sb, group_offs, out_dtype, config, out, num_programs, sc,
+                   "grouped_gemm_fp8_scaled_gluon")
