@@ -106,12 +106,6 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "sm_90: 1 / auto the Gluon kernels where they can run (TMA-aligned rows, K- or N-contiguous weights, P a "
         "multiple of 64 for the wgrad), 0 the Triton kernels.",
     ),
-    "PRIMUS_TURBO_GROUPED_FP8_FUSED_COPIES": (
-        "0",
-        "1: grouped_gemm_fp8 BLOCKWISE forms the 1 x bs row copy and the padded-layout column copy of an operand "
-        "(the activations in forward, the output gradient in backward) from one read (opt-in until measured on "
-        "the GPU); 0: two launches.",
-    ),
     "PRIMUS_TURBO_PRINT_CONFIGS": ("0", "1: log the kernel config chosen for each new shape (INFO level)."),
 }
 

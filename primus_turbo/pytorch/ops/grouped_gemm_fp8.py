@@ -51,7 +51,6 @@ from ..backends.grouped_gemm_fp8 import (
     padded_group_layout,
 )
 from ..core.backend import PrecisionType
-from ..core.env import env_flag
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingRecipe
 from .gemm import _megatron_dummy_wgrad, check_main_grad
 from .grouped_gemm import _offsets
@@ -149,22 +148,6 @@ def _gather_quant_runs(x: torch.Tensor) -> bool:
     return permute_backend(x) == "triton"
 
 
-def _fused_copies(x: torch.Tensor, gran: str) -> bool:
-    """``PRIMUS_TURBO_GROUPED_FP8_FUSED_COPIES=1`` and the fused gather-quantize kernel can run on ``x``."""
-    return gran == "BLOCKWISE" and env_flag("PRIMUS_TURBO_GROUPED_FP8_FUSED_COPIES") and _gather_quant_runs(x)
-
-
-def _row_and_col_copies(x: torch.Tensor, src: torch.Tensor, dtype, bs: int):
-    """((q [M, C], s [M, ceil(C/bs)]), (q_t [C, M_pad], s_t view [C, M_pad/bs])): :func:`_quant_rows`'s
-    BLOCKWISE copy and :func:`_mx_token_copy`'s from one read of ``x`` (rows ``src`` does not name,
-    i.e. past the routed ones, are left unwritten in the row copy: no GEMM reads them into a stored
-    output row)."""
-    from primus_turbo.triton.quantization.gather_quant_kernel import gather_quant_cols_t_launch
-
-    q_t, s_t, q_r, s_r = gather_quant_cols_t_launch(x, src, dtype, bs, row_copy=True)
-    return (q_r, s_r), (q_t, s_t.t())
-
-
 def _quant_fp8_mx(dtype):
     return lambda x, axis: _quantize_fp8(x, dtype, _G.MX_BLOCKWISE, axis=axis)
 
@@ -253,24 +236,20 @@ class GroupedGemmFP8Function(torch.autograd.Function):
         need_ga, need_gb = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.trans_b, ctx.gran, ctx.bwd_dtype, ctx.bs, ctx.num_cu = trans_b, gran, bwd_dtype, bs, num_cu
         ctx.fuse_accum, ctx.a_dtype, ctx.b_dtype = fuse_accum, a.dtype, b.dtype
-        src = poffs = None
-        if need_gb and _fused_copies(a, gran):  # both copies of a from one read
-            src, poffs = padded_group_layout(group_offs, a.size(0), bs)
-            a_row, saved_a = _row_and_col_copies(a, src, fwd_dtype, bs)
-        else:
-            a_row = _quant_rows(a, fwd_dtype, gran, bs)
-            if need_gb and gran in (_MX, "BLOCKWISE"):
-                # per-group-segment token blocks (MX 32, BLOCKWISE bs): the padded token layout
-                blk, quant = _token_quant(gran, fwd_dtype, bs)
-                src, poffs = padded_group_layout(group_offs, a.size(0), blk)
-                saved_a = _mx_token_copy(a, src, quant, 1, (fwd_dtype, bs) if gran == "BLOCKWISE" else None)
-            elif need_gb:
-                saved_a = _quant_cols_t(a, fwd_dtype, gran, a_row)
-            else:
-                saved_a = (None, None)
+        a_row = _quant_rows(a, fwd_dtype, gran, bs)
         w_fwd, w_dgrad = _weight_copies(b, trans_b, fwd_dtype, gran, bs, True, need_ga)
         out = _mm(a_row, w_fwd, gran, group_lens, group_offs, out_dtype, bs, num_cu)
         saved_w = w_dgrad if need_ga else (None, None)
+        src = poffs = None
+        if need_gb and gran in (_MX, "BLOCKWISE"):
+            # per-group-segment token blocks (MX 32, BLOCKWISE bs): the padded token layout
+            blk, quant = _token_quant(gran, fwd_dtype, bs)
+            src, poffs = padded_group_layout(group_offs, a.size(0), blk)
+            saved_a = _mx_token_copy(a, src, quant, 1, (fwd_dtype, bs) if gran == "BLOCKWISE" else None)
+        elif need_gb:
+            saved_a = _quant_cols_t(a, fwd_dtype, gran, a_row)
+        else:
+            saved_a = (None, None)
         ctx.save_for_backward(*saved_w, *saved_a, group_lens, group_offs, src, poffs,
                               b if (fuse_accum and need_gb) else None)
         if fuse_accum and need_gb:
@@ -283,20 +262,16 @@ class GroupedGemmFP8Function(torch.autograd.Function):
         gran, bs, num_cu = ctx.gran, ctx.bs, ctx.num_cu
         grad_out = grad_out.contiguous()
         grad_a = grad_b = None
-        dy_row = dy_col = None
-        if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and _fused_copies(grad_out, gran):
-            dy_row, dy_col = _row_and_col_copies(grad_out, src, ctx.bwd_dtype, bs)  # one read of dC
+        dy_row = None
         if ctx.needs_input_grad[0]:
-            if dy_row is None:
-                dy_row = _quant_rows(grad_out, ctx.bwd_dtype, gran, bs)
+            dy_row = _quant_rows(grad_out, ctx.bwd_dtype, gran, bs)
             # dA[rows of g] = dC[rows of g] @ op(b[g]).T; rows past offs[G] come back zero
             grad_a = _mm(dy_row, (wq, ws), gran, group_lens, group_offs, ctx.a_dtype, bs, num_cu)
         if ctx.needs_input_grad[1]:
             fuse = ctx.fuse_accum
             if gran in (_MX, "BLOCKWISE"):  # on the padded token layout of forward (offsets poffs)
-                if dy_col is None:
-                    dy_col = _mx_token_copy(grad_out, src, _token_quant(gran, ctx.bwd_dtype, bs)[1], 1,
-                                            (ctx.bwd_dtype, bs) if gran == "BLOCKWISE" else None)
+                dy_col = _mx_token_copy(grad_out, src, _token_quant(gran, ctx.bwd_dtype, bs)[1], 1,
+                                        (ctx.bwd_dtype, bs) if gran == "BLOCKWISE" else None)
                 A = (aq_t, as_t)
                 X, Y = (dy_col, A) if ctx.trans_b else (A, dy_col)
                 if fuse:

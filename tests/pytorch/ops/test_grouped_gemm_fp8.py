@@ -105,34 +105,6 @@ def test_bitwise_repeatable(device):
             assert torch.equal(r0, r1)
 
 
-@pytest.mark.parametrize("lens, n, k, extra", [([0, 64, 3, 0, 9, 33, 0, 1], 64, 128, 5), ([130, 70], 96, 200, 0),
-                                                ([200], 128, 256, 37)])
-@pytest.mark.parametrize("fmt", [Format.E4M3, Format.HYBRID])
-def test_blockwise_fused_copies_match(lens, n, k, extra, fmt, device, monkeypatch):
-    """PRIMUS_TURBO_GROUPED_FP8_FUSED_COPIES=1 (the row copy of a / dC from the wgrad copy's read):
-    out, dA and dB bit-identical to the two-launch path, rows past the routed ones included."""
-    import importlib
-
-    ops = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm_fp8")  # the module, not the op
-    calls = []
-    real = ops._row_and_col_copies
-    monkeypatch.setattr(ops, "_row_and_col_copies", lambda *args: calls.append(1) or real(*args))
-    a, b, gl = _make(lens, n, k, True, device, extra_rows=extra)
-    dy = torch.randn(a.shape[0], n, dtype=a.dtype, device=device)
-    results = []
-    for flag in ("0", "1"):
-        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_FP8_FUSED_COPIES", flag)
-        x, w = a.clone().requires_grad_(), b.clone().requires_grad_()
-        out = grouped_gemm_fp8(x, w, gl, config=_cfg(ScalingGranularity.BLOCKWISE, fmt))
-        out.backward(dy)
-        results.append((out, x.grad, w.grad))
-    assert len(calls) == 2  # forward (a) and backward (dC), only with the flag on
-    for name, r0, r1 in zip(("out", "dA", "dB"), *results):
-        assert torch.equal(r0, r1), name
-    routed = sum(lens)
-    assert bool((results[1][0][routed:] == 0).all()) and bool((results[1][1][routed:] == 0).all())
-
-
 def test_no_grad_offsets_num_cu_and_single_grads(device):
     a, b, gl = _make([5, 40, 0, 19], 64, 128, True, device)
     offs = torch.zeros(5, dtype=torch.int64, device=device)
