@@ -27,9 +27,6 @@ Per kernel, the calls of the step it stands for:
 - ``gather_quant_cols_t`` the wgrad token copies (128 x 1 blocks in the padded token layout, stored
   transposed) of [M, 2880] and [M, 5760]: ``tc`` x ``num_warps``.
 - ``transpose_bytes`` the fc1 weight's dgrad copy [E * 2F, H] FP8: ``(T, num_warps)`` square tiles.
-- ``row_col_copies`` both FP8 copies of a grouped operand ([M, 2880] and [M, 5760]): the 1 x 128 row
-  quantizer + ``gather_quant_cols_t`` (default) vs one read writing both (``row_copy=True``; all rows
-  routed here, so the row copies compare bit for bit).
 - ``glu_fwd`` / ``glu_bwd`` SwiGLU with probs and row mask on [M, 5760]: ``(BLOCK_R, BLOCK_F,
   num_warps)``. The backward's dprobs is compared as the op forms it (partials summed over dim 0):
   a config with other column tiles (or another reduction layout) may round it differently, and is
@@ -297,28 +294,6 @@ def run_sweep(sw: Sweep, s: dict, only) -> None:
                     {f"tc={tc},{nw}w": (tc, nw) for tc, nw in GATHER_QUANT},
                     lambda cfg, x=x: gather_quant_cols_t_launch(
                         x, psrc, e4m3, BLOCK, **({} if cfg is None else {"tc": cfg[0], "num_warps": cfg[1]})))
-            x = None  # noqa: F841
-
-    if want("row_col_copies"):
-        # the grouped FP8 operand's two copies (1 x 128 rows for the forward / dgrad GEMM, 128 x 1
-        # columns in the padded layout, transposed, for the wgrad): the op's two launches (default)
-        # vs one read writing both (gather_quant_cols_t_launch(row_copy=True), 128-column tiles)
-        psrc, _ = padded_group_layout(offs, m, BLOCK)
-        m_pad = psrc.numel()
-        grp = QuantGrouping(0, 1, BLOCK)
-        for c in (h, 2 * f):
-            x = randn(m, c)
-            n_sc = -(-c // BLOCK)
-
-            def copies(cfg, x=x):
-                if cfg is not None:
-                    q_t, s_t, q_r, s_r = gather_quant_cols_t_launch(x, psrc, e4m3, BLOCK, row_copy=True, num_warps=cfg)
-                    return q_t, s_t, q_r, s_r
-                q_t, s_t = gather_quant_cols_t_launch(x, psrc, e4m3, BLOCK)
-                q_r, s_r = fp8_quant_launch(x, e4m3, grp)
-                return q_t, s_t, q_r, s_r
-            sw.case("row_col_copies", (m, c), m * c * 2 + m * c + m_pad * c + (m_pad // BLOCK) * c * 4 + m * n_sc * 4,
-                    None, {f"fused-{nw}w": nw for nw in (4, 8, 16)}, copies)
             x = None  # noqa: F841
 
     if want("glu_fwd") or want("glu_bwd"):

@@ -69,24 +69,3 @@ def test_strided_rows_and_errors(device):
         gather_quant_cols_t_launch(x, src, torch.int8, 128)
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
         gather_quant_cols_t_launch(x.to(torch.float64), src, torch.float8_e4m3fn, 128)
-
-
-@pytest.mark.parametrize("lens,c", [([5, 0, 130, 64], 96), ([128, 256], 200), ([1], 16), ([70, 3], 2880 // 9)])
-@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_row_copy_matches_the_row_quantizer(lens, c, dtype, device):
-    """row_copy: the column copy unchanged, and the 1 x bs row copy from the same read equal to the
-    row-wise BLOCKWISE quantizer on every routed row (codes and fp32 scales, special values included)."""
-    x, src, bs = _case(lens, c, torch.bfloat16, len(lens) * 17 + c, device)
-    m = x.shape[0]
-    q_t0, s0 = gather_quant_cols_t_launch(x, src, dtype, bs)
-    q_t, s, q_r, s_r = gather_quant_cols_t_launch(x, src, dtype, bs, row_copy=True)
-    assert torch.equal(q_t.view(torch.uint8), q_t0.view(torch.uint8)) and torch.equal(s.view(torch.int32),
-                                                                                     s0.view(torch.int32))
-    ref_q, ref_s = quantize_fp8(x, dtype, ScalingGranularity.BLOCKWISE, block_size=bs, axis=-1)
-    assert q_r.shape == (m, c) and s_r.shape == (m, -(-c // bs)) and q_r.dtype == dtype
-    rows = src[src >= 0]
-    assert rows.numel() == sum(lens)
-    assert torch.equal(q_r.view(torch.uint8)[rows], ref_q.view(torch.uint8)[rows])
-    assert torch.equal(s_r[rows].view(torch.int32), ref_s[rows].view(torch.int32))
-    with pytest.raises(ValueError, match="whole row blocks"):
-        gather_quant_cols_t_launch(x, src, dtype, bs, tc=bs * 2, row_copy=True)

@@ -32,10 +32,10 @@ _FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 
 @triton.jit
 def _gather_quant_cols_t_kernel(
-    x_ptr, src_ptr, q_ptr, s_ptr, qr_ptr, sr_ptr,
-    C, M_PAD, stride_x, n_tiles_c, n_sr_c,
+    x_ptr, src_ptr, q_ptr, s_ptr,
+    C, M_PAD, stride_x, n_tiles_c,
     FP8_MAX: tl.constexpr, BS: tl.constexpr, TC: tl.constexpr, EVEN_C: tl.constexpr,
-    IS_E4M3: tl.constexpr, SOFT: tl.constexpr, ROW_COPY: tl.constexpr,
+    IS_E4M3: tl.constexpr, SOFT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     tb = pid // n_tiles_c  # token block of the padded layout
@@ -61,20 +61,10 @@ def _gather_quant_cols_t_kernel(
     else:
         tl.store(q_ptrs, tl.trans(codes), mask=(cols < C)[:, None])
         tl.store(s_ptrs, scale_inv, mask=cols < C)
-    if ROW_COPY:
-        # the 1 x TC (= 1 x BS) row blocks of the same tile, stored at the tokens' own rows of the
-        # unpadded [M, C] copy (padding rows of the layout store nothing): the forward / dgrad
-        # GEMM's operand from the same read of x
-        r_bits = tl.max(_abs_bits(x), axis=1)  # [BS]: one block per row
-        r_scale, r_scale_inv = _fp32_scales(r_bits, FP8_MAX)
-        r_codes = _fp8_codes(x * r_scale[:, None], FP8_MAX, IS_E4M3, SOFT)
-        srow = tl.maximum(src, 0).to(tl.int64)
-        tl.store(qr_ptr + srow[:, None] * C + cols[None, :], r_codes, mask=mask)
-        tl.store(sr_ptr + srow * n_sr_c + pid_c, r_scale_inv, mask=keep)
 
 
 def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.dtype, block_size: int, *,
-                               tc: "int | None" = None, num_warps: "int | None" = None, row_copy: bool = False):
+                               tc: "int | None" = None, num_warps: "int | None" = None):
     """``(q_t [C, M_pad] dtype, s [M_pad / block_size, C] fp32 scale_inv)`` with
     ``q_t.T, s`` equal to the BLOCKWISE ``block_size x 1`` quantization of ``x[src]`` (rows with
     ``src < 0`` zero), i.e. of ``gather_rows(x, src)`` along axis 0.
@@ -83,13 +73,7 @@ def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.
     length ``M_pad``, a multiple of ``block_size`` (a power of two >= 16); ``dtype`` E4M3 or E5M2.
     ``tc`` (columns per tile, a power of two >= 16) / ``num_warps`` override the default launch
     (scripts/tune_gptoss_memory.py sweeps them): every column's block is reduced and stored whole
-    by one program whatever the tile width, so the output bytes do not depend on them.
-
-    ``row_copy=True`` also returns the ``1 x block_size`` row-wise copy of ``x`` from the same read:
-    ``(q_t, s, q_rows [M, C], s_rows [M, ceil(C / block_size)])``, bit-identical to
-    ``quantize_fp8(x, dtype, BLOCKWISE, block_size=block_size)`` on every row ``src`` names (the
-    tile is then ``block_size`` columns wide; rows of ``x`` that ``src`` does not name, e.g. past
-    the routed tokens, are left unwritten). Not yet measured on the GPU: opt-in."""
+    by one program whatever the tile width, so the output bytes do not depend on them."""
     if x.dim() != 2 or (x.size(1) > 1 and x.stride(1) != 1):
         raise ValueError(f"x must be 2-D with unit column stride, got shape {tuple(x.shape)} strides {x.stride()}")
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -106,17 +90,10 @@ def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.
     C = x.size(1)
     q_t = torch.empty((C, m_pad), dtype=dtype, device=x.device)
     s = torch.empty((m_pad // block_size, C), dtype=torch.float32, device=x.device)
-    n_sr_c = -(-C // block_size)
-    q_r = torch.empty((x.size(0), C), dtype=dtype, device=x.device) if row_copy else None
-    s_r = torch.empty((x.size(0), n_sr_c), dtype=torch.float32, device=x.device) if row_copy else None
     if C == 0 or m_pad == 0:
-        return (q_t, s, q_r, s_r) if row_copy else (q_t, s)
+        return q_t, s
     if tc is not None and (tc < 16 or tc & (tc - 1)):
         raise ValueError(f"tc must be a power of two >= 16, got tc={tc}")
-    if row_copy:
-        if tc is not None and tc != block_size:
-            raise ValueError(f"row_copy needs tiles of whole row blocks: tc must be block_size={block_size}, got {tc}")
-        tc = block_size
     if num_warps is not None and num_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got num_warps={num_warps}")
     # tiles of block_size x TC: 64 columns at 128-token blocks keeps 8192 elements per program
@@ -124,10 +101,8 @@ def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.
     tc = tc or max(16, min(triton.next_power_of_2(C), 8192 // block_size))
     n_tiles_c = triton.cdiv(C, tc)
     grid = ((m_pad // block_size) * n_tiles_c,)
-    q8 = q_t.view(torch.uint8)
     _gather_quant_cols_t_kernel[grid](
-        x, src, q8, s, q_r.view(torch.uint8) if row_copy else q8, s_r if row_copy else s,
-        C, m_pad, x.stride(0), n_tiles_c, n_sr_c,
+        x, src, q_t.view(torch.uint8), s, C, m_pad, x.stride(0), n_tiles_c,
         FP8_MAX=_FP8_MAX[dtype], BS=block_size, TC=tc, EVEN_C=(C % tc == 0),
-        IS_E4M3=dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), ROW_COPY=row_copy, num_warps=num_warps or 4)
-    return (q_t, s, q_r, s_r) if row_copy else (q_t, s)
+        IS_E4M3=dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=num_warps or 4)
+    return q_t, s
