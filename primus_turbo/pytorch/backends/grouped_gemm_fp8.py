@@ -32,6 +32,8 @@ on inputs it cannot run (BLOCKWISE, MX, E5M2, CPU, ...) raises ``ValueError`` na
 GLUON (triton/grouped_gemm/grouped_gemm_fp8_gluon.py, sm_90): the M-grouped BLOCKWISE problem with
 E4M3 operands (forward, E4M3 dgrad), a warp-specialized TMA / wgmma kernel, the default on sm_90
 (``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON=0`` turns it off); see :class:`GroupedGemmFP8GluonBackend`.
+The same kernel runs TENSORWISE / ROWWISE E4M3 with broadcast scales (opt-in default:
+``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED=1``; measured 0.88-1.45x the vendor kernel by shape).
 The variable-K BLOCKWISE problem (the wgrad, E4M3 or E5M2 operands, accumulation into fp32) has
 its own Gluon kernel (triton/grouped_gemm/grouped_gemm_fp8_variable_k_gluon.py), the variable-K
 default on sm_90 where it can run (``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD=0`` turns it off);
@@ -267,10 +269,12 @@ class GroupedGemmFP8TritonBackend(KernelBackend):
 class GroupedGemmFP8GluonBackend(KernelBackend):
     """Warp-specialized Gluon kernel for Hopper (triton/grouped_gemm/grouped_gemm_fp8_gluon.py):
     M-grouped BLOCKWISE E4M3 x E4M3 (1x128 activation groups x 128x128 expert-weight blocks),
-    the forward and the E4M3 dgrad. Opt-in until measured on the GPU:
-    ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON=1`` makes it the M-grouped default where it can run (the
-    variable-K wgrad stays on TRITON); a GLUON pin reaches it as well but, covering the wgrad
-    dispatcher too (no GLUON there), suits forward-only runs. Not autotuned until measured."""
+    the forward and the E4M3 dgrad; TENSORWISE / ROWWISE E4M3 on the same kernel with broadcast
+    scales (``grouped_gemm_fp8_scaled_gluon``). The BLOCKWISE M-grouped default on sm_90 where it
+    can run (``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON=0`` turns it off); the TENSORWISE / ROWWISE
+    default only with ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED=1``. A GLUON pin reaches it as
+    well; the variable-K dispatcher's GLUON backend (the BLOCKWISE wgrad) raises on the rest. Not
+    autotuned."""
 
     backend_type = BackendType.GLUON
     autotune = False
