@@ -285,10 +285,8 @@ def test_offsets_past_m_are_clamped():
 @sm90
 @pytest.mark.gpu
 def test_backend_and_op_with_the_switch(monkeypatch):
-    import primus_turbo.pytorch as turbo
     from primus_turbo.pytorch.backends import grouped_gemm_fp8 as be
     from primus_turbo.pytorch.core.backend import BackendType, PrecisionType
-    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
 
     kw, ref = _dispatch_kw("cuda", lens=(300, 0, 129))
     monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON", "1")
@@ -296,21 +294,31 @@ def test_backend_and_op_with_the_switch(monkeypatch):
     out = be.grouped_gemm_fp8_dispatcher.dispatch(PrecisionType.FP8, **kw)
     assert _snr(ref[:429], out[:429]) >= 40.0
     # the op: forward and dgrad on GLUON, wgrad on TRITON; against the switch off
+    _op_with_switch_on_and_off(monkeypatch, "PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON", "BLOCKWISE")
+
+
+def _op_with_switch_on_and_off(monkeypatch, switch: str, granularity: str) -> dict:
+    """grouped_gemm_fp8 forward and backward (an empty group, rows past the last offset) with the
+    environment switch ``switch`` at 0 and 1: the two agree (>= 40 dB). Returns {value: (y, dx, dw)}."""
+    import primus_turbo.pytorch as turbo
+    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
+
     G, N, K, M = 4, 512, 768, 1000
     lens = torch.tensor([300, 0, 450, 200], dtype=torch.int64, device="cuda")
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     w = (torch.randn(G, N, K, device="cuda") / 32).to(torch.bfloat16)
     dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
-    cfg = Float8QuantConfig(format="E4M3", granularity="BLOCKWISE")
+    cfg = Float8QuantConfig(format="E4M3", granularity=granularity)
     results = {}
     for value in ("0", "1"):
-        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON", value)
+        monkeypatch.setenv(switch, value)
         xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
         y = turbo.ops.grouped_gemm_fp8(xi, wi, lens, trans_b=True, config=cfg)
         y.backward(dy)
         results[value] = (y.detach(), xi.grad, wi.grad)
     for a, b in zip(results["0"], results["1"]):
         assert _snr(a.float(), b) >= 40.0
+    return results
 
 
 # ---------------------------------------------------------------------------------------------
@@ -507,22 +515,5 @@ def test_scaled_matches_reference(form, pattern, N, K):
 @pytest.mark.parametrize("granularity", ["TENSORWISE", "ROWWISE"])
 def test_scaled_op_with_the_switch(granularity, monkeypatch):
     """grouped_gemm_fp8 forward and backward with the scaled Gluon default on and off."""
-    import primus_turbo.pytorch as turbo
-    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
-
-    G, N, K, M = 4, 512, 768, 1000
-    lens = torch.tensor([300, 0, 450, 200], dtype=torch.int64, device="cuda")
-    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-    w = (torch.randn(G, N, K, device="cuda") / 32).to(torch.bfloat16)
-    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
-    cfg = Float8QuantConfig(format="E4M3", granularity=granularity)
-    results = {}
-    for value in ("0", "1"):
-        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED", value)
-        xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
-        y = turbo.ops.grouped_gemm_fp8(xi, wi, lens, trans_b=True, config=cfg)
-        y.backward(dy)
-        results[value] = (y.detach(), xi.grad, wi.grad)
-    for a, b in zip(results["0"], results["1"]):
-        assert _snr(a.float(), b) >= 40.0
+    results = _op_with_switch_on_and_off(monkeypatch, "PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED", granularity)
     assert torch.all(results["1"][0][950:] == 0)
