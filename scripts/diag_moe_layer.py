@@ -2,7 +2,7 @@
 forward + backward of ``turbo.modules.MoELayer`` in BF16 and with FP8 BLOCKWISE experts, and the
 step's wall time (``do_bench`` median) next to its GPU total (a gap means host-bound launches).
 
-    PYTHONPATH=. python scripts/diag_moe_layer.py --out /tmp/diag [--tokens 8192 --hidden 7168 --ffn 2048 --experts 32 --topk 8]
+    PYTHONPATH=. python scripts/diag_moe_layer.py --out /tmp/diag [--tokens 8192 --hidden 7168 --ffn 2048 --experts 32 --topk 8] [--gaps] [--host]
 
 Writes ``diag_moe_layer.txt``.
 """
@@ -33,6 +33,56 @@ def _host_profile(step, steps: int = 3, top: int = 30) -> str:
     return f"   host {host_ms:.3f} ms per step (no sync; {steps} steps)\n" + text
 
 
+def _gaps(step, reps: int = 3, top: int = 12, min_gap_us: float = 5.0) -> str:
+    """GPU idle time inside a step as ``do_bench`` times it (an L2 flush of 256 MB, then the step,
+    no sync between repetitions): from a CUDA-activity trace, per step window (end of the flush to
+    the end of the step's last kernel), the idle total, the time to the first kernel, and the
+    largest gaps with the kernel that ended each (idle while the host was still issuing)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cache = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    for _ in range(3):
+        cache.zero_()
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            cache.zero_()
+            step()
+        torch.cuda.synchronize()
+    kern = sorted(((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if e.device_type == DeviceType.CUDA), key=lambda x: x[0])
+    flush = [i for i, (a, b, n) in enumerate(kern) if "Fill" in n and b - a > 30]
+    lines = []
+    for w, i0 in enumerate(flush):
+        i1 = flush[w + 1] if w + 1 < len(flush) else len(kern)
+        ks = kern[i0 + 1:i1]
+        if not ks:
+            continue
+        t0, t_end = kern[i0][1], max(b for _, b, _ in ks)
+        busy, cur_a, cur_b, gaps = 0.0, ks[0][0], ks[0][1], []
+        prev_end, prev_name = t0, "(flush)"
+        for a, b, n in ks:
+            if a - prev_end >= min_gap_us:
+                gaps.append((a - prev_end, a - t0, prev_name[:70], n[:70]))
+            if a > cur_b:
+                busy += cur_b - cur_a
+                cur_a, cur_b = a, b
+            else:
+                cur_b = max(cur_b, b)
+            if b >= prev_end:
+                prev_end, prev_name = b, n
+        busy += cur_b - cur_a
+        span = t_end - t0
+        lines.append(f"   step {w}: span {span / 1e3:.3f} ms, GPU busy {busy / 1e3:.3f} ms, idle {(span - busy) / 1e3:.3f} ms,"
+                     f" first kernel after {(ks[0][0] - t0):.0f} us, {len(ks)} kernels")
+        if w == 0:
+            for g, at, after, before in sorted(gaps, reverse=True)[:top]:
+                lines.append(f"      gap {g:7.1f} us at {at / 1e3:7.3f} ms after {after} | before {before}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -44,6 +94,8 @@ def main(argv=None) -> int:
     p.add_argument("--host", action="store_true",
                    help="also the host (Python + launch) time per step and a cProfile of it")
     p.add_argument("--only", nargs="+", default=None, help="subset of: bf16 fp8")
+    p.add_argument("--gaps", action="store_true",
+                   help="also the GPU idle time inside a do_bench-style step (flush, step) and its largest gaps")
     args = p.parse_args(argv)
     import triton
 
@@ -73,6 +125,8 @@ def main(argv=None) -> int:
             ms = triton.testing.do_bench(step, warmup=20, rep=100, return_mode="median")
             out.append(f"\n== {name}: step {ms:.3f} ms ({flops / ms / 1e9:.0f} TFLOP/s expert GEMMs)")
             out.append(_profile(step, top=24))
+            if args.gaps:
+                out.append(_gaps(step))
             if args.host:
                 out.append(_host_profile(step))
         except Exception as exc:
