@@ -103,3 +103,16 @@ def test_bench_moe_layer_variant_env(tmp_path, monkeypatch):
     import os
 
     assert "PRIMUS_TURBO_BENCH_PROBE" not in os.environ
+
+
+@pytest.mark.skipif(not _has_moe_layer(), reason="primus_turbo.pytorch.modules.MoELayer does not exist")
+def test_bench_moe_layer_microbatch_impl(tmp_path):
+    """turbo-fp8-blockwise-mb runs the FP8 layer with its weight cache (is_first_microbatch=False)."""
+    bench = importlib.import_module("benchmarks.bench_moe_layer")
+    rc = bench.main(["--cpu-smoke", "--quick", "--out", str(tmp_path), "--impls", "turbo-fp8-blockwise",
+                     "turbo-fp8-blockwise-mb"])
+    assert rc == 0
+    by = {r["impl"]: r for r in load_rows(tmp_path, bench.RESULT_NAME)}
+    mb = by["turbo-fp8-blockwise-mb"]
+    assert mb["error"] is None and mb["ms"] > 0 and "cached" in mb["extra"]["weights"]
+    assert float(mb["snr_db"]) > 15

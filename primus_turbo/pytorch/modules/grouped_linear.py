@@ -9,7 +9,7 @@ import torch
 
 from ..core.low_precision import Float8QuantConfig
 from ..ops.grouped_gemm import grouped_gemm
-from ..ops.grouped_gemm_fp8 import grouped_gemm_fp8
+from ..ops.grouped_gemm_fp8 import grouped_gemm_fp8, grouped_gemm_fp8_cached_weight, grouped_weight_copies
 from .linear import _fuse_pattern
 
 __all__ = ["GroupedLinear"]
@@ -28,6 +28,23 @@ class GroupedLinear(torch.nn.Module):
     or :func:`turbo.ops.grouped_gemm_fp8` when ``config`` (a :class:`Float8QuantConfig`) is given.
     With ``weight.main_grad`` present (Megatron) the weight gradient is accumulated into it in the
     kernel epilogue (``fuse_bgrad_accum_pattern="megatron"``).
+
+    FP8 weight cache, ``forward(..., is_first_microbatch=...)`` as Megatron / Transformer Engine pass
+    it (ignored without ``config``):
+
+    * ``None`` (default): the expert weights are quantized on every call, nothing is cached (any
+      cache held is dropped);
+    * ``True``: they are quantized (forward copy, and the grad_input copy when a gradient is being
+      recorded for the input) and cached;
+    * ``False``: the cached copies are reused, no quantization; without a valid cache they are
+      built as for ``True``.
+
+    Validity is checked as :class:`Float8Linear` checks it: ``weight.data_ptr()``,
+    ``weight._version`` (bumped by ``optimizer.step()`` and other autograd-visible in-place
+    updates), dtype, device and config. Writes through ``weight.data`` are invisible to it: pass
+    ``True`` on the first micro-batch after each optimizer step (Megatron does) or call
+    :meth:`invalidate_weight_cache`. The weight gradient (or ``main_grad`` accumulation) is the
+    same with or without the cache: the grad_weight GEMM never reads the weight.
     """
 
     def __init__(self, num_groups: int, in_features: int, out_features: int, dtype=None, device=None,
@@ -42,7 +59,27 @@ class GroupedLinear(torch.nn.Module):
         self.config = config
         self.weight = torch.nn.Parameter(torch.empty(num_groups, out_features, in_features, dtype=dtype,
                                                      device=device))
+        self._weight_cache: Optional[tuple] = None
+        self._weight_cache_key = None
         self.reset_parameters()
+
+    def invalidate_weight_cache(self) -> None:
+        """Drop the cached FP8 weight copies (the next call quantizes again)."""
+        self._weight_cache = None
+        self._weight_cache_key = None
+
+    def _key(self, need_dgrad: bool):
+        w = self.weight
+        return (w.data_ptr(), w._version, w.dtype, w.device, self.config, need_dgrad)
+
+    def _cached_copies(self, is_first_microbatch: bool, need_dgrad: bool) -> tuple:
+        if not is_first_microbatch and self._weight_cache is not None:
+            key = self._weight_cache_key
+            if key == self._key(need_dgrad) or (not need_dgrad and key == self._key(True)):
+                return self._weight_cache
+        copies = grouped_weight_copies(self.weight, self.config, need_dgrad)
+        self._weight_cache, self._weight_cache_key = copies, self._key(need_dgrad)
+        return copies
 
     def reset_parameters(self) -> None:
         for g in range(self.num_groups):
@@ -52,12 +89,23 @@ class GroupedLinear(torch.nn.Module):
         return (f"num_groups={self.num_groups}, in_features={self.in_features}, out_features={self.out_features}"
                 f", config={self.config}")
 
-    def forward(self, x: torch.Tensor, group_lens: torch.Tensor,
-                group_offs: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, group_lens: torch.Tensor, group_offs: Optional[torch.Tensor] = None,
+                is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
         if x.dim() != 2 or x.shape[-1] != self.in_features:
             raise ValueError(f"GroupedLinear: x must be [M_total, {self.in_features}], got {tuple(x.shape)}")
-        fuse = _fuse_pattern(self.weight)
+        if is_first_microbatch is not None and not isinstance(is_first_microbatch, bool):
+            raise TypeError(f"GroupedLinear: is_first_microbatch must be None, True or False, got {is_first_microbatch!r}")
+        w = self.weight
+        fuse = _fuse_pattern(w)
         if self.config is None:
-            return grouped_gemm(x, self.weight, group_lens, group_offs, trans_b=True, fuse_bgrad_accum_pattern=fuse)
-        return grouped_gemm_fp8(x, self.weight, group_lens, group_offs, trans_b=True, config=self.config,
-                                fuse_bgrad_accum_pattern=fuse)
+            return grouped_gemm(x, w, group_lens, group_offs, trans_b=True, fuse_bgrad_accum_pattern=fuse)
+        if is_first_microbatch is None:
+            self.invalidate_weight_cache()
+            return grouped_gemm_fp8(x, w, group_lens, group_offs, trans_b=True, config=self.config,
+                                    fuse_bgrad_accum_pattern=fuse)
+        if x.dtype != w.dtype:
+            raise TypeError(f"GroupedLinear: input dtype {x.dtype} must match the weight's {w.dtype}")
+        need_dgrad = torch.is_grad_enabled() and x.requires_grad
+        copies = self._cached_copies(is_first_microbatch, need_dgrad)
+        return grouped_gemm_fp8_cached_weight(x, w, copies, group_lens, group_offs, trans_b=True, config=self.config,
+                                              fuse_bgrad_accum_pattern=fuse)

@@ -142,7 +142,10 @@ class GroupedMLP(torch.nn.Module):
                                  f"{tuple(probs.shape)} on {probs.device}")
 
     def forward(self, permuted_tokens: torch.Tensor, group_lens: torch.Tensor,
-                probs: Optional[torch.Tensor] = None, group_offs: Optional[torch.Tensor] = None) -> torch.Tensor:
+                probs: Optional[torch.Tensor] = None, group_offs: Optional[torch.Tensor] = None,
+                is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
+        """``is_first_microbatch``: the FP8 expert weights' micro-batch cache (see
+        :class:`GroupedLinear`); ignored in bf16."""
         self._check(permuted_tokens, group_lens, probs, group_offs)
         m = permuted_tokens.shape[0]
         if group_offs is None:
@@ -152,9 +155,9 @@ class GroupedMLP(torch.nn.Module):
         # rows past sum(group_lens): the grouped GEMMs already give zeros there; the mask also
         # zeroes them (and their probs gradient) whatever the caller's probs hold in those rows
         row_mask = tokens_per_expert_to_mask(group_lens, m)
-        h = self.linear_fc1(permuted_tokens, group_lens, group_offs)          # [M, 2F]
+        h = self.linear_fc1(permuted_tokens, group_lens, group_offs, is_first_microbatch)     # [M, 2F]
         h = _ACTIVATIONS[self.activation](h, probs.float(), row_mask)          # [M, F], weighted by probs
-        return self.linear_fc2(h, group_lens, group_offs)                     # [M, H]
+        return self.linear_fc2(h, group_lens, group_offs, is_first_microbatch)                # [M, H]
 
 
 class MoELayer(torch.nn.Module):
@@ -252,8 +255,13 @@ class MoELayer(torch.nn.Module):
         pad = self.pad_multiple or 1
         return int(num_tokens) * self.topk + (self.num_experts * (pad - 1) if pad > 1 else 0)
 
-    def forward(self, hidden_states: torch.Tensor, num_out_tokens: Optional[int] = None) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, num_out_tokens: Optional[int] = None,
+                is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
         """``hidden_states [B, S, H]`` or ``[T, H]`` -> same shape and dtype.
+
+        ``is_first_microbatch`` (FP8 experts; ignored in bf16): ``None`` quantizes the expert
+        weights on every call; ``True`` quantizes and caches them; ``False`` reuses the cache
+        (Megatron / Transformer Engine semantics, see :class:`GroupedLinear`).
 
         ``num_out_tokens`` is ``M``, the rows of the permuted buffer the experts run on:
 
@@ -301,7 +309,7 @@ class MoELayer(torch.nn.Module):
             # clip the group lengths the same way, on the device
             ends = torch.cumsum(group_lens, 0).clamp(max=m)
             group_lens = torch.diff(ends, prepend=ends.new_zeros(1))
-        y = self.experts(permuted, group_lens, permuted_probs)                                    # [M, H]
+        y = self.experts(permuted, group_lens, permuted_probs, is_first_microbatch=is_first_microbatch)  # [M, H]
         # probs were applied in the activation: the combine is the plain sum of each token's rows
         out = moe_unpermute(y, row_id_map, None, restore_shape=shape)
 

@@ -55,7 +55,7 @@ from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingR
 from .gemm import _megatron_dummy_wgrad, check_main_grad
 from .grouped_gemm import _offsets
 
-__all__ = ["grouped_gemm_fp8"]
+__all__ = ["grouped_gemm_fp8", "grouped_gemm_fp8_cached_weight", "grouped_weight_copies"]
 
 _HP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _SUPPORTED = ("TENSORWISE", "ROWWISE", "BLOCKWISE", "MX_BLOCKWISE")
@@ -232,12 +232,17 @@ def _vk_fp8(X, Y, gran, group_lens, group_offs, out_dtype, num_cu, out=None, bs=
 class GroupedGemmFP8Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, gran, fwd_dtype, bwd_dtype, bs, num_cu,
-                fuse_accum):
+                fuse_accum, w_copies=None):
         need_ga, need_gb = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.trans_b, ctx.gran, ctx.bwd_dtype, ctx.bs, ctx.num_cu = trans_b, gran, bwd_dtype, bs, num_cu
         ctx.fuse_accum, ctx.a_dtype, ctx.b_dtype = fuse_accum, a.dtype, b.dtype
         a_row = _quant_rows(a, fwd_dtype, gran, bs)
-        w_fwd, w_dgrad = _weight_copies(b, trans_b, fwd_dtype, gran, bs, True, need_ga)
+        if w_copies is None:
+            w_fwd, w_dgrad = _weight_copies(b, trans_b, fwd_dtype, gran, bs, True, need_ga)
+        else:  # the weight's copies quantized earlier (GroupedLinear's micro-batch cache)
+            w_fwd, w_dgrad = w_copies
+            if need_ga and w_dgrad is None:
+                raise RuntimeError("grouped_gemm_fp8: the cached weight copies lack the grad_input copy")
         out = _mm(a_row, w_fwd, gran, group_lens, group_offs, out_dtype, bs, num_cu)
         saved_w = w_dgrad if need_ga else (None, None)
         src = poffs = None
@@ -290,7 +295,7 @@ class GroupedGemmFP8Function(torch.autograd.Function):
             if fuse:
                 b.grad_added_to_main_grad = True
                 grad_b = _megatron_dummy_wgrad(b)
-        return grad_a, grad_b, None, None, None, None, None, None, None, None, None, None
+        return grad_a, grad_b, None, None, None, None, None, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -402,6 +407,45 @@ def grouped_gemm_fp8(
     """
     config = Float8QuantConfig() if config is None else config
     _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern)
+    return _run(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern, None)
+
+
+def grouped_weight_copies(b: torch.Tensor, config: Float8QuantConfig, need_dgrad: bool, trans_b: bool = True):
+    """The FP8 copies of the expert weights ``b`` that :func:`grouped_gemm_fp8` forms on every call
+    (``config``'s forward dtype and granularity): ``(forward copy, grad_input copy or None)``, each a
+    ``(data, scale)`` pair in the layouts the grouped kernels read. Computed without autograd, for
+    a cache that reuses them across micro-batches (:class:`turbo.modules.GroupedLinear`)."""
+    gran = config.granularity.name
+    with torch.no_grad():
+        return _weight_copies(b.detach(), bool(trans_b), config.fwd_dtype(), gran, int(config.block_size or 128),
+                              True, bool(need_dgrad))
+
+
+def grouped_gemm_fp8_cached_weight(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    w_copies: tuple,
+    group_lens: torch.Tensor,
+    group_offs: Optional[torch.Tensor] = None,
+    trans_b: bool = True,
+    config: Optional[Float8QuantConfig] = None,
+    fuse_bgrad_accum_pattern: Optional[str] = None,
+) -> torch.Tensor:
+    """:func:`grouped_gemm_fp8` with the weight's FP8 copies taken from ``w_copies`` (made by
+    :func:`grouped_weight_copies` from the same ``b``, ``trans_b`` and ``config``) instead of
+    quantizing ``b`` again; the weight gradient still reaches ``b`` (or ``b.main_grad``): the
+    grad_weight GEMM reads the activations' and the output gradient's copies, never the weight.
+    The caller owns the copies' validity (they must match ``b``'s current values)."""
+    config = Float8QuantConfig() if config is None else config
+    _check_inputs(a, b, group_lens, group_offs, trans_b, None, config, None, fuse_bgrad_accum_pattern)
+    if not isinstance(w_copies, tuple) or len(w_copies) != 2 or w_copies[0] is None:
+        raise TypeError("grouped_gemm_fp8_cached_weight: w_copies must be grouped_weight_copies(...)'s "
+                        "(forward copy, grad_input copy or None)")
+    return _run(a, b, group_lens, group_offs, trans_b, None, config, None, fuse_bgrad_accum_pattern, w_copies)
+
+
+def _run(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern, w_copies):
+    """The op after its checks; ``w_copies``: the weight's FP8 copies when already made."""
     if group_offs is None:
         group_offs = _offsets(group_lens)
     if a.device.type == "cpu" and not torch.compiler.is_compiling():
@@ -423,7 +467,7 @@ def grouped_gemm_fp8(
             out = out + (a.reshape(-1)[:0].sum() + b.reshape(-1)[:0].sum()).to(out_dtype)
         return out
     args = (group_lens, group_offs, bool(trans_b), out_dtype, gran, config.fwd_dtype(), config.bwd_dtype(), bs,
-            num_cu, fuse)
+            num_cu, fuse, w_copies)
     if grads:
         return GroupedGemmFP8Function.apply(a, b, *args)
     with torch.no_grad():

@@ -240,6 +240,100 @@ def test_grouped_linear(config, dtype):
     _assert(rw, mod.weight.grad, bar, "dw")
 
 
+_GROUPED_F8 = {
+    "tensorwise": Float8QuantConfig(),
+    "rowwise": Float8QuantConfig(granularity="ROWWISE"),
+    "blockwise": Float8QuantConfig(granularity="BLOCKWISE", block_size=32),
+    "hybrid_blockwise": Float8QuantConfig(format="HYBRID", granularity="BLOCKWISE", block_size=32),
+}
+
+
+@pytest.mark.parametrize("name", list(_GROUPED_F8))
+def test_grouped_linear_fp8_weight_cache(name, monkeypatch):
+    """is_first_microbatch: one quantization of the expert weights serves later micro-batches,
+    bit-identical to quantizing on every call (out, dx, and the main_grad accumulation); an
+    optimizer step invalidates it; True refreshes; None drops it."""
+    from primus_turbo.pytorch.modules import grouped_linear as gl_mod
+
+    torch.manual_seed(7)
+    cfg = _GROUPED_F8[name]
+    calls = []
+    real = gl_mod.grouped_weight_copies
+
+    def spy(b, config, need_dgrad, trans_b=True):
+        calls.append(need_dgrad)
+        return real(b, config, need_dgrad, trans_b)
+
+    monkeypatch.setattr(gl_mod, "grouped_weight_copies", spy)
+    G, K, N = 3, 64, 96
+    mod = turbo.modules.GroupedLinear(G, K, N, dtype=torch.bfloat16, config=cfg)
+    _attach_main_grad(mod.weight)
+    plain = turbo.modules.GroupedLinear(G, K, N, dtype=torch.bfloat16, config=cfg)
+    plain.weight = _attach_main_grad(torch.nn.Parameter(mod.weight.detach().clone()))
+    lens = torch.tensor([40, 0, 70], dtype=torch.int64)
+    ref_sum = torch.zeros(G, N, K, dtype=torch.float64)
+    for i in range(3):
+        x = torch.randn(120, K, dtype=torch.bfloat16, requires_grad=True)  # 10 rows past the groups
+        y = mod(x, lens, is_first_microbatch=(i == 0))
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        ry, rx, rw = _grouped_ref(x[:110], mod.weight, lens, dy[:110])
+        ref_sum += rw
+        _assert(ry, y[:110], FP8_DB, "y")
+        _assert(rx, x.grad[:110], FP8_DB, "dx")
+        assert torch.all(y[110:] == 0) and torch.all(x.grad[110:] == 0)
+        x2 = x.detach().clone().requires_grad_()
+        y2 = plain(x2, lens)
+        y2.backward(dy)
+        torch.testing.assert_close(y, y2, rtol=0, atol=0)
+        torch.testing.assert_close(x.grad, x2.grad, rtol=0, atol=0)
+    assert calls == [True]  # one quantization (with the grad_input copy) for three micro-batches
+    assert mod.weight.grad_added_to_main_grad is True
+    _assert(ref_sum, mod.weight.main_grad, FP8_DB, "main_grad")
+    torch.testing.assert_close(mod.weight.main_grad, plain.weight.main_grad, rtol=0, atol=0)
+
+    # optimizer step (in place: _version bumps) -> the next reuse call re-quantizes
+    mod.weight.grad = mod.weight.main_grad.to(mod.weight.dtype)
+    torch.optim.SGD([mod.weight], lr=0.5).step()
+    x = torch.randn(110, K, dtype=torch.bfloat16)
+    with torch.no_grad():
+        y_new = mod(x, lens, is_first_microbatch=False)
+        y_fresh = turbo.ops.grouped_gemm_fp8(x, mod.weight, lens, config=cfg)
+    assert calls == [True, False]  # no gradient recorded: no grad_input copy
+    torch.testing.assert_close(y_new, y_fresh, rtol=0, atol=0)
+    with torch.no_grad():
+        mod(x, lens, is_first_microbatch=False)
+    assert len(calls) == 2  # reused
+    # a gradient wanted for x: the cache without the grad_input copy does not serve, it is rebuilt
+    xg = x.clone().requires_grad_()
+    mod(xg, lens, is_first_microbatch=False).sum().backward()
+    assert calls == [True, False, True]
+    with torch.no_grad():
+        mod(x, lens, is_first_microbatch=False)  # the copy with the grad_input copy serves no-grad calls
+    assert len(calls) == 3
+    # writes through .data are invisible to the version counter: True refreshes
+    with torch.no_grad():
+        mod.weight.data.mul_(0.5)
+        mod(x, lens, is_first_microbatch=True)
+        torch.testing.assert_close(mod(x, lens, is_first_microbatch=False),
+                                   turbo.ops.grouped_gemm_fp8(x, mod.weight, lens, config=cfg), rtol=0, atol=0)
+    assert len(calls) == 4
+    mod(x, lens, is_first_microbatch=None)
+    assert mod._weight_cache is None  # None: no cache at all
+    with pytest.raises(TypeError, match="is_first_microbatch"):
+        mod(x, lens, is_first_microbatch=1)
+    with pytest.raises(TypeError, match="must match the weight"):
+        mod(x.float(), lens, is_first_microbatch=False)
+
+
+def test_grouped_linear_bf16_ignores_is_first_microbatch():
+    torch.manual_seed(8)
+    mod = turbo.modules.GroupedLinear(2, 32, 16, dtype=torch.float32)
+    lens = torch.tensor([5, 7], dtype=torch.int64)
+    x = torch.randn(12, 32)
+    torch.testing.assert_close(mod(x, lens, is_first_microbatch=True), mod(x, lens), rtol=0, atol=0)
+
+
 # ----------------------------------------------------------------------------------------------
 # TurboAttention
 # ----------------------------------------------------------------------------------------------

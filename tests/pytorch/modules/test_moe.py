@@ -344,6 +344,40 @@ def test_moe_layer_main_grad_accumulation(config, device):
         _assert(acc, w.main_grad, _db(torch.bfloat16, config, probs_path=name == "router"), f"main_grad_{name}")
 
 
+def test_moe_layer_fp8_weight_cache_across_microbatches(device, monkeypatch):
+    """is_first_microbatch reaches both expert GroupedLinears: True then False quantizes each
+    expert weight once and gives the same bits (out, dx, main_grad) as quantizing every call."""
+    from primus_turbo.pytorch.modules import grouped_linear as gl_mod
+
+    calls = []
+    real = gl_mod.grouped_weight_copies
+    monkeypatch.setattr(gl_mod, "grouped_weight_copies",
+                        lambda b, config, need_dgrad, trans_b=True: calls.append(tuple(b.shape)) or
+                        real(b, config, need_dgrad, trans_b))
+    H, FF, E, k = 32, 32, 4, 2
+    cfg = Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE, block_size=32)
+    layers = [turbo.modules.MoELayer(H, FF, E, k, config=cfg, dtype=torch.bfloat16, device=device) for _ in range(2)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    for lay in layers:
+        for w in (lay.experts.linear_fc1.weight, lay.experts.linear_fc2.weight):
+            w.main_grad = torch.zeros(w.shape, dtype=torch.float32, device=device)
+    for i in range(3):
+        x = torch.randn(24, H, dtype=torch.bfloat16, device=device)
+        dy = torch.randn(24, H, dtype=torch.bfloat16, device=device)
+        outs = []
+        for j, lay in enumerate(layers):
+            xi = x.clone().requires_grad_()
+            y = lay(xi, is_first_microbatch=(i == 0)) if j == 0 else lay(xi)
+            y.backward(dy)
+            outs.append((y.detach(), xi.grad))
+        for a, b in zip(*outs):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert calls == [(E, 2 * FF, H), (E, H, FF)]  # fc1 and fc2 once each, for three micro-batches
+    for name in ("linear_fc1", "linear_fc2"):
+        torch.testing.assert_close(getattr(layers[0].experts, name).weight.main_grad,
+                                   getattr(layers[1].experts, name).weight.main_grad, rtol=0, atol=0)
+
+
 # ----------------------------------------------------------------------------------------------
 # Error paths
 # ----------------------------------------------------------------------------------------------
