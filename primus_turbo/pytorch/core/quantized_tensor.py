@@ -90,6 +90,8 @@ class QuantizedTensor:
 
     def dequantize(self, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """``data * scale_inv`` per block, in ``out_dtype`` (default: ``orig_dtype``)."""
+        if self.data.dim() == 3:
+            return _dequantize_experts(self, out_dtype or self.orig_dtype)
         return _ops().dequantize_fp8(
             self.data, out_dtype or self.orig_dtype, self.granularity, block_size=self.block_size,
             axis=self.axis, scale_inv=self.scale_inv, scaling_recipe=self.scaling_recipe,
@@ -158,21 +160,37 @@ def create_quantized_weight(
     config: Float8QuantConfig,
     need_weight_transpose_cache: bool = False,
 ) -> QuantizedTensorPair:
-    """Quantize a ``[N, K]`` weight for the FP8 GEMMs (groups along K).
+    """Quantize a ``[N, K]`` weight for the FP8 GEMMs (groups along K), or a ``[G, N, K]`` stack of
+    expert weights for ``grouped_gemm_fp8`` (each expert quantized on its own).
 
     BLOCKWISE weights use ``b x b`` 2-D blocks (``config.block_size``, 128 by default), MX weights
     1 x 32 along K, TENSORWISE/ROWWISE as configured (ROWWISE: one scale per output row). With
     ``need_weight_transpose_cache`` the transposed copy ``[K, N]`` (groups along N, for dgrad) is
     built in the same pass by ``quantize_fp8_with_trans``.
 
+    Expert stacks ``[G, N, K]`` (the ``trans_b=True`` layout of ``grouped_gemm_fp8``): scales as the
+    grouped kernels read them, per expert: TENSORWISE ``[G]`` (one per expert), ROWWISE ``[G, N]``,
+    BLOCKWISE ``[G, ceil(N/b), ceil(K/b)]``, MX ``[G, N, K/32]``; the transposed copy is ``[G, K, N]``
+    with ``[G]``, ``[G, K]``, ``[G, ceil(K/b), ceil(N/b)]`` (a transposed view of the same blocks) or
+    ``[G, K, N/32]``. Pass the pair to ``grouped_gemm_fp8`` as ``b`` to skip the weight's
+    quantization (the weight then gets no gradient).
+
     Returns:
         ``QuantizedTensorPair(data, data_t)``; ``data_t`` is None unless asked for.
     """
     if not isinstance(config, Float8QuantConfig):
         raise TypeError(f"create_quantized_weight: config must be a Float8QuantConfig, got {type(config).__name__}")
-    if weight.dim() != 2:
-        raise ValueError(f"create_quantized_weight: weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
+    if not isinstance(weight, torch.Tensor) or weight.dim() not in (2, 3):
+        raise ValueError(f"create_quantized_weight: weight must be 2-D [N, K] or 3-D [G, N, K] (experts), got shape "
+                         f"{tuple(getattr(weight, 'shape', ()))}")
     g, b, recipe = _weight_scheme(config)
+    if weight.dim() == 3:
+        from ..ops.grouped_gemm_fp8 import _grouped_copies  # lazy: ops imports core
+
+        fwd, dgr = _grouped_copies(weight, dest_dtype, g.name, b or DEFAULT_BLOCK_SIZE, need_weight_transpose_cache)
+        mk = lambda c: QuantizedTensor(c[0], c[1], g, block_size=b, axis=-1, orig_dtype=weight.dtype,  # noqa: E731
+                                       scaling_recipe=recipe)
+        return QuantizedTensorPair(mk(fwd), mk(dgr) if dgr is not None else None)
     ops = _ops()
     if not need_weight_transpose_cache:
         q = QuantizedTensor.quantize(weight, dest_dtype, g, block_size=b, scaling_recipe=recipe)
@@ -209,3 +227,25 @@ def check_quantized_tensor(qt: QuantizedTensor, config: Float8QuantConfig, axis:
     if tuple(qt.scale_inv.shape) != tuple(want):
         raise ValueError(f"check_quantized_tensor: scale_inv shape {tuple(qt.scale_inv.shape)} != expected "
                          f"{tuple(want)} for data {tuple(qt.data.shape)}")
+
+
+def _dequantize_experts(qt: QuantizedTensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``dequantize()`` of a ``[G, R, C]`` expert stack (scales per expert, see
+    :func:`create_quantized_weight`)."""
+    G, R, C = qt.data.shape
+    s = qt.scale_inv
+    g = qt.granularity
+    if g == _G.MX_BLOCKWISE:
+        flat = _ops().dequantize_fp8(qt.data.reshape(G * R, C), out_dtype, g, block_size=qt.block_size, axis=-1,
+                                     scale_inv=s.reshape(G * R, -1))
+        return flat.view(G, R, C)
+    x = qt.data.float()
+    if g == _G.TENSORWISE:
+        x = x * s.float().reshape(-1, 1, 1)
+    elif g == _G.ROWWISE:
+        x = x * s.float().reshape(G, R, 1)
+    else:  # BLOCKWISE: b x b blocks per expert
+        b = qt.block_size or DEFAULT_BLOCK_SIZE
+        full = s.float().repeat_interleave(b, 1).repeat_interleave(b, 2)[:, :R, :C]
+        x = x * full
+    return x.to(out_dtype)

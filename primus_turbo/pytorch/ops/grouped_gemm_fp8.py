@@ -40,6 +40,7 @@ on the device by the quantization kernels: no host synchronisation anywhere.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -315,18 +316,40 @@ def _check_mx_dims(op: str, a, b, trans_b: bool) -> None:
                              f"b{tuple(b.shape)}, trans_b={trans_b})")
 
 
+def _is_prequantized(x) -> bool:
+    return type(x).__name__ in ("QuantizedTensor", "QuantizedTensorPair") and not isinstance(x, torch.Tensor)
+
+
 def _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern):
+    """Raise on bad arguments. ``a`` / ``b`` may be pre-quantized (a ``QuantizedTensor`` /
+    ``QuantizedTensorPair``): their FP8 data stands in for the shape and device checks here; their
+    format is checked by :func:`_prequantized_rows` / :func:`_prequantized_weight`."""
     op = "grouped_gemm_fp8"
+    hp = {}
     for name, t, nd in (("a", a, 2), ("b", b, 3)):
+        if _is_prequantized(t):
+            if name == "a" and type(t).__name__ != "QuantizedTensor":
+                raise TypeError(f"{op}: a pre-quantized a must be a QuantizedTensor (a QuantizedTensorPair is for b)")
+            data = (t.data.data if type(t).__name__ == "QuantizedTensorPair" else t.data)
+            if not isinstance(data, torch.Tensor) or data.dim() != nd:
+                raise ValueError(f"{op}: a pre-quantized {name} must hold {nd}-D data, got shape "
+                                 f"{tuple(getattr(data, 'shape', ()))}")
+            if name == "a":
+                a = data
+            else:
+                if not trans_b:
+                    raise ValueError(f"{op}: a pre-quantized b must be the [G, N, K] expert stack (trans_b=True)")
+                b = data
+            continue
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor (QuantizedTensor inputs are not supported yet), "
-                            f"got {type(t).__name__}")
+            raise TypeError(f"{op}: {name} must be a torch.Tensor or a QuantizedTensor, got {type(t).__name__}")
         if t.dim() != nd:
             raise ValueError(f"{op}: {name} must be {nd}-D, got shape {tuple(t.shape)}")
         if t.dtype not in _HP_DTYPES:
-            raise TypeError(f"{op}: {name}.dtype must be float32, float16 or bfloat16 (quantized on the fly), "
-                            f"got {t.dtype}")
-    if a.dtype != b.dtype:
+            raise TypeError(f"{op}: {name}.dtype must be float32, float16 or bfloat16 (quantized on the fly; "
+                            f"FP8 data goes in a QuantizedTensor), got {t.dtype}")
+        hp[name] = t.dtype
+    if len(hp) == 2 and a.dtype != b.dtype:
         raise TypeError(f"{op}: a and b must have the same dtype, got a={a.dtype}, b={b.dtype}")
     if a.device != b.device:
         raise ValueError(f"{op}: a and b must be on the same device, got a on {a.device}, b on {b.device}")
@@ -397,6 +420,15 @@ def grouped_gemm_fp8(
         fuse_bgrad_accum_pattern: ``None`` or ``"megatron"``: the weight gradient is added into
             ``b.main_grad`` (fp32 or ``b.dtype``) in the kernel epilogue and a placeholder is returned.
 
+    Pre-quantized operands: ``b`` may be a ``QuantizedTensorPair`` / ``QuantizedTensor`` of the
+    ``[G, N, K]`` expert stack (``create_quantized_weight(w, dtype, config,
+    need_weight_transpose_cache=...)``, with ``trans_b=True``) and ``a`` a ``QuantizedTensor`` of
+    ``[M_total, K]`` quantized along K (``QuantizedTensor.quantize(x, dtype, granularity, axis=-1,
+    block_size=...)``), in ``config``'s granularity, block size and forward dtype. A pre-quantized
+    operand gets no gradient; a high-precision ``a`` with a pre-quantized ``b`` still gets its
+    gradient (ROWWISE / MX need ``b``'s transposed copy for it); a pre-quantized ``a`` cannot feed
+    a gradient of ``b`` (that needs the high-precision tokens), which raises ValueError.
+
     Forward, grad_input and grad_weight run in FP8 (BLOCKWISE and MX grad_weight on a token layout
     padded per group to whole token blocks: see the module docstring). Backends: TRITON (persistent
     kernels with a device-side group schedule; CPU through the Triton interpreter; the default
@@ -407,7 +439,129 @@ def grouped_gemm_fp8(
     """
     config = Float8QuantConfig() if config is None else config
     _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern)
+    if _is_prequantized(a) or _is_prequantized(b):
+        return _run_prequantized(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu,
+                                 fuse_bgrad_accum_pattern)
     return _run(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern, None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Pre-quantized operands
+# ----------------------------------------------------------------------------------------------
+def _check_fp8(op: str, name: str, qt, gran: str, bs: int, dtype) -> None:
+    if qt.granularity.name != gran:
+        raise ValueError(f"{op}: {name} was quantized {qt.granularity.name}, config says {gran}")
+    want_bs = bs if gran == "BLOCKWISE" else (_MX_BLOCK if gran == _MX else None)
+    if want_bs is not None and (qt.block_size or 128) != want_bs:
+        raise ValueError(f"{op}: {name} was quantized with block_size={qt.block_size}, config says {want_bs}")
+    if qt.data.dtype != dtype:
+        raise ValueError(f"{op}: {name} holds {qt.data.dtype} data, config's forward operands are {dtype}")
+
+
+def _scale_as(op: str, name: str, s: torch.Tensor, shape: tuple, mx: bool) -> torch.Tensor:
+    """``s`` in ``shape`` (a size-1 scale broadcast per expert where ``shape`` is ``(G,)``)."""
+    want = torch.float8_e8m0fnu if mx else torch.float32
+    if s.dtype != want:
+        raise ValueError(f"{op}: {name}'s scale_inv must be {want}, got {s.dtype}")
+    if s.numel() == 1 and len(shape) == 1:
+        return s.reshape(1).expand(shape).contiguous()
+    if s.numel() != math.prod(shape) or (s.dim() == len(shape) and tuple(s.shape) != shape):
+        raise ValueError(f"{op}: {name}'s scale_inv must be {list(shape)}, got {list(s.shape)}")
+    return s if s.dim() == len(shape) else s.reshape(shape)
+
+
+def _weight_scale_shape(gran: str, G: int, R: int, C: int, bs: int) -> tuple:
+    """Scale shape of a ``[G, R, C]`` expert copy grouped along C (see create_quantized_weight)."""
+    if gran == "TENSORWISE":
+        return (G,)
+    if gran == "ROWWISE":
+        return (G, R)
+    if gran == _MX:
+        return (G, R, C // _MX_BLOCK)
+    return (G, -(-R // bs), -(-C // bs))
+
+
+def _prequantized_weight(b, gran: str, bs: int, dtype, need_dgrad: bool):
+    """(forward copy, grad_input copy or None) of a pre-quantized ``[G, N, K]`` weight
+    (``create_quantized_weight`` of the expert stack): checked, in the kernels' layouts."""
+    op = "grouped_gemm_fp8"
+    qt, qt_t = (b.data, b.data_t) if type(b).__name__ == "QuantizedTensorPair" else (b, None)
+    _check_fp8(op, "b", qt, gran, bs, dtype)
+    G, N, K = qt.data.shape
+    fwd = (qt.data, _scale_as(op, "b", qt.scale_inv, _weight_scale_shape(gran, G, N, K, bs), gran == _MX))
+    dgr = None
+    if need_dgrad:
+        if qt_t is not None:
+            _check_fp8(op, "b.data_t", qt_t, gran, bs, dtype)
+            if tuple(qt_t.data.shape) != (G, K, N):
+                raise ValueError(f"{op}: b.data_t must be [G, K, N] = {[G, K, N]}, got {list(qt_t.data.shape)}")
+            shape_t = _weight_scale_shape(gran, G, K, N, bs)
+            dgr = (qt_t.data, _scale_as(op, "b.data_t", qt_t.scale_inv, shape_t, gran == _MX))
+        elif gran in ("TENSORWISE", "BLOCKWISE"):  # one grid of scales serves both orientations
+            dgr = (_transpose_bytes(fwd[0]), fwd[1] if gran == "TENSORWISE" else fwd[1].transpose(1, 2))
+        else:
+            raise ValueError(f"{op}: the grad_input of a needs b's transposed copy, which {gran} cannot take from "
+                             f"the forward copy; pass create_quantized_weight(..., need_weight_transpose_cache=True)")
+    return fwd, dgr
+
+
+def _prequantized_rows(a, gran: str, bs: int, dtype):
+    """The forward copy of a pre-quantized ``[M, K]`` activation (groups along K), checked."""
+    op = "grouped_gemm_fp8"
+    _check_fp8(op, "a", a, gran, bs, dtype)
+    if a.axis not in (-1, 1) and gran != "TENSORWISE":
+        raise ValueError(f"{op}: a must be quantized along its last dim (axis=-1), got axis={a.axis}")
+    M, K = a.data.shape
+    shape = {"TENSORWISE": (), "ROWWISE": (M,), _MX: (M, K // _MX_BLOCK)}.get(gran, (M, -(-K // bs)))
+    s = a.scale_inv
+    if gran == "TENSORWISE":
+        if s.numel() != 1 or s.dtype != torch.float32:
+            raise ValueError(f"{op}: a's TENSORWISE scale_inv must be one float32 value, got {s.dtype} "
+                             f"{list(s.shape)}")
+        return a.data, s
+    return a.data, _scale_as(op, "a", s, shape, gran == _MX)
+
+
+def _run_prequantized(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern):
+    """grouped_gemm_fp8 with a pre-quantized ``a`` and / or ``b``: those operands get no gradient;
+    a high-precision operand still does, where its gradient can be formed."""
+    op = "grouped_gemm_fp8"
+    gran, bs, dtype = config.granularity.name, int(config.block_size or 128), config.fwd_dtype()
+    a_pre, b_pre = _is_prequantized(a), _is_prequantized(b)
+    if b_pre and not trans_b:
+        raise ValueError(f"{op}: a pre-quantized b must be the [G, N, K] expert stack (trans_b=True)")
+    grad = torch.is_grad_enabled()
+    if a_pre and not b_pre and grad and b.requires_grad:
+        raise ValueError(f"{op}: b's gradient needs the high-precision a (its column-wise copy over the tokens); "
+                         f"pass a as a tensor, or b without requires_grad")
+    if group_offs is None:
+        group_offs = _offsets(group_lens)
+    a_data = a.data if a_pre else a
+    out_dtype = out_dtype or (a.orig_dtype if a_pre else a.dtype)
+    if b_pre:
+        need_dgrad = (not a_pre) and grad and a.requires_grad
+        copies = _prequantized_weight(b, gran, bs, dtype, need_dgrad)
+        G, N = copies[0][0].shape[:2]
+    else:
+        G, N = b.size(0), (b.size(1) if trans_b else b.size(2))
+    M, K = a_data.shape
+    if M == 0 or N == 0 or K == 0 or G == 0:
+        out = a_data.new_zeros((M, N), dtype=out_dtype)
+        if not a_pre and grad and a.requires_grad:
+            out = out + a.reshape(-1)[:0].sum().to(out_dtype)
+        return out
+    if not a_pre:  # high-precision a: the autograd function with b's copies given
+        fuse = fuse_bgrad_accum_pattern == "megatron"
+        args = (group_lens, group_offs, True, out_dtype, gran, dtype, config.bwd_dtype(), bs, num_cu, fuse, copies)
+        if grad and a.requires_grad:
+            return GroupedGemmFP8Function.apply(a, copies[0][0], *args)
+        with torch.no_grad():
+            return GroupedGemmFP8Function.forward(_NoGradCtx(), a, copies[0][0], *args)
+    # pre-quantized a: no gradient anywhere (b pre-quantized, or b not needing one): the forward GEMM
+    a_row = _prequantized_rows(a, gran, bs, dtype)
+    if not b_pre:
+        copies = _weight_copies(b.detach(), trans_b, dtype, gran, bs, True, False)
+    return _mm(a_row, copies[0], gran, group_lens, group_offs, out_dtype, bs, num_cu)
 
 
 def grouped_weight_copies(b: torch.Tensor, config: Float8QuantConfig, need_dgrad: bool, trans_b: bool = True):
@@ -415,10 +569,16 @@ def grouped_weight_copies(b: torch.Tensor, config: Float8QuantConfig, need_dgrad
     (``config``'s forward dtype and granularity): ``(forward copy, grad_input copy or None)``, each a
     ``(data, scale)`` pair in the layouts the grouped kernels read. Computed without autograd, for
     a cache that reuses them across micro-batches (:class:`turbo.modules.GroupedLinear`)."""
-    gran = config.granularity.name
+    if not trans_b:
+        b = b.transpose(1, 2)
+    return _grouped_copies(b, config.fwd_dtype(), config.granularity.name, int(config.block_size or 128),
+                           need_dgrad)
+
+
+def _grouped_copies(w_nk: torch.Tensor, dtype, gran: str, bs: int, need_dgrad: bool):
+    """:func:`_weight_copies` of a ``[G, N, K]`` weight, without autograd."""
     with torch.no_grad():
-        return _weight_copies(b.detach(), bool(trans_b), config.fwd_dtype(), gran, int(config.block_size or 128),
-                              True, bool(need_dgrad))
+        return _weight_copies(w_nk.detach(), True, dtype, gran, bs, True, bool(need_dgrad))
 
 
 def grouped_gemm_fp8_cached_weight(

@@ -459,3 +459,112 @@ def test_torch_backend_autotune_and_pin_refusal(device):
             grouped_gemm_fp8(a, b, gl, config=_cfg(ScalingGranularity.BLOCKWISE))
     finally:
         GlobalBackendManager.reset()
+
+
+# ----------------------------------------------------------------------------------------------
+# Pre-quantized operands (QuantizedTensor / QuantizedTensorPair)
+# ----------------------------------------------------------------------------------------------
+_PRE_CFGS = {
+    "tensorwise": Float8QuantConfig(),
+    "rowwise": Float8QuantConfig(granularity=ScalingGranularity.ROWWISE),
+    "blockwise": Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE, block_size=32),
+    "hybrid_blockwise": Float8QuantConfig(format=Format.HYBRID, granularity=ScalingGranularity.BLOCKWISE,
+                                          block_size=32),
+    "mx": Float8QuantConfig(granularity=MX),
+}
+
+
+@pytest.mark.parametrize("name", list(_PRE_CFGS))
+def test_prequantized_weight_matches_on_the_fly(name, device):
+    """b = create_quantized_weight(expert stack): out and dx bit-identical to quantizing b on the
+    fly; b gets no gradient; dequantize() of the stack matches the per-expert reference."""
+    from primus_turbo.pytorch.core.quantized_tensor import create_quantized_weight
+
+    cfg = _PRE_CFGS[name]
+    a, b, gl = _make([20, 0, 41], 96, 128, True, device, extra_rows=5)
+    pair = create_quantized_weight(b, cfg.fwd_dtype(), cfg, need_weight_transpose_cache=True)
+    assert tuple(pair.data.data.shape) == (3, 96, 128) and tuple(pair.data_t.data.shape) == (3, 128, 96)
+    deq = pair.data.dequantize(torch.float32)
+    assert deq.shape == b.shape and snr_db(b.double(), deq.double()) >= 25.0
+    deq_t = pair.data_t.dequantize(torch.float32)
+    assert snr_db(b.transpose(1, 2).double(), deq_t.double()) >= 25.0
+    dy = torch.randn(a.shape[0], 96, dtype=torch.bfloat16, device=device)
+    res = {}
+    for key, bb in (("fly", b), ("pre", pair)):
+        ai = a.clone().requires_grad_()
+        y = grouped_gemm_fp8(ai, bb, gl, config=cfg)
+        y.backward(dy)
+        res[key] = (y.detach(), ai.grad)
+    for u, v in zip(res["fly"], res["pre"]):
+        torch.testing.assert_close(u, v, rtol=0, atol=0)
+    assert torch.all(res["pre"][0][61:] == 0)
+    ref = grouped_gemm_ref(a.double(), b.double(), gl, True)
+    assert snr_db(ref[:61], res["pre"][0][:61].double()) >= 20.0
+    # the forward copy alone serves no-grad calls (and TENSORWISE / BLOCKWISE gradients)
+    with torch.no_grad():
+        torch.testing.assert_close(grouped_gemm_fp8(a, pair.data, gl, config=cfg), res["pre"][0], rtol=0, atol=0)
+    if name in ("rowwise", "mx"):
+        with pytest.raises(ValueError, match="transposed copy"):
+            grouped_gemm_fp8(a.clone().requires_grad_(), pair.data, gl, config=cfg)
+    else:
+        ai = a.clone().requires_grad_()
+        grouped_gemm_fp8(ai, pair.data, gl, config=cfg).backward(dy)
+        torch.testing.assert_close(ai.grad, res["pre"][1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["tensorwise", "rowwise", "blockwise", "mx"])
+def test_prequantized_activation_forward(name, device):
+    """a = QuantizedTensor.quantize(x, along K): the forward bit-identical to on-the-fly
+    quantization (no gradient anywhere); b's gradient from a pre-quantized a raises."""
+    from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor, create_quantized_weight
+
+    cfg = _PRE_CFGS[name]
+    a, b, gl = _make([20, 0, 41], 96, 128, True, device, extra_rows=5)
+    bs = cfg.block_size if name == "blockwise" else None
+    qa = QuantizedTensor.quantize(a, cfg.fwd_dtype(), cfg.granularity, axis=-1, block_size=bs)
+    with torch.no_grad():
+        want = grouped_gemm_fp8(a, b, gl, config=cfg)
+        got = grouped_gemm_fp8(qa, b, gl, config=cfg)
+        both = grouped_gemm_fp8(qa, create_quantized_weight(b, cfg.fwd_dtype(), cfg), gl, config=cfg)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(both, want, rtol=0, atol=0)
+    assert got.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="needs the high-precision a"):
+        grouped_gemm_fp8(qa, b.clone().requires_grad_(), gl, config=cfg)
+    out = grouped_gemm_fp8(qa, b, gl, config=cfg)  # b without requires_grad: fine under grad mode
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+def test_prequantized_errors(device):
+    from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor, create_quantized_weight
+
+    a, b, gl = _make([3, 4], 64, 128, True, device)
+    tw, bw = _PRE_CFGS["tensorwise"], _PRE_CFGS["blockwise"]
+    pair = create_quantized_weight(b, torch.float8_e4m3fn, bw)
+    with pytest.raises(ValueError, match="quantized BLOCKWISE, config says TENSORWISE"):
+        grouped_gemm_fp8(a, pair, gl, config=tw)
+    with pytest.raises(ValueError, match="block_size=32, config says 64"):
+        grouped_gemm_fp8(a, pair, gl, config=Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE,
+                                                               block_size=64))
+    e5 = create_quantized_weight(b, torch.float8_e5m2, bw)
+    with pytest.raises(ValueError, match="float8_e5m2 data, config's forward operands are torch.float8_e4m3fn"):
+        grouped_gemm_fp8(a, e5, gl, config=bw)
+    with pytest.raises(ValueError, match="trans_b=True"):
+        grouped_gemm_fp8(a, pair, gl, trans_b=False, config=bw)
+    flat = create_quantized_weight(b[0], torch.float8_e4m3fn, bw)
+    with pytest.raises(ValueError, match="3-D data"):
+        grouped_gemm_fp8(a, flat, gl, config=bw)
+    bad = QuantizedTensor(pair.data.data, pair.data.scale_inv[:, :1], pair.data.granularity, block_size=32)
+    with pytest.raises(ValueError, match="scale_inv must be"):
+        grouped_gemm_fp8(a, bad, gl, config=bw)
+    qa = QuantizedTensor.quantize(a, torch.float8_e4m3fn, ScalingGranularity.TENSORWISE)
+    with pytest.raises(TypeError, match="QuantizedTensorPair is for b"):
+        grouped_gemm_fp8(create_quantized_weight(a, torch.float8_e4m3fn, tw), b, gl, config=tw)
+    with pytest.raises(ValueError, match="K mismatch"):
+        grouped_gemm_fp8(QuantizedTensor.quantize(a[:, :64], torch.float8_e4m3fn, ScalingGranularity.TENSORWISE),
+                         b, gl, config=tw)
+    with torch.no_grad():
+        torch.testing.assert_close(grouped_gemm_fp8(qa, b, gl, config=tw), grouped_gemm_fp8(a, b, gl, config=tw),
+                                   rtol=0, atol=0)
+    with pytest.raises(ValueError, match="2-D \\[N, K\\] or 3-D"):
+        create_quantized_weight(b[0, 0], torch.float8_e4m3fn, tw)
