@@ -10,12 +10,12 @@ import torch
 from ..core.low_precision import Float8QuantConfig
 from ..ops.grouped_gemm import grouped_gemm
 from ..ops.grouped_gemm_fp8 import grouped_gemm_fp8, grouped_gemm_fp8_cached_weight, grouped_weight_copies
-from .linear import _fuse_pattern
+from .linear import _FP8WeightCache, _fuse_pattern
 
 __all__ = ["GroupedLinear"]
 
 
-class GroupedLinear(torch.nn.Module):
+class GroupedLinear(_FP8WeightCache, torch.nn.Module):
     """``num_groups`` independent linear maps (MoE experts) over tokens sorted by group.
 
     ``weight`` is ``[num_groups, out_features, in_features]`` (the ``nn.Linear`` layout per group),
@@ -59,27 +59,8 @@ class GroupedLinear(torch.nn.Module):
         self.config = config
         self.weight = torch.nn.Parameter(torch.empty(num_groups, out_features, in_features, dtype=dtype,
                                                      device=device))
-        self._weight_cache: Optional[tuple] = None
-        self._weight_cache_key = None
+        self.invalidate_weight_cache()
         self.reset_parameters()
-
-    def invalidate_weight_cache(self) -> None:
-        """Drop the cached FP8 weight copies (the next call quantizes again)."""
-        self._weight_cache = None
-        self._weight_cache_key = None
-
-    def _key(self, need_dgrad: bool):
-        w = self.weight
-        return (w.data_ptr(), w._version, w.dtype, w.device, self.config, need_dgrad)
-
-    def _cached_copies(self, is_first_microbatch: bool, need_dgrad: bool) -> tuple:
-        if not is_first_microbatch and self._weight_cache is not None:
-            key = self._weight_cache_key
-            if key == self._key(need_dgrad) or (not need_dgrad and key == self._key(True)):
-                return self._weight_cache
-        copies = grouped_weight_copies(self.weight, self.config, need_dgrad)
-        self._weight_cache, self._weight_cache_key = copies, self._key(need_dgrad)
-        return copies
 
     def reset_parameters(self) -> None:
         for g in range(self.num_groups):
@@ -106,6 +87,7 @@ class GroupedLinear(torch.nn.Module):
         if x.dtype != w.dtype:
             raise TypeError(f"GroupedLinear: input dtype {x.dtype} must match the weight's {w.dtype}")
         need_dgrad = torch.is_grad_enabled() and x.requires_grad
-        copies = self._cached_copies(is_first_microbatch, need_dgrad)
+        copies = self._cached(is_first_microbatch, need_dgrad,
+                              lambda: grouped_weight_copies(w, self.config, need_dgrad))
         return grouped_gemm_fp8_cached_weight(x, w, copies, group_lens, group_offs, trans_b=True, config=self.config,
                                               fuse_bgrad_accum_pattern=fuse)

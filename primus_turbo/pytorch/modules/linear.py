@@ -102,12 +102,41 @@ class _CachedWeightGemmFP8(torch.autograd.Function):
         return grad_x, grad_w, None, None, None, None, None, None, None
 
 
+class _FP8WeightCache:
+    """The ``is_first_microbatch`` cache of a module's FP8 weight copies (Float8Linear,
+    GroupedLinear): valid while the weight's pointer, version counter, dtype, device and the
+    module's ``config`` are unchanged; ``extra`` (whether the grad_input copy is included) must
+    match, except that copies with it also serve calls that do not need it."""
+
+    _weight_cache = None
+    _weight_cache_key = None
+
+    def invalidate_weight_cache(self) -> None:
+        """Drop the cached quantized weight (the next call quantizes again)."""
+        self._weight_cache = None
+        self._weight_cache_key = None
+
+    def _key(self, extra: bool):
+        w = self.weight
+        return (w.data_ptr(), w._version, w.dtype, w.device, self.config, extra)
+
+    def _cached(self, is_first_microbatch: bool, extra: bool, build):
+        """The cached copies when valid (and not the first micro-batch), else ``build()``, cached."""
+        if not is_first_microbatch and self._weight_cache is not None:
+            key = self._weight_cache_key
+            if key == self._key(extra) or (not extra and key == self._key(True)):
+                return self._weight_cache
+        copies = build()
+        self._weight_cache, self._weight_cache_key = copies, self._key(extra)
+        return copies
+
+
 # granularities whose weight copy for grad_input (grouped along N) cannot be derived from the
 # forward copy by a transpose: the cache must hold the transposed copy (data_t) as well
 _NEEDS_T_COPY = (ScalingGranularity.ROWWISE, ScalingGranularity.MX_BLOCKWISE)
 
 
-class Float8Linear(torch.nn.Linear):
+class Float8Linear(_FP8WeightCache, torch.nn.Linear):
     """``y = x @ W^T (+ b)`` with all three GEMMs in FP8 (:func:`turbo.ops.gemm_fp8`, ``trans_b=True``).
 
     Args:
@@ -162,26 +191,13 @@ class Float8Linear(torch.nn.Linear):
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, config={self.config}"
 
-    def invalidate_weight_cache(self) -> None:
-        """Drop the cached quantized weight (the next call quantizes again)."""
-        self._weight_cache = None
-        self._weight_cache_key = None
-
-    def _key(self, need_t: bool):
-        w = self.weight
-        return (w.data_ptr(), w._version, w.dtype, w.device, self.config, need_t)
-
     def _cached_weight(self, is_first_microbatch: bool, need_t: bool) -> QuantizedTensorPair:
-        w = self.weight
-        if not is_first_microbatch and self._weight_cache is not None:
-            key = self._weight_cache_key
-            if key == self._key(need_t) or (need_t is False and key == self._key(True)):
-                return self._weight_cache
-        with torch.no_grad():
-            pair = create_quantized_weight(w.detach(), self.config.fwd_dtype(), self.config,
-                                           need_weight_transpose_cache=need_t)
-        self._weight_cache, self._weight_cache_key = pair, self._key(need_t)
-        return pair
+        def build():
+            with torch.no_grad():
+                return create_quantized_weight(self.weight.detach(), self.config.fwd_dtype(), self.config,
+                                               need_weight_transpose_cache=need_t)
+
+        return self._cached(is_first_microbatch, need_t, build)
 
     def forward(self, x: torch.Tensor, is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
         _check_x(x, self.in_features, "Float8Linear")

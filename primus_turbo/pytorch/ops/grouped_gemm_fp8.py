@@ -597,8 +597,15 @@ def grouped_gemm_fp8_cached_weight(
     grad_weight GEMM reads the activations' and the output gradient's copies, never the weight.
     The caller owns the copies' validity (they must match ``b``'s current values)."""
     config = Float8QuantConfig() if config is None else config
+    if _is_prequantized(a) or _is_prequantized(b):
+        raise TypeError("grouped_gemm_fp8_cached_weight: a and b must be high-precision tensors "
+                        "(pre-quantized operands go to grouped_gemm_fp8)")
     _check_inputs(a, b, group_lens, group_offs, trans_b, None, config, None, fuse_bgrad_accum_pattern)
-    if not isinstance(w_copies, tuple) or len(w_copies) != 2 or w_copies[0] is None:
+    def _copy_ok(c):
+        return isinstance(c, tuple) and len(c) == 2 and isinstance(c[0], torch.Tensor) and c[0].dim() == 3
+
+    if (not isinstance(w_copies, tuple) or len(w_copies) != 2 or not _copy_ok(w_copies[0])
+            or not (w_copies[1] is None or _copy_ok(w_copies[1]))):
         raise TypeError("grouped_gemm_fp8_cached_weight: w_copies must be grouped_weight_copies(...)'s "
                         "(forward copy, grad_input copy or None)")
     return _run(a, b, group_lens, group_offs, trans_b, None, config, None, fuse_bgrad_accum_pattern, w_copies)

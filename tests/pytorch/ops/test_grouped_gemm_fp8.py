@@ -568,3 +568,21 @@ def test_prequantized_errors(device):
                                    rtol=0, atol=0)
     with pytest.raises(ValueError, match="2-D \\[N, K\\] or 3-D"):
         create_quantized_weight(b[0, 0], torch.float8_e4m3fn, tw)
+
+
+def test_cached_weight_entry_errors(device):
+    from primus_turbo.pytorch.core.quantized_tensor import create_quantized_weight
+    from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_gemm_fp8_cached_weight, grouped_weight_copies
+
+    a, b, gl = _make([3, 4], 64, 128, True, device)
+    cfg = _PRE_CFGS["blockwise"]
+    copies = grouped_weight_copies(b, cfg, False)
+    with torch.no_grad():
+        torch.testing.assert_close(grouped_gemm_fp8_cached_weight(a, b, copies, gl, config=cfg),
+                                   grouped_gemm_fp8(a, b, gl, config=cfg), rtol=0, atol=0)
+    with pytest.raises(TypeError, match="w_copies"):
+        grouped_gemm_fp8_cached_weight(a, b, copies[0], gl, config=cfg)
+    with pytest.raises(TypeError, match="high-precision tensors"):
+        grouped_gemm_fp8_cached_weight(a, create_quantized_weight(b, torch.float8_e4m3fn, cfg), copies, gl, config=cfg)
+    with pytest.raises(RuntimeError, match="lack the grad_input copy"):
+        grouped_gemm_fp8_cached_weight(a.clone().requires_grad_(), b, copies, gl, config=cfg)
