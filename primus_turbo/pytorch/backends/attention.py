@@ -201,9 +201,9 @@ def _make_key(q, k, v, sink=None, win_left=-1, win_right=-1, return_lse=False, c
 
 
 def _default(**kwargs) -> BackendType:
-    # SDPA (cuDNN / FlashAttention-2 on the H200) wherever it can run the call; our Triton kernels
-    # for what it cannot (sinks, windows, the LSE, a deterministic CUDA backward). Revisit once the
-    # Triton kernels are benchmarked on the H200 (issue 5 wants the faster one per shape).
+    # SDPA (cuDNN / FlashAttention-2 on the H200) wherever it can run the call: on the shapes it
+    # takes our kernels measured about its speed or below (benchmarks/results/h200/NOTES.md); our
+    # kernels for what it cannot run (sinks, windows, the LSE, a deterministic CUDA backward).
     return BackendType.TORCH if AttnTorchBackend.can_handle(**kwargs) else BackendType.TRITON
 
 

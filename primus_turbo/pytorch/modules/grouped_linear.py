@@ -7,8 +7,9 @@ from typing import Optional
 
 import torch
 
-from ..core.low_precision import Float8QuantConfig
+from ..core.low_precision import Float4QuantConfig, Float8QuantConfig
 from ..ops.grouped_gemm import grouped_gemm
+from ..ops.grouped_gemm_fp4 import grouped_gemm_fp4
 from ..ops.grouped_gemm_fp8 import grouped_gemm_fp8, grouped_gemm_fp8_cached_weight, grouped_weight_copies
 from .linear import _FP8WeightCache, _fuse_pattern
 
@@ -25,12 +26,15 @@ class GroupedLinear(_FP8WeightCache, torch.nn.Module):
     ``g`` at ``group_offs[g] : group_offs[g] + group_lens[g]`` (``group_lens`` int64 ``[G]`` on x's
     device); returns ``[M_total, out_features]``, row ``r`` of group ``g`` being ``x[r] @ W[g]^T``
     (rows past ``sum(group_lens)`` give zeros). Runs :func:`turbo.ops.grouped_gemm` (``trans_b=True``),
-    or :func:`turbo.ops.grouped_gemm_fp8` when ``config`` (a :class:`Float8QuantConfig`) is given.
+    :func:`turbo.ops.grouped_gemm_fp8` when ``config`` is a :class:`Float8QuantConfig`, or
+    :func:`turbo.ops.grouped_gemm_fp4` (MXFP4, emulated on Hopper) when it is a
+    :class:`Float4QuantConfig` (in_features, and out_features when the input needs a gradient,
+    multiples of 32).
     With ``weight.main_grad`` present (Megatron) the weight gradient is accumulated into it in the
     kernel epilogue (``fuse_bgrad_accum_pattern="megatron"``).
 
     FP8 weight cache, ``forward(..., is_first_microbatch=...)`` as Megatron / Transformer Engine pass
-    it (ignored without ``config``):
+    it (ignored in bf16 and MXFP4, which quantize on every call):
 
     * ``None`` (default): the expert weights are quantized on every call, nothing is cached (any
       cache held is dropped);
@@ -48,13 +52,14 @@ class GroupedLinear(_FP8WeightCache, torch.nn.Module):
     """
 
     def __init__(self, num_groups: int, in_features: int, out_features: int, dtype=None, device=None,
-                 config: Optional[Float8QuantConfig] = None):
+                 config: Optional[Float8QuantConfig | Float4QuantConfig] = None):
         super().__init__()
         if num_groups <= 0 or in_features <= 0 or out_features <= 0:
             raise ValueError(f"GroupedLinear: sizes must be positive, got num_groups={num_groups}, "
                              f"in_features={in_features}, out_features={out_features}")
-        if config is not None and not isinstance(config, Float8QuantConfig):
-            raise TypeError(f"GroupedLinear: config must be a Float8QuantConfig or None, got {type(config).__name__}")
+        if config is not None and not isinstance(config, (Float8QuantConfig, Float4QuantConfig)):
+            raise TypeError(f"GroupedLinear: config must be a Float8QuantConfig, a Float4QuantConfig or None, got "
+                            f"{type(config).__name__}")
         self.num_groups, self.in_features, self.out_features = num_groups, in_features, out_features
         self.config = config
         self.weight = torch.nn.Parameter(torch.empty(num_groups, out_features, in_features, dtype=dtype,
@@ -80,6 +85,9 @@ class GroupedLinear(_FP8WeightCache, torch.nn.Module):
         fuse = _fuse_pattern(w)
         if self.config is None:
             return grouped_gemm(x, w, group_lens, group_offs, trans_b=True, fuse_bgrad_accum_pattern=fuse)
+        if isinstance(self.config, Float4QuantConfig):
+            return grouped_gemm_fp4(x, w, group_lens, group_offs, trans_b=True, config=self.config,
+                                    fuse_bgrad_accum_pattern=fuse)
         if is_first_microbatch is None:
             self.invalidate_weight_cache()
             return grouped_gemm_fp8(x, w, group_lens, group_offs, trans_b=True, config=self.config,

@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from ..core.low_precision import Float8QuantConfig
+from ..core.low_precision import Float4QuantConfig, Float8QuantConfig
 from ..ops.activation import geglu_with_probs, swiglu_with_probs
 from ..ops.moe_permute import moe_permute, moe_unpermute
 from ..ops.moe_router import fused_group_topk_routing_with_aux_score, tokens_per_expert_to_mask
@@ -67,8 +67,9 @@ class GroupedMLP(torch.nn.Module):
         hidden_size: ``H``, model width (input and output features).
         ffn_hidden_size: ``F``, each expert's intermediate width.
         activation: ``"swiglu"`` (``silu(gate) * up``) or ``"geglu"`` (``gelu_tanh(gate) * up``).
-        config: :class:`Float8QuantConfig` to run both grouped GEMMs in FP8 (``grouped_gemm_fp8``);
-            ``None`` runs them in the parameters' dtype.
+        config: :class:`Float8QuantConfig` to run both grouped GEMMs in FP8 (``grouped_gemm_fp8``),
+            :class:`Float4QuantConfig` in MXFP4 (``grouped_gemm_fp4``, emulated on Hopper; H and F
+            multiples of 32); ``None`` runs them in the parameters' dtype.
         dtype, device: of the parameters.
 
     Parameters: ``linear_fc1.weight [E, 2F, H]`` (rows ``[:F]`` are the gate, ``[F:]`` the up
@@ -94,14 +95,15 @@ class GroupedMLP(torch.nn.Module):
     """
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int, activation: str = "swiglu",
-                 config: Optional[Float8QuantConfig] = None, dtype=None, device=None):
+                 config: Optional[Float8QuantConfig | Float4QuantConfig] = None, dtype=None, device=None):
         super().__init__()
         _check_positive("GroupedMLP", num_experts=num_experts, hidden_size=hidden_size,
                         ffn_hidden_size=ffn_hidden_size)
         if activation not in _ACTIVATIONS:
             raise ValueError(f"GroupedMLP: activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
-        if config is not None and not isinstance(config, Float8QuantConfig):
-            raise ValueError(f"GroupedMLP: config must be a Float8QuantConfig or None, got {type(config).__name__}")
+        if config is not None and not isinstance(config, (Float8QuantConfig, Float4QuantConfig)):
+            raise ValueError(f"GroupedMLP: config must be a Float8QuantConfig, a Float4QuantConfig or None, got "
+                             f"{type(config).__name__}")
         self.num_experts, self.hidden_size, self.ffn_hidden_size = num_experts, hidden_size, ffn_hidden_size
         self.activation, self.config = activation, config
         self.linear_fc1 = GroupedLinear(num_experts, hidden_size, 2 * ffn_hidden_size, dtype=dtype, device=device,
@@ -174,7 +176,8 @@ class MoELayer(torch.nn.Module):
         groups, selected_groups: DeepSeek-V3 group-limited routing (``groups=1``: plain top-k).
         scaling_factor: multiplier of the routing probs (``None`` = 1).
         activation: ``"swiglu"`` or ``"geglu"`` (:class:`GroupedMLP`).
-        config: :class:`Float8QuantConfig` for the expert GEMMs (the router stays in high precision).
+        config: :class:`Float8QuantConfig` (or :class:`Float4QuantConfig`, MXFP4) for the expert GEMMs
+            (the router stays in high precision).
         pad_multiple: pad each expert's row segment to a multiple of this (e.g. 16/32/128 for FP8
             kernels that want aligned groups); padding rows are zero tokens with zero probs.
         aux_loss_coeff: coefficient of the switch-style load-balancing loss (0 = not computed).
@@ -201,7 +204,7 @@ class MoELayer(torch.nn.Module):
     def __init__(self, hidden_size: int, ffn_hidden_size: int, num_experts: int, topk: int, *,
                  score_function: str = "softmax", groups: int = 1, selected_groups: int = 1,
                  scaling_factor: Optional[float] = None, activation: str = "swiglu",
-                 config: Optional[Float8QuantConfig] = None, pad_multiple: Optional[int] = None,
+                 config: Optional[Float8QuantConfig | Float4QuantConfig] = None, pad_multiple: Optional[int] = None,
                  aux_loss_coeff: float = 0.0, router_dtype: Optional[torch.dtype] = None, dtype=None, device=None):
         super().__init__()
         op = "MoELayer"

@@ -326,6 +326,29 @@ def test_grouped_linear_fp8_weight_cache(name, monkeypatch):
         mod(x.float(), lens, is_first_microbatch=False)
 
 
+def test_grouped_linear_fp4():
+    """Float4QuantConfig: MXFP4 grouped GEMMs (forward, dgrad, wgrad) against float64, rows past
+    the groups zero; main_grad accumulation; bad config types named."""
+    from primus_turbo.pytorch.core.low_precision import Float4QuantConfig
+
+    torch.manual_seed(9)
+    mod = turbo.modules.GroupedLinear(3, 64, 96, dtype=torch.bfloat16, config=Float4QuantConfig())
+    lens = torch.tensor([40, 0, 70], dtype=torch.int64)
+    x = torch.randn(116, 64, dtype=torch.bfloat16, requires_grad=True)
+    y = mod(x, lens, is_first_microbatch=True)  # no cache for FP4: quantized every call
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ry, rx, rw = _grouped_ref(x[:110], mod.weight, lens, dy[:110])
+    for ref, got, name in ((ry, y[:110], "y"), (rx, x.grad[:110], "dx"), (rw, mod.weight.grad, "dw")):
+        _assert(ref, got, 8.0, name)  # the grouped MXFP4 SNR bar
+    assert torch.all(y[110:] == 0) and mod._weight_cache is None
+    _attach_main_grad(mod.weight)
+    mod(x.detach(), lens).backward(dy)
+    _assert(rw, mod.weight.main_grad, 8.0, "main_grad")
+    with pytest.raises(TypeError, match="Float4QuantConfig or None, got str"):
+        turbo.modules.GroupedLinear(2, 32, 32, config="fp4")
+
+
 def test_grouped_linear_bf16_ignores_is_first_microbatch():
     torch.manual_seed(8)
     mod = turbo.modules.GroupedLinear(2, 32, 16, dtype=torch.float32)

@@ -36,16 +36,19 @@ import torch
 import torch.nn.functional as F
 
 import primus_turbo.pytorch as turbo
-from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, ScalingGranularity
+from primus_turbo.pytorch.core.low_precision import Float4QuantConfig, Float8QuantConfig, ScalingGranularity
 from primus_turbo.testing import SNR_THRESHOLDS, group_topk_router_ref, snr_db
 
 FP32_DB = SNR_THRESHOLDS["fp32_gemm"]
 BF16_DB = 35.0
 FP8_DB = 20.0
 FP8_PROBS_DB = 16.0  # gradients through the routing probs under FP8, see the module docstring
+FP4_DB = 8.0  # MXFP4 experts: the grouped MXFP4 SNR bar, every output and gradient
 
 
 def _db(dtype, config=None, probs_path=False):
+    if isinstance(config, Float4QuantConfig):
+        return FP4_DB
     if config is not None:
         return FP8_PROBS_DB if probs_path else FP8_DB
     return FP32_DB if dtype == torch.float32 else BF16_DB
@@ -96,6 +99,7 @@ def _grouped_mlp_ref(x, lens, probs, mlp, dy):
     # FP8 experts: per-tensor scales, and DeepSeek-V3 style blocks (block 32 so that K=64 has two)
     ("swiglu", torch.bfloat16, Float8QuantConfig()),
     ("swiglu", torch.bfloat16, Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE, block_size=32)),
+    ("swiglu", torch.bfloat16, Float4QuantConfig()),  # MXFP4 experts (emulated)
 ])
 def test_grouped_mlp_matches_ref(activation, dtype, config, device):
     E, H, FF = 4, 64, 64
@@ -391,7 +395,7 @@ def test_moe_layer_fp8_weight_cache_across_microbatches(device, monkeypatch):
     (dict(activation="relu"), "activation must be one of"),
     (dict(pad_multiple=0), "pad_multiple must be a positive int or None, got 0"),
     (dict(aux_loss_coeff=-1.0), "aux_loss_coeff must be a float >= 0, got -1.0"),
-    (dict(config="fp8"), "config must be a Float8QuantConfig or None, got str"),
+    (dict(config="fp8"), "config must be a Float8QuantConfig, a Float4QuantConfig or None, got str"),
     (dict(router_dtype=torch.int32), "router_dtype must be"),
     (dict(hidden_size=0), "hidden_size must be a positive int, got 0"),
 ])
