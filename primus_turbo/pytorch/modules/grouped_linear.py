@@ -48,7 +48,9 @@ class GroupedLinear(_FP8WeightCache, torch.nn.Module):
     updates), dtype, device and config. Writes through ``weight.data`` are invisible to it: pass
     ``True`` on the first micro-batch after each optimizer step (Megatron does) or call
     :meth:`invalidate_weight_cache`. The weight gradient (or ``main_grad`` accumulation) is the
-    same with or without the cache: the grad_weight GEMM never reads the weight.
+    same with or without the cache: the grad_weight GEMM never reads the weight. The cache holds
+    one byte per weight element per copy (two copies while gradients are recorded) plus scales,
+    until the next ``None`` call or :meth:`invalidate_weight_cache`.
     """
 
     def __init__(self, num_groups: int, in_features: int, out_features: int, dtype=None, device=None,
