@@ -344,8 +344,9 @@ def gluon_grouped_enabled() -> bool:
 def gluon_grouped_scaled_enabled() -> bool:
     """``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED``: whether the M-grouped TENSORWISE / ROWWISE
     default takes the Gluon kernel (the BLOCKWISE kernel with broadcast scales) where it can run,
-    before ``torch._scaled_grouped_mm``. 1 on, 0 off, auto: off until measured on the H200. Read
-    per call."""
+    before ``torch._scaled_grouped_mm``. 1 on, 0 off, auto: off (H200, 2026-12-01: 0.88-1.45x the
+    vendor kernel's device time depending on the shape, and 125-225 us of host time per launch
+    against 25 us). Read per call."""
     flag = env_auto_flag("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED")
     return False if flag is None else flag
 

@@ -434,8 +434,9 @@ def grouped_gemm_fp8(
     kernels with a device-side group schedule; CPU through the Triton interpreter; the default
     except below) and TORCH (``torch._scaled_grouped_mm``, sm_90: the forward/grad_input default for
     TENSORWISE / ROWWISE with E4M3 operands and bf16 output; the wgrad by pin or autotune) and GLUON
-    (sm_90 warp-specialized kernel for the BLOCKWISE forward and E4M3 grad_input; opt-in with
-    ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON=1`` until measured).
+    (sm_90 warp-specialized kernels: the default for the BLOCKWISE forward, E4M3 grad_input and
+    grad_weight, ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON=0`` / ``..._GLUON_WGRAD=0`` turn them off;
+    TENSORWISE / ROWWISE with ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED=1``).
     """
     config = Float8QuantConfig() if config is None else config
     _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern)
