@@ -54,6 +54,7 @@ from ..backends.grouped_gemm_fp8 import (
 from ..core.backend import PrecisionType
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingRecipe
 from .gemm import _megatron_dummy_wgrad, check_main_grad
+from .gemm_fp8 import _is_prequantized
 from .grouped_gemm import _offsets
 
 __all__ = ["grouped_gemm_fp8", "grouped_gemm_fp8_cached_weight", "grouped_weight_copies"]
@@ -314,10 +315,6 @@ def _check_mx_dims(op: str, a, b, trans_b: bool) -> None:
         if needed and dim % _MX_BLOCK:
             raise ValueError(f"{op}: MX needs {name} to be a multiple of 32, got {name}={dim} (a{tuple(a.shape)}, "
                              f"b{tuple(b.shape)}, trans_b={trans_b})")
-
-
-def _is_prequantized(x) -> bool:
-    return type(x).__name__ in ("QuantizedTensor", "QuantizedTensorPair") and not isinstance(x, torch.Tensor)
 
 
 def _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern):
