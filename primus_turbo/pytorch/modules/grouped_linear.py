@@ -66,7 +66,6 @@ class GroupedLinear(_FP8WeightCache, torch.nn.Module):
         self.config = config
         self.weight = torch.nn.Parameter(torch.empty(num_groups, out_features, in_features, dtype=dtype,
                                                      device=device))
-        self.invalidate_weight_cache()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

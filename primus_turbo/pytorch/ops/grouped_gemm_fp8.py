@@ -523,17 +523,12 @@ def _prequantized_rows(a, gran: str, bs: int, dtype):
 def _run_prequantized(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern):
     """grouped_gemm_fp8 with a pre-quantized ``a`` and / or ``b``: those operands get no gradient;
     a high-precision operand still does, where its gradient can be formed."""
-    op = "grouped_gemm_fp8"
     gran, bs, dtype = config.granularity.name, int(config.block_size or 128), config.fwd_dtype()
-    a_pre, b_pre = _is_prequantized(a), _is_prequantized(b)
-    if b_pre and not trans_b:
-        raise ValueError(f"{op}: a pre-quantized b must be the [G, N, K] expert stack (trans_b=True)")
+    a_pre, b_pre = _is_prequantized(a), _is_prequantized(b)  # b pre-quantized: trans_b checked already
     grad = torch.is_grad_enabled()
     if a_pre and not b_pre and grad and b.requires_grad:
-        raise ValueError(f"{op}: b's gradient needs the high-precision a (its column-wise copy over the tokens); "
-                         f"pass a as a tensor, or b without requires_grad")
-    if group_offs is None:
-        group_offs = _offsets(group_lens)
+        raise ValueError("grouped_gemm_fp8: b's gradient needs the high-precision a (its column-wise copy over the "
+                         "tokens); pass a as a tensor, or b without requires_grad")
     a_data = a.data if a_pre else a
     out_dtype = out_dtype or (a.orig_dtype if a_pre else a.dtype)
     if b_pre:
@@ -548,14 +543,11 @@ def _run_prequantized(a, b, group_lens, group_offs, trans_b, out_dtype, config, 
         if not a_pre and grad and a.requires_grad:
             out = out + a.reshape(-1)[:0].sum().to(out_dtype)
         return out
-    if not a_pre:  # high-precision a: the autograd function with b's copies given
-        fuse = fuse_bgrad_accum_pattern == "megatron"
-        args = (group_lens, group_offs, True, out_dtype, gran, dtype, config.bwd_dtype(), bs, num_cu, fuse, copies)
-        if grad and a.requires_grad:
-            return GroupedGemmFP8Function.apply(a, copies[0][0], *args)
-        with torch.no_grad():
-            return GroupedGemmFP8Function.forward(_NoGradCtx(), a, copies[0][0], *args)
+    if not a_pre:  # high-precision a: the op with b's copies given (its FP8 data stands in for b)
+        return _run(a, copies[0][0], group_lens, group_offs, True, out_dtype, config, num_cu,
+                    fuse_bgrad_accum_pattern, copies)
     # pre-quantized a: no gradient anywhere (b pre-quantized, or b not needing one): the forward GEMM
+    group_offs = _group_offsets(group_lens, group_offs, a_data)
     a_row = _prequantized_rows(a, gran, bs, dtype)
     if not b_pre:
         copies = _weight_copies(b.detach(), trans_b, dtype, gran, bs, True, False)
@@ -571,6 +563,11 @@ def grouped_weight_copies(b: torch.Tensor, config: Float8QuantConfig, need_dgrad
         b = b.transpose(1, 2)
     return _grouped_copies(b, config.fwd_dtype(), config.granularity.name, int(config.block_size or 128),
                            need_dgrad)
+
+
+def _is_copy(c) -> bool:
+    """``c`` has the form of one of :func:`grouped_weight_copies`'s copies: ``(3-D data, scale)``."""
+    return isinstance(c, tuple) and len(c) == 2 and isinstance(c[0], torch.Tensor) and c[0].dim() == 3
 
 
 def _grouped_copies(w_nk: torch.Tensor, dtype, gran: str, bs: int, need_dgrad: bool):
@@ -599,22 +596,26 @@ def grouped_gemm_fp8_cached_weight(
         raise TypeError("grouped_gemm_fp8_cached_weight: a and b must be high-precision tensors "
                         "(pre-quantized operands go to grouped_gemm_fp8)")
     _check_inputs(a, b, group_lens, group_offs, trans_b, None, config, None, fuse_bgrad_accum_pattern)
-    def _copy_ok(c):
-        return isinstance(c, tuple) and len(c) == 2 and isinstance(c[0], torch.Tensor) and c[0].dim() == 3
-
-    if (not isinstance(w_copies, tuple) or len(w_copies) != 2 or not _copy_ok(w_copies[0])
-            or not (w_copies[1] is None or _copy_ok(w_copies[1]))):
+    if (not isinstance(w_copies, tuple) or len(w_copies) != 2 or not _is_copy(w_copies[0])
+            or not (w_copies[1] is None or _is_copy(w_copies[1]))):
         raise TypeError("grouped_gemm_fp8_cached_weight: w_copies must be grouped_weight_copies(...)'s "
                         "(forward copy, grad_input copy or None)")
     return _run(a, b, group_lens, group_offs, trans_b, None, config, None, fuse_bgrad_accum_pattern, w_copies)
 
 
-def _run(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern, w_copies):
-    """The op after its checks; ``w_copies``: the weight's FP8 copies when already made."""
+def _group_offsets(group_lens, group_offs, a: torch.Tensor) -> torch.Tensor:
+    """``group_offs`` (made on the device when None); on CPU an async assert that the groups fit
+    ``a``'s rows (free there; on CUDA it would be a fatal device-side assert)."""
     if group_offs is None:
         group_offs = _offsets(group_lens)
     if a.device.type == "cpu" and not torch.compiler.is_compiling():
         torch._assert_async(group_offs[-1] <= a.size(0), "grouped_gemm_fp8: sum(group_lens) exceeds a.shape[0]")
+    return group_offs
+
+
+def _run(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern, w_copies):
+    """The op after its checks; ``w_copies``: the weight's FP8 copies when already made."""
+    group_offs = _group_offsets(group_lens, group_offs, a)
     out_dtype = a.dtype if out_dtype is None else out_dtype
     fuse = fuse_bgrad_accum_pattern == "megatron"
     gran = config.granularity.name

@@ -955,10 +955,8 @@ def _scale_grid_desc(s_t: torch.Tensor, block_n: int):
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
 def _layouts(block_n: int, out_dtype: torch.dtype) -> tuple:
-    """Shared-memory layouts of the A, B and C boxes (128-byte swizzle: whole wgmma/TMA rows);
-    cached: built per launch they cost host time on every call."""
+    """Shared-memory layouts of the A, B and C boxes (128-byte swizzle: whole wgmma/TMA rows)."""
     return (gl.NVMMASharedLayout.get_default_for([_HALF_M, SCALE_BLOCK], gl.float8e4nv),
             gl.NVMMASharedLayout.get_default_for([block_n, SCALE_BLOCK], gl.float8e4nv),
             gl.NVMMASharedLayout.get_default_for([_HALF_M, SCALE_BLOCK], _GL_DTYPES[out_dtype]))

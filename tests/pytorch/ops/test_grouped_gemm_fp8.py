@@ -568,6 +568,11 @@ def test_prequantized_errors(device):
                                    rtol=0, atol=0)
     with pytest.raises(ValueError, match="2-D \\[N, K\\] or 3-D"):
         create_quantized_weight(b[0, 0], torch.float8_e4m3fn, tw)
+    if device == "cpu":  # the groups must fit a's rows (an async assert, immediate on CPU)
+        too_many = torch.tensor([3, 5], dtype=torch.int64)
+        for aa, bb in ((qa, b), (a, create_quantized_weight(b, torch.float8_e4m3fn, tw))):
+            with pytest.raises(RuntimeError, match="exceeds a.shape"):
+                grouped_gemm_fp8(aa, bb, too_many, config=tw)
 
 
 def test_cached_weight_entry_errors(device):
