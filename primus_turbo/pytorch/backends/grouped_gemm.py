@@ -134,7 +134,7 @@ class GroupedGemmTritonBackend(KernelBackend):
         if gluon is not None:
             offs = group_offs if group_offs is not None else group_offsets(group_lens)
             if gluon.gluon_grouped_reason(a, b, offs) is None:
-                return gluon.grouped_gemm_gluon(a, b, offs, num_programs=num_cu)
+                return gluon.grouped_gemm_gluon(a, b, offs, num_programs=num_cu, checked=True)
         return grouped_gemm_triton(a, b, group_lens, group_offs, num_cu=num_cu, checked=True)
 
 

@@ -314,9 +314,9 @@ class GroupedGemmFP8GluonBackend(KernelBackend):
         mode = _mode_name(mode)
         if mode != "BLOCKWISE":
             return gluon.grouped_gemm_fp8_scaled_gluon(a_q, a_scale, b_q, b_scale, group_offs, mode,
-                                                       out_dtype=out_dtype, num_programs=num_cu)
+                                                       out_dtype=out_dtype, num_programs=num_cu, checked=True)
         return gluon.grouped_gemm_fp8_blockwise_gluon(a_q, a_scale, b_q, b_scale, group_offs, out_dtype=out_dtype,
-                                                      num_programs=num_cu)
+                                                      num_programs=num_cu, checked=True)
 
 
 _GLUON_GROUPED: list = []

@@ -48,6 +48,7 @@ from typing import Optional
 import torch
 
 from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, SMEM_LIMIT
+from primus_turbo.triton.launch import launch
 
 from .flash_attn_fwd_gluon import _desc, _device_reason, _tma_strides, gluon_attn_operand_reason
 
@@ -684,10 +685,10 @@ def flash_attn_bwd_gluon(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     with torch.cuda.device(q.device):
         lse2, delta2 = _padded_rows(lse, delta)
         grid, args, kwargs = _dkdv_args(q, k, v, dout, dk, dv, lse2, delta2, softmax_scale, win_right, cfg)
-        _attn_bwd_dkdv_ws_kernel[grid](*args, **kwargs)
+        launch(_attn_bwd_dkdv_ws_kernel, grid, args, kwargs, q.device)
         if use_gluon_dq() if gluon_dq is None else gluon_dq:
             grid, args, kwargs = _dq_args(q, k, v, dout, dq, lse2, delta2, softmax_scale, win_right, cfg)
-            _attn_bwd_dq_ws_kernel[grid](*args, **kwargs)
+            launch(_attn_bwd_dq_ws_kernel, grid, args, kwargs, q.device)
         else:
             strides = tuple(t.stride() for t in (q, k, v, dout, dq, dk, dv))
             _launch_dq(q, k, v, dout, lse, delta, dq, strides, softmax_scale, win_left, win_right, B, H, Hk, Sq, Sk,

@@ -49,6 +49,8 @@ from typing import Optional
 
 import torch
 
+from primus_turbo.triton.launch import launch
+
 from .flash_attn_fwd_gluon import (
     GLUON_AVAILABLE,
     HALF_M,
@@ -897,6 +899,5 @@ def flash_attn_fp8_fwd_gluon(
     cfg = _fp8_config(D, blk, config, win_right)
     grid, args, kwargs = _kernel_args(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, out, lse, sink,
                                       softmax_scale, win_right, cfg)
-    with torch.cuda.device(q8.device):
-        _attn_fp8_fwd_ws_kernel[grid](*args, **kwargs)
+    launch(_attn_fp8_fwd_ws_kernel, grid, args, kwargs, q8.device)
     return out, lse

@@ -67,6 +67,7 @@ from typing import Optional
 import torch
 
 from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, SMEM_LIMIT, gluon_platform_reason
+from primus_turbo.triton.launch import launch
 
 __all__ = [
     "GLUON_ATTN_ENV",
@@ -746,8 +747,7 @@ def flash_attn_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink
     if bad is not None:
         raise ValueError(f"flash_attn_fwd_gluon: {bad}")
     grid, args, kwargs = _kernel_args(q, k, v, out, lse, sink, softmax_scale, win_right, cfg)
-    with torch.cuda.device(q.device):
-        _attn_fwd_ws_kernel[grid](*args, **kwargs)
+    launch(_attn_fwd_ws_kernel, grid, args, kwargs, q.device)
     return out, lse
 
 
@@ -939,5 +939,5 @@ def flash_attn_varlen_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         if cu_seqlens_q.numel() > 1 and int(max_seqlen_q) > 0:
             grid, args, kwargs = _varlen_kernel_args(q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                      softmax_scale, win_right, cfg)
-            _attn_fwd_varlen_ws_kernel[grid](*args, **kwargs)
+            launch(_attn_fwd_varlen_ws_kernel, grid, args, kwargs, q.device)
     return out, lse

@@ -63,6 +63,8 @@ from typing import Optional
 
 import torch
 
+from primus_turbo.triton.launch import launch
+
 __all__ = [
     "DEFAULT_CONFIG",
     "GluonBlockwiseConfig",
@@ -854,9 +856,7 @@ def _launch_persistent(kernel, device: torch.device, tiles: int, num_programs: O
                        kwargs: dict) -> None:
     """Launches ``kernel`` on ``device`` as a persistent grid: one program per SM (at most
     ``num_programs``, when given), no more than ``tiles``."""
-    with torch.cuda.device(device):
-        grid = (min(num_programs or _num_sms(device), tiles),)
-        kernel[grid](*args, **kwargs)
+    launch(kernel, (min(num_programs or _num_sms(device), tiles),), args, kwargs, device)
 
 
 def _launch_kwargs(cfg: "GluonBlockwiseConfig", **extra) -> dict:
@@ -1005,4 +1005,4 @@ def _launch(a, sa, b, sb, out, cfg: GluonBlockwiseConfig) -> None:
     args, kwargs = _kernel_args(a, sa, b, sb, out, cfg)
     tiles = -(-M // cfg.BLOCK_M) * -(-N // cfg.block_n)
     grid = (min(_num_sms(a.device), tiles),)  # persistent: at most one CTA per SM
-    _gemm_fp8_blockwise_ws_kernel[grid](*args, **kwargs)
+    launch(_gemm_fp8_blockwise_ws_kernel, grid, args, kwargs, a.device)

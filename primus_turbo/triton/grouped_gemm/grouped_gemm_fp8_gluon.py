@@ -366,7 +366,7 @@ def grouped_gemm_fp8_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch
                                      group_offs: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16,
                                      config: Optional[GluonBlockwiseConfig] = None,
                                      out: Optional[torch.Tensor] = None,
-                                     num_programs: Optional[int] = None) -> torch.Tensor:
+                                     num_programs: Optional[int] = None, checked: bool = False) -> torch.Tensor:
     """``out[rows of g] = (a * sa)[rows of g] @ (b[g] * sb[g])^T``, rows past ``group_offs[G]`` zero.
 
     Args:
@@ -379,13 +379,15 @@ def grouped_gemm_fp8_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch
         config: :class:`GluonBlockwiseConfig` (the dense kernel's; default when None).
         out: optional contiguous ``[M_total, N]`` output (every row is written, the tail with zeros).
         num_programs: cap on the persistent grid (``num_cu`` of the op); all SMs when None.
+        checked: the caller has just had :func:`gluon_grouped_blockwise_reason` accept these inputs
+            (a backend's check): only the launcher's own checks run again (host time of small GEMMs).
 
     Raises ValueError with :func:`gluon_grouped_blockwise_reason`'s text on inputs it cannot run.
     """
     if out is not None:
         out_dtype = out.dtype
-    reason = gluon_grouped_blockwise_reason(a, sa, b, sb, group_offs, out_dtype) or _launch_reason(
-        a, b, group_offs, out, num_programs)
+    reason = None if checked else gluon_grouped_blockwise_reason(a, sa, b, sb, group_offs, out_dtype)
+    reason = reason or _launch_reason(a, b, group_offs, out, num_programs)
     if reason is not None:
         raise ValueError(f"grouped_gemm_fp8_blockwise_gluon: {reason}")
     return _launch(a, sa, b, sb, group_offs, out_dtype, config, out, num_programs, None,
@@ -498,7 +500,7 @@ def grouped_gemm_fp8_scaled_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: tor
                                   group_offs: torch.Tensor, mode: str, out_dtype: torch.dtype = torch.bfloat16,
                                   config: Optional[GluonBlockwiseConfig] = None,
                                   out: Optional[torch.Tensor] = None,
-                                  num_programs: Optional[int] = None) -> torch.Tensor:
+                                  num_programs: Optional[int] = None, checked: bool = False) -> torch.Tensor:
     """TENSORWISE / ROWWISE M-grouped FP8 GEMM on the BLOCKWISE kernel:
     ``out[rows of g] = (a * a_scale)[rows of g] @ (b[g] * b_scale[g])^T``, rows past
     ``group_offs[G]`` zero.
@@ -507,12 +509,13 @@ def grouped_gemm_fp8_scaled_gluon(a: torch.Tensor, a_scale: torch.Tensor, b: tor
     one per expert row (``[G, N]``: ROWWISE, applied to the finished tile). Each 128-deep K
     block's fp32 partial is promoted into the accumulator as in BLOCKWISE (here with the same
     factors every block), which keeps the sum in IEEE fp32. Other arguments as
-    :func:`grouped_gemm_fp8_blockwise_gluon`; raises ValueError naming what it cannot run.
+    :func:`grouped_gemm_fp8_blockwise_gluon` (``checked``: :func:`gluon_grouped_scaled_reason` has
+    just accepted the inputs); raises ValueError naming what it cannot run.
     """
     if out is not None:
         out_dtype = out.dtype
-    reason = gluon_grouped_scaled_reason(a, a_scale, b, b_scale, group_offs, mode, out_dtype) or _launch_reason(
-        a, b, group_offs, out, num_programs)
+    reason = None if checked else gluon_grouped_scaled_reason(a, a_scale, b, b_scale, group_offs, mode, out_dtype)
+    reason = reason or _launch_reason(a, b, group_offs, out, num_programs)
     if reason is not None:
         raise ValueError(f"grouped_gemm_fp8_scaled_gluon: {reason}")
     sa, sb, sc = _scaled_views(a, a_scale, b, b_scale)

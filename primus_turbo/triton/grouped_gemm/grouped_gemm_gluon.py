@@ -545,7 +545,8 @@ def _launch_reason(a, b, group_offs, out, num_programs) -> Optional[str]:
 
 def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tensor,
                        out_dtype: Optional[torch.dtype] = None, config: Optional[GluonGroupedConfig] = None,
-                       out: Optional[torch.Tensor] = None, num_programs: Optional[int] = None) -> torch.Tensor:
+                       out: Optional[torch.Tensor] = None, num_programs: Optional[int] = None,
+                       checked: bool = False) -> torch.Tensor:
     """``out[rows of g] = a[rows of g] @ b[g]``, rows past ``group_offs[G]`` zero (16-bit operands).
 
     Args:
@@ -557,13 +558,15 @@ def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tenso
         config: :class:`GluonGroupedConfig` (when None: :func:`default_grouped16_config`, fitted).
         out: optional contiguous ``[M_total, N]`` output (every row is written, the tail with zeros).
         num_programs: cap on the persistent grid (the op's ``num_cu``); all SMs when None.
+        checked: the caller has just had :func:`gluon_grouped_reason` accept these inputs (with this
+            ``out_dtype``): only the launcher's own checks run again.
 
     Raises ValueError with :func:`gluon_grouped_reason`'s text on inputs it cannot run.
     """
     if out is not None:
         out_dtype = out.dtype
-    reason = gluon_grouped_reason(a, b, group_offs, out_dtype) or _launch_reason(a, b, group_offs, out,
-                                                                                 num_programs)
+    reason = None if checked else gluon_grouped_reason(a, b, group_offs, out_dtype)
+    reason = reason or _launch_reason(a, b, group_offs, out, num_programs)
     if reason is not None:
         raise ValueError(f"grouped_gemm_gluon: {reason}")
     M, K = a.shape

@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton import knobs
+
+from primus_turbo.triton.launch import direct_entry, no_launch_hooks, raw_stream
 
 __all__ = ["zero_tail_rows_"]
 
@@ -38,23 +39,6 @@ def _zero_tail_kernel(out_ptr, offs_ptr, G, M, N, stride_m, BLOCK_R: tl.constexp
 _compiled: dict = {}  # (device index, out dtype, offsets dtype, BLOCK_N) -> (compiled kernel, direct entry)
 
 
-def _direct_entry(kernel):
-    """The compiled kernel's C launch function with every per-kernel argument bound, or None.
-
-    Triton's own path (``kernel[grid](...)``) builds a closure, asks for the current device and
-    stream, reads the launch hooks and goes through the launcher's Python ``__call__`` on every
-    launch: about 30 us of host time per launch on the H200 machine, twice per grouped GEMM step,
-    where small expert GEMMs are host-bound. This kernel needs no scratch memory, so the C entry
-    can be called directly; anything unexpected (another launcher layout, scratch memory) keeps
-    Triton's path."""
-    run = kernel.run  # loads the module and builds the launcher
-    launch = getattr(run, "launch", None)
-    if (launch is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
-            or getattr(run, "num_ctas", 1) != 1):
-        return None
-    return (launch, kernel.function, run.launch_cooperative_grid, run.launch_pdl, kernel.packed_metadata)
-
-
 def zero_tail_rows_(out: torch.Tensor, group_offs: torch.Tensor) -> torch.Tensor:
     """In place: ``out[group_offs[-1]:] = 0`` for a 2-D ``out`` with unit column stride."""
     m, n = out.shape
@@ -73,31 +57,20 @@ def cached_launch(compiled: dict, key: tuple, jit_fn, grid0: int, args: tuple, c
                   device_index) -> None:
     """Launch ``jit_fn[(grid0, 1, 1)](*args, **constexprs)``, keeping the compiled kernel in
     ``compiled[key]`` (``key`` must name everything the compilation depends on: the device, dtypes,
-    constexprs). From the second launch on it goes through the C entry of :func:`_direct_entry`
-    unless a launch hook is installed. ``constexprs`` in the kernel's signature order (the cached
+    constexprs). From the second launch on it goes through the compiled kernel's C entry
+    (:func:`primus_turbo.triton.launch.direct_entry`) unless a launch hook is installed. ``constexprs`` in the kernel's signature order (the cached
     paths pass them positionally); ``device_index`` None off CUDA (the interpreter keeps nothing)."""
     if device_index is not None:
         entry = compiled.get(key)
         if entry is not None:
             kernel, direct = entry
-            if direct is not None and _no_launch_hooks():  # a profiler's hooks need Triton's path
+            if direct is not None and no_launch_hooks():  # a profiler's hooks need Triton's path
                 launch, function, coop, pdl, packed = direct
-                launch(grid0, 1, 1, _raw_stream(device_index), function, coop, pdl, None, None, packed, None, None, None,
+                launch(grid0, 1, 1, raw_stream(device_index), function, coop, pdl, None, None, packed, None, None, None,
                        *args, *constexprs.values())
             else:
                 kernel[(grid0, 1, 1)](*args, *constexprs.values())
             return
     kernel = jit_fn[(grid0, 1, 1)](*args, **constexprs, num_warps=num_warps)
     if device_index is not None:
-        compiled[key] = (kernel, _direct_entry(kernel))
-
-
-def _no_launch_hooks() -> bool:
-    """No launch hook is installed (Triton keeps them as chains that may be empty, or None)."""
-    rt = knobs.runtime
-    return not getattr(rt.launch_enter_hook, "calls", rt.launch_enter_hook) and \
-        not getattr(rt.launch_exit_hook, "calls", rt.launch_exit_hook)
-
-
-def _raw_stream(index: int) -> int:
-    return torch._C._cuda_getCurrentRawStream(index)
+        compiled[key] = (kernel, direct_entry(kernel))

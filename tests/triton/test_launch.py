@@ -1,0 +1,124 @@
+"""primus_turbo.triton.launch: the cached direct launch of compiled kernels.
+
+The launch key must tell apart every pair of argument lists Triton would compile differently
+(dtype, 16-byte alignment, integers equal to 1 or divisible by 16, integer width, constexprs by
+value, descriptor block shapes and layouts); the launch itself must give Triton's results, from
+the first call (compiling) and from the cached entry, with arguments that change between calls
+(new pointers, sizes, constexprs), on CPU through the interpreter and on the GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from primus_turbo.triton import launch as L  # noqa: E402
+
+
+@triton.jit
+def _axpy_kernel(x_ptr, y_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr, SQUARE: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    y = tl.load(y_ptr + offs, mask=mask)
+    r = alpha * x + y
+    if SQUARE:
+        r = r * r
+    tl.store(out_ptr + offs, r, mask=mask)
+
+
+def _run(x, y, alpha, square, block=128):
+    out = torch.full_like(x, float("nan"))  # poisoned: every element must be written
+    n = x.numel()
+    grid = (triton.cdiv(n, block),)
+    L.launch(_axpy_kernel, grid, (x, y, out, alpha, n), dict(BLOCK=block, SQUARE=square, num_warps=4), x.device)
+    return out
+
+
+@pytest.mark.parametrize("repeat", [3])
+def test_launch_matches_reference_across_changing_arguments(device, repeat):
+    gen = torch.Generator().manual_seed(5)
+    for n in (1, 16, 200, 1000, 4096, 129):
+        for square in (False, True):
+            for alpha in (0.5, -2.0):
+                for _ in range(repeat):  # the first call compiles, later ones take the cached entry
+                    x = torch.randn(n, generator=gen).to(device)
+                    y = torch.randn(n, generator=gen).to(device)
+                    got = _run(x, y, alpha, square)
+                    ref = alpha * x.double() + y.double()
+                    ref = ref * ref if square else ref
+                    torch.testing.assert_close(got.double(), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_launch_unaligned_views(device):
+    """A view one element into its storage is not 16-byte aligned: another key, same results."""
+    gen = torch.Generator().manual_seed(6)
+    base_x = torch.randn(1025, generator=gen).to(device)
+    base_y = torch.randn(1025, generator=gen).to(device)
+    for x, y in ((base_x[:1024], base_y[:1024]), (base_x[1:], base_y[1:]), (base_x[:1024], base_y[1:])):
+        for _ in range(2):
+            got = _run(x, y, 1.5, False)
+            torch.testing.assert_close(got.double(), 1.5 * x.double() + y.double(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the direct entry exists for compiled (CUDA) kernels only")
+def test_launch_takes_the_direct_entry_on_cuda():
+    x = torch.randn(300, device="cuda")
+    y = torch.randn(300, device="cuda")
+    _run(x, y, 2.0, False)
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    key = L.launch_key(_axpy_kernel, (x, y, x, 2.0, 300), dict(BLOCK=128, SQUARE=False, num_warps=4))
+    entry, tail = L._ENTRIES[(id(_axpy_kernel), index, key)]
+    assert entry is not None and tail == (128, False)
+    got = _run(x, y, 2.0, False)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(got, 2.0 * x + y)
+
+
+def test_launch_key_separates_specializations():
+    k = _axpy_kernel
+    t = torch.zeros(64)
+    kw = dict(BLOCK=128, SQUARE=False, num_warps=4)
+
+    def key(*args, **over):
+        return L.launch_key(k, args, {**kw, **over})
+
+    base = key(t, t, t, 1.0, 64)
+    assert base == key(torch.ones(64), t, t, 3.0, 128)  # same dtype / alignment, n % 16 == 0 both
+    assert base != key(t[1:], t, t, 1.0, 64)  # pointer alignment
+    assert base != key(t.half(), t, t, 1.0, 64)  # dtype
+    assert base != key(t, t, t, 1.0, 65)  # divisibility by 16
+    assert key(t, t, t, 1.0, 65) != key(t, t, t, 1.0, 1)  # the value 1
+    assert base != key(t, t, t, 1.0, 2**31 + 16)  # integer width
+    assert base != key(t, t, t, 1.0, 64, SQUARE=True)  # constexprs by value
+    assert base != key(t, t, t, 1.0, 64, num_warps=8)  # compile options
+    assert L.launch_key(k, (t, t, t, 1.0, 64, 128), dict(SQUARE=False)) != \
+        L.launch_key(k, (t, t, t, 1.0, 64, 256), dict(SQUARE=False))  # a constexpr passed positionally
+    assert L.launch_key(k, (t, t, t, object(), 64), kw) is None  # unknown kinds: Triton's own path
+
+
+def test_launch_key_descriptors():
+    gluon_hopper = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from triton.experimental.gluon.language import NVMMASharedLayout
+
+    TD = gluon_hopper.TensorDescriptor
+    lay = NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    lay64 = NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    a = torch.zeros(256, 128, dtype=torch.bfloat16)
+    b = torch.zeros(256, 136, dtype=torch.bfloat16)
+
+    def key(t, block, layout, shape=None):
+        d = TD(t, list(shape or t.shape), list(t.stride()), block, layout)
+        return L.launch_key(_axpy_kernel, (d,), {})
+
+    base = key(a, [64, 64], lay)
+    assert base == key(torch.ones(256, 128, dtype=torch.bfloat16), [64, 64], lay)
+    assert base != key(a, [128, 64], lay)  # block shape
+    assert base != key(a, [64, 64], lay64)  # shared layout
+    assert base != key(b, [64, 64], lay)  # a row stride not divisible by 16
+    assert base != key(a, [64, 64], lay, shape=[200, 128])  # a shape entry not divisible by 16
