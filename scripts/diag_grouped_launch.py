@@ -68,6 +68,8 @@ def main(argv=None) -> int:
     p.add_argument("--grans", nargs="*", default=["TENSORWISE", "ROWWISE"])
     p.add_argument("--no-bf16", action="store_true")
     p.add_argument("--cprofile", action="store_true", help="cProfiles of the Gluon paths on the first shape")
+    p.add_argument("--ab-launch", action="store_true",
+                   help="also the host time of the Gluon paths with the direct launch off and on, interleaved")
     args = p.parse_args(argv)
     import primus_turbo.pytorch as turbo
     from primus_turbo.pytorch.core.backend import BackendType, PrecisionType
@@ -120,6 +122,19 @@ def main(argv=None) -> int:
                 rec[f"{name}_rel_diff"] = float((got - ref).norm() / ref.norm())
                 for k, v in _measure(fn, ctx).items():
                     rec[f"{name}_{k}"] = v
+                if args.ab_launch and name == "gluon":
+                    from primus_turbo.triton.launch import set_direct_launch
+
+                    with ctx():
+                        off, on = [], []
+                        for _ in range(5):
+                            for flag, acc in ((False, off), (True, on)):
+                                prev = set_direct_launch(flag)
+                                fn()
+                                acc.append(_host_us(fn, 100))
+                                set_direct_launch(prev)
+                    rec["gluon_host_us_direct_off"] = statistics.median(off)
+                    rec["gluon_host_us_direct_on"] = statistics.median(on)
                 if args.cprofile and i == 0 and name != "vendor":
                     with ctx():
                         profiles.append(f"===== {tag} {kind} {name}\n" + _cprofile(fn, n=200, top=25))
@@ -130,6 +145,8 @@ def main(argv=None) -> int:
                     f"g/v {v['vendor_bench_ms'] / v['gluon_bench_ms']:.3f} | graph v {v['vendor_graph_ms']:.4f} "
                     f"d {v['default_graph_ms']:.4f} g {v['gluon_graph_ms']:.4f} | host us v {v['vendor_host_us']:.0f} "
                     f"d {v['default_host_us']:.0f} g {v['gluon_host_us']:.0f} | rel g {v['gluon_rel_diff']:.1e}")
+            if "gluon_host_us_direct_on" in v:
+                line += f" | g host direct off {v['gluon_host_us_direct_off']:.0f} on {v['gluon_host_us_direct_on']:.0f}"
             print(line, flush=True)
             lines.append(line)
     out = Path(args.out)

@@ -10,13 +10,13 @@ the Gluon kernel: 125-225 us per call against the vendor op's 25 us).
 :func:`launch` keeps, per kernel and per *launch key*, the compiled kernel and its C launch entry,
 and from the second launch on calls that entry directly. The launch key is conservative: it holds
 everything Triton's specialization can depend on, and more (it never maps two differently
-compiled kernels to one entry):
+compiled kernels to one entry; a test checks it against Triton's own specialization routine):
 
 * tensors: dtype and whether the data pointer is 16-byte aligned;
 * integers: whether equal to 1, whether divisible by 16, and the integer width class;
 * booleans and other scalars: the type (floats pass as fp32 whatever the value);
-* host tensor descriptors: the base's dtype and alignment, block shape, shared layout, padding,
-  and which shape / stride entries are divisible by 16;
+* host tensor descriptors: the base's dtype, block shape, shared layout and padding (their sizes
+  and strides are encoded into the TMA descriptor at every launch, never compiled in);
 * every keyword (constexprs and compile options) by value, and the device index.
 
 Descriptor arguments still go through Triton's own expansion (one ``cuTensorMapEncodeTiled`` per
@@ -29,7 +29,10 @@ tensors', or a CPU device (the interpreter).
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any, Optional
+
+from contextlib import nullcontext as _nullcontext
 
 import torch
 
@@ -38,60 +41,105 @@ try:
 except ImportError:  # no triton: nothing here can launch; the modules that import this still load
     knobs = None
 
-__all__ = ["launch", "launch_key", "direct_entry", "no_launch_hooks", "raw_stream"]
+__all__ = ["launch", "launch_key", "direct_entry", "no_launch_hooks", "raw_stream", "set_direct_launch"]
 
-# (id(jit_fn), device index, launch key) -> (direct entry or None, the parameters after the
-# positional ones, in signature order: constexprs and defaults, fixed by the key)
+# PRIMUS_TURBO_DIRECT_LAUNCH=0 keeps every launch on Triton's own path (read at import)
+_DIRECT = [os.environ.get("PRIMUS_TURBO_DIRECT_LAUNCH", "1").strip() != "0"]
+
+
+def set_direct_launch(enabled: bool) -> bool:
+    """Turns the direct path of :func:`launch` on or off for the process; returns the previous
+    setting (A/B timing, or a way around a suspected launcher problem)."""
+    prev = _DIRECT[0]
+    _DIRECT[0] = bool(enabled)
+    return prev
+
+# (id(jit_fn), device index, launch key) -> (direct entry or None, names and defaults of the
+# parameters after the positional ones, in signature order)
 _ENTRIES: dict = {}
 _MAX_ENTRIES = 4096  # shape churn (tests, autotuning sweeps): start over rather than grow
 
-
-def _int_class(v: int) -> int:
-    return 0 if -(2**31) <= v < 2**31 else (1 if -(2**63) <= v < 2**63 else 2)
+_I32, _I64 = 2**31, 2**63
 
 
-def _arg_key(v: Any):
-    """The specialization-relevant facts of one argument, or raises TypeError for unknown kinds."""
-    if isinstance(v, torch.Tensor):
-        return (v.dtype, v.data_ptr() % 16 == 0)
-    if isinstance(v, bool):
-        return ("b",)
-    if isinstance(v, int):
-        return ("i", v == 1, v % 16 == 0, _int_class(v))
-    if isinstance(v, float):
-        return ("f",)
-    if v is None:
-        return ("n",)
-    base = getattr(v, "base", None)
-    if isinstance(base, torch.Tensor) and hasattr(v, "block_shape"):  # a host tensor descriptor
-        return ("d", type(v), base.dtype, base.data_ptr() % 16 == 0, tuple(v.block_shape),
-                getattr(v, "layout", None), getattr(v, "padding", None),
-                tuple(s % 16 == 0 for s in v.shape), tuple(s % 16 == 0 for s in v.strides))
-    raise TypeError(f"no launch key for an argument of type {type(v).__name__}")
+class _Sig:
+    """What the launch needs of a kernel's signature: the positions of its constexpr parameters,
+    and per parameter its name, whether it is a constexpr and its default (``_NO`` when none)."""
+
+    __slots__ = ("constexpr_pos", "names", "is_constexpr", "defaults")
+
+    def __init__(self, jit_fn):
+        params = getattr(jit_fn, "params", None)
+        if params is not None:
+            self.names = [p.name for p in params]
+            self.is_constexpr = {p.name: bool(p.is_constexpr) for p in params}
+            self.defaults = [p.default if p.has_default else _NO for p in params]
+        else:  # the interpreter's function object: read the annotations (``tl.constexpr`` or its string)
+            sig = list(inspect.signature(getattr(jit_fn, "fn", jit_fn)).parameters.values())
+            self.names = [p.name for p in sig]
+            self.is_constexpr = {p.name: "constexpr" in str(p.annotation) for p in sig}
+            self.defaults = [_NO if p.default is inspect.Parameter.empty else p.default for p in sig]
+        self.constexpr_pos = tuple(i for i, n in enumerate(self.names) if self.is_constexpr[n])
 
 
-_CONSTEXPR_POS: dict = {}  # id(jit_fn) -> positions of its constexpr parameters
+_NO = object()
+_SIGS: dict = {}  # id(jit_fn) -> _Sig
 
 
-def _constexpr_positions(jit_fn) -> tuple:
-    params = getattr(jit_fn, "params", None)
-    if params is not None:
-        return tuple(p.num for p in params if p.is_constexpr)
-    # the interpreter's function object: read the annotations (``tl.constexpr`` or its string)
-    sig = inspect.signature(getattr(jit_fn, "fn", jit_fn))
-    return tuple(i for i, p in enumerate(sig.parameters.values()) if "constexpr" in str(p.annotation))
+def _sig(jit_fn) -> _Sig:
+    sig = _SIGS.get(id(jit_fn))
+    if sig is None:
+        sig = _SIGS[id(jit_fn)] = _Sig(jit_fn)
+    return sig
+
+
+def _add_key(parts: list, v: Any) -> None:
+    """Appends the specialization-relevant facts of one argument; TypeError for unknown kinds."""
+    t = type(v)
+    if t is int:
+        parts.append((v == 1, v % 16 == 0, -_I32 <= v < _I32, -_I64 <= v < _I64))
+    elif isinstance(v, torch.Tensor):
+        parts.append(v.dtype)
+        parts.append(v.data_ptr() % 16 == 0)
+    elif t is bool or t is float or v is None:
+        parts.append(t)
+    elif isinstance(getattr(v, "base", None), torch.Tensor) and hasattr(v, "block_shape"):
+        # a host tensor descriptor: Triton specializes it on dtype, block shape and shared layout
+        parts.append((t, v.base.dtype, tuple(v.block_shape), getattr(v, "layout", None),
+                      getattr(v, "padding", None)))
+    elif isinstance(v, int):  # an int subclass (not bool: caught above)
+        _add_key(parts, int(v))
+    else:
+        raise TypeError(f"no launch key for an argument of type {t.__name__}")
 
 
 def launch_key(jit_fn, args: tuple, kwargs: dict) -> Optional[tuple]:
     """The conservative specialization key of a launch of ``jit_fn`` (see the module docstring):
-    constexprs passed positionally enter by value. None when an argument is of a kind it does not
-    cover."""
-    pos = _CONSTEXPR_POS.get(id(jit_fn))
-    if pos is None:
-        pos = _CONSTEXPR_POS[id(jit_fn)] = _constexpr_positions(jit_fn)
+    constexprs enter by value, other arguments (positional or keyword) by their specialization
+    facts. None when an argument is of a kind it does not cover."""
+    sig = _sig(jit_fn)
+    parts: list = []
+    app = parts.append
     try:
-        return (tuple(_arg_key(v) for v in args), tuple(args[i] for i in pos if i < len(args)),
-                tuple(kwargs.items()))
+        for v in args:  # the common kinds inline (this runs per launch), the rest in _add_key
+            t = type(v)
+            if t is int:
+                app((v == 1, v % 16 == 0, -_I32 <= v < _I32, -_I64 <= v < _I64))
+            elif t is torch.Tensor:
+                app(v.dtype)
+                app(v.data_ptr() % 16 == 0)
+            else:
+                _add_key(parts, v)
+        for i in sig.constexpr_pos:
+            if i < len(args):
+                parts.append(args[i])
+        for name, v in kwargs.items():
+            parts.append(name)
+            if sig.is_constexpr.get(name, True):  # constexprs and compile options, by value
+                parts.append(v)
+            else:
+                _add_key(parts, v)
+        return tuple(parts)
     except TypeError:
         return None
 
@@ -122,48 +170,43 @@ def direct_entry(kernel):
     return (entry, kernel.function, run.launch_cooperative_grid, run.launch_pdl, kernel.packed_metadata)
 
 
-def _tail(jit_fn, n_pos: int, kwargs: dict) -> Optional[tuple]:
-    """The values of the parameters after the ``n_pos`` positional ones, in signature order (the
-    keyword or the parameter's default), or None when one has neither."""
-    tail = []
-    for p in jit_fn.params[n_pos:]:
-        name = p.name
-        if name in kwargs:
-            tail.append(kwargs[name])
-        elif p.has_default:
-            tail.append(p.default)
-        else:
-            return None
-    return tuple(tail)
-
-
 def launch(jit_fn, grid: tuple, args: tuple, kwargs: dict, device: torch.device) -> None:
     """``jit_fn[grid](*args, **kwargs)`` on ``device``, through the compiled kernel's C entry from the
     second launch with the same launch key on. ``args`` are the leading parameters, positionally;
-    ``kwargs`` every other parameter that has no default, plus compile options (``num_warps``, ...)."""
-    if device.type != "cuda":
-        jit_fn[grid](*args, **kwargs)
+    ``kwargs`` the others (by name, any that has no default) and compile options (``num_warps``)."""
+    if device.type != "cuda" or not _DIRECT[0]:
+        with torch.cuda.device(device) if device.type == "cuda" else _nullcontext():
+            jit_fn[grid](*args, **kwargs)
         return
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = launch_key(jit_fn, args, kwargs)
+    ekey = (id(jit_fn), index, key)
     if key is not None and no_launch_hooks() and torch.cuda.current_device() == index:
-        cached = _ENTRIES.get((id(jit_fn), index, key))
-        if cached is not None:
-            entry, tail = cached
-            if entry is not None:
-                fn, function, coop, pdl, packed = entry
-                g = tuple(grid) + (1, 1)
-                fn(g[0], g[1], g[2], raw_stream(index), function, coop, pdl, None, None, packed, None, None, None,
-                   *args, *tail)
-                return
+        try:
+            cached = _ENTRIES.get(ekey)
+        except TypeError:  # a constexpr or option value that does not hash: Triton's path
+            cached = key = None
+        if cached is not None and cached[0] is not None:
+            (fn, function, coop, pdl, packed), names, defaults = cached
+            tail = [kwargs[n] if n in kwargs else d for n, d in zip(names, defaults)]
+            g0 = grid[0]
+            g1 = grid[1] if len(grid) > 1 else 1
+            g2 = grid[2] if len(grid) > 2 else 1
+            fn(g0, g1, g2, raw_stream(index), function, coop, pdl, None, None, packed, None, None, None, *args, *tail)
+            return
     with torch.cuda.device(index):
         kernel = jit_fn[grid](*args, **kwargs)
     if hasattr(kernel, "result"):  # an asynchronous compilation's future
         kernel = kernel.result()
-    if key is not None and kernel is not None and (id(jit_fn), index, key) not in _ENTRIES:
-        tail = _tail(jit_fn, len(args), kwargs)
-        entry = direct_entry(kernel) if tail is not None else None
+    if key is not None and kernel is not None:
+        sig = _sig(jit_fn)
+        names, defaults = sig.names[len(args):], sig.defaults[len(args):]
+        # every later parameter needs a keyword or a default (the kwargs' names are in the key)
+        ok = all(n in kwargs or d is not _NO for n, d in zip(names, defaults))
+        entry = direct_entry(kernel) if ok else None
         if len(_ENTRIES) >= _MAX_ENTRIES:
             _ENTRIES.clear()
-        # the jit_fn object stays alive as a module global, so its id is not reused
-        _ENTRIES[(id(jit_fn), index, key)] = (entry, tail)
+        try:  # the jit_fn object stays alive as a module global, so its id is not reused
+            _ENTRIES[ekey] = (entry, names, defaults)
+        except TypeError:
+            pass

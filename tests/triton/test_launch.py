@@ -120,5 +120,46 @@ def test_launch_key_descriptors():
     assert base == key(torch.ones(256, 128, dtype=torch.bfloat16), [64, 64], lay)
     assert base != key(a, [128, 64], lay)  # block shape
     assert base != key(a, [64, 64], lay64)  # shared layout
-    assert base != key(b, [64, 64], lay)  # a row stride not divisible by 16
-    assert base != key(a, [64, 64], lay, shape=[200, 128])  # a shape entry not divisible by 16
+    assert base != key(a.half(), [64, 64], lay)  # dtype
+    # the sizes and strides are not specialized on (Triton encodes them into the TMA descriptor at
+    # every launch): one entry serves them all
+    assert base == key(b, [64, 64], lay) == key(a, [64, 64], lay, shape=[200, 128])
+
+
+def test_launch_key_refines_tritons_specialization():
+    """Wherever Triton's own specialization of an argument differs (the C++ routine its binder
+    calls), the launch keys differ too: the cache can never hand one compiled kernel's entry to
+    arguments Triton would compile another kernel for."""
+    libtriton = pytest.importorskip("triton._C.libtriton")
+    spec = getattr(libtriton, "native_specialize_impl", None)
+    if spec is None:
+        pytest.skip("this triton has no native_specialize_impl")
+    from triton.backends.compiler import BaseBackend
+
+    buf = torch.zeros(4096)
+    values = [0, 1, 2, 15, 16, 17, 32, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16, -16, -(2**31) - 16,
+              2**63 + 16, True, False, 0.5, 1.0, None, buf, buf[1:], buf[4:], buf.half(), buf.half()[8:],
+              buf.to(torch.bfloat16)[3:]]
+    try:
+        from triton.experimental.gluon.language import NVMMASharedLayout
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as TD
+
+        lay = NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        lay64 = NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+        m = torch.zeros(256, 128, dtype=torch.bfloat16)
+        values += [TD(m, [256, 128], [128, 1], [64, 64], lay), TD(m, [256, 128], [128, 1], [128, 64], lay),
+                   TD(m, [256, 128], [128, 1], [64, 64], lay64), TD(m.half(), [256, 128], [128, 1], [64, 64], lay),
+                   TD(m, [200, 120], [128, 1], [64, 64], lay)]
+    except ImportError:
+        pass
+
+    def triton_spec(v):
+        return repr(spec(BaseBackend, v, False, True, True))
+
+    for i, x in enumerate(values):
+        for y in values[i + 1:]:
+            if triton_spec(x) != triton_spec(y):
+                kx = L.launch_key(_axpy_kernel, (x,), {})
+                ky = L.launch_key(_axpy_kernel, (y,), {})
+                assert kx is not None and ky is not None
+                assert kx != ky, (x, y, triton_spec(x), triton_spec(y))

@@ -73,7 +73,6 @@ if GLUON_AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from primus_turbo.triton.gemm.gemm_fp8_gluon import (
         SCALE_N,
@@ -258,13 +257,34 @@ def gluon_grouped_operand_reason(a, sa, b, sb, group_offs, out_dtype: Optional[t
                                  block_size: int = 128) -> Optional[str]:
     """The operand half of :func:`gluon_grouped_blockwise_reason` (no platform test: checkable on
     CPU). None when dtypes, shapes, strides and devices are ones the kernel takes."""
-    if not GLUON_AVAILABLE:
-        return "triton.experimental.gluon is not importable"
-    for name, t in (("a", a), ("sa", sa), ("b", b), ("sb", sb)):
+    for name, t in (("sa", sa), ("sb", sb)):
         if not isinstance(t, torch.Tensor):
             return f"{name} must be a torch.Tensor, got {type(t).__name__}"
     if block_size != SCALE_BLOCK:
         return f"the Gluon grouped kernel takes 128-wide scale blocks, got block_size={block_size}"
+    reason = _ab_reason(a, b, group_offs, out_dtype)
+    if reason is not None:
+        return reason
+    M, K = a.shape
+    G, N, _ = b.shape
+    if sa.device != a.device or sb.device != a.device:
+        return "a, sa, b and sb must be on one device"
+    kb = -(-K // SCALE_BLOCK)
+    nb = -(-N // SCALE_BLOCK)
+    if sa.dtype != torch.float32 or tuple(sa.shape) != (M, kb):
+        return f"sa must be float32 [M_total, ceil(K/128)] = {[M, kb]}, got {sa.dtype} {list(sa.shape)}"
+    if sb.dtype != torch.float32 or tuple(sb.shape) != (G, nb, kb):
+        return f"sb must be float32 [G, ceil(N/128), ceil(K/128)] = {[G, nb, kb]}, got {sb.dtype} {list(sb.shape)}"
+    return None
+
+
+def _ab_reason(a, b, group_offs, out_dtype: Optional[torch.dtype]) -> Optional[str]:
+    """The FP8 operands, the offsets and the output dtype (what every form of the kernel needs)."""
+    if not GLUON_AVAILABLE:
+        return "triton.experimental.gluon is not importable"
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            return f"{name} must be a torch.Tensor, got {type(t).__name__}"
     if a.dim() != 2 or b.dim() != 3:
         return f"a must be [M_total, K] and b [G, N, K], got {tuple(a.shape)} and {tuple(b.shape)}"
     for name, t in (("a", a), ("b", b)):
@@ -275,19 +295,13 @@ def gluon_grouped_operand_reason(a, sa, b, sb, group_offs, out_dtype: Optional[t
     if Kb != K:
         return f"K mismatch: a is [M, K] = {list(a.shape)}, b is [G, N, K] = {list(b.shape)}"
     dev = a.device
-    if any(t.device != dev for t in (sa, b, sb)):
-        return "a, sa, b and sb must be on one device"
+    if b.device != dev:
+        return "a and b must be on one device"
     if group_offs is not None:  # None: the caller derives it from group_lens on the device
         if not isinstance(group_offs, torch.Tensor) or group_offs.device != dev:
             return f"group_offs must be a tensor on {dev}"
         if group_offs.dtype != torch.int64 or group_offs.dim() != 1 or group_offs.numel() != G + 1:
             return f"group_offs must be int64 [G+1] = [{G + 1}], got {group_offs.dtype} {list(group_offs.shape)}"
-    kb = -(-K // SCALE_BLOCK)
-    nb = -(-N // SCALE_BLOCK)
-    if sa.dtype != torch.float32 or tuple(sa.shape) != (M, kb):
-        return f"sa must be float32 [M_total, ceil(K/128)] = {[M, kb]}, got {sa.dtype} {list(sa.shape)}"
-    if sb.dtype != torch.float32 or tuple(sb.shape) != (G, nb, kb):
-        return f"sb must be float32 [G, ceil(N/128), ceil(K/128)] = {[G, nb, kb]}, got {sb.dtype} {list(sb.shape)}"
     if a.numel() and not (a.stride(1) == 1 and _rows_16(a, a.stride(0))):
         return f"a must be K-contiguous with 16-byte aligned base and rows for TMA (strides {tuple(a.stride())})"
     if b.numel():
@@ -339,10 +353,11 @@ def _kernel_args(a, sa, b, sb, group_offs, out, cfg: GluonBlockwiseConfig, sc: O
     G, N, _ = b.shape
     bn, bk = cfg.block_n, cfg.BLOCK_K
     a_layout, b_layout, c_layout = _dense._layouts(bn, out.dtype)
-    a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [_HALF_M, bk], a_layout)
+    desc = _dense._desc_unchecked  # the operands passed the *_reason checks
+    a_desc = desc(a, [M, K], [a.stride(0), 1], [_HALF_M, bk], a_layout)
     # the experts as one [G * N, K] matrix (rows g * N + n); a K tail zero-fills per row
-    b_desc = TensorDescriptor(b, [G * N, K], [b.stride(1), 1], [bn, bk], b_layout)
-    c_desc = TensorDescriptor(out, [M, N], [out.stride(0), 1], [_HALF_M, SCALE_BLOCK], c_layout)
+    b_desc = desc(b, [G * N, K], [b.stride(1), 1], [bn, bk], b_layout)
+    c_desc = desc(out, [M, N], [out.stride(0), 1], [_HALF_M, SCALE_BLOCK], c_layout)
     args = (a_desc, b_desc, c_desc, out, sa, sb, group_offs, sa if sc is None else sc, M, N, K, G,
             out.stride(0), sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1), sb.stride(2),
             0 if sc is None else sc.stride(0))
@@ -462,17 +477,17 @@ def _scaled_views(a, a_scale, b, b_scale):
     M, K = a.shape
     G, N, _ = b.shape
     kb, nb = -(-K // SCALE_BLOCK), -(-N // SCALE_BLOCK)
-    sa = a_scale.float().reshape(-1)
+    f32 = torch.float32
+    sa = a_scale if a_scale.dtype == f32 else a_scale.float()
     sa = sa.reshape(1, 1).expand(M, kb) if sa.numel() == 1 else sa.reshape(M, 1).expand(M, kb)
-    sbf = b_scale.float().reshape(-1)
+    sbf = b_scale if b_scale.dtype == f32 else b_scale.float()
+    n = sbf.numel()
     sc = None
-    if sbf.numel() == G * N and N != 1 and sbf.numel() != 1:
+    if n == G * N and N != 1 and n != 1:
         sc = sbf.reshape(G, N).contiguous()
-        sbf = _one(b.device)
-    if sbf.numel() == 1:
-        sb = sbf.reshape(1, 1, 1).expand(G, nb, kb)
-    else:  # one per expert
-        sb = sbf.reshape(G, 1, 1).expand(G, nb, kb)
+        sbf, n = _one(b.device), 1
+    # one factor, or one per expert
+    sb = sbf.reshape(1, 1, 1).expand(G, nb, kb) if n == 1 else sbf.reshape(G, 1, 1).expand(G, nb, kb)
     return sa, sb, sc
 
 
@@ -484,8 +499,8 @@ def gluon_grouped_scaled_operand_reason(a, a_scale, b, b_scale, group_offs, mode
         return reason
     if a_scale.device != a.device or b_scale.device != a.device:
         return "a, a_scale, b and b_scale must be on one device"
-    sa, sb, _ = _scaled_views(a, a_scale, b, b_scale)
-    return gluon_grouped_operand_reason(a, sa, b, sb, group_offs, out_dtype)
+    # the scale views the launch builds (_scaled_views) have the kernel's shapes by construction
+    return _ab_reason(a, b, group_offs, out_dtype)
 
 
 def gluon_grouped_scaled_reason(a, a_scale, b, b_scale, group_offs, mode: str,

@@ -148,7 +148,6 @@ if GLUON_AVAILABLE:
         warpgroup_mma,
         warpgroup_mma_wait,
     )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from primus_turbo.triton.gemm.gemm_fp8_gluon import _tile_coords
     from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_gluon import _group_rows
@@ -515,7 +514,7 @@ def _smem_layout(shape: tuple, dtype: torch.dtype):
 def _desc(t: torch.Tensor, box: list):
     """Host TMA descriptor of ``t`` (its true shape: loads past it zero-fill, stores clip) with
     boxes of ``box``; ``t``'s last stride is 1."""
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), box, _smem_layout(tuple(box), t.dtype))
+    return _dense._desc_unchecked(t, list(t.shape), list(t.stride()), box, _smem_layout(tuple(box), t.dtype))
 
 
 def _kernel_args(a, b, group_offs, out, cfg: GluonGroupedConfig) -> tuple:
