@@ -73,8 +73,8 @@ def test_launch_takes_the_direct_entry_on_cuda():
     _run(x, y, 2.0, False)
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     key = L.launch_key(_axpy_kernel, (x, y, x, 2.0, 300), dict(BLOCK=128, SQUARE=False, num_warps=4))
-    entry, tail = L._ENTRIES[(id(_axpy_kernel), index, key)]
-    assert entry is not None and tail == (128, False)
+    entry, names, defaults = L._ENTRIES[(id(_axpy_kernel), index, key)]
+    assert entry is not None and names == ["BLOCK", "SQUARE"]
     got = _run(x, y, 2.0, False)
     torch.cuda.synchronize()
     torch.testing.assert_close(got, 2.0 * x + y)

@@ -32,8 +32,9 @@ on inputs it cannot run (BLOCKWISE, MX, E5M2, CPU, ...) raises ``ValueError`` na
 GLUON (triton/grouped_gemm/grouped_gemm_fp8_gluon.py, sm_90): the M-grouped BLOCKWISE problem with
 E4M3 operands (forward, E4M3 dgrad), a warp-specialized TMA / wgmma kernel, the default on sm_90
 (``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON=0`` turns it off); see :class:`GroupedGemmFP8GluonBackend`.
-The same kernel runs TENSORWISE / ROWWISE E4M3 with broadcast scales (opt-in default:
-``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED=1``; measured 0.88-1.45x the vendor kernel by shape).
+The same kernel runs TENSORWISE / ROWWISE E4M3 with broadcast scales, the default by a measured
+shape rule (:func:`gluon_scaled_preferred`; ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED`` 1 / 0
+forces it on / off).
 The variable-K BLOCKWISE problem (the wgrad, E4M3 or E5M2 operands, accumulation into fp32) has
 its own Gluon kernel (triton/grouped_gemm/grouped_gemm_fp8_variable_k_gluon.py), the variable-K
 default on sm_90 where it can run (``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD=0`` turns it off);
@@ -68,6 +69,7 @@ __all__ = [
     "gather_rows",
     "gluon_grouped_enabled",
     "gluon_grouped_scaled_enabled",
+    "gluon_scaled_preferred",
     "gluon_grouped_wgrad_enabled",
 ]
 
@@ -272,7 +274,8 @@ class GroupedGemmFP8GluonBackend(KernelBackend):
     the forward and the E4M3 dgrad; TENSORWISE / ROWWISE E4M3 on the same kernel with broadcast
     scales (``grouped_gemm_fp8_scaled_gluon``). The BLOCKWISE M-grouped default on sm_90 where it
     can run (``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON=0`` turns it off); the TENSORWISE / ROWWISE
-    default only with ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED=1``. A GLUON pin reaches it as
+    default where :func:`gluon_scaled_preferred` says so (``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED``
+    overrides the rule). A GLUON pin reaches it as
     well; the variable-K dispatcher's GLUON backend (the BLOCKWISE wgrad) raises on the rest. Not
     autotuned."""
 
@@ -341,14 +344,26 @@ def gluon_grouped_enabled() -> bool:
     return True if flag is None else flag
 
 
-def gluon_grouped_scaled_enabled() -> bool:
+def gluon_grouped_scaled_enabled() -> Optional[bool]:
     """``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED``: whether the M-grouped TENSORWISE / ROWWISE
     default takes the Gluon kernel (the BLOCKWISE kernel with broadcast scales) where it can run,
-    before ``torch._scaled_grouped_mm``. 1 on, 0 off, auto: off (H200, 2026-12-01: 0.88-1.45x the
-    vendor kernel's device time depending on the shape, and 125-225 us of host time per launch
-    against 25 us). Read per call."""
-    flag = env_auto_flag("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED")
-    return False if flag is None else flag
+    before ``torch._scaled_grouped_mm``: True for 1, False for 0, None for auto (the shape rule
+    :func:`gluon_scaled_preferred` decides). Read per call."""
+    return env_auto_flag("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED")
+
+
+def gluon_scaled_preferred(G: int, K: int) -> bool:
+    """The TENSORWISE / ROWWISE default's shape rule: the Gluon kernel unless ``2048 < K < 8192``
+    with four experts or more, where ``torch._scaled_grouped_mm`` is as fast or faster.
+
+    H200, 2026-12-01 (``scripts/diag_grouped_launch.py``, device time under CUDA-graph replay,
+    1024-4096 rows per expert): Gluon / vendor op 2.9-3.6x at K 768 (Qwen3-30B-A3B down, G 4-16),
+    3.0-3.4x at K 1536-2048 with 1024 rows per expert, 1.1-1.2x at 4096 rows, 1.4-1.5x for one
+    expert at K 2880 / 14336 (GPT-OSS-20B, Mixtral-8x7B at EP 32 / 8); at K 2880-4096 with G >= 4
+    0.88-1.09x (Qwen3-235B-A22B gate_up, GPT-OSS-20B at EP 8), at K 7168 (DeepSeek-V3) 1.00-1.03x.
+    The vendor op also pays two to four small launches (int32 offsets, expanded scales, the zero
+    tail) that the Gluon kernel does not."""
+    return not (2048 < K < 8192 and G >= 4)
 
 
 def _make_key(a_q, a_scale, b_q, b_scale, mode, group_lens, group_offs, out_dtype, block_size=128, num_cu=None,
@@ -358,16 +373,22 @@ def _make_key(a_q, a_scale, b_q, b_scale, mode, group_lens, group_offs, out_dtyp
 
 
 def _default_mgrouped(**kwargs) -> BackendType:
-    """The M-grouped FP8 default, in one place: the vendor kernel where it runs (TENSORWISE /
-    ROWWISE, E4M3, bf16 out, aligned: measured on the H200 our Triton kernel reaches 0.73-1.00x of
-    it on the forward); unless ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON=0``, the Gluon kernel for
-    BLOCKWISE where its check passes (sm_90, E4M3, aligned rows); TRITON everywhere else. TORCH
-    and GLUON are returned only after their own check said yes (``default_checked``)."""
+    """The M-grouped FP8 default, in one place. TENSORWISE / ROWWISE: the Gluon kernel where
+    :func:`gluon_scaled_preferred` (or ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED=1``) picks it and
+    it can run (sm_90, E4M3), else the vendor kernel where it runs (E4M3, bf16 out, aligned: our
+    Triton kernel reaches 0.73-1.00x of it on the H200 forward). BLOCKWISE: unless
+    ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON=0``, the Gluon kernel where its check passes (sm_90,
+    E4M3, aligned rows). TRITON everywhere else. TORCH and GLUON are returned only after their own
+    check said yes (``default_checked``)."""
     if _mode_name(kwargs.get("mode")) == "BLOCKWISE":
         if gluon_grouped_enabled() and GroupedGemmFP8GluonBackend.can_handle(**kwargs):
             return BackendType.GLUON
         return BackendType.TRITON
-    if gluon_grouped_scaled_enabled() and GroupedGemmFP8GluonBackend.can_handle(**kwargs):
+    flag = gluon_grouped_scaled_enabled()
+    if flag is None:
+        b_q = kwargs.get("b_q")
+        flag = isinstance(b_q, torch.Tensor) and b_q.dim() == 3 and gluon_scaled_preferred(b_q.size(0), b_q.size(2))
+    if flag and GroupedGemmFP8GluonBackend.can_handle(**kwargs):
         return BackendType.GLUON
     return BackendType.TORCH if GroupedGemmFP8TorchBackend.can_handle(**kwargs) else BackendType.TRITON
 
