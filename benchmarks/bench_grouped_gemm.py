@@ -52,7 +52,7 @@ if str(_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.common import Row, finish_run, gpu_slug, write_results  # noqa: E402
+from benchmarks.common import Row, finish_run, gpu_slug, set_timing, write_results  # noqa: E402
 from benchmarks.common import error_text as _error_text  # noqa: E402
 from benchmarks.common import free_memory as _free  # noqa: E402
 from benchmarks.common import record_times, time_interleaved  # noqa: E402
@@ -499,6 +499,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--modes", nargs="+", default=list(MODES), help=f"subset of {', '.join(MODES)}")
     p.add_argument("--fp8", nargs="*", default=None,
                    help=f"FP8 granularities (default {' '.join(FP8_GRANS)}; '--fp8' alone: none)")
+    p.add_argument("--timing", choices=("do_bench", "graph"), default="do_bench",
+                   help="do_bench (host time included where it shows) or graph (device time alone, CUDA-graph "
+                        "replay with L2 flushed per call; forward mode only)")
     p.add_argument("--warmup-ms", type=float, default=None, help="do_bench warm-up (default 10; 0 with --cpu-smoke)")
     p.add_argument("--rep-ms", type=float, default=None, help="do_bench repetition time per round (default 40; 0 with --cpu-smoke)")
     args, _unknown = p.parse_known_args(argv)
@@ -522,6 +525,11 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
         cases_sel = list(SMOKE_CASES)  # the interpreter is slow: one case (both routings) is enough
     routings = [r for r in args.routings if r in ROUTINGS] or list(ROUTINGS)
     modes = [x for x in args.modes if x in MODES] or list(MODES)
+    if args.timing == "graph":
+        if modes != ["fwd"]:
+            raise SystemExit("bench_grouped_gemm: --timing graph times the forward only (--modes fwd)")
+        if has_cuda:
+            set_timing("graph")
     names = [x for x in args.impls if x in IMPLS]
     if PEER not in names:
         names.insert(0, PEER)  # the peer is always measured: speedups need it
@@ -544,7 +552,10 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
           flush=True)
     rows: list[Row] = []
     for case in cases:
-        rows.extend(run_case(case, impl_objs, modes, device, warmup_ms, rep_ms, _print_row))
+        new = run_case(case, impl_objs, modes, device, warmup_ms, rep_ms, _print_row)
+        for r in new:
+            r.extra["timing"] = args.timing
+        rows.extend(new)
         write_results(rows, out_dir, RESULT_NAME)  # after every case: a run cut short keeps its rows
 
     if grans and "fwd" in modes:
@@ -553,8 +564,11 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
         if args.cpu_smoke:
             fp8_cases = fp8_cases[:1]
         for case in fp8_cases:
-            rows.extend(run_fp8_case(case, fp8_names, grans, device, warmup_ms, rep_ms, _print_row,
-                                     lambda c: bf16.get((c["case"], PEER))))
+            new = run_fp8_case(case, fp8_names, grans, device, warmup_ms, rep_ms, _print_row,
+                               lambda c: bf16.get((c["case"], PEER)))
+            for r in new:
+                r.extra["timing"] = args.timing
+            rows.extend(new)
             write_results(rows, out_dir, RESULT_NAME)
 
     path = finish_run(rows, out_dir, RESULT_NAME)
