@@ -45,7 +45,7 @@ if str(_ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from benchmarks.bench_gemm import build_cases  # noqa: E402
-from benchmarks.common import Row, finish_run, gpu_slug  # noqa: E402
+from benchmarks.common import Row, finish_run, gpu_slug, set_timing  # noqa: E402
 from benchmarks.common import error_text as _error_text  # noqa: E402
 from benchmarks.common import free_memory as _free  # noqa: E402
 from benchmarks.common import time_interleaved  # noqa: E402
@@ -300,6 +300,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     # knows (but this one does not) are ignored rather than rejected
     p.add_argument("--impls", nargs="+", default=list(IMPLS), help=f"subset of {', '.join(IMPLS)}")
     p.add_argument("--modes", nargs="+", default=list(MODES), help=f"subset of {', '.join(MODES)}")
+    p.add_argument("--timing", choices=("do_bench", "graph"), default="do_bench",
+                   help="do_bench (host time included where it shows) or graph (device time alone, CUDA-graph "
+                        "replay with L2 flushed per call; fwd mode only)")
     p.add_argument("--warmup-ms", type=float, default=None)
     p.add_argument("--rep-ms", type=float, default=None)
     args, _unknown = p.parse_known_args(argv)
@@ -328,6 +331,11 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
     if "cublas" not in impls:
         impls.insert(0, "cublas")  # the BF16 peer is always measured: speedups need it
     modes = [m for m in args.modes if m in MODES]
+    if args.timing == "graph":
+        if modes != ["fwd"]:
+            raise SystemExit("bench_gemm_fp8: --timing graph times the forward only (--modes fwd)")
+        if has_cuda:
+            set_timing("graph")
     out_dir = Path(args.out) if args.out else _ROOT / "benchmarks" / "results" / gpu_slug()
 
     rows: list[Row] = []
@@ -336,7 +344,10 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
         print(f"bench_gemm_fp8: fwd: {len(cases)} unique shapes x {len(args.granularities)} granularities on {device}",
               flush=True)
         for case in cases:
-            rows.extend(run_fwd_case(case, impls, args.granularities, device, warmup_ms, rep_ms, _print_row))
+            new = run_fwd_case(case, impls, args.granularities, device, warmup_ms, rep_ms, _print_row)
+            for r in new:
+                r.extra["timing"] = args.timing
+            rows.extend(new)
     if "fwd_bwd" in modes:
         lm = QUICK_M[0] if args.quick else LINEAR_M
         cases = build_cases([LINEAR_MODEL], [lm], div, args.cases)
