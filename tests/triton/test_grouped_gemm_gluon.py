@@ -215,6 +215,103 @@ def test_triton_backend_takes_gluon_where_it_can(monkeypatch):
         gg.gluon_grouped_enabled()
 
 
+@needs_gluon
+def test_gluon_backends_and_the_small_problem_default(monkeypatch):
+    """The GLUON backends of both 16-bit dispatchers (platform mocked as sm_90, tensors claiming
+    CUDA): the M-grouped default takes GLUON for problems up to GLUON16_SMALL_MAX_MNK multiply-adds
+    and launches the kernel with its check skipped (already done); larger problems, the switch at 0
+    and missing offsets do not reach it; the variable-K GLUON backend serves a family pin."""
+    from primus_turbo.pytorch.backends import grouped_gemm as be
+    from primus_turbo.pytorch.core.backend import BackendType, PrecisionType
+
+    fake_platform(monkeypatch, gg)
+    fake_platform(monkeypatch, vk)
+    calls = []
+    monkeypatch.setattr(gg, "grouped_gemm_gluon", lambda *a, **k: calls.append(k) or "g")
+    monkeypatch.setattr(vk, "grouped_gemm_variable_k_gluon", lambda *a, **k: "gv")
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    a, B, dy, offs = _operands([40, 0, 100], 128, 64, "cpu")
+    lens = offs[1:] - offs[:-1]
+    kw = dict(a=a, b=B, group_lens=lens, group_offs=offs)
+    assert be.grouped_gemm_dispatcher.backends[BackendType.GLUON] is be.GroupedGemmGluonBackend
+    assert be.grouped_gemm_variable_k_dispatcher.backends[BackendType.GLUON] is be.GroupedGemmVariableKGluonBackend
+    assert be._default(**kw) == BackendType.GLUON
+    assert be.grouped_gemm_dispatcher.dispatch(PrecisionType.BF16_FP16_FP32, **kw) == "g"
+    assert calls[-1]["checked"] is True
+    assert [be.gluon16_small_preferred(*s) for s in ((4096, 2048, 768), (16384, 2048, 768), (4096, 2880, 2880),
+                                                      (1024, 4096, 14336))] == [True, True, False, False]
+    monkeypatch.setattr(be, "GLUON16_SMALL_MAX_MNK", 100.0)
+    assert be._default(**kw) != BackendType.GLUON
+    monkeypatch.undo()
+    fake_platform(monkeypatch, gg)
+    fake_platform(monkeypatch, vk)
+    monkeypatch.setattr(vk, "grouped_gemm_variable_k_gluon", lambda *a, **k: "gv")
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    assert "group_offs" in be.GroupedGemmGluonBackend.why_not(**dict(kw, group_offs=None))
+    assert "num_cu" in be.GroupedGemmGluonBackend.why_not(**kw, num_cu=0)
+    assert be.GroupedGemmVariableKGluonBackend.why_not(x=dy, y=a, group_lens=lens, group_offs=offs) is None
+    assert be.GroupedGemmVariableKGluonBackend.execute(dy, a, lens, offs) == "gv"
+    monkeypatch.setenv(gg.GLUON_GROUPED_ENV, "0")
+    assert be._default(**kw) != BackendType.GLUON
+    assert gg.GLUON_GROUPED_ENV in be.GroupedGemmGluonBackend.why_not(**kw)
+    assert gg.GLUON_GROUPED_ENV in be.GroupedGemmVariableKGluonBackend.why_not(x=dy, y=a, group_lens=lens,
+                                                                               group_offs=offs)
+
+
+def test_gluon_pin_of_16bit_grouped_gemm_raises_on_cpu():
+    """A GLUON pin on inputs the Gluon kernel cannot run raises ValueError naming the backend."""
+    from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager
+    from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU behaviour")
+    a, B, _, offs = _operands([8, 8], 64, 32, "cpu")
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.GLUON)
+    try:
+        with pytest.raises(ValueError, match="GLUON"):
+            grouped_gemm(a, B.transpose(1, 2).contiguous(), offs[1:] - offs[:-1], offs, trans_b=True)
+    finally:
+        GlobalBackendManager.reset()
+
+
+@sm90_gpu
+@pytest.mark.parametrize("lens", [[1024, 1024, 1024, 1024], [700, 0, 1300, 31], [4096]])
+def test_small_problem_default_and_gluon_pin_match_reference(lens):
+    """On the GPU: the no-grad default of a small problem runs the GLUON backend and matches the
+    reference (zero tail rows); a family GLUON pin runs forward, dgrad and wgrad on the Gluon
+    kernels and matches the vendor route."""
+    from primus_turbo.pytorch.backends import grouped_gemm as be
+    from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager, PrecisionType
+    from primus_turbo.pytorch.ops.grouped_gemm import grouped_gemm
+
+    N, K = 2048, 768
+    a, B, dy, offs = _operands(lens, N, K, "cuda", tail=5)
+    w = B.transpose(1, 2).contiguous()  # [G, N, K]
+    glens = offs[1:] - offs[:-1]
+    kw = dict(a=a, b=w.transpose(1, 2), group_lens=glens, group_offs=offs)
+    assert be.grouped_gemm_dispatcher.resolve(PrecisionType.BF16_FP16_FP32, **kw) is be.GroupedGemmGluonBackend
+    with torch.no_grad():
+        out = grouped_gemm(a, w, glens, offs, trans_b=True)
+    assert torch.all(out[sum(lens):] == 0)
+    assert _snr(_ref_fwd(a, B, lens), out) >= MIN_SNR[torch.bfloat16]
+
+    def step():
+        x = a.detach().clone().requires_grad_()
+        ww = w.detach().clone().requires_grad_()
+        y = grouped_gemm(x, ww, glens, offs, trans_b=True)
+        y.backward(dy.nan_to_num())
+        return y.detach(), x.grad, ww.grad
+
+    ref = step()
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.GLUON)
+    try:
+        got = step()
+    finally:
+        GlobalBackendManager.reset()
+    for r, g in zip(ref, got):
+        assert _snr(r.double(), g) >= MIN_SNR[torch.bfloat16]
+
+
 # ---------------------------------------------------------------------------------------------
 # CPU: sm_90 compile
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Grouped GEMM backends (MoE experts): TORCH (``torch._grouped_mm``, CUDA sm_90+ bf16) and TRITON.
+"""Grouped GEMM backends (MoE experts): TORCH (``torch._grouped_mm``, CUDA sm_90+ bf16), TRITON and,
+for the M-grouped problem, GLUON (the warp-specialized 16-bit kernel on sm_90).
 
 Two problems, each with its own dispatcher in the ``grouped_gemm`` family (so one pin,
 ``GlobalBackendManager.set_grouped_gemm_backend`` / ``PRIMUS_TURBO_GROUPED_GEMM_BACKEND``, covers
@@ -24,8 +25,12 @@ from ..core.backend import (
 
 __all__ = [
     "GROUPED_GEMM_DTYPES",
+    "GroupedGemmGluonBackend",
     "GroupedGemmTorchBackend",
     "GroupedGemmTritonBackend",
+    "GLUON16_SMALL_MAX_MNK",
+    "gluon16_small_preferred",
+    "GroupedGemmVariableKGluonBackend",
     "GroupedGemmVariableKTorchBackend",
     "GroupedGemmVariableKTritonBackend",
     "GLUON_WGRAD_MIN_FLOPS",
@@ -155,22 +160,72 @@ def _gluon16(name: str, t: torch.Tensor):
     return mod if gluon_grouped_enabled() else None
 
 
+class GroupedGemmGluonBackend(KernelBackend):
+    """The warp-specialized 16-bit Gluon kernel alone (triton/grouped_gemm/grouped_gemm_gluon.py):
+    sm_90, bf16 / fp16, TMA-aligned rows, K- or N-contiguous weights. The M-grouped default for
+    small problems (:func:`gluon16_small_preferred`); a GLUON pin reaches it everywhere it can run.
+    One launch: it reads the int64 offsets and zeroes the tail rows itself. Not autotuned (the
+    TRITON backend already runs this kernel where it can)."""
+
+    backend_type = BackendType.GLUON
+    autotune = False
+
+    @classmethod
+    def check(cls, a, b, group_lens, group_offs, num_cu=None, **_) -> Optional[str]:
+        if group_offs is None:
+            return "group_offs [G+1] on the device is needed (the op computes it)"
+        if num_cu is not None and (not isinstance(num_cu, int) or isinstance(num_cu, bool) or num_cu < 1):
+            return f"num_cu must be None or a positive int, got {num_cu!r}"
+        gluon = _gluon16("grouped_gemm_gluon", a)
+        if gluon is None:
+            return ("the 16-bit Gluon grouped kernel needs CUDA bf16 / fp16 operands, the module and "
+                    "PRIMUS_TURBO_GROUPED_GEMM_GLUON not 0")
+        return gluon.gluon_grouped_reason(a, b, group_offs)
+
+    @classmethod
+    def execute(cls, a, b, group_lens, group_offs, num_cu=None, **_) -> torch.Tensor:
+        from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import grouped_gemm_gluon
+
+        return grouped_gemm_gluon(a, b, group_offs, num_programs=num_cu, checked=True)
+
+
+#: The M-grouped 16-bit default takes the Gluon kernel (not ``torch._grouped_mm``) up to this many
+#: multiply-adds (M_total * N * K). H200, 2026-12-01 (``scripts/diag_grouped_launch.py``, device
+#: time under CUDA-graph replay, 1024 rows per expert): 6.4e9-2.6e10 (Qwen3-30B-A3B and
+#: GPT-OSS-20B at EP 16 / 32, Qwen3-235B-A22B down at EP 32) Gluon 0.69-0.87x the vendor op's time
+#: (whose int32 offsets and zero-tail launches add ~3 us to a 20-90 us GEMM); 3.4e10-1.2e11 0.93-1.12x.
+#: Under autograd the op keeps its vendor route (one decision for all three GEMMs: less host time).
+GLUON16_SMALL_MAX_MNK = 3.0e10
+
+
+def gluon16_small_preferred(M: int, N: int, K: int) -> bool:
+    """Whether the M-grouped 16-bit default prefers the Gluon kernel for an ``[M, K] x [K, N]``
+    problem (shapes only)."""
+    return M * N * K <= GLUON16_SMALL_MAX_MNK
+
+
 def _make_key(a, b, group_lens, group_offs, num_cu=None, **_):
     return (a.size(0), b.size(2), a.size(1), b.size(0), a.dtype, _b_layout(b), num_cu, a.device.type)
 
 
 def _default(**kwargs) -> BackendType:
-    # the vendor kernel where it can run, our kernel everywhere else (CPU, fp16/fp32, num_cu, ...)
+    """Small problems on sm_90: the Gluon kernel where it runs; else the vendor kernel where it can
+    run, our TRITON backend everywhere else (CPU, fp16/fp32, num_cu, ...). GLUON and TORCH are
+    returned only after their own check said yes (``default_checked``)."""
+    a, b = kwargs.get("a"), kwargs.get("b")
+    if (a is not None and a.is_cuda and gluon16_small_preferred(a.size(0), b.size(2), a.size(1))
+            and GroupedGemmGluonBackend.can_handle(**kwargs)):
+        return BackendType.GLUON
     return BackendType.TORCH if GroupedGemmTorchBackend.can_handle(**kwargs) else BackendType.TRITON
 
 
 grouped_gemm_dispatcher = AutoKernelDispatcher(
     op_name="grouped_gemm",
     family="grouped_gemm",
-    backends=[GroupedGemmTorchBackend, GroupedGemmTritonBackend],
+    backends=[GroupedGemmTorchBackend, GroupedGemmTritonBackend, GroupedGemmGluonBackend],
     make_key=_make_key,
     default=_default,
-    default_checked=BackendType.TORCH,
+    default_checked=(BackendType.TORCH, BackendType.GLUON),
 )
 
 
@@ -280,10 +335,37 @@ def _make_key_vk(x, y, group_lens, group_offs, out=None, accumulate=False, num_c
             None if out is None else out.dtype, bool(accumulate), num_cu, x.device.type)
 
 
+class GroupedGemmVariableKGluonBackend(KernelBackend):
+    """The 16-bit Gluon variable-K kernel alone (triton/grouped_gemm/grouped_gemm_variable_k_gluon.py):
+    reached by a GLUON pin (so that one family pin serves the forward, dgrad and wgrad); the
+    default reaches the kernel through :func:`gluon_wgrad` and the TRITON backend. Not autotuned."""
+
+    backend_type = BackendType.GLUON
+    autotune = False
+
+    @classmethod
+    def check(cls, x, y, group_lens, group_offs, out=None, accumulate=False, num_cu=None, **_) -> Optional[str]:
+        if group_offs is None:
+            return "group_offs [G+1] on the device is needed (the op computes it)"
+        if num_cu is not None and (not isinstance(num_cu, int) or isinstance(num_cu, bool) or num_cu < 1):
+            return f"num_cu must be None or a positive int, got {num_cu!r}"
+        gluon = _gluon16("grouped_gemm_variable_k_gluon", x)
+        if gluon is None:
+            return ("the 16-bit Gluon variable-K kernel needs CUDA bf16 / fp16 operands, the module and "
+                    "PRIMUS_TURBO_GROUPED_GEMM_GLUON not 0")
+        return gluon.gluon_variable_k_reason(x, y, group_offs, out=out, accumulate=accumulate)
+
+    @classmethod
+    def execute(cls, x, y, group_lens, group_offs, out=None, accumulate=False, num_cu=None, **_) -> torch.Tensor:
+        from primus_turbo.triton.grouped_gemm.grouped_gemm_variable_k_gluon import grouped_gemm_variable_k_gluon
+
+        return grouped_gemm_variable_k_gluon(x, y, group_offs, out=out, accumulate=accumulate, num_programs=num_cu)
+
+
 grouped_gemm_variable_k_dispatcher = AutoKernelDispatcher(
     op_name="grouped_gemm_variable_k",
     family="grouped_gemm",
-    backends=[GroupedGemmVariableKTorchBackend, GroupedGemmVariableKTritonBackend],
+    backends=[GroupedGemmVariableKTorchBackend, GroupedGemmVariableKTritonBackend, GroupedGemmVariableKGluonBackend],
     make_key=_make_key_vk,
     default=lambda **kw: _default_vk(**kw),
     default_checked=BackendType.TORCH,

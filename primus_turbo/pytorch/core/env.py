@@ -21,6 +21,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "PRIMUS_TURBO_GROUPED_GEMM_BACKEND": ("", "Grouped GEMM backend, same syntax as PRIMUS_TURBO_GEMM_BACKEND."),
     "PRIMUS_TURBO_ATTN_BACKEND": ("", "Attention backend, same syntax as PRIMUS_TURBO_GEMM_BACKEND."),
     "PRIMUS_TURBO_AUTO_TUNE": ("0", "1: time every eligible backend once per shape and cache the fastest."),
+    "PRIMUS_TURBO_DIRECT_LAUNCH": (
+        "1",
+        "0: every Gluon kernel launch goes through Triton's own launch path instead of the cached C entry "
+        "(primus_turbo/triton/launch.py; read at import).",
+    ),
     "PRIMUS_TURBO_GEMM_TRITON_AUTOTUNE": (
         "1",
         "0: the Triton GEMM kernels (dense and grouped) use their analytic default configs instead of timing "
