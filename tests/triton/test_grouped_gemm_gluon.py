@@ -238,9 +238,12 @@ def test_gluon_backends_and_the_small_problem_default(monkeypatch):
     assert be._default(**kw) == BackendType.GLUON
     assert be.grouped_gemm_dispatcher.dispatch(PrecisionType.BF16_FP16_FP32, **kw) == "g"
     assert calls[-1]["checked"] is True
-    assert [be.gluon16_small_preferred(*s) for s in ((4096, 2048, 768), (16384, 2048, 768), (4096, 2880, 2880),
-                                                      (1024, 4096, 14336))] == [True, True, False, False]
+    assert [be.gluon16_small_preferred(*s) for s in ((4096, 2048, 768), (16384, 2048, 768), (4096, 4096, 1536),
+                                                      (4096, 1536, 2048), (8192, 1536, 2048), (4096, 2880, 2880),
+                                                      (1024, 4096, 14336))] == [True, True, True, True, False,
+                                                                                False, False]
     monkeypatch.setattr(be, "GLUON16_SMALL_MAX_MNK", 100.0)
+    monkeypatch.setattr(be, "GLUON16_SMALL_MAX_MNK_SHORT_K", 100.0)
     assert be._default(**kw) != BackendType.GLUON
     monkeypatch.undo()
     fake_platform(monkeypatch, gg)

@@ -189,19 +189,28 @@ class GroupedGemmGluonBackend(KernelBackend):
         return grouped_gemm_gluon(a, b, group_offs, num_programs=num_cu, checked=True)
 
 
-#: The M-grouped 16-bit default takes the Gluon kernel (not ``torch._grouped_mm``) up to this many
-#: multiply-adds (M_total * N * K). H200, 2026-12-01 (``scripts/diag_grouped_launch.py``, device
-#: time under CUDA-graph replay, 1024 rows per expert): 6.4e9-2.6e10 (Qwen3-30B-A3B and
-#: GPT-OSS-20B at EP 16 / 32, Qwen3-235B-A22B down at EP 32) Gluon 0.69-0.87x the vendor op's time
-#: (whose int32 offsets and zero-tail launches add ~3 us to a 20-90 us GEMM); 3.4e10-1.2e11 0.93-1.12x.
-#: Under autograd the op keeps its vendor route (one decision for all three GEMMs: less host time).
-GLUON16_SMALL_MAX_MNK = 3.0e10
+#: The M-grouped 16-bit default takes the Gluon kernel (not ``torch._grouped_mm``) up to
+#: GLUON16_SMALL_MAX_MNK multiply-adds (M_total * N * K), and up to GLUON16_SMALL_MAX_MNK_SHORT_K when
+#: K <= GLUON16_SHORT_K. H200, 2026-12-01, device time under CUDA-graph replay (``--timing graph``
+#: of ``benchmarks/bench_grouped_gemm.py``, ``scripts/diag_grouped_launch.py``,
+#: ``scripts/diag_grouped16_configs.py``): the vendor kernel is inefficient on small problems
+#: (~500 TFLOP/s at 1.3e10) and its op adds two launches (int32 offsets, zero tail, ~3 us), so Gluon
+#: takes 0.81-0.90x its time from 6.4e9 to 1.7e10 (Qwen3-30B-A3B, GPT-OSS-20B at EP 16 / 32) and at
+#: 2.6e10 with K 768 / 1536 (Qwen3-30B-A3B down at EP 8, Qwen3-235B-A22B down at EP 32); at 2.6e10
+#: with K 2048 (Qwen3-30B-A3B gate_up at EP 16: 8 x 1024 rows, N 1536) the vendor kernel reaches ~670
+#: TFLOP/s and Gluon takes 1.14-1.21x its time whatever the tile config, and from 3.4e10 up Gluon is
+#: 0.93-1.12x. Under autograd the op keeps its vendor route (one decision for all three GEMMs: less
+#: host time).
+GLUON16_SMALL_MAX_MNK = 2.0e10
+GLUON16_SMALL_MAX_MNK_SHORT_K = 3.0e10
+GLUON16_SHORT_K = 1536
 
 
 def gluon16_small_preferred(M: int, N: int, K: int) -> bool:
     """Whether the M-grouped 16-bit default prefers the Gluon kernel for an ``[M, K] x [K, N]``
-    problem (shapes only)."""
-    return M * N * K <= GLUON16_SMALL_MAX_MNK
+    problem (shapes only; the rule and its measurements above)."""
+    mnk = M * N * K
+    return mnk <= GLUON16_SMALL_MAX_MNK or (K <= GLUON16_SHORT_K and mnk <= GLUON16_SMALL_MAX_MNK_SHORT_K)
 
 
 def _make_key(a, b, group_lens, group_offs, num_cu=None, **_):
