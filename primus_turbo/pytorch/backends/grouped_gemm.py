@@ -172,15 +172,8 @@ class GroupedGemmGluonBackend(KernelBackend):
 
     @classmethod
     def check(cls, a, b, group_lens, group_offs, num_cu=None, **_) -> Optional[str]:
-        if group_offs is None:
-            return "group_offs [G+1] on the device is needed (the op computes it)"
-        if num_cu is not None and (not isinstance(num_cu, int) or isinstance(num_cu, bool) or num_cu < 1):
-            return f"num_cu must be None or a positive int, got {num_cu!r}"
-        gluon = _gluon16("grouped_gemm_gluon", a)
-        if gluon is None:
-            return ("the 16-bit Gluon grouped kernel needs CUDA bf16 / fp16 operands, the module and "
-                    "PRIMUS_TURBO_GROUPED_GEMM_GLUON not 0")
-        return gluon.gluon_grouped_reason(a, b, group_offs)
+        gluon, reason = _gluon16_backend_module("grouped_gemm_gluon", a, group_offs, num_cu)
+        return reason if gluon is None else gluon.gluon_grouped_reason(a, b, group_offs)
 
     @classmethod
     def execute(cls, a, b, group_lens, group_offs, num_cu=None, **_) -> torch.Tensor:
@@ -211,6 +204,20 @@ def gluon16_small_preferred(M: int, N: int, K: int) -> bool:
     problem (shapes only; the rule and its measurements above)."""
     mnk = M * N * K
     return mnk <= GLUON16_SMALL_MAX_MNK or (K <= GLUON16_SHORT_K and mnk <= GLUON16_SMALL_MAX_MNK_SHORT_K)
+
+
+def _gluon16_backend_module(name: str, t: torch.Tensor, group_offs, num_cu):
+    """(the Gluon module, None) when a GLUON backend may run ``t``'s problem, else (None, why not):
+    the offsets given, a valid ``num_cu``, what :func:`_gluon16` asks."""
+    if group_offs is None:
+        return None, "group_offs [G+1] on the device is needed (the op computes it)"
+    if num_cu is not None and (not isinstance(num_cu, int) or isinstance(num_cu, bool) or num_cu < 1):
+        return None, f"num_cu must be None or a positive int, got {num_cu!r}"
+    gluon = _gluon16(name, t)
+    if gluon is None:
+        return None, (f"the 16-bit Gluon kernel ({name}) needs CUDA bf16 / fp16 operands, the module and "
+                      "PRIMUS_TURBO_GROUPED_GEMM_GLUON not 0")
+    return gluon, None
 
 
 def _make_key(a, b, group_lens, group_offs, num_cu=None, **_):
@@ -354,15 +361,9 @@ class GroupedGemmVariableKGluonBackend(KernelBackend):
 
     @classmethod
     def check(cls, x, y, group_lens, group_offs, out=None, accumulate=False, num_cu=None, **_) -> Optional[str]:
-        if group_offs is None:
-            return "group_offs [G+1] on the device is needed (the op computes it)"
-        if num_cu is not None and (not isinstance(num_cu, int) or isinstance(num_cu, bool) or num_cu < 1):
-            return f"num_cu must be None or a positive int, got {num_cu!r}"
-        gluon = _gluon16("grouped_gemm_variable_k_gluon", x)
-        if gluon is None:
-            return ("the 16-bit Gluon variable-K kernel needs CUDA bf16 / fp16 operands, the module and "
-                    "PRIMUS_TURBO_GROUPED_GEMM_GLUON not 0")
-        return gluon.gluon_variable_k_reason(x, y, group_offs, out=out, accumulate=accumulate)
+        gluon, reason = _gluon16_backend_module("grouped_gemm_variable_k_gluon", x, group_offs, num_cu)
+        return reason if gluon is None else gluon.gluon_variable_k_reason(x, y, group_offs, out=out,
+                                                                           accumulate=accumulate)
 
     @classmethod
     def execute(cls, x, y, group_lens, group_offs, out=None, accumulate=False, num_cu=None, **_) -> torch.Tensor:
