@@ -172,9 +172,10 @@ def direct_entry(kernel):
 
 def launch(jit_fn, grid: tuple, args: tuple, kwargs: dict, device: torch.device) -> None:
     """``jit_fn[grid](*args, **kwargs)`` on ``device``, through the compiled kernel's C entry from the
-    second launch with the same launch key on. ``args`` are the leading parameters, positionally;
-    ``kwargs`` the others (by name, any that has no default) and compile options (``num_warps``)."""
-    if device.type != "cuda" or not _DIRECT[0]:
+    second launch with the same launch key on. ``grid``: a tuple of 1-3 ints (a callable grid takes
+    Triton's path); ``args`` the leading parameters, positionally; ``kwargs`` the others (by name,
+    any that has no default) and compile options (``num_warps``)."""
+    if device.type != "cuda" or not _DIRECT[0] or callable(grid):
         with torch.cuda.device(device) if device.type == "cuda" else _nullcontext():
             jit_fn[grid](*args, **kwargs)
         return

@@ -78,6 +78,10 @@ def test_launch_takes_the_direct_entry_on_cuda():
     got = _run(x, y, 2.0, False)
     torch.cuda.synchronize()
     torch.testing.assert_close(got, 2.0 * x + y)
+    out = torch.full_like(x, float("nan"))  # a callable grid takes Triton's own path
+    L.launch(_axpy_kernel, lambda meta: (triton.cdiv(300, meta["BLOCK"]),), (x, y, out, 2.0, 300),
+             dict(BLOCK=128, SQUARE=False, num_warps=4), x.device)
+    torch.testing.assert_close(out, 2.0 * x + y)
 
 
 def test_launch_key_separates_specializations():
