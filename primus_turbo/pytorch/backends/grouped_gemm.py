@@ -149,15 +149,24 @@ def _gluon16(name: str, t: torch.Tensor):
     importable), else None; the module's own ``*_reason`` check decides the rest (sm_90, strides)."""
     if not t.is_cuda or t.dtype not in (torch.bfloat16, torch.float16):
         return None
-    try:
-        import importlib
+    mod = _GLUON16_MODULES.get(name, _UNSET)
+    if mod is _UNSET:
+        try:
+            import importlib
 
-        mod = importlib.import_module(f"primus_turbo.triton.grouped_gemm.{name}")
-    except ImportError:
+            mod = importlib.import_module(f"primus_turbo.triton.grouped_gemm.{name}")
+        except ImportError:
+            mod = None
+        _GLUON16_MODULES[name] = mod
+    if mod is None:
         return None
     from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import gluon_grouped_enabled
 
     return mod if gluon_grouped_enabled() else None
+
+
+_UNSET = object()
+_GLUON16_MODULES: dict = {}  # module name -> module, or None where it does not import
 
 
 class GroupedGemmGluonBackend(KernelBackend):

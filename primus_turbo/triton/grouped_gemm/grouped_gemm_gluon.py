@@ -404,9 +404,14 @@ if GLUON_AVAILABLE:
 # ----------------------------------------------------------------------------------------------
 def _rows_ok(t: torch.Tensor, inner: int) -> bool:
     """``t`` has a unit stride on dim ``inner`` and 16-byte aligned base and other strides (TMA)."""
+    st = t.stride()
+    if st[inner] != 1 or t.data_ptr() % 16:
+        return False
     es = t.element_size()
-    return (t.stride(inner) == 1 and t.data_ptr() % 16 == 0
-            and all((s * es) % 16 == 0 for d, s in enumerate(t.stride()) if d != inner))
+    for d, s in enumerate(st):  # a plain loop: this runs on every launch of small GEMMs
+        if d != inner and (s * es) % 16:
+            return False
+    return True
 
 
 def _b_kmajor(b: torch.Tensor) -> Optional[bool]:
@@ -535,11 +540,21 @@ def _kernel_args(a, b, group_offs, out, cfg: GluonGroupedConfig) -> tuple:
 
 
 def _launch_reason(a, b, group_offs, out, num_programs) -> Optional[str]:
-    """The FP8 grouped launcher's checks (offsets given, a usable out, num_programs) for the logical
-    [G, K, N] ``b`` (that one reads N from a [G, N, K] weight)."""
-    from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_gluon import _launch_reason as fp8_launch_reason
+    """What the launcher needs beyond the operand checks (the FP8 grouped launcher's rules, for the
+    logical [G, K, N] ``b``): the offsets themselves, a usable ``out``, ``num_programs``."""
+    if group_offs is None:
+        return "group_offs [G+1] on the device is needed"
+    if out is not None:
+        M, N = a.shape[0], b.shape[2]
+        if (not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, N) or not out.is_contiguous()
+                or out.device != a.device or out.data_ptr() % 16):
+            return f"out must be a contiguous, 16-byte aligned [M_total, N] = {[M, N]} tensor on {a.device}"
+    return _dense._num_programs_reason(num_programs)
 
-    return fp8_launch_reason(a, b.transpose(1, 2), group_offs, out, num_programs)
+
+@functools.lru_cache(maxsize=None)
+def _config_problem(cfg: GluonGroupedConfig, out_bytes: int) -> Optional[str]:
+    return cfg.check(out_bytes)
 
 
 def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tensor,
@@ -580,7 +595,7 @@ def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tenso
     if cfg is None:
         sms = _dense._num_sms(a.device)
         cfg = fitted_config(default_grouped16_config(M, N, G, min(num_programs or sms, sms)), out.dtype)
-    bad = cfg.check(out.element_size())
+    bad = _config_problem(cfg, out.element_size())
     if bad is not None:
         raise ValueError(f"grouped_gemm_gluon: {bad}")
     args, kwargs = _kernel_args(a, b, group_offs, out, cfg)
