@@ -32,7 +32,6 @@ def moe_permute_ref(tokens, routing_map, probs=None, num_out_tokens=None, pad_mu
     mask = _mask(routing_map, num_experts)
     e = mask.shape[1]
     is_map = routing_map.dtype == torch.bool
-    k = routing_map.shape[1]
     dest_te = torch.full((t, e), -1, dtype=torch.int64)
     src_pairs: list[tuple[int, int]] = []  # (token, j) per output row; (-1, -1) for padding
     seg = []
