@@ -3,9 +3,10 @@
 ``kernel[grid](*args)`` re-derives on every call what a steady training step never changes: it
 binds the arguments to the signature, specializes each one in C++, hashes the result into the
 kernel cache key, asks the driver for the current device and stream, reads the launch hooks and
-goes through the launcher's Python ``__call__``. Measured on the H200 machine that is 25-35 us of
-host time per launch, the largest single part of a small expert GEMM's host path (grouped FP8 on
-the Gluon kernel: 125-225 us per call against the vendor op's 25 us).
+goes through the launcher's Python ``__call__``. On the H200 machine the direct path below saves
+14-90 us (median 31 us) of host time per launch (``scripts/diag_grouped_launch.py --ab-launch``,
+2026-12-01): a large part of a small expert GEMM's host path (grouped FP8 on the Gluon kernel:
+125-225 us per call before, against the vendor op's 25 us).
 
 :func:`launch` keeps, per kernel and per *launch key*, the compiled kernel and its C launch entry,
 and from the second launch on calls that entry directly. The launch key is conservative: it holds
