@@ -723,6 +723,19 @@ def _device_reason(operand_reason, platform_reason, args: tuple) -> Optional[str
         return f"{type(exc).__name__}: {exc}"
 
 
+def _grouped_launch_reason(a, n: int, group_offs, out, num_programs) -> Optional[str]:
+    """What an M-grouped launcher needs beyond its operand checks (shared by the FP8 and 16-bit
+    grouped kernels): the offsets themselves, a usable ``out`` of ``[M_total, n]``, ``num_programs``."""
+    if group_offs is None:
+        return "group_offs [G+1] on the device is needed"
+    if out is not None:
+        M = a.shape[0]
+        if (not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, n) or not out.is_contiguous()
+                or out.device != a.device or out.data_ptr() % 16):
+            return f"out must be a contiguous, 16-byte aligned [M_total, N] = {[M, n]} tensor on {a.device}"
+    return _num_programs_reason(num_programs)
+
+
 def _num_programs_reason(num_programs) -> Optional[str]:
     """None when ``num_programs`` (a cap on a persistent grid) is None or a positive int."""
     if num_programs is not None and (not isinstance(num_programs, int) or num_programs < 1):

@@ -367,14 +367,8 @@ def _kernel_args(a, sa, b, sb, group_offs, out, cfg: GluonBlockwiseConfig, sc: O
 
 
 def _launch_reason(a, b, group_offs, out, num_programs) -> Optional[str]:
-    """What the launcher needs beyond the operand checks: the offsets themselves, a usable out."""
-    if group_offs is None:
-        return "group_offs [G+1] on the device is needed"
-    M, N = a.shape[0], b.shape[1]
-    if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, N) or not out.is_contiguous()
-                            or out.device != a.device or out.data_ptr() % 16):
-        return f"out must be a contiguous, 16-byte aligned [M_total, N] = {[M, N]} tensor on {a.device}"
-    return _dense._num_programs_reason(num_programs)
+    """What the launcher needs beyond the operand checks (``b`` is ``[G, N, K]``)."""
+    return _dense._grouped_launch_reason(a, b.shape[1], group_offs, out, num_programs)
 
 
 def grouped_gemm_fp8_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,

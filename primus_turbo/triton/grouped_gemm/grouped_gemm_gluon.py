@@ -540,16 +540,8 @@ def _kernel_args(a, b, group_offs, out, cfg: GluonGroupedConfig) -> tuple:
 
 
 def _launch_reason(a, b, group_offs, out, num_programs) -> Optional[str]:
-    """What the launcher needs beyond the operand checks (the FP8 grouped launcher's rules, for the
-    logical [G, K, N] ``b``): the offsets themselves, a usable ``out``, ``num_programs``."""
-    if group_offs is None:
-        return "group_offs [G+1] on the device is needed"
-    if out is not None:
-        M, N = a.shape[0], b.shape[2]
-        if (not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, N) or not out.is_contiguous()
-                or out.device != a.device or out.data_ptr() % 16):
-            return f"out must be a contiguous, 16-byte aligned [M_total, N] = {[M, N]} tensor on {a.device}"
-    return _dense._num_programs_reason(num_programs)
+    """What the launcher needs beyond the operand checks (``b`` is the logical ``[G, K, N]``)."""
+    return _dense._grouped_launch_reason(a, b.shape[2], group_offs, out, num_programs)
 
 
 @functools.lru_cache(maxsize=None)

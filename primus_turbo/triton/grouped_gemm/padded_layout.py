@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .zero_tail import cached_launch
+from primus_turbo.triton.launch import launch
 
 __all__ = ["padded_group_layout_triton", "BLOCK_P"]
 
@@ -37,8 +37,8 @@ _NUM_WARPS = 8
 
 
 # No value or alignment specialisation: one compiled kernel (per offsets dtype and ``nonempty``)
-# serves every G, m_total and align, so after the first call the launch skips Triton's per-call
-# argument binding (the host time of small MoE steps is what this kernel exists to cut).
+# serves every G, m_total and align; launched through primus_turbo.triton.launch, which skips
+# Triton's per-call argument binding (the host time of small MoE steps is what this kernel cuts).
 @triton.jit(do_not_specialize=["G", "m_total", "align", "m_pad"],
             do_not_specialize_on_alignment=["offs_ptr", "src_ptr", "poffs_ptr"])
 def _padded_layout_kernel(offs_ptr, src_ptr, poffs_ptr, G, m_total, align, m_pad, NONEMPTY: tl.constexpr,
@@ -85,8 +85,6 @@ def _padded_layout_kernel(offs_ptr, src_ptr, poffs_ptr, G, m_total, align, m_pad
     tl.store(src_ptr + p0 + prow, src, mask=p0 + prow < m_pad)
 
 
-_compiled: dict = {}  # (device index, offsets dtype, nonempty) -> (compiled kernel, direct entry)
-
 #: the kernel's int32 arithmetic bound: the caller's m_pad (>= m_total, align * G) stays below it
 MAX_ROWS = 2**31 - 2 * BLOCK_P
 
@@ -105,7 +103,6 @@ def padded_group_layout_triton(group_offs: torch.Tensor, m_total: int, align: in
     poffs = torch.empty(G + 1, dtype=torch.int64, device=dev)
     grid0 = max(-(-m_pad // BLOCK_P), 1)  # one program at least: program 0 writes padded_offs
     args = (group_offs, src, poffs, G, m_total, align, m_pad)
-    index = group_offs.get_device() if group_offs.is_cuda else None
-    cached_launch(_compiled, (index, group_offs.dtype, nonempty), _padded_layout_kernel, grid0, args,
-                  dict(NONEMPTY=nonempty, BLOCK_P=BLOCK_P, BLOCK_G=_BLOCK_G), _NUM_WARPS, index)
+    launch(_padded_layout_kernel, (grid0,), args,
+           dict(NONEMPTY=nonempty, BLOCK_P=BLOCK_P, BLOCK_G=_BLOCK_G, num_warps=_NUM_WARPS), dev)
     return src, poffs
