@@ -131,10 +131,11 @@ def _vendor_route(a: torch.Tensor, B: torch.Tensor, num_cu) -> Optional[str]:
     problems, where its no-grad default takes the Gluon kernel (``gluon16_small_preferred``: less
     device time); for small expert GEMMs under autograd the Python time is what the step costs (the
     vendor kernels take tens of microseconds), so the op asks once and keeps the vendor route.
-    Sound because the backward's operands follow from the forward's: the grad_input GEMM reads the same weight as a transposed view (row- and column-major are both
-    taken, the strides are the same numbers), and the grad_weight GEMM reads ``a`` (row-major and
-    aligned: checked here) and the contiguous ``[M, N]`` output gradient, whose rows are 16-byte
-    aligned exactly when the forward output's are (checked here). One pin covers both dispatchers
+    Sound because the backward's operands follow from the forward's: the grad_input GEMM reads the
+    same weight as a transposed view (row- and column-major are both taken, the strides are the same
+    numbers), and the grad_weight GEMM reads ``a`` (row-major and aligned: checked here) and the
+    contiguous ``[M, N]`` output gradient, whose rows are 16-byte aligned exactly when the forward
+    output's are (checked here). One pin covers both dispatchers
     (their family is ``grouped_gemm``); under autotuning every GEMM keeps its own dispatch."""
     if num_cu is not None or torch.compiler.is_compiling():
         return None
