@@ -30,6 +30,7 @@ import torch
 
 from ..core.low_precision import Float4QuantConfig, Float8QuantConfig
 from ..ops.activation import geglu_with_probs, swiglu_with_probs
+from ..ops.grouped_gemm import _offsets
 from ..ops.moe_permute import moe_permute, moe_unpermute
 from ..ops.moe_router import fused_group_topk_routing_with_aux_score, tokens_per_expert_to_mask
 from .grouped_linear import GroupedLinear
@@ -52,11 +53,6 @@ def _check_positive(name: str, **sizes) -> None:
             raise ValueError(f"{name}: {k} must be a positive int, got {v!r}")
 
 
-def _group_offsets(group_lens: torch.Tensor) -> torch.Tensor:
-    """[G+1] exclusive prefix sum, on the device (shared by both grouped GEMMs)."""
-    offs = torch.zeros(group_lens.numel() + 1, dtype=torch.int64, device=group_lens.device)
-    offs[1:] = torch.cumsum(group_lens, 0)
-    return offs
 
 
 class GroupedMLP(torch.nn.Module):
@@ -151,7 +147,7 @@ class GroupedMLP(torch.nn.Module):
         self._check(permuted_tokens, group_lens, probs, group_offs)
         m = permuted_tokens.shape[0]
         if group_offs is None:
-            group_offs = _group_offsets(group_lens)
+            group_offs = _offsets(group_lens)  # once, shared by both grouped GEMMs
         if probs is None:
             probs = torch.ones(m, dtype=torch.float32, device=permuted_tokens.device)
         # rows past sum(group_lens): the grouped GEMMs already give zeros there; the mask also

@@ -21,6 +21,7 @@ implementation (for ``torch.compile``); eager calls skip the custom-op dispatche
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -42,10 +43,25 @@ _BF16 = PrecisionType.BF16_FP16_FP32
 
 
 def _offsets(group_lens: torch.Tensor) -> torch.Tensor:
-    """[G+1] exclusive prefix sum on the device (torch.cumsum: no sync)."""
+    """[G+1] int64 exclusive prefix sum on the device, no sync: on CUDA one Triton launch
+    (triton/grouped_gemm/offsets.py; the torch form is three kernels and three dispatches), else
+    ``torch.cumsum``."""
+    if group_lens.is_cuda and not torch.compiler.is_compiling():
+        fn = _offsets_kernel_fn()
+        if fn is not None:
+            return fn(group_lens)
     offs = torch.zeros(group_lens.numel() + 1, dtype=torch.int64, device=group_lens.device)
     offs[1:] = torch.cumsum(group_lens, 0)
     return offs
+
+
+@functools.lru_cache(maxsize=None)
+def _offsets_kernel_fn():
+    try:
+        from primus_turbo.triton.grouped_gemm.offsets import group_offsets_
+    except ImportError:  # no triton: the torch form
+        return None
+    return group_offsets_
 
 
 # --------------------------------------------------------------------------------------------

@@ -438,10 +438,11 @@ def _run_on_device(device: torch.device, fn):
 
 
 def group_offsets(group_lens: torch.Tensor) -> torch.Tensor:
-    """[G+1] exclusive prefix sum of ``group_lens`` (int64), computed on the device without a sync."""
-    offs = torch.zeros(group_lens.numel() + 1, dtype=torch.int64, device=group_lens.device)
-    torch.cumsum(group_lens, 0, out=offs[1:])
-    return offs
+    """[G+1] exclusive prefix sum of ``group_lens`` (int64), computed on the device without a sync
+    (the op's helper: one launch on CUDA)."""
+    from primus_turbo.pytorch.ops.grouped_gemm import _offsets
+
+    return _offsets(group_lens)
 
 
 # ----------------------------------------------------------------------------------------------
