@@ -210,7 +210,8 @@ def compile_attn(head_dim: int, causal: bool, dtype: str = "bf16", sink: bool = 
            "H": "i32", "GROUP": "i32", "SEQ_Q": "i32", "SEQ_K": "i32", "offset": "i32", "win_right": "i32",
            "qk_scale": "fp32"}
     consts = dict(HAS_RIGHT=bool(causal), HAS_SINK=bool(sink), STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-                  PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, OVERLAP=cfg.overlap)
+                  PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, OVERLAP=cfg.overlap,
+                  NUM_WG=cfg.consumers)
     name = f"attn_d{head_dim}_{'causal' if causal else 'full'}_{dtype}{'_sink' if sink else ''}_{cfg.short()}"
 
     def extra(sass):

@@ -103,7 +103,8 @@ def compile_attn_varlen(head_dim: int, causal: bool, dtype: str = "bf16", sink: 
            "SINK": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "H": "i32", "GROUP": "i32", "stride_os": "i32",
            "stride_oh": "i32", "stride_lh": "i32", "win_right": "i32", "qk_scale": "fp32"}
     consts = dict(HAS_RIGHT=bool(causal), HAS_SINK=bool(sink), STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-                  PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, OVERLAP=cfg.overlap)
+                  PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, OVERLAP=cfg.overlap,
+                  NUM_WG=cfg.consumers)
     name = f"attn_varlen_d{head_dim}_{'causal' if causal else 'full'}_{dtype}{'_sink' if sink else ''}_{cfg.short()}"
     fn = fa._attn_fwd_varlen_ws_kernel
     aligned = ("O", "LSE", "SINK", "CU_Q", "CU_K", "stride_os", "stride_oh", "stride_lh")
@@ -427,7 +428,7 @@ def main(argv=None) -> int:
         print("correctness (each case in a child process):")
         checks = []
         specs = [list(c) for c in CASES] + [list(c[:11]) + [t] + list(c[12:]) for t in args.configs for c in CASES
-                                             if c[7] == "bf16" and c[5] == 128]
+                                             if c[7] == "bf16" and c[5] in (64, 128)]
         for spec in specs:
             name = spec[0] + (f":{spec[11]}" if len(spec) > 11 and spec[11] else "")
             if args.only and not any(o in name for o in args.only):

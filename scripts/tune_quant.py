@@ -26,7 +26,9 @@ transposed copy), and for ``with_trans_*`` the bf16-pair FP8 kernel of quant_fp8
 ``packed2`` candidates (``--match packed2``) are that FP8 kernel with the row-wise words stored
 from their own layout, ``packed3`` (128-column tiles) also the column words without the
 shared-memory transpose (fewer shared-memory round trips: SASS counts in quant_fp8_kernel's
-``WITH_TRANS_CANDIDATES`` comment, scripts/quant_sass_stats.py).
+``WITH_TRANS_CANDIDATES`` comment, scripts/quant_sass_stats.py); ``packed4`` (``(TR, TC, num_warps,
+"packed4", maxnreg, num_stages, programs_per_sm)``) the same tiles from persistent programs with
+the x loads through TMA, pipelined so the next tiles' loads are in flight while one computes.
 
 Writes ``DIR/tune_quant.json`` and prints a table; the defaults are set in one function per
 module: ``quant_fp8_kernel.with_trans_config`` and ``quant_fp4_kernel.fp4_config``.
@@ -91,7 +93,8 @@ def _cases(name: str):
             return (*R.quantize_fp8_ref(x, e4m3, gran), *R.quantize_fp8_ref(x.t().contiguous(), e4m3, gran))
 
         def candidates(rows, cols):
-            default = F8.with_trans_config(rows, cols, row, col)
+            # bf16 input: the pair kernel's default (the tl kernel's where that does not apply)
+            default = F8.packed_with_trans_config(row) or F8.with_trans_config(rows, cols, row, col)
             out = [("default " + str(default), None)]
             for cfg in F8.WITH_TRANS_CANDIDATES:
                 if cfg != default and F8._dual_ok(rows, cols, row, col, cfg):

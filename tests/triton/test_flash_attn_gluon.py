@@ -130,6 +130,21 @@ def test_config_check():
     assert "block_n" in fa.GluonAttnConfig(block_n=96).check(128)
 
 
+def test_config_three_consumer_warpgroups():
+    """``c3``: three consumer warpgroups, 192-row tiles, 160 registers each by default."""
+    cfg = fa.GluonAttnConfig.parse("n64s4c3")
+    assert cfg == fa.GluonAttnConfig(64, 4, 160, 24, consumers=3)
+    assert cfg.BLOCK_M == 192 and fa.GluonAttnConfig().BLOCK_M == 128
+    assert cfg.check(64) is None and cfg.check(128) is None
+    assert fa.GluonAttnConfig.parse(cfg.short()) == cfg
+    assert fa.GluonAttnConfig.parse("n128s3c3r152w32").consumer_regs == 152
+    assert "registers" in fa.GluonAttnConfig(consumer_regs=168, consumers=3).check(64)
+    assert "ping-pong" in fa.GluonAttnConfig(consumer_regs=160, pingpong=True, consumers=3).check(64)
+    assert "consumers" in fa.GluonAttnConfig(consumer_regs=120, consumers=4).check(64)
+    assert all(fa.default_attn_config(d).consumers == 2 for d in fa.HEAD_DIMS)  # opt-in
+    assert fa._launch_kwargs(cfg, -1, None)["NUM_WG"] == 3
+
+
 @needs_gluon
 @pytest.mark.parametrize("head_dim,causal,dtype,sink", [
     (64, False, "bf16", False), (64, True, "bf16", False), (64, False, "fp16", False), (64, True, "fp16", True),

@@ -175,8 +175,8 @@ class GluonAttnFp8Config(GluonAttnConfig):
             raise ValueError(f"bad Gluon FP8 attention config {text!r}; expected e.g. n128s4, n128s3p, n128s4k, "
                              f"n128s4ke2, n128s4kc2, n128s4pke4d2, n64s6r232w40")
         bn, st, pp, ov, kp, lz, ls, hf, emu, deg, r, w = m.groups()
-        return cls(int(bn), int(st), int(r or 240), int(w or 24), bool(pp), bool(ov), bool(kp), int(emu or 0),
-                   int(deg or 3), int(lz or 0), bool(ls), bool(hf))
+        return cls(int(bn), int(st), int(r or 240), int(w or 24), bool(pp), bool(ov), kperm=bool(kp),
+                   emu=int(emu or 0), emu_deg=int(deg or 3), lazy=int(lz or 0), lsum=bool(ls), heads_first=bool(hf))
 
     def check(self, head_dim: int) -> Optional[str]:
         if self.overlap:

@@ -108,9 +108,11 @@ if GLUON_AVAILABLE:
 
 @dataclasses.dataclass(frozen=True)
 class GluonAttnConfig:
-    """Tile and pipeline shape. BLOCK_M is two consumer warpgroups of 64 rows; ``block_n`` keys per
-    iteration; ``stages`` K (and V) buffers in the ring. ``consumer_regs`` / ``producer_regs``:
-    setmaxnreg budgets; 2 x 128 x consumer + 128 x producer must fit 65536. ``pingpong``: the two
+    """Tile and pipeline shape. BLOCK_M is ``consumers`` warpgroups of 64 rows (2, or 3 as
+    FlashAttention-3 runs head dim 64: a third instruction stream to hide the softmax under the
+    others' MMAs); ``block_n`` keys per iteration; ``stages`` K (and V) buffers in the ring.
+    ``consumer_regs`` / ``producer_regs``: setmaxnreg budgets; consumers x 128 x consumer + 128 x
+    producer must fit 65536. ``pingpong`` (2 consumers only): the two
     consumer warpgroups take turns issuing their MMAs. ``overlap``: a wait on the (already
     completed) Q barrier right before the PV wait of each loop iteration splits the basic block, so
     ptxas cannot hoist that wait above the softmax and the exponentials run under the PV MMA (off:
@@ -122,8 +124,11 @@ class GluonAttnConfig:
     producer_regs: int = 24
     pingpong: bool = False
     overlap: bool = False
+    consumers: int = 2
 
-    BLOCK_M = 2 * HALF_M
+    @property
+    def BLOCK_M(self) -> int:  # noqa: N802 - the kernels' name for it
+        return self.consumers * HALF_M
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 2) -> int:
         q = self.BLOCK_M * head_dim * elem_bytes
@@ -132,19 +137,23 @@ class GluonAttnConfig:
 
     def short(self) -> str:
         flags = ('p' if self.pingpong else '') + ('o' if self.overlap else '')
-        return f"n{self.block_n}s{self.stages}{flags}r{self.consumer_regs}w{self.producer_regs}"
+        wgs = f"c{self.consumers}" if self.consumers != 2 else ""
+        return f"n{self.block_n}s{self.stages}{flags}{wgs}r{self.consumer_regs}w{self.producer_regs}"
 
     @classmethod
     def parse(cls, text: str) -> "GluonAttnConfig":
-        """``"n128s2"``, ``"n128s2p"``, ``"n128s2o"``, ``"n128s2po"``, ``"n64s4r232w40"`` -> config (n:
-        block_n, s: stages, p: ping-pong between the consumer warpgroups, o: the softmax kept under
-        the PV MMA in the SASS (``overlap``), r / w: consumer / producer registers per thread)."""
-        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(o)?(?:r(\d+))?(?:w(\d+))?", text.strip())
+        """``"n128s2"``, ``"n128s2p"``, ``"n128s2o"``, ``"n128s2po"``, ``"n64s4r232w40"``, ``"n128s3c3"``
+        -> config (n: block_n, s: stages, p: ping-pong between the consumer warpgroups, o: the
+        softmax kept under the PV MMA in the SASS (``overlap``), c: consumer warpgroups (default 2),
+        r / w: consumer / producer registers per thread; with ``c3`` the consumer default is 160,
+        what three warpgroups and the producer's 24 leave)."""
+        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(o)?(?:c(\d+))?(?:r(\d+))?(?:w(\d+))?", text.strip())
         if not m:
             raise ValueError(f"bad Gluon attention config {text!r}; expected e.g. n128s2, n128s2p, n128s2o, n128s2po, "
-                             f"n64s4r232w40")
-        bn, st, pp, ov, r, w = m.groups()
-        return cls(int(bn), int(st), int(r or 240), int(w or 24), bool(pp), bool(ov))
+                             f"n128s3c3, n64s4r232w40")
+        bn, st, pp, ov, c, r, w = m.groups()
+        wgs = int(c or 2)
+        return cls(int(bn), int(st), int(r or (240 if wgs == 2 else 160)), int(w or 24), bool(pp), bool(ov), wgs)
 
     def check(self, head_dim: int) -> Optional[str]:
         if self.block_n not in (64, 128):  # Gluon tensors are power-of-two sized; 256 needs 128 S registers
@@ -153,8 +162,13 @@ class GluonAttnConfig:
             return f"stages must be >= 1, got {self.stages}"
         if any(r % 8 or not 24 <= r <= 256 for r in (self.consumer_regs, self.producer_regs)):
             return f"setmaxnreg counts must be multiples of 8 in [24, 256], got {self.consumer_regs}, {self.producer_regs}"
-        if 2 * 128 * self.consumer_regs + 128 * self.producer_regs > 65536:
-            return f"registers: 2 x 128 x {self.consumer_regs} + 128 x {self.producer_regs} > 65536"
+        if self.consumers not in (2, 3):
+            return f"consumers must be 2 or 3 warpgroups, got {self.consumers}"
+        if self.pingpong and self.consumers != 2:
+            return "ping-pong (p) takes exactly 2 consumer warpgroups"
+        if self.consumers * 128 * self.consumer_regs + 128 * self.producer_regs > 65536:
+            return (f"registers: {self.consumers} x 128 x {self.consumer_regs} + 128 x {self.producer_regs} "
+                    f"> 65536")
         if self.smem_bytes(head_dim) > SMEM_LIMIT:
             return f"config {self.short()} needs {self.smem_bytes(head_dim)} bytes of shared memory at D={head_dim}"
         return None
@@ -213,7 +227,8 @@ if GLUON_AVAILABLE:
     def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                   H, GROUP, SEQ_Q, SEQ_K, offset, win_right,
                   HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  V_KEYS_INNER: gl.constexpr = False, Q_ROW0=0, K_ROW0=0, VARLEN: gl.constexpr = False):
+                  V_KEYS_INNER: gl.constexpr = False, Q_ROW0=0, K_ROW0=0, VARLEN: gl.constexpr = False,
+                  NUM_WG: gl.constexpr = 2):
         """One warp: Q's two halves once, then K_j and V_j into ring slot ``j % STAGES``.
         ``V_KEYS_INNER``: v_desc is over V^T viewed as [B, D, H, S] (the FP8 forward's V copy, keys
         contiguous for the K-major FP8 MMA operand), so a key block is the box's inner dimension.
@@ -222,11 +237,13 @@ if GLUON_AVAILABLE:
         (``(j + 1) * BLOCK_N > SEQ_K``) is loaded shifted back to end exactly there (box start
         ``SEQ_K - BLOCK_N``, :func:`_key_start`; earlier rows, masked by the consumers, or zeros
         before the tensor's start), so no K / V row past the document's end is read; a Q block past
-        it reads the next document's rows (or zeros), which are never stored."""
+        it reads the next document's rows (or zeros), which are never stored. ``NUM_WG``: consumer
+        warpgroups, one 64-row Q part each."""
         HALF: gl.constexpr = q_desc.block_type.shape[1]
-        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N, 0, VARLEN)
+        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, NUM_WG * HALF, BLOCK_N, 0,
+                                      VARLEN)
         hk = h // GROUP
-        m0 = pid_m * (2 * HALF)
+        m0 = pid_m * (NUM_WG * HALF)
         if VARLEN:
             bq = 0
             mq = Q_ROW0 + m0
@@ -234,9 +251,9 @@ if GLUON_AVAILABLE:
             bq = b
             mq = m0
         # rows past seq_q arrive zero-filled and still count their full box bytes
-        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [bq, mq, h, 0], q_bar, q_smem.index(0))
-        tma.async_copy_global_to_shared(q_desc, [bq, mq + HALF, h, 0], q_bar, q_smem.index(1))
+        mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
+        for w in gl.static_range(NUM_WG):
+            tma.async_copy_global_to_shared(q_desc, [bq, mq + w * HALF, h, 0], q_bar, q_smem.index(w))
         for j in range(n_blocks):
             s = j % STAGES
             phase = ((j // STAGES) & 1) ^ 1  # empty barriers start one phase behind: no wait on the first lap
@@ -375,7 +392,8 @@ if GLUON_AVAILABLE:
                   H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale,
                   WG: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
-                  O=0, stride_os=0, stride_oh=0, stride_lh=0, Q_ROW0=0, VARLEN: gl.constexpr = False):
+                  O=0, stride_os=0, stride_oh=0, stride_lh=0, Q_ROW0=0, VARLEN: gl.constexpr = False,
+                  NUM_WG: gl.constexpr = 2):
         """One warpgroup: query rows [WG*64, WG*64+64) of the tile. ``VARLEN``: SEQ_Q / SEQ_K /
         offset are the document's, its rows start at ``Q_ROW0`` of the packed O ``[T, H, D]``
         (pointer ``O``, row / head strides) and LSE ``[H, T]`` (head stride ``stride_lh``)."""
@@ -392,8 +410,9 @@ if GLUON_AVAILABLE:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N, 0, VARLEN)
-        m0 = pid_m * (2 * HALF) + WG * HALF
+        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, NUM_WG * HALF, BLOCK_N, 0,
+                                      VARLEN)
+        m0 = pid_m * (NUM_WG * HALF) + WG * HALF
         offs_m = m0 + gl.arange(0, HALF, layout=row_layout)
         diag = offset + win_right
         # blocks [0, n_full) are whole and below the diagonal for every row of this warpgroup
@@ -476,15 +495,16 @@ if GLUON_AVAILABLE:
                      HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
                      OVERLAP: gl.constexpr, O=0, stride_os=0, stride_oh=0, stride_lh=0, Q_ROW0=0, K_ROW0=0,
-                     VARLEN: gl.constexpr = False):
-        """The body of both kernels: shared memory, barriers, producer warp + two consumer
-        warpgroups (``VARLEN``: one document's tile, the varlen arguments as :func:`_consumer`'s)."""
+                     VARLEN: gl.constexpr = False, NUM_WG: gl.constexpr = 2):
+        """The body of both kernels: shared memory, barriers, producer warp + ``NUM_WG`` (2 or 3)
+        consumer warpgroups (``VARLEN``: one document's tile, the varlen arguments as
+        :func:`_consumer`'s)."""
         HALF: gl.constexpr = q_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
         D_QK: gl.constexpr = q_desc.block_type.shape[3]
         D_V: gl.constexpr = v_desc.block_type.shape[3]
         gl.static_assert(D_QK == D_V, "the Q buffer doubles as the O staging buffer: D_QK == D_V")
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, HALF, 1, D_QK], q_desc.layout)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, 1, HALF, 1, D_QK], q_desc.layout)
         k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 1, BLOCK_N, 1, D_QK], k_desc.layout)
         v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, BLOCK_N, 1, D_V], v_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -499,30 +519,42 @@ if GLUON_AVAILABLE:
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)  # the producer's expect + TMA bytes
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer warpgroup
-            mbarrier.init(v_empty.index(i), count=2)
-        if VARLEN:
+            mbarrier.init(k_empty.index(i), count=NUM_WG)  # one arrival per consumer warpgroup
+            mbarrier.init(v_empty.index(i), count=NUM_WG)
+        # the partitions' argument tuples are written out inline: a tuple bound to a name first
+        # would turn its constexpr entries (WG, the flags) into runtime values. The dense kernel
+        # passes this function's defaults for the varlen arguments (O, strides, row starts).
+        if NUM_WG == 3:
             gl.warp_specialize([
                 (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                              SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 0, HAS_RIGHT, HAS_SINK,
-                             BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, True)),
+                             BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
+                             NUM_WG)),
                 (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                              SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 1, HAS_RIGHT, HAS_SINK,
-                             BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, True)),
+                             BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
+                             NUM_WG)),
+                (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
+                             SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 2, HAS_RIGHT, HAS_SINK,
+                             BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
+                             NUM_WG)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                              v_empty, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, False,
-                             Q_ROW0, K_ROW0, True)),
-            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+                             Q_ROW0, K_ROW0, VARLEN, NUM_WG)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
                 (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                              SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 0, HAS_RIGHT, HAS_SINK,
-                             BLOCK_N, STAGES, PINGPONG, OVERLAP)),
+                             BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
+                             NUM_WG)),
                 (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                              SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 1, HAS_RIGHT, HAS_SINK,
-                             BLOCK_N, STAGES, PINGPONG, OVERLAP)),
+                             BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
+                             NUM_WG)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
-                             v_empty, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES)),
+                             v_empty, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, False,
+                             Q_ROW0, K_ROW0, VARLEN, NUM_WG)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
     @gluon.jit
@@ -533,16 +565,18 @@ if GLUON_AVAILABLE:
         offset, win_right, qk_scale,
         HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
-        OVERLAP: gl.constexpr = False,
+        OVERLAP: gl.constexpr = False, NUM_WG: gl.constexpr = 2,
     ):
-        """O, LSE of 128 query rows of one (batch, head): producer warp + two consumer warpgroups.
+        """O, LSE of NUM_WG x 64 query rows of one (batch, head): producer warp + NUM_WG consumer
+        warpgroups.
 
         Descriptors over logical [B, S, H, D]: q/o boxes [1, 64, 1, D] (a warpgroup's rows),
         k/v boxes [1, BLOCK_N, 1, D]. HAS_RIGHT (a right window bound, causal = 0) is constexpr
         because it adds the diagonal loop and reverses the grid; HAS_SINK changes the init; PINGPONG /
         OVERLAP: GluonAttnConfig's pingpong / overlap."""
         _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale,
-                     HAS_RIGHT, HAS_SINK, STAGES, CONSUMER_REGS, PRODUCER_REGS, PINGPONG, OVERLAP)
+                     HAS_RIGHT, HAS_SINK, STAGES, CONSUMER_REGS, PRODUCER_REGS, PINGPONG, OVERLAP, 0, 0, 0, 0, 0, 0,
+                     False, NUM_WG)
 
     @gluon.jit
     def _attn_fwd_varlen_ws_kernel(
@@ -552,9 +586,9 @@ if GLUON_AVAILABLE:
         win_right, qk_scale,
         HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
-        OVERLAP: gl.constexpr = False,
+        OVERLAP: gl.constexpr = False, NUM_WG: gl.constexpr = 2,
     ):
-        """Varlen (packed THD): O, LSE of 128 query rows of one (document, head); grid (query
+        """Varlen (packed THD): O, LSE of NUM_WG x 64 query rows of one (document, head); grid (query
         tiles of max_seqlen_q, heads, documents). Descriptors over the packed tensors viewed as
         [1, T, H, D]; document ``b`` is q rows ``CU_Q[b] .. CU_Q[b+1]-1`` and k / v rows
         ``CU_K[b] .. CU_K[b+1]-1`` (int32, read here on the device), masks bottom-right aligned
@@ -569,10 +603,10 @@ if GLUON_AVAILABLE:
         seq_q = gl.load(CU_Q + b + 1) - q_start
         k_start = gl.load(CU_K + b)
         seq_k = gl.load(CU_K + b + 1) - k_start
-        if pid_m * (2 * HALF) < seq_q:
+        if pid_m * (NUM_WG * HALF) < seq_q:
             _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, SINK, H, GROUP, seq_q, seq_k, seq_k - seq_q, win_right,
                          qk_scale, HAS_RIGHT, HAS_SINK, STAGES, CONSUMER_REGS, PRODUCER_REGS, PINGPONG, OVERLAP,
-                         O, stride_os, stride_oh, stride_lh, q_start, k_start, True)
+                         O, stride_os, stride_oh, stride_lh, q_start, k_start, True, NUM_WG)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -702,7 +736,7 @@ def _launch_kwargs(cfg: GluonAttnConfig, win_right: int, sink) -> dict:
     """The constexpr / launch keywords of the dense and the varlen kernels."""
     return dict(HAS_RIGHT=win_right >= 0, HAS_SINK=sink is not None, STAGES=cfg.stages,
                 CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong,
-                OVERLAP=cfg.overlap, num_warps=4)
+                OVERLAP=cfg.overlap, NUM_WG=cfg.consumers, num_warps=4)
 
 
 def _kernel_args(q, k, v, out, lse, sink, softmax_scale: float, win_right: int, cfg: GluonAttnConfig) -> tuple:
@@ -809,7 +843,7 @@ def gluon_attn_varlen_operand_reason(q, k, v, cu_seqlens_q, cu_seqlens_k, max_se
         return f"{cu_seqlens_q.numel() - 1} documents exceed the grid's {_MAX_GRID_YZ}"
     if q.size(1) > _MAX_GRID_YZ:
         return f"heads_q = {q.size(1)} exceeds the grid's {_MAX_GRID_YZ}"
-    if max(q.size(0), k.size(0)) >= 2 ** 31 - 2 * GluonAttnConfig.BLOCK_M:
+    if max(q.size(0), k.size(0)) >= 2 ** 31 - 2 * 3 * HALF_M:  # the largest BLOCK_M (3 warpgroups)
         return f"total tokens q={q.size(0)}, k={k.size(0)}: TMA row coordinates are int32"
     if int(max_seqlen_q) < 0 or int(max_seqlen_k) < 0:
         return f"max_seqlen_q={max_seqlen_q}, max_seqlen_k={max_seqlen_k} must be >= 0"

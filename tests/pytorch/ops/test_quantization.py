@@ -836,6 +836,21 @@ def test_with_trans_default_config_and_fallbacks(device):
     assert not K._dual_ok(128, 256, row, col, (64, 128, 4))   # tile shorter than a column block
     assert not K._dual_ok(128, 256, K.QuantGrouping(0, 128, 128), K.QuantGrouping(0, 128, 128), (128, 128, 4))
     assert not K._dual_ok(128, 256, K.QuantGrouping(1, 1, 32), K.QuantGrouping(1, 32, 1), (64, 128, 4, 0, "staged"))
+    # bf16 -> E4M3 BLOCKWISE / MX take the bf16-pair kernel by default; other groupings do not
+    assert K.packed_with_trans_config(row) == (128, 128, 8, "packed2")
+    assert K.packed_with_trans_config(K.QuantGrouping(1, 1, 32)) == (128, 128, 4, "packed2")
+    assert K.packed_with_trans_config(K.QuantGrouping(0, 1, 64)) is None
+    # the default on bf16 (the pair kernel, ragged edges included) and on fp16 (the tl kernel) agree
+    # with the reference bit for bit, NaN / Inf / -0 included
+    for dtype, shape in ((torch.bfloat16, (200, 260)), (torch.bfloat16, (224, 288)), (torch.bfloat16, (256, 384)),
+                         (torch.float16, (224, 288))):
+        for gran in (G.BLOCKWISE, G.MX_BLOCKWISE) if shape[0] % 32 == 0 and shape[1] % 32 == 0 else (G.BLOCKWISE,):
+            x = _sample(shape, dtype, device, seed=shape[0] + 7)
+            x[1, 2], x[2, 5], x[3, 0] = float("nan"), float("-inf"), -0.0
+            outs = _launch_with_trans(x, E4M3, gran, None)
+            for what, o, r in zip(("row copy", "row scale", "col copy", "col scale"), outs,
+                                  _with_trans_refs(x, E4M3, gran)):
+                assert_bits_equal(o.view(r.dtype) if o.dtype != r.dtype else o, r, f"{what} {dtype} {shape} {gran}")
     # rows % 4 != 0 and the generic (square tile) override give the same bytes as the reference
     for shape, tile in (((130, 256), None), ((128, 256), (128, 4))):
         x = _sample(shape, torch.float16, device, seed=4)
