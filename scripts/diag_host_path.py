@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parents[1]
@@ -22,17 +21,13 @@ if str(_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from scripts.diag_grouped import _host_us  # noqa: E402
+
 
 def _us(fn, n: int) -> float:
-    for _ in range(5):
+    for _ in range(5):  # warm-up: compiles, caches, the allocator's first blocks
         fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
+    return _host_us(fn, n)
 
 
 def main(argv=None) -> int:

@@ -22,15 +22,11 @@ def special_bf16(rows: int, cols: int, device, values: list, seed: int = 0) -> t
     return x.to(device)
 
 
-def sm90_kernels(launch) -> list:
-    """Run ``launch()`` (quantizer launches on CPU tensors of a GPU shape) with the launches
-    compiled for sm_90 and not run (scripts/quant_sass_stats.py's capture; outside the
-    interpreter). Returns per kernel ``(name, error, stats, sass instruction lines)``, stats as
-    quant_sass_stats._stats (registers, spills, ...)."""
+def sm90_capture(launch):
+    """Run ``launch()`` with every Triton launch compiled for sm_90 and not run
+    (scripts/quant_sass_stats.py's capture; outside the interpreter). Returns the stats module
+    and its captured records (dicts with ``name``, ``error``, ``kernel``)."""
     import importlib.util
-    import re
-    import subprocess
-    import tempfile
     from pathlib import Path
 
     from triton.runtime.jit import JITFunction
@@ -46,8 +42,21 @@ def sm90_kernels(launch) -> list:
         launch()
     finally:
         JITFunction.run = orig
+    return S, list(S._SEEN)
+
+
+def sm90_kernels(launch) -> list:
+    """Run ``launch()`` (quantizer launches on CPU tensors of a GPU shape) with the launches
+    compiled for sm_90 and not run (:func:`sm90_capture`). Returns per kernel ``(name, error,
+    stats, sass instruction lines)``, stats as quant_sass_stats._stats (registers, spills, ...)."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    S, seen = sm90_capture(launch)
     out = []
-    for r in S._SEEN:
+    for r in seen:
         if r["error"] is not None:
             out.append((r["name"], r["error"], None, []))
             continue

@@ -229,25 +229,12 @@ def test_packed4_bad_cfg_falls_back():
 
 
 def _sm90_compile(launch) -> list:
-    """``launch()`` compiled for sm_90 and not run (scripts/quant_sass_stats.py's capture, as
-    quant_special_helpers.sm90_kernels): per kernel ``(name, error, compiled kernel)``."""
-    import importlib.util
-    from pathlib import Path
+    """``launch()`` compiled for sm_90 and not run: per kernel ``(name, error, compiled kernel,
+    the stats module)``."""
+    from .quant_special_helpers import sm90_capture
 
-    from triton.runtime.jit import JITFunction
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "quant_sass_stats.py"
-    spec = importlib.util.spec_from_file_location("quant_sass_stats", path)
-    S = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(S)
-    orig = JITFunction.run
-    JITFunction.run = S._capture
-    S._SEEN.clear()
-    try:
-        launch()
-    finally:
-        JITFunction.run = orig
-    return [(r["name"], r["error"], r["kernel"], S) for r in S._SEEN]
+    S, seen = sm90_capture(launch)
+    return [(r["name"], r["error"], r["kernel"], S) for r in seen]
 
 
 def _loop_events(ptx: str) -> str:
