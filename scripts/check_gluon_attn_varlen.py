@@ -104,7 +104,7 @@ def compile_attn_varlen(head_dim: int, causal: bool, dtype: str = "bf16", sink: 
            "stride_oh": "i32", "stride_lh": "i32", "win_right": "i32", "qk_scale": "fp32"}
     consts = dict(HAS_RIGHT=bool(causal), HAS_SINK=bool(sink), STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, OVERLAP=cfg.overlap,
-                  NUM_WG=cfg.consumers)
+                  NUM_WG=cfg.consumers, EMU=cfg.emu, EMU_DEG=cfg.emu_deg)
     name = f"attn_varlen_d{head_dim}_{'causal' if causal else 'full'}_{dtype}{'_sink' if sink else ''}_{cfg.short()}"
     fn = fa._attn_fwd_varlen_ws_kernel
     aligned = ("O", "LSE", "SINK", "CU_Q", "CU_K", "stride_os", "stride_oh", "stride_lh")

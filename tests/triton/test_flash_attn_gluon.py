@@ -16,6 +16,11 @@ import torch
 
 pytest.importorskip("triton")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from primus_turbo.triton.attention.flash_attn_fp8 import _exp2_fma  # noqa: E402
+
 from primus_turbo.triton.attention import flash_attn_fwd_gluon as fa  # noqa: E402
 from tests.triton.gluon_attn_helpers import load_script, qkv as _qkv, sm90, snr_finite as _snr_finite  # noqa: E402
 from tests.triton.gluon_compile_child import rerun_outside_interpreter, warmup_for_sm90  # noqa: E402
@@ -143,6 +148,41 @@ def test_config_three_consumer_warpgroups():
     assert "consumers" in fa.GluonAttnConfig(consumer_regs=120, consumers=4).check(64)
     assert all(fa.default_attn_config(d).consumers == 2 for d in fa.HEAD_DIMS)  # opt-in
     assert fa._launch_kwargs(cfg, -1, None)["NUM_WG"] == 3
+
+
+def test_config_exp2_on_the_fma_pipe():
+    """``e<N>[d<deg>]``: 1/N of the unmasked blocks' exponentials by the FMA polynomial (opt-in)."""
+    cfg = fa.GluonAttnConfig.parse("n128s3e4")
+    assert (cfg.emu, cfg.emu_deg) == (4, 3) and cfg.check(64) is None
+    assert fa.GluonAttnConfig.parse("n64s4c3e2d4") == fa.GluonAttnConfig(64, 4, 160, 24, consumers=3, emu=2,
+                                                                          emu_deg=4)
+    for text in ("n128s3e4", "n64s4c3e2d4", "n128s2e8d5r232w40"):
+        assert fa.GluonAttnConfig.parse(fa.GluonAttnConfig.parse(text).short()) == fa.GluonAttnConfig.parse(text)
+    assert "emu" in fa.GluonAttnConfig(emu=3).check(64)
+    assert "emu" in fa.GluonAttnConfig(emu=2, emu_deg=6).check(64)
+    kw = fa._launch_kwargs(fa.GluonAttnConfig.parse("n128s3e2d5"), 0, None)
+    assert (kw["EMU"], kw["EMU_DEG"]) == (2, 5)
+    assert all(fa.default_attn_config(d).emu == 0 for d in fa.HEAD_DIMS)  # opt-in
+
+
+@triton.jit
+def _exp2_fma_kernel(x_ptr, y_ptr, n, DEG: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, _exp2_fma(tl.load(x_ptr + i, mask=i < n), DEG), mask=i < n)
+
+
+def test_exp2_polynomial_accuracy():
+    """The FMA-pipe exp2 the ``e<N>`` flag uses (shared with the FP8 forwards) against float64 over
+    the softmax's range: the relative error of each degree stays under its stated bound, far below
+    bf16's rounding of P (2**-8)."""
+    x = torch.linspace(-60.0, 0.0, 4099, dtype=torch.float32)
+    x = torch.cat([x, torch.rand(1000, generator=torch.Generator().manual_seed(0)) * -30.0])
+    ref = torch.exp2(x.double())
+    for deg, bound in ((2, 1.8e-3), (3, 8e-5), (4, 3e-6), (5, 3e-7)):
+        y = torch.empty_like(x)
+        _exp2_fma_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), DEG=deg, BLOCK=1024)
+        rel = ((y.double() - ref).abs() / ref).max().item()
+        assert rel < bound, (deg, rel)
 
 
 @needs_gluon

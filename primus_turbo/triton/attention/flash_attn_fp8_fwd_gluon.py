@@ -94,10 +94,7 @@ if GLUON_AVAILABLE:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    # the tl kernel's exp2 on the FMA pipe (arithmetic and bit casts only: it compiles in a Gluon
-    # caller as it is, one polynomial table for both kernels)
-    from .flash_attn_fp8 import _exp2_fma
-    from .flash_attn_fwd_gluon import _pass_turn, _producer, _take_turn, _tile
+    from .flash_attn_fwd_gluon import _exp2_mixed, _pass_turn, _producer, _take_turn, _tile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,47 +351,6 @@ if GLUON_AVAILABLE:
         else:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
         return acc, p
-
-    @gluon.jit
-    def _split_top(x):
-        """[M, N] -> the halves of the top column bit (a register bit of a wgmma accumulator)."""
-        HM: gl.constexpr = x.type.shape[0]
-        N: gl.constexpr = x.type.shape[1]
-        return gl.split(gl.permute(gl.reshape(x, [HM, 2, N // 2]), [0, 2, 1]))
-
-    @gluon.jit
-    def _join_top(a, b):
-        HM: gl.constexpr = a.type.shape[0]
-        N: gl.constexpr = a.type.shape[1]
-        b = gl.convert_layout(b, a.type.layout, assert_trivial=True)  # equal layouts, different types
-        return gl.reshape(gl.permute(gl.join(a, b), [0, 2, 1]), [HM, 2 * N])
-
-    @gluon.jit
-    def _exp2_mixed(x, EMU: gl.constexpr, DEG: gl.constexpr):
-        """``2**x`` with 1/EMU of the elements (EMU 0: none) on the FMA pipe (:func:`_exp2_fma`), the
-        rest on MUFU.EX2. The split is over column bits a thread holds in registers (bit 0, then the
-        top ones), so splitting and joining move no data; the result has x's layout."""
-        if EMU == 0:
-            return gl.exp2(x)
-        else:
-            HM: gl.constexpr = x.type.shape[0]
-            N: gl.constexpr = x.type.shape[1]
-            a, b = gl.split(gl.reshape(x, [HM, N // 2, 2]))
-            a = gl.exp2(a)
-            if EMU == 2:
-                b = _exp2_fma(b, DEG)
-            else:
-                b0, b1 = _split_top(b)
-                b0 = gl.exp2(b0)
-                if EMU == 4:
-                    b1 = _exp2_fma(b1, DEG)
-                else:
-                    b10, b11 = _split_top(b1)
-                    b1 = _join_top(gl.exp2(b10), _exp2_fma(b11, DEG))
-                b = _join_top(b0, b1)
-            b = gl.convert_layout(b, a.type.layout, assert_trivial=True)
-            y = gl.reshape(gl.join(a, b), [HM, N])
-            return gl.convert_layout(y, x.type.layout, assert_trivial=True)
 
     @gluon.jit
     def _fp8_softmax(s, m_i, l_i, rs, offs_m, n0, SEQ_K, diag, p_layout: gl.constexpr, HAS_RIGHT: gl.constexpr,

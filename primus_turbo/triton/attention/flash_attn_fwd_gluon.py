@@ -105,6 +105,10 @@ if GLUON_AVAILABLE:
     import triton
     import triton.language as tl
 
+    # the tl FP8 kernel's exp2 on the FMA pipe (arithmetic and bit casts only: it compiles in a
+    # Gluon caller as it is; one polynomial table for the tl and both Gluon forwards)
+    from .flash_attn_fp8 import _exp2_fma
+
 
 @dataclasses.dataclass(frozen=True)
 class GluonAttnConfig:
@@ -125,6 +129,8 @@ class GluonAttnConfig:
     pingpong: bool = False
     overlap: bool = False
     consumers: int = 2
+    emu: int = 0
+    emu_deg: int = 3
 
     @property
     def BLOCK_M(self) -> int:  # noqa: N802 - the kernels' name for it
@@ -138,6 +144,8 @@ class GluonAttnConfig:
     def short(self) -> str:
         flags = ('p' if self.pingpong else '') + ('o' if self.overlap else '')
         wgs = f"c{self.consumers}" if self.consumers != 2 else ""
+        if self.emu:
+            wgs += f"e{self.emu}" + (f"d{self.emu_deg}" if self.emu_deg != 3 else "")
         return f"n{self.block_n}s{self.stages}{flags}{wgs}r{self.consumer_regs}w{self.producer_regs}"
 
     @classmethod
@@ -145,15 +153,19 @@ class GluonAttnConfig:
         """``"n128s2"``, ``"n128s2p"``, ``"n128s2o"``, ``"n128s2po"``, ``"n64s4r232w40"``, ``"n128s3c3"``
         -> config (n: block_n, s: stages, p: ping-pong between the consumer warpgroups, o: the
         softmax kept under the PV MMA in the SASS (``overlap``), c: consumer warpgroups (default 2),
-        r / w: consumer / producer registers per thread; with ``c3`` the consumer default is 160,
-        what three warpgroups and the producer's 24 leave)."""
-        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(o)?(?:c(\d+))?(?:r(\d+))?(?:w(\d+))?", text.strip())
+        e<N>: 1/N of the exponentials of the unmasked key blocks on the FMA pipe (N 2, 4 or 8; ``d<deg>``
+        the polynomial's degree, 2-5, default 3: relative error 7.5e-5, under bf16's 3.9e-3), r / w:
+        consumer / producer registers per thread; with ``c3`` the consumer default is 160, what
+        three warpgroups and the producer's 24 leave)."""
+        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(o)?(?:c(\d+))?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?",
+                         text.strip())
         if not m:
             raise ValueError(f"bad Gluon attention config {text!r}; expected e.g. n128s2, n128s2p, n128s2o, n128s2po, "
-                             f"n128s3c3, n64s4r232w40")
-        bn, st, pp, ov, c, r, w = m.groups()
+                             f"n128s3c3, n128s3e4, n64s4r232w40")
+        bn, st, pp, ov, c, emu, deg, r, w = m.groups()
         wgs = int(c or 2)
-        return cls(int(bn), int(st), int(r or (240 if wgs == 2 else 160)), int(w or 24), bool(pp), bool(ov), wgs)
+        return cls(int(bn), int(st), int(r or (240 if wgs == 2 else 160)), int(w or 24), bool(pp), bool(ov), wgs,
+                   int(emu or 0), int(deg or 3))
 
     def check(self, head_dim: int) -> Optional[str]:
         if self.block_n not in (64, 128):  # Gluon tensors are power-of-two sized; 256 needs 128 S registers
@@ -164,6 +176,8 @@ class GluonAttnConfig:
             return f"setmaxnreg counts must be multiples of 8 in [24, 256], got {self.consumer_regs}, {self.producer_regs}"
         if self.consumers not in (2, 3):
             return f"consumers must be 2 or 3 warpgroups, got {self.consumers}"
+        if self.emu not in (0, 2, 4, 8) or not 2 <= self.emu_deg <= 5:
+            return f"emu must be 0, 2, 4 or 8 and emu_deg 2..5, got e{self.emu}d{self.emu_deg}"
         if self.pingpong and self.consumers != 2:
             return "ping-pong (p) takes exactly 2 consumer warpgroups"
         if self.consumers * 128 * self.consumer_regs + 128 * self.producer_regs > 65536:
@@ -274,9 +288,51 @@ if GLUON_AVAILABLE:
                 tma.async_copy_global_to_shared(v_desc, [bk, nk, hk, 0], v_ready.index(s), v_bufs.index(s))
 
     @gluon.jit
+    def _split_top(x):
+        """[M, N] -> the halves of the top column bit (a register bit of a wgmma accumulator)."""
+        HM: gl.constexpr = x.type.shape[0]
+        N: gl.constexpr = x.type.shape[1]
+        return gl.split(gl.permute(gl.reshape(x, [HM, 2, N // 2]), [0, 2, 1]))
+
+    @gluon.jit
+    def _join_top(a, b):
+        HM: gl.constexpr = a.type.shape[0]
+        N: gl.constexpr = a.type.shape[1]
+        b = gl.convert_layout(b, a.type.layout, assert_trivial=True)  # equal layouts, different types
+        return gl.reshape(gl.permute(gl.join(a, b), [0, 2, 1]), [HM, 2 * N])
+
+    @gluon.jit
+    def _exp2_mixed(x, EMU: gl.constexpr, DEG: gl.constexpr):
+        """``2**x`` with 1/EMU of the elements (EMU 0: none) on the FMA pipe (:func:`_exp2_fma`), the
+        rest on MUFU.EX2. The split is over column bits a thread holds in registers (bit 0, then the
+        top ones), so splitting and joining move no data; the result has x's layout."""
+        if EMU == 0:
+            return gl.exp2(x)
+        else:
+            HM: gl.constexpr = x.type.shape[0]
+            N: gl.constexpr = x.type.shape[1]
+            a, b = gl.split(gl.reshape(x, [HM, N // 2, 2]))
+            a = gl.exp2(a)
+            if EMU == 2:
+                b = _exp2_fma(b, DEG)
+            else:
+                b0, b1 = _split_top(b)
+                b0 = gl.exp2(b0)
+                if EMU == 4:
+                    b1 = _exp2_fma(b1, DEG)
+                else:
+                    b10, b11 = _split_top(b1)
+                    b1 = _join_top(gl.exp2(b10), _exp2_fma(b11, DEG))
+                b = _join_top(b0, b1)
+            b = gl.convert_layout(b, a.type.layout, assert_trivial=True)
+            y = gl.reshape(gl.join(a, b), [HM, N])
+            return gl.convert_layout(y, x.type.layout, assert_trivial=True)
+
+    @gluon.jit
     def _softmax(s, m_i, l_i, qk_scale, offs_m, n0, SEQ_K, diag, dtype: gl.constexpr, p_layout: gl.constexpr,
                  HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr, ROW_SCALE: gl.constexpr = False,
-                 P_LOG2: gl.constexpr = 0.0, N_LO=0, VARLEN: gl.constexpr = False):
+                 P_LOG2: gl.constexpr = 0.0, N_LO=0, VARLEN: gl.constexpr = False, EMU: gl.constexpr = 0,
+                 EMU_DEG: gl.constexpr = 3):
         """One key block of the online softmax on raw scores ``s`` (base 2, scale folded into the
         exponent's FMA). ``MASKED``: keys past SEQ_K and (HAS_RIGHT) past ``row + diag`` are out;
         a row that has seen no key keeps ``m = -inf`` and gets ``p = 0``, ``alpha = 0``.
@@ -285,8 +341,9 @@ if GLUON_AVAILABLE:
         multiplied by ``2**P_LOG2`` (the FP8 forward's static P scale, folded into the exponent), and
         so does ``l``. ``VARLEN`` (MASKED): column ``c`` is key ``n0 + c`` (``n0``: the block's possibly
         shifted start, :func:`_key_start`) and keys before ``N_LO`` (the block's nominal start, already
-        seen by the previous block) are out as well. Returns (P in the PV MMA's A-operand layout, m,
-        l, alpha)."""
+        seen by the previous block) are out as well. ``EMU`` / ``EMU_DEG`` (unmasked blocks only,
+        whose scores are finite): 1/EMU of the exponentials on the FMA pipe (:func:`_exp2_mixed`).
+        Returns (P in the PV MMA's A-operand layout, m, l, alpha)."""
         BLOCK_N: gl.constexpr = s.type.shape[1]
         if MASKED:
             offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
@@ -310,7 +367,10 @@ if GLUON_AVAILABLE:
             m_exp = m_safe - P_LOG2
         else:
             m_exp = m_safe
-        p = gl.exp2(s * sc - gl.expand_dims(m_exp, 1))
+        if MASKED:
+            p = gl.exp2(s * sc - gl.expand_dims(m_exp, 1))
+        else:
+            p = _exp2_mixed(s * sc - gl.expand_dims(m_exp, 1), EMU, EMU_DEG)
         alpha = gl.exp2(m_i - m_safe)
         l_i = l_i * alpha + gl.sum(p, 1)
         p = gl.convert_layout(p.to(dtype), p_layout)
@@ -334,7 +394,8 @@ if GLUON_AVAILABLE:
     def _step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn, s_regs, acc, p, m_i, l_i,
               qk_scale, offs_m, SEQ_K, diag, o_layout: gl.constexpr, p_layout: gl.constexpr,
               HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
-              PINGPONG: gl.constexpr, OVERLAP: gl.constexpr, VARLEN: gl.constexpr = False):
+              PINGPONG: gl.constexpr, OVERLAP: gl.constexpr, VARLEN: gl.constexpr = False,
+              EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3):
         """Iteration j >= 1: issue S_j, issue O += P_{j-1} V_{j-1}, softmax S_j while the PV MMA
         runs, then retire it and rescale O by this block's alpha. ``VARLEN`` and ``MASKED``: block j
         may be the document's last, loaded shifted back (:func:`_key_start`); the unmasked blocks lie
@@ -358,7 +419,7 @@ if GLUON_AVAILABLE:
                                               True)
         else:
             p_new, m_i, l_i, alpha = _softmax(s_regs, m_i, l_i, qk_scale, offs_m, j * BLOCK_N, SEQ_K, diag, q.dtype,
-                                              p_layout, HAS_RIGHT, MASKED)
+                                              p_layout, HAS_RIGHT, MASKED, False, 0.0, 0, False, EMU, EMU_DEG)
         if OVERLAP:
             # ptxas hoists a wgmma wait as high as it can (here: above the exponentials), and the
             # PV MMA no longer overlaps the softmax. A wait on an mbarrier that has already
@@ -393,7 +454,7 @@ if GLUON_AVAILABLE:
                   WG: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
                   O=0, stride_os=0, stride_oh=0, stride_lh=0, Q_ROW0=0, VARLEN: gl.constexpr = False,
-                  NUM_WG: gl.constexpr = 2):
+                  NUM_WG: gl.constexpr = 2, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3):
         """One warpgroup: query rows [WG*64, WG*64+64) of the tile. ``VARLEN``: SEQ_Q / SEQ_K /
         offset are the document's, its rows start at ``Q_ROW0`` of the packed O ``[T, H, D]``
         (pointer ``O``, row / head strides) and LSE ``[H, T]`` (head stride ``stride_lh``)."""
@@ -450,7 +511,8 @@ if GLUON_AVAILABLE:
         for j in range(1, n_full):
             s_regs, acc, p, m_i, l_i = _step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
                                              s_regs, acc, p, m_i, l_i, qk_scale, offs_m, SEQ_K, diag, o_layout,
-                                             p_layout, HAS_RIGHT, False, STAGES, WG, PINGPONG, OVERLAP)
+                                             p_layout, HAS_RIGHT, False, STAGES, WG, PINGPONG, OVERLAP, False, EMU,
+                                             EMU_DEG)
         for j in range(gl.maximum(n_full, 1), n_blocks):
             s_regs, acc, p, m_i, l_i = _step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
                                              s_regs, acc, p, m_i, l_i, qk_scale, offs_m, SEQ_K, diag, o_layout,
@@ -495,7 +557,8 @@ if GLUON_AVAILABLE:
                      HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
                      OVERLAP: gl.constexpr, O=0, stride_os=0, stride_oh=0, stride_lh=0, Q_ROW0=0, K_ROW0=0,
-                     VARLEN: gl.constexpr = False, NUM_WG: gl.constexpr = 2):
+                     VARLEN: gl.constexpr = False, NUM_WG: gl.constexpr = 2, EMU: gl.constexpr = 0,
+                     EMU_DEG: gl.constexpr = 3):
         """The body of both kernels: shared memory, barriers, producer warp + ``NUM_WG`` (2 or 3)
         consumer warpgroups (``VARLEN``: one document's tile, the varlen arguments as
         :func:`_consumer`'s)."""
@@ -529,15 +592,15 @@ if GLUON_AVAILABLE:
                 (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                              SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 0, HAS_RIGHT, HAS_SINK,
                              BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
-                             NUM_WG)),
+                             NUM_WG, EMU, EMU_DEG)),
                 (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                              SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 1, HAS_RIGHT, HAS_SINK,
                              BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
-                             NUM_WG)),
+                             NUM_WG, EMU, EMU_DEG)),
                 (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                              SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 2, HAS_RIGHT, HAS_SINK,
                              BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
-                             NUM_WG)),
+                             NUM_WG, EMU, EMU_DEG)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                              v_empty, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, False,
                              Q_ROW0, K_ROW0, VARLEN, NUM_WG)),
@@ -547,11 +610,11 @@ if GLUON_AVAILABLE:
                 (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                              SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 0, HAS_RIGHT, HAS_SINK,
                              BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
-                             NUM_WG)),
+                             NUM_WG, EMU, EMU_DEG)),
                 (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                              SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 1, HAS_RIGHT, HAS_SINK,
                              BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
-                             NUM_WG)),
+                             NUM_WG, EMU, EMU_DEG)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                              v_empty, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, False,
                              Q_ROW0, K_ROW0, VARLEN, NUM_WG)),
@@ -565,7 +628,7 @@ if GLUON_AVAILABLE:
         offset, win_right, qk_scale,
         HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
-        OVERLAP: gl.constexpr = False, NUM_WG: gl.constexpr = 2,
+        OVERLAP: gl.constexpr = False, NUM_WG: gl.constexpr = 2, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3,
     ):
         """O, LSE of NUM_WG x 64 query rows of one (batch, head): producer warp + NUM_WG consumer
         warpgroups.
@@ -576,7 +639,7 @@ if GLUON_AVAILABLE:
         OVERLAP: GluonAttnConfig's pingpong / overlap."""
         _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale,
                      HAS_RIGHT, HAS_SINK, STAGES, CONSUMER_REGS, PRODUCER_REGS, PINGPONG, OVERLAP, 0, 0, 0, 0, 0, 0,
-                     False, NUM_WG)
+                     False, NUM_WG, EMU, EMU_DEG)
 
     @gluon.jit
     def _attn_fwd_varlen_ws_kernel(
@@ -586,7 +649,7 @@ if GLUON_AVAILABLE:
         win_right, qk_scale,
         HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
-        OVERLAP: gl.constexpr = False, NUM_WG: gl.constexpr = 2,
+        OVERLAP: gl.constexpr = False, NUM_WG: gl.constexpr = 2, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3,
     ):
         """Varlen (packed THD): O, LSE of NUM_WG x 64 query rows of one (document, head); grid (query
         tiles of max_seqlen_q, heads, documents). Descriptors over the packed tensors viewed as
@@ -606,7 +669,7 @@ if GLUON_AVAILABLE:
         if pid_m * (NUM_WG * HALF) < seq_q:
             _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, SINK, H, GROUP, seq_q, seq_k, seq_k - seq_q, win_right,
                          qk_scale, HAS_RIGHT, HAS_SINK, STAGES, CONSUMER_REGS, PRODUCER_REGS, PINGPONG, OVERLAP,
-                         O, stride_os, stride_oh, stride_lh, q_start, k_start, True, NUM_WG)
+                         O, stride_os, stride_oh, stride_lh, q_start, k_start, True, NUM_WG, EMU, EMU_DEG)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -736,7 +799,7 @@ def _launch_kwargs(cfg: GluonAttnConfig, win_right: int, sink) -> dict:
     """The constexpr / launch keywords of the dense and the varlen kernels."""
     return dict(HAS_RIGHT=win_right >= 0, HAS_SINK=sink is not None, STAGES=cfg.stages,
                 CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong,
-                OVERLAP=cfg.overlap, NUM_WG=cfg.consumers, num_warps=4)
+                OVERLAP=cfg.overlap, NUM_WG=cfg.consumers, EMU=cfg.emu, EMU_DEG=cfg.emu_deg, num_warps=4)
 
 
 def _kernel_args(q, k, v, out, lse, sink, softmax_scale: float, win_right: int, cfg: GluonAttnConfig) -> tuple:
