@@ -1053,6 +1053,10 @@ WITH_TRANS_CANDIDATES = (
     # 1944 and no spills)
     (128, 128, 4, "packed2"), (128, 128, 4, "packed2", 168), (128, 128, 8, "packed2"), (128, 256, 8, "packed2"),
     (64, 128, 4, "packed2"), (64, 128, 4, "packed2", 128), (32, 256, 4, "packed2"), (128, 64, 4, "packed2"),
+    # 8 warps with registers capped for 4 programs (32 warps) per SM, against the BLOCKWISE
+    # default's 74 registers and 3 programs: sm_90 compile BLOCKWISE 64 registers, no spills,
+    # 15.9 SASS per element (MX spills 148 bytes). Not yet timed.
+    (128, 128, 8, "packed2", 64),
     # "packed3" (TC = 128 only): packed2 with the column words stored straight from their
     # registers (4-byte stores, no shared-memory transpose): BLOCKWISE 128x128x4 1496 SASS (11.7
     # per element), MX 64x128x4 1008 (1144 packed), MX 128x128x4 1856 (2008 packed), no spills
