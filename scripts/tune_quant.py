@@ -26,12 +26,11 @@ transposed copy), and for ``with_trans_*`` the bf16-pair FP8 kernel of quant_fp8
 ``packed2`` candidates (``--match packed2``) are that FP8 kernel with the row-wise words stored
 from their own layout, ``packed3`` (128-column tiles) also the column words without the
 shared-memory transpose (fewer shared-memory round trips: SASS counts in quant_fp8_kernel's
-``WITH_TRANS_CANDIDATES`` comment, scripts/quant_sass_stats.py); ``packed4`` (``(TR, TC, num_warps,
-"packed4", maxnreg, num_stages, programs_per_sm)``) the same tiles from persistent programs with
-the x loads through TMA, pipelined so the next tiles' loads are in flight while one computes.
+``WITH_TRANS_CANDIDATES`` comment, scripts/quant_sass_stats.py).
 
 Writes ``DIR/tune_quant.json`` and prints a table; the defaults are set in one function per
-module: ``quant_fp8_kernel.with_trans_config`` and ``quant_fp4_kernel.fp4_config``.
+module: ``quant_fp8_kernel.packed_with_trans_config`` (bf16 -> E4M3 BLOCKWISE / MX, the pair
+kernel), ``quant_fp8_kernel.with_trans_config`` (the tl kernels) and ``quant_fp4_kernel.fp4_config``.
 """
 
 from __future__ import annotations

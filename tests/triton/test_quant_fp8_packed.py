@@ -6,10 +6,6 @@
   and MX, even and ragged tiles, zero / inf / NaN / subnormal blocks.
 * The sm_90 compile (no GPU; in a child process outside the interpreter): "packed2" stores the
   row-wise words without a shared-memory conversion (fewer STS and instructions than "packed").
-* "packed4" (persistent programs, x through TMA in a pipelined loop): the interpreter with fewer
-  programs than tiles (the tile loop takes several turns; _CPU_SMS = 1, so programs_per_sm is
-  the grid), TMA and pointer loads; the sm_90 compile pipelines the loop without spills and
-  keeps the BLOCKWISE scratch stores, barriers and reads in order.
 * On a GPU: the PTX path against quant_ref.
 """
 
@@ -111,17 +107,6 @@ _CASES = [
     (True, (96, 224), (64, 128, 4, "packed3")),
     (True, (128, 256), (128, 128, 4, "packed3")),
     (True, (64, 128), (32, 128, 4, "packed3")),
-    # packed4 (persistent; cfg[5] stages, cfg[6] programs per SM = the grid on the CPU): several
-    # tiles per program, TMA (cols % 8 == 0; ragged edges zero-filled) and pointer loads (260)
-    (False, (256, 256), (128, 128, 4, "packed4", 0, 3, 1)),
-    (False, (256, 256), (128, 128, 4, "packed4", 168, 2, 3)),
-    (False, (200, 264), (128, 128, 4, "packed4", 0, 3, 2)),
-    (False, (200, 260), (128, 128, 4, "packed4", 0, 3, 1)),
-    (False, (128, 640), (128, 256, 8, "packed4", 0, 2, 2)),  # TC != 128: packed2's column store
-    (True, (256, 256), (128, 128, 4, "packed4", 0, 3, 1)),
-    (True, (96, 224), (64, 128, 4, "packed4", 0, 4, 1)),
-    (True, (160, 288), (64, 128, 4, "packed4", 0, 3, 2)),
-    (True, (64, 128), (32, 128, 4, "packed4", 0, 2, 1)),
 ]
 
 
@@ -138,11 +123,6 @@ def test_interpreter_vs_ref(mx, shape, cfg):
                                                   (True, (1024, 7168), (128, 128, 4, "packed2", 168)),
                                                   (False, (1024, 7168), (128, 128, 4, "packed3", 168)),
                                                   (False, (1000, 7164), (128, 128, 4, "packed3")),
-                                                  (False, (1024, 7168), (128, 128, 4, "packed4", 0, 3, 3)),
-                                                  (True, (1024, 7168), (64, 128, 4, "packed4", 0, 4, 4)),
-                                                  (False, (1000, 7168), (128, 128, 4, "packed4", 0, 4, 2)),
-                                                  (False, (1000, 7164), (128, 128, 4, "packed4", 0, 3, 3)),
-                                                  (True, (992, 7168), (128, 128, 4, "packed4", 0, 3, 2)),
                                                   # MX quantizes 32-row column blocks: a row count
                                                   # that is a multiple of 32 but not of the 64-row tile
                                                   (True, (992, 7168), (64, 128, 4, "packed3"))])
@@ -186,103 +166,3 @@ def test_packed2_compiles_with_fewer_shared_stores(request):
             counts.append((len(ins), sum(1 for ln in ins if " STS" in ln)))
         for a, b in zip(counts, counts[1:]):
             assert b[0] < a[0] and b[1] < a[1], (mx, counts)
-
-
-@pytest.mark.skipif(not is_interpreter(), reason="interpreter: CPU tensors, _CPU_SMS")
-@pytest.mark.parametrize("mx,shape,pps,tma", [(False, (256, 256), 1, True), (False, (384, 256), 4, True),
-                                              (False, (200, 260), 2, False), (True, (160, 288), 2, True)])
-def test_packed4_grid_and_loads(monkeypatch, mx, shape, pps, tma):
-    """The persistent grid is min(tiles, SMs x programs_per_sm) (fewer programs than tiles here),
-    the x loads through TMA where the rows are 16-byte aligned, and the outputs exact."""
-    seen = []
-    kernel = P._quant_fp8_packed_persist_kernel
-
-    class _Recorder:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.append((grid, kwargs["TMA"]))
-                return kernel[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(P, "_quant_fp8_packed_persist_kernel", _Recorder())
-    tr = 64 if mx else 128
-    _check(_special(*shape, "cpu"), mx, (tr, 128, 4, "packed4", 0, 3, pps))
-    n_tiles = -(-shape[0] // tr) * -(-shape[1] // 128)
-    assert n_tiles > pps
-    assert seen == [((pps,), tma)]
-
-
-def test_packed4_bad_cfg_falls_back():
-    x = _special(256, 256, "cpu")
-    row, col = F8.QuantGrouping(0, 1, 128), F8.QuantGrouping(0, 128, 1)
-    good = (128, 128, 4, "packed4", 0, 3, 2)
-    assert P.fp8_packed_ok(x, E4M3, row, col, good) and F8._dual_ok(256, 256, row, col, good)
-    for bad in [(128, 128, 4, "packed4"), (128, 128, 4, "packed4", 0, 0, 2), (128, 128, 4, "packed4", 0, 3, 0),
-                (256, 256, 8, "packed4", 0, 3, 1),   # 2 x 128 KiB of stage buffers
-                (64, 128, 4, "packed4", 0, 3, 2)]:   # BLOCKWISE: TR % 128
-        assert not P.fp8_packed_ok(x, E4M3, row, col, bad), bad
-        assert not F8._dual_ok(256, 256, row, col, bad), bad
-    if is_interpreter():  # the default configuration's kernel instead
-        outs = F8.fp8_quant_with_trans_launch(x, E4M3, row, col, tile=(128, 128, 4, "packed4", 0, 0, 2))
-        for o, r in zip(outs, F8.fp8_quant_with_trans_launch(x, E4M3, row, col)):
-            assert torch.equal(_bits(o), _bits(r))
-
-
-def _sm90_compile(launch) -> list:
-    """``launch()`` compiled for sm_90 and not run: per kernel ``(name, error, compiled kernel,
-    the stats module)``."""
-    from .quant_special_helpers import sm90_capture
-
-    S, seen = sm90_capture(launch)
-    return [(r["name"], r["error"], r["kernel"], S) for r in seen]
-
-
-def _loop_events(ptx: str) -> str:
-    """The persistent loop's body as events: S st.global, B the asm barrier, L the asm scratch
-    read, T a TMA load (runs of one event collapsed to ``X+``)."""
-    import re
-
-    head, body = ptx.split("// =>This Inner Loop Header", 1)
-    label = head.rstrip().splitlines()[-1].strip().rstrip(":")  # the loop's block label
-    ev = []
-    for ln in body.splitlines():
-        if "{ bar.sync 0; mov.b32" in ln:
-            ev.append("B")
-        elif re.search(r"\bld\.global\.b32 %r\d+, \[%rd\d+\];", ln):
-            ev.append("L")
-        elif re.search(r"\bst\.global", ln):
-            ev.append("S")
-        elif "cp.async.bulk.tensor" in ln:
-            ev.append("T")
-        elif re.search(r"\bbra(\.uni)?\s+" + re.escape(label) + ";", ln):  # the back edge
-            break
-    return re.sub(r"(.)\1+", lambda m: m.group(1) + "+", "".join(ev))
-
-
-def test_packed4_compiles_pipelined(request):
-    """sm_90 compile (no GPU): the packed4 loop is pipelined (max(stages - 1, 1) tile buffers in
-    shared memory, the TMA loads of later tiles inside the loop), no spills, and BLOCKWISE keeps
-    its scratch protocol in program order: amax stores, barrier, amax reads, barrier, multiplier
-    (and scale) stores, barrier, multiplier reads, word stores, barrier."""
-    if rerun_outside_interpreter(request):
-        return
-    import re
-
-    x = torch.empty(4096, 7168, dtype=torch.bfloat16)
-    for mx, tile in [(False, (128, 128, 4, "packed4", 0, 3, 3)), (False, (128, 128, 4, "packed4", 0, 4, 2)),
-                     (False, (128, 128, 8, "packed4", 0, 6, 1)), (True, (128, 128, 4, "packed4", 0, 3, 3)),
-                     (True, (64, 128, 4, "packed4", 0, 4, 4))]:
-        row = F8.QuantGrouping(1, 1, 32) if mx else F8.QuantGrouping(0, 1, 128)
-        col = F8.QuantGrouping(1, 32, 1) if mx else F8.QuantGrouping(0, 128, 1)
-        ((name, err, k, S),) = _sm90_compile(lambda: F8.fp8_quant_with_trans_launch(x, E4M3, row, col, tile=tile))
-        assert err is None, err
-        assert name == "_quant_fp8_packed_persist_kernel"
-        st = S._stats(k)
-        assert st["spill"] == ("0", "0"), (tile, st)
-        assert st["smem"] >= (tile[5] - 1) * tile[0] * tile[1] * 2, (tile, st)
-        ev = _loop_events(k.asm["ptx"])
-        assert "T" in ev, (tile, ev)
-        if not mx:
-            assert re.fullmatch(r"S\+BL\+?BS\+BL\+?S\+B", ev.replace("T+", "").replace("T", "")), (tile, ev)
-        else:
-            assert "B" not in ev and "L" not in ev, (tile, ev)

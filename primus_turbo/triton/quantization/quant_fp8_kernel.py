@@ -988,7 +988,7 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
         qt = torch.empty((cols, rows), dtype=out_dtype, device=dev)
         st = _transposed_single(x, qt, col, out_dtype)
         return q, s, qt, st
-    packed = tile if tile is not None and len(tile) > 3 and tile[3] in ("packed", "packed2", "packed3", "packed4") \
+    packed = tile if tile is not None and len(tile) > 3 and tile[3] in ("packed", "packed2", "packed3") \
         else packed_with_trans_config(row) if tile is None else None
     if packed is not None:
         # the bf16-pair kernel of quant_fp8_packed.py: the bf16 -> E4M3 default for BLOCKWISE and
@@ -1062,23 +1062,6 @@ WITH_TRANS_CANDIDATES = (
     # per element), MX 64x128x4 1008 (1144 packed), MX 128x128x4 1856 (2008 packed), no spills
     (128, 128, 4, "packed3"), (128, 128, 4, "packed3", 168), (128, 128, 4, "packed3", 128),
     (64, 128, 4, "packed3"), (64, 128, 4, "packed3", 128), (32, 128, 4, "packed3"),
-    # "packed4": persistent programs (SMs x programs_per_sm) over the tiles, x through TMA in a
-    # pipelined loop (the next tiles' loads in flight while one computes; stores as packed3):
-    # (TR, TC, num_warps, "packed4", maxnreg, num_stages, programs_per_sm), programs_per_sm
-    # chosen to fit on an SM (registers; num_stages - 1 x buffers of TR x TC bf16 in shared
-    # memory). sm_90 compile (16384 x 7168, no spills; SASS per turn of the tile loop per element):
-    # BLOCKWISE 128x128x4 128 regs, 11.5-11.9 (packed3 11.7); MX 128x128x4 168 regs, 15.5-15.8
-    # (packed3 14.5); MX 64x128x4 96-110 regs, 17.0; 8 warps <= 128 regs, BLOCKWISE 14.0, MX 16.8.
-    # With 2 stages MX takes 210 registers uncapped (so 4 per SM is BLOCKWISE's), 168 capped; with
-    # 3-4 stages it stays at 168 uncapped and a 168 cap spills (4-36 bytes), hence no such entry.
-    # BLOCKWISE (TR % 128 == 0) takes the 128-row ones, MX all. H200 (2026-12-01, bf16
-    # [16384, 7168], tune_quant_packed4_call4.log): 0.41-0.56x the device copy against packed2's
-    # 0.77-0.81: keeping tiles in flight through the pipeliner costs more than it hides. Opt-in only.
-    (128, 128, 4, "packed4", 0, 2, 4), (128, 128, 4, "packed4", 168, 2, 3), (128, 128, 4, "packed4", 0, 3, 2),
-    (128, 128, 4, "packed4", 0, 3, 3), (128, 128, 4, "packed4", 0, 4, 2), (128, 128, 8, "packed4", 0, 4, 2),
-    (128, 128, 8, "packed4", 0, 6, 1),
-    (64, 128, 4, "packed4", 0, 3, 4), (64, 128, 4, "packed4", 0, 3, 5), (64, 128, 4, "packed4", 0, 4, 4),
-    (64, 128, 4, "packed4", 0, 5, 3),
 )
 
 
@@ -1087,8 +1070,9 @@ def packed_with_trans_config(row: QuantGrouping):
     BLOCKWISE (1x128 / 128x1) and MX (1x32 / 32x1), or None for other groupings. It runs where
     ``fp8_packed_ok`` accepts the input (bf16, E4M3, rows and cols multiples of 4, 4-byte aligned
     rows); everything else takes :func:`with_trans_config`'s kernels. H200, 2026-12-01, bf16
-    [16384, 7168] (scripts/tune_quant.py, ``tune_quant_packed4_call4.log``): BLOCKWISE 0.788x the
-    device copy (the staged tl kernel 0.517 in that run), MX 0.805 (the tl kernel 0.720)."""
+    [16384, 7168] (scripts/tune_quant.py and benchmarks/bench_quantization.py, session 13 calls 4-5):
+    BLOCKWISE 0.782-0.788x the device copy (the staged tl kernel 0.46-0.63), MX 0.805-0.809 (the tl
+    kernel 0.720)."""
     if row.mode == _MODE_MX and row.gc == 32:
         return 128, 128, 4, "packed2"
     if row.mode == _MODE_FP32 and row.gc == 128:
@@ -1119,12 +1103,7 @@ def _dual_ok(rows: int, cols: int, row: QuantGrouping, col: QuantGrouping, cfg) 
     """Whether the two-copy kernel covers these groupings and shape with tile ``cfg``."""
     tr, tc = cfg[0], cfg[1]
     # the pair kernels: shape/grouping check only (dtype: at the launch)
-    if len(cfg) > 3 and cfg[3] in ("packed", "packed2", "packed3", "packed4"):
-        if cfg[3] == "packed4":
-            from .quant_fp8_packed import packed4_cfg_ok
-
-            if not packed4_cfg_ok(cfg):
-                return False
+    if len(cfg) > 3 and cfg[3] in ("packed", "packed2", "packed3"):
         return (row.mode == col.mode and row.mode in (_MODE_FP32, _MODE_MX) and row.gr == 1 and col.gc == 1
                 and row.gc == col.gr and row.gc in (32, 64, 128) and (row.mode == _MODE_FP32 or row.gc == 32)
                 and rows % 4 == 0 and cols % 4 == 0 and tr % row.gc == 0 and tc % row.gc == 0

@@ -23,15 +23,13 @@ interpreter (``SOFT``) runs the same data flow with the soft FP8 conversion of q
 BLOCKWISE forms the fp32 scales once per block through a per-program scratch (as the staged
 kernel); MX forms its E8M0 scales (a few integer ops) where the reduced amaxes live.
 
-"packed4" (``_quant_fp8_packed_persist_kernel``) runs the same per-tile code (``_packed_tile``)
-from persistent programs whose x loads go through TMA in a pipelined loop, so that the next
-tiles' loads are in flight while a tile computes (the one-tile kernels have nothing in flight
-then).
+A persistent form (programs looping over tiles, x through TMA in a ``num_stages`` loop so the
+next tiles' loads are in flight while one computes) measured 0.41-0.56x the device copy on the
+H200 against this kernel's 0.77-0.81 (benchmarks/results/h200/NOTES.md, thirteenth session) and
+was removed.
 """
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 import torch
@@ -48,7 +46,7 @@ from .quant_fp8_kernel import (
     mx_emax_of,
 )
 
-__all__ = ["fp8_packed_ok", "fp8_packed_with_trans_launch", "packed4_cfg_ok", "emulate_codes", "CODES_PTX"]
+__all__ = ["fp8_packed_ok", "fp8_packed_with_trans_launch", "emulate_codes", "CODES_PTX"]
 
 
 def _codes_ptx() -> str:
@@ -205,36 +203,6 @@ def _codes(a0, a1, a2, a3, b0, b1, b2, b3, r0, r1, r2, r3, c0, c1, c2, c3, SOFT:
 
 
 @triton.jit
-def _scr_load(ptrs, ASM: tl.constexpr):
-    """A BLOCKWISE scratch read. ASM (the persistent kernel, outside the interpreter): an inline
-    ``ld.global`` with side effects instead of ``tl.load``. Triton's pipeliner gives every
-    ``tl.load`` of a ``num_stages`` loop without a dot a load latency and orders the loop by
-    data dependences only, blind to the stores a load reads: with ``tl.load`` the sm_90 compile
-    put all scratch reads in stage 0 (issued for a later tile) and the scratch stores in the last
-    stage. The asm is no load to the pipeliner, and its side effects keep it in program order
-    with the scratch stores and :func:`_barrier`."""
-    if ASM:
-        return tl.inline_asm_elementwise("ld.global.b32 $0, [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False,
-                                         pack=1)
-    else:
-        return tl.load(ptrs)
-
-
-@triton.jit
-def _barrier(scalar, ASM: tl.constexpr):
-    """The program's threads meet (and see each other's scratch stores). ASM: ``bar.sync 0`` as
-    inline asm on a scalar (once per thread), because Triton does not pipeline a loop that holds
-    a ``tl.debug_barrier``. Ordering: the asm has side effects, and the pipeliner leaves ops
-    that do not hang on the prefetched loads in the cluster of the tile's compute, in program
-    order (the sm_90 compile test checks the PTX order)."""
-    if ASM:
-        tl.inline_asm_elementwise("{ bar.sync 0; mov.b32 $0, $1; }", "=r,r", [scalar], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-    else:
-        tl.debug_barrier()
-
-
-@triton.jit
 def _fold(u):
     """Top 16 bits: max of the two halves (both have the sign bit cleared)."""
     return tl.maximum(u, u << 16)
@@ -327,71 +295,13 @@ def _quant_fp8_packed_dual_kernel(
 
 
 @triton.jit
-def _quant_fp8_packed_persist_kernel(
-    x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, scr_ptr,
-    rows, n_pairs, n_tiles_c, n_tiles,
-    stride_x, stride_q, stride_s, stride_qt, stride_st,
-    MODE: tl.constexpr, FP8_MAX: tl.constexpr, EMAX: tl.constexpr, G: tl.constexpr,
-    TR: tl.constexpr, TC: tl.constexpr, EVEN: tl.constexpr, SOFT: tl.constexpr, V3: tl.constexpr,
-    TMA: tl.constexpr, NUM_STAGES: tl.constexpr,
-):
-    """"packed4": the tiles of ``_quant_fp8_packed_dual_kernel`` (V2 row stores, V3 column stores
-    when V3) from persistent programs: program p takes tiles p, p + P, p + 2P, ... (P programs).
-    The one-tile kernel has nothing in flight while it computes (load -> compute -> store, 3 - 4
-    programs per SM); here the x loads of the next tiles are: with TMA the quarters come through
-    a tensor descriptor (boxes past x's edges zero-filled, as the masked loads), and the
-    ``num_stages`` loop lets Triton's pipeliner keep NUM_STAGES - 1 tiles in shared-memory
-    buffers (sm_90 compile: tiles i + 1 .. i + NUM_STAGES - 2 in flight while tile i computes,
-    tile i + NUM_STAGES - 1 issued after it). Without TMA (x's base or row stride not 16-byte
-    aligned: cols % 8 != 0) the same loop with pointer loads.
-
-    The loop must stay free of ``tl.debug_barrier`` (Triton does not pipeline a loop holding one)
-    and of ``tl.load``s of the BLOCKWISE scratch (they would be prefetched ahead of the stores
-    they read): with PERSIST, :func:`_packed_tile` uses :func:`_barrier` / :func:`_scr_load`."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    TQ: tl.constexpr = TR // 4
-    TP: tl.constexpr = TC // 2
-    if TMA:
-        # x pairs viewed as [rows / 4, 4, n_pairs] (strides 4 sx, sx, 1): quarter k of the quads
-        # i0..i0 + TQ - 1 is the box [TQ, 1, TP] at (i0, k, p0), one descriptor for all four
-        xd = tl.make_tensor_descriptor(x_ptr, [rows // 4, 4, n_pairs], [4 * stride_x, stride_x, 1], [TQ, 1, TP])
-    else:
-        xd = x_ptr  # placeholder, unused on the pointer path
-    for t in tl.range(pid, n_tiles, nprog, num_stages=NUM_STAGES):
-        pid_r = t // n_tiles_c
-        pid_c = t % n_tiles_c
-        i = pid_r * TQ + tl.arange(0, TQ)
-        if TMA:
-            v0 = tl.reshape(xd.load([pid_r * TQ, 0, pid_c * TP]), (TQ, TP))
-            v1 = tl.reshape(xd.load([pid_r * TQ, 1, pid_c * TP]), (TQ, TP))
-            v2 = tl.reshape(xd.load([pid_r * TQ, 2, pid_c * TP]), (TQ, TP))
-            v3 = tl.reshape(xd.load([pid_r * TQ, 3, pid_c * TP]), (TQ, TP))
-        else:
-            pc = pid_c * TP + tl.arange(0, TP)
-            base = x_ptr + (4 * i).to(tl.int64)[:, None] * stride_x + pc[None, :]
-            v0, v1, v2, v3 = _load4(base, stride_x,
-                                    None if EVEN else (i < rows // 4)[:, None] & (pc < n_pairs)[None, :], EVEN)
-        # the scratch row is the program's (sized by the grid), reused by each of its tiles
-        _packed_tile(v0, v1, v2, v3, i, pid_r, pid_c, q_ptr, s_ptr, qt_ptr, st_ptr, scr_ptr, pid, rows, n_pairs,
-                     stride_q, stride_s, stride_qt, stride_st, MODE, FP8_MAX, EMAX, G, TR, TC, EVEN, SOFT, True, V3,
-                     not SOFT)
-        if MODE == 0:
-            # every thread has read this tile's multipliers back from the scratch before any
-            # thread stores the next tile's amaxes over them (the tile's own barriers order only
-            # its stores and loads)
-            _barrier(pid, not SOFT)
-
-
-@triton.jit
 def _packed_tile(v0, v1, v2, v3, i, pid_r, pid_c, q_ptr, s_ptr, qt_ptr, st_ptr, scr_ptr, spid, rows, n_pairs,
                  stride_q, stride_s, stride_qt, stride_st, MODE: tl.constexpr, FP8_MAX: tl.constexpr,
                  EMAX: tl.constexpr, G: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr, EVEN: tl.constexpr,
-                 SOFT: tl.constexpr, V2: tl.constexpr, V3: tl.constexpr, PERSIST: tl.constexpr = False):
+                 SOFT: tl.constexpr, V2: tl.constexpr, V3: tl.constexpr):
     """Both copies of tile (pid_r, pid_c) from its pairs v_k [TR / 4, TC / 2] (rows 4 i + k; zeros
     outside x). BLOCKWISE stages its amaxes in row ``spid`` of the scratch (4 TQ NR + NB TC words
-    per row: one row per program). PERSIST: inside the persistent kernel's pipelined loop (the
-    scratch read back through :func:`_scr_load`'s asm)."""
+    per row: one row per program)."""
     TQ: tl.constexpr = TR // 4
     NB: tl.constexpr = TR // G      # column blocks per tile column
     QB: tl.constexpr = G // 4       # quads per column block
@@ -469,10 +379,10 @@ def _packed_tile(v0, v1, v2, v3, i, pid_r, pid_c, q_ptr, s_ptr, qt_ptr, st_ptr, 
         tl.store(scr + cidx + 1, ac1)
         tl.store(scr + cidx + 2, ac2)
         tl.store(scr + cidx + 3, ac3)
-        _barrier(spid, PERSIST)
+        tl.debug_barrier()
         e = tl.arange(0, NS_R + NS_C)
-        m_all, inv_all = _fp32_scales(_scr_load(scr + e, PERSIST), FP8_MAX)
-        _barrier(spid, PERSIST)  # every amax read before a multiplier overwrites it
+        m_all, inv_all = _fp32_scales(tl.load(scr + e), FP8_MAX)
+        tl.debug_barrier()  # every amax read before a multiplier overwrites it
         tl.store(scr + e, m_all.to(tl.int32, bitcast=True))
         # scale_inv outputs
         er = e % NS_R
@@ -492,16 +402,16 @@ def _packed_tile(v0, v1, v2, v3, i, pid_r, pid_c, q_ptr, s_ptr, qt_ptr, st_ptr, 
                      mask=is_r & (sr < rows) & (scn < (2 * n_pairs + G - 1) // G))
             tl.store(st_ptr + ccol.to(tl.int64) * stride_st + sbc, inv_all,
                      mask=(e >= NS_R) & (ccol < 2 * n_pairs) & (sbc < (rows + G - 1) // G))
-        _barrier(spid, PERSIST)
+        tl.debug_barrier()
         # multipliers back, indexed from the amax tensors' own layouts (no layout conversion)
-        r0 = _scr_load(scr + ((ar0 & 0) + ridx), PERSIST)
-        r1 = _scr_load(scr + ((ar1 & 0) + TQ * NR + ridx), PERSIST)
-        r2 = _scr_load(scr + ((ar2 & 0) + 2 * TQ * NR + ridx), PERSIST)
-        r3 = _scr_load(scr + ((ar3 & 0) + 3 * TQ * NR + ridx), PERSIST)
-        c0 = _scr_load(scr + ((ac0 & 0) + cidx), PERSIST)
-        c1 = _scr_load(scr + ((ac1 & 0) + cidx + 1), PERSIST)
-        c2 = _scr_load(scr + ((ac2 & 0) + cidx + 2), PERSIST)
-        c3 = _scr_load(scr + ((ac3 & 0) + cidx + 3), PERSIST)
+        r0 = tl.load(scr + ((ar0 & 0) + ridx))
+        r1 = tl.load(scr + ((ar1 & 0) + TQ * NR + ridx))
+        r2 = tl.load(scr + ((ar2 & 0) + 2 * TQ * NR + ridx))
+        r3 = tl.load(scr + ((ar3 & 0) + 3 * TQ * NR + ridx))
+        c0 = tl.load(scr + ((ac0 & 0) + cidx))
+        c1 = tl.load(scr + ((ac1 & 0) + cidx + 1))
+        c2 = tl.load(scr + ((ac2 & 0) + cidx + 2))
+        c3 = tl.load(scr + ((ac3 & 0) + cidx + 3))
     r0 = r0[:, :, :, None]
     r1 = r1[:, :, :, None]
     r2 = r2[:, :, :, None]
@@ -556,8 +466,7 @@ def _store_col_words(qt_ptr, u0, u1, u2, u3, i, pid_c, rows, n_pairs, stride_qt,
 def fp8_packed_ok(x: torch.Tensor, out_dtype, row, col, cfg) -> bool:
     """Whether the pair kernel covers x with groupings row (1 x g) / col (g x 1) and tile cfg:
     bf16, E4M3, 2-D with unit column stride, 4-byte aligned rows, g in (32, 128) (MX: 32),
-    cols % 4 == 0, rows % 4 == 0, TR and TC multiples of g; "packed4" also a well-formed cfg
-    (see :func:`fp8_packed_with_trans_launch`) whose pipeline buffers fit in shared memory."""
+    cols % 4 == 0, rows % 4 == 0, TR and TC multiples of g."""
     if x.dtype != torch.bfloat16 or out_dtype != torch.float8_e4m3fn or x.dim() != 2 or x.numel() == 0:
         return False
     if row.mode != col.mode or row.mode not in (0, 1) or row.gr != 1 or col.gc != 1 or row.gc != col.gr:
@@ -571,59 +480,14 @@ def fp8_packed_ok(x: torch.Tensor, out_dtype, row, col, cfg) -> bool:
         return False
     if len(cfg) > 3 and cfg[3] == "packed3" and tc != 128:
         return False  # its column-word store is written for the layout of 128-column tiles
-    if len(cfg) > 3 and cfg[3] == "packed4" and not packed4_cfg_ok(cfg):
-        return False
     return tr % g == 0 and tc % g == 0
-
-
-#: shared memory the "packed4" x buffers may take per program (the pipeliner allocates
-#: max(num_stages - 1, 1) bf16 tiles; sm_90 allows 227 KiB per program, the rest is left to the
-#: compiler's own buffers)
-_PACKED4_SMEM = 192 * 1024
-
-
-def packed4_cfg_ok(cfg) -> bool:
-    """A "packed4" cfg ``(TR, TC, num_warps, "packed4", maxnreg, num_stages, programs_per_sm)``:
-    positive stages and programs per SM, x buffers within :data:`_PACKED4_SMEM`, TMA boxes of at
-    most 256 quads / pairs per dimension (TR <= 1024, TC <= 512). Whether programs_per_sm of
-    them fit on an SM (registers, 228 KiB of shared memory) is the candidate list's business:
-    more programs than fit run as a second wave, correct but slow."""
-    if len(cfg) != 7:
-        return False
-    tr, tc, _, _, _, ns, pps = cfg
-    return ns >= 1 and pps >= 1 and max(ns - 1, 1) * tr * tc * 2 <= _PACKED4_SMEM and tr <= 1024 and tc <= 512
-
-
-#: SM count the persistent grid assumes for CPU tensors (the interpreter): 1, so that a test's
-#: programs_per_sm is its program count and the tile loop takes several turns
-_CPU_SMS = 1
-
-
-@functools.lru_cache(maxsize=None)
-def _cuda_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _num_sms(dev: torch.device) -> int:
-    if dev.type != "cuda":
-        return _CPU_SMS
-    return _cuda_sms(dev.index if dev.index is not None else torch.cuda.current_device())
-
-
-def _tma_ok(xp: torch.Tensor) -> bool:
-    """A tensor descriptor can cover the pair view: 16-byte aligned base and row stride (cols % 8 == 0)."""
-    return xp.data_ptr() % 16 == 0 and (xp.stride(0) * xp.element_size()) % 16 == 0
 
 
 def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> tuple:
     """``(q, s, qt, st)`` of ``quantize_fp8_with_trans`` (see :func:`fp8_packed_ok`).
     ``cfg`` = (TR, TC, num_warps, "packed" | "packed2" | "packed3"[, maxnreg]); "packed2": the
     row-wise words stored from their own layout (V2); "packed3" (TC = 128 only): also the column
-    words, 4-byte stores without the shared-memory transpose (V3).
-    ``cfg`` = (TR, TC, num_warps, "packed4", maxnreg, num_stages, programs_per_sm): persistent
-    programs (min(tiles, SMs x programs_per_sm)) looping over the tiles with the x loads
-    pipelined ``num_stages`` deep (through TMA where x's rows are 16-byte aligned); stores as
-    "packed3" when TC = 128, else as "packed2"; maxnreg 0: no cap."""
+    words, 4-byte stores without the shared-memory transpose (V3)."""
     rows, cols = x.shape
     tr, tc, nw = cfg[:3]
     maxnreg = cfg[4] if len(cfg) > 4 else 0
@@ -639,30 +503,20 @@ def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> t
     s = torch.empty((n_sr, n_sc), dtype=sdt, device=dev)
     st = torch.empty((cols, n_str), dtype=sdt, device=dev)
     n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
-    n_tiles = n_tr * n_tc
-    persist = cfg[3] == "packed4"
-    n_prog = min(n_tiles, _num_sms(dev) * cfg[6]) if persist else n_tiles
-    if row.mode == 0:  # one scratch row per program (a persistent program reuses its row)
+    n_prog = n_tr * n_tc
+    if row.mode == 0:
         scr = torch.empty((n_prog, tr * (tc // g) + (tr // g) * tc), dtype=torch.int32, device=dev)
     else:
         scr = s  # unused
-    args = (xp, q.view(torch.uint8).view(torch.int32), s, qt.view(torch.uint8).view(torch.int32), st, scr,
-            rows, cols // 2, n_tc)
-    strides = (xp.stride(0), cols // 4, n_sc, rows // 4, n_str)
-    common = dict(MODE=row.mode, FP8_MAX=fp8_max_of(out_dtype), EMAX=mx_emax_of(out_dtype), G=g, TR=tr, TC=tc,
-                  EVEN=rows % tr == 0 and cols % tc == 0, SOFT=is_interpreter(), num_warps=nw, **extra)
-    if persist:
-        tma = _tma_ok(xp)
-        if tma and dev.type == "cuda":
-            # device-side descriptors need Triton's global scratch allocator (as the tl GEMMs)
-            from primus_turbo.triton.gemm.gemm_kernel import _ensure_allocator
-
-            _ensure_allocator()
-        _quant_fp8_packed_persist_kernel[(n_prog,)](
-            *args, n_tiles, *strides, V3=tc == 128, TMA=tma, NUM_STAGES=cfg[5], **common)
-    else:
-        _quant_fp8_packed_dual_kernel[(n_prog,)](
-            *args, *strides, V2=cfg[3] in ("packed2", "packed3"), V3=cfg[3] == "packed3", **common)
+    _quant_fp8_packed_dual_kernel[(n_prog,)](
+        xp, q.view(torch.uint8).view(torch.int32), s, qt.view(torch.uint8).view(torch.int32), st, scr,
+        rows, cols // 2, n_tc,
+        xp.stride(0), cols // 4, n_sc, rows // 4, n_str,
+        MODE=row.mode, FP8_MAX=fp8_max_of(out_dtype), EMAX=mx_emax_of(out_dtype), G=g,
+        TR=tr, TC=tc, EVEN=rows % tr == 0 and cols % tc == 0, SOFT=is_interpreter(), V2=cfg[3] in ("packed2", "packed3"),
+        V3=cfg[3] == "packed3",
+        num_warps=nw, **extra,
+    )
     return q, s, qt, st
 
 
