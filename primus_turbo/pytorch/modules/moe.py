@@ -53,8 +53,6 @@ def _check_positive(name: str, **sizes) -> None:
             raise ValueError(f"{name}: {k} must be a positive int, got {v!r}")
 
 
-
-
 class GroupedMLP(torch.nn.Module):
     """The experts of an MoE layer: per-expert gated MLP over tokens sorted by expert.
 
