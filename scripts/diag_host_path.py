@@ -12,6 +12,7 @@ Writes ``DIR/diag_host_path.txt`` (the table, then cProfiles of the whole op whe
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
@@ -40,7 +41,8 @@ def main(argv=None) -> int:
     import primus_turbo.pytorch as turbo
     from primus_turbo.pytorch.backends.grouped_gemm import grouped_gemm_dispatcher, zero_tail_rows
     from primus_turbo.pytorch.core.backend import PrecisionType
-    from primus_turbo.pytorch.ops import grouped_gemm as op
+    # the module (``primus_turbo.pytorch.ops.grouped_gemm`` as an attribute is the op function)
+    op = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm")
     from primus_turbo.triton.gemm import gemm_fp8_gluon as dense
     from primus_turbo.triton.grouped_gemm import grouped_gemm_gluon as gg
 

@@ -278,35 +278,21 @@ def _quant_fp8_packed_dual_kernel(
     TR: tl.constexpr, TC: tl.constexpr, EVEN: tl.constexpr, SOFT: tl.constexpr, V2: tl.constexpr = False,
     V3: tl.constexpr = False,
 ):
-    """Both copies for 1 x G row blocks and G x 1 column blocks (MODE 0: fp32 scales, MODE 1: MX);
-    one tile per program."""
+    """Both copies for 1 x G row blocks and G x 1 column blocks (MODE 0: fp32 scales, MODE 1: MX)."""
     pid = tl.program_id(0)
     pid_r = pid // n_tiles_c
     pid_c = pid % n_tiles_c
     TQ: tl.constexpr = TR // 4
     TP: tl.constexpr = TC // 2
+    NB: tl.constexpr = TR // G      # column blocks per tile column
+    QB: tl.constexpr = G // 4       # quads per column block
+    NR: tl.constexpr = TC // G      # row blocks per tile row
+    WB: tl.constexpr = G // 4       # words per row block
     i = pid_r * TQ + tl.arange(0, TQ)
     pc = pid_c * TP + tl.arange(0, TP)
     base = x_ptr + (4 * i).to(tl.int64)[:, None] * stride_x + pc[None, :]
     v0, v1, v2, v3 = _load4(base, stride_x, None if EVEN else (i < rows // 4)[:, None] & (pc < n_pairs)[None, :],
                             EVEN)
-    _packed_tile(v0, v1, v2, v3, i, pid_r, pid_c, q_ptr, s_ptr, qt_ptr, st_ptr, scr_ptr, pid, rows, n_pairs,
-                 stride_q, stride_s, stride_qt, stride_st, MODE, FP8_MAX, EMAX, G, TR, TC, EVEN, SOFT, V2, V3)
-
-
-@triton.jit
-def _packed_tile(v0, v1, v2, v3, i, pid_r, pid_c, q_ptr, s_ptr, qt_ptr, st_ptr, scr_ptr, spid, rows, n_pairs,
-                 stride_q, stride_s, stride_qt, stride_st, MODE: tl.constexpr, FP8_MAX: tl.constexpr,
-                 EMAX: tl.constexpr, G: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr, EVEN: tl.constexpr,
-                 SOFT: tl.constexpr, V2: tl.constexpr, V3: tl.constexpr):
-    """Both copies of tile (pid_r, pid_c) from its pairs v_k [TR / 4, TC / 2] (rows 4 i + k; zeros
-    outside x). BLOCKWISE stages its amaxes in row ``spid`` of the scratch (4 TQ NR + NB TC words
-    per row: one row per program)."""
-    TQ: tl.constexpr = TR // 4
-    NB: tl.constexpr = TR // G      # column blocks per tile column
-    QB: tl.constexpr = G // 4       # quads per column block
-    NR: tl.constexpr = TC // G      # row blocks per tile row
-    WB: tl.constexpr = G // 4       # words per row block
     a0, b0 = tl.split(tl.reshape(v0, (NB, QB, NR, WB, 2)))
     a1, b1 = tl.split(tl.reshape(v1, (NB, QB, NR, WB, 2)))
     a2, b2 = tl.split(tl.reshape(v2, (NB, QB, NR, WB, 2)))
@@ -368,7 +354,7 @@ def _packed_tile(v0, v1, v2, v3, i, pid_r, pid_c, q_ptr, s_ptr, qt_ptr, st_ptr, 
         # [k, local quad, block], column blocks after them at [column block, local column])
         NS_R: tl.constexpr = 4 * TQ * NR
         NS_C: tl.constexpr = NB * TC
-        scr = scr_ptr + spid.to(tl.int64) * (NS_R + NS_C)
+        scr = scr_ptr + pid.to(tl.int64) * (NS_R + NS_C)
         ridx = li * NR + nr[None, None, :]                           # [NB, QB, NR]
         tl.store(scr + ridx, ar0)
         tl.store(scr + TQ * NR + ridx, ar1)
