@@ -107,6 +107,10 @@ _CASES = [
     (True, (96, 224), (64, 128, 4, "packed3")),
     (True, (128, 256), (128, 128, 4, "packed3")),
     (True, (64, 128), (32, 128, 4, "packed3")),
+    # BLOCKWISE scales formed in registers (no scratch)
+    (False, (256, 256), (128, 128, 4, "packed2", 0, "inreg")),
+    (False, (200, 260), (128, 128, 8, "packed2", 0, "inreg")),
+    (False, (384, 256), (128, 128, 4, "packed2", 168, "inreg")),
 ]
 
 
@@ -120,6 +124,8 @@ def test_interpreter_vs_ref(mx, shape, cfg):
 @pytest.mark.parametrize("mx,shape,cfg", _CASES + [(False, (1024, 7168), (128, 128, 4, "packed", 168)),
                                                   (True, (1024, 7168), (64, 128, 4, "packed")),
                                                   (False, (1024, 7168), (128, 128, 4, "packed2", 168)),
+                                                  (False, (1024, 7168), (128, 128, 4, "packed2", 168, "inreg")),
+                                                  (False, (1000, 7164), (128, 128, 4, "packed2", 168, "inreg")),
                                                   (True, (1024, 7168), (128, 128, 4, "packed2", 168)),
                                                   (False, (1024, 7168), (128, 128, 4, "packed3", 168)),
                                                   (False, (1000, 7164), (128, 128, 4, "packed3")),
@@ -128,6 +134,13 @@ def test_interpreter_vs_ref(mx, shape, cfg):
                                                   (True, (992, 7168), (64, 128, 4, "packed3"))])
 def test_gpu_vs_ref(mx, shape, cfg):
     _check(_special(*shape, "cuda"), mx, cfg)
+
+
+def test_unknown_option_raises():
+    x = torch.zeros(256, 256, dtype=torch.bfloat16)
+    row, col = F8.QuantGrouping(0, 1, 128), F8.QuantGrouping(0, 128, 1)
+    with pytest.raises(ValueError, match="unknown pair-kernel options"):
+        P.fp8_packed_with_trans_launch(x, E4M3, row, col, (128, 128, 4, "packed2", 0, "inreg,fast"))
 
 
 def test_packed3_only_128_column_tiles():

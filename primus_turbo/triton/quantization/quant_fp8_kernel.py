@@ -1057,6 +1057,14 @@ WITH_TRANS_CANDIDATES = (
     # default's 74 registers and 3 programs: sm_90 compile BLOCKWISE 64 registers, no spills,
     # 15.9 SASS per element (MX spills 148 bytes). Not yet timed.
     (128, 128, 8, "packed2", 64),
+    # options (6th entry) "inreg": BLOCKWISE fp32 scales formed where the reduced amaxes live
+    # instead of through the per-program scratch (sm_90: 18.6 SASS per element against 15.6, but
+    # no scratch round trip and its barriers; H200 0.799-0.801x the copy at 4 warps / 168
+    # registers against the 8-warp scratch form's 0.785-0.787). Measured and removed (session 14,
+    # benchmarks/results/h200/NOTES.md): persistent programs with the next tile's loads in flight
+    # (0.59-0.74) and programs in bands of tile rows (0.73-0.78).
+    (128, 128, 8, "packed2", 0, "inreg"), (128, 128, 4, "packed2", 0, "inreg"), (64, 128, 4, "packed2", 0, "inreg"),
+    (128, 128, 4, "packed2", 168, "inreg"), (128, 128, 8, "packed2", 64, "inreg"),
     # "packed3" (TC = 128 only): packed2 with the column words stored straight from their
     # registers (4-byte stores, no shared-memory transpose): BLOCKWISE 128x128x4 1496 SASS (11.7
     # per element), MX 64x128x4 1008 (1144 packed), MX 128x128x4 1856 (2008 packed), no spills
@@ -1072,11 +1080,13 @@ def packed_with_trans_config(row: QuantGrouping):
     rows); everything else takes :func:`with_trans_config`'s kernels. H200, 2026-12-01, bf16
     [16384, 7168] (scripts/tune_quant.py and benchmarks/bench_quantization.py, session 13 calls 4-5):
     BLOCKWISE 0.782-0.788x the device copy (the staged tl kernel 0.46-0.63), MX 0.805-0.809 (the tl
-    kernel 0.720)."""
+    kernel 0.720). Session 14 (scripts/tune_quant.py, two calls): BLOCKWISE with its scales formed in
+    registers ("inreg", 4 warps, 168 registers) 0.799-0.801 against 0.785-0.787 for the 8-warp
+    scratch form, which also needed a scratch buffer per call."""
     if row.mode == _MODE_MX and row.gc == 32:
         return 128, 128, 4, "packed2"
     if row.mode == _MODE_FP32 and row.gc == 128:
-        return 128, 128, 8, "packed2"
+        return 128, 128, 4, "packed2", 168, "inreg"
     return None
 
 

@@ -42,6 +42,7 @@ from .quant_fp8_kernel import (
     _fp8_codes,
     _fp32_scales,
     _mx_scales,
+    _tile_pid,
     fp8_max_of,
     mx_emax_of,
 )
@@ -276,23 +277,48 @@ def _quant_fp8_packed_dual_kernel(
     stride_x, stride_q, stride_s, stride_qt, stride_st,
     MODE: tl.constexpr, FP8_MAX: tl.constexpr, EMAX: tl.constexpr, G: tl.constexpr,
     TR: tl.constexpr, TC: tl.constexpr, EVEN: tl.constexpr, SOFT: tl.constexpr, V2: tl.constexpr = False,
-    V3: tl.constexpr = False,
+    V3: tl.constexpr = False, INREG: tl.constexpr = False, DIAG: tl.constexpr = 0,
 ):
-    """Both copies for 1 x G row blocks and G x 1 column blocks (MODE 0: fp32 scales, MODE 1: MX)."""
+    """Both copies for 1 x G row blocks and G x 1 column blocks (MODE 0: fp32 scales, MODE 1: MX).
+
+    INREG (MODE 0): the fp32 scales formed where the reduced amaxes live, each thread dividing for
+    the blocks it holds, instead of once per block through the per-program scratch (whose reads
+    back in the amaxes' layouts and barriers cost more than the divisions at 4 warps / 168
+    registers). DIAG (timing only, scripts/diag_quant_stages.py): bit 1 leaves the MX / INREG
+    scale stores out, bit 2 the column-wise copy, bit 4 the row-wise copy."""
     pid = tl.program_id(0)
-    pid_r = pid // n_tiles_c
-    pid_c = pid % n_tiles_c
+    pid_r, pid_c = _tile_pid(n_tiles_c)
     TQ: tl.constexpr = TR // 4
     TP: tl.constexpr = TC // 2
+    v0, v1, v2, v3 = _load_tile(x_ptr, pid_r, pid_c, rows, n_pairs, stride_x, TQ, TP, EVEN)
+    _pair_tile(v0, v1, v2, v3, pid_r, pid_c, pid, q_ptr, s_ptr, qt_ptr, st_ptr, scr_ptr, rows, n_pairs,
+               stride_q, stride_s, stride_qt, stride_st, MODE, FP8_MAX, EMAX, G, TR, TC, EVEN, SOFT, V2, V3,
+               INREG, DIAG)
+
+
+@triton.jit
+def _load_tile(x_ptr, pid_r, pid_c, rows, n_pairs, stride_x, TQ: tl.constexpr, TP: tl.constexpr,
+               EVEN: tl.constexpr):
+    """The four row-interleaved quarters x[4i + k, :] of tile (pid_r, pid_c) as int32 pairs [TQ, TP]
+    (zeros outside the tensor unless EVEN)."""
+    i = pid_r * TQ + tl.arange(0, TQ)
+    pc = pid_c * TP + tl.arange(0, TP)
+    base = x_ptr + (4 * i).to(tl.int64)[:, None] * stride_x + pc[None, :]
+    return _load4(base, stride_x, None if EVEN else (i < rows // 4)[:, None] & (pc < n_pairs)[None, :], EVEN)
+
+
+@triton.jit
+def _pair_tile(v0, v1, v2, v3, pid_r, pid_c, pid, q_ptr, s_ptr, qt_ptr, st_ptr, scr_ptr, rows, n_pairs,
+               stride_q, stride_s, stride_qt, stride_st, MODE: tl.constexpr, FP8_MAX: tl.constexpr,
+               EMAX: tl.constexpr, G: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr, EVEN: tl.constexpr,
+               SOFT: tl.constexpr, V2: tl.constexpr, V3: tl.constexpr, INREG: tl.constexpr, DIAG: tl.constexpr):
+    """Both copies of one tile from its quarters v_k (see the kernel)."""
+    TQ: tl.constexpr = TR // 4
     NB: tl.constexpr = TR // G      # column blocks per tile column
     QB: tl.constexpr = G // 4       # quads per column block
     NR: tl.constexpr = TC // G      # row blocks per tile row
     WB: tl.constexpr = G // 4       # words per row block
     i = pid_r * TQ + tl.arange(0, TQ)
-    pc = pid_c * TP + tl.arange(0, TP)
-    base = x_ptr + (4 * i).to(tl.int64)[:, None] * stride_x + pc[None, :]
-    v0, v1, v2, v3 = _load4(base, stride_x, None if EVEN else (i < rows // 4)[:, None] & (pc < n_pairs)[None, :],
-                            EVEN)
     a0, b0 = tl.split(tl.reshape(v0, (NB, QB, NR, WB, 2)))
     a1, b1 = tl.split(tl.reshape(v1, (NB, QB, NR, WB, 2)))
     a2, b2 = tl.split(tl.reshape(v2, (NB, QB, NR, WB, 2)))
@@ -316,31 +342,48 @@ def _quant_fp8_packed_dual_kernel(
     li = nb[:, None, None] * QB + qb[None, :, None]                  # [NB, QB, 1] local quad
     lcol = (nr[:, None] * WB + wb[None, :]) * 4                      # [NR, WB] local column of j = 0
     sb = pid_r * NB + nb                                             # column-block index
-    if MODE == 1:
-        mr0, sr0 = _mx_scales(ar0, EMAX)
-        mr1, sr1 = _mx_scales(ar1, EMAX)
-        mr2, sr2 = _mx_scales(ar2, EMAX)
-        mr3, sr3 = _mx_scales(ar3, EMAX)
-        mc0, sc0 = _mx_scales(ac0, EMAX)
-        mc1, sc1 = _mx_scales(ac1, EMAX)
-        mc2, sc2 = _mx_scales(ac2, EMAX)
-        mc3, sc3 = _mx_scales(ac3, EMAX)
+    if MODE == 1 or INREG:
+        if MODE == 1:
+            mr0, sr0 = _mx_scales(ar0, EMAX)
+            mr1, sr1 = _mx_scales(ar1, EMAX)
+            mr2, sr2 = _mx_scales(ar2, EMAX)
+            mr3, sr3 = _mx_scales(ar3, EMAX)
+            mc0, sc0 = _mx_scales(ac0, EMAX)
+            mc1, sc1 = _mx_scales(ac1, EMAX)
+            mc2, sc2 = _mx_scales(ac2, EMAX)
+            mc3, sc3 = _mx_scales(ac3, EMAX)
+            sdt = tl.uint8
+        else:
+            # fp32 scales where the reduced amaxes live (no scratch round trip through L2)
+            mr0, sr0 = _fp32_scales(ar0, FP8_MAX)
+            mr1, sr1 = _fp32_scales(ar1, FP8_MAX)
+            mr2, sr2 = _fp32_scales(ar2, FP8_MAX)
+            mr3, sr3 = _fp32_scales(ar3, FP8_MAX)
+            mc0, sc0 = _fp32_scales(ac0, FP8_MAX)
+            mc1, sc1 = _fp32_scales(ac1, FP8_MAX)
+            mc2, sc2 = _fp32_scales(ac2, FP8_MAX)
+            mc3, sc3 = _fp32_scales(ac3, FP8_MAX)
+            sdt = tl.float32
         # scales: row-wise [rows, cols / G] bytes, column-wise [cols, rows / G] bytes
         r_row = pid_r * TR + 4 * li                                  # [NB, QB, 1]
         s_col = pid_c * NR + nr[None, None, :]
         sp = s_ptr + r_row.to(tl.int64) * stride_s + s_col
         smask = None if EVEN else (r_row < rows) & (s_col < (2 * n_pairs + G - 1) // G)
-        tl.store(sp, sr0.to(tl.uint8), mask=smask)
-        tl.store(sp + stride_s, sr1.to(tl.uint8), mask=smask)
-        tl.store(sp + 2 * stride_s, sr2.to(tl.uint8), mask=smask)
-        tl.store(sp + 3 * stride_s, sr3.to(tl.uint8), mask=smask)
+        if DIAG & 1:  # timing only (scripts/diag_quant_stages.py): no scale stores
+            smask = (r_row < 0) & (s_col < 0)
+        tl.store(sp, sr0.to(sdt), mask=smask)
+        tl.store(sp + stride_s, sr1.to(sdt), mask=smask)
+        tl.store(sp + 2 * stride_s, sr2.to(sdt), mask=smask)
+        tl.store(sp + 3 * stride_s, sr3.to(sdt), mask=smask)
         cc = pid_c * TC + lcol[None, :, :]                           # [1, NR, WB]
         stp = st_ptr + cc.to(tl.int64) * stride_st + sb[:, None, None]
         stmask = None if EVEN else (cc < 2 * n_pairs) & (sb < (rows + G - 1) // G)[:, None, None]
-        tl.store(stp, sc0.to(tl.uint8), mask=stmask)
-        tl.store(stp + stride_st, sc1.to(tl.uint8), mask=stmask)
-        tl.store(stp + 2 * stride_st, sc2.to(tl.uint8), mask=stmask)
-        tl.store(stp + 3 * stride_st, sc3.to(tl.uint8), mask=stmask)
+        if DIAG & 1:
+            stmask = (cc < 0) & (sb < 0)[:, None, None]
+        tl.store(stp, sc0.to(sdt), mask=stmask)
+        tl.store(stp + stride_st, sc1.to(sdt), mask=stmask)
+        tl.store(stp + 2 * stride_st, sc2.to(sdt), mask=stmask)
+        tl.store(stp + 3 * stride_st, sc3.to(sdt), mask=stmask)
         r0 = mr0.to(tl.int32, bitcast=True)
         r1 = mr1.to(tl.int32, bitcast=True)
         r2 = mr2.to(tl.int32, bitcast=True)
@@ -408,7 +451,9 @@ def _quant_fp8_packed_dual_kernel(
     c3 = c3[:, None, :, :]
     w0, w1, w2, w3, u0, u1, u2, u3 = _codes(a0, a1, a2, a3, b0, b1, b2, b3, r0, r1, r2, r3, c0, c1, c2, c3, SOFT)
     # row-wise words: q viewed as int32 [rows, cols / 4]
-    if V2:
+    if DIAG & 4:  # timing only: no row-wise copy
+        pass
+    elif V2:
         _store_row_words_v2(q_ptr, w0, w1, w2, w3, pid_r * TR, pid_c * (TC // 4), nb, qb, nr, wb, rows, n_pairs,
                             stride_q, QB, WB, EVEN)
     else:
@@ -424,7 +469,9 @@ def _quant_fp8_packed_dual_kernel(
         tl.store(qp + 2 * stride_q, w2, mask=qmask)
         tl.store(qp + 3 * stride_q, w3, mask=qmask)
     # column-wise words: [NB, QB, NR, WB, 4] (column 4w + j) -> [TQ, TC] -> transposed rows
-    if V3:
+    if DIAG & 2:  # timing only: no column-wise copy
+        pass
+    elif V3:
         _store_col_words_v3(qt_ptr, u0, u1, u2, u3, pid_r * TQ, pid_c * TC, rows, n_pairs, stride_qt, NB, QB, NR,
                             WB, EVEN)
     else:
@@ -471,9 +518,10 @@ def fp8_packed_ok(x: torch.Tensor, out_dtype, row, col, cfg) -> bool:
 
 def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> tuple:
     """``(q, s, qt, st)`` of ``quantize_fp8_with_trans`` (see :func:`fp8_packed_ok`).
-    ``cfg`` = (TR, TC, num_warps, "packed" | "packed2" | "packed3"[, maxnreg]); "packed2": the
-    row-wise words stored from their own layout (V2); "packed3" (TC = 128 only): also the column
-    words, 4-byte stores without the shared-memory transpose (V3)."""
+    ``cfg`` = (TR, TC, num_warps, "packed" | "packed2" | "packed3"[, maxnreg[, options]]); "packed2":
+    the row-wise words stored from their own layout (V2); "packed3" (TC = 128 only): also the column
+    words, 4-byte stores without the shared-memory transpose (V3); options, comma-separated:
+    "inreg" (BLOCKWISE scales in registers, INREG), "diag<mask>" (timing only, DIAG)."""
     rows, cols = x.shape
     tr, tc, nw = cfg[:3]
     maxnreg = cfg[4] if len(cfg) > 4 else 0
@@ -489,8 +537,15 @@ def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> t
     s = torch.empty((n_sr, n_sc), dtype=sdt, device=dev)
     st = torch.empty((cols, n_str), dtype=sdt, device=dev)
     n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
+    opts = cfg[5].split(",") if len(cfg) > 5 and cfg[5] else []
+    unknown = [o for o in opts if o != "inreg" and not o.startswith("diag")]
+    if unknown:
+        raise ValueError(f"unknown pair-kernel options {unknown} in {cfg}")
+    inreg = "inreg" in opts
+    # "diag<mask>": timing only, outputs incomplete (see the kernel's DIAG)
+    diag = next((int(o[4:]) for o in opts if o.startswith("diag")), 0)
     n_prog = n_tr * n_tc
-    if row.mode == 0:
+    if row.mode == 0 and not inreg:
         scr = torch.empty((n_prog, tr * (tc // g) + (tr // g) * tc), dtype=torch.int32, device=dev)
     else:
         scr = s  # unused
@@ -500,7 +555,7 @@ def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> t
         xp.stride(0), cols // 4, n_sc, rows // 4, n_str,
         MODE=row.mode, FP8_MAX=fp8_max_of(out_dtype), EMAX=mx_emax_of(out_dtype), G=g,
         TR=tr, TC=tc, EVEN=rows % tr == 0 and cols % tc == 0, SOFT=is_interpreter(), V2=cfg[3] in ("packed2", "packed3"),
-        V3=cfg[3] == "packed3",
+        V3=cfg[3] == "packed3", INREG=inreg, DIAG=diag,
         num_warps=nw, **extra,
     )
     return q, s, qt, st
