@@ -2,7 +2,7 @@
 parts of its output left out (timing only: those outputs stay unwritten), next to a device copy
 of the same input in the same run.
 
-    PYTHONPATH=. python scripts/diag_quant_stages.py [--shape 16384x7168] [--mx] [--cfg 128 128 4]
+    PYTHONPATH=. python scripts/diag_quant_stages.py [--shape 16384x7168] [--mx] [--cfg 128 128 4] [--opts pk]
 
 Rows: full kernel, no scale stores (1), no column-wise copy (2), no row-wise copy (4), and
 combinations; each as ms and as the ratio of the *full* kernel's bytes to the device copy's rate,
@@ -28,6 +28,7 @@ def main() -> None:
     p.add_argument("--mx", action="store_true")
     p.add_argument("--cfg", nargs=3, type=int, default=None, help="TR TC num_warps")
     p.add_argument("--masks", nargs="+", type=int, default=[0, 1, 2, 4, 3, 5, 6, 7])
+    p.add_argument("--opts", default="", help="pair-kernel options added to each row, e.g. pk or inreg")
     args = p.parse_args()
     import triton
 
@@ -48,8 +49,8 @@ def main() -> None:
     copy_bw = 4 * x.numel() / t_copy / 1e6
     print(f"{'mode':<26} {'ms':>8} {'x copy (full bytes)':>20}   copy {copy_bw:.0f} GB/s, cfg {base}")
     for m in args.masks:
-        cfg = (*base, "packed2", 0, f"diag{m}")
-        if m == 0 or args.mx or not (m & 1):
+        cfg = (*base, "packed2", 0, ",".join(o for o in (args.opts, f"diag{m}") if o))
+        if m == 0 or args.mx or "inreg" in args.opts or not (m & 1):
             f = (lambda c=cfg: fp8_packed_with_trans_launch(x, e4, row, col, c))
         else:
             continue  # BLOCKWISE scale stores are not switchable (its scratch path)
