@@ -39,9 +39,9 @@ import triton.language as tl
 from primus_turbo.triton import is_interpreter
 
 from .quant_fp8_kernel import (
+    _block_scales,
     _fp8_codes,
     _fp32_scales,
-    _mx_scales,
     _tile_pid,
     fp8_max_of,
     mx_emax_of,
@@ -343,27 +343,16 @@ def _pair_tile(v0, v1, v2, v3, pid_r, pid_c, pid, q_ptr, s_ptr, qt_ptr, st_ptr, 
     lcol = (nr[:, None] * WB + wb[None, :]) * 4                      # [NR, WB] local column of j = 0
     sb = pid_r * NB + nb                                             # column-block index
     if MODE == 1 or INREG:
-        if MODE == 1:
-            mr0, sr0 = _mx_scales(ar0, EMAX)
-            mr1, sr1 = _mx_scales(ar1, EMAX)
-            mr2, sr2 = _mx_scales(ar2, EMAX)
-            mr3, sr3 = _mx_scales(ar3, EMAX)
-            mc0, sc0 = _mx_scales(ac0, EMAX)
-            mc1, sc1 = _mx_scales(ac1, EMAX)
-            mc2, sc2 = _mx_scales(ac2, EMAX)
-            mc3, sc3 = _mx_scales(ac3, EMAX)
-            sdt = tl.uint8
-        else:
-            # fp32 scales where the reduced amaxes live (no scratch round trip through L2)
-            mr0, sr0 = _fp32_scales(ar0, FP8_MAX)
-            mr1, sr1 = _fp32_scales(ar1, FP8_MAX)
-            mr2, sr2 = _fp32_scales(ar2, FP8_MAX)
-            mr3, sr3 = _fp32_scales(ar3, FP8_MAX)
-            mc0, sc0 = _fp32_scales(ac0, FP8_MAX)
-            mc1, sc1 = _fp32_scales(ac1, FP8_MAX)
-            mc2, sc2 = _fp32_scales(ac2, FP8_MAX)
-            mc3, sc3 = _fp32_scales(ac3, FP8_MAX)
-            sdt = tl.float32
+        # MX: E8M0 bytes; INREG: fp32 scales where the reduced amaxes live (no scratch round trip)
+        mr0, sr0 = _block_scales(ar0, MODE, FP8_MAX, EMAX)
+        mr1, sr1 = _block_scales(ar1, MODE, FP8_MAX, EMAX)
+        mr2, sr2 = _block_scales(ar2, MODE, FP8_MAX, EMAX)
+        mr3, sr3 = _block_scales(ar3, MODE, FP8_MAX, EMAX)
+        mc0, sc0 = _block_scales(ac0, MODE, FP8_MAX, EMAX)
+        mc1, sc1 = _block_scales(ac1, MODE, FP8_MAX, EMAX)
+        mc2, sc2 = _block_scales(ac2, MODE, FP8_MAX, EMAX)
+        mc3, sc3 = _block_scales(ac3, MODE, FP8_MAX, EMAX)
+        sdt = s_ptr.dtype.element_ty
         # scales: row-wise [rows, cols / G] bytes, column-wise [cols, rows / G] bytes
         r_row = pid_r * TR + 4 * li                                  # [NB, QB, 1]
         s_col = pid_c * NR + nr[None, None, :]
