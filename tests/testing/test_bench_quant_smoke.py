@@ -28,8 +28,17 @@ def test_bench_quantization_cpu_smoke(tmp_path):
         assert r["error"] is None, r
         assert r["ms"] > 0 and r["gbps"] > 0 and r["speedup"] > 0
         assert r["snr_db"] == "inf", r  # bit-exact against quant_ref
+        assert r["extra"]["timing"] == "do_bench"
         if r["impl"] != "device-copy":
             assert r["extra"]["mismatches"] == 0
     copy = next(r for r in doc["rows"] if r["impl"] == "device-copy")
     assert abs(copy["speedup"] - 1.0) < 1e-9
     assert (tmp_path / "quantization.md").exists()
+
+
+def test_bench_quantization_timing_flag(tmp_path):
+    """--timing graph is accepted and recorded (on CPU the perf_counter loop runs either way)."""
+    bench = importlib.import_module("benchmarks.bench_quantization")
+    args = bench.parse_args(["--timing", "graph", "--quick", "--cpu-smoke", "--out", str(tmp_path)])
+    assert args.timing == "graph"
+    assert bench.parse_args([]).timing == "do_bench"
