@@ -514,14 +514,17 @@ def _quant_mxfp4_packed_dual_kernel(
     rows, n_pairs, n_tiles_c,
     # row strides: x (pairs), p (words), s (bytes), pt (words: rows / 8), st (bytes)
     stride_x, stride_p, stride_s, stride_pt, stride_st,
-    TR: tl.constexpr, TC: tl.constexpr, EVEN: tl.constexpr, SOFT: tl.constexpr,
+    TR: tl.constexpr, TC: tl.constexpr, EVEN: tl.constexpr, SOFT: tl.constexpr, DIAG: tl.constexpr = 0,
 ):
     """``quantize_fp4_with_trans`` for bf16 from one read of a [TR, TC] tile, on bf16 pairs.
 
     As _quant_mxfp4_dual_kernel: eight row-interleaved eighths (rows 8i + k), each a [TR/8, TC/2]
     int32 tile; the row-wise copy per eighth; the column-wise words of rows 8i..8i+7 formed in
     registers (two per pair: its two columns), interleaved to [TR/8, TC], transposed through
-    shared memory and stored as rows of the transposed copy (int32 [cols, rows / 8])."""
+    shared memory and stored as rows of the transposed copy (int32 [cols, rows / 8]).
+
+    DIAG (timing only, scripts/diag_quant_stages.py --fp4): bit 2 leaves the column-wise copy out,
+    bit 4 the row-wise copy."""
     pid = tl.program_id(0)
     pid_r = pid // n_tiles_c
     pid_c = pid % n_tiles_c
@@ -533,39 +536,41 @@ def _quant_mxfp4_packed_dual_kernel(
     mask = None if EVEN else (i < rows // 8)[:, None] & (pc < n_pairs)[None, :]
     v0, v1, v2, v3 = _load4(base, stride_x, mask, EVEN)
     v4, v5, v6, v7 = _load4(base + 4 * stride_x, stride_x, mask, EVEN)
-    _packed_eighth(v0, 0, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
-    _packed_eighth(v1, 1, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
-    _packed_eighth(v2, 2, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
-    _packed_eighth(v3, 3, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
-    _packed_eighth(v4, 4, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
-    _packed_eighth(v5, 5, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
-    _packed_eighth(v6, 6, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
-    _packed_eighth(v7, 7, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
-    # column blocks: 32 rows = 4 octets x 8 eighths; |x| per half, max over the eighths in registers
-    a = _maxabs2(_maxabs2(_maxabs2(v0, v1, SOFT), _maxabs2(v2, v3, SOFT), SOFT),
-                 _maxabs2(_maxabs2(v4, v5, SOFT), _maxabs2(v6, v7, SOFT), SOFT), SOFT)
-    a = tl.reshape(a, (TE // 4, 4, TP))
-    blo = tl.max(a << 16, axis=1)  # fp32 bits of the low columns' amax
-    bhi = tl.max(a & -65536, axis=1)
-    mlo, bylo = _mx_scales(blo, 2)
-    mhi, byhi = _mx_scales(bhi, 2)
-    m2 = ((mlo.to(tl.int32, bitcast=True) >> 16) & 0xFFFF) | (mhi.to(tl.int32, bitcast=True) & -65536)
-    m2 = tl.reshape(tl.broadcast_to(m2[:, None, :], (TE // 4, 4, TP)), (TE, TP))
-    we, wo = _col_words(v0, v1, v2, v3, v4, v5, v6, v7, m2, SOFT)
-    w = tl.reshape(tl.join(we, wo), (TE, TC))  # column 2p + h
-    wt = tl.trans(w)  # [TC, TE]: row c of the transposed copy
-    c = pid_c * TC + tl.arange(0, TC)
-    c64 = c.to(tl.int64)
-    byte = tl.reshape(tl.join(bylo, byhi), (TE // 4, TC)).to(tl.uint8)
-    sb = pid_r * (TR // 32) + tl.arange(0, TR // 32)
-    if EVEN:
-        tl.store(pt_ptr + c64[:, None] * stride_pt + i[None, :], wt)
-        tl.store(st_ptr + c64[None, :] * stride_st + sb[:, None], byte)
-    else:
-        tmask = (c < 2 * n_pairs)[:, None] & (i < rows // 8)[None, :]
-        tl.store(pt_ptr + c64[:, None] * stride_pt + i[None, :], wt, mask=tmask)
-        tl.store(st_ptr + c64[None, :] * stride_st + sb[:, None], byte,
-                 mask=(sb < rows // 32)[:, None] & (c < 2 * n_pairs)[None, :])
+    if (DIAG & 4) == 0:
+        _packed_eighth(v0, 0, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
+        _packed_eighth(v1, 1, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
+        _packed_eighth(v2, 2, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
+        _packed_eighth(v3, 3, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
+        _packed_eighth(v4, 4, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
+        _packed_eighth(v5, 5, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
+        _packed_eighth(v6, 6, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
+        _packed_eighth(v7, 7, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
+    if (DIAG & 2) == 0:
+        # column blocks: 32 rows = 4 octets x 8 eighths; |x| per half, max over the eighths in registers
+        a = _maxabs2(_maxabs2(_maxabs2(v0, v1, SOFT), _maxabs2(v2, v3, SOFT), SOFT),
+                     _maxabs2(_maxabs2(v4, v5, SOFT), _maxabs2(v6, v7, SOFT), SOFT), SOFT)
+        a = tl.reshape(a, (TE // 4, 4, TP))
+        blo = tl.max(a << 16, axis=1)  # fp32 bits of the low columns' amax
+        bhi = tl.max(a & -65536, axis=1)
+        mlo, bylo = _mx_scales(blo, 2)
+        mhi, byhi = _mx_scales(bhi, 2)
+        m2 = ((mlo.to(tl.int32, bitcast=True) >> 16) & 0xFFFF) | (mhi.to(tl.int32, bitcast=True) & -65536)
+        m2 = tl.reshape(tl.broadcast_to(m2[:, None, :], (TE // 4, 4, TP)), (TE, TP))
+        we, wo = _col_words(v0, v1, v2, v3, v4, v5, v6, v7, m2, SOFT)
+        w = tl.reshape(tl.join(we, wo), (TE, TC))  # column 2p + h
+        wt = tl.trans(w)  # [TC, TE]: row c of the transposed copy
+        c = pid_c * TC + tl.arange(0, TC)
+        c64 = c.to(tl.int64)
+        byte = tl.reshape(tl.join(bylo, byhi), (TE // 4, TC)).to(tl.uint8)
+        sb = pid_r * (TR // 32) + tl.arange(0, TR // 32)
+        if EVEN:
+            tl.store(pt_ptr + c64[:, None] * stride_pt + i[None, :], wt)
+            tl.store(st_ptr + c64[None, :] * stride_st + sb[:, None], byte)
+        else:
+            tmask = (c < 2 * n_pairs)[:, None] & (i < rows // 8)[None, :]
+            tl.store(pt_ptr + c64[:, None] * stride_pt + i[None, :], wt, mask=tmask)
+            tl.store(st_ptr + c64[None, :] * stride_st + sb[:, None], byte,
+                     mask=(sb < rows // 32)[:, None] & (c < 2 * n_pairs)[None, :])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -600,7 +605,9 @@ def fp4_packed_launch(x: torch.Tensor, cfg) -> tuple:
 
 def fp4_packed_with_trans_launch(x: torch.Tensor, cfg) -> tuple:
     """``quantize_fp4_with_trans`` of a bf16 x (rows, cols % 32 == 0): ``(p, s, pt, st)``.
-    ``cfg`` = (TR, TC, num_warps[, maxnreg]) with TR, TC multiples of 32."""
+    ``cfg`` = (TR, TC, num_warps[, maxnreg[, "diag<mask>"]]) with TR, TC multiples of 32; "diag<mask>"
+    is for timing only (outputs incomplete, the kernel's DIAG)."""
+    diag = int(cfg[4][4:]) if len(cfg) > 4 and str(cfg[4]).startswith("diag") else 0
     rows, cols = x.shape
     tr, tc, nw = cfg[:3]
     extra = {"maxnreg": cfg[3]} if len(cfg) > 3 and isinstance(cfg[3], int) and cfg[3] and not is_interpreter() \
@@ -615,6 +622,7 @@ def fp4_packed_with_trans_launch(x: torch.Tensor, cfg) -> tuple:
     _quant_mxfp4_packed_dual_kernel[(n_tr * n_tc,)](
         xp, p.view(torch.int32), s, pt.view(torch.int32), st, rows, cols // 2, n_tc,
         cols // 2, cols // 8, cols // 32, rows // 8, rows // 32,
-        TR=tr, TC=tc, EVEN=rows % tr == 0 and cols % tc == 0, SOFT=is_interpreter(), num_warps=nw, **extra,
+        TR=tr, TC=tc, EVEN=rows % tr == 0 and cols % tc == 0, SOFT=is_interpreter(), DIAG=diag, num_warps=nw,
+        **extra,
     )
     return p, s, pt, st
