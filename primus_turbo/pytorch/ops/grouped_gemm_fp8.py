@@ -52,6 +52,7 @@ from ..backends.grouped_gemm_fp8 import (
     padded_group_layout,
 )
 from ..core.backend import PrecisionType
+from ..core.env import env_auto_flag
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingRecipe
 from .gemm import _megatron_dummy_wgrad, check_main_grad
 from .gemm_fp8 import _is_prequantized
@@ -198,6 +199,14 @@ def _quant_weight(w: torch.Tensor, dtype, gran: str, bs: int):
     return _quantize_fp8_blocks_batched(w, dtype, bs)
 
 
+def _weight_one_read(w: torch.Tensor) -> bool:
+    """Form the BLOCKWISE forward and grad_input weight copies in one launch?
+    (PRIMUS_TURBO_FP8_WEIGHT_ONE_READ, docs/env_vars.md; auto: on the CPU interpreter, not on CUDA
+    until the kernel has run there.)"""
+    choice = env_auto_flag("PRIMUS_TURBO_FP8_WEIGHT_ONE_READ")
+    return (not w.is_cuda) if choice is None else choice
+
+
 def _weight_copies(b: torch.Tensor, trans_b: bool, dtype, gran: str, bs: int, need_fwd: bool, need_dgrad: bool):
     """(forward copy [G, N, K], dgrad copy [G, K, N]) as (q, scale) pairs, None where not needed."""
     if gran == _MX:
@@ -208,6 +217,13 @@ def _weight_copies(b: torch.Tensor, trans_b: bool, dtype, gran: str, bs: int, ne
         dgr = _quant_weight(w_nk.transpose(1, 2), dtype, gran, bs) if need_dgrad else None
         return fwd, dgr
     # TENSORWISE / BLOCKWISE (bs x bs tiles): one quantization serves both orientations
+    if gran == "BLOCKWISE" and need_dgrad and w_nk.shape[1] % 4 == 0 and _weight_one_read(w_nk):
+        # both copies from one read of the weights in one launch (4 bytes moved per weight element
+        # against 5 for quantize-then-transpose, one launch fewer)
+        from .quantization import _quantize_fp8_blocks_batched_t  # a sibling module: imported late
+
+        q, s, qt = _quantize_fp8_blocks_batched_t(w_nk, dtype, bs)
+        return ((q, s) if need_fwd else None), (qt, s.transpose(1, 2))
     q, s = _quant_weight(w_nk, dtype, gran, bs)
     dgr = None
     if need_dgrad:

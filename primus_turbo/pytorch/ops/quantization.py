@@ -283,6 +283,39 @@ def _quantize_fp8_blocks_batched(x: torch.Tensor, out_dtype: torch.dtype, block_
                  x, out_dtype, block_size)
 
 
+def _quantize_fp8_blocks_batched_t_eager(x: torch.Tensor, out_dtype: torch.dtype, block_size: int
+                                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if x.numel() == 0 or quant_backend(x) == "reference":
+        q, s = _quantize_fp8_blocks_batched_eager(x, out_dtype, block_size)
+        return q, s, q.transpose(1, 2).contiguous()
+    from primus_turbo.triton.quantization import fp8_quant_batched_launch
+
+    return fp8_quant_batched_launch(x, out_dtype, _grouping(_G.BLOCKWISE, block_size, block_size), with_trans=True)
+
+
+quantize_fp8_blocks_batched_t_impl = torch.library.custom_op(
+    "primus_turbo::quantize_fp8_blocks_batched_t_impl", _quantize_fp8_blocks_batched_t_eager, mutates_args=()
+)
+
+
+@quantize_fp8_blocks_batched_t_impl.register_fake
+def _quantize_fp8_blocks_batched_t_fake(x, out_dtype, block_size):
+    nb, rows, cols = x.shape
+    return (x.new_empty(tuple(x.shape), dtype=out_dtype),
+            x.new_empty((nb, -(-rows // block_size), -(-cols // block_size)), dtype=torch.float32),
+            x.new_empty((nb, cols, rows), dtype=out_dtype))
+
+
+def _quantize_fp8_blocks_batched_t(x: torch.Tensor, out_dtype: torch.dtype, block_size: int
+                                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_quantize_fp8_blocks_batched` plus each matrix's codes transposed, ``qt [B, C, R]``
+    (``q.transpose(1, 2)`` bit for bit; its scales are ``scale.transpose(1, 2)``, the b x b blocks
+    transposing with the matrix), from one read of ``x`` in one launch: the forward and
+    grad_input copies of grouped-GEMM expert weights. Needs R % 4 == 0 (validated by the caller)."""
+    return _call(torch.ops.primus_turbo.quantize_fp8_blocks_batched_t_impl, _quantize_fp8_blocks_batched_t_eager,
+                 x, out_dtype, block_size)
+
+
 def _with_trans_shapes(rows, cols, g, b, use_2d, use_2d_t):
     br, bc = _block(g, b, -1, use_2d, rows, cols)
     tbr, tbc = _block(g, b, 0, use_2d_t, rows, cols)  # column copy's blocks, in x's coordinates

@@ -319,12 +319,21 @@ def _quant_fp8_tile_batched_kernel(
     # meta-parameters
     FP8_MAX: tl.constexpr, EMAX: tl.constexpr, MODE: tl.constexpr, GR: tl.constexpr, GC: tl.constexpr,
     TR: tl.constexpr, TC: tl.constexpr, IS_E4M3: tl.constexpr, SOFT: tl.constexpr,
+    # HAS_T: also each matrix's codes transposed, as int32 words qt [B, cols, rows / 4] (rows % 4 == 0)
+    qt_ptr=None, HAS_T: tl.constexpr = False,
 ):
-    """``_quant_fp8_tile_kernel`` (one grouping, no second copy) over a batch of matrices in one
-    launch: program (pid, b) runs tile ``pid`` of matrix ``b`` exactly as the 2-D kernel runs it on
-    matrix ``b`` alone (its rows masked against ``rows``, so a block never straddles two matrices
-    and the last block row covers ``rows % GR`` rows): the same codes and scales, bit for bit.
-    Used for the b x b weight blocks of grouped GEMMs whose rows per expert are not a multiple of b."""
+    """``_quant_fp8_tile_kernel`` (one grouping) over a batch of matrices in one launch: program
+    (pid, b) runs tile ``pid`` of matrix ``b`` exactly as the 2-D kernel runs it on matrix ``b``
+    alone (its rows masked against ``rows``, so a block never straddles two matrices and the last
+    block row covers ``rows % GR`` rows): the same codes and scales, bit for bit. Used for the b x b
+    weight blocks of grouped GEMMs.
+
+    HAS_T (b x b blocks, whose scale grid transposes with the matrix): the tile's codes also stored
+    transposed, the grad_input copy of the weights, from the same read. The codes of rows 4i..4i+3
+    are packed into one int32 word before the transpose, so only 32-bit values change layout: a
+    transpose of the 8-bit codes themselves (also when widened first, the compiler moves the
+    layout conversion back onto the 8-bit tensor) wrote wrong bytes on sm_90 with Triton 3.6
+    wherever the stores were vectorized."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     pid_r = pid // n_tiles_c
@@ -338,6 +347,13 @@ def _quant_fp8_tile_batched_kernel(
     y, s = _quantize_groups(x, s_ptr, MODE, FP8_MAX, EMAX, TR, TC, GR, GC)
     _store_tile(q_ptr + b * stride_qb, s_ptr + b * stride_sb, y, s, pid, offs_r, offs_c, mask, rows, cols,
                 cols, 1, n_sc, 1, n_sr, n_sc, MODE, TR, TC, GR, GC, pid_r, pid_c, IS_E4M3, SOFT)
+    if HAS_T:
+        # (the codes again: the same instructions on the same values, shared by the compiler)
+        c4 = tl.reshape(_fp8_bits(y, IS_E4M3, SOFT).to(tl.int32), (TR // 4, 4, TC))
+        w = tl.sum(c4 << (8 * tl.arange(0, 4))[None, :, None], axis=1)  # bytes of rows 4i..4i+3
+        wr = pid_r * (TR // 4) + tl.arange(0, TR // 4)
+        qt_ptrs = qt_ptr + b * (stride_qb // 4) + offs_c.to(tl.int64)[:, None] * (rows // 4) + wr[None, :]
+        tl.store(qt_ptrs, tl.trans(w), mask=(offs_c < cols)[:, None] & (wr < rows // 4)[None, :])
 
 
 @triton.jit
@@ -919,35 +935,50 @@ def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGro
 _MAX_GRID_Y = 65535
 
 
-def fp8_quant_batched_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGrouping):
+def fp8_quant_batched_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGrouping,
+                             with_trans: bool = False):
     """Quantize each matrix of a 3-D ``x [B, rows, cols]`` with one grouping (fp32 BLOCKWISE or MX,
     blocks that fit one tile) in one launch, bit-identical to :func:`fp8_quant_launch` on every
     ``x[b]`` followed by ``torch.stack``: blocks never straddle two matrices, whatever ``rows``.
-    Returns ``(q [B, rows, cols], scale [B, n_sr, n_sc])``. ``x`` may have any strides (a
-    contiguous ``x`` reads fastest). The launch geometry per matrix is :func:`fp8_quant_launch`'s."""
+    Returns ``(q [B, rows, cols], scale [B, n_sr, n_sc])``; with ``with_trans`` (square fp32 blocks,
+    whose grid transposes with the matrix; rows % 4 == 0) also ``qt [B, cols, rows]``, each
+    matrix's codes transposed (``q.transpose(1, 2)`` bit for bit), from the same read. ``x`` may
+    have any strides (a contiguous ``x`` reads fastest). The launch geometry per matrix is
+    :func:`fp8_quant_launch`'s."""
     if x.dim() != 3:
         raise ValueError(f"fp8_quant_batched_launch: expected a 3-D tensor, got shape {tuple(x.shape)}")
     if grouping.mode == _MODE_TENSOR or not _fits_tile(grouping):
         raise ValueError(f"fp8_quant_batched_launch: {grouping} needs blocks that fit one tile (not "
                          "TENSORWISE, not a long ROWWISE row)")
     nb, rows, cols = x.shape
+    if with_trans and (grouping.mode != _MODE_FP32 or grouping.gr != grouping.gc or rows % 4):
+        raise ValueError(f"fp8_quant_batched_launch: the transposed copy needs square fp32 blocks and rows % 4 == 0, "
+                         f"got {grouping} and rows={rows}")
     gr, gc, tr, tc, nw, n_prog, n_tc, n_sr, n_sc = _single_plan(rows, cols, grouping)
+    if with_trans:
+        # the word-packed transposed copy next to the fp32 tile: 8 warps keep it at 3 programs
+        # per SM (sm_90 compile: 4 warps need 254 registers, 2 programs)
+        nw = max(nw, 8)
     q = torch.empty((nb, rows, cols), dtype=out_dtype, device=x.device)
+    qt = torch.empty((nb, cols, rows), dtype=out_dtype, device=x.device) if with_trans else None
     s = torch.empty((nb, n_sr, n_sc), dtype=torch.uint8 if grouping.mode == _MODE_MX else torch.float32,
                     device=x.device)
     if q.numel() == 0:
-        return q, s
+        return (q, s, qt) if with_trans else (q, s)
     q8 = q.view(torch.uint8)
+    qt32 = qt.view(torch.uint8).view(torch.int32) if with_trans else None
     for b0 in range(0, nb, _MAX_GRID_Y):  # one launch for any realistic batch (<= 65535 matrices)
         xs, qs, ss = (x, q8, s) if b0 == 0 else (x[b0:], q8[b0:], s[b0:])
+        qts = None if qt32 is None else qt32[b0:]
         _quant_fp8_tile_batched_kernel[(n_prog, min(_MAX_GRID_Y, nb - b0))](
             xs, qs, ss, rows, cols, n_tc,
             x.stride(0), x.stride(1), x.stride(2), rows * cols, n_sr * n_sc,
             n_sr, n_sc,
             FP8_MAX=fp8_max_of(out_dtype), EMAX=mx_emax_of(out_dtype), MODE=grouping.mode, GR=gr, GC=gc,
-            TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
+            TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(),
+            qt_ptr=qts, HAS_T=with_trans, num_warps=nw,
         )
-    return q, s
+    return (q, s, qt) if with_trans else (q, s)
 
 
 def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: QuantGrouping, col: QuantGrouping,

@@ -305,10 +305,20 @@ def test_blockwise_weight_quantization_one_launch(r, c, bs, device, monkeypatch)
     assert q.shape == (G, r, c) and s.shape == (G, -(-r // bs), -(-c // bs))
     assert torch.equal(q.view(torch.uint8), torch.stack([p[0] for p in per]).view(torch.uint8))
     assert torch.equal(s, torch.stack([p[1] for p in per]))
-    fwd, dgr = ops._weight_copies(w, True, torch.float8_e4m3fn, "BLOCKWISE", bs, True, True)
-    assert torch.equal(fwd[0].view(torch.uint8), q.view(torch.uint8))
-    assert torch.equal(dgr[0].view(torch.uint8), q.view(torch.uint8).transpose(1, 2))
-    assert torch.equal(dgr[1], s.transpose(1, 2))
+    for one_read in ("0", "1"):  # quantize then byte-transpose / both copies from one launch
+        monkeypatch.setenv("PRIMUS_TURBO_FP8_WEIGHT_ONE_READ", one_read)
+        launches.clear()
+        for name in [n for n in vars(F8) if n.endswith("_kernel")]:
+            monkeypatch.setattr(F8, name, _Count(name, getattr(F8, name)))
+        fwd, dgr = ops._weight_copies(w, True, torch.float8_e4m3fn, "BLOCKWISE", bs, True, True)
+        if one_read == "1":
+            assert [n for n, _ in launches] == ["_quant_fp8_tile_batched_kernel"]
+        else:
+            assert len(launches) == 2 and launches[-1][0] == "_transpose_bytes_kernel", launches
+        monkeypatch.undo()
+        assert torch.equal(fwd[0].view(torch.uint8), q.view(torch.uint8)), one_read
+        assert torch.equal(dgr[0].view(torch.uint8), q.view(torch.uint8).transpose(1, 2)), one_read
+        assert torch.equal(dgr[1], s.transpose(1, 2)), one_read
     assert s[1, -1, 0] == 1.0  # the zero block
     fwd_nn, _ = ops._weight_copies(w.transpose(1, 2).contiguous(), False, torch.float8_e4m3fn, "BLOCKWISE", bs, True,
                                    False)  # the [G, K, N] layout: its [G, N, K] view quantized

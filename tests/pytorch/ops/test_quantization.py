@@ -968,6 +968,32 @@ def test_blocks_batched_matches_per_matrix(nb, r, c, bs, device):
             assert s[0, nr - 1, 0] == 1.0 and (nb == 1 or bool((s[1:, 0, 0] == 1.0).all()))
 
 
+@pytest.mark.parametrize("nb, r, c", [(1, 200, 128), (3, 132, 200), (2, 320, 384), (3, 64, 136), (2, 256, 96)])
+def test_blocks_batched_with_trans(nb, r, c, device):
+    """The transposed codes from the same launch equal the forward codes transposed, bit for bit,
+    and the forward copy and scales equal the one-copy launch's (R a multiple of 4 and of 16 or
+    not, ragged C, zero blocks, a strided input)."""
+    for i, (in_dtype, out_dtype) in enumerate([(torch.bfloat16, E4M3), (torch.float32, E5M2)]):
+        w = _expert_weights(nb, r, c, in_dtype, device, seed=97 * r + c + i)
+        q0, s0 = Q._quantize_fp8_blocks_batched(w, out_dtype, 128)
+        q, s, qt = Q._quantize_fp8_blocks_batched_t(w, out_dtype, 128)
+        assert qt.shape == (nb, c, r) and qt.dtype == out_dtype and qt.is_contiguous()
+        assert_bits_equal(q, q0)
+        assert_bits_equal(s, s0)
+        assert_bits_equal(qt, q0.transpose(1, 2).contiguous())
+        # the [G, K, N] weights seen as [G, N, K]: a strided view reads the same values
+        _, _, qt2 = Q._quantize_fp8_blocks_batched_t(w.transpose(1, 2).contiguous().transpose(1, 2), out_dtype, 128)
+        assert_bits_equal(qt2, qt)
+    from primus_turbo.triton.quantization import QuantGrouping, fp8_quant_batched_launch
+
+    with pytest.raises(ValueError, match="square fp32 blocks"):
+        fp8_quant_batched_launch(w, E4M3, QuantGrouping(1, 1, 32), with_trans=True)
+    with pytest.raises(ValueError, match="rows % 4"):
+        fp8_quant_batched_launch(w[:, :r - 2], E4M3, QuantGrouping(0, 128, 128), with_trans=True)
+    qe, se, qte = Q._quantize_fp8_blocks_batched_t(torch.empty((2, 0, 128), device=device), E4M3, 128)
+    assert qe.shape == (2, 0, 128) and qte.shape == (2, 128, 0) and se.shape == (2, 0, 1)
+
+
 def test_blocks_batched_launcher_strides_empty_and_reference(device, monkeypatch):
     from primus_turbo.triton.quantization import QuantGrouping, fp8_quant_batched_launch
 
