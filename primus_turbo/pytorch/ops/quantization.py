@@ -301,8 +301,7 @@ quantize_fp8_blocks_batched_t_impl = torch.library.custom_op(
 @quantize_fp8_blocks_batched_t_impl.register_fake
 def _quantize_fp8_blocks_batched_t_fake(x, out_dtype, block_size):
     nb, rows, cols = x.shape
-    return (x.new_empty(tuple(x.shape), dtype=out_dtype),
-            x.new_empty((nb, -(-rows // block_size), -(-cols // block_size)), dtype=torch.float32),
+    return (*_quantize_fp8_blocks_batched_fake(x, out_dtype, block_size),
             x.new_empty((nb, cols, rows), dtype=out_dtype))
 
 

@@ -1031,3 +1031,9 @@ def test_blocks_batched_torch_compile(device):
     q2, s2 = Q._quantize_fp8_blocks_batched(w, E4M3, 128)
     assert_bits_equal(q, q2)
     assert_bits_equal(s, s2)
+    compiled_t = torch.compile(lambda t: Q._quantize_fp8_blocks_batched_t(t, E4M3, 128), fullgraph=True,
+                               backend="aot_eager")
+    q3, s3, qt3 = compiled_t(w)
+    assert_bits_equal(q3, q2)
+    assert_bits_equal(s3, s2)
+    assert_bits_equal(qt3, q2.transpose(1, 2).contiguous())
