@@ -28,9 +28,10 @@ def main() -> None:
     p.add_argument("--shape", default="16384x7168")
     p.add_argument("--mx", action="store_true")
     p.add_argument("--fp4", action="store_true", help="the MXFP4 two-copy pair kernel instead")
-    p.add_argument("--cfg", nargs=3, type=int, default=None, help="TR TC num_warps")
+    p.add_argument("--cfg", nargs=3, type=int, default=None,
+                   help="TR TC num_warps (default: the default configuration, its options included)")
     p.add_argument("--masks", nargs="+", type=int, default=[0, 1, 2, 4, 3, 5, 6, 7])
-    p.add_argument("--opts", default="", help="pair-kernel options added to each row, e.g. pk or inreg")
+    p.add_argument("--opts", default="", help="pair-kernel options added to each row, e.g. inreg")
     args = p.parse_args()
     import triton
 
@@ -47,15 +48,20 @@ def main() -> None:
         row, col = F8.QuantGrouping(1, 1, 32), F8.QuantGrouping(1, 32, 1)
     else:
         row, col = F8.QuantGrouping(0, 1, 128), F8.QuantGrouping(0, 128, 1)
-    base = tuple(args.cfg) if args.cfg else F8.packed_with_trans_config(row)[:3]
+    if args.cfg:  # a tile of the pair kernel without register cap or options
+        base, extra_opts = (*args.cfg, "packed2", 0), []
+    else:  # the default configuration, options included (BLOCKWISE: "inreg")
+        dflt = tuple(F8.packed_with_trans_config(row)) + (0, "")
+        base, extra_opts = dflt[:5], [o for o in dflt[5].split(",") if o]
+    opts = extra_opts + [o for o in args.opts.split(",") if o and o not in extra_opts]
     e4 = torch.float8_e4m3fn
     nbytes = x.numel() * 2 + 2 * x.numel() + 2 * (rows * cols // (32 if args.mx else 128)) * (1 if args.mx else 4)
     t_copy = triton.testing.do_bench(lambda: y.copy_(x), warmup=25, rep=100)
     copy_bw = 4 * x.numel() / t_copy / 1e6
     print(f"{'mode':<26} {'ms':>8} {'x copy (full bytes)':>20}   copy {copy_bw:.0f} GB/s, cfg {base}")
     for m in args.masks:
-        cfg = (*base, "packed2", 0, ",".join(o for o in (args.opts, f"diag{m}") if o))
-        if m == 0 or args.mx or "inreg" in args.opts or not (m & 1):
+        cfg = (*base, ",".join(opts + [f"diag{m}"]))
+        if m == 0 or args.mx or "inreg" in opts or not (m & 1):
             f = (lambda c=cfg: fp8_packed_with_trans_launch(x, e4, row, col, c))
         else:
             continue  # BLOCKWISE scale stores are not switchable (its scratch path)
