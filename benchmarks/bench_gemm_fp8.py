@@ -128,12 +128,24 @@ def _fwd_impls(names: Sequence[str], gran: str) -> list[tuple[str, Optional[str]
     return out
 
 
-def _time_interleaved(steps: dict[int, tuple[Callable, Optional[str]]], warmup_ms, rep_ms, grads=None):
-    """Median of the per-round medians of each step (steps: key -> (fn, backend pin or None))."""
+def _time_interleaved(steps: dict[int, tuple[Callable, Optional[str]]], warmup_ms, rep_ms, grads=None,
+                      per_round: Optional[dict] = None):
+    """Median of the per-round medians of each step (steps: key -> (fn, backend pin or None));
+    ``per_round``, when given, receives each step's list of round medians."""
     times, errors = time_interleaved(
         {i: (fn, (lambda p=pin: _pin(p))) for i, (fn, pin) in steps.items()}, _rounds, warmup_ms, rep_ms, grads
     )
+    if per_round is not None:
+        per_round.update(times)
     return {i: statistics.median(ts) for i, ts in times.items()}, errors
+
+
+def paired_speedup(peer: Sequence[float], own: Sequence[float]) -> Optional[float]:
+    """Median over rounds of peer / own, each pair timed back to back in one round: drift in
+    clocks or temperature between rounds cancels, which the ratio of the two medians keeps (two
+    identical kernels read 0.98-1.02 per row that way)."""
+    pairs = [p / o for p, o in zip(peer, own) if o > 0]
+    return float(statistics.median(pairs)) if pairs else None
 
 
 def run_fwd_case(case, impl_names, grans, device, warmup_ms, rep_ms, log) -> list[Row]:
@@ -193,8 +205,9 @@ def run_fwd_case(case, impl_names, grans, device, warmup_ms, rep_ms, log) -> lis
                 row.error = _error_text(exc)
                 if os.environ.get("PRIMUS_TURBO_BENCH_TRACEBACK"):
                     traceback.print_exc()
-        times, errors = _time_interleaved(steps, warmup_ms, rep_ms)
-        peer_ms = None
+        rounds: dict = {}
+        times, errors = _time_interleaved(steps, warmup_ms, rep_ms, per_round=rounds)
+        peer_ms, peer_i = None, None
         for i, row in enumerate(mode_rows):
             if i in errors:
                 row.error = errors[i]
@@ -204,9 +217,11 @@ def run_fwd_case(case, impl_names, grans, device, warmup_ms, rep_ms, log) -> lis
                 if bf16_ms:
                     row.extra["speedup_vs_bf16"] = bf16_ms / row.ms
                 if impls[i][0] == "scaled_mm":
-                    peer_ms = row.ms
-        for row in mode_rows:
+                    peer_ms, peer_i = row.ms, i
+        for i, row in enumerate(mode_rows):
             row.baseline_ms = bf16_ms if row.baseline == "cublas" else peer_ms
+            if row.baseline == "scaled_mm" and peer_i in rounds and i in rounds:
+                row.extra["paired_speedup"] = paired_speedup(rounds[peer_i], rounds[i])
             rows.append(row.finalize())
             log(row)
         del a_q, sa, w_q, sw, deq_a, deq_w
@@ -303,6 +318,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--timing", choices=("do_bench", "graph"), default="do_bench",
                    help="do_bench (host time included where it shows) or graph (device time alone, CUDA-graph "
                         "replay with L2 flushed per call; fwd mode only)")
+    p.add_argument("--rounds", type=int, default=None, help=f"interleaved timing rounds (default {ROUNDS}; 1 with --cpu-smoke)")
     p.add_argument("--warmup-ms", type=float, default=None)
     p.add_argument("--rep-ms", type=float, default=None)
     args, _unknown = p.parse_known_args(argv)
@@ -320,7 +336,7 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
         fix_bf16_dot()  # MX runs a bf16 dot: wrong under the interpreter without it
         print("bench_gemm_fp8: --cpu-smoke on CPU checks that everything runs; timings mean nothing.")
     global _rounds
-    _rounds = 1 if args.cpu_smoke else ROUNDS
+    _rounds = args.rounds if args.rounds else (1 if args.cpu_smoke else ROUNDS)
     device = torch.device("cuda" if has_cuda else "cpu")
     models = list(args.models or (QUICK_MODELS if args.quick else MODELS))
     ms = list(args.m or (QUICK_M if args.quick else DEFAULT_M))
@@ -355,6 +371,13 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
         for case in cases:
             rows.extend(run_linear_case(case, impls, device, warmup_ms, rep_ms, _print_row))
     path = finish_run(rows, out_dir, RESULT_NAME)
+    paired = {}
+    for r in rows:
+        if r.extra.get("paired_speedup") is not None:
+            paired.setdefault((r.op, r.impl), []).append(r.extra["paired_speedup"])
+    for (op, impl), v in sorted(paired.items()):
+        print(f"paired speedup vs scaled_mm (median over rounds of the back-to-back ratio): {op} {impl}: "
+              f"min {min(v):.3f} max {max(v):.3f} over {len(v)} rows", flush=True)
     return path, rows
 
 

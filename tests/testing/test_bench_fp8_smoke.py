@@ -60,5 +60,18 @@ def test_bench_gemm_fp8_cpu_smoke(tmp_path):
     assert lin["extra"]["quantization"] == "included"
     assert float(lin["extra"]["snr_grad_a_db"]) > 20 and float(lin["extra"]["snr_grad_w_db"]) > 20
     assert by[("fp8_fwd_tensorwise", "turbo-triton")]["extra"]["quantization"].startswith("excluded")
+    # the back-to-back ratio against _scaled_mm on its rows only
+    assert by[("fp8_fwd_rowwise", "turbo-default")]["extra"]["paired_speedup"] > 0
+    assert "paired_speedup" not in by[("fp8_fwd_blockwise", "turbo-triton")]["extra"]
     md = (tmp_path / "gemm_fp8.md").read_text()
     assert "## Geomean speedup" in md
+
+
+def test_paired_speedup_cancels_drift():
+    bench = importlib.import_module("benchmarks.bench_gemm_fp8")
+    # the same kernel under a clock that drifts between rounds: each back-to-back pair reads 1.0
+    peer = [1.00, 1.04, 0.96, 1.02, 0.98]
+    own = [1.00, 1.04, 0.96, 1.02, 0.98]
+    assert bench.paired_speedup(peer, own) == 1.0
+    assert bench.paired_speedup([2.0, 3.0, 4.0], [1.0, 1.0, 1.0]) == 3.0
+    assert bench.paired_speedup([], []) is None

@@ -115,9 +115,9 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
     "PRIMUS_TURBO_FP8_WEIGHT_ONE_READ": (
         "auto",
-        "grouped_gemm_fp8 BLOCKWISE expert weights: 1 the forward copy and the transposed grad_input copy from "
-        "one read in one launch (rows per expert % 4 == 0), 0 quantize then byte-transpose the codes; auto: one "
-        "launch on CPU (interpreter), two on CUDA until the one-launch kernel is validated on the GPU.",
+        "grouped_gemm_fp8 BLOCKWISE expert weights: 1 / auto the forward copy and the transposed grad_input copy "
+        "in one launch where the kernel can (128 x 128 blocks, rows per expert % 4 == 0), 0 quantize then "
+        "byte-transpose the codes.",
     ),
     "PRIMUS_TURBO_PRINT_CONFIGS": ("0", "1: log the kernel config chosen for each new shape (INFO level)."),
 }

@@ -199,12 +199,11 @@ def _quant_weight(w: torch.Tensor, dtype, gran: str, bs: int):
     return _quantize_fp8_blocks_batched(w, dtype, bs)
 
 
-def _weight_one_read(w: torch.Tensor) -> bool:
-    """Form the BLOCKWISE forward and grad_input weight copies in one launch?
-    (PRIMUS_TURBO_FP8_WEIGHT_ONE_READ, docs/env_vars.md; auto: on the CPU interpreter, not on CUDA
-    until the kernel has run there.)"""
-    choice = env_auto_flag("PRIMUS_TURBO_FP8_WEIGHT_ONE_READ")
-    return (not w.is_cuda) if choice is None else choice
+def _weight_one_read(w_nk: torch.Tensor, bs: int) -> bool:
+    """Form the BLOCKWISE forward and grad_input copies of ``w_nk [G, N, K]`` in one launch?
+    Where the kernel can (128 x 128 blocks, N % 4 == 0: the kernel module's ``batched_trans_ok``)
+    and PRIMUS_TURBO_FP8_WEIGHT_ONE_READ (docs/env_vars.md) does not say no (auto: yes)."""
+    return bs == 128 and w_nk.shape[1] % 4 == 0 and env_auto_flag("PRIMUS_TURBO_FP8_WEIGHT_ONE_READ") is not False
 
 
 def _weight_copies(b: torch.Tensor, trans_b: bool, dtype, gran: str, bs: int, need_fwd: bool, need_dgrad: bool):
@@ -217,9 +216,9 @@ def _weight_copies(b: torch.Tensor, trans_b: bool, dtype, gran: str, bs: int, ne
         dgr = _quant_weight(w_nk.transpose(1, 2), dtype, gran, bs) if need_dgrad else None
         return fwd, dgr
     # TENSORWISE / BLOCKWISE (bs x bs tiles): one quantization serves both orientations
-    if gran == "BLOCKWISE" and need_dgrad and w_nk.shape[1] % 4 == 0 and _weight_one_read(w_nk):
-        # both copies from one read of the weights in one launch (4 bytes moved per weight element
-        # against 5 for quantize-then-transpose, one launch fewer)
+    if gran == "BLOCKWISE" and need_dgrad and _weight_one_read(w_nk, bs):
+        # both copies in one launch: 4 bytes per weight element from DRAM against 5 for
+        # quantize-then-transpose, one launch fewer (H200, Mixtral experts: ~0.96x the time)
         from .quantization import _quantize_fp8_blocks_batched_t  # a sibling module: imported late
 
         q, s, qt = _quantize_fp8_blocks_batched_t(w_nk, dtype, bs)

@@ -11,6 +11,7 @@ if triton_available():
     from .quant_fp4_kernel import fp4_dequant_launch, fp4_quant_launch  # noqa: F401
     from .quant_fp8_kernel import (  # noqa: F401
         QuantGrouping,
+        batched_trans_ok,
         fp8_dequant_launch,
         fp8_quant_batched_launch,
         fp8_quant_launch,
@@ -22,6 +23,7 @@ if triton_available():
     __all__ += [
         "QuantGrouping",
         "fp8_quant_launch",
+        "batched_trans_ok",
         "fp8_quant_batched_launch",
         "fp8_quant_with_trans_launch",
         "fp8_dequant_launch",

@@ -58,6 +58,7 @@ __all__ = [
     "QuantGrouping",
     "tile_config",
     "fp8_quant_launch",
+    "batched_trans_ok",
     "fp8_quant_batched_launch",
     "fp8_quant_with_trans_launch",
     "fp8_dequant_launch",
@@ -328,12 +329,15 @@ def _quant_fp8_tile_batched_kernel(
     block row covers ``rows % GR`` rows): the same codes and scales, bit for bit. Used for the b x b
     weight blocks of grouped GEMMs.
 
-    HAS_T (b x b blocks, whose scale grid transposes with the matrix): the tile's codes also stored
-    transposed, the grad_input copy of the weights, from the same read. The codes of rows 4i..4i+3
-    are packed into one int32 word before the transpose, so only 32-bit values change layout: a
-    transpose of the 8-bit codes themselves (also when widened first, the compiler moves the
-    layout conversion back onto the 8-bit tensor) wrote wrong bytes on sm_90 with Triton 3.6
-    wherever the stores were vectorized."""
+    HAS_T (one b x b block per tile, whose scale grid transposes with the matrix): the tile's codes
+    also stored transposed, the grad_input copy of the weights, in the same launch. The tile is
+    read a second time (from L2: it was just loaded) as four row sets, rows 4i + j, so the int32
+    word holding the codes of rows 4i..4i+3 forms elementwise and only 32-bit words change layout
+    in the transpose. Forms that reuse the forward copy's codes wrote wrong bytes on sm_90 with
+    Triton 3.6 wherever the code stores vectorize (columns 0, 1, 4, 5, ... of every 128 wrong):
+    a transpose of the 8-bit codes, also when widened first; the codes packed into words by a
+    reshape and a sum over the row quartets, stored through ``tl.trans`` or through transposed
+    addresses; the codes of the four row sets stored as the forward copy too."""
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     pid_r = pid // n_tiles_c
@@ -348,12 +352,37 @@ def _quant_fp8_tile_batched_kernel(
     _store_tile(q_ptr + b * stride_qb, s_ptr + b * stride_sb, y, s, pid, offs_r, offs_c, mask, rows, cols,
                 cols, 1, n_sc, 1, n_sr, n_sc, MODE, TR, TC, GR, GC, pid_r, pid_c, IS_E4M3, SOFT)
     if HAS_T:
-        # (the codes again: the same instructions on the same values, shared by the compiler)
-        c4 = tl.reshape(_fp8_bits(y, IS_E4M3, SOFT).to(tl.int32), (TR // 4, 4, TC))
-        w = tl.sum(c4 << (8 * tl.arange(0, 4))[None, :, None], axis=1)  # bytes of rows 4i..4i+3
+        tl.static_assert((MODE == 0) & (GR == TR) & (GC == TC), "HAS_T: one fp32 block per tile")
+        xb = x_ptr + b * stride_xb + offs_c.to(tl.int64)[None, :] * stride_xc
+        mc = (offs_c < cols)[None, :]
+        r4 = pid_r * TR + 4 * tl.arange(0, TR // 4)  # row 4i of each quartet
+        x0 = tl.load(xb + r4.to(tl.int64)[:, None] * stride_xr, mask=(r4 < rows)[:, None] & mc, other=0.0)
+        x1 = tl.load(xb + (r4 + 1).to(tl.int64)[:, None] * stride_xr, mask=(r4 + 1 < rows)[:, None] & mc, other=0.0)
+        x2 = tl.load(xb + (r4 + 2).to(tl.int64)[:, None] * stride_xr, mask=(r4 + 2 < rows)[:, None] & mc, other=0.0)
+        x3 = tl.load(xb + (r4 + 3).to(tl.int64)[:, None] * stride_xr, mask=(r4 + 3 < rows)[:, None] & mc, other=0.0)
+        # the block's scale again from the same values (max is exact: the same bits as above)
+        sc, _ = _fp32_scales(tl.maximum(tl.maximum(_tile_amax_bits(x0), _tile_amax_bits(x1)),
+                                        tl.maximum(_tile_amax_bits(x2), _tile_amax_bits(x3))), FP8_MAX)
+        w = (_code_i32(x0, sc, FP8_MAX, IS_E4M3, SOFT) | (_code_i32(x1, sc, FP8_MAX, IS_E4M3, SOFT) << 8)
+             | (_code_i32(x2, sc, FP8_MAX, IS_E4M3, SOFT) << 16) | (_code_i32(x3, sc, FP8_MAX, IS_E4M3, SOFT) << 24))
+        # stored through transposed addresses (the compiler's store-side layout conversion, on
+        # 32-bit words): measured a little faster than tl.trans (1.157 vs 1.164 ms, Mixtral gate_up)
         wr = pid_r * (TR // 4) + tl.arange(0, TR // 4)
-        qt_ptrs = qt_ptr + b * (stride_qb // 4) + offs_c.to(tl.int64)[:, None] * (rows // 4) + wr[None, :]
-        tl.store(qt_ptrs, tl.trans(w), mask=(offs_c < cols)[:, None] & (wr < rows // 4)[None, :])
+        qt_ptrs = qt_ptr + b * (stride_qb // 4) + offs_c.to(tl.int64)[None, :] * (rows // 4) + wr[:, None]
+        tl.store(qt_ptrs, w, mask=(offs_c < cols)[None, :] & (wr < rows // 4)[:, None])
+
+
+@triton.jit
+def _tile_amax_bits(x):
+    """max |x| over a whole tile, as fp32 bits (see _abs_bits)."""
+    return tl.max(tl.max(_abs_bits(x.to(tl.float32)), axis=1), axis=0)
+
+
+@triton.jit
+def _code_i32(x, scale, FP8_MAX: tl.constexpr, IS_E4M3: tl.constexpr, SOFT: tl.constexpr):
+    """The FP8 codes of x * scale (clamped, NaN kept) as int32 values 0..255."""
+    y = tl.clamp(x.to(tl.float32) * scale, -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+    return _fp8_bits(y, IS_E4M3, SOFT).to(tl.int32)
 
 
 @triton.jit
@@ -935,13 +964,19 @@ def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGro
 _MAX_GRID_Y = 65535
 
 
+def batched_trans_ok(rows: int, grouping: QuantGrouping) -> bool:
+    """Can :func:`fp8_quant_batched_launch` form the transposed copy too (``with_trans``)? It needs
+    128 x 128 fp32 blocks (one block per 128 x 128 tile) and ``rows % 4 == 0``."""
+    return grouping.mode == _MODE_FP32 and grouping.gr == grouping.gc == 128 and rows % 4 == 0
+
+
 def fp8_quant_batched_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGrouping,
                              with_trans: bool = False):
     """Quantize each matrix of a 3-D ``x [B, rows, cols]`` with one grouping (fp32 BLOCKWISE or MX,
     blocks that fit one tile) in one launch, bit-identical to :func:`fp8_quant_launch` on every
     ``x[b]`` followed by ``torch.stack``: blocks never straddle two matrices, whatever ``rows``.
-    Returns ``(q [B, rows, cols], scale [B, n_sr, n_sc])``; with ``with_trans`` (square fp32 blocks,
-    whose grid transposes with the matrix; rows % 4 == 0) also ``qt [B, cols, rows]``, each
+    Returns ``(q [B, rows, cols], scale [B, n_sr, n_sc])``; with ``with_trans`` (128 x 128 fp32
+    blocks, whose grid transposes with the matrix; rows % 4 == 0: :func:`batched_trans_ok`) also ``qt [B, cols, rows]``, each
     matrix's codes transposed (``q.transpose(1, 2)`` bit for bit), from the same read. ``x`` may
     have any strides (a contiguous ``x`` reads fastest). The launch geometry per matrix is
     :func:`fp8_quant_launch`'s."""
@@ -951,13 +986,12 @@ def fp8_quant_batched_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: 
         raise ValueError(f"fp8_quant_batched_launch: {grouping} needs blocks that fit one tile (not "
                          "TENSORWISE, not a long ROWWISE row)")
     nb, rows, cols = x.shape
-    if with_trans and (grouping.mode != _MODE_FP32 or grouping.gr != grouping.gc or rows % 4):
-        raise ValueError(f"fp8_quant_batched_launch: the transposed copy needs square fp32 blocks and rows % 4 == 0, "
+    if with_trans and not batched_trans_ok(rows, grouping):
+        raise ValueError(f"fp8_quant_batched_launch: the transposed copy needs 128 x 128 fp32 blocks and rows % 4 == 0, "
                          f"got {grouping} and rows={rows}")
     gr, gc, tr, tc, nw, n_prog, n_tc, n_sr, n_sc = _single_plan(rows, cols, grouping)
     if with_trans:
-        # the word-packed transposed copy next to the fp32 tile: 8 warps keep it at 3 programs
-        # per SM (sm_90 compile: 4 warps need 254 registers, 2 programs)
+        # 8 warps: measured on the H200 with the word-packed transposed copy (scripts/diag_weight_copies.py)
         nw = max(nw, 8)
     q = torch.empty((nb, rows, cols), dtype=out_dtype, device=x.device)
     qt = torch.empty((nb, cols, rows), dtype=out_dtype, device=x.device) if with_trans else None

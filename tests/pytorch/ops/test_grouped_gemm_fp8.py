@@ -311,7 +311,7 @@ def test_blockwise_weight_quantization_one_launch(r, c, bs, device, monkeypatch)
         for name in [n for n in vars(F8) if n.endswith("_kernel")]:
             monkeypatch.setattr(F8, name, _Count(name, getattr(F8, name)))
         fwd, dgr = ops._weight_copies(w, True, torch.float8_e4m3fn, "BLOCKWISE", bs, True, True)
-        if one_read == "1":
+        if one_read == "1" and bs == 128:  # the one-launch form needs 128 x 128 blocks
             assert [n for n, _ in launches] == ["_quant_fp8_tile_batched_kernel"]
         else:
             assert len(launches) == 2 and launches[-1][0] == "_transpose_bytes_kernel", launches

@@ -975,6 +975,8 @@ def test_blocks_batched_with_trans(nb, r, c, device):
     not, ragged C, zero blocks, a strided input)."""
     for i, (in_dtype, out_dtype) in enumerate([(torch.bfloat16, E4M3), (torch.float32, E5M2)]):
         w = _expert_weights(nb, r, c, in_dtype, device, seed=97 * r + c + i)
+        # special values: the transposed copy forms its block scales again from a second read
+        w[-1, 1, 2], w[-1, r - 1, c - 1], w[0, 3, 1] = float("nan"), float("inf"), float("-inf")
         q0, s0 = Q._quantize_fp8_blocks_batched(w, out_dtype, 128)
         q, s, qt = Q._quantize_fp8_blocks_batched_t(w, out_dtype, 128)
         assert qt.shape == (nb, c, r) and qt.dtype == out_dtype and qt.is_contiguous()
@@ -986,8 +988,10 @@ def test_blocks_batched_with_trans(nb, r, c, device):
         assert_bits_equal(qt2, qt)
     from primus_turbo.triton.quantization import QuantGrouping, fp8_quant_batched_launch
 
-    with pytest.raises(ValueError, match="square fp32 blocks"):
+    with pytest.raises(ValueError, match="128 x 128 fp32 blocks"):
         fp8_quant_batched_launch(w, E4M3, QuantGrouping(1, 1, 32), with_trans=True)
+    with pytest.raises(ValueError, match="128 x 128 fp32 blocks"):
+        fp8_quant_batched_launch(w, E4M3, QuantGrouping(0, 64, 64), with_trans=True)
     with pytest.raises(ValueError, match="rows % 4"):
         fp8_quant_batched_launch(w[:, :r - 2], E4M3, QuantGrouping(0, 128, 128), with_trans=True)
     qe, se, qte = Q._quantize_fp8_blocks_batched_t(torch.empty((2, 0, 128), device=device), E4M3, 128)
