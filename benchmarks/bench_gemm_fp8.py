@@ -297,6 +297,8 @@ def _print_row(row: Row) -> None:
         print(f"{row.op:22s} {row.case:26s} {shape:18s} {row.impl:26s} ERROR {row.error[:100]}", flush=True)
         return
     sp = f"x{row.speedup:.3f} vs {row.baseline}" if row.speedup else "   -  "
+    if e.get("paired_speedup") is not None:
+        sp += f" (paired x{e['paired_speedup']:.3f})"
     tf = f"{row.tflops:7.1f} TF" if row.tflops is not None else "      - TF"
     snr = f"{row.snr_db:6.1f} dB" if row.snr_db is not None else "-"
     print(f"{row.op:22s} {row.case:26s} {shape:18s} {row.impl:26s} {row.ms:9.4f} ms {tf} {sp} snr {snr}", flush=True)
