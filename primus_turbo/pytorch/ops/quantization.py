@@ -309,8 +309,9 @@ def _quantize_fp8_blocks_batched_t(x: torch.Tensor, out_dtype: torch.dtype, bloc
                                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`_quantize_fp8_blocks_batched` plus each matrix's codes transposed, ``qt [B, C, R]``
     (``q.transpose(1, 2)`` bit for bit; its scales are ``scale.transpose(1, 2)``, the b x b blocks
-    transposing with the matrix), from one read of ``x`` in one launch: the forward and
-    grad_input copies of grouped-GEMM expert weights. Needs R % 4 == 0 (validated by the caller)."""
+    transposing with the matrix), in one launch (``x`` read once from DRAM): the forward and
+    grad_input copies of grouped-GEMM expert weights. Needs 128 x 128 blocks and R % 4 == 0
+    (validated by the caller)."""
     return _call(torch.ops.primus_turbo.quantize_fp8_blocks_batched_t_impl, _quantize_fp8_blocks_batched_t_eager,
                  x, out_dtype, block_size)
 

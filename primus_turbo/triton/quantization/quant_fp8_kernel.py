@@ -356,10 +356,10 @@ def _quant_fp8_tile_batched_kernel(
         xb = x_ptr + b * stride_xb + offs_c.to(tl.int64)[None, :] * stride_xc
         mc = (offs_c < cols)[None, :]
         r4 = pid_r * TR + 4 * tl.arange(0, TR // 4)  # row 4i of each quartet
-        x0 = tl.load(xb + r4.to(tl.int64)[:, None] * stride_xr, mask=(r4 < rows)[:, None] & mc, other=0.0)
-        x1 = tl.load(xb + (r4 + 1).to(tl.int64)[:, None] * stride_xr, mask=(r4 + 1 < rows)[:, None] & mc, other=0.0)
-        x2 = tl.load(xb + (r4 + 2).to(tl.int64)[:, None] * stride_xr, mask=(r4 + 2 < rows)[:, None] & mc, other=0.0)
-        x3 = tl.load(xb + (r4 + 3).to(tl.int64)[:, None] * stride_xr, mask=(r4 + 3 < rows)[:, None] & mc, other=0.0)
+        x0 = _load_rows(xb, r4, rows, mc, stride_xr)
+        x1 = _load_rows(xb, r4 + 1, rows, mc, stride_xr)
+        x2 = _load_rows(xb, r4 + 2, rows, mc, stride_xr)
+        x3 = _load_rows(xb, r4 + 3, rows, mc, stride_xr)
         # the block's scale again from the same values (max is exact: the same bits as above)
         sc, _ = _fp32_scales(tl.maximum(tl.maximum(_tile_amax_bits(x0), _tile_amax_bits(x1)),
                                         tl.maximum(_tile_amax_bits(x2), _tile_amax_bits(x3))), FP8_MAX)
@@ -370,6 +370,12 @@ def _quant_fp8_tile_batched_kernel(
         wr = pid_r * (TR // 4) + tl.arange(0, TR // 4)
         qt_ptrs = qt_ptr + b * (stride_qb // 4) + offs_c.to(tl.int64)[None, :] * (rows // 4) + wr[:, None]
         tl.store(qt_ptrs, w, mask=(offs_c < cols)[None, :] & (wr < rows // 4)[:, None])
+
+
+@triton.jit
+def _load_rows(xb, r, rows, mc, stride_xr):
+    """Rows ``r`` of a tile (column pointers ``xb``, column mask ``mc``), zeros past ``rows``."""
+    return tl.load(xb + r.to(tl.int64)[:, None] * stride_xr, mask=(r < rows)[:, None] & mc, other=0.0)
 
 
 @triton.jit
@@ -976,9 +982,10 @@ def fp8_quant_batched_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: 
     blocks that fit one tile) in one launch, bit-identical to :func:`fp8_quant_launch` on every
     ``x[b]`` followed by ``torch.stack``: blocks never straddle two matrices, whatever ``rows``.
     Returns ``(q [B, rows, cols], scale [B, n_sr, n_sc])``; with ``with_trans`` (128 x 128 fp32
-    blocks, whose grid transposes with the matrix; rows % 4 == 0: :func:`batched_trans_ok`) also ``qt [B, cols, rows]``, each
-    matrix's codes transposed (``q.transpose(1, 2)`` bit for bit), from the same read. ``x`` may
-    have any strides (a contiguous ``x`` reads fastest). The launch geometry per matrix is
+    blocks, whose grid transposes with the matrix; rows % 4 == 0: :func:`batched_trans_ok`) also
+    ``qt [B, cols, rows]``, each matrix's codes transposed (``q.transpose(1, 2)`` bit for bit), in
+    the same launch (the tile's second read comes from L2). ``x`` may have any strides (a
+    contiguous ``x`` reads fastest). The launch geometry per matrix is
     :func:`fp8_quant_launch`'s."""
     if x.dim() != 3:
         raise ValueError(f"fp8_quant_batched_launch: expected a 3-D tensor, got shape {tuple(x.shape)}")
@@ -991,7 +998,8 @@ def fp8_quant_batched_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: 
                          f"got {grouping} and rows={rows}")
     gr, gc, tr, tc, nw, n_prog, n_tc, n_sr, n_sc = _single_plan(rows, cols, grouping)
     if with_trans:
-        # 8 warps: measured on the H200 with the word-packed transposed copy (scripts/diag_weight_copies.py)
+        # 8 warps: the configuration timed on the H200 (scripts/diag_weight_copies.py; 4 warps not
+        # timed for this form)
         nw = max(nw, 8)
     q = torch.empty((nb, rows, cols), dtype=out_dtype, device=x.device)
     qt = torch.empty((nb, cols, rows), dtype=out_dtype, device=x.device) if with_trans else None
