@@ -69,3 +69,56 @@ def test_strided_rows_and_errors(device):
         gather_quant_cols_t_launch(x, src, torch.int8, 128)
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
         gather_quant_cols_t_launch(x.to(torch.float64), src, torch.float8_e4m3fn, 128)
+
+
+def _gluon_reason(x, src, dtype, bs):
+    from primus_turbo.triton.quantization.gather_quant_gluon import gather_quant_gluon_reason
+
+    return gather_quant_gluon_reason(x, src, dtype, bs)
+
+
+@pytest.mark.parametrize("lens,c", [([5, 0, 130, 64], 96), ([128, 256], 200), ([700, 1, 300], 2880),
+                                    ([1000, 3], 384), ([0, 0], 64)])
+@pytest.mark.parametrize("xdtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_gluon_kernel_matches_the_tl_kernel(lens, c, xdtype, dtype, device):
+    """The Hopper Gluon twin writes the tl kernel's bytes (codes, scales, zero padding rows), with
+    zero rows, inf and NaN inside blocks, partial column tiles and every launch config's layout."""
+    x, src, bs = _case(lens, c, xdtype, len(lens) * 17 + c, device)
+    reason = _gluon_reason(x, src, torch.float8_e4m3fn, bs)
+    if reason is not None:
+        pytest.skip(reason)
+    from primus_turbo.triton.quantization.gather_quant_gluon import GluonGatherQuantConfig, gather_quant_cols_t_gluon
+
+    ref_q, ref_s = gather_quant_cols_t_launch(x, src, dtype, bs, gluon=False)
+    for cfg in (None, GluonGatherQuantConfig(4, 8, 4), GluonGatherQuantConfig(2, 8, 4),
+                GluonGatherQuantConfig(4, 4, 2), GluonGatherQuantConfig(8, 8, 4), GluonGatherQuantConfig(1, 8, 4)):
+        q_t = torch.full_like(ref_q.view(torch.uint8), 0x5A).view(dtype)  # poisoned
+        s = torch.full_like(ref_s, float("nan"))
+        if cfg is None:
+            q_t, s = gather_quant_cols_t_launch(x, src, dtype, bs, gluon=True)
+        else:
+            gather_quant_cols_t_gluon(x, src, dtype, q_t, s, cfg)
+        assert torch.equal(q_t.view(torch.uint8), ref_q.view(torch.uint8)), cfg
+        assert torch.equal(s.view(torch.int32), ref_s.view(torch.int32)), cfg
+
+
+def test_gluon_kernel_refusals(device):
+    x = torch.randn(256, 128, device=device, dtype=torch.bfloat16)
+    src = torch.arange(256, device=device, dtype=torch.int64)
+    if device == "cpu":
+        with pytest.raises(ValueError, match=r"gluon=True\): tensors on cpu"):
+            gather_quant_cols_t_launch(x, src, torch.float8_e4m3fn, 128, gluon=True)
+    elif _gluon_reason(x, src, torch.float8_e4m3fn, 128) is None:
+        with pytest.raises(ValueError, match="128-token blocks only"):
+            gather_quant_cols_t_launch(x, src, torch.float8_e4m3fn, 64, gluon=True)
+        with pytest.raises(ValueError, match="16-byte aligned"):
+            gather_quant_cols_t_launch(torch.randn(256, 129, device=device, dtype=torch.bfloat16)[:, :128], src,
+                                       torch.float8_e4m3fn, 128, gluon=True)
+    with pytest.raises(ValueError, match="no tc / num_warps"):
+        gather_quant_cols_t_launch(x, src, torch.float8_e4m3fn, 128, gluon=True, tc=64)
+    from primus_turbo.triton.quantization.gather_quant_gluon import GluonGatherQuantConfig
+
+    assert "spw must be" in GluonGatherQuantConfig(3, 8, 4).reason()
+    assert GluonGatherQuantConfig(4, 8, 4).tc == 128 and GluonGatherQuantConfig(4, 8, 2).tc == 64
+    assert GluonGatherQuantConfig(1, 8, 4).tc == 32 and GluonGatherQuantConfig(8, 8, 4).tc == 256

@@ -119,6 +119,12 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "in one launch where the kernel can (128 x 128 blocks, rows per expert % 4 == 0), 0 quantize then "
         "byte-transpose the codes.",
     ),
+    "PRIMUS_TURBO_GATHER_QUANT_GLUON": (
+        "auto",
+        "grouped_gemm_fp8 BLOCKWISE wgrad token copies (gather + 128 x 1 quantization + transposed store, "
+        "gather_quant_cols_t_launch) on sm_90: 1 / auto the Gluon kernel (no cross-warp reduction, no "
+        "shared-memory transpose; the same bytes) where it runs, 0 the Triton kernel.",
+    ),
     "PRIMUS_TURBO_PRINT_CONFIGS": ("0", "1: log the kernel config chosen for each new shape (INFO level)."),
 }
 

@@ -64,7 +64,8 @@ def _gather_quant_cols_t_kernel(
 
 
 def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.dtype, block_size: int, *,
-                               tc: "int | None" = None, num_warps: "int | None" = None):
+                               tc: "int | None" = None, num_warps: "int | None" = None,
+                               gluon: "bool | None" = None):
     """``(q_t [C, M_pad] dtype, s [M_pad / block_size, C] fp32 scale_inv)`` with
     ``q_t.T, s`` equal to the BLOCKWISE ``block_size x 1`` quantization of ``x[src]`` (rows with
     ``src < 0`` zero), i.e. of ``gather_rows(x, src)`` along axis 0.
@@ -73,7 +74,12 @@ def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.
     length ``M_pad``, a multiple of ``block_size`` (a power of two >= 16); ``dtype`` E4M3 or E5M2.
     ``tc`` (columns per tile, a power of two >= 16) / ``num_warps`` override the default launch
     (scripts/tune_gptoss_memory.py sweeps them): every column's block is reduced and stored whole
-    by one program whatever the tile width, so the output bytes do not depend on them."""
+    by one program whatever the tile width, so the output bytes do not depend on them.
+
+    ``gluon``: run the Hopper Gluon twin (gather_quant_gluon.py, the same bytes; 128-token blocks):
+    None = where it runs and PRIMUS_TURBO_GATHER_QUANT_GLUON (docs/env_vars.md) does not say no,
+    and no tl override (``tc`` / ``num_warps``) is given; True = required (ValueError naming the
+    reason when it cannot run); False = the tl kernel."""
     if x.dim() != 2 or (x.size(1) > 1 and x.stride(1) != 1):
         raise ValueError(f"x must be 2-D with unit column stride, got shape {tuple(x.shape)} strides {x.stride()}")
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -92,6 +98,17 @@ def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.
     s = torch.empty((m_pad // block_size, C), dtype=torch.float32, device=x.device)
     if C == 0 or m_pad == 0:
         return q_t, s
+    if gluon is not False and tc is None and num_warps is None:
+        from .gather_quant_gluon import _env_on, gather_quant_cols_t_gluon, gather_quant_gluon_reason
+
+        reason = gather_quant_gluon_reason(x, src, dtype, block_size)
+        if gluon and reason is not None:
+            raise ValueError(f"gather_quant_cols_t_launch(gluon=True): {reason}")
+        if reason is None and (gluon or _env_on() is not False):
+            gather_quant_cols_t_gluon(x, src, dtype, q_t, s)
+            return q_t, s
+    elif gluon:
+        raise ValueError("gather_quant_cols_t_launch: gluon=True takes no tc / num_warps (tl launch overrides)")
     if tc is not None and (tc < 16 or tc & (tc - 1)):
         raise ValueError(f"tc must be a power of two >= 16, got tc={tc}")
     if num_warps is not None and num_warps not in (1, 2, 4, 8, 16):
