@@ -119,6 +119,12 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "in one launch where the kernel can (128 x 128 blocks, rows per expert % 4 == 0), 0 quantize then "
         "byte-transpose the codes.",
     ),
+    "PRIMUS_TURBO_FP8_WEIGHT_GLUON": (
+        "auto",
+        "The one-launch BLOCKWISE expert-weight copies (PRIMUS_TURBO_FP8_WEIGHT_ONE_READ) on sm_90: 1 / auto the "
+        "Gluon kernel (one read of each tile, no shared-memory transpose; the same bytes) where it runs, 0 the "
+        "Triton kernel.",
+    ),
     "PRIMUS_TURBO_GATHER_QUANT_GLUON": (
         "auto",
         "grouped_gemm_fp8 BLOCKWISE wgrad token copies (gather + 128 x 1 quantization + transposed store, "

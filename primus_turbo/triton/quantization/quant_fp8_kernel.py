@@ -996,6 +996,13 @@ def fp8_quant_batched_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: 
     if with_trans and not batched_trans_ok(rows, grouping):
         raise ValueError(f"fp8_quant_batched_launch: the transposed copy needs 128 x 128 fp32 blocks and rows % 4 == 0, "
                          f"got {grouping} and rows={rows}")
+    if with_trans and x.is_cuda:
+        # the Hopper Gluon twin (the same bytes, one read, no shared-memory transpose) where it runs
+        # and PRIMUS_TURBO_FP8_WEIGHT_GLUON (docs/env_vars.md) does not say no
+        from .quant_fp8_gluon import weight_copies_gluon, weight_copies_gluon_reason, weights_gluon_on
+
+        if weights_gluon_on() is not False and weight_copies_gluon_reason(x, out_dtype) is None:
+            return weight_copies_gluon(x, out_dtype)
     gr, gc, tr, tc, nw, n_prog, n_tc, n_sr, n_sc = _single_plan(rows, cols, grouping)
     if with_trans:
         # 8 warps: the configuration timed on the H200 (scripts/diag_weight_copies.py; 4 warps not

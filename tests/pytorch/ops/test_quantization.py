@@ -1041,3 +1041,44 @@ def test_blocks_batched_torch_compile(device):
     assert_bits_equal(q3, q2)
     assert_bits_equal(s3, s2)
     assert_bits_equal(qt3, q2.transpose(1, 2).contiguous())
+
+
+@pytest.mark.parametrize("nb, r, c", [(1, 200, 128), (3, 132, 200), (2, 320, 384), (3, 64, 136), (2, 512, 1024)])
+def test_blocks_batched_with_trans_gluon(nb, r, c, device):
+    """The Hopper Gluon weight copies write the tl kernel's bytes into poisoned outputs (ragged
+    rows and columns with 16-divisible columns, where the forward stores vectorize, special values,
+    every launch config with a 128-wide tile)."""
+    from primus_turbo.triton.quantization.gather_quant_gluon import GluonGatherQuantConfig
+    from primus_turbo.triton.quantization.quant_fp8_gluon import weight_copies_gluon, weight_copies_gluon_reason
+
+    for i, (in_dtype, out_dtype) in enumerate([(torch.bfloat16, E4M3), (torch.float16, E5M2), (torch.float32, E4M3)]):
+        w = _expert_weights(nb, r, c, in_dtype, device, seed=31 * r + c + i)
+        w[-1, 1, 2], w[-1, r - 1, c - 1], w[0, 3, 1] = float("nan"), float("inf"), float("-inf")
+        reason = weight_copies_gluon_reason(w, out_dtype)
+        if reason is not None:
+            pytest.skip(reason)
+        q0, s0 = Q._quantize_fp8_blocks_batched(w, out_dtype, 128)
+        for cfg in (GluonGatherQuantConfig(4, 8, 4), GluonGatherQuantConfig(2, 8, 8), GluonGatherQuantConfig(4, 4, 8),
+                    GluonGatherQuantConfig(8, 4, 4)):
+            out = (torch.full_like(q0.view(torch.uint8), 0x5A).view(out_dtype), torch.full_like(s0, float("nan")),
+                   torch.full((nb, c, r), 0x5A, dtype=torch.uint8, device=device).view(out_dtype))
+            q, s, qt = weight_copies_gluon(w, out_dtype, cfg, out=out)
+            assert_bits_equal(q, q0)
+            assert_bits_equal(s, s0)
+            assert_bits_equal(qt, q0.transpose(1, 2).contiguous())
+
+
+def test_blocks_batched_with_trans_gluon_refusals(device):
+    from primus_turbo.triton.quantization.gather_quant_gluon import GluonGatherQuantConfig
+    from primus_turbo.triton.quantization.quant_fp8_gluon import weight_copies_gluon_reason
+
+    w = torch.randn(2, 256, 128, device=device)
+    if device == "cpu":
+        assert "needs a CUDA sm_90" in weight_copies_gluon_reason(w, E4M3)
+        return
+    if weight_copies_gluon_reason(w, E4M3) is not None:
+        pytest.skip(weight_copies_gluon_reason(w, E4M3))
+    assert "not a multiple of 4" in weight_copies_gluon_reason(w[:, :254], E4M3)
+    assert "not contiguous" in weight_copies_gluon_reason(w.transpose(1, 2), E4M3)
+    assert "must be 128" in weight_copies_gluon_reason(w, E4M3, GluonGatherQuantConfig(4, 8, 2))
+    assert "out_dtype" in weight_copies_gluon_reason(w, torch.int8)
