@@ -277,6 +277,7 @@ def test_blockwise_weight_quantization_one_launch(r, c, bs, device, monkeypatch)
 
     from primus_turbo.pytorch.core.low_precision import ScalingRecipe
     from primus_turbo.pytorch.ops.quantization import quantize_fp8
+    from primus_turbo.triton.quantization import quant_fp8_gluon as QG
     from primus_turbo.triton.quantization import quant_fp8_kernel as F8
 
     ops = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm_fp8")  # the module, not the op
@@ -310,9 +311,18 @@ def test_blockwise_weight_quantization_one_launch(r, c, bs, device, monkeypatch)
         launches.clear()
         for name in [n for n in vars(F8) if n.endswith("_kernel")]:
             monkeypatch.setattr(F8, name, _Count(name, getattr(F8, name)))
+        gluon_fn = QG.weight_copies_gluon
+
+        def _gluon(*args, **kwargs):  # the Hopper Gluon twin of the one-launch kernel
+            launches.append(("weight_copies_gluon", None))
+            return gluon_fn(*args, **kwargs)
+
+        monkeypatch.setattr(QG, "weight_copies_gluon", _gluon)
         fwd, dgr = ops._weight_copies(w, True, torch.float8_e4m3fn, "BLOCKWISE", bs, True, True)
         if one_read == "1" and bs == 128:  # the one-launch form needs 128 x 128 blocks
-            assert [n for n, _ in launches] == ["_quant_fp8_tile_batched_kernel"]
+            one = "weight_copies_gluon" if QG.weight_copies_gluon_reason(w, torch.float8_e4m3fn) is None \
+                else "_quant_fp8_tile_batched_kernel"
+            assert [n for n, _ in launches] == [one]
         else:
             assert len(launches) == 2 and launches[-1][0] == "_transpose_bytes_kernel", launches
         monkeypatch.undo()
