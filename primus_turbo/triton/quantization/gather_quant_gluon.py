@@ -5,7 +5,8 @@ chosen so that no value crosses a warp.
 Why: the ``triton.language`` kernel cannot pick its register layout. It loads the ``[128, TC]``
 tile with warps stacked along the tokens, so every column's amax is a cross-warp reduction through
 shared memory, and the transposed store is a second trip through shared memory (``tl.trans``); it
-stays at ~0.6x the device copy's bandwidth on the H200 (MoE-layer profiles) whatever its tile.
+stays at 0.67-0.69x the device copy's bandwidth on the H200 whatever its tile. This kernel: 0.80-0.83x
+(2026-12-02, scripts/diag_gather_quant.py, seven MoE wgrad operands).
 
 Here the tile is a 3-D ``[32 words, 4 bytes, TC]`` view of the 128 token rows (token ``4 w + b``)
 in one explicit layout: each thread holds ``4 SPW`` consecutive tokens of ``VEC`` consecutive
