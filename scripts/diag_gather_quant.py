@@ -94,7 +94,7 @@ def main(argv=None) -> int:
                 print(f"  {cfg}: {exc}"[:600], flush=True)
         lines.append(row)
         print(row, flush=True)
-        del x, y, ref_q, ref_s
+        x = y = ref_q = ref_s = None  # free before the next shape
         torch.cuda.empty_cache()
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
