@@ -170,7 +170,7 @@ def weight_copies_gluon(x: torch.Tensor, out_dtype: torch.dtype, config: Optiona
         launch(_weight_copies_gluon_kernel, (n_sr * n_sc, nbb),
                (x[b0:], q[b0:].view(torch.uint8), qt[b0:].view(torch.uint8).view(torch.int32), s[b0:],
                 rows, cols, n_sc, n_sr, n_sc, x.stride(0), x.stride(1)),
-               dict(FP8_MAX=_FP8_MAX[out_dtype], IS_E4M3=out_dtype == torch.float8_e4m3fn, 
+               dict(FP8_MAX=_FP8_MAX[out_dtype], IS_E4M3=out_dtype == torch.float8_e4m3fn,
                     L3=l3, LST=lst, num_warps=cfg.warps),
                x.device)
     return q, s, qt
