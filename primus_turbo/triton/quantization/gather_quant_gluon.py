@@ -34,19 +34,20 @@ goes to the tl kernel instead.
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
 from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, gluon_platform_reason
 from primus_turbo.triton.launch import launch
 
+from .gather_quant_kernel import _FP8_MAX
+
 __all__ = ["GATHER_QUANT_GLUON_ENV", "GluonGatherQuantConfig", "gather_quant_cols_t_gluon",
-           "gather_quant_gluon_reason", "gluon_gather_quant_config"]
+           "gather_quant_gluon_reason", "gluon_gather_quant_config", "gluon_switch"]
 
 GATHER_QUANT_GLUON_ENV = "PRIMUS_TURBO_GATHER_QUANT_GLUON"
 _BS = 128  # token block (the only one this kernel takes)
-_FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -55,25 +56,14 @@ if GLUON_AVAILABLE:
     from .quant_fp8_kernel import _abs_bits, _fp8_codes, _fp32_scales
 
 
-class GluonGatherQuantConfig(tuple):
+class GluonGatherQuantConfig(NamedTuple):
     """``(spw, vec, warps)``: words (4 tokens each) per thread along the tokens, columns per thread,
     warps along the columns. Lanes: ``TW = 32 / spw`` along the tokens, ``32 / TW`` along the
     columns; a tile is ``128 x TC`` with ``TC = vec * (32 / TW) * warps``."""
 
-    def __new__(cls, spw: int, vec: int, warps: int):
-        return super().__new__(cls, (int(spw), int(vec), int(warps)))
-
-    @property
-    def spw(self) -> int:
-        return self[0]
-
-    @property
-    def vec(self) -> int:
-        return self[1]
-
-    @property
-    def warps(self) -> int:
-        return self[2]
+    spw: int
+    vec: int
+    warps: int
 
     @property
     def tw(self) -> int:
@@ -85,9 +75,7 @@ class GluonGatherQuantConfig(tuple):
 
     def reason(self) -> Optional[str]:
         if self.spw not in (1, 2, 4, 8) or self.vec not in (1, 2, 4, 8, 16) or self.warps not in (1, 2, 4, 8):
-            return (f"config {tuple(self)}: spw must be 1/2/4/8, vec 1/2/4/8/16, warps 1/2/4/8")
-        if self.tw > 32:
-            return f"config {tuple(self)}: 32 / spw = {self.tw} lanes along the tokens exceed a warp"
+            return f"config {tuple(self)}: spw must be 1/2/4/8, vec 1/2/4/8/16, warps 1/2/4/8"
         return None
 
 
@@ -121,10 +109,11 @@ def gather_quant_gluon_reason(x: torch.Tensor, src: torch.Tensor, dtype, block_s
     return cfg.reason()
 
 
-def _env_on() -> Optional[bool]:
+def gluon_switch(name: str) -> Optional[bool]:
+    """The ``auto`` switch ``name`` of a Gluon copy kernel (True / False when set, None for auto)."""
     from primus_turbo.pytorch.core.env import env_auto_flag
 
-    return env_auto_flag(GATHER_QUANT_GLUON_ENV)
+    return env_auto_flag(name)
 
 
 @functools.lru_cache(maxsize=None)
@@ -207,8 +196,9 @@ def gather_quant_cols_t_gluon(x: torch.Tensor, src: torch.Tensor, dtype: torch.d
     cfg = config or gluon_gather_quant_config(C)
     n_tiles_c = -(-C // cfg.tc)
     grid = ((m_pad // _BS) * n_tiles_c,)
+    l3, lst = _layouts(cfg)
     launch(_gather_quant_cols_t_gluon_kernel, grid,
            (x, src, q_t.view(torch.int32), s, C, m_pad // 4, x.stride(0), n_tiles_c),
            dict(FP8_MAX=_FP8_MAX[dtype], IS_E4M3=dtype == torch.float8_e4m3fn, EVEN_C=C % cfg.tc == 0,
-                TC=cfg.tc, L3=_layouts(cfg)[0], LST=_layouts(cfg)[1], num_warps=cfg.warps),
+                TC=cfg.tc, L3=l3, LST=lst, num_warps=cfg.warps),
            x.device)

@@ -99,12 +99,13 @@ def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.
     if C == 0 or m_pad == 0:
         return q_t, s
     if gluon is not False and tc is None and num_warps is None:
-        from .gather_quant_gluon import _env_on, gather_quant_cols_t_gluon, gather_quant_gluon_reason
+        from .gather_quant_gluon import (GATHER_QUANT_GLUON_ENV, gather_quant_cols_t_gluon, gather_quant_gluon_reason,
+                                         gluon_switch)
 
         reason = gather_quant_gluon_reason(x, src, dtype, block_size)
         if gluon and reason is not None:
             raise ValueError(f"gather_quant_cols_t_launch(gluon=True): {reason}")
-        if reason is None and (gluon or _env_on() is not False):
+        if reason is None and (gluon or gluon_switch(GATHER_QUANT_GLUON_ENV) is not False):
             gather_quant_cols_t_gluon(x, src, dtype, q_t, s)
             return q_t, s
     elif gluon:

@@ -36,13 +36,14 @@ from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, gluon_platf
 from primus_turbo.triton.launch import launch
 
 from .gather_quant_gluon import GluonGatherQuantConfig, _layouts
+from .gather_quant_kernel import _FP8_MAX
+from .quant_fp8_kernel import _MAX_GRID_Y
 
 __all__ = ["WEIGHT_COPIES_GLUON_ENV", "WEIGHT_COPIES_DEFAULT_CONFIG", "weight_copies_gluon",
            "weight_copies_gluon_reason"]
 
 WEIGHT_COPIES_GLUON_ENV = "PRIMUS_TURBO_FP8_WEIGHT_GLUON"
 _BLK = 128
-_FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 #: 16 rows x 8 columns per thread, 4 warps: one 128 x 128 block per program (a config's tile
 #: width must be 128)
 WEIGHT_COPIES_DEFAULT_CONFIG = GluonGatherQuantConfig(4, 8, 4)
@@ -76,17 +77,11 @@ def weight_copies_gluon_reason(x: torch.Tensor, out_dtype, config: Optional[Gluo
     if x.shape[2] > 1 and x.stride(2) != 1:
         return f"x's columns are not contiguous (strides {x.stride()})"
     cfg = config or WEIGHT_COPIES_DEFAULT_CONFIG
-    if cfg.reason():
-        return cfg.reason()
+    if (reason := cfg.reason()) is not None:
+        return reason
     if cfg.tc != _BLK:
         return f"config {tuple(cfg)}: tile width {cfg.tc}, must be 128 (one block per program)"
     return None
-
-
-def weights_gluon_on() -> Optional[bool]:
-    from primus_turbo.pytorch.core.env import env_auto_flag
-
-    return env_auto_flag(WEIGHT_COPIES_GLUON_ENV)
 
 
 if GLUON_AVAILABLE:
@@ -165,8 +160,8 @@ def weight_copies_gluon(x: torch.Tensor, out_dtype: torch.dtype, config: Optiona
     if q.numel() == 0:
         return q, s, qt
     l3, lst = _layouts(cfg)
-    for b0 in range(0, nb, 65535):  # grid dim 1 limit; one launch for any realistic batch
-        nbb = min(65535, nb - b0)
+    for b0 in range(0, nb, _MAX_GRID_Y):  # grid dim 1 limit; one launch for any realistic batch
+        nbb = min(_MAX_GRID_Y, nb - b0)
         launch(_weight_copies_gluon_kernel, (n_sr * n_sc, nbb),
                (x[b0:], q[b0:].view(torch.uint8), qt[b0:].view(torch.uint8).view(torch.int32), s[b0:],
                 rows, cols, n_sc, n_sr, n_sc, x.stride(0), x.stride(1)),

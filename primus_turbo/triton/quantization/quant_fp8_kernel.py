@@ -999,9 +999,10 @@ def fp8_quant_batched_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: 
     if with_trans and x.is_cuda:
         # the Hopper Gluon twin (the same bytes, one read, no shared-memory transpose) where it runs
         # and PRIMUS_TURBO_FP8_WEIGHT_GLUON (docs/env_vars.md) does not say no
-        from .quant_fp8_gluon import weight_copies_gluon, weight_copies_gluon_reason, weights_gluon_on
+        from .gather_quant_gluon import gluon_switch
+        from .quant_fp8_gluon import WEIGHT_COPIES_GLUON_ENV, weight_copies_gluon, weight_copies_gluon_reason
 
-        if weights_gluon_on() is not False and weight_copies_gluon_reason(x, out_dtype) is None:
+        if gluon_switch(WEIGHT_COPIES_GLUON_ENV) is not False and weight_copies_gluon_reason(x, out_dtype) is None:
             return weight_copies_gluon(x, out_dtype)
     gr, gc, tr, tc, nw, n_prog, n_tc, n_sr, n_sc = _single_plan(rows, cols, grouping)
     if with_trans:
