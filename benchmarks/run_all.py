@@ -34,6 +34,7 @@ BENCHMARKS: list[tuple[str, str]] = [
     ("quantization", "benchmarks.bench_quantization"),
     ("norm_act", "benchmarks.bench_norm_act"),
     ("moe_permute", "benchmarks.bench_moe_permute"),
+    ("router_gemm", "benchmarks.bench_router_gemm"),
     ("moe_layer", "benchmarks.bench_moe_layer"),
     ("attention", "benchmarks.bench_attention"),
 ]

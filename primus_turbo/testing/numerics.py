@@ -14,11 +14,13 @@ error varies widely. A NaN or inf anywhere in ``out`` gives ``-inf`` so every th
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 
 __all__ = [
+    "poisoned_allocations",
     "SNR_THRESHOLDS",
     "snr_db",
     "rel_err",
@@ -131,3 +133,21 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         t.fill_(float("nan"))
     return t
+
+
+@contextlib.contextmanager
+def poisoned_allocations(monkeypatch):
+    """Within the block, every floating tensor (2+ bytes per element) allocated through
+    ``torch.empty`` / ``torch.empty_like`` starts as NaN: an element a kernel forgets to write
+    fails the SNR checks. For ops that allocate their own outputs; ``monkeypatch`` is pytest's."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def _poison(t):
+        if t.is_floating_point() and t.dtype.itemsize > 1:
+            t.fill_(float("nan"))
+        return t
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "empty", lambda *a, **kw: _poison(empty(*a, **kw)))
+        m.setattr(torch, "empty_like", lambda *a, **kw: _poison(empty_like(*a, **kw)))
+        yield

@@ -125,6 +125,12 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "Gluon kernel (one read of each tile, no shared-memory transpose; the same bytes) where it runs, 0 the "
         "Triton kernel.",
     ),
+    "PRIMUS_TURBO_ROUTER_GEMM_FUSED": (
+        "1",
+        "router_gating_linear (the fp32 router of MoELayer over bf16 tokens): 1 the fused Triton kernels (bf16 "
+        "tensor cores on three-way bf16 splits of the fp32 operands, no fp32 copy of the tokens), 0 the PyTorch "
+        "expression (x.float() @ W^T and fp32 backward GEMMs).",
+    ),
     "PRIMUS_TURBO_GATHER_QUANT_GLUON": (
         "auto",
         "grouped_gemm_fp8 BLOCKWISE wgrad token copies (gather + 128 x 1 quantization + transposed store, "

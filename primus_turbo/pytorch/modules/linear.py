@@ -1,4 +1,5 @@
-"""Dense linear layers: :class:`Linear` (``turbo.ops.gemm``) and :class:`Float8Linear` (``turbo.ops.gemm_fp8``).
+"""Dense linear layers: :class:`Linear` (``turbo.ops.gemm``), :class:`Float8Linear` (``turbo.ops.gemm_fp8``)
+and :class:`RouterLinear` (``turbo.ops.router_gating_linear``: an fp32 router over 16-bit tokens).
 
 Both are drop-in ``torch.nn.Linear`` subclasses (same parameters, initialisation and state dict):
 ``y = x @ W^T (+ b)`` for ``x`` of shape ``[..., in_features]`` (flattened to 2-D for the GEMM and
@@ -25,8 +26,9 @@ from ..ops.gemm_fp8 import _mm as _fp8_mm
 from ..ops.gemm_fp8 import _mm_accum as _fp8_mm_accum
 from ..ops.gemm_fp8 import _quantize as _fp8_quantize
 from ..ops.gemm_fp8 import gemm_fp8
+from ..ops.moe_router_gemm import router_gating_linear
 
-__all__ = ["Linear", "Float8Linear"]
+__all__ = ["Linear", "Float8Linear", "RouterLinear"]
 
 
 def _fuse_pattern(weight: torch.Tensor) -> Optional[str]:
@@ -58,6 +60,21 @@ class Linear(torch.nn.Linear):
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
+
+
+class RouterLinear(Linear):
+    """An MoE router's ``H -> E`` projection that accepts activations of another dtype than its
+    weight (an fp32 router over bf16 tokens, Megatron's ``moe_router_dtype``): the logits come in
+    the weight's dtype from :func:`turbo.ops.router_gating_linear` (fp32-accurate, without an fp32
+    copy of the activations; the input's gradient in the input's dtype). Same-dtype inputs take
+    :class:`Linear`'s path. Args as :class:`Linear`; ``weight.main_grad`` is honoured on both paths.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype:
+            return super().forward(x)
+        _check_x(x, self.in_features, "RouterLinear")
+        return router_gating_linear(x, self.weight, self.bias, fuse_bgrad_accum_pattern=_fuse_pattern(self.weight))
 
 
 class _CachedWeightGemmFP8(torch.autograd.Function):

@@ -3,7 +3,7 @@ permutation, experts, combine), built only from ``turbo.ops`` / ``turbo.modules`
 
 Data flow of :class:`MoELayer` for ``T`` tokens, ``E`` experts, top-``k`` routing::
 
-    logits [T, E]          = router(x)                                   turbo.modules.Linear
+    logits [T, E]          = router(x)                                   turbo.modules.RouterLinear
     aux, probs, map [T, E] = fused_group_topk_routing_with_aux_score(logits, ...)
     xp [M, H], pp [M], row_id_map, tokens_per_expert [E]
                            = moe_permute(x, map, probs, num_out_tokens=M, pad_multiple)
@@ -34,7 +34,7 @@ from ..ops.grouped_gemm import _offsets
 from ..ops.moe_permute import moe_permute, moe_unpermute
 from ..ops.moe_router import fused_group_topk_routing_with_aux_score, tokens_per_expert_to_mask
 from .grouped_linear import GroupedLinear
-from .linear import Linear
+from .linear import RouterLinear
 
 __all__ = ["GroupedMLP", "MoELayer"]
 
@@ -179,8 +179,9 @@ class MoELayer(torch.nn.Module):
             fp32 router with bf16 experts, Megatron's ``moe_router_dtype``); default ``dtype``.
         dtype, device: of the parameters.
 
-    Submodules: ``router`` (:class:`turbo.modules.Linear` ``H -> E``, no bias) and ``experts``
-    (:class:`GroupedMLP`).
+    Submodules: ``router`` (:class:`turbo.modules.RouterLinear` ``H -> E``, no bias: with an fp32
+    ``router_dtype`` over bf16 tokens it runs ``turbo.ops.router_gating_linear``, fp32-accurate
+    logits without an fp32 copy of the tokens) and ``experts`` (:class:`GroupedMLP`).
 
     Auxiliary loss (Switch Transformer / Megatron ``switch_load_balancing_loss_func``): with
     ``aux_loss_coeff > 0`` every forward sets ``self.aux_loss`` to the 0-dim float32 tensor::
@@ -230,7 +231,7 @@ class MoELayer(torch.nn.Module):
         self.scaling_factor = None if scaling_factor is None else float(scaling_factor)
         self.pad_multiple = None if pad_multiple in (None, 1) else int(pad_multiple)
         self.aux_loss_coeff = float(aux_loss_coeff)
-        self.router = Linear(hidden_size, num_experts, bias=False, device=device,
+        self.router = RouterLinear(hidden_size, num_experts, bias=False, device=device,
                              dtype=router_dtype if router_dtype is not None else dtype)
         self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size, activation=activation, config=config,
                                   dtype=dtype, device=device)
@@ -291,8 +292,7 @@ class MoELayer(torch.nn.Module):
         elif self.pad_multiple is None:
             num_out_tokens = t * k
 
-        rw = self.router.weight
-        logits = self.router(x if x.dtype == rw.dtype else x.to(rw.dtype))                       # [T, E]
+        logits = self.router(x)                                   # [T, E] in the router's dtype
         aux_scores, probs, routing_map = fused_group_topk_routing_with_aux_score(
             logits, k, self.groups, self.selected_groups, self.score_function, self.scaling_factor)
 

@@ -11,6 +11,7 @@ from .grouped_gemm_fp4 import grouped_gemm_fp4
 from .grouped_gemm_fp8 import grouped_gemm_fp8
 from .moe_permute import moe_permute, moe_unpermute, token_permute, token_unpermute
 from .moe_router import fused_group_topk_routing_with_aux_score, indices_to_multihot, tokens_per_expert_to_mask
+from .moe_router_gemm import router_gating_linear
 from .normalization import rmsnorm, rmsnorm_residual
 from .quantization import (
     dequantize_fp4,
@@ -45,6 +46,7 @@ __all__ = [
     "fused_group_topk_routing_with_aux_score",
     "indices_to_multihot",
     "tokens_per_expert_to_mask",
+    "router_gating_linear",
     "moe_permute",
     "moe_unpermute",
     "token_permute",

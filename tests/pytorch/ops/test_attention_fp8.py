@@ -9,7 +9,6 @@ On CPU the kernels run in the Triton interpreter, so shapes are small; the ``gpu
 
 from __future__ import annotations
 
-import contextlib
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
 from primus_turbo.pytorch.ops import attention_fp8, flash_attn_fp8_func, flash_attn_func
 from primus_turbo.testing import attention_ref, snr_db
+from primus_turbo.testing.numerics import poisoned_allocations
 
 pytest.importorskip("triton")
 
@@ -67,29 +67,12 @@ def _ref(q, k, v, s, causal, window, dout):
     return out.detach(), [t.grad for t in leaves] + ([sl.grad] if sl is not None else [])
 
 
-@contextlib.contextmanager
-def _poisoned_allocations(monkeypatch):
-    """Every floating tensor allocated with torch.empty / empty_like during the call starts as NaN:
-    an element a kernel forgets to write fails the SNR checks."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def _poison(t):
-        if t.is_floating_point() and t.dtype.itemsize > 1:
-            t.fill_(float("nan"))
-        return t
-
-    with monkeypatch.context() as m:
-        m.setattr(torch, "empty", lambda *a, **kw: _poison(empty(*a, **kw)))
-        m.setattr(torch, "empty_like", lambda *a, **kw: _poison(empty_like(*a, **kw)))
-        yield
-
-
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_fp8_vs_fp64(case, device, monkeypatch):
     b, sq, sk, hq, hk, d, dtype, layout, causal, window, sink = case
     q, k, v, s = _inputs(b, sq, sk, hq, hk, d, dtype, device, layout, sink)
     dout = torch.randn(b, sq, hq, d, dtype=dtype, device=device)
-    with _poisoned_allocations(monkeypatch):
+    with poisoned_allocations(monkeypatch):
         out = flash_attn_fp8_func(q, k, v, causal=causal, window_size=window, sink=s)
         out.backward(dout)
     assert out.dtype == dtype and out.shape == (b, sq, hq, d)

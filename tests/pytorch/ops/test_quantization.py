@@ -1051,7 +1051,8 @@ def test_blocks_batched_with_trans_gluon(nb, r, c, device):
     from primus_turbo.triton.quantization.gather_quant_gluon import GluonGatherQuantConfig
     from primus_turbo.triton.quantization.quant_fp8_gluon import weight_copies_gluon, weight_copies_gluon_reason
 
-    for i, (in_dtype, out_dtype) in enumerate([(torch.bfloat16, E4M3), (torch.bfloat16, E5M2)]):
+    for i, (in_dtype, out_dtype) in enumerate([(torch.bfloat16, E4M3), (torch.bfloat16, E5M2),
+                                               (torch.float16, E4M3), (torch.float32, E5M2)]):
         w = _expert_weights(nb, r, c, in_dtype, device, seed=31 * r + c + i)
         w[-1, 1, 2], w[-1, r - 1, c - 1], w[0, 3, 1] = float("nan"), float("inf"), float("-inf")
         reason = weight_copies_gluon_reason(w, out_dtype)
@@ -1082,5 +1083,7 @@ def test_blocks_batched_with_trans_gluon_refusals(device):
     assert "not contiguous" in weight_copies_gluon_reason(w.transpose(1, 2), E4M3)
     assert "must be 128" in weight_copies_gluon_reason(w, E4M3, GluonGatherQuantConfig(4, 8, 2))
     assert "out_dtype" in weight_copies_gluon_reason(w, torch.int8)
-    assert "bf16 weights only" in weight_copies_gluon_reason(w.float(), E4M3)
+    assert weight_copies_gluon_reason(w.float(), E4M3) is None
+    assert weight_copies_gluon_reason(w.half(), E4M3) is None
+    assert "bf16, fp16 or fp32" in weight_copies_gluon_reason(w.double(), E4M3)
 

@@ -1,0 +1,165 @@
+"""The router GEMM in high precision: ``turbo.ops.router_gating_linear``.
+
+Megatron's ``moe_router_dtype="fp32"`` keeps the router weight (and its GEMM) in fp32 while the
+activations are bf16: ``logits = x.float() @ W^T``. Done plainly this casts the whole activation
+tensor to fp32 (an extra read and a 2x-size write, and an fp32 copy saved for the backward) and
+runs three fp32 GEMMs with N = E on the CUDA cores. :func:`router_gating_linear` gives the same
+values without either cost: its Triton kernels (``primus_turbo/triton/moe/router_gemm_kernel.py``)
+read the bf16 activations once and split every fp32 operand into three bf16 pieces whose sum is
+exact, so the bf16 tensor-core products, accumulated in fp32, form the fp32 GEMM (up to the order
+of the fp32 additions). The saved tensor is the bf16 ``x`` itself.
+
+Semantics, for ``x [..., H]`` and ``weight [E, H]``::
+
+    logits = x.to(weight.dtype) @ weight^T (+ bias)          in weight's dtype, shape [..., E]
+    grad x = (grad @ weight).to(x.dtype);  grad weight = grad^T @ x (in weight's dtype);
+    grad bias = grad.sum over rows
+
+Backends: the fused kernels for bf16 ``x`` with an fp32 ``weight`` (and fp32 ``bias``) on CUDA
+(and on CPU under ``TRITON_INTERPRET=1``); every other case (same dtypes, fp16 ``x``, plain CPU)
+runs the PyTorch expression above, as does code traced by ``torch.compile``. With ``fuse_bgrad_accum_pattern="megatron"`` the weight
+gradient is added into ``weight.main_grad`` (Megatron's ``gradient_accumulation_fusion``) and a
+placeholder gradient is returned, as :func:`turbo.ops.gemm` does. No host synchronisation; the
+weight gradient is reduced from per-split fp32 partials in a fixed order (deterministic).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from primus_turbo.triton import is_interpreter, triton_available
+
+from .gemm import _megatron_dummy_wgrad
+
+__all__ = ["router_gating_linear", "router_gemm_backend"]
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def router_gemm_backend(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> str:
+    """``"triton"`` (the fused bf16-x / fp32-weight kernels) where they apply, else ``"torch"``."""
+    if x.dtype != torch.bfloat16 or weight.dtype != torch.float32 or torch.compiler.is_compiling():
+        # traced code (torch.compile) gets the PyTorch expression, which the compiler can fuse
+        return "torch"
+    if bias is not None and bias.dtype != torch.float32:
+        return "torch"
+    from primus_turbo.pytorch.core.env import env_auto_flag
+
+    if env_auto_flag("PRIMUS_TURBO_ROUTER_GEMM_FUSED") is False:
+        return "torch"
+    if triton_available() and (x.is_cuda or (x.device.type == "cpu" and is_interpreter())):
+        return "triton"
+    return "torch"
+
+
+def _check(x, weight, bias, fuse):
+    op = "router_gating_linear"
+    for name, t in (("x", x), ("weight", weight)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in _DTYPES:
+            raise ValueError(f"{op}: {name}.dtype must be float32, bfloat16 or float16, got {t.dtype}")
+    if weight.dim() != 2:
+        raise ValueError(f"{op}: weight must be 2-D [experts, hidden], got shape {tuple(weight.shape)}")
+    if x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"{op}: x's last dim must equal weight.shape[1]={weight.shape[1]}, "
+                         f"got x shape {tuple(x.shape)}")
+    if weight.shape[0] == 0 or weight.shape[1] == 0:
+        raise ValueError(f"{op}: weight must be non-empty, got shape {tuple(weight.shape)}")
+    if x.device != weight.device:
+        raise ValueError(f"{op}: x is on {x.device} but weight is on {weight.device}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError(f"{op}: bias must be a torch.Tensor or None, got {type(bias).__name__}")
+        if bias.shape != (weight.shape[0],) or bias.dtype != weight.dtype or bias.device != weight.device:
+            raise ValueError(f"{op}: bias must be [{weight.shape[0]}] of weight's dtype {weight.dtype} on "
+                             f"{weight.device}, got shape {tuple(bias.shape)}, {bias.dtype} on {bias.device}")
+    if fuse not in (None, "megatron"):
+        raise ValueError(f"{op}: fuse_bgrad_accum_pattern must be None or 'megatron', got {fuse!r}")
+    if fuse == "megatron" and getattr(weight, "main_grad", None) is None:
+        raise ValueError(f"{op}: fuse_bgrad_accum_pattern='megatron' needs weight.main_grad")
+
+
+class _RouterGatingLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, fuse):
+        h = x.shape[-1]
+        x2 = x.reshape(-1, h)
+        if x2.shape[0] > 0 and x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        backend = router_gemm_backend(x2, weight, bias)
+        if x2.shape[0] == 0:
+            out = x2.new_empty((0, weight.shape[0]), dtype=weight.dtype)
+        elif backend == "triton":
+            from primus_turbo.triton.moe.router_gemm_kernel import router_fwd_launch
+
+            out = router_fwd_launch(x2, weight.contiguous(), None if bias is None else bias.contiguous())
+        else:
+            out = torch.nn.functional.linear(x2.to(weight.dtype), weight, bias)
+        ctx.backend, ctx.fuse, ctx.x_shape = backend, fuse, x.shape
+        ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
+        need_gx, need_gw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        # the backward reads the 16-bit x itself (never an fp32 copy) and the weight
+        ctx.save_for_backward(x2 if need_gw else None, weight if (need_gx or (fuse and need_gw)) else None)
+        return out.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        x2, weight = ctx.saved_tensors
+        need_gx, need_gw, need_gb = ctx.needs_input_grad[:3]
+        e = grad.shape[-1]
+        g = grad.reshape(-1, e)
+        t = g.shape[0]
+        fused = ctx.backend == "triton" and t > 0
+        if fused:
+            g = g.to(torch.float32).contiguous()
+        gx = gw = gb = None
+        if need_gx:
+            if t == 0:
+                gx = torch.zeros(ctx.x_shape, dtype=ctx.x_dtype, device=grad.device)
+            elif fused:
+                from primus_turbo.triton.moe.router_gemm_kernel import router_dx_launch
+
+                gx = router_dx_launch(g, weight.contiguous()).reshape(ctx.x_shape)
+            else:
+                gx = (g.to(ctx.w_dtype) @ weight).to(ctx.x_dtype).reshape(ctx.x_shape)
+        if need_gw:
+            if t == 0:
+                dw = torch.zeros((e, x2.shape[1]), dtype=ctx.w_dtype, device=grad.device)
+            elif fused:
+                from primus_turbo.triton.moe.router_gemm_kernel import router_dw_launch
+
+                dw = router_dw_launch(x2, g).sum(0)
+            else:
+                dw = g.to(ctx.w_dtype).t() @ x2.to(ctx.w_dtype)
+            if ctx.fuse:
+                weight.main_grad.add_(dw)
+                weight.grad_added_to_main_grad = True
+                gw = _megatron_dummy_wgrad(weight)
+            else:
+                gw = dw.to(ctx.w_dtype)
+        if need_gb:
+            gb = grad.reshape(-1, e).to(torch.float32).sum(0).to(ctx.w_dtype)
+        return gx, gw, gb, None
+
+
+def router_gating_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+                         fuse_bgrad_accum_pattern: Optional[str] = None) -> torch.Tensor:
+    """Router logits ``x @ weight^T (+ bias)`` computed in ``weight``'s dtype, from ``x`` of any
+    16/32-bit dtype, without materialising ``x`` in that dtype (see the module docstring).
+
+    Args:
+        x: ``[..., H]`` activations (bf16 for the fused kernels; any float dtype otherwise).
+        weight: ``[E, H]`` router weight (fp32 for the fused kernels).
+        bias: optional ``[E]`` in weight's dtype.
+        fuse_bgrad_accum_pattern: ``None`` or ``"megatron"``: the weight gradient is added into
+            ``weight.main_grad`` and a placeholder gradient is returned.
+
+    Returns:
+        ``[..., E]`` logits in ``weight.dtype``. Gradients: ``x``'s in ``x.dtype``, ``weight``'s
+        (and ``bias``'s) in ``weight.dtype``, with fp32 accumulation on the fused path.
+    """
+    _check(x, weight, bias, fuse_bgrad_accum_pattern)
+    return _RouterGatingLinear.apply(x, weight, bias, fuse_bgrad_accum_pattern)
