@@ -230,3 +230,17 @@ def test_router_linear_module(device):
     torch.testing.assert_close(lin(xf), xf @ lin.weight.t(), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="RouterLinear: input's last dim"):
         lin(torch.randn(5, 40, device=device, dtype=torch.bfloat16))
+
+
+def test_router_linear_torch_compile_fullgraph():
+    """Traced code takes the PyTorch expression (the compiler fuses the cast into its GEMM)."""
+    lin = turbo.modules.RouterLinear(32, 8, bias=True, dtype=torch.float32)
+    x = torch.randn(3, 5, 32).to(torch.bfloat16).requires_grad_()
+    compiled = torch.compile(lin, fullgraph=True, backend="aot_eager")
+    y = compiled(x)
+    g = torch.randn_like(y)
+    y.backward(g)
+    ry, rdx, rdw, rdb = _ref(x.reshape(-1, 32), lin.weight, lin.bias, g.reshape(-1, 8))
+    assert y.dtype == torch.float32 and x.grad.dtype == torch.bfloat16
+    assert rel_err(ry, y.reshape(-1, 8)) <= FP32_REL and rel_err(rdw, lin.weight.grad) <= FP32_REL
+    assert rel_err(rdb, lin.bias.grad) <= FP32_REL and rel_err(rdx, x.grad.reshape(-1, 32)) <= 1e-2
