@@ -63,18 +63,33 @@ class Linear(torch.nn.Linear):
 
 
 class RouterLinear(Linear):
-    """An MoE router's ``H -> E`` projection that accepts activations of another dtype than its
-    weight (an fp32 router over bf16 tokens, Megatron's ``moe_router_dtype``): the logits come in
-    the weight's dtype from :func:`turbo.ops.router_gating_linear` (fp32-accurate, without an fp32
-    copy of the activations; the input's gradient in the input's dtype). Same-dtype inputs take
-    :class:`Linear`'s path. Args as :class:`Linear`; ``weight.main_grad`` is honoured on both paths.
+    """An MoE router's ``H -> E`` projection whose logits are computed in ``router_dtype`` (default:
+    the weight's dtype) from activations of another dtype: an fp32 router over bf16 tokens
+    (Megatron's ``moe_router_dtype``), with an fp32 weight or a bf16 one
+    (``RouterLinear(H, E, dtype=torch.bfloat16, router_dtype=torch.float32)``). The logits come
+    from :func:`turbo.ops.router_gating_linear` (no fp32 copy of the activations; the input's
+    gradient in the input's dtype). Inputs in the weight's dtype with no other ``router_dtype``
+    take :class:`Linear`'s path. Args as :class:`Linear`, plus ``router_dtype``;
+    ``weight.main_grad`` is honoured on both paths.
     """
 
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
+                 router_dtype: Optional[torch.dtype] = None):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        if router_dtype is not None and router_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"RouterLinear: router_dtype must be float32, bfloat16, float16 or None, "
+                             f"got {router_dtype}")
+        self.router_dtype = router_dtype
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == self.weight.dtype:
+        rd = self.router_dtype or self.weight.dtype
+        if x.dtype == self.weight.dtype and rd == self.weight.dtype:
             return super().forward(x)
         _check_x(x, self.in_features, "RouterLinear")
-        return router_gating_linear(x, self.weight, self.bias, fuse_bgrad_accum_pattern=_fuse_pattern(self.weight))
+        return router_gating_linear(x, self.weight, self.bias, rd, fuse_bgrad_accum_pattern=_fuse_pattern(self.weight))
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f", router_dtype={self.router_dtype}" if self.router_dtype else "")
 
 
 class _CachedWeightGemmFP8(torch.autograd.Function):

@@ -23,7 +23,10 @@ running sum with an ordinary rounded fp32 add (DeepGEMM's promotion, applied to 
 smaller terms, 2**-8 and less of the total, chain through the tensor cores.
 * ``_router_dx_kernel``: ``dx [T, H] (bf16) = g @ W`` with ``g = dlogits`` fp32: both
   operands are split; the six products whose pieces' bits reach fp32's 24 (hi.hi, hi.mid, mid.hi,
-  hi.lo, mid.mid, lo.hi) are summed, the three dropped ones lie below 2**-32 relative. Each
+  hi.lo, mid.mid, lo.hi) are summed, the three dropped ones lie below 2**-32 relative.
+
+A bf16 weight (Megatron keeps the router weight in the model's dtype and computes in
+``router_dtype``) is its own single piece: one product in the forward, three in grad_input. Each
   program holds its ``[BT, E]`` slice of ``g`` (split once) and walks all of H.
 * ``_router_dw_kernel``: per-split partials ``P[s] = g[rows of s]^T @ x[rows of s]`` (fp32,
   ``[S, E, H]``), computed as ``x^T @ g`` so the long H side is the MMA's M; the op layer sums
@@ -86,7 +89,7 @@ def _router_fwd_kernel(x_ptr, w_ptr, b_ptr, out_ptr, T, H, E, stride_xt, stride_
         kk = k0 + rk
         mk = kk < H
         x = tl.load(x_rows + kk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
-        w = tl.load(w_cols + kk[:, None], mask=mk[:, None] & me[None, :], other=0.0)  # [BK, BE] fp32
+        w = tl.load(w_cols + kk[:, None], mask=mk[:, None] & me[None, :], other=0.0).to(tl.float32)  # [BK, BE]
         if IEEE:  # fp32 FMA on the CUDA cores (diagnostics)
             acc = tl.dot(x.to(tl.float32), w, acc, input_precision="ieee")
         else:
@@ -102,13 +105,14 @@ def _router_fwd_kernel(x_ptr, w_ptr, b_ptr, out_ptr, T, H, E, stride_xt, stride_
             acc += tl.dot(x, hi)
     acc += small
     if HAS_BIAS:
-        acc += tl.load(b_ptr + re, mask=me, other=0.0)[None, :]
+        acc += tl.load(b_ptr + re, mask=me, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + rt.to(tl.int64)[:, None] * stride_ot + re[None, :], acc, mask=mt[:, None] & me[None, :])
 
 
 @triton.jit
 def _router_dx_kernel(g_ptr, w_ptr, dx_ptr, T, H, E, stride_gt, stride_we, stride_dt,
-                      BT: tl.constexpr, BH: tl.constexpr, BE: tl.constexpr, ONE_STEP: tl.constexpr):
+                      BT: tl.constexpr, BH: tl.constexpr, BE: tl.constexpr, ONE_STEP: tl.constexpr,
+                      W_PIECES: tl.constexpr = 3):
     pid_t = tl.program_id(0)
     rt = pid_t * BT + tl.arange(0, BT)
     mt = rt < T
@@ -132,13 +136,18 @@ def _router_dx_kernel(g_ptr, w_ptr, dx_ptr, T, H, E, stride_gt, stride_we, strid
                 g = tl.load(g_rows + ee[None, :], mask=mt[:, None] & me[None, :], other=0.0)
                 g_hi, g_mid, g_lo = _split3(g)
             w = tl.load(w_ptr + ee.to(tl.int64)[:, None] * stride_we + hh[None, :], mask=me[:, None] & mh[None, :],
-                        other=0.0)
-            w_hi, w_mid, w_lo = _split3(w)
-            small = tl.dot(g_hi, w_lo)
-            small = tl.dot(g_mid, w_mid, small)
-            small = tl.dot(g_lo, w_hi, small)
-            small = tl.dot(g_hi, w_mid, small)
-            small = tl.dot(g_mid, w_hi, small)
+                        other=0.0).to(tl.float32)
+            if W_PIECES == 3:
+                w_hi, w_mid, w_lo = _split3(w)
+                small = tl.dot(g_hi, w_lo)
+                small = tl.dot(g_mid, w_mid, small)
+                small = tl.dot(g_lo, w_hi, small)
+                small = tl.dot(g_hi, w_mid, small)
+                small = tl.dot(g_mid, w_hi, small)
+            else:  # a bf16 weight is its own single piece
+                w_hi = w.to(tl.bfloat16)
+                small = tl.dot(g_lo, w_hi)
+                small = tl.dot(g_mid, w_hi, small)
             # the leading product from zero, added with fp32 rounding (see the forward)
             acc += tl.dot(g_hi, w_hi) + small
         tl.store(dx_rows + hh[None, :], acc.to(tl.bfloat16), mask=mt[:, None] & mh[None, :])
@@ -195,17 +204,20 @@ def _e_block(e: int, cap: int) -> int:
 
 def router_fwd_launch(x: torch.Tensor, w: torch.Tensor, bias: "torch.Tensor | None" = None, *,
                       bt: int = 128, bk: int = 64, be: "int | None" = None, num_warps: int = 8,
-                      num_stages: "int | None" = None, pieces: int = 3, ieee: bool = False) -> torch.Tensor:
-    """``x`` bf16 ``[T, H]`` (unit stride along H), ``w`` fp32 ``[E, H]`` contiguous, ``bias`` fp32
-    ``[E]`` or None -> fp32 ``[T, E]``. Keywords override the tiling (tuning)."""
+                      num_stages: "int | None" = None, pieces: "int | None" = None, ieee: bool = False
+                      ) -> torch.Tensor:
+    """``x`` bf16 ``[T, H]`` (unit stride along H), ``w`` fp32 or bf16 ``[E, H]`` contiguous,
+    ``bias`` ``[E]`` (fp32 or bf16) or None -> fp32 ``[T, E]``. Keywords override the tiling
+    (tuning); ``pieces`` (diagnostics) defaults to 3 for an fp32 weight, 1 for a bf16 one (exact)."""
     t, h = x.shape
     e = w.shape[0]
     out = torch.empty((t, e), dtype=torch.float32, device=x.device)
     be = be or _e_block(e, 128)
-    kw = dict(HAS_BIAS=bias is not None, BT=bt, BE=be, BK=bk, PIECES=pieces, IEEE=ieee, num_warps=num_warps)
-    if x.device.type == "cuda":
-        # the fp32 weight tile dominates the stages' shared memory: fewer stages for wide E tiles
-        kw["num_stages"] = num_stages or (3 if be * bk > 64 * 64 else 4)
+    pieces = pieces or (1 if w.dtype == torch.bfloat16 else 3)
+    # the fp32 weight tile dominates the stages' shared memory: fewer stages for wide E tiles (the
+    # interpreter ignores num_stages)
+    kw = dict(HAS_BIAS=bias is not None, BT=bt, BE=be, BK=bk, PIECES=pieces, IEEE=ieee, num_warps=num_warps,
+              num_stages=num_stages or (3 if be * bk > 64 * 64 else 4))
     launch(_router_fwd_kernel, (triton.cdiv(e, be), triton.cdiv(t, bt)),
            (x, w, bias if bias is not None else w, out, t, h, e, x.stride(0), w.stride(0), out.stride(0)), kw,
            x.device)
@@ -214,15 +226,16 @@ def router_fwd_launch(x: torch.Tensor, w: torch.Tensor, bias: "torch.Tensor | No
 
 def router_dx_launch(g: torch.Tensor, w: torch.Tensor, *, bt: int = 128, bh: int = 128,
                      num_warps: int = 8) -> torch.Tensor:
-    """``g`` fp32 ``[T, E]`` contiguous, ``w`` fp32 ``[E, H]`` contiguous -> ``g @ w`` ``[T, H]`` in
-    bf16 (the fp32 sum rounded to nearest even on the GPU; the interpreter truncates)."""
+    """``g`` fp32 ``[T, E]`` contiguous, ``w`` fp32 or bf16 ``[E, H]`` contiguous -> ``g @ w``
+    ``[T, H]`` in bf16 (the fp32 sum rounded to nearest even on the GPU; the interpreter truncates)."""
     t, e = g.shape
     h = w.shape[1]
     dx = torch.empty((t, h), dtype=torch.bfloat16, device=g.device)
     be = _e_block(e, 64)
     launch(_router_dx_kernel, (triton.cdiv(t, bt),),
            (g, w, dx, t, h, e, g.stride(0), w.stride(0), dx.stride(0)),
-           dict(BT=bt, BH=bh, BE=be, ONE_STEP=e <= be, num_warps=num_warps), g.device)
+           dict(BT=bt, BH=bh, BE=be, ONE_STEP=e <= be, W_PIECES=1 if w.dtype == torch.bfloat16 else 3,
+                num_warps=num_warps), g.device)
     return dx
 
 

@@ -111,6 +111,38 @@ def test_fused_weight_grad_is_deterministic(device):
     assert torch.equal(grads[0], grads[1])
 
 
+@needs_triton
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_bf16_weight_fp32_router_dtype(bias, device, monkeypatch):
+    """Megatron's form: a bf16 router weight, fp32 logits (``router_dtype``), positional order
+    ``(inp, weight, bias, router_dtype)``; weight and bias grads in bf16."""
+    x = torch.randn(90, 160, device=device).to(torch.bfloat16).requires_grad_()
+    w = (torch.randn(12, 160, device=device) * 0.05).to(torch.bfloat16).requires_grad_()
+    b = torch.randn(12, device=device).to(torch.bfloat16).requires_grad_() if bias else None
+    assert router_gemm_backend(x, w, b, torch.float32) == "triton"
+    g = torch.randn(90, 12, device=device)
+    with poisoned_allocations(monkeypatch):
+        y = router_gating_linear(x, w, b, torch.float32)
+        y.backward(g)
+    ry, rdx, rdw, rdb = _ref(x, w, b, g)
+    assert y.dtype == torch.float32
+    ty = x.detach().float() @ w.detach().float().t() + (b.detach().float() if bias else 0)
+    assert rel_err(ry, y) <= _bound(ry, ty), rel_err(ry, y)
+    _check_dx(rdx, x.grad)
+    assert w.grad.dtype == torch.bfloat16 and rel_err(rdw, w.grad) <= 2.0**-8
+    if bias:
+        assert b.grad.dtype == torch.bfloat16 and rel_err(rdb, b.grad) <= 2.0**-8
+
+
+def test_router_dtype_other_than_fp32_takes_the_torch_expression(device):
+    x = torch.randn(20, 32, device=device).to(torch.bfloat16)
+    w = torch.randn(4, 32, device=device)
+    assert router_gemm_backend(x, w, None, torch.bfloat16) == "torch"
+    y = router_gating_linear(x, w, None, torch.bfloat16)
+    assert y.dtype == torch.bfloat16
+    assert rel_err(x.double() @ w.double().t(), y) <= 1e-2
+
+
 def test_split_bf16x3_is_exact():
     from primus_turbo.triton.moe.router_gemm_kernel import split_bf16x3
 
@@ -214,6 +246,8 @@ def test_bad_inputs():
         router_gating_linear(x, w, fuse_bgrad_accum_pattern="megatron")
     with pytest.raises(ValueError, match="fuse_bgrad_accum_pattern must be"):
         router_gating_linear(x, w, fuse_bgrad_accum_pattern="te")
+    with pytest.raises(ValueError, match="router_dtype must be"):
+        router_gating_linear(x, w, None, torch.float64)
 
 
 @needs_triton
@@ -230,6 +264,15 @@ def test_router_linear_module(device):
     torch.testing.assert_close(lin(xf), xf @ lin.weight.t(), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="RouterLinear: input's last dim"):
         lin(torch.randn(5, 40, device=device, dtype=torch.bfloat16))
+    # a bf16 weight with fp32 logits (Megatron's layout)
+    lin16 = turbo.modules.RouterLinear(48, 6, bias=False, device=device, dtype=torch.bfloat16,
+                                       router_dtype=torch.float32)
+    y = lin16(x)
+    assert y.dtype == torch.float32 and "router_dtype=torch.float32" in repr(lin16)
+    ref = x.detach().double() @ lin16.weight.detach().double().t()
+    assert rel_err(ref, y) <= _bound(ref, x.detach().float() @ lin16.weight.detach().float().t())
+    with pytest.raises(ValueError, match="RouterLinear: router_dtype must be"):
+        turbo.modules.RouterLinear(48, 6, router_dtype=torch.int8)
 
 
 def test_router_linear_torch_compile_fullgraph():
