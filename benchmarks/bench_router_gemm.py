@@ -158,9 +158,8 @@ def sweep(t, h, e, rep):
         for bh in (64, 128):
             for nw in (4, 8):
                 for per_sm in (1, 2, 4):
-                    splits = max(1, -(-per_sm * 132 // (-(-h // bh) * -(-e // min(64, max(16, e))))))
-                    kw = dict(bh=bh, bt=64, num_warps=nw, splits=splits)
-                    _time("dw", dict(kw, per_sm=per_sm), lambda: k.router_dw_launch(x, g, **kw).sum(0))
+                    kw = dict(bh=bh, bt=64, num_warps=nw, progs_per_sm=per_sm)
+                    _time("dw", kw, lambda: k.router_dw_launch(x, g, **kw).sum(0))
     finally:
         set_timing("do_bench")
     for kern in ("fwd-eager-default", "fwd-graph-default", "dx-eager-default", "dx-graph-default",

@@ -153,7 +153,7 @@ class _RouterGatingLinear(torch.autograd.Function):
             else:
                 gw = dw.to(ctx.w_dtype)
         if need_gb:
-            gb = grad.reshape(-1, e).to(torch.float32).sum(0).to(ctx.b_dtype)
+            gb = g.to(torch.float32).sum(0).to(ctx.b_dtype)
         return gx, gw, gb, None, None
 
 

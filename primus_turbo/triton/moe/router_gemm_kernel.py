@@ -39,15 +39,14 @@ Offsets into the ``[T, *]`` tensors are int64. Any T, H, E (masked edges); E up 
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
+from primus_turbo.triton.gemm.gemm_kernel import _num_sms
 from primus_turbo.triton.launch import launch
 
-__all__ = ["router_fwd_launch", "router_dx_launch", "router_dw_launch", "split_bf16x3"]
+__all__ = ["router_fwd_launch", "router_dx_launch", "router_dw_launch"]
 
 
 @triton.jit
@@ -58,15 +57,6 @@ def _split3(v):
     r = v - hi.to(tl.float32)
     mid = r.to(tl.bfloat16)
     lo = (r - mid.to(tl.float32)).to(tl.bfloat16)
-    return hi, mid, lo
-
-
-def split_bf16x3(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The kernels' split in PyTorch (tests and the reference): fp32 ``v`` -> bf16 (hi, mid, lo)."""
-    hi = v.to(torch.bfloat16)
-    r = v - hi.float()
-    mid = r.to(torch.bfloat16)
-    lo = (r - mid.float()).to(torch.bfloat16)
     return hi, mid, lo
 
 
@@ -186,11 +176,6 @@ def _router_dw_kernel(x_ptr, g_ptr, p_ptr, T, H, E, rows_per_split, stride_xt, s
     tl.store(ptrs, acc, mask=mh[:, None] & me[None, :])
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 # Defaults from the H200 sweep (benchmarks/bench_router_gemm.py --sweep, device time, 2026-12-02):
 # forward 128-token tiles at 8 warps (GPT-OSS-20B 41.8 us, DeepSeek-V3 with 256 experts 469 us
 # against 43.9 / 900 us at 64 tokens and 4 warps), grad_input 128 x 128 tiles at 8 warps (65.3 /
@@ -241,10 +226,10 @@ def router_dx_launch(g: torch.Tensor, w: torch.Tensor, *, bt: int = 128, bh: int
 
 
 def router_dw_launch(x: torch.Tensor, g: torch.Tensor, *, bh: int = 128, bt: int = 64, num_warps: int = 8,
-                     splits: "int | None" = None) -> torch.Tensor:
+                     splits: "int | None" = None, progs_per_sm: int = _DW_PROGS_PER_SM) -> torch.Tensor:
     """``x`` bf16 ``[T, H]`` (unit stride along H), ``g`` fp32 ``[T, E]`` contiguous -> the fp32
     partials ``[S, E, H]`` of ``g^T @ x`` over S row splits (sum them over dim 0). ``splits``
-    defaults to about four programs per SM on CUDA, 2 on the interpreter."""
+    defaults to about ``progs_per_sm`` programs per SM on CUDA, 2 on the interpreter."""
     t, h = x.shape
     e = g.shape[1]
     be = _e_block(e, 64)
@@ -253,7 +238,7 @@ def router_dw_launch(x: torch.Tensor, g: torch.Tensor, *, bh: int = 128, bt: int
     if splits is None:
         if x.device.type == "cuda":
             idx = x.device.index if x.device.index is not None else torch.cuda.current_device()
-            splits = triton.cdiv(_DW_PROGS_PER_SM * _sm_count(idx), tiles)
+            splits = triton.cdiv(progs_per_sm * _num_sms(idx), tiles)
         else:
             splits = 2
     splits = max(1, min(int(splits), row_tiles))
