@@ -131,6 +131,13 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "tensor cores on three-way bf16 splits of the fp32 operands, no fp32 copy of the tokens), 0 the PyTorch "
         "expression (x.float() @ W^T and fp32 backward GEMMs).",
     ),
+    "PRIMUS_TURBO_GROUPED_GEMM_GLU_FUSED": (
+        "auto",
+        "grouped_gemm_glu (GroupedMLP's fc1 + SwiGLU / GeGLU with probs, bf16 / fp16): auto the fused Gluon kernel "
+        "(the activation in the GEMM's epilogue) on sm_90 where the 16-bit grouped default would run the GEMM on "
+        "Gluon (gluon16_preferred) and the kernel can run it, else grouped_gemm then the activation kernel; 1 the "
+        "fused kernel wherever it can run; 0 never.",
+    ),
     "PRIMUS_TURBO_GATHER_QUANT_GLUON": (
         "auto",
         "grouped_gemm_fp8 BLOCKWISE wgrad token copies (gather + 128 x 1 quantization + transposed store, "

@@ -9,6 +9,7 @@ from .gemm_fp8 import gemm_fp8
 from .grouped_gemm import grouped_gemm
 from .grouped_gemm_fp4 import grouped_gemm_fp4
 from .grouped_gemm_fp8 import grouped_gemm_fp8
+from .grouped_gemm_glu import grouped_gemm_glu
 from .moe_permute import moe_permute, moe_unpermute, token_permute, token_unpermute
 from .moe_router import fused_group_topk_routing_with_aux_score, indices_to_multihot, tokens_per_expert_to_mask
 from .moe_router_gemm import router_gating_linear
@@ -32,6 +33,7 @@ __all__ = [
     "grouped_gemm",
     "grouped_gemm_fp4",
     "grouped_gemm_fp8",
+    "grouped_gemm_glu",
     "quantize_fp8",
     "quantize_fp8_with_trans",
     "dequantize_fp8",

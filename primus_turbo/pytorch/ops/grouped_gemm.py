@@ -28,9 +28,11 @@ import torch
 
 from ..backends.grouped_gemm import (
     GROUPED_GEMM_DTYPES,
+    GroupedGemmGluonBackend,
     GroupedGemmTorchBackend,
     GroupedGemmVariableKTorchBackend,
     gluon_wgrad,
+    gluon16_large_preferred,
     grouped_gemm_dispatcher,
     grouped_gemm_variable_k_dispatcher,
 )
@@ -135,7 +137,7 @@ def _vk(x, y, group_lens, group_offs, num_cu):
     return _vk_eager(x, y, group_lens, group_offs, num_cu)
 
 
-def _vendor_route(a: torch.Tensor, B: torch.Tensor, num_cu) -> Optional[str]:
+def _vendor_route(a: torch.Tensor, B: torch.Tensor, num_cu, group_offs: Optional[torch.Tensor] = None) -> Optional[str]:
     """Truthy when the forward, grad_input and grad_weight of this call all run on the TORCH
     backends' path under the current settings, decided once per forward: ``"pinned"`` when the user
     pinned TORCH (every GEMM on ``torch._grouped_mm``), ``"default"`` when the default dispatch
@@ -147,6 +149,9 @@ def _vendor_route(a: torch.Tensor, B: torch.Tensor, num_cu) -> Optional[str]:
     problems, where its no-grad default takes the Gluon kernel (``gluon16_small_preferred``: less
     device time); for small expert GEMMs under autograd the Python time is what the step costs (the
     vendor kernels take tens of microseconds), so the op asks once and keeps the vendor route.
+    Large problems that the default gives to the Gluon kernel (:func:`gluon16_large_preferred`: its
+    rule is symmetric in N and K, so it holds for the grad_input GEMM too) take the dispatcher's
+    route (None), as do calls where ``group_offs`` is given and the Gluon kernel can run them.
     Sound because the backward's operands follow from the forward's: the grad_input GEMM reads the
     same weight as a transposed view (row- and column-major are both taken, the strides are the same
     numbers), and the grad_weight GEMM reads ``a`` (row-major and aligned: checked here) and the
@@ -162,6 +167,10 @@ def _vendor_route(a: torch.Tensor, B: torch.Tensor, num_cu) -> Optional[str]:
         return None  # grad_out rows would not be aligned for the vendor grad_weight
     if GroupedGemmTorchBackend.check(a, B, None, None) is not None:
         return None
+    if (backend is None and group_offs is not None
+            and gluon16_large_preferred(a.size(0), B.size(2), a.size(1), B.size(0))
+            and GroupedGemmGluonBackend.check(a, B, None, group_offs) is None):
+        return None
     return "default" if backend is None else "pinned"
 
 
@@ -169,6 +178,40 @@ def _vk_accum(x, y, group_lens, group_offs, c, num_cu):
     if torch.compiler.is_compiling():
         return torch.ops.primus_turbo.grouped_gemm_variable_k_accum_impl(x, y, group_lens, group_offs, c, num_cu)
     return _vk_accum_eager(x, y, group_lens, group_offs, c, num_cu)
+
+
+def grouped_gemm_backward(g, a, b, group_lens, group_offs, tb, num_cu, vendor, offs32, fuse_accum, need_a, need_b):
+    """(grad_a, grad_b) of ``out = grouped_gemm(a, b, ..., trans_b=tb)`` for the output gradient ``g``
+    (``a``'s dtype): the grad_input GEMM when ``need_a``, the grad_weight GEMM (or its accumulation
+    into ``b.main_grad`` with ``fuse_accum``, returning Megatron's placeholder) when ``need_b``, on the
+    route the forward chose (``vendor``, ``offs32``: see :func:`_vendor_route`). Shared with the fused
+    fc1 + activation op (``grouped_gemm_glu``), whose backward ends in this GEMM's."""
+    grad_a = grad_b = None
+    if not g.is_contiguous():
+        g = g.contiguous()
+    if need_a:
+        # grad_input: dA[rows of g] = dC[rows of g] @ op(b[g]).T; rows past offs[G] get zeros
+        if vendor:  # the logical [G, N, K] weight: b itself with trans_b, else its transposed view
+            grad_a = GroupedGemmTorchBackend.execute(g, b if tb else b.transpose(1, 2), group_lens, group_offs,
+                                                     offs32=offs32)
+        else:
+            grad_a = _gmm(g, b, group_lens, group_offs, not tb, num_cu)
+    if need_b:
+        # grad_weight, stored like b: [G, K, N] = a_g.T @ dC_g, or [G, N, K] = dC_g.T @ a_g
+        x, y = (g, a) if tb else (a, g)
+        if fuse_accum:
+            _vk_accum(x, y, group_lens, group_offs, b.main_grad, num_cu)
+            b.grad_added_to_main_grad = True
+            grad_b = _megatron_dummy_wgrad(b)
+        elif vendor:
+            gluon = gluon_wgrad(x, y, group_offs) if vendor == "default" else None
+            if gluon is not None:
+                grad_b = gluon.grouped_gemm_variable_k_gluon(x, y, group_offs)
+            else:
+                grad_b = GroupedGemmVariableKTorchBackend.execute(x, y, group_lens, group_offs, offs32=offs32)
+        else:
+            grad_b = _vk(x, y, group_lens, group_offs, num_cu)
+    return grad_a, grad_b
 
 
 # --------------------------------------------------------------------------------------------
@@ -196,34 +239,11 @@ class GroupedGemmFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         a, b, group_lens, group_offs = ctx.saved_tensors
-        tb, num_cu, vendor, offs32 = ctx.trans_b, ctx.num_cu, ctx.vendor, ctx.offs32
-        grad_a = grad_b = None
         dtype = a.dtype if a is not None else b.dtype
         g = grad_out if grad_out.dtype == dtype else grad_out.to(dtype)
-        if not g.is_contiguous():
-            g = g.contiguous()
-        if ctx.needs_input_grad[0]:
-            # grad_input: dA[rows of g] = dC[rows of g] @ op(b[g]).T; rows past offs[G] get zeros
-            if vendor:  # the logical [G, N, K] weight: b itself with trans_b, else its transposed view
-                grad_a = GroupedGemmTorchBackend.execute(g, b if tb else b.transpose(1, 2), group_lens, group_offs,
-                                                         offs32=offs32)
-            else:
-                grad_a = _gmm(g, b, group_lens, group_offs, not tb, num_cu)
-        if ctx.needs_input_grad[1]:
-            # grad_weight, stored like b: [G, K, N] = a_g.T @ dC_g, or [G, N, K] = dC_g.T @ a_g
-            x, y = (g, a) if tb else (a, g)
-            if ctx.fuse_accum:
-                _vk_accum(x, y, group_lens, group_offs, b.main_grad, num_cu)
-                b.grad_added_to_main_grad = True
-                grad_b = _megatron_dummy_wgrad(b)
-            elif vendor:
-                gluon = gluon_wgrad(x, y, group_offs) if vendor == "default" else None
-                if gluon is not None:
-                    grad_b = gluon.grouped_gemm_variable_k_gluon(x, y, group_offs)
-                else:
-                    grad_b = GroupedGemmVariableKTorchBackend.execute(x, y, group_lens, group_offs, offs32=offs32)
-            else:
-                grad_b = _vk(x, y, group_lens, group_offs, num_cu)
+        grad_a, grad_b = grouped_gemm_backward(g, a, b, group_lens, group_offs, ctx.trans_b, ctx.num_cu, ctx.vendor,
+                                               ctx.offs32, ctx.fuse_accum, ctx.needs_input_grad[0],
+                                               ctx.needs_input_grad[1])
         return grad_a, grad_b, None, None, None, None, None, None
 
 
@@ -301,8 +321,10 @@ def grouped_gemm(
     ``a``'s rows, so a bad ``group_lens`` never reads or writes out of bounds there; on CPU an
     async assert also reports a sum larger than ``M_total``.
 
-    Backends: TORCH (``torch._grouped_mm``, CUDA sm_90+ bf16; the default where it can run) and
-    TRITON (everything else, and CPU through the Triton interpreter); see
+    Backends: TORCH (``torch._grouped_mm``, CUDA sm_90+ bf16; the default where it can run), GLUON
+    (the warp-specialized sm_90 kernels; the default for small problems and for large groups, see
+    ``gluon16_preferred`` in ``primus_turbo.pytorch.backends.grouped_gemm``) and TRITON (everything
+    else, and CPU through the Triton interpreter); see
     ``GlobalBackendManager.set_grouped_gemm_backend`` and ``PRIMUS_TURBO_GROUPED_GEMM_BACKEND``.
     """
     _check_inputs(a, b, group_lens, group_offs, trans_b, num_cu, fuse_bgrad_accum_pattern)
@@ -314,6 +336,6 @@ def grouped_gemm(
     fuse = fuse_bgrad_accum_pattern == "megatron"
     trans_b = bool(trans_b)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        vendor = _vendor_route(a, b.transpose(1, 2) if trans_b else b, num_cu)
+        vendor = _vendor_route(a, b.transpose(1, 2) if trans_b else b, num_cu, group_offs)
         return GroupedGemmFunction.apply(a, b, group_lens, group_offs, trans_b, num_cu, fuse, vendor)
     return _gmm(a, b, group_lens, group_offs, trans_b, num_cu)

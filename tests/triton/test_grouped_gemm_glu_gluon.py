@@ -1,0 +1,251 @@
+"""The fused fc1 + gated activation Gluon kernel (triton/grouped_gemm/grouped_gemm_glu_gluon.py) and
+``turbo.ops.grouped_gemm_glu``.
+
+On CPU: the operand reasons, the op's path choice (fused only where the kernel can run and the rule
+gives the GEMM to Gluon) with a mocked platform, and that the launcher's own arguments bind and compile
+for sm_90 without spills or serialized wgmmas, with one m64n256 wgmma chain and the TMA loads / stores
+expected. On an sm_90 GPU: ``h`` bit-equal to the 16-bit Gluon grouped GEMM and ``out`` bit-equal to
+the activation kernel on that ``h`` (so the op equals its composition exactly), against the fp64
+reference, with balanced, unbalanced, empty and ragged groups, NaN rows past ``group_offs[G]``,
+F and K tails, masked rows with NaN probs, both activations, bitwise repeatability; and the op's
+forward and backward against the composition.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from primus_turbo.triton.grouped_gemm import grouped_gemm_glu_gluon as gf  # noqa: E402
+from tests.triton.gluon_compile_child import compile_check_module, rerun_outside_interpreter, warmup_for_sm90  # noqa: E402,E501
+from tests.triton.gluon_gemm_helpers import needs_gluon, sm90_gpu  # noqa: E402
+from tests.triton.gluon_gemm_helpers import offsets as _offsets  # noqa: E402
+from tests.triton.gluon_gemm_helpers import snr as _snr  # noqa: E402
+
+
+def _operands(lens, F, K, device, dtype=torch.bfloat16, tail=0, seed=0):
+    """x [sum(lens) + tail, K] (tail rows NaN), w [G, 2F, K], probs (NaN on masked rows), the row
+    mask (some rows inside groups masked too), offsets."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    G, M = len(lens), sum(lens) + tail
+    x = torch.randn(M, K, generator=gen).to(dtype)
+    w = (torch.randn(G, 2 * F, K, generator=gen) / K ** 0.5).to(dtype)
+    probs = torch.rand(M, generator=gen) + 0.25
+    mask = torch.ones(M, dtype=torch.bool)
+    mask[sum(lens):] = False
+    mask[::7] = False
+    probs[~mask] = float("nan")
+    if tail:
+        x[M - tail:] = float("nan")
+    return (x.to(device), w.to(device), probs.to(device), mask.to(device), _offsets(lens, device))
+
+
+def _ref(x, w, probs, mask, lens, act):
+    h = torch.zeros(x.shape[0], w.shape[1], dtype=torch.float64, device=x.device)
+    start = 0
+    for g, n in enumerate(lens):
+        h[start:start + n] = x[start:start + n].double() @ w[g].double().T
+        start += n
+    F = w.shape[1] // 2
+    a, b = h[:, :F], h[:, F:]
+    if act == "swiglu":
+        y = torch.nn.functional.silu(a)
+    else:
+        y = torch.nn.functional.gelu(a, approximate="tanh")
+    out = y * b * probs.double()[:, None]
+    return h, torch.where(mask[:, None], out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU
+# ---------------------------------------------------------------------------------------------
+def test_operand_reasons():
+    x, w, probs, mask, offs = _operands([10, 20], 64, 32, "cpu")
+    ok = gf.gluon_glu_operand_reason
+    if not gf.GLUON_AVAILABLE:
+        pytest.skip("gluon not importable")
+    assert ok(x, w, offs, probs, mask) is None
+    assert "bfloat16 or float16" in ok(x.float(), w.float(), offs, probs, mask)
+    assert "[G, 2F, K]" in ok(x, w[:, :-1], offs, probs, mask)
+    assert "multiples of 8" in ok(x[:, :30].contiguous(), w[:, :, :30].contiguous(), offs, probs, mask)
+    assert "int64" in ok(x, w, offs.int(), probs, mask)
+    assert "float32" in ok(x, w, offs, probs.double(), mask)
+    assert "row_mask" in ok(x, w, offs, probs, mask.long())
+    assert "contiguous" in ok(x, w.transpose(1, 2).contiguous().transpose(1, 2), offs, probs, mask)
+    assert "CUDA sm_90" in gf.gluon_glu_reason(x, w, offs, probs, mask)
+
+
+def test_op_path_choice(monkeypatch):
+    """The fused kernel only where it can run (never on CPU), the size rule holds (or the switch
+    says 1), and no other grouped-GEMM backend is pinned."""
+    import importlib
+
+    op = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm_glu")  # the module, not the op
+    x, w, probs, mask, offs = _operands([10, 20], 64, 32, "cpu")
+    u8 = mask.view(torch.uint8)
+    assert op._fused_module(x, w, offs, probs, u8) is None  # CPU
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(gf, "gluon_glu_reason", lambda *a: None)
+    assert op._fused_module(x, w, offs, probs, u8) is gf  # small problem: the 16-bit default is Gluon
+    monkeypatch.setenv(op._ENV, "0")
+    assert op._fused_module(x, w, offs, probs, u8) is None
+    monkeypatch.setenv(op._ENV, "auto")
+    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_BACKEND", "TORCH")
+    assert op._fused_module(x, w, offs, probs, u8) is None
+    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_BACKEND", "GLUON")
+    assert op._fused_module(x, w, offs, probs, u8) is gf
+    monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_BACKEND")
+    monkeypatch.setattr(op, "gluon16_preferred", lambda *a: False)  # a problem the vendor kernel gets
+    assert op._fused_module(x, w, offs, probs, u8) is None
+    monkeypatch.setenv(op._ENV, "1")
+    assert op._fused_module(x, w, offs, probs, u8) is gf
+    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_GLUON", "0")
+    assert op._fused_module(x, w, offs, probs, u8) is None
+
+
+@needs_gluon
+@pytest.mark.parametrize("act", ["swiglu", "geglu"])
+def test_launcher_arguments_bind_and_compile_for_sm90(act, monkeypatch, request):
+    """The launcher's own arguments (strided views of w and h as TMA descriptors, pointers, probs
+    and mask) bind and compile for sm_90: shared memory within sm_90's, no spills, no serialized
+    wgmmas, the m64n256 wgmma, 4 TMA loads per K block and 3 stores per warpgroup."""
+    if rerun_outside_interpreter(request):
+        return
+    x, w, probs, mask, offs = _operands([100, 0, 300], 200, 136, "cpu", tail=5)
+    h = torch.empty(x.shape[0], 400, dtype=x.dtype)
+    out = torch.empty(x.shape[0], 200, dtype=x.dtype)
+    args, kwargs = gf._kernel_args(x, w, offs, probs, mask.view(torch.uint8), h, out, gf.GLU_ACTS[act],
+                                   gf.GLU_DEFAULT_CONFIG)
+    kernel = warmup_for_sm90(gf._grouped_gemm_glu_gluon_ws_kernel, args, kwargs, monkeypatch)
+    assert kernel.metadata.shared <= 232448 and kernel.metadata.num_warps == 12
+    import os
+
+    import triton
+
+    chk = compile_check_module()
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        pytest.skip("ptxas not available")
+    report = chk._ptxas_report(kernel.asm["ptx"], ptxas)
+    import re
+
+    spills = [int(v) for v in re.findall(r"(\d+) bytes spill stores", report)]
+    assert sum(spills) <= 4, report  # one word of the tile loop's state, once per tile (see GluonGLUConfig)
+    assert not re.findall(r"\((C75\d\d)\)", report), report
+    assert "m64n256k16.f32.bf16.bf16" in kernel.asm["ptx"]
+    counts = chk.sass_counts(chk._sass(kernel.asm["cubin"], os.path.join(os.path.dirname(ptxas), "cuobjdump")))
+    if any(counts.values()):
+        assert counts["tma_load"] == 4 and counts["tma_store"] == 6, counts
+        assert counts["local_store"] <= 1 and counts["local_load"] <= 1, counts
+
+
+def test_op_composition_on_cpu_matches_reference():
+    """Off the fused path the op is grouped_gemm then the activation: forward and gradients of x,
+    w and probs against the fp64 reference (fp32 operands through the Triton interpreter)."""
+    import primus_turbo.pytorch as turbo
+
+    lens = [6, 0, 11, 3]
+    x, w, probs, mask, offs = _operands(lens, 24, 16, "cpu", dtype=torch.float32, tail=2)
+    x = x.nan_to_num(0.0)  # the fp64 reference's matmul would spread NaN rows' gradients
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    probs = probs.nan_to_num(0.5).requires_grad_(True)
+    out = turbo.ops.grouped_gemm_glu(x, w, offs[1:] - offs[:-1], offs, probs, mask, "swiglu")
+    xr, wr, pr = (t.detach().double().requires_grad_(True) for t in (x, w, probs))
+    _, ref = _ref(xr, wr, pr, mask, lens, "swiglu")
+    assert _snr(ref, out) >= 60
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref.backward(dout.double())
+    for got, want in ((x.grad, xr.grad), (w.grad, wr.grad), (probs.grad, pr.grad)):
+        assert _snr(want, got) >= 60
+
+
+def test_op_errors():
+    import primus_turbo.pytorch as turbo
+
+    x, w, probs, mask, offs = _operands([4, 4], 16, 16, "cpu", dtype=torch.float32)
+    lens = offs[1:] - offs[:-1]
+    with pytest.raises(ValueError, match="activation"):
+        turbo.ops.grouped_gemm_glu(x, w, lens, offs, probs, mask, "relu")
+    with pytest.raises(ValueError, match="even"):
+        turbo.ops.grouped_gemm_glu(x, w[:, :-1], lens, offs, probs, mask)
+    with pytest.raises(TypeError, match="probs"):
+        turbo.ops.grouped_gemm_glu(x, w, lens, offs, probs.double(), mask)
+    with pytest.raises(ValueError, match="probs"):
+        turbo.ops.grouped_gemm_glu(x, w, lens, offs, probs[:-1], mask)
+    with pytest.raises(TypeError, match="row_mask"):
+        turbo.ops.grouped_gemm_glu(x, w, lens, offs, probs, mask.float())
+    with pytest.raises(ValueError, match="row_mask"):
+        turbo.ops.grouped_gemm_glu(x, w, lens, offs, probs, mask[:-1])
+    with pytest.raises(ValueError):
+        turbo.ops.grouped_gemm_glu(x, w.transpose(1, 2), lens, offs, probs, mask)  # K mismatch
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------
+LENS = {
+    "balanced": [512, 512, 512, 512],
+    "unbalanced": [0, 1000, 37, 0, 333, 1],
+    "small": [5, 0, 63, 64, 65, 0, 128, 17],
+}
+
+
+@sm90_gpu
+@pytest.mark.parametrize("pattern", list(LENS))
+@pytest.mark.parametrize("F,K", [(256, 512), (200, 136), (128, 72)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("act", ["swiglu", "geglu"])
+def test_fused_equals_gluon_gemm_then_activation(pattern, F, K, dtype, act):
+    from primus_turbo.triton.activation.swiglu_kernel import glu_fwd_launch
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_gluon as gg
+
+    lens = LENS[pattern]
+    x, w, probs, mask, offs = _operands(lens, F, K, "cuda", dtype, tail=7)
+    assert gf.gluon_glu_reason(x, w, offs, probs, mask) is None
+    h, out = gf.grouped_gemm_glu_gluon(x, w, offs, probs, mask, act)
+    h_ref = gg.grouped_gemm_gluon(x, w.transpose(1, 2), offs, config=gg.GROUPED16_DEFAULT_CONFIG)
+    assert torch.equal(h, h_ref), (pattern, F, K)
+    assert torch.all(h[sum(lens):] == 0)
+    o_ref = glu_fwd_launch(h_ref, gf.GLU_ACTS[act], probs, mask.view(torch.uint8))
+    assert torch.equal(out, o_ref), (pattern, F, K, (out.float() - o_ref.float()).abs().max())
+    assert torch.all(out[~mask] == 0)
+    h64, o64 = _ref(x.nan_to_num(0.0), w, probs.nan_to_num(0.0), mask, lens, act)
+    keep = mask.nonzero().squeeze(1)
+    assert _snr(h64[:sum(lens)], h[:sum(lens)]) >= 40
+    assert _snr(o64[keep], out[keep]) >= 40
+    h2, o2 = gf.grouped_gemm_glu_gluon(x, w, offs, probs, mask, act, num_programs=3)
+    assert torch.equal(h2, h) and torch.equal(o2, out)
+
+
+@sm90_gpu
+@pytest.mark.parametrize("fuse", [False, True])
+def test_op_fused_forward_backward_equals_composition(fuse, monkeypatch):
+    """The op on the fused path (switch at 1) against grouped_gemm + swiglu_with_probs with every
+    16-bit GEMM pinned to Gluon: forward, grad x, grad w (or main_grad), grad probs bit-equal."""
+    import primus_turbo.pytorch as turbo
+
+    lens = [300, 0, 517, 64, 129]
+    x, w, probs, mask, offs = _operands(lens, 256, 384, "cuda", tail=9)
+    x = x.nan_to_num(0.0)
+    probs = probs.nan_to_num(1.0)
+    glens = offs[1:] - offs[:-1]
+    dout = torch.randn(x.shape[0], 256, device="cuda").to(x.dtype)
+    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_BACKEND", "BF16:GLUON")
+
+    def run(fused):
+        monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_GLU_FUSED", "1" if fused else "0")
+        xx, ww, pp = (t.clone().requires_grad_(True) for t in (x, w, probs))
+        if fuse:
+            ww.main_grad = torch.full(ww.shape, 0.5, dtype=torch.float32, device="cuda")
+        out = turbo.ops.grouped_gemm_glu(xx, ww, glens, offs, pp, mask, "swiglu",
+                                         "megatron" if fuse else None)
+        out.backward(dout)
+        return out, xx.grad, (ww.main_grad if fuse else ww.grad), pp.grad
+
+    fused, ref = run(True), run(False)
+    for a, b in zip(fused, ref):
+        assert torch.equal(a, b)
