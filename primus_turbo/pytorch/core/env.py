@@ -133,10 +133,9 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
     "PRIMUS_TURBO_GROUPED_GEMM_GLU_FUSED": (
         "auto",
-        "grouped_gemm_glu (GroupedMLP's fc1 + SwiGLU / GeGLU with probs, bf16 / fp16): auto the fused Gluon kernel "
-        "(the activation in the GEMM's epilogue) on sm_90 where the 16-bit grouped default would run the GEMM on "
-        "Gluon (gluon16_preferred) and the kernel can run it, else grouped_gemm then the activation kernel; 1 the "
-        "fused kernel wherever it can run; 0 never.",
+        "grouped_gemm_glu (GroupedMLP's fc1 + SwiGLU / GeGLU with probs, bf16 / fp16): 1 the fused Gluon kernel "
+        "(the activation in the GEMM's epilogue) on sm_90 wherever it can run; auto / 0 grouped_gemm then the "
+        "activation kernel (H200: no net gain from the fusion yet).",
     ),
     "PRIMUS_TURBO_GATHER_QUANT_GLUON": (
         "auto",
