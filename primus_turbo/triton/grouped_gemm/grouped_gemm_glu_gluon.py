@@ -61,9 +61,8 @@ class GluonGLUConfig:
     stages: int = 3
     group_m: int = 8
     c_bufs: int = 2
-    # the producer's fourth TMA load needs more than the 16-bit kernel's 40 registers (232 / 40
-    # spilled 20 bytes there); 224 / 56 leaves one 4-byte spill of the consumers' tile-loop state,
-    # stored and reloaded once per tile outside the MMA loop (ptxas, sm_90a)
+    # no spills at 232 / 40, 224 / 56 or 216 / 72 (ptxas, sm_90a); the producer's fourth TMA load
+    # gets a little room
     consumer_regs: int = 224
     producer_regs: int = 56
 
@@ -207,14 +206,19 @@ if GLUON_AVAILABLE:
                 gate, up = _halves(acc)
                 gate = gate.to(out_ty)
                 up = up.to(out_ty)
-                act = _glu_act(gate, up, p_ptr, m_ptr, off_m, M, ACT)
-                if off_m + HALF_M <= m_end:  # the whole half is in the group: TMA stores (clip at F)
+                whole = off_m + HALF_M <= m_end  # the whole half is in the group: TMA stores (clip at F)
+                if whole:
                     st = _store_piece(hg_desc, c_bufs, gate, off_m, off_n, st, WG, C_BUFS, False)
                     st = _store_piece(hu_desc, c_bufs, up, off_m, off_n, st, WG, C_BUFS, False)
-                    st = _store_piece(o_desc, c_bufs, act, off_m, off_n, st, WG, C_BUFS, False)
                 else:  # the group's last rows: masked stores, the next group's rows untouched
                     _store_masked(h_ptr, gate, off_m, m_end, off_n, F, 2 * F)
                     _store_masked(h_ptr + F, up, off_m, m_end, off_n, F, 2 * F)
+                # formed after the h stores are issued: the activation's math covers the wait for
+                # the gate piece's staging buffer, which the activation's store reuses
+                act = _glu_act(gate, up, p_ptr, m_ptr, off_m, M, ACT)
+                if whole:
+                    st = _store_piece(o_desc, c_bufs, act, off_m, off_n, st, WG, C_BUFS, False)
+                else:
                     _store_masked(o_ptr, act, off_m, m_end, off_n, F, F)
             tile_base += tiles_g
         tma.store_wait(pendings=0)
