@@ -181,7 +181,14 @@ def test_triton_backend_takes_gluon_where_it_can(monkeypatch):
     """With the platform mocked as sm_90 (and tensors that claim CUDA), the TRITON backends call
     the Gluon launchers unless PRIMUS_TURBO_GROUPED_GEMM_GLUON=0 or the reason says no."""
     from primus_turbo.pytorch.backends import grouped_gemm as be
+    from primus_turbo.triton import is_interpreter
     from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as tlk
+
+    if not is_interpreter():
+        # the "offsets derived" calls launch the real offsets kernel on the CPU tensors that claim
+        # CUDA, which only the interpreter runs (failed on the H200 host, 2026-12-02); GPU hosts test
+        # the real routes in test_op_triton_backend_runs_gluon
+        pytest.skip("mocks CUDA tensors on CPU: needs the Triton interpreter (TRITON_INTERPRET=1)")
 
     fake_platform(monkeypatch, gg)
     fake_platform(monkeypatch, vk)
