@@ -19,7 +19,8 @@ import torch
 pytest.importorskip("triton")
 
 from primus_turbo.triton.grouped_gemm import grouped_gemm_glu_gluon as gf  # noqa: E402
-from tests.triton.gluon_compile_child import compile_check_module, rerun_outside_interpreter, warmup_for_sm90  # noqa: E402,E501
+from tests.triton.gluon_compile_child import compile_check_module  # noqa: E402
+from tests.triton.gluon_compile_child import rerun_outside_interpreter, warmup_for_sm90  # noqa: E402
 from tests.triton.gluon_gemm_helpers import needs_gluon, sm90_gpu  # noqa: E402
 from tests.triton.gluon_gemm_helpers import offsets as _offsets  # noqa: E402
 from tests.triton.gluon_gemm_helpers import snr as _snr  # noqa: E402
@@ -165,6 +166,33 @@ def test_op_composition_on_cpu_matches_reference():
     ref.backward(dout.double())
     for got, want in ((x.grad, xr.grad), (w.grad, wr.grad), (probs.grad, pr.grad)):
         assert _snr(want, got) >= 60
+
+
+def test_grouped_mlp_routes_through_the_op_only_when_requested(monkeypatch):
+    """GroupedMLP keeps calling its linear_fc1 module and the activation op by default (hooks on
+    linear_fc1 fire); with the switch at 1 it calls grouped_gemm_glu (the composition on CPU), with
+    the same result."""
+    from primus_turbo.pytorch.modules import GroupedMLP
+    from primus_turbo.pytorch.modules import moe as moe_mod
+    from primus_turbo.triton import is_interpreter
+
+    if not is_interpreter():
+        pytest.skip("CPU tensors need the Triton interpreter (TRITON_INTERPRET=1)")
+    torch.manual_seed(0)
+    mlp = GroupedMLP(3, 32, 16, dtype=torch.float32)
+    lens = torch.tensor([5, 0, 9])
+    x = torch.randn(16, 32)
+    probs = torch.rand(16)
+    hooked, calls = [], []
+    mlp.linear_fc1.register_forward_hook(lambda *a: hooked.append(1))
+    real = moe_mod.grouped_gemm_glu
+    monkeypatch.setattr(moe_mod, "grouped_gemm_glu", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ref = mlp(x, lens, probs)
+    assert hooked and not calls
+    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_GLU_FUSED", "1")
+    out = mlp(x, lens, probs)
+    assert calls and len(hooked) == 1
+    assert torch.equal(out, ref)
 
 
 def test_op_errors():

@@ -31,7 +31,7 @@ import torch
 from ..core.low_precision import Float4QuantConfig, Float8QuantConfig
 from ..ops.activation import geglu_with_probs, swiglu_with_probs
 from ..ops.grouped_gemm import _offsets
-from ..ops.grouped_gemm_glu import grouped_gemm_glu
+from ..ops.grouped_gemm_glu import glu_fusion_requested, grouped_gemm_glu
 from ..ops.moe_permute import moe_permute, moe_unpermute
 from ..ops.moe_router import fused_group_topk_routing_with_aux_score, tokens_per_expert_to_mask
 from .grouped_linear import GroupedLinear
@@ -152,7 +152,7 @@ class GroupedMLP(torch.nn.Module):
         # rows past sum(group_lens): the grouped GEMMs already give zeros there; the mask also
         # zeroes them (and their probs gradient) whatever the caller's probs hold in those rows
         row_mask = tokens_per_expert_to_mask(group_lens, m)
-        if self.config is None:  # fc1 and the activation as one op (fused on sm_90 where it pays)
+        if self.config is None and glu_fusion_requested():  # fc1 + activation in one Gluon kernel
             w1 = self.linear_fc1.weight
             h = grouped_gemm_glu(permuted_tokens, w1, group_lens, group_offs, probs.float(), row_mask,
                                  self.activation, _fuse_pattern(w1))                       # [M, F]

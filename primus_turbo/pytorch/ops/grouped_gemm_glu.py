@@ -2,16 +2,17 @@
 routing probs, ``act(x @ W_g^T)`` per expert, as one op with autograd.
 
 ``out = glu(grouped_gemm(x, w, group_lens, group_offs, trans_b=True), probs, row_mask)`` where
-``glu`` is ``swiglu_with_probs`` or ``geglu_with_probs``; :class:`turbo.modules.GroupedMLP` calls it for
-its ``linear_fc1`` in 16-bit. With ``PRIMUS_TURBO_GROUPED_GEMM_GLU_FUSED=1`` on sm_90 the fused
-Gluon kernel (triton/grouped_gemm/grouped_gemm_glu_gluon.py) computes the activation in the GEMM's
-epilogue from the stored (rounded) GEMM output, so the result is the composition's exactly when the
-composition's GEMM runs the Gluon kernel; it saves the activation's pass over ``[M, 2F]`` and its
-launch, but its epilogue (the activation of a 128 x 128 tile per warpgroup) is not overlapped with
-the tensor cores. H200, 2026-12-02, MoE layer forward + backward at 16384 tokens, fused vs the
-composition with both GEMMs on Gluon: DeepSeek-V3 57.22 vs 57.82 ms, Mixtral-8x7B 56.01 vs 55.53 ms:
-no gain overall, so the default (``auto``) runs the two ops one after the other, as do CPU, fp32,
-a pinned grouped-GEMM backend other than GLUON and torch.compile.
+``glu`` is ``swiglu_with_probs`` or ``geglu_with_probs``. With ``PRIMUS_TURBO_GROUPED_GEMM_GLU_FUSED=1``
+on sm_90 the Gluon kernel triton/grouped_gemm/grouped_gemm_glu_gluon.py computes the activation in the
+GEMM's epilogue from the stored (rounded) GEMM output: the result is the composition's bit for bit
+when the composition's GEMM runs the Gluon kernel, and the activation's pass over ``[M, 2F]`` and its
+launch are saved; :class:`turbo.modules.GroupedMLP` (16-bit) then routes its fc1 and activation
+through this op. The default (``auto``) composes the two ops, as do CPU, fp32, a pinned grouped-GEMM
+backend other than GLUON and torch.compile: H200 2026-12-02, MoE layer forward + backward at 16384
+tokens, the fused path measured 55.58 vs 55.67 ms (Mixtral-8x7B) and 57.68 vs 57.71 ms (DeepSeek-V3)
+against the default, within the run-to-run spread, and it moves fc1's forward from the vendor kernel
+to the Gluon one, which loses 5-10% on unbalanced groups. The two consumer warpgroups share one
+tile, so the epilogue's activation is not overlapped with the tensor cores.
 
 Backward (both paths): the activation's backward (``dh``, ``dprobs``) from the saved GEMM output,
 then the grouped GEMM's grad_input and grad_weight (or ``main_grad`` accumulation).
@@ -36,9 +37,16 @@ _ACTIVATIONS = {"swiglu": (_act.swiglu_with_probs, _act._ACTS["silu"]),
 _ENV = "PRIMUS_TURBO_GROUPED_GEMM_GLU_FUSED"
 
 
+def glu_fusion_requested() -> bool:
+    """``PRIMUS_TURBO_GROUPED_GEMM_GLU_FUSED=1``: callers with their own composition
+    (:class:`turbo.modules.GroupedMLP`, whose ``linear_fc1`` module then keeps running, hooks and
+    all) route fc1 + activation through :func:`grouped_gemm_glu` only then."""
+    return env_auto_flag(_ENV) is True
+
+
 def _fused_module(x, w, group_offs, probs, mask):
     """The fused kernel's module when it runs this call, else None (see the module docstring)."""
-    if env_auto_flag(_ENV) is not True or not x.is_cuda or torch.compiler.is_compiling():
+    if not glu_fusion_requested() or not x.is_cuda or torch.compiler.is_compiling():
         return None
     backend, _source, tune = grouped_gemm_dispatcher.plan(PrecisionType.BF16_FP16_FP32)
     if tune or backend not in (None, BackendType.GLUON):

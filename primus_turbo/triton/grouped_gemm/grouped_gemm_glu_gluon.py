@@ -282,7 +282,8 @@ def gluon_glu_operand_reason(x, w, group_offs, probs, row_mask) -> Optional[str]
     if probs.dtype != torch.float32 or tuple(probs.shape) != (M,) or probs.stride(0) != 1:
         return f"probs must be contiguous float32 [M_total] = [{M}], got {probs.dtype} {list(probs.shape)}"
     if row_mask.dtype not in (torch.bool, torch.uint8) or tuple(row_mask.shape) != (M,) or row_mask.stride(0) != 1:
-        return f"row_mask must be contiguous bool / uint8 [M_total] = [{M}], got {row_mask.dtype} {list(row_mask.shape)}"
+        return (f"row_mask must be contiguous bool / uint8 [M_total] = [{M}], got {row_mask.dtype} "
+                f"{list(row_mask.shape)}")
     return None
 
 
