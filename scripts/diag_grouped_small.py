@@ -12,6 +12,7 @@ tile schedule:
 
     PYTHONPATH=. python scripts/diag_grouped_small.py [--configs n256k64s3e256 n128k64s6] [--out DIR]
         [--moe --only Mixtral --rounds 5 --no-probes --no-tl --grids]   (interleaved vendor / Gluon A/B)
+        [--lens balanced unbalanced unbalanced128]   (Primus' unbalanced draw, with and without partial tiles)
 """
 
 from __future__ import annotations
@@ -67,7 +68,27 @@ def _snr(ref: torch.Tensor, out: torch.Tensor) -> float:
     return float(10 * torch.log10(ref.pow(2).sum() / err))
 
 
-def run_shape(G, m, N, K, label, kmajor, configs, rep_ms, grids, probes, tl=True, rounds=1):
+def group_lens(G: int, m: int, kind: str) -> list[int]:
+    """Rows per group summing to ``G * m``: ``balanced`` (all ``m``), ``unbalanced`` (Primus' draw, as
+    benchmarks/bench_grouped_gemm.py), ``unbalanced128`` (that draw with every group but the last
+    rounded to a multiple of 128, the last taking the rest: the same spread of sizes without the
+    partial tiles at group ends, which separates the two costs)."""
+    if kind == "balanced":
+        return [m] * G
+    from benchmarks.bench_grouped_gemm import routing_lens
+
+    lens = routing_lens(G, m, "unbalanced")
+    if kind == "unbalanced128":
+        lens = [max(128, round(n / 128) * 128) for n in lens[:-1]]
+        lens.append(G * m - sum(lens))
+        if lens[-1] < 0:
+            raise ValueError(f"unbalanced128 draw does not fit G={G} x m={m}")
+    elif kind != "unbalanced":
+        raise ValueError(f"unknown lens kind {kind!r}")
+    return lens
+
+
+def run_shape(G, m, N, K, label, kmajor, configs, rep_ms, grids, probes, tl=True, rounds=1, lens_kind="balanced"):
     from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import GluonGroupedConfig, grouped_gemm_gluon
     from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import grouped_gemm_triton
 
@@ -78,7 +99,8 @@ def run_shape(G, m, N, K, label, kmajor, configs, rep_ms, grids, probes, tl=True
     w = torch.randn(G, N, K, device=dev, dtype=torch.bfloat16, generator=gen) * K ** -0.5
     if not kmajor:  # the same logical [G, K, N] weight stored N-major
         w = w.transpose(1, 2).contiguous().transpose(1, 2)
-    lens = torch.full((G,), m, device=dev, dtype=torch.int64)
+    lens = torch.tensor(group_lens(G, m, lens_kind), device=dev, dtype=torch.int64)
+    label = label if lens_kind == "balanced" else f"{label} {lens_kind}"
     offs = torch.zeros(G + 1, device=dev, dtype=torch.int64)
     offs[1:] = torch.cumsum(lens, 0)
     offs32 = offs[1:].to(torch.int32)
@@ -147,15 +169,18 @@ def main(argv=None) -> int:
     p.add_argument("--moe", action="store_true", help="the MoE layer benchmark's expert GEMMs instead")
     p.add_argument("--rounds", type=int, default=1,
                    help="time the vendor kernel, the Gluon configs and the default this many times, interleaved")
+    p.add_argument("--lens", nargs="+", default=["balanced"], choices=("balanced", "unbalanced", "unbalanced128"),
+                   help="group sizes (each shape is run with every kind given; see group_lens)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     rows = []
     for shape in MOE_SHAPES if args.moe else SHAPES:
         if args.only and not any(o in shape[4] for o in args.only):
             continue
-        rows += run_shape(*shape, args.configs, args.rep_ms, args.grids, not args.no_probes, not args.no_tl,
-                          args.rounds)
-        torch.cuda.empty_cache()
+        for kind in args.lens:
+            rows += run_shape(*shape, args.configs, args.rep_ms, args.grids, not args.no_probes, not args.no_tl,
+                              args.rounds, kind)
+            torch.cuda.empty_cache()
     print(f"\n{'case':28s} {'impl':26s} {'ms':>8s} {'TFLOP/s':>8s} {'SNR':>6s}")
     for r in rows:
         if "error" in r:
