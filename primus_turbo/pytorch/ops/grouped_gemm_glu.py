@@ -38,9 +38,9 @@ _ENV = "PRIMUS_TURBO_GROUPED_GEMM_GLU_FUSED"
 
 
 def glu_fusion_requested() -> bool:
-    """``PRIMUS_TURBO_GROUPED_GEMM_GLU_FUSED=1``: callers with their own composition
-    (:class:`turbo.modules.GroupedMLP`, whose ``linear_fc1`` module then keeps running, hooks and
-    all) route fc1 + activation through :func:`grouped_gemm_glu` only then."""
+    """True when ``PRIMUS_TURBO_GROUPED_GEMM_GLU_FUSED=1``. :class:`turbo.modules.GroupedMLP` routes its
+    fc1 + activation through :func:`grouped_gemm_glu` only then; otherwise it calls its ``linear_fc1``
+    module (hooks included) and the activation op as before."""
     return env_auto_flag(_ENV) is True
 
 
