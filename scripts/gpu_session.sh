@@ -29,7 +29,8 @@ tests/triton/test_permute_map_kernel.py tests/triton/test_grouped_gemm_kernel.py
 tests/triton/test_gather_quant.py tests/triton/test_gemm_fp8_gluon.py tests/triton/test_grouped_gemm_fp8_gluon.py \
 tests/triton/test_grouped_gemm_fp8_variable_k_gluon.py tests/triton/test_flash_attn_gluon.py \
 tests/triton/test_flash_attn_bwd_gluon.py tests/triton/test_flash_attn_fp8_gluon.py tests/triton/test_grouped_gemm_gluon.py \
-tests/triton/test_quant_fp4_packed.py tests/triton/test_quant_fp8_packed.py}"
+tests/triton/test_quant_fp4_packed.py tests/triton/test_quant_fp8_packed.py tests/triton/test_grouped_gemm_glu_gluon.py \
+tests/pytorch/ops/test_moe_router_gemm.py}"
 existing=""
 for t in $TESTS; do [ -e "$t" ] && existing="$existing $t"; done
 
