@@ -91,8 +91,9 @@ def test_op_path_choice(monkeypatch):
     monkeypatch.setattr(gf, "gluon_glu_reason", lambda *a: None)
     for flag in ("auto", "0"):
         monkeypatch.setenv(op._ENV, flag)
-        assert op._fused_module(x, w, offs, probs, u8) is None
+        assert not op.glu_fusion_requested()
     monkeypatch.setenv(op._ENV, "1")
+    assert op.glu_fusion_requested()
     assert op._fused_module(x, w, offs, probs, u8) is gf
     monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_BACKEND", "TORCH")
     assert op._fused_module(x, w, offs, probs, u8) is None
@@ -166,6 +167,31 @@ def test_op_composition_on_cpu_matches_reference():
     ref.backward(dout.double())
     for got, want in ((x.grad, xr.grad), (w.grad, wr.grad), (probs.grad, pr.grad)):
         assert _snr(want, got) >= 60
+
+
+def test_op_asks_for_the_fused_kernel_only_when_requested(monkeypatch):
+    """With the switch at auto / 0 the op never looks for the fused kernel (nor builds its mask);
+    at 1 it does, and runs the composition where the kernel cannot run (CPU)."""
+    import importlib
+
+    import primus_turbo.pytorch as turbo
+    from primus_turbo.triton import is_interpreter
+
+    if not is_interpreter():
+        pytest.skip("CPU tensors need the Triton interpreter (TRITON_INTERPRET=1)")
+    op = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm_glu")
+    x, w, probs, mask, offs = _operands([6, 10], 16, 16, "cpu", dtype=torch.float32)
+    probs = probs.nan_to_num(1.0)
+    calls = []
+    real = op._fused_module
+    monkeypatch.setattr(op, "_fused_module", lambda *a: calls.append(a) or real(*a))
+    outs = []
+    for flag in ("auto", "0", "1"):
+        monkeypatch.setenv(op._ENV, flag)
+        outs.append(turbo.ops.grouped_gemm_glu(x, w, offs[1:] - offs[:-1], offs, probs, mask))
+        assert len(calls) == (1 if flag == "1" else 0), flag
+    assert calls[0][4].dtype == torch.uint8  # the kernel's mask form
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
 def test_grouped_mlp_routes_through_the_op_only_when_requested(monkeypatch):

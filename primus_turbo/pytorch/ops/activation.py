@@ -174,6 +174,12 @@ def _check_probs(op: str, x, probs, row_mask):
     _check_x(op, x)
     if x.dim() != 2:
         raise ValueError(f"{op}: x must be 2-D [T, 2F], got shape {tuple(x.shape)}")
+    _check_row_args(op, x, probs, row_mask)
+
+
+def _check_row_args(op: str, x, probs, row_mask):
+    """``probs`` float32 ``[T]`` and ``row_mask`` (bool / integer ``[T]`` or None) for the rows of the
+    2-D ``x`` on its device (shared with ``grouped_gemm_glu``, whose ``x`` is the GEMM's input)."""
     if not isinstance(probs, torch.Tensor):
         raise TypeError(f"{op}: probs must be a torch.Tensor, got {type(probs).__name__}")
     if probs.dtype != torch.float32:

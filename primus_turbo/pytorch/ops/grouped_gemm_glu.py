@@ -45,8 +45,9 @@ def glu_fusion_requested() -> bool:
 
 
 def _fused_module(x, w, group_offs, probs, mask):
-    """The fused kernel's module when it runs this call, else None (see the module docstring)."""
-    if not glu_fusion_requested() or not x.is_cuda or torch.compiler.is_compiling():
+    """The fused kernel's module when it runs this call, else None (see the module docstring); the
+    caller has checked :func:`glu_fusion_requested`."""
+    if not x.is_cuda or torch.compiler.is_compiling():
         return None
     backend, _source, tune = grouped_gemm_dispatcher.plan(PrecisionType.BF16_FP16_FP32)
     if tune or backend not in (None, BackendType.GLUON):
@@ -83,23 +84,6 @@ class _FusedGLUFunction(torch.autograd.Function):
         return grad_x, grad_w, (dp if ctx.needs_input_grad[2] else None), None, None, None, None, None, None
 
 
-def _check_row_args(x, probs, row_mask) -> None:
-    m = x.shape[0]
-    if not isinstance(probs, torch.Tensor) or probs.dtype != torch.float32:
-        raise TypeError(f"grouped_gemm_glu: probs must be a float32 tensor [M_total], got "
-                        f"{getattr(probs, 'dtype', type(probs).__name__)}")
-    if tuple(probs.shape) != (m,) or probs.device != x.device:
-        raise ValueError(f"grouped_gemm_glu: probs must be [M_total] = [{m}] on {x.device}, got shape "
-                         f"{tuple(probs.shape)} on {probs.device}")
-    if row_mask is not None:
-        if not isinstance(row_mask, torch.Tensor) or row_mask.dtype.is_floating_point or row_mask.is_complex():
-            raise TypeError(f"grouped_gemm_glu: row_mask must be a bool or integer tensor [M_total] or None, got "
-                            f"{getattr(row_mask, 'dtype', type(row_mask).__name__)}")
-        if tuple(row_mask.shape) != (m,) or row_mask.device != x.device:
-            raise ValueError(f"grouped_gemm_glu: row_mask must be [M_total] = [{m}] on {x.device}, got shape "
-                             f"{tuple(row_mask.shape)} on {row_mask.device}")
-
-
 def grouped_gemm_glu(x: torch.Tensor, w: torch.Tensor, group_lens: torch.Tensor,
                      group_offs: Optional[torch.Tensor] = None, probs: Optional[torch.Tensor] = None,
                      row_mask: Optional[torch.Tensor] = None, activation: str = "swiglu",
@@ -132,13 +116,14 @@ def grouped_gemm_glu(x: torch.Tensor, w: torch.Tensor, group_lens: torch.Tensor,
     m = x.shape[0]
     if probs is None:
         probs = torch.ones(m, dtype=torch.float32, device=x.device)
-    _check_row_args(x, probs, row_mask)
+    _act._check_row_args("grouped_gemm_glu", x, probs, row_mask)
     if group_offs is None:
         group_offs = _offsets(group_lens)
-    fuse = fuse_bgrad_accum_pattern == "megatron"
-    mask = _act._mask_arg(row_mask) if row_mask is not None else torch.ones(m, dtype=torch.uint8, device=x.device)
-    mod = _fused_module(x, w, group_offs, probs, mask)
-    if mod is not None:
-        return _FusedGLUFunction.apply(x, w, probs, group_lens, group_offs, mask, activation, fuse, mod)
+    if glu_fusion_requested():
+        mask = _act._mask_arg(row_mask) if row_mask is not None else torch.ones(m, dtype=torch.uint8, device=x.device)
+        mod = _fused_module(x, w, group_offs, probs, mask)
+        if mod is not None:
+            fuse = fuse_bgrad_accum_pattern == "megatron"
+            return _FusedGLUFunction.apply(x, w, probs, group_lens, group_offs, mask, activation, fuse, mod)
     h = grouped_gemm(x, w, group_lens, group_offs, trans_b=True, fuse_bgrad_accum_pattern=fuse_bgrad_accum_pattern)
     return glu(h, probs, row_mask)

@@ -75,14 +75,17 @@ class GluonGLUConfig:
         staging = 2 * self.c_bufs * _HALF_M * self.BLOCK_F * elem_bytes
         return _dense._ring_smem_bytes(self.stages, stage, staging)
 
+    def short(self) -> str:
+        return f"glu s{self.stages}g{self.group_m}c{self.c_bufs}r{self.consumer_regs}w{self.producer_regs}"
+
     def check(self) -> Optional[str]:
-        if self.stages < 2 or self.c_bufs < 1 or self.group_m < 1:
-            return f"stages >= 2, c_bufs >= 1 and group_m >= 1 needed, got {self}"
-        if 2 * 128 * self.consumer_regs + 128 * self.producer_regs > 65536:
-            return f"register budgets {self.consumer_regs} / {self.producer_regs} exceed the SM's 64K registers"
-        if self.smem_bytes() > _dense.SMEM_LIMIT:
-            return f"{self} needs {self.smem_bytes()} bytes of shared memory, sm_90 has {_dense.SMEM_LIMIT}"
-        return None
+        """None when the kernel can be built with this config (the pipeline checks every
+        warp-specialized Gluon GEMM config shares, then shared memory)."""
+        bad = _dense._pipeline_reason(self)
+        if bad is None and self.smem_bytes() > _dense.SMEM_LIMIT:
+            bad = (f"config {self.short()} needs {self.smem_bytes()} bytes of shared memory, sm_90 has "
+                   f"{_dense.SMEM_LIMIT}")
+        return bad
 
 
 #: 3 stages (144 KiB) + 2 staging buffers per warpgroup (64 KiB): the shared memory of the 16-bit
