@@ -64,13 +64,17 @@ def _stats(k) -> dict:
     Path(ptx).write_text(k.asm["ptx"])
     Path(cubin).write_bytes(k.asm["cubin"])
     info = subprocess.run([os.path.join(_BIN, "ptxas"), "-v", "--gpu-name", "sm_90a", ptx, "-o",
-                           os.path.join(d, "o.cubin")], capture_output=True, text=True).stderr
+                           os.path.join(d, "o.cubin")], capture_output=True, text=True)
+    info = info.stdout + info.stderr  # where ptxas -v reports differs between CUDA releases
     sass = subprocess.run([os.path.join(_BIN, "cuobjdump"), "-sass", cubin], capture_output=True, text=True).stdout
     n = sum(1 for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?[A-Z]", line))
     regs = re.search(r"Used (\d+) registers", info)
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
-    return {"regs": int(regs.group(1)) if regs else 0, "spill": spill.groups() if spill else ("?", "?"),
-            "smem": k.metadata.shared, "sass": n}
+    out = {"regs": int(regs.group(1)) if regs else 0, "spill": spill.groups() if spill else ("?", "?"),
+           "smem": k.metadata.shared, "sass": n}
+    if not (regs and spill):  # unparsed: keep what ptxas said, so a failing check shows why
+        out["ptxas"] = info.strip()[-400:]
+    return out
 
 
 def _cases(name: str, x: torch.Tensor):
