@@ -71,8 +71,10 @@ def compile_config(cfg, kind: str = "m", dtype: str = "bf16", out_dtype: str | N
         sig = {"a_desc": desc(dtype, [64, bk]),
                "b_desc": desc(dtype, [1, bn, bk] if b_kmajor else [1, bk, bn]),
                "c_desc": desc(out_dtype, [64, cfg.epi_n]), "c_ptr": f"*{out_dtype}", "offs_ptr": "*i64",
+               "pace_ptr": "*i32" if cfg.pace else "*i64",
                "M": "i32", "N": "i32", "K": "i32", "G": "i32", "stride_cm": "i32"}
         consts["B_KMAJOR"] = bool(b_kmajor)
+        consts["PACE"] = cfg.pace
     else:
         from primus_turbo.triton.grouped_gemm import grouped_gemm_variable_k_gluon as mod
 

@@ -96,6 +96,23 @@ def test_config_parse_check_and_fit():
         assert gg.GluonGroupedConfig.parse(text).check(2) is None, text
 
 
+def test_config_pace_option():
+    """``p<D>``: the opt-in pacing distance (0 = off, the default and every shipped config)."""
+    p = gg.GluonGroupedConfig.parse("n256k64s3e256p2")
+    assert p.pace == 2 and p.short().endswith("p2") and gg.GluonGroupedConfig.parse(p.short()) == p
+    assert gg.GROUPED16_DEFAULT_CONFIG.pace == 0 and gg.GROUPED16_DEFAULT_CONFIG.short() == "n256k64s3g8e256c1r232w40"
+    assert p.check(2) is None
+    assert "pace" in gg.GluonGroupedConfig.parse("n256k64s3e256p9").check(2)
+    a = torch.randn(300, 64).to(torch.bfloat16)
+    B = torch.randn(2, 64, 128).to(torch.bfloat16)
+    offs = torch.tensor([0, 100, 300])
+    out = torch.empty(300, 128, dtype=torch.bfloat16)
+    args, kwargs = gg._kernel_args(a, B, offs, out, p)
+    assert kwargs["PACE"] == 2 and args[5].dtype == torch.int32 and args[5].tolist() == [0, 0]
+    args, kwargs = gg._kernel_args(a, B, offs, out, gg.GROUPED16_DEFAULT_CONFIG)
+    assert kwargs["PACE"] == 0 and args[5] is offs  # unused pointer
+
+
 def test_default_config_rule_small_groups():
     """128 x 128 tiles where an average group has at most half a wave of 128 x 256 tiles (the H200
     rows of the rule's comment), 128 x 256 everywhere else."""
@@ -327,7 +344,7 @@ def test_small_problem_default_and_gluon_pin_match_reference(lens):
 # ---------------------------------------------------------------------------------------------
 @needs_gluon
 @pytest.mark.parametrize("variant", _script().COMPILE_VARIANTS, ids=lambda v: "-".join(map(str, v)))
-@pytest.mark.parametrize("config", ["n256k64s4", "n128k64s6"])
+@pytest.mark.parametrize("config", ["n256k64s4", "n128k64s6", "n256k64s3e256p2"])
 def test_compiles_for_sm90_without_spills(variant, config, request):
     """Every kernel variant (M-grouped with K- / N-major B, bf16 and fp16; variable-K with 16-bit
     or fp32 output and the fp32 reduce-add): no spills, no serialized wgmmas, shared memory within
@@ -415,6 +432,27 @@ def test_m_grouped_matches_reference(pattern, N, K, dtype, kmajor, config):
     assert torch.equal(gg.grouped_gemm_gluon(a, B, offs, config=cfg), out)  # bitwise repeatable
     few = gg.grouped_gemm_gluon(a, B, offs, config=cfg, num_programs=3)
     assert torch.equal(few, out)
+
+
+@sm90_gpu
+@pytest.mark.parametrize("pattern", list(LENS))
+@pytest.mark.parametrize("kmajor", [True, False])
+@pytest.mark.parametrize("pace", [1, 2])
+def test_m_grouped_paced_is_bit_equal_and_resets(pattern, kmajor, pace):
+    """Pacing changes when tiles start, never what they compute: bit-equal to the unpaced kernel
+    (also on 3 programs, and with more tiles than programs), and the counters end at zero."""
+    lens = LENS[pattern]
+    a, B, _, offs = _operands(lens, 384, 200, "cuda", torch.bfloat16, tail=7, kmajor=kmajor)
+    ref = gg.grouped_gemm_gluon(a, B, offs, config=gg.GluonGroupedConfig.parse("n128k64s5"))
+    cfg = gg.GluonGroupedConfig.parse(f"n128k64s5p{pace}")
+    for programs in (None, 3):
+        out = torch.full_like(ref, float("nan"))
+        args, kwargs = gg._kernel_args(a, B, offs, out, cfg)
+        tiles = (-(-a.shape[0] // cfg.BLOCK_M) + len(lens) + 1) * -(-384 // cfg.block_n)
+        gg._dense._launch_persistent(gg._grouped_gemm_gluon_ws_kernel, a.device, tiles, programs, args, kwargs)
+        assert torch.equal(out, ref), (pattern, programs)
+        assert args[5].tolist() == [0, 0], "the last program must zero the pacing counters"
+    assert torch.equal(gg.grouped_gemm_gluon(a, B, offs, config=cfg), ref)
 
 
 @sm90_gpu

@@ -75,6 +75,7 @@ class GluonGroupedConfig:
     c_bufs: int = 1
     consumer_regs: int = 232
     producer_regs: int = 40
+    pace: int = 0
 
     BLOCK_M = 128
 
@@ -84,22 +85,24 @@ class GluonGroupedConfig:
         return _dense._ring_smem_bytes(self.stages, stage, staging)
 
     def short(self) -> str:
+        pace = f"p{self.pace}" if self.pace else ""
         return (f"n{self.block_n}k{self.block_k}s{self.stages}g{self.group_m}e{self.epi_n}c{self.c_bufs}"
-                f"r{self.consumer_regs}w{self.producer_regs}")
+                f"r{self.consumer_regs}w{self.producer_regs}{pace}")
 
     @classmethod
     def parse(cls, text: str) -> "GluonGroupedConfig":
-        """``"n256s4"``, ``"n128k64s6"``, ``"n256s3e256"``, ``"n256s4g16e64c2r240w24"`` -> config
-        (n: BLOCK_N, k: BLOCK_K, s: stages, g: GROUP_M, e: EPI_N, c: staging buffers, r / w:
-        consumer / producer registers); omitted fields take the defaults, ``e`` min(128, n)."""
-        m = re.fullmatch(r"n(\d+)(?:k(\d+))?s(\d+)(?:g(\d+))?(?:e(\d+))?(?:c(\d+))?(?:r(\d+))?(?:w(\d+))?",
-                         text.strip())
+        """``"n256s4"``, ``"n128k64s6"``, ``"n256s3e256"``, ``"n256s4g16e64c2r240w24"``, ``"n256s3e256p2"``
+        -> config (n: BLOCK_N, k: BLOCK_K, s: stages, g: GROUP_M, e: EPI_N, c: staging buffers, r / w:
+        consumer / producer registers, p: pacing distance, see :func:`_pace`); omitted fields take
+        the defaults, ``e`` min(128, n)."""
+        m = re.fullmatch(r"n(\d+)(?:k(\d+))?s(\d+)(?:g(\d+))?(?:e(\d+))?(?:c(\d+))?(?:r(\d+))?(?:w(\d+))?"
+                         r"(?:p(\d+))?", text.strip())
         if not m:
             raise ValueError(f"bad Gluon grouped config {text!r}; expected e.g. n256s4, n128k64s6, n256s3e256")
-        bn, bk, st, g, e, c, r, w = m.groups()
+        bn, bk, st, g, e, c, r, w, p = m.groups()
         bn = int(bn)
         return cls(bn, int(bk or 64), int(st), int(g or 8), int(e or min(128, bn)), int(c or 1), int(r or 232),
-                   int(w or 40))
+                   int(w or 40), int(p or 0))
 
     def check(self, out_bytes: int = 2) -> Optional[str]:
         """None when the kernels can be built with this config for an output of ``out_bytes``."""
@@ -110,6 +113,8 @@ class GluonGroupedConfig:
         bad = _dense._pipeline_reason(self)
         if bad is not None:
             return bad
+        if not 0 <= self.pace <= 8:
+            return f"pace must be 0 (off) to 8 tiles, got {self.pace}"
         if self.smem_bytes(out_bytes) > _dense.SMEM_LIMIT:
             return f"config {self.short()} needs {self.smem_bytes(out_bytes)} bytes of shared memory, sm_90 has " \
                    f"{_dense.SMEM_LIMIT}"
@@ -181,8 +186,32 @@ if GLUON_AVAILABLE:
         return m_start, m_end, num_pid_m, num_pid_m * num_pid_n, first
 
     @gluon.jit
-    def _m_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N, K, G,
-                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, B_KMAJOR: gl.constexpr):
+    def _pace(pace_ptr, j, PACE: gl.constexpr):
+        """Opt-in pacing (PACE >= 1): before this program's j-th tile (0-based; its global tile
+        index is program_id + j * num_programs), wait until every program has started its
+        (j - PACE)-th tile, then count this start. Keeps the persistent programs within PACE tiles
+        of each other, so the tiles in flight stay the few consecutive ones of the schedule that
+        share weight stripes and activation rows in L2 (unpaced, programs drift apart on unbalanced
+        groups and the kernel's DRAM reads double). Every program has a (j - PACE)-th tile when it
+        has a j-th one (PACE >= 1, round-robin deal), and a program only waits for programs that
+        started: all of them are resident (one per SM, at most one per SM's worth)."""
+        if j >= PACE:
+            target = (j - PACE + 1) * gl.num_programs(0)
+            while gl.atomic_add(pace_ptr, 0, sem="relaxed") < target:
+                pass
+        gl.atomic_add(pace_ptr, 1, sem="relaxed")
+        return j + 1
+
+    @gluon.jit
+    def _pace_reset(pace_ptr):
+        """The last program to finish zeroes the two counters for the next launch on the stream."""
+        if gl.atomic_add(pace_ptr + 1, 1, sem="acq_rel") == gl.num_programs(0) - 1:
+            gl.atomic_xchg(pace_ptr, 0, sem="relaxed")
+            gl.atomic_xchg(pace_ptr + 1, 0, sem="relaxed")
+
+    @gluon.jit
+    def _m_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, pace_ptr, M, N, K, G,
+                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, B_KMAJOR: gl.constexpr, PACE: gl.constexpr):
         """One warp: the TMA loads of every tile of every real group (the tail needs none)."""
         HALF_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -191,10 +220,13 @@ if GLUON_AVAILABLE:
         k_tiles = gl.cdiv(K, BLOCK_K)
         it = 0
         tile_base = 0
+        j = 0
         for g in range(G):
             m_start, m_end, num_pid_m, tiles_g, first = _group_tiles(offs_ptr, g, G, M, num_pid_n, tile_base,
                                                                      2 * HALF_M)
             for t in range(first, tiles_g, gl.num_programs(0)):
+                if PACE > 0:
+                    j = _pace(pace_ptr, j, PACE)
                 pid_m, pid_n = _tile_coords(t, num_pid_m, num_pid_n, GROUP_M)
                 off_m = m_start + pid_m * (2 * HALF_M)
                 off_n = pid_n * BLOCK_N
@@ -207,6 +239,8 @@ if GLUON_AVAILABLE:
                         it = _load_stage16(a_desc, b_desc, a_bufs, b_bufs, ready, empty, it, [off_m, k],
                                            [off_m + HALF_M, k], g, k, off_n, STAGES)
             tile_base += tiles_g
+        if PACE > 0:
+            _pace_reset(pace_ptr)
 
     @gluon.jit
     def _b_operand(b_bufs, s, B_KMAJOR: gl.constexpr):
@@ -355,15 +389,16 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _grouped_gemm_gluon_ws_kernel(
-        a_desc, b_desc, c_desc, c_ptr, offs_ptr,
+        a_desc, b_desc, c_desc, c_ptr, offs_ptr, pace_ptr,
         M, N, K, G, stride_cm,
         GROUP_M: gl.constexpr, STAGES: gl.constexpr, C_BUFS: gl.constexpr,
-        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, B_KMAJOR: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, B_KMAJOR: gl.constexpr, PACE: gl.constexpr,
     ):
         """Persistent, warp-specialized 16-bit M-grouped GEMM. Descriptors: a_desc [64, BLOCK_K]
         boxes of a [M, K]; b_desc [1, BLOCK_N, BLOCK_K] boxes of b [G, N, K] (B_KMAJOR) or
         [1, BLOCK_K, BLOCK_N] of b [G, K, N]; c_desc [64, EPI_N] of out [M, N]; plus the output
-        pointer for the masked group-end stores."""
+        pointer for the masked group-end stores; ``pace_ptr``: two zeroed int32 counters when PACE
+        > 0 (see :func:`_pace`; zero again when the kernel ends), unused otherwise."""
         HALF_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[1] if B_KMAJOR else b_desc.block_type.shape[2]
@@ -378,8 +413,8 @@ if GLUON_AVAILABLE:
                            0, BLOCK_N, GROUP_M, STAGES, C_BUFS, B_KMAJOR)),
             (_m_consumer, (c_desc, c_ptr, a_bufs, b_bufs, c_bufs, ready, empty, offs_ptr, M, N, K, G, stride_cm,
                            1, BLOCK_N, GROUP_M, STAGES, C_BUFS, B_KMAJOR)),
-            (_m_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, M, N, K, G, GROUP_M, STAGES,
-                           B_KMAJOR)),
+            (_m_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, pace_ptr, M, N, K, G, GROUP_M,
+                           STAGES, B_KMAJOR, PACE)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
     @gluon.jit
@@ -533,9 +568,12 @@ def _kernel_args(a, b, group_offs, out, cfg: GluonGroupedConfig) -> tuple:
     else:  # [G, K, N]
         b_desc = _desc(b, [1, cfg.block_k, cfg.block_n])
     c_desc = _desc(out, [_HALF_M, cfg.epi_n])
-    args = (a_desc, b_desc, c_desc, out, group_offs, M, N, K, G, out.stride(0))
+    # the pacing counters: a fresh pair per launch (a shared pair could be reset under a launch
+    # running concurrently on another stream); unused (any pointer) without pacing
+    pace = torch.zeros(2, dtype=torch.int32, device=a.device) if cfg.pace else group_offs
+    args = (a_desc, b_desc, c_desc, out, group_offs, pace, M, N, K, G, out.stride(0))
     kwargs = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, CONSUMER_REGS=cfg.consumer_regs,
-                  PRODUCER_REGS=cfg.producer_regs, B_KMAJOR=kmajor, num_warps=4)
+                  PRODUCER_REGS=cfg.producer_regs, B_KMAJOR=kmajor, PACE=cfg.pace, num_warps=4)
     return args, kwargs
 
 

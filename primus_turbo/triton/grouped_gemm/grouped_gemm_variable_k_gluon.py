@@ -314,5 +314,6 @@ def grouped_gemm_variable_k_gluon(x: torch.Tensor, y: torch.Tensor, group_offs: 
     return launch_variable_k(
         "grouped_gemm_variable_k_gluon", _grouped_gemm_variable_k_gluon_ws_kernel, out, M, accumulate,
         config or (lambda: _m.fitted_config(VARIABLE_K16_DEFAULT_CONFIG, out.dtype)),
-        lambda cfg: cfg.check(out.element_size()),
+        lambda cfg: cfg.check(out.element_size()) or (f"pace is an option of the M-grouped kernel only, got "
+                                                       f"{cfg.short()}" if cfg.pace else None),
         lambda cfg: _kernel_args(x, y, group_offs, out, cfg, accumulate), num_programs)
