@@ -13,6 +13,9 @@ tile schedule:
     PYTHONPATH=. python scripts/diag_grouped_small.py [--configs n256k64s3e256 n128k64s6] [--out DIR]
         [--moe --only Mixtral --rounds 5 --no-probes --no-tl --grids]   (interleaved vendor / Gluon A/B)
         [--lens balanced unbalanced unbalanced128]   (Primus' unbalanced draw, with and without partial tiles)
+
+Configs with ``p<D>`` (the experimental pacing of grouped_gemm_gluon.py) need
+PRIMUS_TURBO_GROUPED_GEMM_PACE=1 in the environment.
 """
 
 from __future__ import annotations

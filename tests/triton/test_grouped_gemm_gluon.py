@@ -96,9 +96,13 @@ def test_config_parse_check_and_fit():
         assert gg.GluonGroupedConfig.parse(text).check(2) is None, text
 
 
-def test_config_pace_option():
-    """``p<D>``: the opt-in pacing distance (0 = off, the default and every shipped config)."""
+def test_config_pace_option(monkeypatch):
+    """``p<D>``: the opt-in pacing distance (0 = off, the default and every shipped config),
+    refused unless PRIMUS_TURBO_GROUPED_GEMM_PACE=1 while it is unvalidated on a GPU."""
     p = gg.GluonGroupedConfig.parse("n256k64s3e256p2")
+    monkeypatch.delenv(gg.PACE_ENV, raising=False)
+    assert "experimental" in p.check(2) and gg.PACE_ENV in p.check(2)
+    monkeypatch.setenv(gg.PACE_ENV, "1")
     assert p.pace == 2 and p.short().endswith("p2") and gg.GluonGroupedConfig.parse(p.short()) == p
     assert gg.GROUPED16_DEFAULT_CONFIG.pace == 0 and gg.GROUPED16_DEFAULT_CONFIG.short() == "n256k64s3g8e256c1r232w40"
     assert p.check(2) is None
@@ -108,7 +112,7 @@ def test_config_pace_option():
     offs = torch.tensor([0, 100, 300])
     out = torch.empty(300, 128, dtype=torch.bfloat16)
     args, kwargs = gg._kernel_args(a, B, offs, out, p)
-    assert kwargs["PACE"] == 2 and args[5].dtype == torch.int32 and args[5].tolist() == [0, 0]
+    assert kwargs["PACE"] == 2 and args[5].dtype == torch.int32 and args[5].tolist() == [0]
     args, kwargs = gg._kernel_args(a, B, offs, out, gg.GROUPED16_DEFAULT_CONFIG)
     assert kwargs["PACE"] == 0 and args[5] is offs  # unused pointer
 
@@ -352,6 +356,8 @@ def test_compiles_for_sm90_without_spills(variant, config, request):
     if rerun_outside_interpreter(request):
         return
     kind, dt, odt, kmajor, acc = variant
+    if kind != "m" and "p" in config[1:]:
+        pytest.skip("pace is an option of the M-grouped kernel only")
     torch_out = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[odt]
     cfg = gg.fitted_config(gg.GluonGroupedConfig.parse(config), torch_out)
     try:
@@ -370,6 +376,13 @@ def test_compiles_for_sm90_without_spills(variant, config, request):
     ty = {"bf16": "bf16", "fp16": "f16"}[dt]
     wgmma = "m64n%dk16.f32.%s.%s" % (cfg.block_n, ty, ty)
     assert wgmma in r["ptx"], wgmma
+    # no scalar crossing lanes through shared memory (pacing's first form did: its scratch word
+    # collided with live data and the kernel hung on the H200); the counter is polled by a
+    # volatile load in every lane
+    if kind == "m":
+        assert "st.shared.b32" not in r["ptx"]
+    if cfg.pace:
+        assert "ld.volatile.global" in r["ptx"] and "atom.global.gpu.relaxed.add" in r["ptx"]
 
 
 @needs_gluon
@@ -435,24 +448,22 @@ def test_m_grouped_matches_reference(pattern, N, K, dtype, kmajor, config):
 
 
 @sm90_gpu
-@pytest.mark.parametrize("pattern", list(LENS))
-@pytest.mark.parametrize("kmajor", [True, False])
-@pytest.mark.parametrize("pace", [1, 2])
-def test_m_grouped_paced_is_bit_equal_and_resets(pattern, kmajor, pace):
+def test_m_grouped_paced_is_bit_equal():
     """Pacing changes when tiles start, never what they compute: bit-equal to the unpaced kernel
-    (also on 3 programs, and with more tiles than programs), and the counters end at zero."""
-    lens = LENS[pattern]
-    a, B, _, offs = _operands(lens, 384, 200, "cuda", torch.bfloat16, tail=7, kmajor=kmajor)
-    ref = gg.grouped_gemm_gluon(a, B, offs, config=gg.GluonGroupedConfig.parse("n128k64s5"))
-    cfg = gg.GluonGroupedConfig.parse(f"n128k64s5p{pace}")
-    for programs in (None, 3):
-        out = torch.full_like(ref, float("nan"))
-        args, kwargs = gg._kernel_args(a, B, offs, out, cfg)
-        tiles = (-(-a.shape[0] // cfg.BLOCK_M) + len(lens) + 1) * -(-384 // cfg.block_n)
-        gg._dense._launch_persistent(gg._grouped_gemm_gluon_ws_kernel, a.device, tiles, programs, args, kwargs)
-        assert torch.equal(out, ref), (pattern, programs)
-        assert args[5].tolist() == [0, 0], "the last program must zero the pacing counters"
-    assert torch.equal(gg.grouped_gemm_gluon(a, B, offs, config=cfg), ref)
+    (balanced, empty / tiny and many groups; K- and N-major weights; pace 1 and 2; the default
+    grid and 3 programs, i.e. with waits), the counter ending at the tiles started. Runs in a child
+    process under a timeout (tests/triton/paced_grouped_child.py): a hang fails here instead of
+    wedging this worker's CUDA context."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    child = Path(__file__).with_name("paced_grouped_child.py")
+    try:
+        r = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the paced kernel did not finish in 240 s")
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr[-2000:]
 
 
 @sm90_gpu

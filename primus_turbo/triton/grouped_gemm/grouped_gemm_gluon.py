@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
 from typing import Optional
 
@@ -55,6 +56,8 @@ __all__ = [
 ]
 
 GLUON_GROUPED_ENV = "PRIMUS_TURBO_GROUPED_GEMM_GLUON"
+#: opt-in for the experimental ``pace`` config field (GluonGroupedConfig.check refuses it otherwise)
+PACE_ENV = "PRIMUS_TURBO_GROUPED_GEMM_PACE"
 _IN_DTYPES = (torch.bfloat16, torch.float16)
 _HALF_M = 64
 
@@ -115,6 +118,9 @@ class GluonGroupedConfig:
             return bad
         if not 0 <= self.pace <= 8:
             return f"pace must be 0 (off) to 8 tiles, got {self.pace}"
+        if self.pace and os.environ.get(PACE_ENV) != "1":
+            # its first form hung on the H200; this form has not run on a GPU yet
+            return f"pace (config {self.short()}) is experimental and not yet validated on a GPU: set {PACE_ENV}=1"
         if self.smem_bytes(out_bytes) > _dense.SMEM_LIMIT:
             return f"config {self.short()} needs {self.smem_bytes(out_bytes)} bytes of shared memory, sm_90 has " \
                    f"{_dense.SMEM_LIMIT}"
@@ -194,20 +200,19 @@ if GLUON_AVAILABLE:
         share weight stripes and activation rows in L2 (unpaced, programs drift apart on unbalanced
         groups and the kernel's DRAM reads double). Every program has a (j - PACE)-th tile when it
         has a j-th one (PACE >= 1, round-robin deal), and a program only waits for programs that
-        started: all of them are resident (one per SM, at most one per SM's worth)."""
+        started: all of them are resident (one per SM, at most one per SM's worth).
+
+        No value crosses lanes through shared memory: the counter is read by a volatile load in
+        every lane and bumped by an atomic whose result is unused. (A first form read it with
+        ``atomic_add(ptr, 0)`` and zeroed it at exit from an atomic's result; both results were
+        broadcast through a shared-memory scratch word that Triton 3.6 placed where the partitions'
+        captured arguments live, and the kernel hung on the H200.)"""
         if j >= PACE:
             target = (j - PACE + 1) * gl.num_programs(0)
-            while gl.atomic_add(pace_ptr, 0, sem="relaxed") < target:
+            while gl.load(pace_ptr, volatile=True) < target:
                 pass
         gl.atomic_add(pace_ptr, 1, sem="relaxed")
         return j + 1
-
-    @gluon.jit
-    def _pace_reset(pace_ptr):
-        """The last program to finish zeroes the two counters for the next launch on the stream."""
-        if gl.atomic_add(pace_ptr + 1, 1, sem="acq_rel") == gl.num_programs(0) - 1:
-            gl.atomic_xchg(pace_ptr, 0, sem="relaxed")
-            gl.atomic_xchg(pace_ptr + 1, 0, sem="relaxed")
 
     @gluon.jit
     def _m_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, pace_ptr, M, N, K, G,
@@ -239,8 +244,6 @@ if GLUON_AVAILABLE:
                         it = _load_stage16(a_desc, b_desc, a_bufs, b_bufs, ready, empty, it, [off_m, k],
                                            [off_m + HALF_M, k], g, k, off_n, STAGES)
             tile_base += tiles_g
-        if PACE > 0:
-            _pace_reset(pace_ptr)
 
     @gluon.jit
     def _b_operand(b_bufs, s, B_KMAJOR: gl.constexpr):
@@ -397,8 +400,8 @@ if GLUON_AVAILABLE:
         """Persistent, warp-specialized 16-bit M-grouped GEMM. Descriptors: a_desc [64, BLOCK_K]
         boxes of a [M, K]; b_desc [1, BLOCK_N, BLOCK_K] boxes of b [G, N, K] (B_KMAJOR) or
         [1, BLOCK_K, BLOCK_N] of b [G, K, N]; c_desc [64, EPI_N] of out [M, N]; plus the output
-        pointer for the masked group-end stores; ``pace_ptr``: two zeroed int32 counters when PACE
-        > 0 (see :func:`_pace`; zero again when the kernel ends), unused otherwise."""
+        pointer for the masked group-end stores; ``pace_ptr``: a zeroed int32 counter of this
+        launch's own when PACE > 0 (see :func:`_pace`), unused otherwise."""
         HALF_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[1] if B_KMAJOR else b_desc.block_type.shape[2]
@@ -568,9 +571,9 @@ def _kernel_args(a, b, group_offs, out, cfg: GluonGroupedConfig) -> tuple:
     else:  # [G, K, N]
         b_desc = _desc(b, [1, cfg.block_k, cfg.block_n])
     c_desc = _desc(out, [_HALF_M, cfg.epi_n])
-    # the pacing counters: a fresh pair per launch (a shared pair could be reset under a launch
-    # running concurrently on another stream); unused (any pointer) without pacing
-    pace = torch.zeros(2, dtype=torch.int32, device=a.device) if cfg.pace else group_offs
+    # the pacing counter: a fresh one per launch (launches on other streams may run at the same
+    # time, and nothing has to reset it); unused (any pointer) without pacing
+    pace = torch.zeros(1, dtype=torch.int32, device=a.device) if cfg.pace else group_offs
     args = (a_desc, b_desc, c_desc, out, group_offs, pace, M, N, K, G, out.stride(0))
     kwargs = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, B_KMAJOR=kmajor, PACE=cfg.pace, num_warps=4)
