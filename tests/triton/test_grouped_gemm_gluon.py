@@ -376,9 +376,8 @@ def test_compiles_for_sm90_without_spills(variant, config, request):
     ty = {"bf16": "bf16", "fp16": "f16"}[dt]
     wgmma = "m64n%dk16.f32.%s.%s" % (cfg.block_n, ty, ty)
     assert wgmma in r["ptx"], wgmma
-    # no scalar crossing lanes through shared memory (pacing's first form did: its scratch word
-    # collided with live data and the kernel hung on the H200); the counter is polled by a
-    # volatile load in every lane
+    # no scalar crossing lanes through shared memory (pacing's first form did, and hung on the
+    # H200); the pacing counter is polled by a volatile load in every lane
     if kind == "m":
         assert "st.shared.b32" not in r["ptx"]
     if cfg.pace:

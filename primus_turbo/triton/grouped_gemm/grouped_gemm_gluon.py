@@ -204,9 +204,9 @@ if GLUON_AVAILABLE:
 
         No value crosses lanes through shared memory: the counter is read by a volatile load in
         every lane and bumped by an atomic whose result is unused. (A first form read it with
-        ``atomic_add(ptr, 0)`` and zeroed it at exit from an atomic's result; both results were
-        broadcast through a shared-memory scratch word that Triton 3.6 placed where the partitions'
-        captured arguments live, and the kernel hung on the H200.)"""
+        ``atomic_add(ptr, 0)`` and zeroed it at exit from an atomic's result, both broadcast from
+        lane 0 through a shared-memory scratch word of this worker partition, and it hung on the
+        H200; that word is the suspect, not a proven cause.)"""
         if j >= PACE:
             target = (j - PACE + 1) * gl.num_programs(0)
             while gl.load(pace_ptr, volatile=True) < target:
