@@ -137,6 +137,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "(the activation in the GEMM's epilogue) on sm_90 wherever it can run; auto / 0 grouped_gemm then the "
         "activation kernel (H200: no net gain from the fusion yet).",
     ),
+    "PRIMUS_TURBO_GROUPED_GEMM_PACE": (
+        "0",
+        "1: GluonGroupedConfig.check accepts the experimental pacing field p<D> of the 16-bit M-grouped Gluon "
+        "kernel (explicit configs only; not yet validated on a GPU).",
+    ),
     "PRIMUS_TURBO_GATHER_QUANT_GLUON": (
         "auto",
         "grouped_gemm_fp8 BLOCKWISE wgrad token copies (gather + 128 x 1 quantization + transposed store, "

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import re
 from typing import Optional
 
@@ -118,7 +117,7 @@ class GluonGroupedConfig:
             return bad
         if not 0 <= self.pace <= 8:
             return f"pace must be 0 (off) to 8 tiles, got {self.pace}"
-        if self.pace and os.environ.get(PACE_ENV) != "1":
+        if self.pace and not _pace_allowed():
             # its first form hung on the H200; this form has not run on a GPU yet
             return f"pace (config {self.short()}) is experimental and not yet validated on a GPU: set {PACE_ENV}=1"
         if self.smem_bytes(out_bytes) > _dense.SMEM_LIMIT:
@@ -503,6 +502,12 @@ def gluon_grouped_reason(a, b, group_offs, out_dtype: Optional[torch.dtype] = No
     """None when :func:`grouped_gemm_gluon` can run these inputs, else why not. Never raises,
     never synchronizes (shapes, dtypes, strides, a cached capability)."""
     return _dense._device_reason(gluon_grouped_operand_reason, gluon_platform_reason, (a, b, group_offs, out_dtype))
+
+
+def _pace_allowed() -> bool:
+    from primus_turbo.pytorch.core.env import env_flag
+
+    return env_flag(PACE_ENV)
 
 
 def gluon_grouped_enabled() -> bool:
