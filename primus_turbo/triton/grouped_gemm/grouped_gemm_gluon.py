@@ -198,8 +198,9 @@ if GLUON_AVAILABLE:
         of each other, so the tiles in flight stay the few consecutive ones of the schedule that
         share weight stripes and activation rows in L2 (unpaced, programs drift apart on unbalanced
         groups and the kernel's DRAM reads double). Every program has a (j - PACE)-th tile when it
-        has a j-th one (PACE >= 1, round-robin deal), and a program only waits for programs that
-        started: all of them are resident (one per SM, at most one per SM's worth).
+        has a j-th one (PACE >= 1, round-robin deal), and every wait ends because all programs
+        are resident at once: the paced launch has at most one program per SM (the launcher caps
+        the grid) and each program needs most of an SM's shared memory.
 
         No value crosses lanes through shared memory: the counter is read by a volatile load in
         every lane and bumped by an atomic whose result is unused. (A first form read it with
@@ -639,5 +640,8 @@ def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tenso
     args, kwargs = _kernel_args(a, b, group_offs, out, cfg)
     # a static bound on the tiles (every group may add one partial row tile, plus the tail)
     tiles = (-(-M // cfg.BLOCK_M) + G + 1) * -(-N // cfg.block_n)
+    if cfg.pace:  # paced programs wait for each other: never more of them than SMs (all resident)
+        sms = _dense._num_sms(a.device)
+        num_programs = min(num_programs or sms, sms)
     _dense._launch_persistent(_grouped_gemm_gluon_ws_kernel, a.device, tiles, num_programs, args, kwargs)
     return out
