@@ -1,0 +1,193 @@
+"""Hopper Gluon candidate for ``quantize_fp8_with_trans`` with MX groupings (E4M3 codes, 1 x 32
+row blocks and 32 x 1 column blocks, E8M0 scales) of bf16 input: the row-wise copy
+``q [rows, cols]`` and the column-wise copy stored transposed, ``qt [cols, rows]``, from one read.
+
+Why another form: the pair kernel (quant_fp8_packed.py) holds its tile in registers in one layout,
+so one of the two block reductions crosses threads and warps (shuffles, a shared-memory round trip
+and barriers) and the transposed copy is formed by a shared-memory transpose of its words: 0.81x
+the device copy on the H200, and with every store left out its loads and reductions alone run at
+~2.3 TB/s of input (benchmarks/results/h200/NOTES.md, fourteenth session). Here each program's
+``[128, 32]`` tile arrives in shared memory by TMA (no register staging of the load) and is read
+from there twice, in the layout each copy wants:
+
+* row pass: a thread holds whole rows of the tile (32 columns = one 1 x 32 block), so the block
+  amax, the E8M0 scale and the codes are in-thread; each thread stores 32 code bytes of a row;
+* column pass: the tile viewed as ``[4, 32, 32]`` (four 32-row blocks), a thread holding the 32
+  rows of one block for 2 adjacent columns (4-byte shared-memory loads), so the column block
+  amax is in-thread too; the codes' registers are renamed so a column's 32 rows are
+  register-consecutive (a layout of the same thread ownership: no data movement) and each
+  thread stores 32 contiguous bytes of two rows of the transposed copy.
+
+No value crosses a thread, there is no barrier but the TMA's, and the two passes compute their
+codes from their own loads (forms that store one code value twice miscompile on sm_90 with Triton
+3.6: docs/design.md). The scale and the cast are the tl kernels' helpers (``_mx_scales``,
+``_fp8_codes``), so the bytes equal the pair kernel's and the reference's.
+
+Status: a candidate, off by default (``PRIMUS_TURBO_FP8_DUAL_GLUON``): compiled for sm_90 on CPU,
+not yet run on a GPU. :func:`fp8_dual_gluon_reason` says why a call cannot take it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, gluon_platform_reason
+from primus_turbo.triton.launch import launch
+
+__all__ = ["FP8_DUAL_GLUON_ENV", "fp8_dual_gluon", "fp8_dual_gluon_enabled", "fp8_dual_gluon_reason"]
+
+FP8_DUAL_GLUON_ENV = "PRIMUS_TURBO_FP8_DUAL_GLUON"
+_TR, _TC, _G = 128, 32, 32  # tile rows, tile columns (one 1 x 32 block wide), MX block
+_WARPS = 2  # 64 threads: two rows each in the row pass, one (block, column pair) each in the column pass
+
+if GLUON_AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+    from primus_turbo.triton.gemm.gemm_fp8_gluon import _desc_unchecked
+
+    from .quant_fp8_kernel import _abs_bits, _fp8_codes, _mx_scales
+
+    @gluon.jit
+    def _row_pass(buf, q_ptr, s_ptr, r0, c0, tile_c, rows, cols, n_sc,
+                  FP8_MAX: gl.constexpr, EMAX: gl.constexpr, EVEN: gl.constexpr):
+        """Rows of the tile: one 1 x 32 block per row, in-thread."""
+        TR: gl.constexpr = buf.type.shape[0]
+        TC: gl.constexpr = buf.type.shape[1]
+        RL: gl.constexpr = gl.BlockedLayout([1, TC], [32, 1], [gl.num_warps(), 1], [1, 0])
+        x = buf.load(RL).to(gl.float32)
+        mult, byte = _mx_scales(gl.max(_abs_bits(x), axis=1), EMAX)
+        codes = _fp8_codes(x * gl.expand_dims(mult, 1), FP8_MAX, True, False)
+        r = r0 + gl.arange(0, TR, layout=gl.SliceLayout(1, RL))
+        c = c0 + gl.arange(0, TC, layout=gl.SliceLayout(0, RL))
+        ptrs = q_ptr + gl.expand_dims(r.to(gl.int64) * cols, 1) + gl.expand_dims(c, 0)
+        s_ptrs = s_ptr + r.to(gl.int64) * n_sc + tile_c
+        if EVEN:
+            gl.store(ptrs, codes)
+            gl.store(s_ptrs, byte.to(gl.uint8))
+        else:
+            gl.store(ptrs, codes, mask=gl.expand_dims(r < rows, 1) & gl.expand_dims(c < cols, 0))
+            gl.store(s_ptrs, byte.to(gl.uint8), mask=r < rows)
+
+    @gluon.jit
+    def _col_pass(buf, qt_ptr, st_ptr, r0, c0, tile_r, rows, cols, n_str,
+                  FP8_MAX: gl.constexpr, EMAX: gl.constexpr, EVEN: gl.constexpr):
+        """Columns of the tile: the [NB, 32, TC] view, one 32 x 1 block of two columns per thread."""
+        TR: gl.constexpr = buf.type.shape[0]
+        TC: gl.constexpr = buf.type.shape[1]
+        G: gl.constexpr = 32
+        NB: gl.constexpr = TR // G
+        LANES_C: gl.constexpr = TC // 2
+        # blocks over (lanes, warps), the block's rows in-thread, column pairs over lanes; the
+        # pair's two columns register-fastest (4-byte shared-memory loads)
+        CL: gl.constexpr = gl.BlockedLayout([1, G, 2], [32 // LANES_C, 1, LANES_C], [gl.num_warps(), 1, 1],
+                                            [2, 1, 0])
+        # the same ownership with a block's rows register-fastest (the transposed copy's bytes)
+        CLT: gl.constexpr = gl.BlockedLayout([1, G, 2], [32 // LANES_C, 1, LANES_C], [gl.num_warps(), 1, 1],
+                                             [1, 2, 0])
+        gl.static_assert(NB == (32 // LANES_C) * gl.num_warps(), "one 32-row block per thread")
+        x = buf.reshape([NB, G, TC]).load(CL).to(gl.float32)
+        mult, byte = _mx_scales(gl.max(_abs_bits(x), axis=1), EMAX)  # [NB, TC]
+        codes = _fp8_codes(x * gl.expand_dims(mult, 1), FP8_MAX, True, False)
+        codes = gl.convert_layout(codes, CLT)
+        blk = gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, CLT)))
+        rr = gl.arange(0, G, layout=gl.SliceLayout(0, gl.SliceLayout(2, CLT)))
+        cc = gl.arange(0, TC, layout=gl.SliceLayout(0, gl.SliceLayout(1, CLT)))
+        r3 = r0 + gl.expand_dims(gl.expand_dims(blk * G, 1) + gl.expand_dims(rr, 0), 2)  # [NB, G, 1]
+        c3 = c0 + gl.expand_dims(gl.expand_dims(cc, 0), 1)  # [1, 1, TC]
+        ptrs = qt_ptr + c3.to(gl.int64) * rows + r3
+        # scales: [NB, TC] in the reduction's layout
+        SL: gl.constexpr = gl.SliceLayout(1, CL)
+        sb = gl.arange(0, NB, layout=gl.SliceLayout(1, SL))
+        sc = c0 + gl.arange(0, TC, layout=gl.SliceLayout(0, SL))
+        st_ptrs = st_ptr + gl.expand_dims(sc.to(gl.int64) * n_str, 0) + gl.expand_dims(tile_r * NB + sb, 1)
+        if EVEN:
+            gl.store(ptrs, codes)
+            gl.store(st_ptrs, byte.to(gl.uint8))
+        else:
+            gl.store(ptrs, codes, mask=(r3 < rows) & (c3 < cols))
+            sr = tile_r * NB + sb
+            gl.store(st_ptrs, byte.to(gl.uint8),
+                     mask=gl.expand_dims(sr * G < rows, 1) & gl.expand_dims(sc < cols, 0))
+
+    @gluon.jit
+    def _fp8_dual_mx_gluon_kernel(x_desc, q_ptr, s_ptr, qt_ptr, st_ptr, rows, cols, n_tc, n_sc, n_str,
+                                  FP8_MAX: gl.constexpr, EMAX: gl.constexpr, EVEN: gl.constexpr):
+        """One [TR, TC] tile per program: TMA into shared memory, then the row and column passes."""
+        TR: gl.constexpr = x_desc.block_type.shape[0]
+        TC: gl.constexpr = x_desc.block_type.shape[1]
+        pid = gl.program_id(0)
+        tile_r = pid // n_tc
+        tile_c = pid % n_tc
+        r0 = tile_r * TR
+        c0 = tile_c * TC
+        buf = gl.allocate_shared_memory(x_desc.dtype, [TR, TC], x_desc.layout)
+        bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(bar, count=1)
+        mbarrier.expect(bar, x_desc.block_type.nbytes)  # TMA counts zero-filled bytes too
+        tma.async_copy_global_to_shared(x_desc, [r0, c0], bar, buf)
+        mbarrier.wait(bar, 0)
+        _row_pass(buf, q_ptr, s_ptr, r0, c0, tile_c, rows, cols, n_sc, FP8_MAX, EMAX, EVEN)
+        _col_pass(buf, qt_ptr, st_ptr, r0, c0, tile_r, rows, cols, n_str, FP8_MAX, EMAX, EVEN)
+        mbarrier.invalidate(bar)
+
+
+def fp8_dual_gluon_reason(x: torch.Tensor, out_dtype, row, col) -> Optional[str]:
+    """None when the candidate takes ``x`` with groupings ``row`` (1 x 32) / ``col`` (32 x 1), MX,
+    E4M3: bf16 2-D, unit column stride, 16-byte aligned base and row stride (TMA), sm_90."""
+    if not GLUON_AVAILABLE:
+        return "triton.experimental.gluon is not importable"
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype != torch.bfloat16:
+        return "x must be a 2-D bfloat16 tensor"
+    if out_dtype != torch.float8_e4m3fn:
+        return f"out_dtype {out_dtype}: E4M3 only"
+    if (row.mode, row.gr, row.gc, col.mode, col.gr, col.gc) != (1, 1, _G, 1, _G, 1):
+        return f"groupings {row} / {col}: MX 1 x 32 and 32 x 1 only"
+    if x.numel() == 0:
+        return "empty input"
+    if x.stride(1) != 1 or (x.stride(0) * 2) % 16 or x.data_ptr() % 16:
+        return f"x needs unit column stride and 16-byte aligned base and rows (strides {tuple(x.stride())})"
+    return gluon_platform_reason(x.device)
+
+
+def fp8_dual_gluon_enabled() -> bool:
+    """``PRIMUS_TURBO_FP8_DUAL_GLUON``: 1 runs the candidate where it can; auto / 0 do not (not
+    yet validated on a GPU). Read per call."""
+    from primus_turbo.pytorch.core.env import env_auto_flag
+
+    return env_auto_flag(FP8_DUAL_GLUON_ENV) is True
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layout():
+    return gl.NVMMASharedLayout.get_default_for([_TR, _TC], gl.bfloat16)
+
+
+def fp8_dual_gluon(x: torch.Tensor, out_dtype, row, col, out: Optional[tuple] = None) -> tuple:
+    """``(q, s, qt, st)`` as ``fp8_packed_with_trans_launch`` returns them for MX E4M3 (``s``
+    ``[rows, ceil(cols/32)]`` and ``st`` ``[cols, ceil(rows/32)]`` E8M0 bytes as uint8). ``out``:
+    the four outputs to fill (tests pass poisoned ones). Raises ValueError when
+    :func:`fp8_dual_gluon_reason` refuses."""
+    reason = fp8_dual_gluon_reason(x, out_dtype, row, col)
+    if reason is not None:
+        raise ValueError(f"fp8_dual_gluon: {reason}")
+    rows, cols = x.shape
+    n_sc, n_str = -(-cols // _G), -(-rows // _G)
+    if out is None:
+        dev = x.device
+        q = torch.empty((rows, cols), dtype=out_dtype, device=dev)
+        s = torch.empty((rows, n_sc), dtype=torch.uint8, device=dev)
+        qt = torch.empty((cols, rows), dtype=out_dtype, device=dev)
+        st = torch.empty((cols, n_str), dtype=torch.uint8, device=dev)
+    else:
+        q, s, qt, st = out
+    n_tr, n_tc = -(-rows // _TR), -(-cols // _TC)
+    desc = _desc_unchecked(x, [rows, cols], [x.stride(0), 1], [_TR, _TC], _smem_layout())
+    launch(_fp8_dual_mx_gluon_kernel, (n_tr * n_tc,),
+           (desc, q.view(torch.uint8), s, qt.view(torch.uint8), st, rows, cols, n_tc, n_sc, n_str),
+           dict(FP8_MAX=448.0, EMAX=8, EVEN=rows % _TR == 0 and cols % _TC == 0, num_warps=_WARPS), x.device)
+    return q, s, qt, st

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Time the Gluon MX two-copy FP8 quantizer candidate (triton/quantization/quant_fp8_dual_gluon.py)
+against the default bf16-pair kernel and the device copy, bf16 input, E4M3, 1 x 32 / 32 x 1 blocks.
+Bytes moved as benchmarks/bench_quantization.py counts them (x read once + every output written);
+"x copy" is that rate over ``y.copy_(x)``'s (2 x bytes of x) measured in the same run. Every
+candidate output is compared with the pair kernel's bit for bit first (a mismatch is printed and
+that shape's timing skipped).
+
+    PYTHONPATH=. python scripts/diag_quant_dual_gluon.py [--shapes 16384x7168 8192x14336] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+import torch  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", nargs="+", default=["16384x7168", "8192x14336", "4096x7168"])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rep-ms", type=int, default=60)
+    args = p.parse_args(argv)
+    import triton
+
+    from primus_turbo.triton.quantization import quant_fp8_dual_gluon as D
+    from primus_turbo.triton.quantization import quant_fp8_kernel as F8
+
+    e4 = torch.float8_e4m3fn
+    row, col = F8.QuantGrouping(1, 1, 32), F8.QuantGrouping(1, 32, 1)
+    print(f"{'shape':>12s} {'impl':>10s} {'ms':>8s} {'GB/s':>8s} {'x copy':>7s}")
+    for shape in args.shapes:
+        rows, cols = (int(v) for v in shape.split("x"))
+        x = torch.randn(rows, cols, device="cuda").to(torch.bfloat16)
+        y = torch.empty_like(x)
+        pair = F8.fp8_quant_with_trans_launch(x, e4, row, col)
+        cand = D.fp8_dual_gluon(x, e4, row, col)
+        bad = [n for n, a, b in zip(("q", "s", "qt", "st"), pair, cand)
+               if not torch.equal(a.view(torch.uint8), b.view(torch.uint8))]
+        if bad:
+            print(f"{shape:>12s} MISMATCH in {bad}")
+            continue
+        moved = x.numel() * x.element_size() + sum(t.numel() * t.element_size() for t in pair)
+        impls = {"copy": lambda: y.copy_(x), "pair": lambda: F8.fp8_quant_with_trans_launch(x, e4, row, col),
+                 "gluon": lambda: D.fp8_dual_gluon(x, e4, row, col)}
+        ms = {k: [] for k in impls}
+        for _ in range(args.rounds):
+            for k, fn in impls.items():
+                ms[k].append(triton.testing.do_bench(fn, warmup=10, rep=args.rep_ms, return_mode="median"))
+        med = {k: statistics.median(v) for k, v in ms.items()}
+        copy_rate = 2 * x.numel() * x.element_size() / med["copy"]
+        for k in impls:
+            b = 2 * x.numel() * x.element_size() if k == "copy" else moved
+            rate = b / med[k]
+            print(f"{shape:>12s} {k:>10s} {med[k]:8.4f} {rate / 1e6:8.1f} {rate / copy_rate:7.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,141 @@
+"""The Gluon MX two-copy FP8 quantizer candidate (primus_turbo/triton/quantization/quant_fp8_dual_gluon.py).
+
+CPU: what it refuses (with reasons), the opt-in switch, and the sm_90 compile (in a child process
+outside the interpreter): no spills, no local memory, no shared-memory stores (the tile arrives by
+TMA and both block reductions are in-thread), 16-byte global stores for both copies.
+GPU: bit for bit against quant_ref and the bf16-pair kernel (special values, ragged tails, poisoned
+outputs), and the op's route under ``PRIMUS_TURBO_FP8_DUAL_GLUON=1``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from primus_turbo.pytorch.core.low_precision import ScalingGranularity as G
+from primus_turbo.testing import quant_ref as R
+from primus_turbo.triton import is_interpreter
+from primus_turbo.triton.quantization import quant_fp8_dual_gluon as D
+from primus_turbo.triton.quantization import quant_fp8_kernel as F8
+
+from .gluon_compile_child import compile_check_module, rerun_outside_interpreter, warmup_for_sm90
+from .quant_special_helpers import special_bf16
+
+E4M3 = torch.float8_e4m3fn
+ROW, COL = F8.QuantGrouping(1, 1, 32), F8.QuantGrouping(1, 32, 1)
+needs_gluon = pytest.mark.skipif(not D.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
+sm90_gpu = pytest.mark.skipif(
+    not D.GLUON_AVAILABLE or is_interpreter() or not torch.cuda.is_available()
+    or torch.cuda.get_device_capability() != (9, 0), reason="needs an sm_90 (Hopper) GPU")
+
+
+@needs_gluon
+def test_reasons():
+    x = torch.randn(256, 512).to(torch.bfloat16)
+    assert "sm_90" in D.fp8_dual_gluon_reason(x, E4M3, ROW, COL) or "cpu" in D.fp8_dual_gluon_reason(x, E4M3, ROW, COL)
+    assert "bfloat16" in D.fp8_dual_gluon_reason(x.float(), E4M3, ROW, COL)
+    assert "E4M3" in D.fp8_dual_gluon_reason(x, torch.float8_e5m2, ROW, COL)
+    blockwise = (F8.QuantGrouping(0, 1, 128), F8.QuantGrouping(0, 128, 1))
+    assert "MX" in D.fp8_dual_gluon_reason(x, E4M3, *blockwise)
+    assert "empty" in D.fp8_dual_gluon_reason(x[:0], E4M3, ROW, COL)
+    assert "aligned" in D.fp8_dual_gluon_reason(x[:, 1:], E4M3, ROW, COL)
+    assert "aligned" in D.fp8_dual_gluon_reason(torch.randn(64, 36).to(torch.bfloat16), E4M3, ROW, COL)
+    with pytest.raises(ValueError, match="fp8_dual_gluon: "):
+        D.fp8_dual_gluon(x.float(), E4M3, ROW, COL)
+
+
+def test_switch(monkeypatch):
+    monkeypatch.delenv(D.FP8_DUAL_GLUON_ENV, raising=False)
+    assert D.fp8_dual_gluon_enabled() is False  # opt-in until validated on a GPU
+    monkeypatch.setenv(D.FP8_DUAL_GLUON_ENV, "1")
+    assert D.fp8_dual_gluon_enabled() is True
+    monkeypatch.setenv(D.FP8_DUAL_GLUON_ENV, "0")
+    assert D.fp8_dual_gluon_enabled() is False
+    monkeypatch.setenv(D.FP8_DUAL_GLUON_ENV, "maybe")
+    with pytest.raises(ValueError, match="maybe"):
+        D.fp8_dual_gluon_enabled()
+
+
+@needs_gluon
+@pytest.mark.parametrize("rows,cols", [(4096, 7168), (200, 136)])
+def test_compiles_for_sm90(rows, cols, monkeypatch, request):
+    if rerun_outside_interpreter(request):
+        return
+    import os
+    import re
+
+    import triton
+
+    x = torch.empty(rows, cols, dtype=torch.bfloat16)
+    n_sc, n_str, n_tc = -(-cols // 32), -(-rows // 32), -(-cols // 32)
+    outs = (torch.empty(rows, cols, dtype=torch.uint8), torch.empty(rows, n_sc, dtype=torch.uint8),
+            torch.empty(cols, rows, dtype=torch.uint8), torch.empty(cols, n_str, dtype=torch.uint8))
+    desc = D._desc_unchecked(x, [rows, cols], [x.stride(0), 1], [128, 32], D._smem_layout())
+    k = warmup_for_sm90(D._fp8_dual_mx_gluon_kernel, (desc, *outs, rows, cols, n_tc, n_sc, n_str),
+                        dict(FP8_MAX=448.0, EMAX=8, EVEN=rows % 128 == 0 and cols % 32 == 0, num_warps=2),
+                        monkeypatch)
+    cc = compile_check_module()
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    try:
+        report = cc._ptxas_report(k.asm["ptx"], ptxas)
+        sass = cc._sass(k.asm["cubin"], os.path.join(os.path.dirname(ptxas), "cuobjdump"))
+    except FileNotFoundError as exc:
+        pytest.skip(f"ptxas / cuobjdump not available: {exc}")
+    spills = [int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
+    assert spills and not any(spills), report
+    assert "STL" not in sass and "LDL" not in sass and re.search(r"\bSTS", sass) is None
+    if rows % 128 == 0 and cols % 32 == 0:
+        # 2 rows x 32 code bytes and 2 columns x 32 code bytes per thread: 8 16-byte stores
+        assert len(re.findall(r"STG\.E\.128", sass)) == 8, sass.count("STG")
+    assert k.metadata.shared <= 16384
+
+
+def _bits(t):
+    """Bit patterns; E4M3 NaN codes (0x7F / 0xFF) mapped to 0x7F (quant_ref's sign of NaN differs)."""
+    b = t.contiguous().view(torch.uint8)
+    return torch.where((b & 0x7F) == 0x7F, torch.full_like(b, 0x7F), b)
+
+
+def _special(rows, cols, device, seed=0):
+    return special_bf16(rows, cols, device, [
+        ((0, slice(0, 40)), 0.0), ((1, 3), float("inf")), ((5, 70), float("-inf")), ((2, 7), float("nan")),
+        ((3, slice(None)), 1e-39),
+        ((6, slice(0, 32)), [448.0, 1e-30, -7.9, 5.99, 0.0625 * 1.0625, 17.0, 18.0, 19.0] * 4),
+        ((slice(None), 9), 3e5)], seed)
+
+
+@sm90_gpu
+@pytest.mark.parametrize("rows,cols", [(256, 512), (200, 136), (128, 32), (130, 40), (1024, 7168), (992, 7160)])
+def test_gpu_bit_exact(rows, cols):
+    x = _special(rows, cols, "cuda")
+    n_sc, n_str = -(-cols // 32), -(-rows // 32)
+    poison = (torch.full((rows, cols), 0x55, dtype=torch.uint8, device="cuda").view(E4M3),
+              torch.full((rows, n_sc), 0x55, dtype=torch.uint8, device="cuda"),
+              torch.full((cols, rows), 0x55, dtype=torch.uint8, device="cuda").view(E4M3),
+              torch.full((cols, n_str), 0x55, dtype=torch.uint8, device="cuda"))
+    got = D.fp8_dual_gluon(x, E4M3, ROW, COL, out=poison)
+    xc = x.cpu()
+    ref = (*R.quantize_fp8_ref(xc, E4M3, G.MX_BLOCKWISE), *R.quantize_fp8_ref(xc.t().contiguous(), E4M3,
+                                                                              G.MX_BLOCKWISE))
+    for name, o, r in zip(("q", "s", "qt", "st"), got, ref):
+        assert tuple(o.shape) == tuple(r.shape), name
+        assert torch.equal(_bits(o.cpu()), _bits(r)), (name, int((_bits(o.cpu()) != _bits(r)).sum()))
+    pair = F8.fp8_quant_with_trans_launch(x, E4M3, ROW, COL)  # the default (bf16-pair) kernel
+    for name, o, p in zip(("q", "s", "qt", "st"), got, pair):
+        assert torch.equal(_bits(o), _bits(p)), name
+
+
+@sm90_gpu
+def test_gpu_op_route(monkeypatch):
+    """The op takes the candidate under the switch and returns the same bytes as without it."""
+    x = torch.randn(512, 1024, device="cuda").to(torch.bfloat16)
+    monkeypatch.setenv(D.FP8_DUAL_GLUON_ENV, "0")
+    want = F8.fp8_quant_with_trans_launch(x, E4M3, ROW, COL)
+    calls = []
+    real = D.fp8_dual_gluon
+    monkeypatch.setattr(D, "fp8_dual_gluon", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setenv(D.FP8_DUAL_GLUON_ENV, "1")
+    got = F8.fp8_quant_with_trans_launch(x, E4M3, ROW, COL)
+    assert calls == [1]
+    for o, w in zip(got, want):
+        assert torch.equal(_bits(o), _bits(w))
