@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Time the Gluon MX two-copy FP8 quantizer candidate (triton/quantization/quant_fp8_dual_gluon.py)
-against the default bf16-pair kernel and the device copy, bf16 input, E4M3, 1 x 32 / 32 x 1 blocks.
+"""Time the Gluon two-copy FP8 quantizer candidate (triton/quantization/quant_fp8_dual_gluon.py)
+against the default bf16-pair kernel and the device copy, bf16 input, E4M3, MX (1 x 32 / 32 x 1)
+and BLOCKWISE (1 x 128 / 128 x 1) blocks.
 Bytes moved as benchmarks/bench_quantization.py counts them (x read once + every output written);
 "x copy" is that rate over ``y.copy_(x)``'s (2 x bytes of x) measured in the same run. Every
 candidate output is compared with the pair kernel's bit for bit first (a mismatch is printed and
 that shape's timing skipped).
 
-    PYTHONPATH=. python scripts/diag_quant_dual_gluon.py [--shapes 16384x7168 8192x14336] [--rounds 3]
+    PYTHONPATH=. python scripts/diag_quant_dual_gluon.py [--shapes 16384x7168 8192x14336] [--kinds mx blockwise]
+        [--rounds 3]
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch  # noqa: E402
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", nargs="+", default=["16384x7168", "8192x14336", "4096x7168"])
+    p.add_argument("--kinds", nargs="+", default=["mx", "blockwise"], choices=("mx", "blockwise"))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--rep-ms", type=int, default=60)
     args = p.parse_args(argv)
@@ -35,9 +38,11 @@ def main(argv=None) -> int:
     from primus_turbo.triton.quantization import quant_fp8_kernel as F8
 
     e4 = torch.float8_e4m3fn
-    row, col = F8.QuantGrouping(1, 1, 32), F8.QuantGrouping(1, 32, 1)
-    print(f"{'shape':>12s} {'impl':>10s} {'ms':>8s} {'GB/s':>8s} {'x copy':>7s}")
-    for shape in args.shapes:
+    groupings = {"mx": (F8.QuantGrouping(1, 1, 32), F8.QuantGrouping(1, 32, 1)),
+                 "blockwise": (F8.QuantGrouping(0, 1, 128), F8.QuantGrouping(0, 128, 1))}
+    print(f"{'shape':>12s} {'kind':>9s} {'impl':>6s} {'ms':>8s} {'GB/s':>8s} {'x copy':>7s}")
+    for shape, kind in [(s, k) for s in args.shapes for k in args.kinds]:
+        row, col = groupings[kind]
         rows, cols = (int(v) for v in shape.split("x"))
         x = torch.randn(rows, cols, device="cuda").to(torch.bfloat16)
         y = torch.empty_like(x)
@@ -46,7 +51,7 @@ def main(argv=None) -> int:
         bad = [n for n, a, b in zip(("q", "s", "qt", "st"), pair, cand)
                if not torch.equal(a.view(torch.uint8), b.view(torch.uint8))]
         if bad:
-            print(f"{shape:>12s} MISMATCH in {bad}")
+            print(f"{shape:>12s} {kind:>9s} MISMATCH in {bad}")
             continue
         moved = x.numel() * x.element_size() + sum(t.numel() * t.element_size() for t in pair)
         impls = {"copy": lambda: y.copy_(x), "pair": lambda: F8.fp8_quant_with_trans_launch(x, e4, row, col),
@@ -60,7 +65,7 @@ def main(argv=None) -> int:
         for k in impls:
             b = 2 * x.numel() * x.element_size() if k == "copy" else moved
             rate = b / med[k]
-            print(f"{shape:>12s} {k:>10s} {med[k]:8.4f} {rate / 1e6:8.1f} {rate / copy_rate:7.3f}")
+            print(f"{shape:>12s} {kind:>9s} {k:>6s} {med[k]:8.4f} {rate / 1e6:8.1f} {rate / copy_rate:7.3f}")
     return 0
 
 

@@ -144,9 +144,10 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
     "PRIMUS_TURBO_FP8_DUAL_GLUON": (
         "auto",
-        "quantize_fp8_with_trans with MX groupings (1 x 32 / 32 x 1, E4M3) of bf16 input on sm_90: 1 the Gluon "
-        "candidate (quant_fp8_dual_gluon.py: the tile staged in shared memory by TMA and read in one layout per "
-        "copy); auto / 0 the bf16-pair kernel (the candidate is not yet validated on a GPU).",
+        "quantize_fp8_with_trans with MX (1 x 32 / 32 x 1) or BLOCKWISE (1 x 128 / 128 x 1) groupings, E4M3, of "
+        "bf16 input on sm_90: 1 the Gluon candidate (quant_fp8_dual_gluon.py: the tile staged in shared memory by "
+        "TMA and read in one layout per copy); auto / 0 the bf16-pair kernel (the candidate is not yet validated "
+        "on a GPU).",
     ),
     "PRIMUS_TURBO_GATHER_QUANT_GLUON": (
         "auto",

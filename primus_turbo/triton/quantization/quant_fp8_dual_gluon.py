@@ -23,6 +23,12 @@ codes from their own loads (forms that store one code value twice miscompile on 
 3.6: docs/design.md). The scale and the cast are the tl kernels' helpers (``_mx_scales``,
 ``_fp8_codes``), so the bytes equal the pair kernel's and the reference's.
 
+BLOCKWISE (1 x 128 row blocks, 128 x 1 column blocks, fp32 scales) runs the same plan on a
+``[128, 128]`` tile staged as two ``[128, 64]`` TMA boxes: the row pass holds a whole row per thread
+(both halves: the block amax and the IEEE-divided scale are formed once per row, by the thread that
+owns it); the column pass holds 32 rows of two columns per thread, so a column block's amax is an
+in-thread max and a two-step butterfly over the four lanes that share the column.
+
 Status: a candidate, off by default (``PRIMUS_TURBO_FP8_DUAL_GLUON``): compiled for sm_90 on CPU,
 not yet run on a GPU. :func:`fp8_dual_gluon_reason` says why a call cannot take it.
 """
@@ -40,8 +46,9 @@ from primus_turbo.triton.launch import launch
 __all__ = ["FP8_DUAL_GLUON_ENV", "fp8_dual_gluon", "fp8_dual_gluon_enabled", "fp8_dual_gluon_reason"]
 
 FP8_DUAL_GLUON_ENV = "PRIMUS_TURBO_FP8_DUAL_GLUON"
-_TR, _TC, _G = 128, 32, 32  # tile rows, tile columns (one 1 x 32 block wide), MX block
-_WARPS = 2  # 64 threads: two rows each in the row pass, one (block, column pair) each in the column pass
+_TR, _TC, _G = 128, 32, 32  # MX: tile rows, tile columns (one 1 x 32 block wide), block
+_WARPS = 2  # MX: 64 threads, two rows each in the row pass, one (block, column pair) each in the column pass
+_BW, _BW_HALF, _BW_WARPS = 128, 64, 4  # BLOCKWISE: 128 x 128 tiles as two 128 x 64 boxes, 4 warps
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -50,7 +57,7 @@ if GLUON_AVAILABLE:
 
     from primus_turbo.triton.gemm.gemm_fp8_gluon import _desc_unchecked
 
-    from .quant_fp8_kernel import _abs_bits, _fp8_codes, _mx_scales
+    from .quant_fp8_kernel import _abs_bits, _fp8_codes, _fp32_scales, _mx_scales
 
     @gluon.jit
     def _row_pass(buf, q_ptr, s_ptr, r0, c0, tile_c, rows, cols, n_sc,
@@ -136,17 +143,108 @@ if GLUON_AVAILABLE:
         mbarrier.invalidate(bar)
 
 
+    @gluon.jit
+    def _bw_row_half(x, scale, q_ptr, r, c, rows, cols, FP8_MAX: gl.constexpr, EVEN: gl.constexpr):
+        codes = _fp8_codes(x * gl.expand_dims(scale, 1), FP8_MAX, True, False)
+        ptrs = q_ptr + gl.expand_dims(r.to(gl.int64) * cols, 1) + gl.expand_dims(c, 0)
+        if EVEN:
+            gl.store(ptrs, codes)
+        else:
+            gl.store(ptrs, codes, mask=gl.expand_dims(r < rows, 1) & gl.expand_dims(c < cols, 0))
+
+    @gluon.jit
+    def _bw_col_half(buf, qt_ptr, st_ptr, r0, c0, tile_r, rows, cols, n_str,
+                     FP8_MAX: gl.constexpr, EVEN: gl.constexpr):
+        """128 x 1 column blocks of one [128, 64] half: 32 rows x 2 columns per thread, four lanes
+        along the rows (the amax: in-thread, then two shuffle steps), 32 contiguous bytes of two rows
+        of the transposed copy per thread."""
+        TR: gl.constexpr = buf.type.shape[0]
+        TC: gl.constexpr = buf.type.shape[1]
+        W: gl.constexpr = gl.num_warps()
+        CL: gl.constexpr = gl.BlockedLayout([TR // 4, 2], [4, 8], [1, W], [1, 0])
+        # CL's lanes and warps (a BlockedLayout's order would also reorder the lanes), with a
+        # thread's 32 rows register-fastest: the conversion renames registers, the column's 32
+        # bytes leave as two 16-byte stores
+        CLT: gl.constexpr = gl.DistributedLinearLayout(
+            [[1, 0], [2, 0], [4, 0], [8, 0], [16, 0], [0, 1]], [[0, 2], [0, 4], [0, 8], [32, 0], [64, 0]],
+            [[0, 16], [0, 32]], [], [128, 64])
+        gl.static_assert(TR == 128 and TC == 64 and W == 4, "CLT is written for 128 x 64 halves and 4 warps")
+        x = buf.load(CL).to(gl.float32)
+        scale, scale_inv = _fp32_scales(gl.max(_abs_bits(x), axis=0), FP8_MAX)  # [TC]
+        codes = gl.convert_layout(_fp8_codes(x * gl.expand_dims(scale, 0), FP8_MAX, True, False), CLT)
+        r = r0 + gl.arange(0, TR, layout=gl.SliceLayout(1, CLT))
+        c = c0 + gl.arange(0, TC, layout=gl.SliceLayout(0, CLT))
+        ptrs = qt_ptr + gl.expand_dims(c.to(gl.int64) * rows, 0) + gl.expand_dims(r, 1)
+        sc = c0 + gl.arange(0, TC, layout=gl.SliceLayout(0, CL))
+        s_ptrs = st_ptr + sc.to(gl.int64) * n_str + tile_r
+        if EVEN:
+            gl.store(ptrs, codes)
+            gl.store(s_ptrs, scale_inv)
+        else:
+            gl.store(ptrs, codes, mask=gl.expand_dims(r < rows, 1) & gl.expand_dims(c < cols, 0))
+            gl.store(s_ptrs, scale_inv, mask=sc < cols)
+
+    @gluon.jit
+    def _fp8_dual_blockwise_gluon_kernel(x_desc, q_ptr, s_ptr, qt_ptr, st_ptr, rows, cols, n_tc, n_sc, n_str,
+                                         FP8_MAX: gl.constexpr, EVEN: gl.constexpr):
+        """One [128, 128] tile per program as two [128, 64] TMA boxes; BLOCKWISE 1 x 128 / 128 x 1."""
+        TR: gl.constexpr = x_desc.block_type.shape[0]
+        TH: gl.constexpr = x_desc.block_type.shape[1]
+        pid = gl.program_id(0)
+        tile_r = pid // n_tc
+        tile_c = pid % n_tc
+        r0 = tile_r * TR
+        c0 = tile_c * (2 * TH)
+        bufs = gl.allocate_shared_memory(x_desc.dtype, [2, TR, TH], x_desc.layout)
+        bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(bar, count=1)
+        mbarrier.expect(bar, 2 * x_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [r0, c0], bar, bufs.index(0))
+        tma.async_copy_global_to_shared(x_desc, [r0, c0 + TH], bar, bufs.index(1))
+        mbarrier.wait(bar, 0)
+        # row pass: a thread owns one row of both halves
+        RL: gl.constexpr = gl.BlockedLayout([1, TH], [32, 1], [gl.num_warps(), 1], [1, 0])
+        x0 = bufs.index(0).load(RL).to(gl.float32)
+        x1 = bufs.index(1).load(RL).to(gl.float32)
+        amax = gl.maximum(gl.max(_abs_bits(x0), axis=1), gl.max(_abs_bits(x1), axis=1))
+        scale, scale_inv = _fp32_scales(amax, FP8_MAX)
+        r = r0 + gl.arange(0, TR, layout=gl.SliceLayout(1, RL))
+        c = c0 + gl.arange(0, TH, layout=gl.SliceLayout(0, RL))
+        _bw_row_half(x0, scale, q_ptr, r, c, rows, cols, FP8_MAX, EVEN)
+        _bw_row_half(x1, scale, q_ptr, r, c + TH, rows, cols, FP8_MAX, EVEN)
+        s_ptrs = s_ptr + r.to(gl.int64) * n_sc + tile_c
+        if EVEN:
+            gl.store(s_ptrs, scale_inv)
+        else:
+            gl.store(s_ptrs, scale_inv, mask=r < rows)
+        # column pass, half by half
+        _bw_col_half(bufs.index(0), qt_ptr, st_ptr, r0, c0, tile_r, rows, cols, n_str, FP8_MAX, EVEN)
+        _bw_col_half(bufs.index(1), qt_ptr, st_ptr, r0, c0 + TH, tile_r, rows, cols, n_str, FP8_MAX, EVEN)
+        mbarrier.invalidate(bar)
+
+
+def _mx(row, col) -> Optional[bool]:
+    """True for MX 1 x 32 / 32 x 1, False for BLOCKWISE 1 x 128 / 128 x 1, None otherwise."""
+    key = (row.mode, row.gr, row.gc, col.mode, col.gr, col.gc)
+    if key == (1, 1, _G, 1, _G, 1):
+        return True
+    if key == (0, 1, _BW, 0, _BW, 1):
+        return False
+    return None
+
+
 def fp8_dual_gluon_reason(x: torch.Tensor, out_dtype, row, col) -> Optional[str]:
-    """None when the candidate takes ``x`` with groupings ``row`` (1 x 32) / ``col`` (32 x 1), MX,
-    E4M3: bf16 2-D, unit column stride, 16-byte aligned base and row stride (TMA), sm_90."""
+    """None when the candidate takes ``x`` with groupings ``row`` / ``col`` MX (1 x 32 / 32 x 1) or
+    BLOCKWISE (1 x 128 / 128 x 1), E4M3: bf16 2-D, unit column stride, 16-byte aligned base and row
+    stride (TMA), sm_90."""
     if not GLUON_AVAILABLE:
         return "triton.experimental.gluon is not importable"
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype != torch.bfloat16:
         return "x must be a 2-D bfloat16 tensor"
     if out_dtype != torch.float8_e4m3fn:
         return f"out_dtype {out_dtype}: E4M3 only"
-    if (row.mode, row.gr, row.gc, col.mode, col.gr, col.gc) != (1, 1, _G, 1, _G, 1):
-        return f"groupings {row} / {col}: MX 1 x 32 and 32 x 1 only"
+    if _mx(row, col) is None:
+        return f"groupings {row} / {col}: MX 1 x 32 / 32 x 1 or BLOCKWISE 1 x 128 / 128 x 1 only"
     if x.numel() == 0:
         return "empty input"
     if x.stride(1) != 1 or (x.stride(0) * 2) % 16 or x.data_ptr() % 16:
@@ -163,18 +261,21 @@ def fp8_dual_gluon_enabled() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _smem_layout():
-    return gl.NVMMASharedLayout.get_default_for([_TR, _TC], gl.bfloat16)
+def _smem_layout(cols: int = _TC):
+    return gl.NVMMASharedLayout.get_default_for([_TR, cols], gl.bfloat16)
 
 
 def fp8_dual_gluon(x: torch.Tensor, out_dtype, row, col, out: Optional[tuple] = None) -> tuple:
-    """``(q, s, qt, st)`` as ``fp8_packed_with_trans_launch`` returns them for MX E4M3 (``s``
-    ``[rows, ceil(cols/32)]`` and ``st`` ``[cols, ceil(rows/32)]`` E8M0 bytes as uint8). ``out``:
-    the four outputs to fill (tests pass poisoned ones). Raises ValueError when
-    :func:`fp8_dual_gluon_reason` refuses."""
+    """``(q, s, qt, st)`` as ``fp8_packed_with_trans_launch`` returns them for E4M3: MX (``s``
+    ``[rows, ceil(cols/32)]`` and ``st`` ``[cols, ceil(rows/32)]`` E8M0 bytes as uint8) or BLOCKWISE
+    (``[rows, ceil(cols/128)]`` / ``[cols, ceil(rows/128)]`` fp32 scale_inv). ``out``: the four
+    outputs to fill (tests pass poisoned ones). Raises ValueError when :func:`fp8_dual_gluon_reason`
+    refuses."""
     reason = fp8_dual_gluon_reason(x, out_dtype, row, col)
     if reason is not None:
         raise ValueError(f"fp8_dual_gluon: {reason}")
+    if not _mx(row, col):
+        return _blockwise(x, out_dtype, out)
     rows, cols = x.shape
     n_sc, n_str = -(-cols // _G), -(-rows // _G)
     if out is None:
@@ -190,4 +291,23 @@ def fp8_dual_gluon(x: torch.Tensor, out_dtype, row, col, out: Optional[tuple] = 
     launch(_fp8_dual_mx_gluon_kernel, (n_tr * n_tc,),
            (desc, q.view(torch.uint8), s, qt.view(torch.uint8), st, rows, cols, n_tc, n_sc, n_str),
            dict(FP8_MAX=448.0, EMAX=8, EVEN=rows % _TR == 0 and cols % _TC == 0, num_warps=_WARPS), x.device)
+    return q, s, qt, st
+
+
+def _blockwise(x: torch.Tensor, out_dtype, out: Optional[tuple]) -> tuple:
+    rows, cols = x.shape
+    n_sc, n_str = -(-cols // _BW), -(-rows // _BW)
+    if out is None:
+        dev = x.device
+        q = torch.empty((rows, cols), dtype=out_dtype, device=dev)
+        s = torch.empty((rows, n_sc), dtype=torch.float32, device=dev)
+        qt = torch.empty((cols, rows), dtype=out_dtype, device=dev)
+        st = torch.empty((cols, n_str), dtype=torch.float32, device=dev)
+    else:
+        q, s, qt, st = out
+    n_tr, n_tc = -(-rows // _BW), -(-cols // _BW)
+    desc = _desc_unchecked(x, [rows, cols], [x.stride(0), 1], [_BW, _BW_HALF], _smem_layout(_BW_HALF))
+    launch(_fp8_dual_blockwise_gluon_kernel, (n_tr * n_tc,),
+           (desc, q.view(torch.uint8), s, qt.view(torch.uint8), st, rows, cols, n_tc, n_sc, n_str),
+           dict(FP8_MAX=448.0, EVEN=rows % _BW == 0 and cols % _BW == 0, num_warps=_BW_WARPS), x.device)
     return q, s, qt, st
