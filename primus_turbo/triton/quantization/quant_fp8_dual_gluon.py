@@ -1,6 +1,7 @@
-"""Hopper Gluon candidate for ``quantize_fp8_with_trans`` with MX groupings (E4M3 codes, 1 x 32
-row blocks and 32 x 1 column blocks, E8M0 scales) of bf16 input: the row-wise copy
-``q [rows, cols]`` and the column-wise copy stored transposed, ``qt [cols, rows]``, from one read.
+"""Hopper Gluon candidate for ``quantize_fp8_with_trans`` of bf16 input to E4M3 with MX groupings
+(1 x 32 row blocks and 32 x 1 column blocks, E8M0 scales) or BLOCKWISE ones (1 x 128 / 128 x 1,
+fp32 scales): the row-wise copy ``q [rows, cols]`` and the column-wise copy stored transposed,
+``qt [cols, rows]``, from one read.
 
 Why another form: the pair kernel (quant_fp8_packed.py) holds its tile in registers in one layout,
 so one of the two block reductions crosses threads and warps (shuffles, a shared-memory round trip
@@ -18,7 +19,7 @@ from there twice, in the layout each copy wants:
   register-consecutive (a layout of the same thread ownership: no data movement) and each
   thread stores 32 contiguous bytes of two rows of the transposed copy.
 
-No value crosses a thread, there is no barrier but the TMA's, and the two passes compute their
+For MX no value crosses a thread, there is no barrier but the TMA's, and the two passes compute their
 codes from their own loads (forms that store one code value twice miscompile on sm_90 with Triton
 3.6: docs/design.md). The scale and the cast are the tl kernels' helpers (``_mx_scales``,
 ``_fp8_codes``), so the bytes equal the pair kernel's and the reference's.
