@@ -447,6 +447,7 @@ def test_m_grouped_matches_reference(pattern, N, K, dtype, kmajor, config):
 
 
 @sm90_gpu
+@pytest.mark.timeout(300)  # the child compiles six kernels; its own limit is 240 s
 def test_m_grouped_paced_is_bit_equal():
     """Pacing changes when tiles start, never what they compute: bit-equal to the unpaced kernel
     (balanced, empty / tiny and many groups; K- and N-major weights; pace 1 and 2; the default
