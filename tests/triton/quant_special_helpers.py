@@ -22,6 +22,27 @@ def special_bf16(rows: int, cols: int, device, values: list, seed: int = 0) -> t
     return x.to(device)
 
 
+def special_fp8_input(rows: int, cols: int, device, seed: int = 0) -> torch.Tensor:
+    """The two-copy FP8 quantizer tests' input: :func:`special_bf16` with zero, +-inf and NaN
+    entries, a subnormal row, values around E4M3's rounding points and a large column."""
+    return special_bf16(rows, cols, device, [
+        ((0, slice(0, 40)), 0.0), ((1, 3), float("inf")), ((5, 70), float("-inf")), ((2, 7), float("nan")),
+        ((3, slice(None)), 1e-39),
+        ((6, slice(0, 32)), [448.0, 1e-30, -7.9, 5.99, 0.0625 * 1.0625, 17.0, 18.0, 19.0] * 4),
+        ((slice(None), 9), 3e5)], seed)
+
+
+def code_bits(t: torch.Tensor) -> torch.Tensor:
+    """Bit patterns for bit-exact comparisons: 1-byte codes as uint8 with the E4M3 NaN codes (0x7F /
+    0xFF: the sign of a NaN is not part of the contract, the tl kernels' soft conversion and
+    quant_ref differ in it) mapped to 0x7F; 4-byte scales as int32."""
+    t = t.contiguous()
+    if t.element_size() == 1:
+        b = t.view(torch.uint8)
+        return torch.where((b & 0x7F) == 0x7F, torch.full_like(b, 0x7F), b)
+    return t.view(torch.int32)
+
+
 def sm90_capture(launch):
     """Run ``launch()`` with every Triton launch compiled for sm_90 and not run
     (scripts/quant_sass_stats.py's capture; outside the interpreter). Returns the stats module

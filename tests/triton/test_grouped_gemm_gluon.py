@@ -102,7 +102,9 @@ def test_config_pace_option(monkeypatch):
     p = gg.GluonGroupedConfig.parse("n256k64s3e256p2")
     monkeypatch.delenv(gg.PACE_ENV, raising=False)
     assert "experimental" in p.check(2) and gg.PACE_ENV in p.check(2)
+    assert "experimental" in gg._config_problem(p, 2)  # the launcher's check, not cached for paced configs
     monkeypatch.setenv(gg.PACE_ENV, "1")
+    assert gg._config_problem(p, 2) is None
     assert p.pace == 2 and p.short().endswith("p2") and gg.GluonGroupedConfig.parse(p.short()) == p
     assert gg.GROUPED16_DEFAULT_CONFIG.pace == 0 and gg.GROUPED16_DEFAULT_CONFIG.short() == "n256k64s3g8e256c1r232w40"
     assert p.check(2) is None

@@ -20,7 +20,8 @@ from primus_turbo.triton.quantization import quant_fp8_dual_gluon as D
 from primus_turbo.triton.quantization import quant_fp8_kernel as F8
 
 from .gluon_compile_child import compile_check_module, rerun_outside_interpreter, warmup_for_sm90
-from .quant_special_helpers import special_bf16
+from .quant_special_helpers import code_bits as _bits
+from .quant_special_helpers import special_fp8_input as _special
 
 E4M3 = torch.float8_e4m3fn
 ROW, COL = F8.QuantGrouping(1, 1, 32), F8.QuantGrouping(1, 32, 1)
@@ -35,19 +36,42 @@ sm90_gpu = pytest.mark.skipif(
 @needs_gluon
 def test_reasons():
     x = torch.randn(256, 512).to(torch.bfloat16)
-    assert "sm_90" in D.fp8_dual_gluon_reason(x, E4M3, ROW, COL) or "cpu" in D.fp8_dual_gluon_reason(x, E4M3, ROW, COL)
+    assert "sm_90" in D.fp8_dual_gluon_reason(x, E4M3, ROW, COL)  # CPU tensors
     assert "bfloat16" in D.fp8_dual_gluon_reason(x.float(), E4M3, ROW, COL)
     assert "E4M3" in D.fp8_dual_gluon_reason(x, torch.float8_e5m2, ROW, COL)
     rowwise = (F8.QuantGrouping(0, 1, 512), F8.QuantGrouping(0, 256, 1))
     assert "BLOCKWISE" in D.fp8_dual_gluon_reason(x, E4M3, *rowwise)
     assert "BLOCKWISE" in D.fp8_dual_gluon_reason(x, E4M3, ROW, BW_COL)  # mixed groupings
-    assert "sm_90" in D.fp8_dual_gluon_reason(x, E4M3, BW_ROW, BW_COL) or "cpu" in D.fp8_dual_gluon_reason(
-        x, E4M3, BW_ROW, BW_COL)
+    assert "sm_90" in D.fp8_dual_gluon_reason(x, E4M3, BW_ROW, BW_COL)
     assert "empty" in D.fp8_dual_gluon_reason(x[:0], E4M3, ROW, COL)
     assert "aligned" in D.fp8_dual_gluon_reason(x[:, 1:], E4M3, ROW, COL)
     assert "aligned" in D.fp8_dual_gluon_reason(torch.randn(64, 36).to(torch.bfloat16), E4M3, ROW, COL)
     with pytest.raises(ValueError, match="fp8_dual_gluon: "):
         D.fp8_dual_gluon(x.float(), E4M3, ROW, COL)
+
+
+@needs_gluon
+@pytest.mark.parametrize("kind,shape,grid,even", [("mx", (200, 136), 2 * 5, False), ("mx", (256, 64), 2 * 2, True),
+                                                  ("blockwise", (256, 512), 2 * 4, True),
+                                                  ("blockwise", (200, 136), 2 * 2, False)])
+def test_launcher_arguments(kind, shape, grid, even, monkeypatch):
+    """The launcher's grid, outputs and constants for each grouping (the launch itself stubbed)."""
+    row, col, _ = GROUPINGS[kind]
+    g = row.gc
+    seen = []
+    monkeypatch.setattr(D, "fp8_dual_gluon_reason", lambda *a: None)
+    monkeypatch.setattr(D, "launch", lambda kernel, grid, args, kwargs, device: seen.append((kernel, grid, args, kwargs)))
+    rows, cols = shape
+    q, s, qt, st = D.fp8_dual_gluon(torch.randn(rows, cols).to(torch.bfloat16), E4M3, row, col)
+    (kernel, got_grid, args, kwargs), = seen
+    assert kernel is (D._fp8_dual_mx_gluon_kernel if kind == "mx" else D._fp8_dual_blockwise_gluon_kernel)
+    assert got_grid == (grid,) and kwargs["EVEN"] is even and kwargs["FP8_MAX"] == 448.0
+    assert kwargs.get("EMAX") == (8 if kind == "mx" else None)
+    assert args[0].block_shape == ([128, 32] if kind == "mx" else [128, 64])
+    assert (q.shape, qt.shape) == ((rows, cols), (cols, rows)) and q.dtype == qt.dtype == E4M3
+    sdt = torch.uint8 if kind == "mx" else torch.float32
+    assert (s.shape, st.shape, s.dtype, st.dtype) == ((rows, -(-cols // g)), (cols, -(-rows // g)), sdt, sdt)
+    assert args[5:] == (rows, cols, -(-cols // g), -(-cols // g), -(-rows // g))
 
 
 def test_switch(monkeypatch):
@@ -105,20 +129,6 @@ def test_compiles_for_sm90(kind, rows, cols, monkeypatch, request):
     assert k.metadata.shared <= (16384 if kind == "mx" else 40960)
 
 
-def _bits(t):
-    """Bit patterns; E4M3 NaN codes (0x7F / 0xFF) mapped to 0x7F (quant_ref's sign of NaN differs)."""
-    b = t.contiguous().view(torch.uint8)
-    return torch.where((b & 0x7F) == 0x7F, torch.full_like(b, 0x7F), b)
-
-
-def _special(rows, cols, device, seed=0):
-    return special_bf16(rows, cols, device, [
-        ((0, slice(0, 40)), 0.0), ((1, 3), float("inf")), ((5, 70), float("-inf")), ((2, 7), float("nan")),
-        ((3, slice(None)), 1e-39),
-        ((6, slice(0, 32)), [448.0, 1e-30, -7.9, 5.99, 0.0625 * 1.0625, 17.0, 18.0, 19.0] * 4),
-        ((slice(None), 9), 3e5)], seed)
-
-
 def _poisoned(rows, cols, g, sdt):
     n_sc, n_str = -(-cols // g), -(-rows // g)
 
@@ -140,15 +150,10 @@ def test_gpu_bit_exact(kind, rows, cols):
     ref = (*R.quantize_fp8_ref(xc, E4M3, gran), *R.quantize_fp8_ref(xc.t().contiguous(), E4M3, gran))
     for name, o, r in zip(("q", "s", "qt", "st"), got, ref):
         assert tuple(o.shape) == tuple(r.shape), name
-        o = o.cpu()
-        same = torch.equal(_bits(o), _bits(r)) if o.element_size() == 1 else torch.equal(o.view(torch.int32),
-                                                                                           r.view(torch.int32))
-        assert same, name
+        assert torch.equal(_bits(o.cpu()), _bits(r)), (name, int((_bits(o.cpu()) != _bits(r)).sum()))
     pair = F8.fp8_quant_with_trans_launch(x, E4M3, row, col)  # the default (bf16-pair) kernel
     for name, o, p in zip(("q", "s", "qt", "st"), got, pair):
-        same = torch.equal(_bits(o), _bits(p)) if o.element_size() == 1 else torch.equal(o.view(torch.int32),
-                                                                                           p.view(torch.int32))
-        assert same, name
+        assert torch.equal(_bits(o), _bits(p)), name
 
 
 @sm90_gpu

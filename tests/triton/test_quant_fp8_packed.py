@@ -22,7 +22,9 @@ from primus_turbo.triton.quantization import quant_fp8_kernel as F8
 from primus_turbo.triton.quantization import quant_fp8_packed as P
 
 from .gluon_compile_child import rerun_outside_interpreter
-from .quant_special_helpers import sm90_kernels, special_bf16
+from .quant_special_helpers import code_bits as _bits
+from .quant_special_helpers import sm90_kernels
+from .quant_special_helpers import special_fp8_input as _special
 
 _ALL = np.arange(65536, dtype=np.uint32)
 E4M3 = torch.float8_e4m3fn
@@ -56,24 +58,6 @@ def test_emulated_codes_exhaustive(m):
 def test_ptx_text():
     assert P.CODES_PTX.count("cvt.rn.satfinite.e4m3x2.f32") == 16
     assert P.CODES_PTX.count("mul.rn.f32") == 32
-
-
-def _special(rows, cols, device, seed=0):
-    return special_bf16(rows, cols, device, [
-        ((0, slice(0, 40)), 0.0), ((1, 3), float("inf")), ((5, 70), float("-inf")), ((2, 7), float("nan")),
-        ((3, slice(None)), 1e-39),
-        ((6, slice(0, 32)), [448.0, 1e-30, -7.9, 5.99, 0.0625 * 1.0625, 17.0, 18.0, 19.0] * 4),
-        ((slice(None), 9), 3e5)], seed)
-
-
-def _bits(t):
-    """Bit patterns; E4M3 NaN codes (0x7F / 0xFF: the sign of a NaN is not part of the contract
-    here, the tl kernels' soft conversion and quant_ref differ in it) mapped to 0x7F."""
-    t = t.contiguous()
-    if t.element_size() == 1:
-        b = t.view(torch.uint8)
-        return torch.where((b & 0x7F) == 0x7F, torch.full_like(b, 0x7F), b)
-    return t.view(torch.int32)
 
 
 def _check(x, mx, cfg):

@@ -98,6 +98,7 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
+    from primus_turbo.triton.activation.swiglu_kernel import _act_and_grad
     from primus_turbo.triton.gemm.gemm_fp8_gluon import _tile_coords
     from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import (
         _group_tiles,
@@ -154,14 +155,7 @@ if GLUON_AVAILABLE:
         keep = gl.load(m_ptr + rows, mask=in_m, other=0) != 0
         a = gate.to(gl.float32)
         b = up.to(gl.float32)
-        if ACT == 0:
-            act = a * (1.0 / (1.0 + gl.exp(-a)))
-        else:
-            K0: gl.constexpr = 0.7978845608028654  # sqrt(2 / pi)
-            K1: gl.constexpr = 0.044715
-            z = K0 * (a + K1 * a * a * a)
-            t = 1.0 - 2.0 / (gl.exp(2.0 * z) + 1.0)  # tanh(z), saturating cleanly at +-1
-            act = 0.5 * a * (1.0 + t)
+        act, _ = _act_and_grad(a, ACT)  # the activation kernel's expression; the derivative is dead code
         out = act * b
         out = out * gl.expand_dims(p, 1)
         return gl.where(gl.expand_dims(keep, 1), out, 0.0)

@@ -591,8 +591,14 @@ def _launch_reason(a, b, group_offs, out, num_programs) -> Optional[str]:
     return _dense._grouped_launch_reason(a, b.shape[2], group_offs, out, num_programs)
 
 
-@functools.lru_cache(maxsize=None)
 def _config_problem(cfg: GluonGroupedConfig, out_bytes: int) -> Optional[str]:
+    """``cfg.check``, cached per (config, output width) except for paced configs, whose check also
+    reads the PRIMUS_TURBO_GROUPED_GEMM_PACE switch (a cached answer would outlive a change of it)."""
+    return cfg.check(out_bytes) if cfg.pace else _cached_config_problem(cfg, out_bytes)
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_config_problem(cfg: GluonGroupedConfig, out_bytes: int) -> Optional[str]:
     return cfg.check(out_bytes)
 
 

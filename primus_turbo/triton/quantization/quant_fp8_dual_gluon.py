@@ -44,6 +44,8 @@ import torch
 from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, gluon_platform_reason
 from primus_turbo.triton.launch import launch
 
+from .quant_fp8_kernel import fp8_max_of, mx_emax_of
+
 __all__ = ["FP8_DUAL_GLUON_ENV", "fp8_dual_gluon", "fp8_dual_gluon_enabled", "fp8_dual_gluon_reason"]
 
 FP8_DUAL_GLUON_ENV = "PRIMUS_TURBO_FP8_DUAL_GLUON"
@@ -275,40 +277,26 @@ def fp8_dual_gluon(x: torch.Tensor, out_dtype, row, col, out: Optional[tuple] = 
     reason = fp8_dual_gluon_reason(x, out_dtype, row, col)
     if reason is not None:
         raise ValueError(f"fp8_dual_gluon: {reason}")
-    if not _mx(row, col):
-        return _blockwise(x, out_dtype, out)
     rows, cols = x.shape
-    n_sc, n_str = -(-cols // _G), -(-rows // _G)
+    if _mx(row, col):
+        g, box, sdt, kernel = _G, [_TR, _TC], torch.uint8, _fp8_dual_mx_gluon_kernel
+        consts = dict(EMAX=mx_emax_of(out_dtype), num_warps=_WARPS)
+    else:
+        g, box, sdt, kernel = _BW, [_BW, _BW_HALF], torch.float32, _fp8_dual_blockwise_gluon_kernel
+        consts = dict(num_warps=_BW_WARPS)
+    # a program's columns: one MX block, or a BLOCKWISE block (as two boxes); its rows: _TR (= _BW)
+    n_sc, n_str = -(-cols // g), -(-rows // g)
     if out is None:
         dev = x.device
         q = torch.empty((rows, cols), dtype=out_dtype, device=dev)
-        s = torch.empty((rows, n_sc), dtype=torch.uint8, device=dev)
+        s = torch.empty((rows, n_sc), dtype=sdt, device=dev)
         qt = torch.empty((cols, rows), dtype=out_dtype, device=dev)
-        st = torch.empty((cols, n_str), dtype=torch.uint8, device=dev)
+        st = torch.empty((cols, n_str), dtype=sdt, device=dev)
     else:
         q, s, qt, st = out
-    n_tr, n_tc = -(-rows // _TR), -(-cols // _TC)
-    desc = _desc_unchecked(x, [rows, cols], [x.stride(0), 1], [_TR, _TC], _smem_layout())
-    launch(_fp8_dual_mx_gluon_kernel, (n_tr * n_tc,),
+    n_tc = n_sc
+    desc = _desc_unchecked(x, [rows, cols], [x.stride(0), 1], box, _smem_layout(box[1]))
+    launch(kernel, (-(-rows // _TR) * n_tc,),
            (desc, q.view(torch.uint8), s, qt.view(torch.uint8), st, rows, cols, n_tc, n_sc, n_str),
-           dict(FP8_MAX=448.0, EMAX=8, EVEN=rows % _TR == 0 and cols % _TC == 0, num_warps=_WARPS), x.device)
-    return q, s, qt, st
-
-
-def _blockwise(x: torch.Tensor, out_dtype, out: Optional[tuple]) -> tuple:
-    rows, cols = x.shape
-    n_sc, n_str = -(-cols // _BW), -(-rows // _BW)
-    if out is None:
-        dev = x.device
-        q = torch.empty((rows, cols), dtype=out_dtype, device=dev)
-        s = torch.empty((rows, n_sc), dtype=torch.float32, device=dev)
-        qt = torch.empty((cols, rows), dtype=out_dtype, device=dev)
-        st = torch.empty((cols, n_str), dtype=torch.float32, device=dev)
-    else:
-        q, s, qt, st = out
-    n_tr, n_tc = -(-rows // _BW), -(-cols // _BW)
-    desc = _desc_unchecked(x, [rows, cols], [x.stride(0), 1], [_BW, _BW_HALF], _smem_layout(_BW_HALF))
-    launch(_fp8_dual_blockwise_gluon_kernel, (n_tr * n_tc,),
-           (desc, q.view(torch.uint8), s, qt.view(torch.uint8), st, rows, cols, n_tc, n_sc, n_str),
-           dict(FP8_MAX=448.0, EVEN=rows % _BW == 0 and cols % _BW == 0, num_warps=_BW_WARPS), x.device)
+           dict(FP8_MAX=fp8_max_of(out_dtype), EVEN=rows % _TR == 0 and cols % g == 0, **consts), x.device)
     return q, s, qt, st
