@@ -88,7 +88,8 @@ def _grouped_gemm_fp4_kernel(
         g64 = tl.cast(tl.minimum(g, G - 1), tl.int64)
         b_g = b_ptr + g64 * stride_bg
         sb_g = sb_ptr + g64 * stride_sbg
-        for t in range(first, tiles_g, NUM_PROGRAMS):
+        for i in range(tl.cdiv(tiles_g - first, NUM_PROGRAMS)):  # grouped_gemm_kernel: why not range(first, ...)
+            t = first + i * NUM_PROGRAMS
             pid_m, pid_n = _swizzle(t, num_pid_m, num_pid_n, GROUP_M)
             rows = m_start + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
             cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -113,7 +113,8 @@ if GLUON_AVAILABLE:
             num_pid_m = gl.cdiv(m_end - m_start, 2 * HALF_M)
             tiles_g = num_pid_m * num_pid_n
             first = (pid - tile_base % num_programs + num_programs) % num_programs
-            for t in range(first, tiles_g, num_programs):
+            for i in range(gl.cdiv(tiles_g - first, num_programs)):  # grouped_gemm_kernel: why not range(first, ...)
+                t = first + i * num_programs
                 pid_m, pid_n = _tile_coords(t, num_pid_m, num_pid_n, GROUP_M)
                 off_m = m_start + pid_m * (2 * HALF_M)
                 off_b = g * N + pid_n * BLOCK_N  # row of the [G * N, K] expert view
@@ -163,7 +164,8 @@ if GLUON_AVAILABLE:
             tiles_g = num_pid_m * num_pid_n
             first = (pid - tile_base % num_programs + num_programs) % num_programs
             sb_g = sb_ptr + gl.minimum(g, G - 1).to(gl.int64) * stride_sbg
-            for t in range(first, tiles_g, num_programs):
+            for i in range(gl.cdiv(tiles_g - first, num_programs)):  # grouped_gemm_kernel: why not range(first, ...)
+                t = first + i * num_programs
                 pid_m, pid_n = _tile_coords(t, num_pid_m, num_pid_n, GROUP_M)
                 off_m = m_start + pid_m * (2 * HALF_M) + WG * HALF_M
                 off_n = pid_n * BLOCK_N

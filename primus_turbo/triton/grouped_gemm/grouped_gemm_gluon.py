@@ -229,7 +229,8 @@ if GLUON_AVAILABLE:
         for g in range(G):
             m_start, m_end, num_pid_m, tiles_g, first = _group_tiles(offs_ptr, g, G, M, num_pid_n, tile_base,
                                                                      2 * HALF_M)
-            for t in range(first, tiles_g, gl.num_programs(0)):
+            for i in range(gl.cdiv(tiles_g - first, gl.num_programs(0))):  # grouped_gemm_kernel: why not range(first, ...)
+                t = first + i * gl.num_programs(0)
                 if PACE > 0:
                     j = _pace(pace_ptr, j, PACE)
                 pid_m, pid_n = _tile_coords(t, num_pid_m, num_pid_n, GROUP_M)
@@ -374,7 +375,8 @@ if GLUON_AVAILABLE:
         for g in range(G + 1):  # g == G: the zeroed rows past offs[G]
             m_start, m_end, num_pid_m, tiles_g, first = _group_tiles(offs_ptr, g, G, M, num_pid_n, tile_base,
                                                                      2 * HALF_M)
-            for t in range(first, tiles_g, gl.num_programs(0)):
+            for i in range(gl.cdiv(tiles_g - first, gl.num_programs(0))):  # grouped_gemm_kernel: why not range(first, ...)
+                t = first + i * gl.num_programs(0)
                 pid_m, pid_n = _tile_coords(t, num_pid_m, num_pid_n, GROUP_M)
                 off_m = m_start + pid_m * (2 * HALF_M) + WG * HALF_M
                 off_n = pid_n * BLOCK_N

@@ -124,10 +124,15 @@ def _grouped_gemm_kernel(
         m_end = tl.maximum(tl.minimum(m_end, M).to(tl.int32), m_start)
         num_pid_m = tl.cdiv(m_end - m_start, BLOCK_M)
         tiles_g = num_pid_m * num_pid_n
-        # this program's first tile in the group: the smallest t >= 0 with (tile_base + t) % P == pid
+        # this program's first tile in the group: the smallest t >= 0 with (tile_base + t) % P == pid.
+        # Its tiles are first, first + P, ... counted by i below, not `range(first, tiles_g, P)`: with
+        # tile_base used only in a nested loop's bound, triton 3.6's remove-layout-conversions pass
+        # drops the loop-carried tile_base for its initial 0 (every group's deal restarting at program
+        # 0: correct output, SMs unevenly loaded; tests/triton/test_tile_deal.py checks the IR).
         first = (pid - tile_base % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
         b_g = b_ptr + tl.cast(g, tl.int64) * stride_bg
-        for t in range(first, tiles_g, NUM_PROGRAMS):
+        for i in range(tl.cdiv(tiles_g - first, NUM_PROGRAMS)):
+            t = first + i * NUM_PROGRAMS
             pid_m, pid_n = _swizzle(t, num_pid_m, num_pid_n, GROUP_M)
             rows = m_start + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
             cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
