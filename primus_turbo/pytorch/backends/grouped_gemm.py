@@ -31,6 +31,8 @@ __all__ = [
     "GLUON16_SHORT_K",
     "GLUON16_SMALL_MAX_MNK",
     "GLUON16_SMALL_MAX_MNK_SHORT_K",
+    "gluon16_large_preferred",
+    "gluon16_preferred",
     "gluon16_small_preferred",
     "GroupedGemmVariableKGluonBackend",
     "GroupedGemmVariableKTorchBackend",
@@ -217,6 +219,30 @@ def gluon16_small_preferred(M: int, N: int, K: int) -> bool:
     return mnk <= GLUON16_SMALL_MAX_MNK or (K <= GLUON16_SHORT_K and mnk <= GLUON16_SMALL_MAX_MNK_SHORT_K)
 
 
+#: ... and from GLUON16_LARGE_MIN_ROWS rows per group (the mean, M_total / G) on whole 256 x 64 tiles
+#: of large N and K, where the Gluon kernel runs at or above the vendor kernel's rate. H200, 2026-12-02
+#: (``scripts/diag_grouped_small.py --moe --rounds 3``, medians of interleaved rounds, Gluon /
+#: ``torch._grouped_mm`` time): Mixtral-8x7B (8 x 4096 rows) gate_up 0.964, down 0.977, gate_up dgrad 0.990,
+#: down dgrad 0.973 (session 11: 0.985 / 0.968 / 0.969 / 0.943); DeepSeek-V3 EP8 (32 x 4096 rows, session 5)
+#: 0.91-0.99. The MoE layer with every 16-bit GEMM on Gluon: Mixtral 55.83 -> 53.64 ms, DeepSeek-V3
+#: 56.37 -> 56.01 ms (``benchmarks/bench_moe_layer.py``, same run).
+GLUON16_LARGE_MIN_ROWS = 4096
+
+
+def gluon16_large_preferred(M: int, N: int, K: int, G: int) -> bool:
+    """Whether the M-grouped 16-bit default prefers the Gluon kernel for a large problem: at least
+    :data:`GLUON16_LARGE_MIN_ROWS` rows per group on average, N a multiple of 256 and K of 64 (no
+    partial tiles but at group ends), the smaller of N and K at least 2048 and the larger at least
+    4096 (shapes only)."""
+    return (G > 0 and M >= GLUON16_LARGE_MIN_ROWS * G and N % 256 == 0 and K % 64 == 0
+            and min(N, K) >= 2048 and max(N, K) >= 4096)
+
+
+def gluon16_preferred(M: int, N: int, K: int, G: int) -> bool:
+    """:func:`gluon16_small_preferred` or :func:`gluon16_large_preferred`."""
+    return gluon16_small_preferred(M, N, K) or gluon16_large_preferred(M, N, K, G)
+
+
 def _gluon16_backend_module(name: str, t: torch.Tensor, group_offs, num_cu):
     """(the Gluon module, None) when a GLUON backend may run ``t``'s problem, else (None, why not):
     the offsets given, a valid ``num_cu``, what :func:`_gluon16` asks."""
@@ -236,11 +262,12 @@ def _make_key(a, b, group_lens, group_offs, num_cu=None, **_):
 
 
 def _default(**kwargs) -> BackendType:
-    """Small problems on sm_90: the Gluon kernel where it runs; else the vendor kernel where it can
-    run, our TRITON backend everywhere else (CPU, fp16/fp32, num_cu, ...). GLUON and TORCH are
-    returned only after their own check said yes (``default_checked``)."""
+    """Small and large problems on sm_90 (:func:`gluon16_preferred`): the Gluon kernel where it runs;
+    else the vendor kernel where it can run, our TRITON backend everywhere else (CPU, fp16/fp32,
+    num_cu, ...). GLUON and TORCH are returned only after their own check said yes
+    (``default_checked``)."""
     a, b = kwargs.get("a"), kwargs.get("b")
-    if (a is not None and a.is_cuda and gluon16_small_preferred(a.size(0), b.size(2), a.size(1))
+    if (a is not None and a.is_cuda and gluon16_preferred(a.size(0), b.size(2), a.size(1), b.size(0))
             and GroupedGemmGluonBackend.can_handle(**kwargs)):
         return BackendType.GLUON
     return BackendType.TORCH if GroupedGemmTorchBackend.can_handle(**kwargs) else BackendType.TRITON

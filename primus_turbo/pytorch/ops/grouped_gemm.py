@@ -28,9 +28,11 @@ import torch
 
 from ..backends.grouped_gemm import (
     GROUPED_GEMM_DTYPES,
+    GroupedGemmGluonBackend,
     GroupedGemmTorchBackend,
     GroupedGemmVariableKTorchBackend,
     gluon_wgrad,
+    gluon16_large_preferred,
     grouped_gemm_dispatcher,
     grouped_gemm_variable_k_dispatcher,
 )
@@ -135,7 +137,7 @@ def _vk(x, y, group_lens, group_offs, num_cu):
     return _vk_eager(x, y, group_lens, group_offs, num_cu)
 
 
-def _vendor_route(a: torch.Tensor, B: torch.Tensor, num_cu) -> Optional[str]:
+def _vendor_route(a: torch.Tensor, B: torch.Tensor, num_cu, group_offs: Optional[torch.Tensor] = None) -> Optional[str]:
     """Truthy when the forward, grad_input and grad_weight of this call all run on the TORCH
     backends' path under the current settings, decided once per forward: ``"pinned"`` when the user
     pinned TORCH (every GEMM on ``torch._grouped_mm``), ``"default"`` when the default dispatch
@@ -147,6 +149,9 @@ def _vendor_route(a: torch.Tensor, B: torch.Tensor, num_cu) -> Optional[str]:
     problems, where its no-grad default takes the Gluon kernel (``gluon16_small_preferred``: less
     device time); for small expert GEMMs under autograd the Python time is what the step costs (the
     vendor kernels take tens of microseconds), so the op asks once and keeps the vendor route.
+    Large problems that the default gives to the Gluon kernel (:func:`gluon16_large_preferred`: its
+    rule is symmetric in N and K, so it holds for the grad_input GEMM too) take the dispatcher's
+    route (None), as do calls where ``group_offs`` is given and the Gluon kernel can run them.
     Sound because the backward's operands follow from the forward's: the grad_input GEMM reads the
     same weight as a transposed view (row- and column-major are both taken, the strides are the same
     numbers), and the grad_weight GEMM reads ``a`` (row-major and aligned: checked here) and the
@@ -161,6 +166,10 @@ def _vendor_route(a: torch.Tensor, B: torch.Tensor, num_cu) -> Optional[str]:
     if (B.size(2) * a.element_size()) % 16:
         return None  # grad_out rows would not be aligned for the vendor grad_weight
     if GroupedGemmTorchBackend.check(a, B, None, None) is not None:
+        return None
+    if (backend is None and group_offs is not None
+            and gluon16_large_preferred(a.size(0), B.size(2), a.size(1), B.size(0))
+            and GroupedGemmGluonBackend.check(a, B, None, group_offs) is None):
         return None
     return "default" if backend is None else "pinned"
 
@@ -313,9 +322,9 @@ def grouped_gemm(
     async assert also reports a sum larger than ``M_total``.
 
     Backends: TORCH (``torch._grouped_mm``, CUDA sm_90+ bf16; the default where it can run), GLUON
-    (the warp-specialized sm_90 kernels; the no-grad default for small problems, see
-    ``gluon16_small_preferred`` in ``primus_turbo.pytorch.backends.grouped_gemm``) and TRITON
-    (everything else, and CPU through the Triton interpreter); see
+    (the warp-specialized sm_90 kernels; the default for small problems and for large groups, see
+    ``gluon16_preferred`` in ``primus_turbo.pytorch.backends.grouped_gemm``) and TRITON (everything
+    else, and CPU through the Triton interpreter); see
     ``GlobalBackendManager.set_grouped_gemm_backend`` and ``PRIMUS_TURBO_GROUPED_GEMM_BACKEND``.
     """
     _check_inputs(a, b, group_lens, group_offs, trans_b, num_cu, fuse_bgrad_accum_pattern)
@@ -327,6 +336,6 @@ def grouped_gemm(
     fuse = fuse_bgrad_accum_pattern == "megatron"
     trans_b = bool(trans_b)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        vendor = _vendor_route(a, b.transpose(1, 2) if trans_b else b, num_cu)
+        vendor = _vendor_route(a, b.transpose(1, 2) if trans_b else b, num_cu, group_offs)
         return GroupedGemmFunction.apply(a, b, group_lens, group_offs, trans_b, num_cu, fuse, vendor)
     return _gmm(a, b, group_lens, group_offs, trans_b, num_cu)
