@@ -79,21 +79,28 @@ def test_operand_reasons():
 
 
 def test_op_path_choice(monkeypatch):
-    """The fused kernel only with the switch at 1, where it can run (never on CPU) and no other
-    grouped-GEMM backend is pinned."""
+    """The fused kernel where it can run (never on CPU) and no other grouped-GEMM backend is pinned:
+    with the switch at 1, or at auto where the 16-bit grouped default runs the problem on Gluon
+    (gluon16_preferred); never at 0."""
     import importlib
 
     op = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm_glu")  # the module, not the op
     x, w, probs, mask, offs = _operands([10, 20], 64, 32, "cpu")
     u8 = mask.view(torch.uint8)
-    assert op._fused_module(x, w, offs, probs, u8) is None  # CPU
+    assert not op.glu_fusion_requested(x, w)  # auto, CPU
+    assert op._fused_module(x, w, offs, probs, u8) is None
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     monkeypatch.setattr(gf, "gluon_glu_reason", lambda *a: None)
-    for flag in ("auto", "0"):
-        monkeypatch.setenv(op._ENV, flag)
-        assert not op.glu_fusion_requested()
+    assert op.glu_fusion_requested(x, w) and not op.glu_fusion_requested()  # auto: a small problem
+    assert op._fused_module(x, w, offs, probs, u8) is gf
+    monkeypatch.setattr(op, "gluon16_preferred", lambda *a: False)  # a problem the vendor kernel gets
+    assert not op.glu_fusion_requested(x, w)
+    assert op._fused_module(x, w, offs, probs, u8) is None
+    monkeypatch.setenv(op._ENV, "0")
+    assert not op.glu_fusion_requested(x, w)
+    assert op._fused_module(x, w, offs, probs, u8) is None
     monkeypatch.setenv(op._ENV, "1")
-    assert op.glu_fusion_requested()
+    assert op.glu_fusion_requested() and op.glu_fusion_requested(x, w)
     assert op._fused_module(x, w, offs, probs, u8) is gf
     monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_BACKEND", "TORCH")
     assert op._fused_module(x, w, offs, probs, u8) is None
@@ -195,9 +202,9 @@ def test_op_asks_for_the_fused_kernel_only_when_requested(monkeypatch):
 
 
 def test_grouped_mlp_routes_through_the_op_only_when_requested(monkeypatch):
-    """GroupedMLP keeps calling its linear_fc1 module and the activation op by default (hooks on
-    linear_fc1 fire); with the switch at 1 it calls grouped_gemm_glu (the composition on CPU), with
-    the same result."""
+    """GroupedMLP calls its linear_fc1 module and the activation op when fusion is not wanted (auto
+    on CPU, or the switch at 0) and whenever linear_fc1 has forward hooks (they fire); else it calls
+    grouped_gemm_glu (the composition on CPU), with the same result."""
     from primus_turbo.pytorch.modules import GroupedMLP
     from primus_turbo.pytorch.modules import moe as moe_mod
     from primus_turbo.triton import is_interpreter
@@ -210,15 +217,21 @@ def test_grouped_mlp_routes_through_the_op_only_when_requested(monkeypatch):
     x = torch.randn(16, 32)
     probs = torch.rand(16)
     hooked, calls = [], []
-    mlp.linear_fc1.register_forward_hook(lambda *a: hooked.append(1))
+    handle = mlp.linear_fc1.register_forward_hook(lambda *a: hooked.append(1))
     real = moe_mod.grouped_gemm_glu
     monkeypatch.setattr(moe_mod, "grouped_gemm_glu", lambda *a, **k: calls.append(1) or real(*a, **k))
     ref = mlp(x, lens, probs)
-    assert hooked and not calls
+    assert hooked == [1] and not calls
     monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_GLU_FUSED", "1")
+    assert torch.equal(mlp(x, lens, probs), ref)
+    assert hooked == [1, 1] and not calls  # a hook on linear_fc1 keeps the module path
+    handle.remove()
     out = mlp(x, lens, probs)
-    assert calls and len(hooked) == 1
+    assert calls == [1] and hooked == [1, 1]
     assert torch.equal(out, ref)
+    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_GLU_FUSED", "0")
+    mlp(x, lens, probs)
+    assert calls == [1]
 
 
 def test_op_errors():

@@ -97,8 +97,9 @@ def test_config_parse_check_and_fit():
 
 
 def test_config_pace_option(monkeypatch):
-    """``p<D>``: the opt-in pacing distance (0 = off, the default and every shipped config),
-    refused unless PRIMUS_TURBO_GROUPED_GEMM_PACE=1 while it is unvalidated on a GPU."""
+    """``p<D>``: the opt-in pacing distance (0 = off, every shipped config), refused unless
+    PRIMUS_TURBO_GROUPED_GEMM_PACE is a distance 1-8, which also paces the launcher's default config;
+    other values of the switch raise naming the value."""
     p = gg.GluonGroupedConfig.parse("n256k64s3e256p2")
     monkeypatch.delenv(gg.PACE_ENV, raising=False)
     assert "experimental" in p.check(2) and gg.PACE_ENV in p.check(2)
@@ -117,6 +118,15 @@ def test_config_pace_option(monkeypatch):
     assert kwargs["PACE"] == 2 and args[5].dtype == torch.int32 and args[5].tolist() == [0]
     args, kwargs = gg._kernel_args(a, B, offs, out, gg.GROUPED16_DEFAULT_CONFIG)
     assert kwargs["PACE"] == 0 and args[5] is offs  # unused pointer
+    assert gg.default_launch_config(4096 * 8, 4096, 8, 132, torch.bfloat16).pace == 1
+    monkeypatch.setenv(gg.PACE_ENV, "3")
+    assert gg.pace_default() == 3 and gg.default_launch_config(300, 128, 2, 132, torch.bfloat16).pace == 3
+    monkeypatch.setenv(gg.PACE_ENV, "0")
+    assert gg.default_launch_config(4096 * 8, 4096, 8, 132, torch.bfloat16) == gg.GROUPED16_DEFAULT_CONFIG
+    for bad in ("9", "yes", "-1"):
+        monkeypatch.setenv(gg.PACE_ENV, bad)
+        with pytest.raises(ValueError, match=f"{gg.PACE_ENV}={bad!r}"):
+            gg.pace_default()
 
 
 def test_default_config_rule_small_groups():

@@ -133,21 +133,16 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
     "PRIMUS_TURBO_GROUPED_GEMM_GLU_FUSED": (
         "auto",
-        "grouped_gemm_glu (GroupedMLP's fc1 + SwiGLU / GeGLU with probs, bf16 / fp16): 1 the fused Gluon kernel "
-        "(the activation in the GEMM's epilogue) on sm_90 wherever it can run; auto / 0 grouped_gemm then the "
-        "activation kernel (H200: no net gain from the fusion yet).",
+        "grouped_gemm_glu (GroupedMLP's fc1 + SwiGLU / GeGLU with probs, bf16 / fp16): auto the fused Gluon kernel "
+        "(the activation in the GEMM's epilogue) on sm_90 where the 16-bit grouped default runs the GEMM on Gluon "
+        "(gluon16_preferred) and the kernel can run it, else grouped_gemm then the activation kernel; 1 the fused "
+        "kernel wherever it can run; 0 never.",
     ),
     "PRIMUS_TURBO_GROUPED_GEMM_PACE": (
         "0",
-        "1: GluonGroupedConfig.check accepts the experimental pacing field p<D> of the 16-bit M-grouped Gluon "
-        "kernel (explicit configs only; not yet validated on a GPU).",
-    ),
-    "PRIMUS_TURBO_FP8_DUAL_GLUON": (
-        "auto",
-        "quantize_fp8_with_trans with MX (1 x 32 / 32 x 1) or BLOCKWISE (1 x 128 / 128 x 1) groupings, E4M3, of "
-        "bf16 input on sm_90: 1 the Gluon candidate (quant_fp8_dual_gluon.py: the tile staged in shared memory by "
-        "TMA and read in one layout per copy); auto / 0 the bf16-pair kernel (the candidate is not yet validated "
-        "on a GPU).",
+        "Experimental pacing of the 16-bit M-grouped Gluon kernel's persistent programs: 0 off; 1-8 the default "
+        "config paces at that distance (a program waits before its j-th tile until all have started their "
+        "(j - D)-th; bounded waits) and explicit p<D> configs are accepted.",
     ),
     "PRIMUS_TURBO_GATHER_QUANT_GLUON": (
         "auto",

@@ -48,6 +48,15 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _has_hooks(module: torch.nn.Module) -> bool:
+    """Whether calling ``module`` runs forward hooks (its own or global ones): the fused fc1 +
+    activation path does not call the module, so it is taken only without them."""
+    from torch.nn.modules import module as _m
+
+    return bool(module._forward_hooks or module._forward_pre_hooks or _m._global_forward_hooks
+                or _m._global_forward_pre_hooks)
+
+
 def _check_positive(name: str, **sizes) -> None:
     for k, v in sizes.items():
         if not _is_int(v) or v <= 0:
@@ -152,8 +161,9 @@ class GroupedMLP(torch.nn.Module):
         # rows past sum(group_lens): the grouped GEMMs already give zeros there; the mask also
         # zeroes them (and their probs gradient) whatever the caller's probs hold in those rows
         row_mask = tokens_per_expert_to_mask(group_lens, m)
-        if self.config is None and glu_fusion_requested():  # fc1 + activation in one Gluon kernel
-            w1 = self.linear_fc1.weight
+        w1 = self.linear_fc1.weight
+        if self.config is None and glu_fusion_requested(permuted_tokens, w1) and not _has_hooks(self.linear_fc1):
+            # fc1 + activation in one Gluon kernel
             h = grouped_gemm_glu(permuted_tokens, w1, group_lens, group_offs, probs.float(), row_mask,
                                  self.activation, _fuse_pattern(w1))                       # [M, F]
         else:

@@ -2,17 +2,18 @@
 routing probs, ``act(x @ W_g^T)`` per expert, as one op with autograd.
 
 ``out = glu(grouped_gemm(x, w, group_lens, group_offs, trans_b=True), probs, row_mask)`` where
-``glu`` is ``swiglu_with_probs`` or ``geglu_with_probs``. With ``PRIMUS_TURBO_GROUPED_GEMM_GLU_FUSED=1``
-on sm_90 the Gluon kernel triton/grouped_gemm/grouped_gemm_glu_gluon.py computes the activation in the
-GEMM's epilogue from the stored (rounded) GEMM output: the result is the composition's bit for bit
-when the composition's GEMM runs the Gluon kernel, and the activation's pass over ``[M, 2F]`` and its
-launch are saved; :class:`turbo.modules.GroupedMLP` (16-bit) then routes its fc1 and activation
-through this op. The default (``auto``) composes the two ops, as do CPU, fp32, a pinned grouped-GEMM
-backend other than GLUON and torch.compile: H200 2026-12-02, MoE layer forward + backward at 16384
-tokens, the fused path measured 55.58 vs 55.67 ms (Mixtral-8x7B) and 57.68 vs 57.71 ms (DeepSeek-V3)
-against the default, within the run-to-run spread, and it moves fc1's forward from the vendor kernel
-to the Gluon one, which loses 5-10% on unbalanced groups. The two consumer warpgroups share one
-tile, so the epilogue's activation is not overlapped with the tensor cores.
+``glu`` is ``swiglu_with_probs`` or ``geglu_with_probs``. On sm_90 the Gluon kernel
+triton/grouped_gemm/grouped_gemm_glu_gluon.py computes the activation in the GEMM's epilogue from the
+stored (rounded) GEMM output: the result is the composition's bit for bit when the composition's
+GEMM runs the Gluon kernel, and the activation's pass over ``[M, 2F]`` and its launch are saved.
+``PRIMUS_TURBO_GROUPED_GEMM_GLU_FUSED``: ``auto`` (default) fuses where the 16-bit grouped default
+runs the problem on Gluon (``gluon16_preferred``: small problems and large groups) and the kernel
+can run it, ``1`` wherever the kernel can run, ``0`` never. CPU, fp32, a pinned grouped-GEMM backend
+other than GLUON and torch.compile compose the two ops. H200 2026-12-02, MoE layer forward +
+backward at 16384 tokens (after the Gluon kernels' tile deal was fixed): fused 54.09 vs 55.63 ms
+(Mixtral-8x7B) and 55.57 vs 56.50 ms (DeepSeek-V3). :class:`turbo.modules.GroupedMLP` (16-bit, no
+hooks on its ``linear_fc1``) routes its fc1 and activation through this op when
+:func:`glu_fusion_requested` says so.
 
 Backward (both paths): the activation's backward (``dh``, ``dprobs``) from the saved GEMM output,
 then the grouped GEMM's grad_input and grad_weight (or ``main_grad`` accumulation).
@@ -24,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from ..backends.grouped_gemm import grouped_gemm_dispatcher
+from ..backends.grouped_gemm import gluon16_preferred, grouped_gemm_dispatcher
 from ..core.backend import BackendType, PrecisionType
 from ..core.env import env_auto_flag
 from . import activation as _act
@@ -37,17 +38,22 @@ _ACTIVATIONS = {"swiglu": (_act.swiglu_with_probs, _act._ACTS["silu"]),
 _ENV = "PRIMUS_TURBO_GROUPED_GEMM_GLU_FUSED"
 
 
-def glu_fusion_requested() -> bool:
-    """True when ``PRIMUS_TURBO_GROUPED_GEMM_GLU_FUSED=1``. :class:`turbo.modules.GroupedMLP` routes its
-    fc1 + activation through :func:`grouped_gemm_glu` only then; otherwise it calls its ``linear_fc1``
-    module (hooks included) and the activation op as before."""
-    return env_auto_flag(_ENV) is True
+def glu_fusion_requested(x: Optional[torch.Tensor] = None, w: Optional[torch.Tensor] = None) -> bool:
+    """Whether the fused kernel is wanted for ``x [M, K]`` and ``w [G, 2F, K]``: the switch at 1, or
+    ``auto`` and a CUDA problem the 16-bit grouped default runs on Gluon (``gluon16_preferred``). Shapes
+    and the switch only (whether the kernel can run is :func:`_fused_module`'s question).
+    :class:`turbo.modules.GroupedMLP` routes its fc1 + activation through :func:`grouped_gemm_glu`
+    only then; otherwise it calls its ``linear_fc1`` module (hooks included) and the activation op."""
+    flag = env_auto_flag(_ENV)
+    if flag is not None:
+        return flag
+    return (x is not None and w is not None and x.is_cuda and x.dim() == 2 and w.dim() == 3
+            and gluon16_preferred(x.size(0), w.size(1), x.size(1), w.size(0)))
 
 
 def _fused_module(x, w, group_offs, probs, mask):
-    """The fused kernel's module when it runs this call, else None (see the module docstring); the
-    caller has checked :func:`glu_fusion_requested`."""
-    if not x.is_cuda or torch.compiler.is_compiling():
+    """The fused kernel's module when it runs this call, else None (see the module docstring)."""
+    if not x.is_cuda or torch.compiler.is_compiling() or not glu_fusion_requested(x, w):
         return None
     backend, _source, tune = grouped_gemm_dispatcher.plan(PrecisionType.BF16_FP16_FP32)
     if tune or backend not in (None, BackendType.GLUON):
@@ -104,8 +110,8 @@ def grouped_gemm_glu(x: torch.Tensor, w: torch.Tensor, group_lens: torch.Tensor,
             :func:`turbo.ops.grouped_gemm`).
 
     Returns ``[M_total, F]`` in x's dtype: the composition of :func:`turbo.ops.grouped_gemm` and
-    :func:`turbo.ops.swiglu_with_probs` / :func:`turbo.ops.geglu_with_probs`, fused on sm_90 when
-    ``PRIMUS_TURBO_GROUPED_GEMM_GLU_FUSED=1`` (see the module docstring).
+    :func:`turbo.ops.swiglu_with_probs` / :func:`turbo.ops.geglu_with_probs`, fused on sm_90 (see the
+    module docstring for when).
     """
     if activation not in _ACTIVATIONS:
         raise ValueError(f"grouped_gemm_glu: activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
@@ -119,7 +125,7 @@ def grouped_gemm_glu(x: torch.Tensor, w: torch.Tensor, group_lens: torch.Tensor,
     _act._check_row_args("grouped_gemm_glu", x, probs, row_mask)
     if group_offs is None:
         group_offs = _offsets(group_lens)
-    if glu_fusion_requested():
+    if glu_fusion_requested(x, w):
         mask = _act._mask_arg(row_mask) if row_mask is not None else torch.ones(m, dtype=torch.uint8, device=x.device)
         mod = _fused_module(x, w, group_offs, probs, mask)
         if mod is not None:

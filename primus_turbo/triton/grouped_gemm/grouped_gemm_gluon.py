@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 GLUON_GROUPED_ENV = "PRIMUS_TURBO_GROUPED_GEMM_GLUON"
-#: opt-in for the experimental ``pace`` config field (GluonGroupedConfig.check refuses it otherwise)
+#: the experimental ``pace`` config field: its switch and the default distance (see pace_default)
 PACE_ENV = "PRIMUS_TURBO_GROUPED_GEMM_PACE"
 _IN_DTYPES = (torch.bfloat16, torch.float16)
 _HALF_M = 64
@@ -117,9 +117,8 @@ class GluonGroupedConfig:
             return bad
         if not 0 <= self.pace <= 8:
             return f"pace must be 0 (off) to 8 tiles, got {self.pace}"
-        if self.pace and not _pace_allowed():
-            # its first form hung on the H200; this form has not run on a GPU yet
-            return f"pace (config {self.short()}) is experimental and not yet validated on a GPU: set {PACE_ENV}=1"
+        if self.pace and not pace_default():
+            return f"pace (config {self.short()}) is experimental: set {PACE_ENV} to 1-8"
         if self.smem_bytes(out_bytes) > _dense.SMEM_LIMIT:
             return f"config {self.short()} needs {self.smem_bytes(out_bytes)} bytes of shared memory, sm_90 has " \
                    f"{_dense.SMEM_LIMIT}"
@@ -162,6 +161,11 @@ if GLUON_AVAILABLE:
     from primus_turbo.triton.gemm.gemm_fp8_gluon import _tile_coords
     from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_gluon import _group_rows
 
+    #: a paced wait gives up after this many reads of the counter and releases every waiter (_pace)
+    PACE_MAX_POLLS = gl.constexpr(4096)
+    #: what a released counter jumps by: above any launch's tile count
+    PACE_RELEASE = gl.constexpr(1 << 28)
+
     @gluon.jit
     def _load_stage16(a_desc, b_desc, a_bufs, b_bufs, ready, empty, it, a0, a1, b0, b1, b2,
                       STAGES: gl.constexpr):
@@ -196,21 +200,23 @@ if GLUON_AVAILABLE:
         index is program_id + j * num_programs), wait until every program has started its
         (j - PACE)-th tile, then count this start. Keeps the persistent programs within PACE tiles
         of each other, so the tiles in flight stay the few consecutive ones of the schedule that
-        share weight stripes and activation rows in L2 (unpaced, programs drift apart on unbalanced
-        groups and the kernel's DRAM reads double). Every program has a (j - PACE)-th tile when it
-        has a j-th one (PACE >= 1, round-robin deal), and every wait ends because all programs
-        are resident at once: the paced launch has at most one program per SM (the launcher caps
-        the grid) and each program needs most of an SM's shared memory.
+        share weight stripes and activation rows in L2. Every program has a (j - PACE)-th tile when
+        it has a j-th one (PACE >= 1, round-robin deal), and the waits end when all programs are
+        resident at once: the paced launch has at most one program per SM (the launcher caps the
+        grid) and each program needs most of an SM's shared memory. Other work on the GPU (another
+        stream's kernel holding SMs) can delay a program's start, so a wait gives up after
+        PACE_MAX_POLLS reads (~4 ms, about a hundred tiles' time) and releases every waiter of this
+        launch (the counter jumps by PACE_RELEASE): never a hang, at worst one stall per launch.
 
         No value crosses lanes through shared memory: the counter is read by a volatile load in
-        every lane and bumped by an atomic whose result is unused. (A first form read it with
-        ``atomic_add(ptr, 0)`` and zeroed it at exit from an atomic's result, both broadcast from
-        lane 0 through a shared-memory scratch word of this worker partition, and it hung on the
-        H200; that word is the suspect, not a proven cause.)"""
+        every lane and bumped by atomics whose results are unused."""
         if j >= PACE:
             target = (j - PACE + 1) * gl.num_programs(0)
-            while gl.load(pace_ptr, volatile=True) < target:
-                pass
+            polls = 0
+            while (gl.load(pace_ptr, volatile=True) < target) & (polls < PACE_MAX_POLLS):
+                polls += 1
+            if polls >= PACE_MAX_POLLS:
+                gl.atomic_add(pace_ptr, PACE_RELEASE, sem="relaxed")
         gl.atomic_add(pace_ptr, 1, sem="relaxed")
         return j + 1
 
@@ -507,10 +513,16 @@ def gluon_grouped_reason(a, b, group_offs, out_dtype: Optional[torch.dtype] = No
     return _dense._device_reason(gluon_grouped_operand_reason, gluon_platform_reason, (a, b, group_offs, out_dtype))
 
 
-def _pace_allowed() -> bool:
-    from primus_turbo.pytorch.core.env import env_flag
+def pace_default() -> int:
+    """``PRIMUS_TURBO_GROUPED_GEMM_PACE``: 0 (default) leaves pacing off and refuses p-configs; 1-8
+    accepts them and paces the M-grouped kernel's default config at that distance. Read per call;
+    anything else raises ValueError naming the value."""
+    from primus_turbo.pytorch.core.env import env_str
 
-    return env_flag(PACE_ENV)
+    v = env_str(PACE_ENV)
+    if v not in {str(d) for d in range(9)}:
+        raise ValueError(f"{PACE_ENV}={v!r}: expected 0 (off) or a pacing distance 1-8")
+    return int(v)
 
 
 def gluon_grouped_enabled() -> bool:
@@ -533,6 +545,14 @@ def default_grouped16_config(M: int, N: int, G: int, num_programs: int) -> Gluon
         if 2 * tiles <= num_programs:
             return GROUPED16_SMALL_GROUPS_CONFIG
     return GROUPED16_DEFAULT_CONFIG
+
+
+def default_launch_config(M: int, N: int, G: int, num_programs: int, out_dtype: torch.dtype) -> GluonGroupedConfig:
+    """What :func:`grouped_gemm_gluon` runs without a config: :func:`default_grouped16_config` fitted
+    to ``out_dtype``, paced at :func:`pace_default`'s distance when that is not 0."""
+    cfg = fitted_config(default_grouped16_config(M, N, G, num_programs), out_dtype)
+    pace = pace_default()
+    return dataclasses.replace(cfg, pace=pace) if pace else cfg
 
 
 def fitted_config(cfg: GluonGroupedConfig, out_dtype: torch.dtype) -> GluonGroupedConfig:
@@ -641,7 +661,7 @@ def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tenso
     cfg = config
     if cfg is None:
         sms = _dense._num_sms(a.device)
-        cfg = fitted_config(default_grouped16_config(M, N, G, min(num_programs or sms, sms)), out.dtype)
+        cfg = default_launch_config(M, N, G, min(num_programs or sms, sms), out.dtype)
     bad = _config_problem(cfg, out.element_size())
     if bad is not None:
         raise ValueError(f"grouped_gemm_gluon: {bad}")
