@@ -129,6 +129,27 @@ def test_config_pace_option(monkeypatch):
             gg.pace_default()
 
 
+def test_large_problem_rule():
+    """The 16-bit default's large-problem rule: >= 2048 rows per group (mean), >= 2e11 multiply-adds,
+    N and K multiples of 256 with min >= 1536 and max >= 4096; symmetric in N and K (the grad_input
+    GEMM swaps them); and the op keeps the dispatcher's route under autograd for those problems."""
+    from primus_turbo.pytorch.backends import grouped_gemm as be
+
+    rule = be.gluon16_large_preferred
+    yes = [(32 * 2048, 4096, 7168, 32), (8 * 4096, 28672, 4096, 8), (8 * 4096, 4096, 14336, 8),
+           (16 * 2048, 3072, 4096, 16), (16 * 2048, 4096, 1536, 16), (8 * 2048, 4096, 7168, 8)]
+    no = [(64 * 512, 4096, 7168, 64),   # 512 rows per group
+          (2048, 4096, 14336, 1),       # 1.2e11 multiply-adds
+          (4 * 2048, 3072, 4096, 4),    # 1.0e11
+          (16 * 2048, 2880, 5760, 16),  # N not a multiple of 256
+          (16 * 2048, 4096, 1280, 16),  # the smaller of N and K under 1536
+          (16 * 4096, 3072, 3072, 16),  # the larger under 4096
+          (0, 4096, 4096, 0)]
+    assert all(rule(*c) for c in yes) and not any(rule(*c) for c in no)
+    assert all(rule(m, k, n, g) == rule(m, n, k, g) for m, n, k, g in yes + no)
+    assert all(be.gluon16_preferred(*c) for c in yes)
+
+
 def test_default_config_rule_small_groups():
     """128 x 128 tiles where an average group has at most half a wave of 128 x 256 tiles (the H200
     rows of the rule's comment), 128 x 256 everywhere else."""

@@ -28,6 +28,8 @@ __all__ = [
     "GroupedGemmGluonBackend",
     "GroupedGemmTorchBackend",
     "GroupedGemmTritonBackend",
+    "GLUON16_LARGE_MIN_MNK",
+    "GLUON16_LARGE_MIN_ROWS",
     "GLUON16_SHORT_K",
     "GLUON16_SMALL_MAX_MNK",
     "GLUON16_SMALL_MAX_MNK_SHORT_K",
@@ -219,23 +221,27 @@ def gluon16_small_preferred(M: int, N: int, K: int) -> bool:
     return mnk <= GLUON16_SMALL_MAX_MNK or (K <= GLUON16_SHORT_K and mnk <= GLUON16_SMALL_MAX_MNK_SHORT_K)
 
 
-#: ... and from GLUON16_LARGE_MIN_ROWS rows per group (the mean, M_total / G) on whole 256 x 64 tiles
-#: of large N and K, where the Gluon kernel runs at or above the vendor kernel's rate. H200, 2026-12-02
-#: (``scripts/diag_grouped_small.py --moe --rounds 3``, medians of interleaved rounds, Gluon /
-#: ``torch._grouped_mm`` time): Mixtral-8x7B (8 x 4096 rows) gate_up 0.964, down 0.977, gate_up dgrad 0.990,
-#: down dgrad 0.973 (session 11: 0.985 / 0.968 / 0.969 / 0.943); DeepSeek-V3 EP8 (32 x 4096 rows, session 5)
-#: 0.91-0.99. The MoE layer with every 16-bit GEMM on Gluon: Mixtral 55.83 -> 53.64 ms, DeepSeek-V3
-#: 56.37 -> 56.01 ms (``benchmarks/bench_moe_layer.py``, same run).
-GLUON16_LARGE_MIN_ROWS = 4096
+#: ... and large problems: at least GLUON16_LARGE_MIN_ROWS rows per group (the mean, M_total / G) and
+#: GLUON16_LARGE_MIN_MNK multiply-adds, N and K multiples of 256 (whole tiles in both the forward and
+#: the grad_input GEMM, which swaps them), the smaller at least 1536 and the larger at least 4096.
+#: H200, 2026-12-02, after the Gluon kernels' round-robin tile deal was fixed
+#: (``benchmarks/bench_grouped_gemm.py``, Gluon (``turbo-triton``) / ``torch._grouped_mm``, balanced and
+#: Primus' unbalanced routing): DeepSeek-V3 EP8 / EP32 at 2048 tokens per expert forward 1.01-1.12,
+#: forward+backward 1.03-1.10; Qwen3-235B-A22B EP8 at 2048 gate_up 1.05-1.09, down 1.08-1.17;
+#: Mixtral-8x7B gate_up at 2048 1.02 / 1.07; 4096 tokens (DeepSeek-V3, Mixtral, Qwen3-235B, EP8) the
+#: default with this rule 1.01-1.08, geomean 1.037 forward / 1.042 forward+backward. Left to the
+#: vendor kernel: problems under ~2e11 (Mixtral down at 2048 tokens, 1.2e11: 0.996 / 0.878; Qwen3-235B
+#: at EP32, ~1e11: forward+backward 0.77-0.88, where the op's host time shows).
+GLUON16_LARGE_MIN_ROWS = 2048
+GLUON16_LARGE_MIN_MNK = 2.0e11
 
 
 def gluon16_large_preferred(M: int, N: int, K: int, G: int) -> bool:
-    """Whether the M-grouped 16-bit default prefers the Gluon kernel for a large problem: at least
-    :data:`GLUON16_LARGE_MIN_ROWS` rows per group on average, N a multiple of 256 and K of 64 (no
-    partial tiles but at group ends), the smaller of N and K at least 2048 and the larger at least
-    4096 (shapes only)."""
-    return (G > 0 and M >= GLUON16_LARGE_MIN_ROWS * G and N % 256 == 0 and K % 64 == 0
-            and min(N, K) >= 2048 and max(N, K) >= 4096)
+    """Whether the M-grouped 16-bit default prefers the Gluon kernel for a large problem (shapes
+    only; symmetric in N and K, so it answers for the grad_input GEMM too; the rule and its
+    measurements above)."""
+    return (G > 0 and M >= GLUON16_LARGE_MIN_ROWS * G and M * N * K >= GLUON16_LARGE_MIN_MNK
+            and N % 256 == 0 and K % 256 == 0 and min(N, K) >= 1536 and max(N, K) >= 4096)
 
 
 def gluon16_preferred(M: int, N: int, K: int, G: int) -> bool:

@@ -362,6 +362,32 @@ def test_vendor_route_respects_pins_and_num_cu(monkeypatch):
     assert ops_mod._vendor_route(a, b, None)
 
 
+def test_vendor_route_leaves_large_problems_to_the_dispatcher(monkeypatch):
+    """A problem the 16-bit default gives to the Gluon kernel (gluon16_large_preferred, here mocked
+    on a small CPU problem) takes the dispatcher's route under autograd when group_offs is given and
+    the Gluon backend can run it; without offsets, or when it cannot, the vendor route stays."""
+    if ON_GPU:
+        pytest.skip("CPU emulation of the vendor path")
+    import primus_turbo.pytorch.backends.grouped_gemm as bg
+
+    ops_mod = __import__("sys").modules["primus_turbo.pytorch.ops.grouped_gemm"]
+    monkeypatch.setattr(bg, "_sm90_bf16", lambda t: None)
+    a, b, gl = _make([4, 4], 16, 8, torch.bfloat16, False, "cpu")
+    offs = torch.tensor([0, 4, 8])
+    monkeypatch.setattr(ops_mod, "gluon16_large_preferred", lambda *s: True)
+    monkeypatch.setattr(ops_mod.GroupedGemmGluonBackend, "check", classmethod(lambda cls, *x: None))
+    assert ops_mod._vendor_route(a, b, None, offs) is None
+    assert ops_mod._vendor_route(a, b, None) == "default"
+    monkeypatch.setattr(ops_mod.GroupedGemmGluonBackend, "check", classmethod(lambda cls, *x: "no"))
+    assert ops_mod._vendor_route(a, b, None, offs) == "default"
+    monkeypatch.setattr(ops_mod, "gluon16_large_preferred", lambda *s: False)
+    monkeypatch.setattr(ops_mod.GroupedGemmGluonBackend, "check", classmethod(lambda cls, *x: None))
+    assert ops_mod._vendor_route(a, b, None, offs) == "default"
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TORCH)
+    monkeypatch.setattr(ops_mod, "gluon16_large_preferred", lambda *s: True)
+    assert ops_mod._vendor_route(a, b, None, offs) == "pinned"  # a TORCH pin wins
+
+
 def test_default_vk_picks_gluon_for_fp32_accumulation_and_large_wgrad(monkeypatch):
     """The variable-K dispatcher's default: the vendor kernel, except where the 16-bit Gluon kernel
     can run the fused accumulation into an fp32 main_grad, or a plain wgrad of at least
