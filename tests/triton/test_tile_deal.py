@@ -78,6 +78,17 @@ def test_detector_sees_the_miscompile(request):
     assert _DROPPED.search(ttgir(_restart)), "triton no longer drops the value: the workaround could go"
     assert_deal_carried(ttgir(_counted))
 
+    # scripts/audit_loop_carried.py (the audit over every recorded launch) sees the same
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("audit_loop_carried", _GROUPED.parents[2] / "scripts" /
+                                                  "audit_loop_carried.py")
+    audit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(audit)
+    sig = {"out": "*i32", "G": "i32", "P": "i32"}
+    assert audit.dropped_by_layout_pass(audit.compile_with_dumps(_restart, sig, {}, {})) == [(1, 0)]
+    assert audit.dropped_by_layout_pass(audit.compile_with_dumps(_counted, sig, {}, {})) == []
+
 
 def test_tl_grouped_kernel_keeps_its_deal(monkeypatch, request):
     if rerun_outside_interpreter(request):
