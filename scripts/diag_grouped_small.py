@@ -14,16 +14,14 @@ tile schedule:
         [--moe --only Mixtral --rounds 5 --no-probes --no-tl --grids]   (interleaved vendor / Gluon A/B)
         [--lens balanced unbalanced unbalanced128]   (Primus' unbalanced draw, with and without partial tiles)
 
-Configs with ``p<D>`` (the experimental pacing of grouped_gemm_gluon.py): naming one in
-``--configs`` sets PRIMUS_TURBO_GROUPED_GEMM_PACE=1 for this run.
+Configs with ``p<D>``: the experimental pacing of grouped_gemm_gluon.py (``default (turbo.ops)`` rows
+follow PRIMUS_TURBO_GROUPED_GEMM_PACE).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import sys
 from pathlib import Path
 
@@ -178,8 +176,6 @@ def main(argv=None) -> int:
                    help="group sizes (each shape is run with every kind given; see group_lens)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    if any(re.search(r"p\d+$", c) for c in args.configs):  # a paced config named here is the opt-in
-        os.environ["PRIMUS_TURBO_GROUPED_GEMM_PACE"] = "1"
     rows = []
     for shape in MOE_SHAPES if args.moe else SHAPES:
         if args.only and not any(o in shape[4] for o in args.only):

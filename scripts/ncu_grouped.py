@@ -41,10 +41,6 @@ def main() -> None:
     a = torch.randn(G * m, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(G, N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5
     cfg = GluonGroupedConfig.parse(args.config) if args.config else None
-    if cfg is not None and cfg.pace:  # naming a paced config here is the opt-in
-        import os
-
-        os.environ["PRIMUS_TURBO_GROUPED_GEMM_PACE"] = "1"
     offs32 = offs[1:].to(torch.int32)
     if args.impl == "gluon":
         run = lambda: grouped_gemm_gluon(a, w.transpose(1, 2), offs, config=cfg)  # noqa: E731

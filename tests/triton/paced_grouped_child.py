@@ -1,19 +1,17 @@
 """Child process of test_grouped_gemm_gluon.py::test_m_grouped_paced_is_bit_equal: runs the paced
-16-bit Gluon M-grouped kernel (config ``p<D>``) against the unpaced one, so a hang (the first form
-of pacing hung on the H200) fails the test through the parent's timeout instead of wedging the
-test worker's CUDA context. Exit status 0 when every check holds.
+16-bit Gluon M-grouped kernel (config ``p<D>``) against the unpaced one, so a hang (pacing hung on
+the H200 while Triton miscompiled the tile deal, see tests/triton/test_tile_deal.py) fails the test
+through the parent's timeout instead of wedging the test worker's CUDA context. Exit status 0 when every check holds.
 
     python tests/triton/paced_grouped_child.py        (every case below; prints "ok" last)
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-os.environ["PRIMUS_TURBO_GROUPED_GEMM_PACE"] = "1"
 
 import torch  # noqa: E402
 

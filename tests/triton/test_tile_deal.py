@@ -116,7 +116,6 @@ def test_gluon16_grouped_kernel_keeps_its_deal(pace, monkeypatch, request):
 
     from primus_turbo.triton.grouped_gemm import grouped_gemm_gluon as gg
 
-    monkeypatch.setenv(gg.PACE_ENV, str(pace))
     a = torch.empty(405, 192, dtype=torch.bfloat16)
     B = torch.empty(3, 136, 192, dtype=torch.bfloat16).transpose(1, 2)
     offs = torch.tensor([0, 100, 100, 400])

@@ -142,7 +142,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "0",
         "Experimental pacing of the 16-bit M-grouped Gluon kernel's persistent programs: 0 off; 1-8 the default "
         "config paces at that distance (a program waits before its j-th tile until all have started their "
-        "(j - D)-th; bounded waits) and explicit p<D> configs are accepted.",
+        "(j - D)-th; bounded waits). Explicit p<D> configs run whatever it says.",
     ),
     "PRIMUS_TURBO_GATHER_QUANT_GLUON": (
         "auto",

@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 GLUON_GROUPED_ENV = "PRIMUS_TURBO_GROUPED_GEMM_GLUON"
-#: the experimental ``pace`` config field: its switch and the default distance (see pace_default)
+#: the default config's pacing distance (see pace_default)
 PACE_ENV = "PRIMUS_TURBO_GROUPED_GEMM_PACE"
 _IN_DTYPES = (torch.bfloat16, torch.float16)
 _HALF_M = 64
@@ -117,8 +117,6 @@ class GluonGroupedConfig:
             return bad
         if not 0 <= self.pace <= 8:
             return f"pace must be 0 (off) to 8 tiles, got {self.pace}"
-        if self.pace and not pace_default():
-            return f"pace (config {self.short()}) is experimental: set {PACE_ENV} to 1-8"
         if self.smem_bytes(out_bytes) > _dense.SMEM_LIMIT:
             return f"config {self.short()} needs {self.smem_bytes(out_bytes)} bytes of shared memory, sm_90 has " \
                    f"{_dense.SMEM_LIMIT}"
@@ -514,9 +512,9 @@ def gluon_grouped_reason(a, b, group_offs, out_dtype: Optional[torch.dtype] = No
 
 
 def pace_default() -> int:
-    """``PRIMUS_TURBO_GROUPED_GEMM_PACE``: 0 (default) leaves pacing off and refuses p-configs; 1-8
-    accepts them and paces the M-grouped kernel's default config at that distance. Read per call;
-    anything else raises ValueError naming the value."""
+    """``PRIMUS_TURBO_GROUPED_GEMM_PACE``: the pacing distance of the M-grouped kernel's default config,
+    0 (default: off) or 1-8 (explicit ``p<D>`` configs run whatever it says). Read per call; anything
+    else raises ValueError naming the value."""
     from primus_turbo.pytorch.core.env import env_str
 
     v = env_str(PACE_ENV)
@@ -614,9 +612,8 @@ def _launch_reason(a, b, group_offs, out, num_programs) -> Optional[str]:
 
 
 def _config_problem(cfg: GluonGroupedConfig, out_bytes: int) -> Optional[str]:
-    """``cfg.check``, cached per (config, output width) except for paced configs, whose check also
-    reads the PRIMUS_TURBO_GROUPED_GEMM_PACE switch (a cached answer would outlive a change of it)."""
-    return cfg.check(out_bytes) if cfg.pace else _cached_config_problem(cfg, out_bytes)
+    """``cfg.check``, cached per (config, output width)."""
+    return _cached_config_problem(cfg, out_bytes)
 
 
 @functools.lru_cache(maxsize=None)
