@@ -10,8 +10,9 @@ GEMM runs the Gluon kernel, and the activation's pass over ``[M, 2F]`` and its l
 runs the problem on Gluon (``gluon16_preferred``: small problems and large groups) and the kernel
 can run it, ``1`` wherever the kernel can run, ``0`` never. CPU, fp32, a pinned grouped-GEMM backend
 other than GLUON and torch.compile compose the two ops. H200 2026-12-02, MoE layer forward +
-backward at 16384 tokens (after the Gluon kernels' tile deal was fixed): fused 54.09 vs 55.63 ms
-(Mixtral-8x7B) and 55.57 vs 56.50 ms (DeepSeek-V3). :class:`turbo.modules.GroupedMLP` (16-bit, no
+backward at 16384 tokens, fused vs the composition with the GEMMs on Gluon, two runs: Mixtral-8x7B
+54.09 vs 55.63 and 56.21 vs 55.15 ms (within the run-to-run spread), DeepSeek-V3 55.57 vs 56.50 and
+56.76 vs 56.93 ms. :class:`turbo.modules.GroupedMLP` (16-bit, no
 hooks on its ``linear_fc1``) routes its fc1 and activation through this op when
 :func:`glu_fusion_requested` says so.
 
