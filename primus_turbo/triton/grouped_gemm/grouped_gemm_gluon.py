@@ -57,6 +57,7 @@ __all__ = [
 GLUON_GROUPED_ENV = "PRIMUS_TURBO_GROUPED_GEMM_GLUON"
 #: the default config's pacing distance (see pace_default)
 PACE_ENV = "PRIMUS_TURBO_GROUPED_GEMM_PACE"
+_PACE_VALUES = frozenset(str(d) for d in range(9))
 _IN_DTYPES = (torch.bfloat16, torch.float16)
 _HALF_M = 64
 
@@ -518,7 +519,7 @@ def pace_default() -> int:
     from primus_turbo.pytorch.core.env import env_str
 
     v = env_str(PACE_ENV)
-    if v not in {str(d) for d in range(9)}:
+    if v not in _PACE_VALUES:
         raise ValueError(f"{PACE_ENV}={v!r}: expected 0 (off) or a pacing distance 1-8")
     return int(v)
 
