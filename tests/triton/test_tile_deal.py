@@ -90,9 +90,7 @@ def test_detector_sees_the_miscompile(request):
     assert audit.dropped_by_layout_pass(audit.compile_with_dumps(_counted, sig, {}, {})) == []
 
 
-def test_tl_grouped_kernel_keeps_its_deal(monkeypatch, request):
-    if rerun_outside_interpreter(request):
-        return
+def _tl_grouped():
     from primus_turbo.triton.grouped_gemm import grouped_gemm_kernel as k
 
     M, N, K, G = 400, 256, 128, 3
@@ -104,55 +102,56 @@ def test_tl_grouped_kernel_keeps_its_deal(monkeypatch, request):
             out.stride(0), out.stride(1))
     kwargs = dict(NUM_PROGRAMS=132, DOT_PRECISION=k._precision(a.dtype), BLOCK_M=128, BLOCK_N=128, BLOCK_K=64,
                   GROUP_M=8, USE_TMA=False, B_KMAJOR=False, num_stages=3, num_warps=8)
-    assert_deal_carried(warmup_for_sm90(k._grouped_gemm_kernel, args, kwargs, monkeypatch).asm["ttgir"])
+    return k._grouped_gemm_kernel, args, kwargs
 
 
-@needs_gluon
-@pytest.mark.parametrize("pace", [0, 1])
-def test_gluon16_grouped_kernel_keeps_its_deal(pace, monkeypatch, request):
-    if rerun_outside_interpreter(request):
-        return
-    import dataclasses
+def _gluon16(pace):
+    def build():
+        import dataclasses
 
-    from primus_turbo.triton.grouped_gemm import grouped_gemm_gluon as gg
+        from primus_turbo.triton.grouped_gemm import grouped_gemm_gluon as gg
 
-    a = torch.empty(405, 192, dtype=torch.bfloat16)
-    B = torch.empty(3, 136, 192, dtype=torch.bfloat16).transpose(1, 2)
-    offs = torch.tensor([0, 100, 100, 400])
-    out = torch.empty(405, 136, dtype=torch.bfloat16)
-    cfg = dataclasses.replace(gg.GROUPED16_DEFAULT_CONFIG, pace=pace)
-    args, kwargs = gg._kernel_args(a, B, offs, out, cfg)
-    kernel = warmup_for_sm90(gg._grouped_gemm_gluon_ws_kernel, args, kwargs, monkeypatch)
-    assert_deal_carried(kernel.asm["ttgir"])
+        a = torch.empty(405, 192, dtype=torch.bfloat16)
+        B = torch.empty(3, 136, 192, dtype=torch.bfloat16).transpose(1, 2)
+        out = torch.empty(405, 136, dtype=torch.bfloat16)
+        cfg = dataclasses.replace(gg.GROUPED16_DEFAULT_CONFIG, pace=pace)
+        return (gg._grouped_gemm_gluon_ws_kernel,) + gg._kernel_args(a, B, torch.tensor([0, 100, 100, 400]), out, cfg)
+    return build
 
 
-@needs_gluon
-def test_gluon_glu_kernel_keeps_its_deal(monkeypatch, request):
-    if rerun_outside_interpreter(request):
-        return
+def _gluon_glu():
     from primus_turbo.triton.grouped_gemm import grouped_gemm_glu_gluon as gf
 
     x = torch.empty(405, 200, dtype=torch.bfloat16)
     w = torch.empty(3, 272, 200, dtype=torch.bfloat16)
-    offs = torch.tensor([0, 100, 100, 400])
     probs = torch.empty(405, dtype=torch.float32)
     mask = torch.ones(405, dtype=torch.uint8)
     h = torch.empty(405, 272, dtype=torch.bfloat16)
     out = torch.empty(405, 136, dtype=torch.bfloat16)
-    args, kwargs = gf._kernel_args(x, w, offs, probs, mask, h, out, gf.GLU_ACTS["swiglu"], gf.GLU_DEFAULT_CONFIG)
-    kernel = warmup_for_sm90(gf._grouped_gemm_glu_gluon_ws_kernel, args, kwargs, monkeypatch)
-    assert_deal_carried(kernel.asm["ttgir"])
+    return (gf._grouped_gemm_glu_gluon_ws_kernel,) + gf._kernel_args(
+        x, w, torch.tensor([0, 100, 100, 400]), probs, mask, h, out, gf.GLU_ACTS["swiglu"], gf.GLU_DEFAULT_CONFIG)
 
 
-@needs_gluon
-def test_gluon_fp8_grouped_kernel_keeps_its_deal(monkeypatch, request):
-    if rerun_outside_interpreter(request):
-        return
+def _gluon_fp8():
     from tests.triton import test_grouped_gemm_fp8_gluon as t8
 
     (a_q, sa, b_q, sb, offs), _ = t8._operands([100, 0, 200], 384, 640, "cpu", extra_rows=20)
     out = torch.empty(a_q.shape[0], 384, dtype=torch.bfloat16)
     cfg = t8.dense.GluonBlockwiseConfig.parse("n256s3c2")
-    args, kwargs = t8.gg._kernel_args(a_q, sa, b_q, sb, offs, out, cfg)
-    kernel = warmup_for_sm90(t8.gg._grouped_gemm_fp8_blockwise_ws_kernel, args, kwargs, monkeypatch)
-    assert_deal_carried(kernel.asm["ttgir"])
+    return (t8.gg._grouped_gemm_fp8_blockwise_ws_kernel,) + t8.gg._kernel_args(a_q, sa, b_q, sb, offs, out, cfg)
+
+
+@pytest.mark.parametrize("build", [
+    pytest.param(_tl_grouped, id="tl-bf16"),
+    pytest.param(_gluon16(0), id="gluon16", marks=needs_gluon),
+    pytest.param(_gluon16(1), id="gluon16-paced", marks=needs_gluon),
+    pytest.param(_gluon_glu, id="gluon-glu", marks=needs_gluon),
+    pytest.param(_gluon_fp8, id="gluon-fp8", marks=needs_gluon),
+])
+def test_kernel_keeps_its_deal(build, monkeypatch, request):
+    """Each persistent grouped kernel, compiled for sm_90 through its launcher's own arguments,
+    still computes its deal from the loop-carried tile count."""
+    if rerun_outside_interpreter(request):
+        return
+    kernel, args, kwargs = build()
+    assert_deal_carried(warmup_for_sm90(kernel, args, kwargs, monkeypatch).asm["ttgir"])

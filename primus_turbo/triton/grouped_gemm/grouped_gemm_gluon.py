@@ -612,13 +612,8 @@ def _launch_reason(a, b, group_offs, out, num_programs) -> Optional[str]:
     return _dense._grouped_launch_reason(a, b.shape[2], group_offs, out, num_programs)
 
 
-def _config_problem(cfg: GluonGroupedConfig, out_bytes: int) -> Optional[str]:
-    """``cfg.check``, cached per (config, output width)."""
-    return _cached_config_problem(cfg, out_bytes)
-
-
 @functools.lru_cache(maxsize=None)
-def _cached_config_problem(cfg: GluonGroupedConfig, out_bytes: int) -> Optional[str]:
+def _config_problem(cfg: GluonGroupedConfig, out_bytes: int) -> Optional[str]:
     return cfg.check(out_bytes)
 
 
