@@ -84,6 +84,32 @@ def test_launch_takes_the_direct_entry_on_cuda():
     torch.testing.assert_close(out, 2.0 * x + y)
 
 
+@triton.jit(do_not_specialize=["alpha", "n"], do_not_specialize_on_alignment=["x_ptr", "y_ptr", "out_ptr"])
+def _axpy_unspecialized_kernel(x_ptr, y_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    r = alpha * tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, r, mask=mask)
+
+
+def test_launch_keyed_across_changing_arguments(device):
+    """launch_keyed with the caller's key (dtype and BLOCK: the kernel specializes on nothing else):
+    right from the first call (compiling) and from the keyed entry, with new pointers, sizes and
+    unaligned views each call; on CUDA the keyed entry is recorded after the first call."""
+    gen = torch.Generator().manual_seed(8)
+    for dtype in (torch.float32, torch.float16):
+        for n in (1, 17, 300, 1000):
+            for off in (0, 1):  # a view one element in: not 16-byte aligned
+                x = torch.randn(n + off, generator=gen).to(device=device, dtype=dtype)[off:]
+                y = torch.randn(n + off, generator=gen).to(device=device, dtype=dtype)[off:]
+                out = torch.full_like(x, float("nan"))
+                L.launch_keyed(_axpy_unspecialized_kernel, (triton.cdiv(n, 128),), (x, y, out, 0.5, n),
+                               dict(BLOCK=128, num_warps=4), x.device, (dtype, 128))
+                torch.testing.assert_close(out.double(), 0.5 * x.double() + y.double(), rtol=2e-3, atol=2e-3)
+    if device == "cuda":
+        assert sum(k[0] == id(_axpy_unspecialized_kernel) for k in L._KEYED) == 2
+
+
 def test_launch_key_separates_specializations():
     k = _axpy_kernel
     t = torch.zeros(64)

@@ -54,6 +54,8 @@ def test_zero_tail_rows_direct_launch_after_the_first_call():
         torch.cuda.current_stream().wait_stream(stream)
         assert torch.equal(out, ref), call
     assert any(k[0] == id(zt._zero_tail_kernel) and v[0] is not None for k, v in launch_mod._ENTRIES.items())  # the direct entry exists for this launcher
+    # and the launcher's own key holds it (launch_keyed: no launch_key on later calls)
+    assert any(k[0] == id(zt._zero_tail_kernel) for k in launch_mod._KEYED)
     seen = []
     knobs.runtime.launch_enter_hook.add(seen.append)
     try:

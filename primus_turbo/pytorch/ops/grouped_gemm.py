@@ -22,11 +22,13 @@ implementation (for ``torch.compile``); eager calls skip the custom-op dispatche
 from __future__ import annotations
 
 import functools
+import os
 from typing import Optional
 
 import torch
 
 from ..backends.grouped_gemm import (
+    GLUON_WGRAD_MIN_FLOPS,
     GROUPED_GEMM_DTYPES,
     GroupedGemmGluonBackend,
     GroupedGemmTorchBackend,
@@ -35,8 +37,9 @@ from ..backends.grouped_gemm import (
     gluon16_large_preferred,
     grouped_gemm_dispatcher,
     grouped_gemm_variable_k_dispatcher,
+    zero_tail_rows,
 )
-from ..core.backend import BackendType, PrecisionType
+from ..core.backend import BackendType, GlobalBackendManager, PrecisionType
 from .gemm import _FUSE_PATTERNS, _megatron_dummy_wgrad, check_main_grad
 
 __all__ = ["grouped_gemm"]
@@ -172,6 +175,79 @@ def _vendor_route(a: torch.Tensor, B: torch.Tensor, num_cu, group_offs: Optional
             and GroupedGemmGluonBackend.check(a, B, None, group_offs) is None):
         return None
     return "default" if backend is None else "pinned"
+
+
+_ROUTES: dict = {}  # _routed's cache
+_GLUON_ENV = "PRIMUS_TURBO_GROUPED_GEMM_GLUON"
+
+
+def _routed(a: torch.Tensor, b: torch.Tensor, trans_b: bool, num_cu, group_offs: Optional[torch.Tensor]):
+    """:func:`_vendor_route` of one call, cached by everything its answer reads: the backend
+    settings (their version, the Gluon switch), the operands' shapes, strides, dtypes, devices and
+    16-byte alignment, and the offsets' (the checks behind it cost tens of microseconds of host
+    time per call, as much as a small expert GEMM's device time)."""
+    if num_cu is not None or torch.compiler.is_compiling():
+        return None
+    backend, _source, tune = grouped_gemm_dispatcher.plan(_BF16)
+    if tune or backend not in (None, BackendType.TORCH):
+        return None
+    offs_key = None if group_offs is None else (group_offs.dtype, group_offs.shape, group_offs.stride(),
+                                                 group_offs.device, group_offs.data_ptr() % 16 == 0)
+    key = (backend, GlobalBackendManager._version, os.environ.get(_GLUON_ENV), trans_b, a.shape, a.stride(),
+           a.dtype, a.device, a.data_ptr() % 16 == 0, b.shape, b.stride(), b.dtype, b.device,
+           b.data_ptr() % 16 == 0, offs_key)
+    route = _ROUTES.get(key, _UNSET)
+    if route is _UNSET:
+        route = _vendor_route(a, b.transpose(1, 2) if trans_b else b, num_cu, group_offs)
+        if len(_ROUTES) >= 1024:  # shape churn (tests, sweeps): start over rather than grow
+            _ROUTES.clear()
+        _ROUTES[key] = route
+    return route
+
+
+_UNSET = object()
+
+
+def _native_ok(a: torch.Tensor, b: torch.Tensor, trans_b: bool, vendor, fuse: bool) -> bool:
+    """Whether a vendor-routed call can leave its backward to torch's own autograd formula of
+    ``torch._grouped_mm`` (:func:`_native_vendor`): no fused accumulation into ``main_grad``, every
+    size non-zero (the vendor op rejects empty contractions), and a grad_weight the default would
+    not give to the Gluon variable-K kernel (below :data:`GLUON_WGRAD_MIN_FLOPS`, or TORCH pinned)."""
+    if fuse or not vendor:
+        return False
+    m, k = a.shape
+    n = b.size(1) if trans_b else b.size(2)
+    if m == 0 or k == 0 or n == 0 or b.size(0) == 0:
+        return False
+    return vendor == "pinned" or 2.0 * m * n * k < GLUON_WGRAD_MIN_FLOPS
+
+
+def _zero_grad_input_tail(group_offs: torch.Tensor, grad_inputs, grad_outputs):
+    """Post-hook of the vendor GEMM's autograd node: its grad_input rows past ``offs[G]`` are left
+    unwritten by ``torch._grouped_mm``; the op's contract (those rows of ``a`` take no part) makes
+    them zero."""
+    ga = grad_inputs[0]
+    if ga is None:
+        return None
+    if ga.stride(1) != 1:
+        ga = ga.contiguous()
+    zero_tail_rows(ga, group_offs)
+    return (ga,) + tuple(grad_inputs[1:])
+
+
+def _native_vendor(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tensor, trans_b: bool) -> torch.Tensor:
+    """The vendor route of a small problem under autograd: ``torch._grouped_mm`` recorded by torch's
+    own autograd, so its backward (grad_input and grad_weight on the same kernel) runs in C++ with
+    no Python ``autograd.Function`` around it. The forward's rows past ``offs[G]`` are zeroed in
+    place by a kernel autograd does not see (nothing saves the output), the grad_input's by a post
+    hook on the GEMM's node. Same kernels and results as :class:`GroupedGemmFunction`'s vendor route;
+    for expert GEMMs of tens of microseconds this removes most of the op's host time, which is what
+    such a step costs in eager mode."""
+    out = torch._grouped_mm(a, b.transpose(1, 2) if trans_b else b, offs=group_offs[1:].to(torch.int32))
+    zero_tail_rows(out, group_offs)
+    if a.requires_grad:
+        out.grad_fn.register_hook(functools.partial(_zero_grad_input_tail, group_offs))
+    return out
 
 
 def _vk_accum(x, y, group_lens, group_offs, c, num_cu):
@@ -336,6 +412,8 @@ def grouped_gemm(
     fuse = fuse_bgrad_accum_pattern == "megatron"
     trans_b = bool(trans_b)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        vendor = _vendor_route(a, b.transpose(1, 2) if trans_b else b, num_cu, group_offs)
+        vendor = _routed(a, b, trans_b, num_cu, group_offs)
+        if _native_ok(a, b, trans_b, vendor, fuse):
+            return _native_vendor(a, b, group_offs, trans_b)
         return GroupedGemmFunction.apply(a, b, group_lens, group_offs, trans_b, num_cu, fuse, vendor)
     return _gmm(a, b, group_lens, group_offs, trans_b, num_cu)

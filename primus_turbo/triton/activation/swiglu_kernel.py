@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from primus_turbo.triton import cdiv, next_pow2
 
 __all__ = ["ACT_SILU", "ACT_GELU_TANH", "glu_config", "glu_bwd_config", "glu_fwd_launch", "glu_bwd_launch"]
 
@@ -47,8 +48,8 @@ def glu_config(rows: int, f: int) -> tuple[int, int, int]:
     ran at ~0.99x the device copy there, the backward did not (see :func:`glu_bwd_config`).
     scripts/tune_gptoss_memory.py times the alternatives and checks their bytes.
     """
-    block_f = min(triton.next_power_of_2(max(f, 1)), _MAX_BLOCK_F)
-    block_r = max(1, min(_TARGET_TILE // block_f, triton.next_power_of_2(max(rows, 1))))
+    block_f = min(next_pow2(max(f, 1)), _MAX_BLOCK_F)
+    block_r = max(1, min(_TARGET_TILE // block_f, next_pow2(max(rows, 1))))
     n = block_r * block_f
     return block_r, block_f, (4 if n <= 1024 else 8)
 
@@ -158,7 +159,7 @@ def glu_fwd_launch(x: torch.Tensor, act: int, probs=None, mask=None, config=None
     f = f2 // 2
     out = torch.empty((rows, f), dtype=x.dtype, device=x.device)
     br, bf, warps = glu_config(rows, f) if config is None else _check_config(config)
-    grid = (triton.cdiv(rows, br), triton.cdiv(f, bf))
+    grid = (cdiv(rows, br), cdiv(f, bf))
     _glu_fwd_kernel[grid](x, probs if probs is not None else x, mask if mask is not None else x, out, rows, f,
                           x.stride(0), out.stride(0), ACT=act, HAS_P=probs is not None, HAS_M=mask is not None,
                           BLOCK_R=br, BLOCK_F=bf, num_warps=warps)
@@ -174,7 +175,7 @@ def glu_bwd_launch(dout: torch.Tensor, x: torch.Tensor, act: int, probs=None, ma
     f = f2 // 2
     dx = torch.empty_like(x)
     br, bf, warps = glu_bwd_config(rows, f) if config is None else _check_config(config)
-    grid = (triton.cdiv(rows, br), triton.cdiv(f, bf))
+    grid = (cdiv(rows, br), cdiv(f, bf))
     dp = torch.empty((grid[1], rows), dtype=torch.float32, device=x.device) if probs is not None else None
     _glu_bwd_kernel[grid](dout, x, probs if probs is not None else x, mask if mask is not None else x, dx,
                           dp if dp is not None else dx, rows, f, dout.stride(0), x.stride(0), dx.stride(0),

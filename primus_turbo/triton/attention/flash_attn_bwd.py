@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from primus_turbo.triton import is_interpreter
+from primus_turbo.triton import cdiv, next_pow2, is_interpreter
 
 from .flash_attn_fwd import (
     LOG2E, _kv_range, _unmasked_kv_blocks, _visible, attn_block_dims, dot_precision, even_head_dims, mma_min_block,
@@ -387,9 +387,9 @@ def _delta(out: torch.Tensor, dout: torch.Tensor, varlen: bool) -> torch.Tensor:
         return delta
     stride_lb, stride_lh = (0, S) if varlen else (H * S, S)
     block_s = 32 if is_interpreter() else 64
-    _attn_bwd_delta_kernel[(triton.cdiv(S, block_s), B * H)](
+    _attn_bwd_delta_kernel[(cdiv(S, block_s), B * H)](
         out4, dout4, delta, S, H, D, *out4.stride(), *dout4.stride(), stride_lb, stride_lh,
-        BLOCK_S=block_s, BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4)
+        BLOCK_S=block_s, BLOCK_D=max(16, next_pow2(D)), num_warps=4)
     return delta
 
 
@@ -491,7 +491,7 @@ def _launch_bwd(q, k, v, dout, lse, delta, dq, dk, dv, strides, softmax_scale, w
     cu_q, cu_k = (cu_q, cu_k) if varlen else (lse, lse)
     if atomic:
         bm, bn, warps, stages = _bwd_atomic_config(block)
-        _attn_bwd_dkdv_kernel[(triton.cdiv(Sk, bn), B * Hk)](
+        _attn_bwd_dkdv_kernel[(cdiv(Sk, bn), B * Hk)](
             q, k, v, dout, lse, delta, dk, dv, dq, cu_q, cu_k,
             *qs, *ks, *vs, *dos, *dks, *dvs, *dqs, stride_lh,
             H, Hk, Sq, Sk, H // Hk, Dqk, Dv,
@@ -500,7 +500,7 @@ def _launch_bwd(q, k, v, dout, lse, delta, dq, dk, dv, strides, softmax_scale, w
         )
         return
     (bm1, bn1, warps1, stages1), _ = _bwd_config(block)
-    _attn_bwd_dkdv_kernel[(triton.cdiv(Sk, bn1), B * Hk)](
+    _attn_bwd_dkdv_kernel[(cdiv(Sk, bn1), B * Hk)](
         q, k, v, dout, lse, delta, dk, dv, dk, cu_q, cu_k,
         *qs, *ks, *vs, *dos, *dks, *dvs, 0, 0, 0, 0, stride_lh,
         H, Hk, Sq, Sk, H // Hk, Dqk, Dv,
@@ -520,7 +520,7 @@ def _launch_dq(q, k, v, dout, lse, delta, dq, strides, softmax_scale, win_left, 
     block, wl, wr, qk_scale, common = _launch_common(q, v, win_left, win_right, softmax_scale, varlen)
     cu_q, cu_k = (cu_q, cu_k) if varlen else (lse, lse)
     _, (bm2, bn2, warps2, stages2) = _bwd_config(block)
-    _attn_bwd_dq_kernel[(triton.cdiv(Sq, bm2), B * H)](
+    _attn_bwd_dq_kernel[(cdiv(Sq, bm2), B * H)](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k,
         *qs, *ks, *vs, *dos, *dqs, stride_lh,
         H, Sq, Sk, H // Hk, Dqk, Dv,

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from primus_turbo.triton import is_interpreter
+from primus_turbo.triton import cdiv, next_pow2, is_interpreter
 from primus_turbo.triton.quantization.quant_fp8_kernel import _fp8_bits, _round_for_store
 
 from .flash_attn_fwd import LOG2E, _kv_range, _running_max, _unmasked_kv_blocks, _visible, window_flags
@@ -298,7 +298,7 @@ def _attn_fp8_fwd_kernel(
 
 def _fp8_dims(d_qk: int, d_v: int) -> tuple[int, int]:
     """Head dims padded to powers of two, at least 32 (the K of an FP8 MMA on Hopper)."""
-    return max(32, triton.next_power_of_2(d_qk)), max(32, triton.next_power_of_2(d_v))
+    return max(32, next_pow2(d_qk)), max(32, next_pow2(d_v))
 
 
 #: sm_90 tiles per padded head dim (BLOCK_M, BLOCK_N, num_warps, num_stages); scripts/tune_attention.py --fp8
@@ -324,7 +324,7 @@ def quantize_tokens_fp8(x: torch.Tensor, blk: int, transpose_sd: bool = False) -
     ``transpose_sd``), ``scale_inv`` fp32 ``[B, H, ceil(S / blk)]`` (powers of two): ``x ~= x8 * scale_inv``.
     """
     B, S, H, D = x.shape
-    nb = triton.cdiv(S, blk) if S > 0 else 0
+    nb = cdiv(S, blk) if S > 0 else 0
     shape = (B, H, D, S) if transpose_sd else (B, H, S, D)
     x8 = torch.empty(shape, dtype=torch.float8_e4m3fn, device=x.device)
     scale_inv = torch.empty((B, H, nb), dtype=torch.float32, device=x.device)
@@ -336,7 +336,7 @@ def quantize_tokens_fp8(x: torch.Tensor, blk: int, transpose_sd: bool = False) -
         ys = (y_strides[0], y_strides[3], y_strides[1], y_strides[2])
     else:
         ys = (y_strides[0], y_strides[2], y_strides[1], y_strides[3])
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = max(16, next_pow2(D))
     _quant_tokens_kernel[(nb, B * H)](
         x, x8.view(torch.uint8), scale_inv, *x.stride(), *ys, H, S, D, nb,
         BLK=blk, BLOCK_D=block_d, SOFT=is_interpreter(), num_warps=8 if blk * block_d >= 8192 else 4,
@@ -383,7 +383,7 @@ def flash_attn_fp8_fwd_triton(
     bm, bn, warps, stages = _fwd_config(max(block_dqk, block_dv), blk)
     has_left, has_right, wl, wr = window_flags(win_left, win_right)
     qs, ks, vs = q8.stride(), k8.stride(), v8t.stride()
-    grid = (triton.cdiv(Sq, bm), B * H)
+    grid = (cdiv(Sq, bm), B * H)
     _attn_fp8_fwd_kernel[grid](
         q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, out, lse, sink if sink is not None else lse,
         qs[0], qs[2], qs[1], qs[3],

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from primus_turbo.triton import is_interpreter
+from primus_turbo.triton import cdiv, is_interpreter
 from primus_turbo.triton.quantization.quant_fp8_kernel import _round_for_store
 
 from .flash_attn_fp8 import FP8_ATTN_P_SCALE, _fp8_dims, _to_e4m3, dequantize_tokens_fp8, quantize_tokens_fp8
@@ -290,11 +290,11 @@ def flash_attn_fp8_bwd_triton(
     scalars = (H, Hk, Sq, Sk, H // Hk, Dqk, Dv, q_scale_inv.size(-1), k_scale_inv.size(-1),
                float(softmax_scale) * LOG2E, float(softmax_scale), Sk - Sq, wl, wr)
     lse = lse.contiguous()
-    _attn_fp8_bwd_dkdv_kernel[(triton.cdiv(Sk, bn), B * Hk)](
+    _attn_fp8_bwd_dkdv_kernel[(cdiv(Sk, bn), B * Hk)](
         q8, k8, v8t, do8, q_scale_inv, k_scale_inv, v_scale_inv, do_scale_inv, lse, delta, dk, dv,
         *args, *dk.stride(), *dv.stride(), *scalars, P_SCALE=FP8_ATTN_P_SCALE, **common,
     )
-    _attn_fp8_bwd_dq_kernel[(triton.cdiv(Sq, bm), B * H)](
+    _attn_fp8_bwd_dq_kernel[(cdiv(Sq, bm), B * H)](
         q8, k8, v8t, do8, q_scale_inv, k_scale_inv, v_scale_inv, do_scale_inv, lse, delta, dq,
         *args, *dq.stride(), *scalars, **common,
     )

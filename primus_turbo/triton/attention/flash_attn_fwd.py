@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from primus_turbo.triton import is_interpreter
+from primus_turbo.triton import cdiv, next_pow2, is_interpreter
 from primus_turbo.triton.interpreter import bf16_dot_fixed
 
 __all__ = ["check_flash_attn_triton", "flash_attn_fwd_triton", "flash_attn_varlen_fwd_triton", "attn_block_dims",
@@ -250,7 +250,7 @@ def _attn_fwd_kernel(
 def attn_block_dims(d_qk: int, d_v: int, min_block: int = 16) -> tuple[int, int]:
     """Head dims padded to powers of two (at least ``min_block``: 16, the smallest tl.dot size, or
     :func:`mma_min_block`)."""
-    return max(min_block, triton.next_power_of_2(d_qk)), max(min_block, triton.next_power_of_2(d_v))
+    return max(min_block, next_pow2(d_qk)), max(min_block, next_pow2(d_v))
 
 
 def mma_min_block(t: torch.Tensor) -> int:
@@ -321,7 +321,7 @@ def _launch_fwd(q4, k4, v4, out4, lse, sink, softmax_scale, win_left, win_right,
     bm, bn, warps, stages = _fwd_config(max(block_dqk, block_dv))
     has_left, has_right, wl, wr = window_flags(win_left, win_right)
     varlen = cu_q is not None
-    grid = (triton.cdiv(Sq, bm), B * H)
+    grid = (cdiv(Sq, bm), B * H)
     _attn_fwd_kernel[grid](
         q, k, v, out, lse, sink if sink is not None else lse,
         cu_q if varlen else lse, cu_k if varlen else lse,

@@ -68,6 +68,7 @@ import torch
 
 from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, SMEM_LIMIT, gluon_platform_reason
 from primus_turbo.triton.launch import launch
+from primus_turbo.triton import cdiv
 
 __all__ = [
     "GLUON_ATTN_ENV",
@@ -955,7 +956,7 @@ def _fill_outside(out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tens
     if T == 0 or H == 0:
         return
     block_t = 64
-    _varlen_fill_outside_kernel[(triton.cdiv(T, block_t),)](
+    _varlen_fill_outside_kernel[(cdiv(T, block_t),)](
         out, lse, cu_seqlens_q, cu_seqlens_q.numel() - 1, T, H, out.stride(0), out.stride(1), lse.stride(0),
         D=D, BLOCK_T=block_t, num_warps=4)
 

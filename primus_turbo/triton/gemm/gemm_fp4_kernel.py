@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from primus_turbo.triton import is_interpreter
+from primus_turbo.triton import cdiv, is_interpreter
 from primus_turbo.triton.interpreter import bf16_dot_fixed
 
 from .gemm_fp8_kernel import _e8m0_to_fp32
@@ -236,7 +236,7 @@ def _launch(a, sa, b, sb, out, accumulate: bool, config: GemmConfig) -> torch.Te
     sa, sb = sa.view(torch.uint8), sb.view(torch.uint8)
     M, N, K = a.shape[0], b.shape[0], 2 * a.shape[1]
     num_sms = _grid_programs(a.device)
-    grid = (min(num_sms, triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)),)
+    grid = (min(num_sms, cdiv(M, config.block_m) * cdiv(N, config.block_n)),)
     _gemm_fp4_kernel[grid](
         a, b, out, sa, sb, M, N, K,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),

@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from primus_turbo.triton import is_interpreter
+from primus_turbo.triton import cdiv, next_pow2, is_interpreter
 from primus_turbo.triton.interpreter import bf16_dot_fixed
 
 from .gemm_kernel import (
@@ -357,7 +357,7 @@ def _default_config(M: int, N: int, K: int, mode: int, accumulate: bool, num_sms
         return GemmConfig(64, 256, 128, 8, 3, 4, True) if N > 128 else GemmConfig(64, 128, 128, 8, 4, 4, True)
     if N <= 64:
         return GemmConfig(128, 64, 128, 8, 4, 4, False)
-    if N <= 128 or triton.cdiv(M, 128) * triton.cdiv(N, 256) < num_sms:
+    if N <= 128 or cdiv(M, 128) * cdiv(N, 256) < num_sms:
         return GemmConfig(128, 128, 128, 8, 4, 8, True)
     # flattened, an accumulating 128x256 epilogue needs its own C buffer: 273 KiB of smem
     return GemmConfig(128, 256, 128, 8, 3, 8, True, flatten=not accumulate)
@@ -365,8 +365,8 @@ def _default_config(M: int, N: int, K: int, mode: int, accumulate: bool, num_sms
 
 def _candidate_configs(M: int, N: int, mode: int, default: GemmConfig, block_size: int) -> list[GemmConfig]:
     pool = [_fit_block_k(c, mode, block_size) for c in (_CANDIDATES if default.use_tma else _PTR_CANDIDATES)[mode]]
-    fits = [c for c in pool if c.block_m <= max(64, triton.next_power_of_2(M))
-            and c.block_n <= max(64, triton.next_power_of_2(N))]
+    fits = [c for c in pool if c.block_m <= max(64, next_pow2(M))
+            and c.block_n <= max(64, next_pow2(N))]
     return [default] + [c for c in dict.fromkeys(fits) if c != default]
 
 
@@ -430,8 +430,8 @@ def _check_scale(name: str, s, rows: int, K: int, mode: int, block_size: int, de
             raise ValueError(f"{name}: ROWWISE scales must have shape [{rows}, 1] (one per row), got {list(s.shape)}")
         return _Scales(stride, 0, 1)
     # BLOCKWISE: 1 x bs blocks along K ([rows, ceil(K/bs)]) or bs x bs blocks ([ceil(rows/bs), ceil(K/bs)])
-    kb = triton.cdiv(K, block_size)
-    per_row, per_block = (rows, kb), (triton.cdiv(rows, block_size), kb)
+    kb = cdiv(K, block_size)
+    per_row, per_block = (rows, kb), (cdiv(rows, block_size), kb)
     if s.dim() != 2 or tuple(s.shape) not in (per_row, per_block):
         raise ValueError(
             f"{name}: BLOCKWISE scales must have shape {list(per_row)} (1x{block_size} blocks) or "
@@ -535,7 +535,7 @@ def _launch(a, sa, b, sb, mode: int, sa_geo: _Scales, sb_geo: _Scales, out, accu
     if mode == _MX:  # E8M0 bytes are read as uint8 and decoded in the kernel
         sa, sb = sa.view(torch.uint8), sb.view(torch.uint8)
     num_sms = _grid_programs(a.device)
-    grid = (min(num_sms, triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)),)
+    grid = (min(num_sms, cdiv(M, config.block_m) * cdiv(N, config.block_n)),)
     common = dict(
         NUM_SMS=num_sms, SCALE_MODE=mode, SCALE_BLOCK=block_size,
         A_SCALE_ROWS=sa_geo.rows, B_SCALE_ROWS=sb_geo.rows, ACCUMULATE=accumulate,

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from primus_turbo.triton import is_interpreter
+from primus_turbo.triton import cdiv, next_pow2, is_interpreter
 from primus_turbo.triton.interpreter import bf16_dot_fixed
 
 __all__ = ["GemmConfig", "check_gemm_triton", "gemm_triton", "gemm_triton_prechecked"]
@@ -310,7 +310,7 @@ def _default_config(
         return GemmConfig(64, 256, 64, 8, 3, 4, True) if N > 128 else GemmConfig(64, 128, 64, 8, 4, 4, True)
     if N <= 64:
         return GemmConfig(128, 64, 64, 8, 4, 4, False)
-    if N <= 128 or triton.cdiv(M, 128) * triton.cdiv(N, 256) < num_sms:
+    if N <= 128 or cdiv(M, 128) * cdiv(N, 256) < num_sms:
         # more, smaller tiles beat idle SMs
         return GemmConfig(128, 128, 64, 8, 4, 8, True)
     return GemmConfig(128, 256, 64, 8, 3, 8, True, flatten=not accumulate)
@@ -324,8 +324,8 @@ def _candidate_configs(M: int, N: int, dtype: torch.dtype, default: GemmConfig) 
     pool = _CANDIDATES_FP32 if dtype == torch.float32 else _CANDIDATES_16BIT
     if not default.use_tma:  # the pointer kernel runs anyway: tune it, not TMA variants
         pool = [dataclasses.replace(c, use_tma=False) for c in pool]
-    fits = [c for c in pool if c.block_m <= max(64, triton.next_power_of_2(M))
-            and c.block_n <= max(64, triton.next_power_of_2(N))]
+    fits = [c for c in pool if c.block_m <= max(64, next_pow2(M))
+            and c.block_n <= max(64, next_pow2(N))]
     return [default] + [c for c in dict.fromkeys(fits) if c != default]
 
 
@@ -400,7 +400,7 @@ def _launch(
     # error, which would fail fp32 accuracy checks). 16-bit inputs ignore the setting.
     precision = "tf32" if (a.dtype != torch.float32 or allow_tf32) else "ieee"
     num_sms = _grid_programs(a.device)
-    grid = (min(num_sms, triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)),)
+    grid = (min(num_sms, cdiv(M, config.block_m) * cdiv(N, config.block_n)),)
     common = dict(
         NUM_SMS=num_sms, ACCUMULATE=accumulate, DOT_PRECISION=precision,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from primus_turbo.triton import is_interpreter
+from primus_turbo.triton import cdiv, is_interpreter
 from primus_turbo.triton.gemm.gemm_fp4_kernel import (  # the dense MXFP4 GEMM's dtypes and decoder
     _OUT_DTYPES, _SCALE_DTYPES, FP4_PACKED_DTYPES, MX_BLOCK, _fp4_widen,
 )
@@ -360,7 +360,7 @@ def grouped_gemm_fp4_triton(
         raise ValueError(f"MXFP4 needs BLOCK_K ({cfg.block_k}) to be a multiple of 32")
     a_q, b_q, sa, sb = (t.view(torch.uint8) for t in (a_q, b_q, sa, sb))
     programs = _fp8k._num_programs(a_q.device, num_cu)
-    max_tiles = (triton.cdiv(M, cfg.block_m) + G + 1) * triton.cdiv(N, cfg.block_n)
+    max_tiles = (cdiv(M, cfg.block_m) + G + 1) * cdiv(N, cfg.block_n)
     grid = (min(programs, max_tiles),)
 
     def launch():
@@ -408,7 +408,7 @@ def grouped_gemm_fp4_variable_k_triton(
         raise ValueError(f"MXFP4 needs BLOCK_K ({cfg.block_k}) to be a multiple of 32")
     x_t, y_t, sx, sy = (t.view(torch.uint8) for t in (x_t, y_t, sx, sy))
     programs = _fp8k._num_programs(x_t.device, num_cu)
-    grid = (min(programs, G * triton.cdiv(P, cfg.block_m) * triton.cdiv(Q, cfg.block_n)),)
+    grid = (min(programs, G * cdiv(P, cfg.block_m) * cdiv(Q, cfg.block_n)),)
 
     def launch():
         _grouped_gemm_fp4_variable_k_kernel[grid](

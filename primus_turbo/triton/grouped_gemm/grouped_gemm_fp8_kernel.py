@@ -51,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from primus_turbo.triton import is_interpreter
+from primus_turbo.triton import cdiv, is_interpreter
 from primus_turbo.triton.gemm.gemm_fp8_kernel import _e8m0_to_fp32, _mx_widen
 from primus_turbo.triton.interpreter import bf16_dot_fixed
 
@@ -397,9 +397,9 @@ def _validate(a, sa, b, sb, mode, group_lens, group_offs, out_dtype, block_size)
     else:
         if not isinstance(block_size, int) or block_size < 16 or block_size & (block_size - 1):
             raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
-        kb = triton.cdiv(K, block_size)
+        kb = cdiv(K, block_size)
         _check_scale("a_scale", sa, (M, kb), a.device)
-        _check_scale("b_scale", sb, (G, triton.cdiv(N, block_size), kb), a.device)
+        _check_scale("b_scale", sb, (G, cdiv(N, block_size), kb), a.device)
     return mode
 
 
@@ -512,7 +512,7 @@ def grouped_gemm_fp8_triton(
     if mode == _MX and cfg.block_k % MX_BLOCK:
         raise ValueError(f"MX_BLOCKWISE needs BLOCK_K ({cfg.block_k}) to be a multiple of 32")
     programs = _num_programs(a_q.device, num_cu)
-    max_tiles = (triton.cdiv(M, cfg.block_m) + G + 1) * triton.cdiv(N, cfg.block_n)
+    max_tiles = (cdiv(M, cfg.block_m) + G + 1) * cdiv(N, cfg.block_n)
     grid = (min(programs, max_tiles),)
     if mode == _TENSORWISE:
         sa_strides, sb_strides = (0, 0), (sb.stride(0), 0, 0)
@@ -579,7 +579,7 @@ def grouped_gemm_fp8_variable_k_triton(
     if mode == _MX and cfg.block_k % MX_BLOCK:
         raise ValueError(f"MX_BLOCKWISE needs BLOCK_K ({cfg.block_k}) to be a multiple of 32")
     programs = _num_programs(x_t.device, num_cu)
-    grid = (min(programs, G * triton.cdiv(P, cfg.block_m) * triton.cdiv(Q, cfg.block_n)),)
+    grid = (min(programs, G * cdiv(P, cfg.block_m) * cdiv(Q, cfg.block_n)),)
     ssx = 0 if mode == _TENSORWISE else sx.stride(0)
     ssy = 0 if mode == _TENSORWISE else sy.stride(0)
     ssxk = ssyk = 0

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from primus_turbo.triton import is_interpreter
+from primus_turbo.triton import cdiv, next_pow2, is_interpreter
 from primus_turbo.triton.gemm.gemm_kernel import _autotune_enabled  # one switch, dense and grouped
 from primus_turbo.triton.gemm.gemm_kernel import _ensure_allocator  # device-side descriptors' scratch
 from primus_turbo.triton.gemm.gemm_kernel import _logger
@@ -559,7 +559,7 @@ def grouped_gemm_triton(
 
     def launch(cfg: GroupedGemmConfig, offs: torch.Tensor):
         # static upper bound on the tiles: each group adds at most one partial row tile, plus the tail
-        max_tiles = (triton.cdiv(M, cfg.block_m) + G + 1) * triton.cdiv(N, cfg.block_n)
+        max_tiles = (cdiv(M, cfg.block_m) + G + 1) * cdiv(N, cfg.block_n)
         grid = (min(programs, max_tiles),)
         use_tma = cfg.use_tma and b_kmajor is not None
         if use_tma and a.is_cuda:
@@ -580,7 +580,7 @@ def grouped_gemm_triton(
         default = _default_config(max(1, M // G), N, K, a.dtype, False)
         # M is bucketed to a power of two: a routed-row count that moves from step to step does
         # not retune, and the best tiles do not depend on its exact value
-        key = ("m", triton.next_power_of_2(M), N, K, G, a.dtype, b.stride(2) == 1, b.stride(1) == 1, num_cu,
+        key = ("m", next_pow2(M), N, K, G, a.dtype, b.stride(2) == 1, b.stride(1) == 1, num_cu,
                a.device.index, b_kmajor)
         bal = None
 
@@ -626,7 +626,7 @@ def grouped_gemm_variable_k_triton(
     tma_ok = _tma_rows(x) and _tma_rows(y)
 
     def launch(cfg: GroupedGemmConfig, offs: torch.Tensor, target: torch.Tensor):
-        grid = (min(programs, G * triton.cdiv(P, cfg.block_m) * triton.cdiv(Q, cfg.block_n)),)
+        grid = (min(programs, G * cdiv(P, cfg.block_m) * cdiv(Q, cfg.block_n)),)
         use_tma = cfg.use_tma and tma_ok
         if use_tma and x.is_cuda:
             _ensure_allocator()
@@ -643,7 +643,7 @@ def grouped_gemm_variable_k_triton(
         if config is not None:
             return config
         default = _default_config(max(1, M // G), Q, P, x.dtype, True)
-        key = ("k", triton.next_power_of_2(M), P, Q, G, x.dtype, x.stride(0) == 1, y.stride(0) == 1, out.dtype,
+        key = ("k", next_pow2(M), P, Q, G, x.dtype, x.stride(0) == 1, y.stride(0) == 1, out.dtype,
                accumulate, num_cu, x.device.index, tma_ok)
         scratch = None
 

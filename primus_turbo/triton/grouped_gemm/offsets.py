@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from primus_turbo.triton.launch import launch
+from primus_turbo.triton.launch import launch_keyed
+from primus_turbo.triton import next_pow2
 
 __all__ = ["group_offsets_", "MAX_GROUPS"]
 
@@ -45,7 +46,9 @@ def group_offsets_(group_lens: torch.Tensor) -> torch.Tensor:
         offs[0] = 0
         offs[1:] = torch.cumsum(group_lens, 0)
         return offs
-    block = max(triton.next_power_of_2(G), 16)
-    launch(_offsets_kernel, (1,), (group_lens, offs, G, group_lens.stride(0)), dict(BLOCK=block, num_warps=4),
-           group_lens.device)
+    block = max(next_pow2(G), 16)
+    stride = group_lens.stride(0)
+    # G and the stride are unspecialised: the kernel depends on the dtype and BLOCK alone
+    launch_keyed(_offsets_kernel, (1,), (group_lens, offs, G, stride), dict(BLOCK=block, num_warps=4),
+                 group_lens.device, (group_lens.dtype, block, stride >= 2**31))
     return offs

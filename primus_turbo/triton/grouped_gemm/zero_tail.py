@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from primus_turbo.triton.launch import launch
+from primus_turbo.triton.launch import launch_keyed
+from primus_turbo.triton import cdiv, next_pow2
 
 __all__ = ["zero_tail_rows_"]
 
@@ -41,8 +42,13 @@ def zero_tail_rows_(out: torch.Tensor, group_offs: torch.Tensor) -> torch.Tensor
     m, n = out.shape
     if m == 0 or n == 0:
         return out
-    block_n = min(triton.next_power_of_2(n), 256)
-    grid0 = triton.cdiv(m, _BLOCK_R)
-    args = (out, group_offs, group_offs.numel() - 1, m, n, out.stride(0))
-    launch(_zero_tail_kernel, (grid0,), args, dict(BLOCK_R=_BLOCK_R, BLOCK_N=block_n, num_warps=4), out.device)
+    block_n = min(next_pow2(n), 256)
+    grid0 = cdiv(m, _BLOCK_R)
+    G, stride = group_offs.numel() - 1, out.stride(0)
+    args = (out, group_offs, G, m, n, stride)
+    # every integer parameter is unspecialised: the compiled kernel depends on the two dtypes, the
+    # integers' width class and BLOCK_N alone
+    wide = max(m, n, stride, G) >= 2**31
+    launch_keyed(_zero_tail_kernel, (grid0,), args, dict(BLOCK_R=_BLOCK_R, BLOCK_N=block_n, num_warps=4),
+                 out.device, (out.dtype, group_offs.dtype, block_n, wide))
     return out

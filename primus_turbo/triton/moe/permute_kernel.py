@@ -53,6 +53,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from primus_turbo.triton import next_pow2
 
 __all__ = ["gather_rows_launch", "merge_rows_launch", "compact_map_launch", "build_permute_map_launch",
            "permute_map_scan_launch", "permute_map_assign_launch", "col_block"]
@@ -343,7 +344,7 @@ def scatter_rows_launch(g: torch.Tensor, row_id_map: torch.Tensor, src_idx: torc
     num_warps = num_warps or SCATTER_NUM_WARPS
     block_t = block_t or (32 if _interp() else SCATTER_BLOCK_T)
     elem = out.element_size() if out is not None else g.element_size()
-    bc = block_c or max(16, min(triton.next_power_of_2(max(h, 1)), SCATTER_BLOCK_BYTES // elem))
+    bc = block_c or max(16, min(next_pow2(max(h, 1)), SCATTER_BLOCK_BYTES // elem))
     block_z = 64
     n_tok_prog = _cdiv(t, block_t) if t > 0 else 0
     grid = (n_tok_prog + _cdiv(n_out, block_z),)
@@ -356,7 +357,7 @@ def scatter_rows_launch(g: torch.Tensor, row_id_map: torch.Tensor, src_idx: torc
         permuted.stride(0) if permuted is not None else 0, n_tok_prog,
         SCALE_W=scale_by_weights, STORE_W=probs_out is not None, NEED_OUT=out is not None and h > 0,
         NEED_DOT=dot is not None, K_STATIC=k_static, COUNTED=compact, BLOCK_T=block_t, BLOCK_C=bc,
-        BLOCK_K=triton.next_power_of_2(max(k, 1)), BLOCK_Z=block_z, num_warps=num_warps)
+        BLOCK_K=next_pow2(max(k, 1)), BLOCK_Z=block_z, num_warps=num_warps)
     return out, probs_out, dot
 
 
@@ -404,7 +405,7 @@ def _interp() -> bool:
 def col_block(h: int, elem_bytes: int, num_warps: int = 4) -> int:
     """Columns per step: 16 bytes per lane over all lanes, capped at the (power-of-2) row width."""
     per_lane = max(1, 16 // elem_bytes)
-    return max(16, min(triton.next_power_of_2(max(h, 1)), per_lane * 32 * num_warps))
+    return max(16, min(next_pow2(max(h, 1)), per_lane * 32 * num_warps))
 
 
 def gather_rows_launch(src: torch.Tensor, out: torch.Tensor, src_row: torch.Tensor,
@@ -486,7 +487,7 @@ def compact_map_launch(row_id_map: torch.Tensor, weights: Optional[torch.Tensor]
     n = torch.empty(t, dtype=torch.int32, device=row_id_map.device)
     if t == 0:
         return cmap, cw, n
-    block_k = triton.next_power_of_2(max(k, 1))
+    block_k = next_pow2(max(k, 1))
     block_t = max(1, min(64, 4096 // block_k))
     _compact_map_kernel[(_cdiv(t, block_t),)](row_id_map, weights if weights is not None else row_id_map,
                                              cmap, cw if cw is not None else cmap, n, t, k,
@@ -634,10 +635,10 @@ SCAN_KERNEL_MAX = 32768  # cnt entries (blocks x experts) scanned by the single-
 def permute_map_blocks(is_map: bool, num_experts: int, num_tokens: int = 0, k: int = 1) -> tuple:
     """(BLOCK_T, BLOCK_E, BLOCK_P): tokens per block (map form), experts per tile, pairs per block
     (indices form). Blocks grow with the problem so that blocks x experts stays small for the scan."""
-    ep = triton.next_power_of_2(max(num_experts, 1))
+    ep = next_pow2(max(num_experts, 1))
     if _interp():  # the interpreter pays per op: big tiles
         return 128, min(ep, 256), 256
-    bt = min(512, max(64, triton.next_power_of_2(_cdiv(num_tokens * num_experts, SCAN_KERNEL_MAX // 2))))
+    bt = min(512, max(64, next_pow2(_cdiv(num_tokens * num_experts, SCAN_KERNEL_MAX // 2))))
     bp = 128 if num_tokens * k * num_experts <= 128 * SCAN_KERNEL_MAX // 2 else 256
     return bt, max(1, min(ep, 8192 // bt)), bp
 
@@ -665,7 +666,7 @@ def permute_map_scan_launch(routing_map: torch.Tensor, num_experts: int, pad_mul
         tpe = torch.zeros(0, dtype=torch.int64, device=dev)
     elif nb * e <= scan_max:
         tpe = torch.empty(e, dtype=torch.int64, device=dev)
-        scan_be = min(triton.next_power_of_2(e), 256 if _interp() else 128)
+        scan_be = min(next_pow2(e), 256 if _interp() else 128)
         scan_bb = 256 if _interp() else max(1, 8192 // scan_be)
         _permute_scan_kernel[(1,)](ws, tpe, nb, e, pad, n_clip, BLOCK_B=scan_bb, BLOCK_E=scan_be, num_warps=4)
     else:  # large problems: a single program would walk too many tiles; torch scans [E, NB] rows in parallel

@@ -45,6 +45,7 @@ import triton.language as tl
 
 from primus_turbo.triton.gemm.gemm_kernel import _num_sms
 from primus_turbo.triton.launch import launch
+from primus_turbo.triton import cdiv, next_pow2
 
 __all__ = ["router_fwd_launch", "router_dx_launch", "router_dw_launch"]
 
@@ -185,7 +186,7 @@ _DW_PROGS_PER_SM = 4
 
 
 def _e_block(e: int, cap: int) -> int:
-    return max(16, min(triton.next_power_of_2(max(e, 1)), cap))
+    return max(16, min(next_pow2(max(e, 1)), cap))
 
 
 def router_fwd_launch(x: torch.Tensor, w: torch.Tensor, bias: "torch.Tensor | None" = None, *,
@@ -204,7 +205,7 @@ def router_fwd_launch(x: torch.Tensor, w: torch.Tensor, bias: "torch.Tensor | No
     # interpreter ignores num_stages)
     kw = dict(HAS_BIAS=bias is not None, BT=bt, BE=be, BK=bk, PIECES=pieces, IEEE=ieee, num_warps=num_warps,
               num_stages=num_stages or (3 if be * bk > 64 * 64 else 4))
-    launch(_router_fwd_kernel, (triton.cdiv(e, be), triton.cdiv(t, bt)),
+    launch(_router_fwd_kernel, (cdiv(e, be), cdiv(t, bt)),
            (x, w, bias if bias is not None else w, out, t, h, e, x.stride(0), w.stride(0), out.stride(0)), kw,
            x.device)
     return out
@@ -218,7 +219,7 @@ def router_dx_launch(g: torch.Tensor, w: torch.Tensor, *, bt: int = 128, bh: int
     h = w.shape[1]
     dx = torch.empty((t, h), dtype=torch.bfloat16, device=g.device)
     be = _e_block(e, 64)
-    launch(_router_dx_kernel, (triton.cdiv(t, bt),),
+    launch(_router_dx_kernel, (cdiv(t, bt),),
            (g, w, dx, t, h, e, g.stride(0), w.stride(0), dx.stride(0)),
            dict(BT=bt, BH=bh, BE=be, ONE_STEP=e <= be, W_PIECES=1 if w.dtype == torch.bfloat16 else 3,
                 num_warps=num_warps), g.device)
@@ -233,19 +234,19 @@ def router_dw_launch(x: torch.Tensor, g: torch.Tensor, *, bh: int = 128, bt: int
     t, h = x.shape
     e = g.shape[1]
     be = _e_block(e, 64)
-    tiles = triton.cdiv(h, bh) * triton.cdiv(e, be)
-    row_tiles = max(1, triton.cdiv(t, bt))
+    tiles = cdiv(h, bh) * cdiv(e, be)
+    row_tiles = max(1, cdiv(t, bt))
     if splits is None:
         if x.device.type == "cuda":
             idx = x.device.index if x.device.index is not None else torch.cuda.current_device()
-            splits = triton.cdiv(progs_per_sm * _num_sms(idx), tiles)
+            splits = cdiv(progs_per_sm * _num_sms(idx), tiles)
         else:
             splits = 2
     splits = max(1, min(int(splits), row_tiles))
-    rows_per_split = triton.cdiv(row_tiles, splits) * bt
-    splits = triton.cdiv(max(t, 1), rows_per_split)
+    rows_per_split = cdiv(row_tiles, splits) * bt
+    splits = cdiv(max(t, 1), rows_per_split)
     part = torch.empty((splits, e, h), dtype=torch.float32, device=x.device)
-    launch(_router_dw_kernel, (triton.cdiv(e, be), triton.cdiv(h, bh), splits),
+    launch(_router_dw_kernel, (cdiv(e, be), cdiv(h, bh), splits),
            (x, g, part, t, h, e, rows_per_split, x.stride(0), g.stride(0), part.stride(0), part.stride(1)),
            dict(BH=bh, BE=be, BT=bt, num_warps=num_warps), x.device)
     return part

@@ -31,6 +31,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from primus_turbo.triton import cdiv, next_pow2
 
 __all__ = ["MAX_ROW_BLOCK", "rmsnorm_config", "rmsnorm_fwd_launch", "rmsnorm_bwd_launch"]
 
@@ -50,10 +51,10 @@ def rmsnorm_config(rows: int, h: int) -> tuple[int, int, int, int]:
     elements, 8 up to 8192, 16 above (at most 32 fp32 values of one tensor per thread).
     """
     if h <= MAX_ROW_BLOCK:
-        block_h, chunks = triton.next_power_of_2(max(h, 1)), 1
+        block_h, chunks = next_pow2(max(h, 1)), 1
     else:
-        block_h, chunks = _CHUNK, triton.cdiv(h, _CHUNK)
-    block_r = max(1, min(_TARGET_TILE // block_h, triton.next_power_of_2(max(rows, 1))))
+        block_h, chunks = _CHUNK, cdiv(h, _CHUNK)
+    block_r = max(1, min(_TARGET_TILE // block_h, next_pow2(max(rows, 1))))
     n = block_r * block_h
     num_warps = 4 if n <= 2048 else (8 if n <= 8192 else 16)
     return block_r, block_h, chunks, num_warps
@@ -213,7 +214,7 @@ def rmsnorm_fwd_launch(x: torch.Tensor, gamma: torch.Tensor, eps: float, zero_ce
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
     s = torch.empty_like(x) if residual is not None else None
     br, bh, chunks, warps = rmsnorm_config(rows, h)
-    grid = (triton.cdiv(rows, br),)
+    grid = (cdiv(rows, br),)
     _rmsnorm_fwd_kernel[grid](
         x, residual if residual is not None else x, gamma, y, s if s is not None else y, rstd, rows, h, float(eps),
         x.stride(0), residual.stride(0) if residual is not None else 0, y.stride(0), s.stride(0) if s is not None else 0,
@@ -238,14 +239,14 @@ def rmsnorm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, gamma: torch.Tensor, r
         # the backward, which reads two tensors and keeps a dgamma partial per program, runs
         # best with ~16K-element tiles, 16 warps and 2 programs per SM (0.76-0.82x copy
         # bandwidth vs 0.63x with the forward's 8K tiles, 8 warps, 4 programs per SM)
-        br = max(1, min(2 * _TARGET_TILE // bh, triton.next_power_of_2(max(rows, 1))))
+        br = max(1, min(2 * _TARGET_TILE // bh, next_pow2(max(rows, 1))))
         warps = 16 if br * bh >= 2 * _TARGET_TILE else warps
         progs_per_sm = progs_per_sm or 2
     br, warps = block_r or br, num_warps or warps
-    n_tiles = triton.cdiv(rows, br)
+    n_tiles = cdiv(rows, br)
     n_prog = _bwd_programs(n_tiles, x.device, progs_per_sm)
-    per = triton.cdiv(n_tiles, n_prog)
-    n_prog = triton.cdiv(n_tiles, per)
+    per = cdiv(n_tiles, n_prog)
+    n_prog = cdiv(n_tiles, per)
     alloc = torch.empty if chunks == 1 else torch.zeros
     dg = alloc((n_prog, h), dtype=torch.float32, device=x.device)
     _rmsnorm_bwd_kernel[(n_prog,)](

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from primus_turbo.triton import is_interpreter
+from primus_turbo.triton import cdiv, next_pow2, is_interpreter
 
 from .quant_fp8_kernel import _abs_bits, _fp8_codes, _fp32_scales
 
@@ -116,8 +116,8 @@ def gather_quant_cols_t_launch(x: torch.Tensor, src: torch.Tensor, dtype: torch.
         raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got num_warps={num_warps}")
     # tiles of block_size x TC: 64 columns at 128-token blocks keeps 8192 elements per program
     # (at GPT-OSS's C = 2880 / 5760, 64 divides C: no idle column lanes)
-    tc = tc or max(16, min(triton.next_power_of_2(C), 8192 // block_size))
-    n_tiles_c = triton.cdiv(C, tc)
+    tc = tc or max(16, min(next_pow2(C), 8192 // block_size))
+    n_tiles_c = cdiv(C, tc)
     grid = ((m_pad // block_size) * n_tiles_c,)
     _gather_quant_cols_t_kernel[grid](
         x, src, q_t.view(torch.uint8), s, C, m_pad, x.stride(0), n_tiles_c,

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .quant_fp8_kernel import _abs_bits, _mx_scales, _round_for_store, _tile_pid
-from primus_turbo.triton import is_interpreter
+from primus_turbo.triton import cdiv, next_pow2, is_interpreter
 
 __all__ = ["fp4_quant_launch", "fp4_dequant_launch"]
 
@@ -421,11 +421,11 @@ def _tile(rows: int, cols: int, along_cols: bool, with_trans: bool) -> tuple[int
     if with_trans:
         return 64, 64, 4
     if along_cols:
-        tc = max(32, min(triton.next_power_of_2(cols), 1024))
-        tr = max(1, min(8192 // tc, triton.next_power_of_2(rows)))
+        tc = max(32, min(next_pow2(cols), 1024))
+        tr = max(1, min(8192 // tc, next_pow2(rows)))
     else:
         tr = 32 if rows <= 32 else 64
-        tc = max(16, min(triton.next_power_of_2(cols), 8192 // tr))
+        tc = max(16, min(next_pow2(cols), 8192 // tr))
     n = tr * tc
     return tr, tc, 4 if n <= 2048 else 8
 
@@ -485,7 +485,7 @@ def fp4_quant_launch(x: torch.Tensor, along_cols: bool, with_trans: bool = False
         cfg = tile or fp4_config(rows, cols, True, True)
         tr, tc, nw = cfg[:3]
         extra = {"maxnreg": cfg[3]} if len(cfg) > 3 and cfg[3] and not is_interpreter() else {}
-        n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
+        n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
         _quant_mxfp4_dual_kernel[(n_tr * n_tc,)](
             x, p.view(torch.int32), s, pt.view(torch.int32), st, seed if (sr or sr_t) else s, rows, cols, n_tc,
             x.stride(0), cols // 8, s.stride(0), rows // 8, st.stride(0),
@@ -494,7 +494,7 @@ def fp4_quant_launch(x: torch.Tensor, along_cols: bool, with_trans: bool = False
         return p, s, pt, st
     tr, tc, nw = tuple(tile[:3]) if tile else fp4_config(rows, cols, along_cols, False) if not with_trans \
         else _tile(rows, cols, True, True)
-    n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
+    n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
     # the copy packed along its rows is written as uint32 words (rows hold a multiple of 32
     # values: 16-byte multiples, so the int32 view is exact)
     p_arg = p.view(torch.int32) if along_cols else p
@@ -530,7 +530,7 @@ def fp4_dequant_launch(packed: torch.Tensor, scale: torch.Tensor, along_cols: bo
         rows, cols = packed.shape[0] * 2, packed.shape[1]
     out = torch.empty((rows, cols), dtype=out_dtype, device=packed.device)
     tr, tc, nw = _tile(rows, cols, along_cols, False)
-    n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
+    n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
     _dequant_mxfp4_kernel[(n_tr * n_tc,)](
         packed, scale, out, rows, cols, n_tc, packed.stride(0), scale.stride(0), out.stride(0),
         ALONG_COLS=along_cols, TR=tr, TC=tc, SOFT=is_interpreter(), num_warps=nw,

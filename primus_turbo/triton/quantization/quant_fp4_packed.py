@@ -51,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from primus_turbo.triton import is_interpreter
+from primus_turbo.triton import cdiv, is_interpreter
 
 from .quant_fp8_kernel import _mx_scales, _tile_pid
 from .quant_fp8_packed import _load4, _maxabs2
@@ -595,7 +595,7 @@ def fp4_packed_launch(x: torch.Tensor, cfg) -> tuple:
     xp = x.contiguous().view(torch.int32)  # [rows, cols / 2]
     p = torch.empty((rows, cols // 2), dtype=torch.uint8, device=x.device)
     s = torch.empty((rows, cols // 32), dtype=torch.uint8, device=x.device)
-    n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
+    n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
     _quant_mxfp4_packed_kernel[(n_tr * n_tc,)](
         xp, p.view(torch.int32), s, rows, cols // 2, n_tc, cols // 2, cols // 8, cols // 32,
         TR=tr, TC=tc, EVEN=rows % tr == 0 and cols % tc == 0, SOFT=is_interpreter(), num_warps=nw,
@@ -618,7 +618,7 @@ def fp4_packed_with_trans_launch(x: torch.Tensor, cfg) -> tuple:
     s = torch.empty((rows, cols // 32), dtype=torch.uint8, device=dev)
     pt = torch.empty((cols, rows // 2), dtype=torch.uint8, device=dev)
     st = torch.empty((cols, rows // 32), dtype=torch.uint8, device=dev)
-    n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
+    n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
     _quant_mxfp4_packed_dual_kernel[(n_tr * n_tc,)](
         xp, p.view(torch.int32), s, pt.view(torch.int32), st, rows, cols // 2, n_tc,
         cols // 2, cols // 8, cols // 32, rows // 8, rows // 32,

@@ -51,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from primus_turbo.triton import is_interpreter
+from primus_turbo.triton import cdiv, next_pow2, is_interpreter
 
 __all__ = [
     "GROUP_TENSOR",
@@ -738,7 +738,7 @@ def transpose_bytes(src: torch.Tensor, dst: torch.Tensor, tile: "tuple[int, int]
     if t < 16 or t & (t - 1) or nw not in (1, 2, 4, 8, 16):
         raise ValueError(f"transpose_bytes: tile (T, num_warps) needs a power-of-two T >= 16 and num_warps in "
                          f"1, 2, 4, 8, 16, got {tuple(tile)}")
-    n_tr, n_tc = triton.cdiv(rows, t), triton.cdiv(cols, t)
+    n_tr, n_tc = cdiv(rows, t), cdiv(cols, t)
     s3, d3 = s3.view(torch.uint8), d3.view(torch.uint8)
     _transpose_bytes_kernel[(G * n_tr * n_tc,)](
         s3, d3, rows, cols, n_tr, n_tc, *s3.stride(), *d3.stride(), T=t, num_warps=nw)
@@ -800,12 +800,12 @@ class QuantGrouping:
         """Block extents as the tile kernel sees them (powers of two; 1 for TENSORWISE)."""
         if self.mode == _MODE_TENSOR:
             return 1, 1
-        return triton.next_power_of_2(self.gr), triton.next_power_of_2(self.gc)
+        return next_pow2(self.gr), next_pow2(self.gc)
 
     def scale_grid(self, rows: int, cols: int) -> tuple[int, int]:
         if self.mode == _MODE_TENSOR:
             return 1, 1
-        return triton.cdiv(rows, self.gr), triton.cdiv(cols, self.gc)
+        return cdiv(rows, self.gr), cdiv(cols, self.gc)
 
 
 def tile_config(rows: int, cols: int, groups: tuple[tuple[int, int], ...], with_trans: bool = False):
@@ -828,8 +828,8 @@ def tile_config(rows: int, cols: int, groups: tuple[tuple[int, int], ...], with_
         t = max(128, need_r, need_c)
         tr = tc = t
     else:
-        tc = max(need_c, min(triton.next_power_of_2(max(cols, 1)), 1024))
-        tr = max(need_r, min(max(1, _TARGET_TILE // tc), triton.next_power_of_2(max(rows, 1))))
+        tc = max(need_c, min(next_pow2(max(cols, 1)), 1024))
+        tr = max(need_r, min(max(1, _TARGET_TILE // tc), next_pow2(max(rows, 1))))
         tc = max(need_c, min(tc, max(1, _TARGET_TILE // tr)))  # tall blocks: narrower tiles
     n = tr * tc
     num_warps = 4 if n <= 2048 else (8 if n <= 8192 else 16)
@@ -858,7 +858,7 @@ def _single_plan(rows: int, cols: int, grouping: QuantGrouping):
     Returns (gr, gc, tr, tc, num_warps, n_programs, n_tc, n_sr, n_sc)."""
     gr, gc = grouping.padded()
     tr, tc, nw = tile_config(rows, cols, ((gr, gc),))
-    n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
+    n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
     n_sr, n_sc = grouping.scale_grid(rows, cols)
     return gr, gc, tr, tc, nw, n_tr * n_tc, n_tc, n_sr, n_sc
 
@@ -875,11 +875,11 @@ def _amax_bits(x: torch.Tensor) -> torch.Tensor:
     block = 4096
     if x.is_cuda:
         n_sm = _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
-        progs = min(triton.cdiv(n, block), 4 * n_sm)
+        progs = min(cdiv(n, block), 4 * n_sm)
     else:
-        progs = min(triton.cdiv(n, block), 8)
+        progs = min(cdiv(n, block), 8)
     progs = max(progs, 1)
-    _amax_kernel[(progs,)](x, amax, n, triton.cdiv(triton.cdiv(n, block), progs), BLOCK=block, NUM_PROGS=progs, num_warps=8)
+    _amax_kernel[(progs,)](x, amax, n, cdiv(cdiv(n, block), progs), BLOCK=block, NUM_PROGS=progs, num_warps=8)
     return amax
 
 
@@ -903,7 +903,7 @@ def _long_rowwise(x: torch.Tensor, out: torch.Tensor, out_strides, scale: torch.
         grid = (rows,)
     else:
         tr, tc = 64, 64
-        grid = (triton.cdiv(cols, tc),)
+        grid = (cdiv(cols, tc),)
     _quant_fp8_long_kernel[grid](
         x, out.view(torch.uint8), scale, rows, cols, x.stride(0), x.stride(1), out_strides[0], out_strides[1], 1,
         FP8_MAX=fmax, ALONG_COLS=along_cols, TR=tr, TC=tc,
@@ -934,7 +934,7 @@ def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGro
         flat = x.view(1, -1)
         n = flat.shape[1]
         tr, tc, nw = 1, 8192, 8
-        n_tc = triton.cdiv(n, tc)
+        n_tc = cdiv(n, tc)
         _quant_fp8_tile_kernel[(n_tc,)](
             flat, q.view(torch.uint8), s, q, s, amax, 1, n, n_tc,
             n, 1, n, 1, 0, 0, n, 1, 0, 0, 1, 1, 1, 1,
@@ -952,8 +952,8 @@ def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGro
         if tr < gr or tc < gc or tr & (tr - 1) or tc & (tc - 1) or nw not in (1, 2, 4, 8, 16):
             raise ValueError(f"fp8_quant_launch: tile {tuple(tile)} must be powers of two holding whole "
                              f"{gr} x {gc} blocks, with num_warps in 1, 2, 4, 8, 16")
-        n_tc = triton.cdiv(cols, tc)
-        n_prog = triton.cdiv(rows, tr) * n_tc
+        n_tc = cdiv(cols, tc)
+        n_prog = cdiv(rows, tr) * n_tc
     s = torch.empty((n_sr, n_sc), dtype=torch.uint8 if grouping.mode == _MODE_MX else torch.float32, device=x.device)
     _quant_fp8_tile_kernel[(n_prog,)](
         x, q.view(torch.uint8), s, q, s, s, rows, cols, n_tc,
@@ -1099,7 +1099,7 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
     if tile is not None and len(tile) == 2:
         tr = tc = max(tile[0], gr, gc, gr_t, gc_t)
         nw = tile[1]
-    n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
+    n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
     _quant_fp8_tile_kernel[(n_tr * n_tc,)](
         x, q.view(torch.uint8), s, qt.view(torch.uint8), st, amax if amax is not None else s, rows, cols, n_tc,
         x.stride(0), x.stride(1), cols, 1, s_strides[0], s_strides[1],
@@ -1216,7 +1216,7 @@ def _dual_launch(x, q, qt, out_dtype, row: QuantGrouping, col: QuantGrouping, cf
     extra = {"maxnreg": cfg[3]} if len(cfg) > 3 and cfg[3] and not is_interpreter() else {}
     s, _, (n_sr, n_sc) = _scale_tensor(row, rows, cols, False, x.device)
     st, _, (n_str, n_stc) = _scale_tensor(col, rows, cols, True, x.device)
-    n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
+    n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
     even = rows % tr == 0 and cols % tc == 0
     qt_words = qt.view(torch.uint8).view(torch.int32)  # [cols, rows / 4]
     if len(cfg) > 4 and cfg[4] == "staged" and row.mode == _MODE_FP32:
@@ -1249,7 +1249,7 @@ def _transposed_single(x: torch.Tensor, qt: torch.Tensor, col: QuantGrouping, ou
         return st
     gr, gc = col.padded()
     tr, tc, nw = tile_config(rows, cols, ((gr, gc),))
-    n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
+    n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
     _quant_fp8_tile_kernel[(n_tr * n_tc,)](
         x, qt.view(torch.uint8), st, qt, st, st, rows, cols, n_tc,
         x.stride(0), x.stride(1), 1, rows, st_strides[0], st_strides[1], 0, 0, 0, 0,
@@ -1276,7 +1276,7 @@ def fp8_dequant_launch(q: torch.Tensor, scale: torch.Tensor, grouping: QuantGrou
         gc = grouping.gc if grouping.gc < cols else 1 << 30
         s_strides = (scale.stride(0), scale.stride(1))
     tr, tc, nw = tile_config(rows, cols, ((1, 1),))
-    n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
+    n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
     _dequant_fp8_kernel[(n_tr * n_tc,)](
         q.view(torch.uint8), scale, out, rows, cols, n_tc, q.stride(0), out.stride(0), s_strides[0], s_strides[1],
         MODE=grouping.mode, GR=gr, GC=gc, TR=tr, TC=tc, IS_E4M3=q.dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from primus_turbo.triton import is_interpreter
+from primus_turbo.triton import cdiv, is_interpreter
 
 from .quant_fp8_kernel import (
     _block_scales,
@@ -502,12 +502,12 @@ def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> t
     xp = x.view(torch.int32) if x.is_contiguous() else x.contiguous().view(torch.int32)
     q = torch.empty((rows, cols), dtype=out_dtype, device=dev)
     qt = torch.empty((cols, rows), dtype=out_dtype, device=dev)
-    n_sr, n_sc = rows, triton.cdiv(cols, g)
-    n_str = triton.cdiv(rows, g)
+    n_sr, n_sc = rows, cdiv(cols, g)
+    n_str = cdiv(rows, g)
     sdt = torch.uint8 if row.mode == 1 else torch.float32
     s = torch.empty((n_sr, n_sc), dtype=sdt, device=dev)
     st = torch.empty((cols, n_str), dtype=sdt, device=dev)
-    n_tr, n_tc = triton.cdiv(rows, tr), triton.cdiv(cols, tc)
+    n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
     opts = cfg[5].split(",") if len(cfg) > 5 and cfg[5] else []
     unknown = [o for o in opts if o != "inreg" and not o.startswith("diag")]
     if unknown:

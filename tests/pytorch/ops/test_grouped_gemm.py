@@ -302,6 +302,8 @@ def test_vendor_route_one_decision_per_step(trans_b, monkeypatch):
     import primus_turbo.pytorch.backends.grouped_gemm as bg
 
     calls = []
+    ops_mod = __import__("sys").modules["primus_turbo.pytorch.ops.grouped_gemm"]
+    monkeypatch.setattr(ops_mod, "_native_ok", lambda *x: False)  # the autograd.Function form (below: native)
     monkeypatch.setattr(bg, "_sm90_bf16", lambda t: None)
     monkeypatch.setattr(torch, "_grouped_mm", _emulated_grouped_mm(calls), raising=False)
     lens = [5, 0, 19, 8]
@@ -337,12 +339,83 @@ def test_vendor_route_gives_large_wgrad_to_gluon(pinned, monkeypatch):
     monkeypatch.setattr(bg, "_sm90_bf16", lambda t: None)
     monkeypatch.setattr(torch, "_grouped_mm", _emulated_grouped_mm(calls), raising=False)
     monkeypatch.setattr(ops_mod, "gluon_wgrad", lambda x, y, offs, **k: fake)
+    monkeypatch.setattr(ops_mod, "_native_ok", lambda *x: False)  # the autograd.Function form
     if pinned:
         GlobalBackendManager.set_grouped_gemm_backend(BackendType.TORCH)
     a, b, gl = _make([5, 0, 19, 8], 24, 16, torch.bfloat16, True, "cpu", extra_rows=3)
     _check_fwd_bwd(a, b, gl, True, torch.bfloat16, extra_rows=3)
     assert calls == [(2, 3), (2, 3)] + ([(2, 2)] if pinned else [])
     assert gluon_calls == ([] if pinned else [torch.int64])
+
+
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("grads", ["both", "a", "b"])
+def test_native_vendor_route(trans_b, grads, monkeypatch):
+    """A small vendor-routed problem under autograd leaves its backward to torch's own formula for
+    torch._grouped_mm (the real CPU kernel here; the route's sm_90 check mocked): same references
+    as every path, rows past offs[G] zero in the output and in the grad_input (a post hook on the
+    GEMM's node), whichever of a and b needs a gradient; a fused main_grad accumulation or a large
+    grad_weight keeps the autograd.Function form."""
+    if ON_GPU:
+        pytest.skip("CPU form of the route check; on the GPU the default tests run the real route")
+    import primus_turbo.pytorch.backends.grouped_gemm as bg
+
+    ops_mod = __import__("sys").modules["primus_turbo.pytorch.ops.grouped_gemm"]
+    monkeypatch.setattr(bg, "_sm90_bf16", lambda t: None)
+    lens = [5, 0, 19, 8]
+    a, b, gl = _make(lens, 24, 16, torch.bfloat16, trans_b, "cpu", extra_rows=7)
+    a[32:] = float("nan")  # rows no expert owns: must reach neither the output nor a gradient
+    a = a.requires_grad_(grads in ("both", "a"))
+    b = b.requires_grad_(grads in ("both", "b"))
+    out = grouped_gemm(a, b, gl, trans_b=trans_b)
+    assert type(out.grad_fn).__name__ == "GroupedMmBackward0"  # no Python autograd.Function
+    assert snr_db(grouped_gemm_ref(a[:32], b, gl, trans_b), out[:32]) >= MIN_SNR[torch.bfloat16]
+    assert torch.equal(out[32:], torch.zeros_like(out[32:]))
+    dc = torch.randn_like(out)
+    out.backward(dc)
+    if a.requires_grad:
+        ref_da = grouped_gemm_ref(dc[:32], b, gl, trans_b=not trans_b)
+        assert snr_db(ref_da, a.grad[:32]) >= MIN_SNR[torch.bfloat16]
+        assert torch.equal(a.grad[32:], torch.zeros_like(a.grad[32:]))
+    if b.requires_grad:
+        ref_db = (grouped_gemm_variable_k_ref(dc[:32], a[:32], gl) if trans_b
+                  else grouped_gemm_variable_k_ref(a[:32], dc[:32], gl))
+        assert snr_db(ref_db, b.grad) >= MIN_SNR[torch.bfloat16]
+    # the Function form where the native one does not apply
+    assert ops_mod._native_ok(a, b, trans_b, "default", False)
+    assert not ops_mod._native_ok(a, b, trans_b, "default", True)  # fused main_grad accumulation
+    assert not ops_mod._native_ok(a, b, trans_b, None, False)
+    big = torch.empty(4096, 4096, dtype=torch.bfloat16)
+    wbig = torch.empty(2, 4096, 4096, dtype=torch.bfloat16)
+    assert not ops_mod._native_ok(big, wbig, True, "default", False)  # the default's Gluon wgrad size
+    assert ops_mod._native_ok(big, wbig, True, "pinned", False)
+
+
+def test_route_cache_follows_settings(monkeypatch):
+    """_routed caches _vendor_route per call signature; a backend pin, the Gluon switch, another
+    layout or offsets change the key."""
+    if ON_GPU:
+        pytest.skip("CPU form of the route check")
+    import primus_turbo.pytorch.backends.grouped_gemm as bg
+
+    ops_mod = __import__("sys").modules["primus_turbo.pytorch.ops.grouped_gemm"]
+    monkeypatch.setattr(bg, "_sm90_bf16", lambda t: None)
+    seen = []
+    real = ops_mod._vendor_route
+    monkeypatch.setattr(ops_mod, "_vendor_route", lambda *x: seen.append(1) or real(*x))
+    a, b, _gl = _make([4, 4], 16, 8, torch.bfloat16, False, "cpu")
+    assert ops_mod._routed(a, b, False, None, None) == "default"
+    assert ops_mod._routed(a, b, False, None, None) == "default" and len(seen) == 1
+    assert ops_mod._routed(a, b, False, 4, None) is None and len(seen) == 1  # num_cu: never routed
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TORCH)
+    assert ops_mod._routed(a, b, False, None, None) == "pinned" and len(seen) == 2
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON)
+    assert ops_mod._routed(a, b, False, None, None) is None
+    GlobalBackendManager.reset()
+    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_GLUON", "0")
+    assert ops_mod._routed(a, b, False, None, None) == "default" and len(seen) == 3
+    assert ops_mod._routed(a, b, False, None, torch.tensor([0, 4, 8])) == "default" and len(seen) == 4
+    assert ops_mod._routed(a, b.transpose(1, 2).contiguous(), True, None, None) == "default" and len(seen) == 5
 
 
 def test_vendor_route_respects_pins_and_num_cu(monkeypatch):

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Host time of ``turbo.ops.grouped_gemm`` forward+backward under autograd, as the grouped GEMM
+benchmark runs it (grads reset to None each step), next to ``torch._grouped_mm``: the mean host
+time per step with the GPU kept busy, the Python function calls per step, and a full cProfile
+(sorted by internal and by cumulative time) of the op's step.
+
+    PYTHONPATH=. python scripts/diag_host_autograd.py --out DIR [--shape G ROWS N K ...]
+
+Writes ``DIR/diag_host_autograd.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+import torch  # noqa: E402
+
+from scripts.diag_grouped import _host_us  # noqa: E402
+
+
+def _profile(step, n: int, top: int) -> tuple[str, float]:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf)
+    calls = stats.total_calls / n
+    for key in ("tottime", "cumulative"):
+        stats.sort_stats(key).print_stats(top)
+    return buf.getvalue(), calls
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--shape", type=int, nargs=4, action="append", metavar=("G", "ROWS", "N", "K"))
+    p.add_argument("--n", type=int, default=300)
+    p.add_argument("--top", type=int, default=70)
+    p.add_argument("--profile-first-only", action="store_true")
+    args = p.parse_args(argv)
+    import primus_turbo.pytorch as turbo
+
+    dev = torch.device("cuda")
+    lines = []
+    for si, (G, rows, N, K) in enumerate(args.shape or [(4, 512, 4096, 1536)]):
+        M = G * rows
+        lens = torch.full((G,), rows, dtype=torch.int64, device=dev)
+        offs = torch.arange(G + 1, device=dev, dtype=torch.int64) * rows
+        offs32 = offs[1:].to(torch.int32)
+        a = torch.randn(M, K, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        w = (torch.randn(G, N, K, device=dev, dtype=torch.bfloat16) / K**0.5).requires_grad_(True)
+        grad = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
+
+        def reset():
+            a.grad = w.grad = None
+
+        steps = {
+            "torch fwd": lambda: torch._grouped_mm(a.detach(), w.detach().transpose(-2, -1), offs=offs32),
+            "turbo fwd": lambda: turbo.ops.grouped_gemm(a.detach(), w.detach(), lens, offs, trans_b=True),
+            "torch fwd+bwd": lambda: (reset(), torch._grouped_mm(a, w.transpose(-2, -1), offs=offs32).backward(grad)),
+            "turbo fwd+bwd": lambda: (reset(), turbo.ops.grouped_gemm(a, w, lens, offs, trans_b=True).backward(grad)),
+            "turbo fwd+bwd (offs None)": lambda: (reset(), turbo.ops.grouped_gemm(a, w, lens, None, trans_b=True)
+                                                  .backward(grad)),
+        }
+        for name, step in steps.items():
+            for _ in range(10):
+                step()
+            us = min(_host_us(step, args.n) for _ in range(3))
+            line = f"== G{G} rows{rows} N{N} K{K} {name}: host {us:.1f} us per step"
+            print(line, flush=True)
+            lines.append(line)
+        if si == 0 or not args.profile_first_only:
+            for name in ("torch fwd+bwd", "turbo fwd+bwd"):
+                text, calls = _profile(steps[name], 200, args.top)
+                lines.append(f"\n===== G{G} rows{rows} N{N} K{K} {name}: {calls:.0f} Python-level calls per step")
+                lines.append(text)
+    outd = Path(args.out)
+    outd.mkdir(parents=True, exist_ok=True)
+    (outd / "diag_host_autograd.txt").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
