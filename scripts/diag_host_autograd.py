@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Host time of ``turbo.ops.grouped_gemm`` forward+backward under autograd, as the grouped GEMM
 benchmark runs it (grads reset to None each step), next to ``torch._grouped_mm``: the mean host
-time per step with the GPU kept busy, the Python function calls per step, and a full cProfile
-(sorted by internal and by cumulative time) of the op's step.
+time per step with the GPU kept busy (steps interleaved over ``--rounds`` rounds: the host's speed
+drifts between runs on a shared machine, so only same-round comparisons hold), the Python function
+calls per step, and a full cProfile (sorted by internal and by cumulative time) of the op's step.
+``turbo fwd+bwd (Function)`` is the op with its torch-native vendor form turned off.
 
     PYTHONPATH=. python scripts/diag_host_autograd.py --out DIR [--shape G ROWS N K ...]
 
@@ -49,6 +51,7 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, default=300)
     p.add_argument("--top", type=int, default=70)
     p.add_argument("--profile-first-only", action="store_true")
+    p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
     import primus_turbo.pytorch as turbo
 
@@ -74,11 +77,31 @@ def main(argv=None) -> int:
             "turbo fwd+bwd (offs None)": lambda: (reset(), turbo.ops.grouped_gemm(a, w, lens, None, trans_b=True)
                                                   .backward(grad)),
         }
-        for name, step in steps.items():
+        ops_mod = sys.modules["primus_turbo.pytorch.ops.grouped_gemm"]
+        native_ok = getattr(ops_mod, "_native_ok", None)
+
+        def function_form():
+            reset()
+            if native_ok is not None:
+                ops_mod._native_ok = lambda *x: False
+            try:
+                turbo.ops.grouped_gemm(a, w, lens, offs, trans_b=True).backward(grad)
+            finally:
+                if native_ok is not None:
+                    ops_mod._native_ok = native_ok
+
+        steps["turbo fwd+bwd (Function)"] = function_form
+        for step in steps.values():
             for _ in range(10):
                 step()
-            us = min(_host_us(step, args.n) for _ in range(3))
-            line = f"== G{G} rows{rows} N{N} K{K} {name}: host {us:.1f} us per step"
+        times = {name: [] for name in steps}
+        for _ in range(args.rounds):
+            for name, step in steps.items():
+                times[name].append(_host_us(step, args.n))
+        for name, ts in times.items():
+            ts.sort()
+            line = (f"== G{G} rows{rows} N{N} K{K} {name}: host {ts[len(ts) // 2]:.1f} us per step "
+                    f"(median of {len(ts)} rounds; min {ts[0]:.1f})")
             print(line, flush=True)
             lines.append(line)
         if si == 0 or not args.profile_first_only:

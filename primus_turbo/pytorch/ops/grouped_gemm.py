@@ -235,6 +235,17 @@ def _zero_grad_input_tail(group_offs: torch.Tensor, grad_inputs, grad_outputs):
     return (ga,) + tuple(grad_inputs[1:])
 
 
+def _vendor_grad_output(grad_outputs):
+    """Pre-hook of the vendor GEMM's autograd node: ``torch._grouped_mm`` takes row- or
+    column-major operands only, so an output gradient of another layout (an expanded one, from a
+    ``.sum()``; one whose base is not 16-byte aligned) is copied first, as the op's Function form
+    does."""
+    g = grad_outputs[0]
+    if g is None or (g.is_contiguous() and g.data_ptr() % 16 == 0):
+        return None
+    return (g.clone(memory_format=torch.contiguous_format),)
+
+
 def _native_vendor(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tensor, trans_b: bool) -> torch.Tensor:
     """The vendor route of a small problem under autograd: ``torch._grouped_mm`` recorded by torch's
     own autograd, so its backward (grad_input and grad_weight on the same kernel) runs in C++ with
@@ -245,8 +256,10 @@ def _native_vendor(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tensor, t
     such a step costs in eager mode."""
     out = torch._grouped_mm(a, b.transpose(1, 2) if trans_b else b, offs=group_offs[1:].to(torch.int32))
     zero_tail_rows(out, group_offs)
+    node = out.grad_fn
+    node.register_prehook(_vendor_grad_output)
     if a.requires_grad:
-        out.grad_fn.register_hook(functools.partial(_zero_grad_input_tail, group_offs))
+        node.register_hook(functools.partial(_zero_grad_input_tail, group_offs))
     return out
 
 

@@ -381,6 +381,22 @@ def test_native_vendor_route(trans_b, grads, monkeypatch):
         ref_db = (grouped_gemm_variable_k_ref(dc[:32], a[:32], gl) if trans_b
                   else grouped_gemm_variable_k_ref(a[:32], dc[:32], gl))
         assert snr_db(ref_db, b.grad) >= MIN_SNR[torch.bfloat16]
+    # an expanded output gradient (a .sum()'s): made dense before the vendor GEMM, which takes row-
+    # or column-major operands only (on the GPU it raises otherwise)
+    seen = []
+    real_pre = ops_mod._vendor_grad_output
+    monkeypatch.setattr(ops_mod, "_vendor_grad_output", lambda go: seen.append(real_pre(go)) or seen[-1])
+    a.grad = b.grad = None
+    grouped_gemm(a, b, gl, trans_b=trans_b).sum().backward()
+    assert len(seen) == 1 and seen[0] is not None and seen[0][0].is_contiguous()
+    ones = torch.ones(32, out.size(1), dtype=torch.bfloat16)
+    if a.requires_grad:
+        assert snr_db(grouped_gemm_ref(ones, b, gl, trans_b=not trans_b), a.grad[:32]) >= MIN_SNR[torch.bfloat16]
+        assert torch.equal(a.grad[32:], torch.zeros_like(a.grad[32:]))
+    if b.requires_grad:
+        ref_db = (grouped_gemm_variable_k_ref(ones, a[:32], gl) if trans_b
+                  else grouped_gemm_variable_k_ref(a[:32], ones, gl))
+        assert snr_db(ref_db, b.grad) >= MIN_SNR[torch.bfloat16]
     # the Function form where the native one does not apply
     assert ops_mod._native_ok(a, b, trans_b, "default", False)
     assert not ops_mod._native_ok(a, b, trans_b, "default", True)  # fused main_grad accumulation
