@@ -149,6 +149,33 @@ def test_large_problem_rule():
     assert all(be.gluon16_preferred(*c) for c in yes)
 
 
+def test_mid_problem_rule(monkeypatch):
+    """The dispatcher's no-grad default for mid-size problems: at least two experts, N >= 2880,
+    K >= 1536, >= 5e10 multiply-adds (the measured rows of the rule's comment); it reaches
+    ``_default`` (platform mocked as sm_90, the small rule switched off)."""
+    from primus_turbo.pytorch.backends import grouped_gemm as be
+    from primus_turbo.pytorch.core.backend import BackendType
+
+    rule = be.gluon16_mid_preferred
+    yes = [(4096, 4096, 7168, 8), (4096, 7168, 2048, 8), (8192, 3072, 4096, 16), (8192, 4096, 1536, 4),
+           (8192, 5760, 2880, 4), (4096, 5760, 2880, 2)]
+    no = [(2048, 4096, 14336, 1),   # one expert
+          (16384, 1536, 2048, 8),   # N under 2880 (Qwen3-30B-A3B)
+          (32768, 2048, 768, 16),   # and K under 1536
+          (2048, 5760, 2880, 4),    # 3.4e10 multiply-adds
+          (0, 4096, 4096, 0)]
+    assert all(rule(*c) for c in yes) and not any(rule(*c) for c in no)
+    fake_platform(monkeypatch, gg)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(be, "GLUON16_SMALL_MAX_MNK", 100.0)
+    monkeypatch.setattr(be, "GLUON16_SMALL_MAX_MNK_SHORT_K", 100.0)
+    a, B, _dy, offs = _operands([40, 0, 100], 128, 64, "cpu")
+    kw = dict(a=a, b=B, group_lens=offs[1:] - offs[:-1], group_offs=offs)
+    assert be._default(**kw) != BackendType.GLUON
+    monkeypatch.setattr(be, "gluon16_mid_preferred", lambda *s: True)
+    assert be._default(**kw) == BackendType.GLUON
+
+
 def test_default_config_rule_small_groups():
     """128 x 128 tiles where an average group has at most half a wave of 128 x 256 tiles (the H200
     rows of the rule's comment), 128 x 256 everywhere else."""

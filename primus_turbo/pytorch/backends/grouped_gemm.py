@@ -34,6 +34,7 @@ __all__ = [
     "GLUON16_SMALL_MAX_MNK",
     "GLUON16_SMALL_MAX_MNK_SHORT_K",
     "gluon16_large_preferred",
+    "gluon16_mid_preferred",
     "gluon16_preferred",
     "gluon16_small_preferred",
     "GroupedGemmVariableKGluonBackend",
@@ -254,6 +255,27 @@ def gluon16_large_preferred(M: int, N: int, K: int, G: int) -> bool:
             and N % 256 == 0 and K % 256 == 0 and min(N, K) >= 1536 and max(N, K) >= 4096)
 
 
+#: ... and, for the dispatcher's own M-grouped default (the no-grad forward; under autograd the op
+#: keeps its vendor route for these), mid-size problems between the two rules: at least two experts,
+#: N >= GLUON16_MID_MIN_N, K >= 1536 and GLUON16_MID_MIN_MNK multiply-adds. H200 2026-12-02,
+#: ``bench_grouped_gemm.py --modes fwd --ep 8 16 32 --tokens 512 2048`` (session 21, call 5; Gluon =
+#: ``turbo-triton`` / ``torch._grouped_mm``, the old default in brackets): DeepSeek-V3 at 512 tokens
+#: 0.995-1.157 (0.982-1.044), Qwen3-235B-A22B at 2048 tokens 1.041-1.221 (0.988-1.148) and gate_up
+#: at 512 1.037-1.159, GPT-OSS-20B at 2048 tokens 1.038-1.325 (0.966-1.025). Left out: Qwen3-30B-A3B
+#: (N 1536 / 2048: Gluon 0.77-0.83 at 16 experts x 1024-2048 rows, where the vendor kernel reaches
+#: ~670 TFLOP/s), one expert (Mixtral-8x7B down at 512 rows: a 64-tile grid, 0.913), and below 5e10
+#: (GPT-OSS-20B gate_up at EP8 512 tokens, 3.4e10: 0.65-0.86, host-bound). One balanced row inside
+#: the rule trailed: Qwen3-235B-A22B down EP8 512 tokens, 0.883 (unbalanced 1.131).
+GLUON16_MID_MIN_N = 2880
+GLUON16_MID_MIN_MNK = 5.0e10
+
+
+def gluon16_mid_preferred(M: int, N: int, K: int, G: int) -> bool:
+    """Whether the dispatcher's M-grouped 16-bit default prefers the Gluon kernel for a mid-size
+    problem (shapes only; the rule and its measurements above)."""
+    return G >= 2 and N >= GLUON16_MID_MIN_N and K >= 1536 and M * N * K >= GLUON16_MID_MIN_MNK
+
+
 def gluon16_preferred(M: int, N: int, K: int, G: int) -> bool:
     """:func:`gluon16_small_preferred` or :func:`gluon16_large_preferred`."""
     return gluon16_small_preferred(M, N, K) or gluon16_large_preferred(M, N, K, G)
@@ -278,14 +300,16 @@ def _make_key(a, b, group_lens, group_offs, num_cu=None, **_):
 
 
 def _default(**kwargs) -> BackendType:
-    """Small and large problems on sm_90 (:func:`gluon16_preferred`): the Gluon kernel where it runs;
-    else the vendor kernel where it can run, our TRITON backend everywhere else (CPU, fp16/fp32,
-    num_cu, ...). GLUON and TORCH are returned only after their own check said yes
-    (``default_checked``)."""
+    """Small, mid-size and large problems on sm_90 (:func:`gluon16_preferred`,
+    :func:`gluon16_mid_preferred`): the Gluon kernel where it runs; else the vendor kernel where it
+    can run, our TRITON backend everywhere else (CPU, fp16/fp32, num_cu, ...). GLUON and TORCH are
+    returned only after their own check said yes (``default_checked``)."""
     a, b = kwargs.get("a"), kwargs.get("b")
-    if (a is not None and a.is_cuda and gluon16_preferred(a.size(0), b.size(2), a.size(1), b.size(0))
-            and GroupedGemmGluonBackend.can_handle(**kwargs)):
-        return BackendType.GLUON
+    if a is not None and a.is_cuda:
+        M, N, K, G = a.size(0), b.size(2), a.size(1), b.size(0)
+        if ((gluon16_preferred(M, N, K, G) or gluon16_mid_preferred(M, N, K, G))
+                and GroupedGemmGluonBackend.can_handle(**kwargs)):
+            return BackendType.GLUON
     return BackendType.TORCH if GroupedGemmTorchBackend.can_handle(**kwargs) else BackendType.TRITON
 
 

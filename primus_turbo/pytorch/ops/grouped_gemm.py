@@ -411,10 +411,12 @@ def grouped_gemm(
     async assert also reports a sum larger than ``M_total``.
 
     Backends: TORCH (``torch._grouped_mm``, CUDA sm_90+ bf16; the default where it can run), GLUON
-    (the warp-specialized sm_90 kernels; the default for small problems and for large groups, see
-    ``gluon16_preferred`` in ``primus_turbo.pytorch.backends.grouped_gemm``) and TRITON (everything
-    else, and CPU through the Triton interpreter); see
-    ``GlobalBackendManager.set_grouped_gemm_backend`` and ``PRIMUS_TURBO_GROUPED_GEMM_BACKEND``.
+    (the warp-specialized sm_90 kernels; the default for small problems and for large groups, and
+    for mid-size ones without autograd, see ``gluon16_preferred`` and ``gluon16_mid_preferred`` in
+    ``primus_turbo.pytorch.backends.grouped_gemm``) and TRITON (everything else, and CPU through the
+    Triton interpreter); see ``GlobalBackendManager.set_grouped_gemm_backend`` and
+    ``PRIMUS_TURBO_GROUPED_GEMM_BACKEND``. Small vendor-routed problems under autograd return
+    ``torch._grouped_mm``'s output with torch's own backward (see ``_native_vendor``).
     """
     _check_inputs(a, b, group_lens, group_offs, trans_b, num_cu, fuse_bgrad_accum_pattern)
     if group_offs is None:
