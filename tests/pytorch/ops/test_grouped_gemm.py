@@ -239,7 +239,7 @@ def test_large_wgrad_on_default_route(trans_b):
     repeatable."""
     from primus_turbo.pytorch.backends.grouped_gemm import GLUON_WGRAD_MIN_FLOPS
 
-    lens = [3000, 0, 1900, 3292]
+    lens = [9000, 0, 5700, 9876]
     a, b, gl = _make(lens, 4096, 2048, torch.bfloat16, trans_b, "cuda", extra_rows=77)
     assert 2.0 * sum(lens) * 4096 * 2048 >= GLUON_WGRAD_MIN_FLOPS
     _check_fwd_bwd(a, b, gl, trans_b, torch.bfloat16, extra_rows=77)
