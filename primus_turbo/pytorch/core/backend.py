@@ -24,7 +24,6 @@ from __future__ import annotations
 import enum
 import functools
 import math
-import os
 import time
 import weakref
 from collections import OrderedDict
@@ -32,7 +31,7 @@ from typing import Any, Callable, ClassVar, Optional, Sequence, Union
 
 import torch
 
-from .env import env_flag, env_str
+from .env import env_flag, env_raw, env_str
 from .logging import get_logger, warn_once
 
 __all__ = [
@@ -402,8 +401,8 @@ class AutoKernelDispatcher:
         state = (
             GlobalBackendManager._version,
             None if precision is None else precision.value,  # enum hashing is slow Python code
-            os.environ.get(var) if var else None,
-            os.environ.get("PRIMUS_TURBO_AUTO_TUNE"),
+            env_raw(var) if var else None,
+            env_raw("PRIMUS_TURBO_AUTO_TUNE"),
         )
         plan = self._plans.get(state)
         if plan is None:

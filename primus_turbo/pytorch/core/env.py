@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["ENV_VARS", "env_str", "env_flag", "env_auto_flag"]
+__all__ = ["ENV_VARS", "env_raw", "env_str", "env_flag", "env_auto_flag"]
 
 #: name -> (default, meaning). Kept in sync with docs/env_vars.md (a test checks this).
 ENV_VARS: dict[str, tuple[str, str]] = {
@@ -152,6 +152,27 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
     "PRIMUS_TURBO_PRINT_CONFIGS": ("0", "1: log the kernel config chosen for each new shape (INFO level)."),
 }
+
+
+# CPython's environ keeps its values in ``_data`` under encoded keys; ``os.environ.get`` goes through
+# Mapping.get, the key's encoding and the value's decoding (~1-3 us a read on the H200 machine's host)
+_ENV_DATA = getattr(os.environ, "_data", None)
+_ENV_ENCODE = getattr(os.environ, "encodekey", None)
+_ENV_KEYS: dict = {}
+
+
+def env_raw(name: str):
+    """The current raw value of environment variable ``name`` (None when unset), for cache keys
+    that must follow run-time changes (the dispatchers' settings check, which runs on every call):
+    the environ mapping's own storage where CPython has one (bytes on POSIX), else
+    ``os.environ.get``. Reflects ``os.environ`` assignments and deletions (not bare ``os.putenv``,
+    which ``os.environ`` does not see either)."""
+    if _ENV_DATA is None or _ENV_ENCODE is None:
+        return os.environ.get(name)
+    key = _ENV_KEYS.get(name)
+    if key is None:
+        key = _ENV_KEYS[name] = _ENV_ENCODE(name)
+    return _ENV_DATA.get(key)
 
 
 def env_str(name: str) -> str:

@@ -22,7 +22,6 @@ implementation (for ``torch.compile``); eager calls skip the custom-op dispatche
 from __future__ import annotations
 
 import functools
-import os
 from typing import Optional
 
 import torch
@@ -40,6 +39,7 @@ from ..backends.grouped_gemm import (
     zero_tail_rows,
 )
 from ..core.backend import BackendType, GlobalBackendManager, PrecisionType
+from ..core.env import env_raw
 from .gemm import _FUSE_PATTERNS, _megatron_dummy_wgrad, check_main_grad
 
 __all__ = ["grouped_gemm"]
@@ -193,7 +193,7 @@ def _routed(a: torch.Tensor, b: torch.Tensor, trans_b: bool, num_cu, group_offs:
         return None
     offs_key = None if group_offs is None else (group_offs.dtype, group_offs.shape, group_offs.stride(),
                                                  group_offs.device, group_offs.data_ptr() % 16 == 0)
-    key = (backend, GlobalBackendManager._version, os.environ.get(_GLUON_ENV), trans_b, a.shape, a.stride(),
+    key = (backend, GlobalBackendManager._version, env_raw(_GLUON_ENV), trans_b, a.shape, a.stride(),
            a.dtype, a.device, a.data_ptr() % 16 == 0, b.shape, b.stride(), b.dtype, b.device,
            b.data_ptr() % 16 == 0, offs_key)
     route = _ROUTES.get(key, _UNSET)

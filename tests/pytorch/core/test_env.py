@@ -60,3 +60,19 @@ def test_env_auto_flag(monkeypatch):
     monkeypatch.setenv(name, "maybe")
     with pytest.raises(ValueError, match="PRIMUS_TURBO_PERMUTE_FUSED_MAP='maybe'"):
         env_auto_flag(name)
+
+
+def test_env_raw_follows_run_time_changes(monkeypatch):
+    """env_raw (the dispatchers' settings key) sees os.environ assignments and deletions at once;
+    its value is the raw one (bytes on POSIX CPython), equal for equal settings."""
+    name = "PRIMUS_TURBO_AUTO_TUNE"
+    monkeypatch.delenv(name, raising=False)
+    assert env_mod.env_raw(name) is None
+    monkeypatch.setenv(name, "1")
+    one = env_mod.env_raw(name)
+    assert one is not None and one == env_mod.env_raw(name)
+    assert one in ("1", b"1")
+    monkeypatch.setenv(name, "0")
+    assert env_mod.env_raw(name) != one
+    monkeypatch.delenv(name)
+    assert env_mod.env_raw(name) is None
