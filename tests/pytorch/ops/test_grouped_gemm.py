@@ -401,8 +401,9 @@ def test_native_vendor_route(trans_b, grads, monkeypatch):
     assert ops_mod._native_ok(a, b, trans_b, "default", False)
     assert not ops_mod._native_ok(a, b, trans_b, "default", True)  # fused main_grad accumulation
     assert not ops_mod._native_ok(a, b, trans_b, None, False)
-    big = torch.empty(4096, 4096, dtype=torch.bfloat16)
+    big = torch.empty(16384, 4096, dtype=torch.bfloat16)
     wbig = torch.empty(2, 4096, 4096, dtype=torch.bfloat16)
+    assert 2.0 * 16384 * 4096 * 4096 >= ops_mod.GLUON_WGRAD_MIN_FLOPS
     assert not ops_mod._native_ok(big, wbig, True, "default", False)  # the default's Gluon wgrad size
     assert ops_mod._native_ok(big, wbig, True, "pinned", False)
 
