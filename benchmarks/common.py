@@ -89,7 +89,8 @@ _TIMING = ["do_bench"]
 
 def set_timing(mode: str) -> None:
     """``"do_bench"`` (the default: host time included where it shows) or ``"graph"`` (device time
-    alone, :func:`graph_ms`; forward-only calls: no ``grad_to_none``)."""
+    alone, :func:`graph_ms`; a backward's ``grad_to_none`` tensors get ``.grad = None`` inside every
+    captured call, so the graph times what ``do_bench`` does: no gradient accumulation)."""
     if mode not in ("do_bench", "graph"):
         raise ValueError(f"timing must be 'do_bench' or 'graph', got {mode!r}")
     _TIMING[0] = mode
@@ -138,6 +139,19 @@ def graph_ms(fn: Callable[[], Any], reps: Optional[int] = None, replays: int = 7
     return max(statistics.median(times[0]) - statistics.median(times[1]), 0.0) / reps
 
 
+def _with_grads_reset(fn: Callable[[], Any], tensors: Sequence[torch.Tensor]) -> Callable[[], Any]:
+    """``fn`` preceded by ``t.grad = None`` for each tensor: under graph capture each call's
+    backward then hands its fresh gradients to ``.grad`` (allocated in the graph's pool, the
+    previous call's freed for reuse) instead of adding into them."""
+
+    def step():
+        for t in tensors:
+            t.grad = None
+        return fn()
+
+    return step
+
+
 def bench_ms(
     fn: Callable[[], Any],
     warmup_ms: float = 25,
@@ -154,7 +168,7 @@ def bench_ms(
     if torch.cuda.is_available():
         if _TIMING[0] == "graph":
             if grad_to_none:
-                raise ValueError("graph timing covers forward-only calls (no grad_to_none)")
+                return graph_ms(_with_grads_reset(fn, grad_to_none))
             return graph_ms(fn)
         from triton.testing import do_bench
 
