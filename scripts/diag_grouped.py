@@ -38,8 +38,9 @@ def _host_us(step, n: int = 50) -> float:
     return (t1 - t0) / n * 1e6
 
 
-def _cprofile(step, n: int = 200, top: int = 25, sorts=("tottime",)) -> str:
-    """cProfile of ``n`` calls of ``step``: the ``top`` rows under each sort key of ``sorts``."""
+def _cprofile(step, n: int = 200, top: int = 25, sorts=("tottime",), with_calls: bool = False):
+    """cProfile of ``n`` calls of ``step``: the ``top`` rows under each sort key of ``sorts``
+    (with ``with_calls``: and the Python-level calls per step, as a pair)."""
     import cProfile
     import io
     import pstats
@@ -54,7 +55,7 @@ def _cprofile(step, n: int = 200, top: int = 25, sorts=("tottime",)) -> str:
     stats = pstats.Stats(prof, stream=buf)
     for key in sorts:
         stats.sort_stats(key).print_stats(top)
-    return buf.getvalue()
+    return (buf.getvalue(), stats.total_calls / n) if with_calls else buf.getvalue()
 
 
 def _floor_function(tail: bool = False, offs64=None, lens=None, dispatch: bool = False):

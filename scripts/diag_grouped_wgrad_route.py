@@ -29,6 +29,7 @@ import torch  # noqa: E402
 
 from benchmarks.common import time_interleaved  # noqa: E402
 from scripts.diag_fp8_linear import _profile  # noqa: E402
+from scripts.diag_host_autograd import balanced_operands  # noqa: E402
 
 SHAPES = ((1, 4096, 5760, 2880), (1, 1024, 4096, 14336), (4, 1024, 3072, 4096), (8, 1024, 4096, 1536),
           (4, 1024, 5760, 2880), (2, 4096, 2880, 2880), (8, 4096, 2048, 768), (32, 2048, 4096, 7168),
@@ -63,12 +64,7 @@ def main(argv=None) -> int:
     lines = []
     for G, rows, N, K in args.shape or SHAPES:
         M = G * rows
-        lens = torch.full((G,), rows, dtype=torch.int64, device=dev)
-        offs = torch.arange(G + 1, device=dev, dtype=torch.int64) * rows
-        offs32 = offs[1:].to(torch.int32)
-        a = torch.randn(M, K, device=dev, dtype=torch.bfloat16, requires_grad=True)
-        w = (torch.randn(G, N, K, device=dev, dtype=torch.bfloat16) / K**0.5).requires_grad_(True)
-        grad = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
+        lens, offs, offs32, a, w, grad = balanced_operands(G, rows, N, K, dev)
 
         def op():
             turbo.ops.grouped_gemm(a, w, lens, offs, trans_b=True).backward(grad)

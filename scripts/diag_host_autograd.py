@@ -14,9 +14,6 @@ Writes ``DIR/diag_host_autograd.txt``.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
-import pstats
 import sys
 from pathlib import Path
 
@@ -26,22 +23,19 @@ if str(_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from scripts.diag_grouped import _host_us  # noqa: E402
+from scripts.diag_grouped import _cprofile, _host_us  # noqa: E402
 
 
-def _profile(step, n: int, top: int) -> tuple[str, float]:
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(n):
-        step()
-    prof.disable()
-    torch.cuda.synchronize()
-    buf = io.StringIO()
-    stats = pstats.Stats(prof, stream=buf)
-    calls = stats.total_calls / n
-    for key in ("tottime", "cumulative"):
-        stats.sort_stats(key).print_stats(top)
-    return buf.getvalue(), calls
+def balanced_operands(G: int, rows: int, N: int, K: int, dev: torch.device):
+    """(group_lens, group_offs, int32 offsets, a [G*rows, K], w [G, N, K] (both needing grads),
+    output gradient [G*rows, N]) for ``G`` experts of ``rows`` rows each, bf16."""
+    M = G * rows
+    lens = torch.full((G,), rows, dtype=torch.int64, device=dev)
+    offs = torch.arange(G + 1, device=dev, dtype=torch.int64) * rows
+    a = torch.randn(M, K, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(G, N, K, device=dev, dtype=torch.bfloat16) / K**0.5).requires_grad_(True)
+    grad = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
+    return lens, offs, offs[1:].to(torch.int32), a, w, grad
 
 
 def main(argv=None) -> int:
@@ -58,13 +52,7 @@ def main(argv=None) -> int:
     dev = torch.device("cuda")
     lines = []
     for si, (G, rows, N, K) in enumerate(args.shape or [(4, 512, 4096, 1536)]):
-        M = G * rows
-        lens = torch.full((G,), rows, dtype=torch.int64, device=dev)
-        offs = torch.arange(G + 1, device=dev, dtype=torch.int64) * rows
-        offs32 = offs[1:].to(torch.int32)
-        a = torch.randn(M, K, device=dev, dtype=torch.bfloat16, requires_grad=True)
-        w = (torch.randn(G, N, K, device=dev, dtype=torch.bfloat16) / K**0.5).requires_grad_(True)
-        grad = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
+        lens, offs, offs32, a, w, grad = balanced_operands(G, rows, N, K, dev)
 
         def reset():
             a.grad = w.grad = None
@@ -106,7 +94,7 @@ def main(argv=None) -> int:
             lines.append(line)
         if si == 0 or not args.profile_first_only:
             for name in ("torch fwd+bwd", "turbo fwd+bwd"):
-                text, calls = _profile(steps[name], 200, args.top)
+                text, calls = _cprofile(steps[name], 200, args.top, ("tottime", "cumulative"), with_calls=True)
                 lines.append(f"\n===== G{G} rows{rows} N{N} K{K} {name}: {calls:.0f} Python-level calls per step")
                 lines.append(text)
     outd = Path(args.out)
