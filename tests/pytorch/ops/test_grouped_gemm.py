@@ -435,6 +435,35 @@ def test_route_cache_follows_settings(monkeypatch):
     assert ops_mod._routed(a, b.transpose(1, 2).contiguous(), True, None, None) == "default" and len(seen) == 5
 
 
+def test_default_resolution_cache(monkeypatch, device):
+    """_resolved (the M-grouped GEMMs' dispatch without a pin) asks the dispatcher once per call
+    signature; a new shape, a pin, the Gluon switch or the interpreter switch asks again, and a pin
+    always goes through the dispatcher's own resolution."""
+    import primus_turbo.pytorch.backends.grouped_gemm as bg
+
+    calls = []
+    real = bg.grouped_gemm_dispatcher.resolve
+    monkeypatch.setattr(bg.grouped_gemm_dispatcher, "resolve", lambda *x, **k: calls.append(1) or real(*x, **k))
+    a, b, gl = _make([5, 0, 11], 24, 16, torch.float32, True, device)
+    ref = grouped_gemm_ref(a, b, gl, True)
+    for _ in range(3):
+        assert snr_db(ref, grouped_gemm(a, b, gl, trans_b=True)) >= MIN_SNR[torch.float32]
+    assert len(calls) == 1
+    a2, b2, gl2 = _make([5, 0, 12], 24, 16, torch.float32, True, device)
+    grouped_gemm(a2, b2, gl2, trans_b=True)
+    assert len(calls) == 2
+    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_GLUON", "0")
+    grouped_gemm(a, b, gl, trans_b=True)
+    assert len(calls) == 3
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON)
+    for _ in range(2):
+        grouped_gemm(a, b, gl, trans_b=True)
+    assert len(calls) == 5  # a pin: the dispatcher's resolution every call
+    GlobalBackendManager.reset()
+    grouped_gemm(a, b, gl, trans_b=True)
+    assert len(calls) == 6  # the settings changed: asked again
+
+
 def test_vendor_route_respects_pins_and_num_cu(monkeypatch):
     if ON_GPU:
         pytest.skip("CPU emulation of the vendor path")
