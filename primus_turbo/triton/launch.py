@@ -172,6 +172,19 @@ def direct_entry(kernel):
     return (entry, kernel.function, run.launch_cooperative_grid, run.launch_pdl, kernel.packed_metadata)
 
 
+def _tail(names, defaults, kwargs: dict) -> list:
+    """The values of the parameters after the positional ones: keyword or default."""
+    return [kwargs[n] if n in kwargs else d for n, d in zip(names, defaults)]
+
+
+def _call_entry(entry, grid: tuple, index: int, args: tuple, tail: list) -> None:
+    """A :func:`direct_entry` called on the device's current stream."""
+    fn, function, coop, pdl, packed = entry
+    g1 = grid[1] if len(grid) > 1 else 1
+    g2 = grid[2] if len(grid) > 2 else 1
+    fn(grid[0], g1, g2, raw_stream(index), function, coop, pdl, None, None, packed, None, None, None, *args, *tail)
+
+
 def launch(jit_fn, grid: tuple, args: tuple, kwargs: dict, device: torch.device) -> None:
     """``jit_fn[grid](*args, **kwargs)`` on ``device``, through the compiled kernel's C entry from the
     second launch with the same launch key on. ``grid``: a tuple of 1-3 ints (a callable grid takes
@@ -190,12 +203,8 @@ def launch(jit_fn, grid: tuple, args: tuple, kwargs: dict, device: torch.device)
         except TypeError:  # a constexpr or option value that does not hash: Triton's path
             cached = key = None
         if cached is not None and cached[0] is not None:
-            (fn, function, coop, pdl, packed), names, defaults = cached
-            tail = [kwargs[n] if n in kwargs else d for n, d in zip(names, defaults)]
-            g0 = grid[0]
-            g1 = grid[1] if len(grid) > 1 else 1
-            g2 = grid[2] if len(grid) > 2 else 1
-            fn(g0, g1, g2, raw_stream(index), function, coop, pdl, None, None, packed, None, None, None, *args, *tail)
+            entry, names, defaults = cached
+            _call_entry(entry, grid, index, args, _tail(names, defaults, kwargs))
             return
     with torch.cuda.device(index):
         kernel = jit_fn[grid](*args, **kwargs)
@@ -234,11 +243,7 @@ def launch_keyed(jit_fn, grid: tuple, args: tuple, kwargs: dict, device: torch.d
         index = device.index if device.index is not None else torch.cuda.current_device()
         hit = _KEYED.get((id(jit_fn), index, key))
         if hit is not None and no_launch_hooks() and torch._C._cuda_getDevice() == index:
-            (fn, function, coop, pdl, packed), tail = hit
-            g1 = grid[1] if len(grid) > 1 else 1
-            g2 = grid[2] if len(grid) > 2 else 1
-            fn(grid[0], g1, g2, raw_stream(index), function, coop, pdl, None, None, packed, None, None, None, *args,
-               *tail)
+            _call_entry(hit[0], grid, index, args, hit[1])
             return
         launch(jit_fn, grid, args, kwargs, device)
         full = launch_key(jit_fn, args, kwargs)
@@ -247,7 +252,6 @@ def launch_keyed(jit_fn, grid: tuple, args: tuple, kwargs: dict, device: torch.d
             entry, names, defaults = cached
             if len(_KEYED) >= _MAX_ENTRIES:
                 _KEYED.clear()
-            _KEYED[(id(jit_fn), index, key)] = (entry, [kwargs[n] if n in kwargs else d
-                                                         for n, d in zip(names, defaults)])
+            _KEYED[(id(jit_fn), index, key)] = (entry, _tail(names, defaults, kwargs))
         return
     launch(jit_fn, grid, args, kwargs, device)

@@ -15,6 +15,7 @@ Keys and checks read shapes, dtypes, strides and devices only: never a device va
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -74,22 +75,22 @@ def zero_tail_rows(out: torch.Tensor, group_offs: torch.Tensor) -> torch.Tensor:
     """In place, on the device: ``out[group_offs[-1]:] = 0``, the rows a vendor grouped GEMM leaves
     unwritten. Touches only those rows (a Triton kernel): a masked fill of the whole output would
     add a full memory pass per GEMM. The masked fill remains where Triton is absent."""
-    fn = _ZERO_TAIL[0]
-    if fn is None:
-        try:
-            from primus_turbo.triton.grouped_gemm.zero_tail import zero_tail_rows_ as fn
-        except ImportError:
-            fn = _masked_zero_tail
-        _ZERO_TAIL[0] = fn  # resolved once: this runs twice per small vendor GEMM's step
-    return fn(out, group_offs)
+    return _zero_tail_fn()(out, group_offs)
+
+
+@functools.lru_cache(maxsize=None)
+def _zero_tail_fn():
+    """The tail kernel's launcher, imported once (this runs twice per small vendor GEMM's step)."""
+    try:
+        from primus_turbo.triton.grouped_gemm.zero_tail import zero_tail_rows_
+    except ImportError:
+        return _masked_zero_tail
+    return zero_tail_rows_
 
 
 def _masked_zero_tail(out: torch.Tensor, group_offs: torch.Tensor) -> torch.Tensor:
     tail = torch.arange(out.size(0), device=out.device) >= group_offs[-1]
     return out.masked_fill_(tail[:, None], 0)
-
-
-_ZERO_TAIL: list = [None]
 
 
 def _aligned(t: torch.Tensor) -> bool:

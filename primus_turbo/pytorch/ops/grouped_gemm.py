@@ -104,11 +104,17 @@ def _resolved(kw: dict):
            _tensor_key(kw["b"]), _tensor_key(kw["group_lens"]), _tensor_key(kw["group_offs"]), kw["num_cu"])
     impl = _DEFAULTS.get(key)
     if impl is None:
-        impl = grouped_gemm_dispatcher.resolve(_BF16, **kw)
-        if len(_DEFAULTS) >= 1024:  # shape churn (tests, sweeps): start over rather than grow
-            _DEFAULTS.clear()
-        _DEFAULTS[key] = impl
+        impl = _remember(_DEFAULTS, key, grouped_gemm_dispatcher.resolve(_BF16, **kw))
     return impl
+
+
+def _remember(cache: dict, key, value):
+    """``cache[key] = value`` (returned), the cache emptied first once it holds 1024 signatures:
+    shape churn (tests, sweeps) starts over rather than grows."""
+    if len(cache) >= 1024:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 grouped_gemm_impl = torch.library.custom_op("primus_turbo::grouped_gemm_impl", _gmm_eager, mutates_args=())
@@ -223,10 +229,7 @@ def _routed(a: torch.Tensor, b: torch.Tensor, trans_b: bool, num_cu, group_offs:
            _tensor_key(group_offs))
     route = _ROUTES.get(key, _UNSET)
     if route is _UNSET:
-        route = _vendor_route(a, b.transpose(1, 2) if trans_b else b, num_cu, group_offs)
-        if len(_ROUTES) >= 1024:  # shape churn (tests, sweeps): start over rather than grow
-            _ROUTES.clear()
-        _ROUTES[key] = route
+        route = _remember(_ROUTES, key, _vendor_route(a, b.transpose(1, 2) if trans_b else b, num_cu, group_offs))
     return route
 
 
