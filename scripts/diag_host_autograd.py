@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Host time of ``turbo.ops.grouped_gemm`` forward+backward under autograd, as the grouped GEMM
+"""Host time of ``turbo.ops.grouped_gemm`` (no-grad forward, and forward+backward under autograd), as the grouped GEMM
 benchmark runs it (grads reset to None each step), next to ``torch._grouped_mm``: the mean host
 time per step with the GPU kept busy (steps interleaved over ``--rounds`` rounds: the host's speed
 drifts between runs on a shared machine, so only same-round comparisons hold), the Python function
@@ -86,6 +86,20 @@ def main(argv=None) -> int:
         for _ in range(args.rounds):
             for name, step in steps.items():
                 times[name].append(_host_us(step, args.n))
+        from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager
+
+        pinned = {"turbo fwd [TORCH pinned]": steps["turbo fwd"], "turbo fwd [TRITON pinned]": steps["turbo fwd"],
+                  "turbo fwd+bwd [TORCH pinned]": steps["turbo fwd+bwd"]}
+        for name, backend in (("turbo fwd [TORCH pinned]", BackendType.TORCH),
+                              ("turbo fwd [TRITON pinned]", BackendType.TRITON),
+                              ("turbo fwd+bwd [TORCH pinned]", BackendType.TORCH)):
+            GlobalBackendManager.set_grouped_gemm_backend(backend)
+            try:
+                for _ in range(10):
+                    pinned[name]()
+                times[name] = sorted(_host_us(pinned[name], args.n) for _ in range(args.rounds))
+            finally:
+                GlobalBackendManager.set_grouped_gemm_backend(None)
         for name, ts in times.items():
             ts.sort()
             line = (f"== G{G} rows{rows} N{N} K{K} {name}: host {ts[len(ts) // 2]:.1f} us per step "
@@ -93,7 +107,7 @@ def main(argv=None) -> int:
             print(line, flush=True)
             lines.append(line)
         if si == 0 or not args.profile_first_only:
-            for name in ("torch fwd+bwd", "turbo fwd+bwd"):
+            for name in ("torch fwd", "turbo fwd", "torch fwd+bwd", "turbo fwd+bwd"):
                 text, calls = _cprofile(steps[name], 200, args.top, ("tottime", "cumulative"), with_calls=True)
                 lines.append(f"\n===== G{G} rows{rows} N{N} K{K} {name}: {calls:.0f} Python-level calls per step")
                 lines.append(text)

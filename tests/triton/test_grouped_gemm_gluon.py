@@ -150,9 +150,9 @@ def test_large_problem_rule():
 
 
 def test_mid_problem_rule(monkeypatch):
-    """The dispatcher's no-grad default for mid-size problems: at least two experts, N >= 2880,
-    K >= 1536, >= 5e10 multiply-adds (the measured rows of the rule's comment); it reaches
-    ``_default`` (platform mocked as sm_90, the small rule switched off)."""
+    """The mid-size rule (at least two experts, N >= 2880, K >= 1536, >= 5e10 multiply-adds; kept for
+    the record and its callers); the dispatcher's default no longer asks the size rules: on sm_90
+    (mocked) it takes the Gluon kernel wherever that runs, whatever they say."""
     from primus_turbo.pytorch.backends import grouped_gemm as be
     from primus_turbo.pytorch.core.backend import BackendType
 
@@ -171,9 +171,10 @@ def test_mid_problem_rule(monkeypatch):
     monkeypatch.setattr(be, "GLUON16_SMALL_MAX_MNK_SHORT_K", 100.0)
     a, B, _dy, offs = _operands([40, 0, 100], 128, 64, "cpu")
     kw = dict(a=a, b=B, group_lens=offs[1:] - offs[:-1], group_offs=offs)
-    assert be._default(**kw) != BackendType.GLUON
-    monkeypatch.setattr(be, "gluon16_mid_preferred", lambda *s: True)
+    monkeypatch.setattr(be, "gluon16_mid_preferred", lambda *s: False)
     assert be._default(**kw) == BackendType.GLUON
+    monkeypatch.setenv(gg.GLUON_GROUPED_ENV, "0")
+    assert be._default(**kw) != BackendType.GLUON
 
 
 def test_default_config_rule_small_groups():
@@ -305,9 +306,9 @@ def test_triton_backend_takes_gluon_where_it_can(monkeypatch):
 @needs_gluon
 def test_gluon_backends_and_the_small_problem_default(monkeypatch):
     """The GLUON backends of both 16-bit dispatchers (platform mocked as sm_90, tensors claiming
-    CUDA): the M-grouped default takes GLUON for problems up to GLUON16_SMALL_MAX_MNK multiply-adds
-    and launches the kernel with its check skipped (already done); larger problems, the switch at 0
-    and missing offsets do not reach it; the variable-K GLUON backend serves a family pin."""
+    CUDA): the M-grouped default takes GLUON wherever it can run and launches the kernel with its
+    check skipped (already done); the switch at 0 and missing offsets do not reach it; the
+    variable-K GLUON backend serves a family pin."""
     from primus_turbo.pytorch.backends import grouped_gemm as be
     from primus_turbo.pytorch.core.backend import BackendType, PrecisionType
 
@@ -331,7 +332,7 @@ def test_gluon_backends_and_the_small_problem_default(monkeypatch):
                                                                                 False, False]
     monkeypatch.setattr(be, "GLUON16_SMALL_MAX_MNK", 100.0)
     monkeypatch.setattr(be, "GLUON16_SMALL_MAX_MNK_SHORT_K", 100.0)
-    assert be._default(**kw) != BackendType.GLUON
+    assert be._default(**kw) == BackendType.GLUON  # the size rules no longer gate the default
     monkeypatch.undo()
     fake_platform(monkeypatch, gg)
     fake_platform(monkeypatch, vk)
@@ -472,6 +473,97 @@ def test_vk_launcher_arguments_bind_and_compile_for_sm90(accumulate, monkeypatch
     assert list(args[2].shape) == [3 * 192, 136]
     kernel = warmup_for_sm90(vk._grouped_gemm_variable_k_gluon_ws_kernel, args, kwargs, monkeypatch)
     assert kernel.metadata.shared <= 232448 and kernel.metadata.num_warps == 12
+
+
+def _capture_launches(monkeypatch, module):
+    """Records the launches of ``module`` (its generic and keyed entries) instead of running them."""
+    calls = []
+    monkeypatch.setattr(module, "launch", lambda fn, grid, args, kw, dev: calls.append((None, grid, args, kw)))
+    monkeypatch.setattr(module, "launch_keyed",
+                        lambda fn, grid, args, kw, dev, key: calls.append((key, grid, args, kw)))
+    monkeypatch.setattr(gg._dense, "_num_sms", lambda device: 132)
+    return calls
+
+
+@needs_gluon
+@pytest.mark.parametrize("kmajor", [True, False])
+def test_m_launch_plan_is_kept_per_signature(kmajor, monkeypatch):
+    """The M-grouped launcher's host path (platform mocked as sm_90, launches recorded): the first
+    call of a signature validates and plans, repeats reuse the plan with a keyed launch whose
+    descriptors carry the new tensors; a different alignment, shape, pacing setting or a bad input
+    makes its own plan (or raises, every time)."""
+    fake_platform(monkeypatch, gg)
+    calls = _capture_launches(monkeypatch, gg)
+    planned = []
+    real_plan = gg._plan
+    monkeypatch.setattr(gg, "_plan", lambda *a: planned.append(1) or real_plan(*a))
+    gg._PLANS.clear()
+    a, B, _, offs = _operands([100, 0, 300], 192, 136, "cpu", tail=5, kmajor=kmajor)
+    out1 = gg.grouped_gemm_gluon(a, B, offs)
+    a2 = torch.randn_like(a)
+    out2 = gg.grouped_gemm_gluon(a2, B, offs)
+    assert len(planned) == 1 and len(calls) == 2
+    (k1, grid1, args1, kw1), (k2, grid2, args2, kw2) = calls
+    assert k1 is not None and k1 == k2 and grid1 == grid2 and kw1 == kw2 and kw1["B_KMAJOR"] is kmajor
+    cfg = gg.default_launch_config(a.shape[0], 192, 3, 132, torch.bfloat16)
+    assert grid1 == (min(132, (-(-a.shape[0] // cfg.BLOCK_M) + 4) * -(-192 // cfg.block_n)),)
+    a_d, b_d, c_d = args2[:3]
+    assert a_d.base is a2 and list(a_d.block_shape) == [64, cfg.block_k] and a_d.shape == list(a.shape)
+    assert c_d.base is out2 and out2.shape == (a.shape[0], 192) and out2 is not out1
+    assert list(b_d.block_shape) == ([1, cfg.block_n, cfg.block_k] if kmajor else [1, cfg.block_k, cfg.block_n])
+    assert b_d.strides == list((B.transpose(1, 2) if kmajor else B).stride())
+    assert args2[3:] == (out2, offs, offs, a.shape[0], 192, 136, 3, 192)
+    # another signature: a misaligned view of a
+    buf = torch.randn(a.numel() + 8, dtype=a.dtype)
+    a_mis = buf[4:4 + a.numel()].view(a.shape)
+    with pytest.raises(ValueError, match="16-byte"):
+        gg.grouped_gemm_gluon(a_mis, B, offs)
+    with pytest.raises(ValueError, match="16-byte"):
+        gg.grouped_gemm_gluon(a_mis, B, offs)
+    assert len(planned) == 3 and len(calls) == 2
+    monkeypatch.setenv(gg.PACE_ENV, "2")
+    gg.grouped_gemm_gluon(a, B, offs)
+    assert len(planned) == 4 and calls[-1][0] != k1 and calls[-1][3]["PACE"] == 2
+    assert calls[-1][2][5] is not offs and calls[-1][2][5].dtype == torch.int32  # a fresh pacing counter
+    monkeypatch.delenv(gg.PACE_ENV)
+    # empty problems: planned once, no launch
+    empty = gg.grouped_gemm_gluon(a[:0], B, offs)
+    assert empty.shape == (0, 192) and len(calls) == 3
+    out = torch.full((a.shape[0], 192), float("nan"), dtype=a.dtype)
+    gg.grouped_gemm_gluon(a[:, :0], B[:, :0], offs, out=out)
+    assert (out == 0).all()
+
+
+@needs_gluon
+def test_vk_launch_plan_is_kept_per_signature(monkeypatch):
+    """The variable-K launcher's host path, as the M-grouped one's."""
+    fake_platform(monkeypatch, vk)
+    calls = _capture_launches(monkeypatch, vk)
+    planned = []
+    real_plan = vk._plan
+    monkeypatch.setattr(vk, "_plan", lambda *a: planned.append(1) or real_plan(*a))
+    vk._PLANS.clear()
+    x = torch.randn(400, 192).to(torch.bfloat16)
+    y = torch.randn(400, 136).to(torch.bfloat16)
+    offs = _offsets([100, 0, 290], "cpu")
+    o1 = vk.grouped_gemm_variable_k_gluon(x, y, offs)
+    o2 = vk.grouped_gemm_variable_k_gluon(torch.randn_like(x), y, offs)
+    assert len(planned) == 1 and len(calls) == 2 and calls[0][0] == calls[1][0] is not None
+    assert o1.shape == o2.shape == (3, 192, 136) and o1 is not o2
+    cfg = gg.fitted_config(vk.VARIABLE_K16_DEFAULT_CONFIG, torch.bfloat16)
+    _key, grid, args, kw = calls[1]
+    assert grid == (min(132, 3 * -(-192 // cfg.BLOCK_M) * -(-136 // cfg.block_n)),)
+    assert kw["ACCUMULATE"] is False and list(args[2].shape) == [3 * 192, 136] and args[2].base.data_ptr() == \
+        o2.data_ptr()
+    assert args[3:] == (offs, 400, 192, 136, 3)
+    acc = torch.zeros(3, 192, 136)
+    vk.grouped_gemm_variable_k_gluon(x, y, offs, out=acc, accumulate=True)
+    assert len(planned) == 2 and calls[-1][3]["ACCUMULATE"] is True
+    with pytest.raises(ValueError, match="multiple of 64"):
+        vk.grouped_gemm_variable_k_gluon(x[:, :100], y, offs)
+    nan = torch.full((3, 192, 136), float("nan"), dtype=torch.bfloat16)
+    vk.grouped_gemm_variable_k_gluon(x[:0], y[:0], offs, out=nan)
+    assert (nan == 0).all() and len(calls) == 3
 
 
 # ---------------------------------------------------------------------------------------------

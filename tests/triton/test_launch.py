@@ -193,3 +193,56 @@ def test_launch_key_refines_tritons_specialization():
                 ky = L.launch_key(_axpy_kernel, (y,), {})
                 assert kx is not None and ky is not None
                 assert kx != ky, (x, y, triton_spec(x), triton_spec(y))
+
+
+def test_descriptor_expansion_is_cached(monkeypatch):
+    """The direct entry of a kernel with host tensor descriptors expands them through a cache: the
+    encoded map of a (position, data pointer, shape, strides, padding) is made once and reused, the
+    C launcher gets exactly the arguments Triton's own wrapper would give, and a new pointer, shape
+    or stride makes a new map. Triton's wrapper is built around a recording launcher; the encoder
+    is a stand-in (the real one needs the CUDA driver)."""
+    from triton.backends.nvidia import driver as nvd
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    made = []
+
+    def fake_encode(arg, meta):
+        made.append((arg.base.data_ptr(), tuple(arg.shape)))
+        if meta is None:
+            return [arg.base, *arg.shape, *arg.strides]
+        return [("map", arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), meta["swizzle"]),
+                *arg.shape, *arg.strides]
+
+    monkeypatch.setattr(nvd, "make_tensordesc_arg", fake_encode)
+    got = []
+    signature = {0: "tensordesc<bf16[64, 64]>", 1: "*fp32", 2: "tensordesc<bf16[1, 64, 128]>", 3: "i32"}
+    metas = [{"swizzle": 3}, {"swizzle": 2}]
+    inner = nvd.wrap_handle_tensordesc(lambda *a: got.append(a), signature, metas)
+    direct = L._cached_descriptors(inner)
+    assert direct is not inner
+    base = tuple(range(nvd._BASE_ARGS_FORMAT_LEN))
+    a = torch.zeros(256, 64, dtype=torch.bfloat16)
+    w = torch.zeros(2, 64, 128, dtype=torch.bfloat16)
+    p = torch.zeros(4)
+
+    def descs(a, w):
+        return (TensorDescriptor(a, list(a.shape), list(a.stride()), [64, 64]),
+                TensorDescriptor(w, list(w.shape), list(w.stride()), [1, 64, 128]))
+
+    da, dw = descs(a, w)
+    direct(*base, da, p, dw, 7)
+    inner(*base, da, p, dw, 7)
+    assert got[0] == got[1] and len(made) == 4  # Triton's wrapper encodes every call; ours once per map
+    da2, dw2 = descs(a, w)  # new descriptor objects, same tensors: the cached maps
+    direct(*base, da2, p, dw2, 8)
+    assert len(made) == 4 and got[2][:-1] == got[0][:-1] and got[2][-1] == 8
+    a2 = torch.zeros(256, 64, dtype=torch.bfloat16)  # another pointer
+    direct(*base, *descs(a2, w)[:1], p, dw2, 7)
+    assert len(made) == 5 and got[3][len(base)][1] == a2.data_ptr()
+    direct(*base, *descs(a[:128], w)[:1], p, dw2, 7)  # another shape, same pointer
+    assert len(made) == 6 and got[4][len(base)][2] == (128, 64)
+    # a wrapper whose descriptors the frontend decomposes (no metadata): Triton's own expansion
+    plain = nvd.wrap_handle_tensordesc(lambda *a: None, signature, None)
+    assert L._cached_descriptors(plain) is plain
+    # not a descriptor wrapper at all
+    assert L._cached_descriptors(print) is print

@@ -301,16 +301,19 @@ def _make_key(a, b, group_lens, group_offs, num_cu=None, **_):
 
 
 def _default(**kwargs) -> BackendType:
-    """Small, mid-size and large problems on sm_90 (:func:`gluon16_preferred`,
-    :func:`gluon16_mid_preferred`): the Gluon kernel where it runs; else the vendor kernel where it
-    can run, our TRITON backend everywhere else (CPU, fp16/fp32, num_cu, ...). GLUON and TORCH are
-    returned only after their own check said yes (``default_checked``)."""
-    a, b = kwargs.get("a"), kwargs.get("b")
-    if a is not None and a.is_cuda:
-        M, N, K, G = a.size(0), b.size(2), a.size(1), b.size(0)
-        if ((gluon16_preferred(M, N, K, G) or gluon16_mid_preferred(M, N, K, G))
-                and GroupedGemmGluonBackend.can_handle(**kwargs)):
-            return BackendType.GLUON
+    """On sm_90 the Gluon kernel wherever it runs (bf16 / fp16, TMA-aligned strides, the switch not
+    0); else the vendor kernel where it can run, our TRITON backend everywhere else (CPU, fp32,
+    num_cu, ...). GLUON and TORCH are returned only after their own check said yes
+    (``default_checked``). H200, 2026-12-02, device time (``benchmarks/bench_grouped_gemm.py
+    --timing graph``, the 96 registry rows: five models, EP 8 / 16 / 32, 1024 / 4096 tokens per
+    expert, balanced and unbalanced): the Gluon kernel 1.016-1.313x ``torch._grouped_mm`` forward
+    (geomean 1.072), where the earlier size rules (:func:`gluon16_preferred`,
+    :func:`gluon16_mid_preferred`; the vendor kernel between them, plus its int32 offsets and
+    tail-zeroing launches) measured 0.963-1.205. The size rules date from before the Gluon kernels'
+    tile deal was fixed and their launch path was planned per signature."""
+    a = kwargs.get("a")
+    if a is not None and a.is_cuda and GroupedGemmGluonBackend.can_handle(**kwargs):
+        return BackendType.GLUON
     return BackendType.TORCH if GroupedGemmTorchBackend.can_handle(**kwargs) else BackendType.TRITON
 
 

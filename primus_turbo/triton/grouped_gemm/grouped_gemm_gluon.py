@@ -41,6 +41,7 @@ import torch
 
 from primus_turbo.triton.gemm import gemm_fp8_gluon as _dense
 from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, gluon_platform_reason
+from primus_turbo.triton.launch import launch, launch_keyed
 
 __all__ = [
     "GLUON_GROUPED_ENV",
@@ -589,22 +590,22 @@ def _desc(t: torch.Tensor, box: list):
 
 def _kernel_args(a, b, group_offs, out, cfg: GluonGroupedConfig) -> tuple:
     """(positional args, keyword args) of the launch for validated, non-empty inputs."""
-    M, K = a.shape
-    G, _, N = b.shape
-    kmajor = bool(_b_kmajor(b))
-    a_desc = _desc(a, [_HALF_M, cfg.block_k])
-    if kmajor:  # the storage [G, N, K]
-        b_desc = _desc(b.transpose(1, 2), [1, cfg.block_n, cfg.block_k])
-    else:  # [G, K, N]
-        b_desc = _desc(b, [1, cfg.block_k, cfg.block_n])
-    c_desc = _desc(out, [_HALF_M, cfg.epi_n])
+    plan = _plan(a, b, group_offs, out.dtype, cfg, out, None, True, with_grid=False)
+    return _launch_args(plan, a, b, group_offs, out), plan.kwargs
+
+
+def _launch_args(plan: "_Plan", a, b, group_offs, out) -> tuple:
+    """The positional launch arguments of ``plan`` for this call's tensors: the three host TMA
+    descriptors (built every call: they hold the data pointers), the output and offsets."""
+    ly_a, ly_b, ly_c = plan.layouts
+    a_desc = _dense._desc_unchecked(a, list(a.shape), list(a.stride()), plan.a_box, ly_a)
+    bv = b.transpose(1, 2) if plan.kmajor else b  # the storage [G, N, K] when K-major
+    b_desc = _dense._desc_unchecked(bv, list(bv.shape), list(bv.stride()), plan.b_box, ly_b)
+    c_desc = _dense._desc_unchecked(out, list(out.shape), list(out.stride()), plan.c_box, ly_c)
     # the pacing counter: a fresh one per launch (launches on other streams may run at the same
     # time, and nothing has to reset it); unused (any pointer) without pacing
-    pace = torch.zeros(1, dtype=torch.int32, device=a.device) if cfg.pace else group_offs
-    args = (a_desc, b_desc, c_desc, out, group_offs, pace, M, N, K, G, out.stride(0))
-    kwargs = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, CONSUMER_REGS=cfg.consumer_regs,
-                  PRODUCER_REGS=cfg.producer_regs, B_KMAJOR=kmajor, PACE=cfg.pace, num_warps=4)
-    return args, kwargs
+    pace = torch.zeros(1, dtype=torch.int32, device=a.device) if plan.cfg.pace else group_offs
+    return (a_desc, b_desc, c_desc, out, group_offs, pace, plan.M, plan.N, plan.K, plan.G, out.stride(0))
 
 
 def _launch_reason(a, b, group_offs, out, num_programs) -> Optional[str]:
@@ -636,33 +637,110 @@ def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tenso
             ``out_dtype``): only the launcher's own checks run again.
 
     Raises ValueError with :func:`gluon_grouped_reason`'s text on inputs it cannot run.
+
+    Host path: everything decided from the call's signature (the checks' verdict, the config, the
+    grid, the launch keywords and the launch key) is kept per signature (:class:`_Plan`); a repeat
+    call builds its three descriptors and calls the compiled kernel's entry (small expert GEMMs
+    take tens of microseconds on the device, as much as the generic path's Python).
     """
     if out is not None:
         out_dtype = out.dtype
+    try:
+        key = ("m16", _sig(a), _sig(b), _sig(group_offs), None if out is None else _sig(out), out_dtype, config,
+               num_programs, checked, _env_raw(PACE_ENV), _env_raw("TRITON_INTERPRET"))
+        plan = _PLANS.get(key)
+    except (AttributeError, TypeError):  # not tensors, an unhashable config: the full path names the problem
+        key = plan = None
+    if plan is None:
+        plan = _plan(a, b, group_offs, out_dtype, config, out, num_programs, checked)
+        if key is not None:
+            _remember_plan(key, plan)
+    if out is None:
+        out = torch.empty((plan.M, plan.N), dtype=plan.out_dtype, device=a.device)
+    if plan.empty is not None:
+        return out.zero_() if plan.empty == "zero" else out
+    args = _launch_args(plan, a, b, group_offs, out)
+    if key is None:
+        launch(_grouped_gemm_gluon_ws_kernel, plan.grid, args, plan.kwargs, a.device)
+    else:  # the signature fixes every fact the kernel specializes on (a fresh out is 16-byte aligned)
+        launch_keyed(_grouped_gemm_gluon_ws_kernel, plan.grid, args, plan.kwargs, a.device, key)
+    return out
+
+
+def _sig(t: torch.Tensor) -> tuple:
+    """What a launch plan depends on of a tensor: shape, strides, dtype, device, 16-byte alignment."""
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """The signature-determined part of a 16-bit M-grouped launch: sizes, the output dtype, an
+    ``empty`` verdict (``"zero"``: zero the output; ``"none"``: nothing to write; None: launch),
+    the config, the weight's layout, boxes and shared layouts, grid and launch keywords."""
+
+    M: int
+    N: int
+    K: int
+    G: int
+    out_dtype: torch.dtype
+    empty: Optional[str] = None
+    cfg: Optional[GluonGroupedConfig] = None
+    kmajor: bool = False
+    a_box: tuple = ()
+    b_box: tuple = ()
+    c_box: tuple = ()
+    layouts: tuple = ()
+    grid: tuple = ()
+    kwargs: Optional[dict] = None
+
+
+_PLANS: dict = {}  # signature -> _Plan (grouped_gemm_gluon's)
+
+
+def _remember_plan(key, plan) -> None:
+    if len(_PLANS) >= 1024:  # shape churn (tests, sweeps): start over rather than grow
+        _PLANS.clear()
+    _PLANS[key] = plan
+
+
+def _env_raw(name: str):
+    from primus_turbo.pytorch.core.env import env_raw
+
+    return env_raw(name)
+
+
+def _plan(a, b, group_offs, out_dtype, config, out, num_programs, checked, with_grid: bool = True) -> _Plan:
+    """Validates one call (ValueError naming the problem) and plans its launch (without its grid,
+    which needs the device's SM count, unless ``with_grid``)."""
     reason = None if checked else gluon_grouped_reason(a, b, group_offs, out_dtype)
     reason = reason or _launch_reason(a, b, group_offs, out, num_programs)
     if reason is not None:
         raise ValueError(f"grouped_gemm_gluon: {reason}")
     M, K = a.shape
     G, _, N = b.shape
-    if out is None:
-        out = torch.empty((M, N), dtype=out_dtype or a.dtype, device=a.device)
+    dtype = out_dtype or a.dtype
     if M == 0 or N == 0:
-        return out
+        return _Plan(M, N, K, G, dtype, empty="none")
     if G == 0 or K == 0:
-        return out.zero_()
+        return _Plan(M, N, K, G, dtype, empty="zero")
     cfg = config
+    sms = _dense._num_sms(a.device) if (with_grid or cfg is None) else 1
     if cfg is None:
-        sms = _dense._num_sms(a.device)
-        cfg = default_launch_config(M, N, G, min(num_programs or sms, sms), out.dtype)
-    bad = _config_problem(cfg, out.element_size())
+        cfg = default_launch_config(M, N, G, min(num_programs or sms, sms), dtype)
+    bad = _config_problem(cfg, dtype.itemsize)
     if bad is not None:
         raise ValueError(f"grouped_gemm_gluon: {bad}")
-    args, kwargs = _kernel_args(a, b, group_offs, out, cfg)
+    kmajor = bool(_b_kmajor(b))
+    a_box = (_HALF_M, cfg.block_k)
+    b_box = (1, cfg.block_n, cfg.block_k) if kmajor else (1, cfg.block_k, cfg.block_n)
+    c_box = (_HALF_M, cfg.epi_n)
+    kwargs = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, CONSUMER_REGS=cfg.consumer_regs,
+                  PRODUCER_REGS=cfg.producer_regs, B_KMAJOR=kmajor, PACE=cfg.pace, num_warps=4)
     # a static bound on the tiles (every group may add one partial row tile, plus the tail)
     tiles = (-(-M // cfg.BLOCK_M) + G + 1) * -(-N // cfg.block_n)
+    cap = num_programs or sms
     if cfg.pace:  # paced programs wait for each other: never more of them than SMs (all resident)
-        sms = _dense._num_sms(a.device)
-        num_programs = min(num_programs or sms, sms)
-    _dense._launch_persistent(_grouped_gemm_gluon_ws_kernel, a.device, tiles, num_programs, args, kwargs)
-    return out
+        cap = min(cap, sms)
+    return _Plan(M, N, K, G, dtype, cfg=cfg, kmajor=kmajor, a_box=list(a_box), b_box=list(b_box), c_box=list(c_box),
+                 layouts=(_smem_layout(a_box, a.dtype), _smem_layout(b_box, b.dtype), _smem_layout(c_box, dtype)),
+                 grid=(min(cap, tiles),) if with_grid else (), kwargs=kwargs)

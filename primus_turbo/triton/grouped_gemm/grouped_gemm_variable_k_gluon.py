@@ -38,6 +38,7 @@ accumulation only into fp32.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -45,11 +46,9 @@ import torch
 from primus_turbo.triton.gemm import gemm_fp8_gluon as _dense
 from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, gluon_platform_reason
 from primus_turbo.triton.grouped_gemm import grouped_gemm_gluon as _m
-from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_variable_k_gluon import (
-    launch_variable_k,
-    variable_k_out_reason,
-)
+from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_variable_k_gluon import variable_k_out_reason
 from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import GluonGroupedConfig
+from primus_turbo.triton.launch import launch, launch_keyed
 
 __all__ = [
     "VARIABLE_K16_DEFAULT_CONFIG",
@@ -266,17 +265,8 @@ def gluon_variable_k_reason(x, y, group_offs, out: Optional[torch.Tensor] = None
 
 def _kernel_args(x, y, group_offs, out, cfg: GluonGroupedConfig, accumulate: bool) -> tuple:
     """(positional args, keyword args) of the launch for validated, non-empty inputs."""
-    M, P = x.shape
-    Q = y.shape[1]
-    G = out.shape[0]
-    x_desc = _m._desc(x, [cfg.block_k, _HALF_M])
-    y_desc = _m._desc(y.unsqueeze(0), [1, cfg.block_k, cfg.block_n])
-    # the experts' outputs as one [G * P, Q] matrix (rows g * P + p); stores clip at Q
-    c_desc = _m._desc(out.as_strided((G * P, Q), (out.stride(1), 1)), [_HALF_M, cfg.epi_n])
-    args = (x_desc, y_desc, c_desc, group_offs, M, P, Q, G)
-    kwargs = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, CONSUMER_REGS=cfg.consumer_regs,
-                  PRODUCER_REGS=cfg.producer_regs, ACCUMULATE=bool(accumulate), num_warps=4)
-    return args, kwargs
+    plan = _plan(x, y, group_offs, out, accumulate, out.dtype, cfg, None, True, with_grid=False)
+    return _launch_args(plan, x, y, group_offs, out), plan.kwargs
 
 
 def grouped_gemm_variable_k_gluon(x: torch.Tensor, y: torch.Tensor, group_offs: torch.Tensor,
@@ -302,18 +292,90 @@ def grouped_gemm_variable_k_gluon(x: torch.Tensor, y: torch.Tensor, group_offs: 
     """
     if out is not None:
         out_dtype = out.dtype
-    reason = (gluon_variable_k_reason(x, y, group_offs, out, accumulate, out_dtype)
+    try:
+        key = ("vk16", _m._sig(x), _m._sig(y), _m._sig(group_offs), None if out is None else _m._sig(out),
+               bool(accumulate), out_dtype, config, num_programs, _m._env_raw("TRITON_INTERPRET"))
+        plan = _PLANS.get(key)
+    except (AttributeError, TypeError):  # not tensors, an unhashable config: the full path names the problem
+        key = plan = None
+    if plan is None:
+        plan = _plan(x, y, group_offs, out, accumulate, out_dtype, config, num_programs)
+        if key is not None:
+            if len(_PLANS) >= 1024:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    if out is None:
+        out = torch.empty((plan.G, plan.P, plan.Q), dtype=plan.out_dtype, device=x.device)
+    if plan.empty is not None:
+        return out.zero_() if plan.empty == "zero" else out
+    args = _launch_args(plan, x, y, group_offs, out)
+    if key is None:
+        launch(_grouped_gemm_variable_k_gluon_ws_kernel, plan.grid, args, plan.kwargs, x.device)
+    else:  # the signature fixes every fact the kernel specializes on (a fresh out is 16-byte aligned)
+        launch_keyed(_grouped_gemm_variable_k_gluon_ws_kernel, plan.grid, args, plan.kwargs, x.device, key)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """The signature-determined part of a 16-bit variable-K launch (see the M-grouped ``_Plan``)."""
+
+    M: int
+    P: int
+    Q: int
+    G: int
+    out_dtype: torch.dtype
+    empty: Optional[str] = None
+    cfg: Optional[GluonGroupedConfig] = None
+    boxes: tuple = ()
+    layouts: tuple = ()
+    grid: tuple = ()
+    kwargs: Optional[dict] = None
+
+
+_PLANS: dict = {}  # signature -> _Plan (grouped_gemm_variable_k_gluon's)
+
+
+def _plan(x, y, group_offs, out, accumulate, out_dtype, config, num_programs, checked: bool = False,
+          with_grid: bool = True) -> _Plan:
+    """Validates one call (ValueError naming the problem; ``checked``: the operands were) and plans
+    its launch (without its grid, which needs the device's SM count, unless ``with_grid``)."""
+    reason = ((None if checked else gluon_variable_k_reason(x, y, group_offs, out, accumulate, out_dtype))
               or _dense._num_programs_reason(num_programs))
     if reason is not None:
         raise ValueError(f"grouped_gemm_variable_k_gluon: {reason}")
     M, P = x.shape
     Q = y.shape[1]
     G = group_offs.numel() - 1
-    if out is None:
-        out = torch.empty((G, P, Q), dtype=out_dtype or x.dtype, device=x.device)
-    return launch_variable_k(
-        "grouped_gemm_variable_k_gluon", _grouped_gemm_variable_k_gluon_ws_kernel, out, M, accumulate,
-        config or (lambda: _m.fitted_config(VARIABLE_K16_DEFAULT_CONFIG, out.dtype)),
-        lambda cfg: cfg.check(out.element_size()) or (f"pace is an option of the M-grouped kernel only, got "
-                                                       f"{cfg.short()}" if cfg.pace else None),
-        lambda cfg: _kernel_args(x, y, group_offs, out, cfg, accumulate), num_programs)
+    dtype = out_dtype or x.dtype
+    if G == 0 or P == 0 or Q == 0:
+        return _Plan(M, P, Q, G, dtype, empty="none")
+    if M == 0:
+        return _Plan(M, P, Q, G, dtype, empty="none" if accumulate else "zero")
+    cfg = config or _m.fitted_config(VARIABLE_K16_DEFAULT_CONFIG, dtype)
+    bad = cfg.check(dtype.itemsize) or (
+        f"pace is an option of the M-grouped kernel only, got {cfg.short()}" if cfg.pace else None)
+    if bad is not None:
+        raise ValueError(f"grouped_gemm_variable_k_gluon: {bad}")
+    boxes = ((cfg.block_k, _HALF_M), (1, cfg.block_k, cfg.block_n), (_HALF_M, cfg.epi_n))
+    layouts = (_m._smem_layout(boxes[0], x.dtype), _m._smem_layout(boxes[1], y.dtype), _m._smem_layout(boxes[2], dtype))
+    kwargs = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, CONSUMER_REGS=cfg.consumer_regs,
+                  PRODUCER_REGS=cfg.producer_regs, ACCUMULATE=bool(accumulate), num_warps=4)
+    tiles = G * -(-P // cfg.BLOCK_M) * -(-Q // cfg.block_n)
+    grid = (min(num_programs or _dense._num_sms(x.device), tiles),) if with_grid else ()
+    return _Plan(M, P, Q, G, dtype, cfg=cfg, boxes=tuple(list(b) for b in boxes), layouts=layouts, grid=grid,
+                 kwargs=kwargs)
+
+
+def _launch_args(plan: _Plan, x, y, group_offs, out) -> tuple:
+    """The positional launch arguments of ``plan`` for this call's tensors (descriptors built every
+    call: they hold the data pointers)."""
+    bx, by, bc = plan.boxes
+    lx, ly, lc = plan.layouts
+    y3 = y.unsqueeze(0)
+    # the experts' outputs as one [G * P, Q] matrix (rows g * P + p); stores clip at Q
+    c2 = out.as_strided((plan.G * plan.P, plan.Q), (out.stride(1), 1))
+    return (_dense._desc_unchecked(x, list(x.shape), list(x.stride()), bx, lx),
+            _dense._desc_unchecked(y3, list(y3.shape), list(y3.stride()), by, ly),
+            _dense._desc_unchecked(c2, list(c2.shape), list(c2.stride()), bc, lc),
+            group_offs, plan.M, plan.P, plan.Q, plan.G)

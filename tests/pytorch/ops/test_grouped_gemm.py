@@ -316,6 +316,71 @@ def test_vendor_route_one_decision_per_step(trans_b, monkeypatch):
     assert not resolved  # and none went through the per-GEMM dispatch
 
 
+def _fake_gluon_modules(calls):
+    """CPU stand-ins of the two 16-bit Gluon kernel modules (the route's checks pass, the kernels
+    compute the fp32 reference products and record their operands)."""
+    from types import SimpleNamespace
+
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_gluon as gg
+
+    def m16(a, B, offs, checked=False, **_):
+        calls.append(("m", B.stride(), a.data_ptr() % 16 == 0, checked))
+        ends = offs.tolist()
+        out = torch.zeros(a.size(0), B.size(2), dtype=a.dtype)
+        for g in range(B.size(0)):
+            out[ends[g]:ends[g + 1]] = (a[ends[g]:ends[g + 1]].float() @ B[g].float()).to(a.dtype)
+        return out
+
+    def vk(x, y, offs, **_):
+        calls.append(("vk", x.shape, y.shape))
+        ends = offs.tolist()
+        return torch.stack([(x[ends[g]:ends[g + 1]].float().T @ y[ends[g]:ends[g + 1]].float()).to(x.dtype)
+                            for g in range(len(ends) - 1)])
+
+    mods = {"grouped_gemm_gluon": SimpleNamespace(grouped_gemm_gluon=m16, gluon_grouped_reason=lambda *x: None,
+                                                  _b_kmajor=gg._b_kmajor),
+            "grouped_gemm_variable_k_gluon": SimpleNamespace(grouped_gemm_variable_k_gluon=vk)}
+    return mods
+
+
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_gluon_route_all_three_gemms(trans_b, monkeypatch):
+    """Under the default dispatch, where the 16-bit Gluon kernels can take all three GEMMs, the op
+    decides once per forward and launches them directly: the forward and grad_input on the
+    M-grouped kernel (the grad_input with the weight read transposed, in place; a misaligned output
+    gradient copied first), the grad_weight on the variable-K kernel. CPU stand-ins for the kernels
+    (they need sm_90); the references, the zeroed tail rows and the call order are checked."""
+    if ON_GPU:
+        pytest.skip("CPU stand-ins of the Gluon kernels; the GPU runs the real ones in the tests above")
+    ops_mod = __import__("sys").modules["primus_turbo.pytorch.ops.grouped_gemm"]
+    calls = []
+    mods = _fake_gluon_modules(calls)
+    monkeypatch.setattr(ops_mod, "_gluon16", lambda name, t: mods[name])
+    monkeypatch.setattr(ops_mod, "_gluon_module", lambda name: mods[name])
+    ops_mod._ROUTES.clear()
+    lens = [5, 0, 19, 8]
+    a, b, gl = _make(lens, 64, 128, torch.bfloat16, trans_b, "cpu", extra_rows=3)
+    offs = torch.tensor([0, 5, 5, 24, 32])
+    B = b.transpose(1, 2) if trans_b else b
+    assert ops_mod._vendor_route(a, B, None, offs, trans_b) == "gluon"
+    assert ops_mod._vendor_route(a, B, 4, offs, trans_b) is None  # num_cu: the dispatcher
+    assert ops_mod._vendor_route(a, B, None, None, trans_b) != "gluon"  # no offsets
+    _check_fwd_bwd(a, b, gl, trans_b, torch.bfloat16, extra_rows=3)
+    assert [c[0] for c in calls] == ["m", "m", "vk"] and all(c[3] for c in calls[:2])
+    assert calls[1][1] == (b if trans_b else b.transpose(1, 2)).stride()  # the weight, read transposed in place
+    # an output gradient with a misaligned base reaches the kernels as an aligned copy
+    calls.clear()
+    a2, b2 = a.detach().requires_grad_(), b.detach().requires_grad_()
+    out = grouped_gemm(a2, b2, gl, trans_b=trans_b)
+    big = torch.randn(out.numel() + 1, dtype=out.dtype)
+    out.backward(big[1:].view(out.shape))
+    assert calls[1][2] is True
+    # P (the grad_weight's rows per expert) not a multiple of 64: not this route
+    a3, b3, _ = _make(lens, 24, 64, torch.bfloat16, trans_b, "cpu")
+    B3 = b3.transpose(1, 2) if trans_b else b3
+    assert (ops_mod._vendor_route(a3, B3, None, offs[:5], trans_b) == "gluon") is (not trans_b)
+
+
 @pytest.mark.parametrize("pinned", [False, True])
 def test_vendor_route_gives_large_wgrad_to_gluon(pinned, monkeypatch):
     """On the default vendor route the grad_weight goes to the Gluon variable-K kernel where
