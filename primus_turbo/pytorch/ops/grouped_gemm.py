@@ -191,11 +191,9 @@ def _vendor_route(a: torch.Tensor, B: torch.Tensor, num_cu, group_offs: Optional
     :func:`gluon_wgrad` gives it the problem, as the variable-K dispatcher's default would); None
     otherwise.
 
-    The dispatcher would reach the same three answers, one resolution per GEMM, except for small
-    problems, where its no-grad default takes the Gluon kernel (``gluon16_small_preferred``: less
-    device time); for small expert GEMMs under autograd the Python time is what the step costs (the
-    vendor kernels take tens of microseconds), so the op asks once and keeps the vendor route.
-    Large problems that the default gives to the Gluon kernel (:func:`gluon16_large_preferred`: its
+    Where the Gluon route cannot run, the vendor route is asked once per forward: for small expert
+    GEMMs under autograd the Python time is what the step costs (the vendor kernels take tens of
+    microseconds). Large problems that the default gives to the Gluon kernel (:func:`gluon16_large_preferred`: its
     rule is symmetric in N and K, so it holds for the grad_input GEMM too) take the dispatcher's
     route (None), as do calls where ``group_offs`` is given and the Gluon kernel can run them.
     Sound because the backward's operands follow from the forward's: the grad_input GEMM reads the
@@ -491,11 +489,11 @@ def grouped_gemm(
     ``a``'s rows, so a bad ``group_lens`` never reads or writes out of bounds there; on CPU an
     async assert also reports a sum larger than ``M_total``.
 
-    Backends: TORCH (``torch._grouped_mm``, CUDA sm_90+ bf16; the default where it can run), GLUON
-    (the warp-specialized sm_90 kernels; the default for small problems and for large groups, and
-    for mid-size ones without autograd, see ``gluon16_preferred`` and ``gluon16_mid_preferred`` in
-    ``primus_turbo.pytorch.backends.grouped_gemm``) and TRITON (everything else, and CPU through the
-    Triton interpreter); see ``GlobalBackendManager.set_grouped_gemm_backend`` and
+    Backends: GLUON (the warp-specialized sm_90 kernels, bf16 / fp16: the default for every GEMM of
+    the call they can run; under autograd the forward, grad_input and grad_weight are then launched
+    directly, see ``_vendor_route``), TORCH (``torch._grouped_mm``, CUDA sm_90+ bf16: the default
+    where Gluon cannot run and it can) and TRITON (everything else, and CPU through the Triton
+    interpreter); see ``GlobalBackendManager.set_grouped_gemm_backend`` and
     ``PRIMUS_TURBO_GROUPED_GEMM_BACKEND``. Small vendor-routed problems under autograd return
     ``torch._grouped_mm``'s output with torch's own backward (see ``_native_vendor``).
     """
