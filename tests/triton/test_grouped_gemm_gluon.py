@@ -538,11 +538,11 @@ def test_m_launch_plan_is_kept_per_signature(kmajor, monkeypatch):
 def test_vk_launch_plan_is_kept_per_signature(monkeypatch):
     """The variable-K launcher's host path, as the M-grouped one's."""
     fake_platform(monkeypatch, vk)
-    calls = _capture_launches(monkeypatch, vk)
+    calls = _capture_launches(monkeypatch, gg)  # both launchers launch through gg.planned_launch
     planned = []
     real_plan = vk._plan
     monkeypatch.setattr(vk, "_plan", lambda *a: planned.append(1) or real_plan(*a))
-    vk._PLANS.clear()
+    gg._PLANS.clear()
     x = torch.randn(400, 192).to(torch.bfloat16)
     y = torch.randn(400, 136).to(torch.bfloat16)
     offs = _offsets([100, 0, 290], "cpu")

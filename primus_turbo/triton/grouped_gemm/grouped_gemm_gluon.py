@@ -645,25 +645,41 @@ def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tenso
     """
     if out is not None:
         out_dtype = out.dtype
+    return planned_launch(
+        _grouped_gemm_gluon_ws_kernel, a.device, out,
+        lambda: ("m16", _sig(a), _sig(b), _sig(group_offs), None if out is None else _sig(out), out_dtype, config,
+                 num_programs, checked, _env_raw(PACE_ENV), _env_raw("TRITON_INTERPRET")),
+        lambda: _plan(a, b, group_offs, out_dtype, config, out, num_programs, checked),
+        lambda plan: torch.empty((plan.M, plan.N), dtype=plan.out_dtype, device=a.device),
+        lambda plan, o: _launch_args(plan, a, b, group_offs, o))
+
+
+def planned_launch(kernel, device: torch.device, out, key, make_plan, new_out, launch_args):
+    """The launch of a 16-bit grouped Gluon kernel through its plan: ``key()`` (the call signature;
+    an AttributeError / TypeError, as from a non-tensor argument, skips the cache), ``make_plan()``
+    (validates, raising ValueError, and plans: its ``empty`` verdict, ``grid`` and ``kwargs``) on a
+    miss, ``new_out(plan)`` when ``out`` is None, ``launch_args(plan, out)``; keyed by the signature,
+    which fixes every fact the kernel specializes on (a fresh output is 16-byte aligned)."""
     try:
-        key = ("m16", _sig(a), _sig(b), _sig(group_offs), None if out is None else _sig(out), out_dtype, config,
-               num_programs, checked, _env_raw(PACE_ENV), _env_raw("TRITON_INTERPRET"))
-        plan = _PLANS.get(key)
-    except (AttributeError, TypeError):  # not tensors, an unhashable config: the full path names the problem
-        key = plan = None
+        k = key()
+        plan = _PLANS.get(k)
+    except (AttributeError, TypeError):
+        k = plan = None
     if plan is None:
-        plan = _plan(a, b, group_offs, out_dtype, config, out, num_programs, checked)
-        if key is not None:
-            _remember_plan(key, plan)
+        plan = make_plan()
+        if k is not None:
+            if len(_PLANS) >= 1024:  # shape churn (tests, sweeps): start over rather than grow
+                _PLANS.clear()
+            _PLANS[k] = plan
     if out is None:
-        out = torch.empty((plan.M, plan.N), dtype=plan.out_dtype, device=a.device)
+        out = new_out(plan)
     if plan.empty is not None:
         return out.zero_() if plan.empty == "zero" else out
-    args = _launch_args(plan, a, b, group_offs, out)
-    if key is None:
-        launch(_grouped_gemm_gluon_ws_kernel, plan.grid, args, plan.kwargs, a.device)
-    else:  # the signature fixes every fact the kernel specializes on (a fresh out is 16-byte aligned)
-        launch_keyed(_grouped_gemm_gluon_ws_kernel, plan.grid, args, plan.kwargs, a.device, key)
+    args = launch_args(plan, out)
+    if k is None:
+        launch(kernel, plan.grid, args, plan.kwargs, device)
+    else:
+        launch_keyed(kernel, plan.grid, args, plan.kwargs, device, k)
     return out
 
 
@@ -694,13 +710,7 @@ class _Plan:
     kwargs: Optional[dict] = None
 
 
-_PLANS: dict = {}  # signature -> _Plan (grouped_gemm_gluon's)
-
-
-def _remember_plan(key, plan) -> None:
-    if len(_PLANS) >= 1024:  # shape churn (tests, sweeps): start over rather than grow
-        _PLANS.clear()
-    _PLANS[key] = plan
+_PLANS: dict = {}  # signature -> plan (both 16-bit grouped Gluon launchers', keys tagged by kernel)
 
 
 def _env_raw(name: str):

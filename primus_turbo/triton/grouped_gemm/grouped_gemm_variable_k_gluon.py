@@ -48,7 +48,6 @@ from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, gluon_platf
 from primus_turbo.triton.grouped_gemm import grouped_gemm_gluon as _m
 from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_variable_k_gluon import variable_k_out_reason
 from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import GluonGroupedConfig
-from primus_turbo.triton.launch import launch, launch_keyed
 
 __all__ = [
     "VARIABLE_K16_DEFAULT_CONFIG",
@@ -292,28 +291,13 @@ def grouped_gemm_variable_k_gluon(x: torch.Tensor, y: torch.Tensor, group_offs: 
     """
     if out is not None:
         out_dtype = out.dtype
-    try:
-        key = ("vk16", _m._sig(x), _m._sig(y), _m._sig(group_offs), None if out is None else _m._sig(out),
-               bool(accumulate), out_dtype, config, num_programs, _m._env_raw("TRITON_INTERPRET"))
-        plan = _PLANS.get(key)
-    except (AttributeError, TypeError):  # not tensors, an unhashable config: the full path names the problem
-        key = plan = None
-    if plan is None:
-        plan = _plan(x, y, group_offs, out, accumulate, out_dtype, config, num_programs)
-        if key is not None:
-            if len(_PLANS) >= 1024:
-                _PLANS.clear()
-            _PLANS[key] = plan
-    if out is None:
-        out = torch.empty((plan.G, plan.P, plan.Q), dtype=plan.out_dtype, device=x.device)
-    if plan.empty is not None:
-        return out.zero_() if plan.empty == "zero" else out
-    args = _launch_args(plan, x, y, group_offs, out)
-    if key is None:
-        launch(_grouped_gemm_variable_k_gluon_ws_kernel, plan.grid, args, plan.kwargs, x.device)
-    else:  # the signature fixes every fact the kernel specializes on (a fresh out is 16-byte aligned)
-        launch_keyed(_grouped_gemm_variable_k_gluon_ws_kernel, plan.grid, args, plan.kwargs, x.device, key)
-    return out
+    return _m.planned_launch(
+        _grouped_gemm_variable_k_gluon_ws_kernel, x.device, out,
+        lambda: ("vk16", _m._sig(x), _m._sig(y), _m._sig(group_offs), None if out is None else _m._sig(out),
+                 bool(accumulate), out_dtype, config, num_programs, _m._env_raw("TRITON_INTERPRET")),
+        lambda: _plan(x, y, group_offs, out, accumulate, out_dtype, config, num_programs),
+        lambda plan: torch.empty((plan.G, plan.P, plan.Q), dtype=plan.out_dtype, device=x.device),
+        lambda plan, o: _launch_args(plan, x, y, group_offs, o))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,9 +315,6 @@ class _Plan:
     layouts: tuple = ()
     grid: tuple = ()
     kwargs: Optional[dict] = None
-
-
-_PLANS: dict = {}  # signature -> _Plan (grouped_gemm_variable_k_gluon's)
 
 
 def _plan(x, y, group_offs, out, accumulate, out_dtype, config, num_programs, checked: bool = False,
