@@ -179,7 +179,8 @@ def _vk(x, y, group_lens, group_offs, num_cu):
 def _vendor_route(a: torch.Tensor, B: torch.Tensor, num_cu, group_offs: Optional[torch.Tensor] = None,
                   trans_b: bool = False) -> Optional[str]:
     """The route of the three GEMMs of this call under the current settings, decided once per
-    forward. ``"gluon"``: under the default dispatch, wherever the 16-bit Gluon kernels can run all
+    forward. ``"gluon"``: under the default dispatch (or a TRITON or GLUON pin, whose backends run the
+    same kernels there), wherever the 16-bit Gluon kernels can run all
     three (:func:`_gluon_route_ok`), the forward and grad_input on the M-grouped Gluon kernel and
     the grad_weight on the variable-K one, each launched directly (no dispatcher; H200 device time,
     ``benchmarks/bench_grouped_gemm.py --timing graph``, 2026-12-02: 0.984-1.31x
@@ -205,10 +206,12 @@ def _vendor_route(a: torch.Tensor, B: torch.Tensor, num_cu, group_offs: Optional
     if num_cu is not None or torch.compiler.is_compiling():
         return None
     backend, _source, tune = grouped_gemm_dispatcher.plan(_BF16)
-    if tune or backend not in (None, BackendType.TORCH):
+    if tune:
         return None
-    if backend is None and _gluon_route_ok(a, B, group_offs, trans_b):
+    if backend in _GLUON_ROUTE_BACKENDS and _gluon_route_ok(a, B, group_offs, trans_b):
         return "gluon"
+    if backend not in (None, BackendType.TORCH):
+        return None
     if (B.size(2) * a.element_size()) % 16:
         return None  # grad_out rows would not be aligned for the vendor grad_weight
     if GroupedGemmTorchBackend.check(a, B, None, None) is not None:
@@ -218,6 +221,12 @@ def _vendor_route(a: torch.Tensor, B: torch.Tensor, num_cu, group_offs: Optional
             and GroupedGemmGluonBackend.check(a, B, None, group_offs) is None):
         return None
     return "default" if backend is None else "pinned"
+
+
+#: the settings under which the op may take the Gluon route: the default, and the TRITON and GLUON
+#: pins, whose backends run the same Gluon kernels wherever those can run (one decision per forward
+#: instead of three dispatches)
+_GLUON_ROUTE_BACKENDS = (None, BackendType.TRITON, BackendType.GLUON)
 
 
 def _gluon_route_ok(a: torch.Tensor, B: torch.Tensor, group_offs: Optional[torch.Tensor], trans_b: bool) -> bool:
@@ -258,7 +267,7 @@ def _routed(a: torch.Tensor, b: torch.Tensor, trans_b: bool, num_cu, group_offs:
     if num_cu is not None or torch.compiler.is_compiling():
         return None
     backend, _source, tune = grouped_gemm_dispatcher.plan(_BF16)
-    if tune or backend not in (None, BackendType.TORCH):
+    if tune or (backend not in _GLUON_ROUTE_BACKENDS and backend is not BackendType.TORCH):
         return None
     key = (backend, GlobalBackendManager._version, env_raw(_GLUON_ENV), trans_b, _tensor_key(a), _tensor_key(b),
            _tensor_key(group_offs))

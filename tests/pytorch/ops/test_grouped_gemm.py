@@ -365,6 +365,12 @@ def test_gluon_route_all_three_gemms(trans_b, monkeypatch):
     assert ops_mod._vendor_route(a, B, None, offs, trans_b) == "gluon"
     assert ops_mod._vendor_route(a, B, 4, offs, trans_b) is None  # num_cu: the dispatcher
     assert ops_mod._vendor_route(a, B, None, None, trans_b) != "gluon"  # no offsets
+    for pin in (BackendType.TRITON, BackendType.GLUON, BackendType.TORCH):
+        GlobalBackendManager.set_grouped_gemm_backend(pin)  # the TRITON / GLUON backends run these kernels
+        try:
+            assert (ops_mod._vendor_route(a, B, None, offs, trans_b) == "gluon") is (pin != BackendType.TORCH)
+        finally:
+            GlobalBackendManager.reset()
     _check_fwd_bwd(a, b, gl, trans_b, torch.bfloat16, extra_rows=3)
     assert [c[0] for c in calls] == ["m", "m", "vk"] and all(c[3] for c in calls[:2])
     assert calls[1][1] == (b if trans_b else b.transpose(1, 2)).stride()  # the weight, read transposed in place
@@ -491,13 +497,13 @@ def test_route_cache_follows_settings(monkeypatch):
     assert ops_mod._routed(a, b, False, 4, None) is None and len(seen) == 1  # num_cu: never routed
     GlobalBackendManager.set_grouped_gemm_backend(BackendType.TORCH)
     assert ops_mod._routed(a, b, False, None, None) == "pinned" and len(seen) == 2
-    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON)
-    assert ops_mod._routed(a, b, False, None, None) is None
+    GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON)  # asked: the Gluon route may serve it
+    assert ops_mod._routed(a, b, False, None, None) is None and len(seen) == 3
     GlobalBackendManager.reset()
     monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_GLUON", "0")
-    assert ops_mod._routed(a, b, False, None, None) == "default" and len(seen) == 3
-    assert ops_mod._routed(a, b, False, None, torch.tensor([0, 4, 8])) == "default" and len(seen) == 4
-    assert ops_mod._routed(a, b.transpose(1, 2).contiguous(), True, None, None) == "default" and len(seen) == 5
+    assert ops_mod._routed(a, b, False, None, None) == "default" and len(seen) == 4
+    assert ops_mod._routed(a, b, False, None, torch.tensor([0, 4, 8])) == "default" and len(seen) == 5
+    assert ops_mod._routed(a, b.transpose(1, 2).contiguous(), True, None, None) == "default" and len(seen) == 6
 
 
 def test_default_resolution_cache(monkeypatch, device):
