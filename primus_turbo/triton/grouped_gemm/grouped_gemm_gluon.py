@@ -714,9 +714,17 @@ _PLANS: dict = {}  # signature -> plan (both 16-bit grouped Gluon launchers', ke
 
 
 def _env_raw(name: str):
-    from primus_turbo.pytorch.core.env import env_raw
+    """``primus_turbo.pytorch.core.env.env_raw`` (imported on first use: this module loads without the
+    torch-side package; an import statement per call would cost ~3 us on the launch path)."""
+    fn = _ENV_RAW[0]
+    if fn is None:
+        from primus_turbo.pytorch.core.env import env_raw as fn
 
-    return env_raw(name)
+        _ENV_RAW[0] = fn
+    return fn(name)
+
+
+_ENV_RAW: list = [None]
 
 
 def _plan(a, b, group_offs, out_dtype, config, out, num_programs, checked, with_grid: bool = True) -> _Plan:
