@@ -7,9 +7,10 @@
 #   bash scripts/gpu_session.sh OUT_DIR
 #
 # Environment: GPU_SESSION_TESTS="tests/..." overrides the test selection (GPU_SESSION_TEST_S its
-# time limit); GPU_SESSION_SHARD=K/N runs shard K of N of the whole tests/ tree instead (whole
-# files, balanced by test count: the full tree in N calls); GPU_SESSION_STAGES picks the stages after the tests (default: diag_fp8 diag_moe
-# moe_layer grouped memory permute_fused attention; also tune_attn with GPU_SESSION_TUNE_ARGS,
+# time limit); GPU_SESSION_SHARD=K/N runs shard K of N of the whole tests/ tree instead (every N-th
+# test, tests/conftest.py's --shard: the full tree in N calls); GPU_SESSION_RESUME=RESULT_LOG leaves
+# out the tests an earlier call's r/results.log records as passed (--skip-passed);
+# GPU_SESSION_STAGES picks the stages after the tests (default: diag_fp8 diag_moe moe_layer grouped memory permute_fused attention; also tune_attn with GPU_SESSION_TUNE_ARGS,
 # attn_configs (the Gluon attention forward's opt-in configs, GPU_SESSION_ATTN_CONFIGS) and moe4 (the
 # MoE layer at the four model shapes, 16384 tokens)); GPU_SESSION_ATTN_S the attention benchmark's
 # time limit.
@@ -32,8 +33,13 @@ tests/triton/test_grouped_gemm_fp8_variable_k_gluon.py tests/triton/test_flash_a
 tests/triton/test_flash_attn_bwd_gluon.py tests/triton/test_flash_attn_fp8_gluon.py tests/triton/test_grouped_gemm_gluon.py \
 tests/triton/test_quant_fp4_packed.py tests/triton/test_quant_fp8_packed.py tests/triton/test_grouped_gemm_glu_gluon.py \
 tests/pytorch/ops/test_moe_router_gemm.py}"
-if [ -n "${GPU_SESSION_SHARD:-}" ]; then  # K/N: shard K of the whole tests/ tree (scripts/test_shards.py)
-    TESTS="$("$PY" scripts/test_shards.py "$GPU_SESSION_SHARD" tests | tr '\n' ' ')"
+SELECT=""
+if [ -n "${GPU_SESSION_SHARD:-}" ]; then  # K/N: every N-th test of the whole tests/ tree
+    TESTS="tests"
+    SELECT="--shard $GPU_SESSION_SHARD"
+fi
+if [ -n "${GPU_SESSION_RESUME:-}" ]; then
+    SELECT="$SELECT --skip-passed $GPU_SESSION_RESUME"
 fi
 existing=""
 for t in $TESTS; do [ -e "$t" ] && existing="$existing $t"; done
@@ -42,7 +48,8 @@ echo "== tests"
 if [ -n "$existing" ]; then  # GPU_SESSION_TESTS=none skips them
     # shellcheck disable=SC2086
     PRIMUS_TURBO_GEMM_TRITON_AUTOTUNE=0 PRIMUS_TURBO_TEST_FAILURE_LOG="$R/failures.log" \
-        timeout "${GPU_SESSION_TEST_S:-180}" "$PY" -m pytest -q -n 14 -p no:cacheprovider --timeout=110 $existing \
+        PRIMUS_TURBO_TEST_RESULT_LOG="$R/results.log" \
+        timeout "${GPU_SESSION_TEST_S:-180}" "$PY" -m pytest -q -n 14 -p no:cacheprovider --timeout=110 $SELECT $existing \
         > "$R/pytest.log" 2>&1
     echo "pytest exit $?: $(tail -n 1 "$R/pytest.log")"
 else

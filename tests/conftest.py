@@ -35,9 +35,46 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="run tests marked slow")
+    parser.addoption("--shard", default=None, metavar="K/N",
+                     help="run every N-th collected test starting at the K-th (1-based): N calls with K = 1..N run "
+                          "the whole selection once, each a mix of every file (GPU sessions split the tree so)")
+    parser.addoption("--skip-passed", default=None, metavar="RESULT_LOG",
+                     help="deselect the tests a PRIMUS_TURBO_TEST_RESULT_LOG file records as passed (resume a run "
+                          "that a time limit cut)")
+
+
+def _shard(text: str) -> tuple:
+    """``"K/N"`` -> (K, N) with 1 <= K <= N; a clear error otherwise."""
+    try:
+        k, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--shard expects K/N with integers, got {text!r}") from None
+    if not 1 <= k <= n:
+        raise pytest.UsageError(f"--shard {text}: expected 1 <= K <= N")
+    return k, n
 
 
 def pytest_collection_modifyitems(config, items):
+    passed_log = config.getoption("--skip-passed")
+    if passed_log:
+        with open(passed_log) as fh:
+            done = {line.split(" ", 2)[2].rstrip("\n") for line in fh if line.startswith("passed ")}
+        dropped = [it for it in items if it.nodeid in done]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = [it for it in items if it.nodeid not in done]
+    shard = config.getoption("--shard")
+    if shard:
+        # interleaved by collection order, not whole files: the GPU-heavy files (Gluon kernels,
+        # attention) are a few of many, so whole-file shards balanced by test count were 100 s
+        # against 500 s on the H200 (session 23); every worker of an xdist run collects the same
+        # order, so each keeps the same subset
+        k, n = _shard(shard)
+        keep = [it for i, it in enumerate(items) if i % n == k - 1]
+        dropped = [it for i, it in enumerate(items) if i % n != k - 1]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
     run_slow = config.getoption("--runslow") or _HAS_CUDA
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     skip_multi = pytest.mark.skip(reason="needs two or more CUDA devices")
@@ -76,9 +113,14 @@ def _seed():
 
 def pytest_runtest_logreport(report):
     """With PRIMUS_TURBO_TEST_FAILURE_LOG set, append each failure's report to that file the moment
-    it happens (under xdist too): a GPU run cut off by its time limit still leaves every traceback."""
+    it happens (under xdist too): a GPU run cut off by its time limit still leaves every traceback.
+    With PRIMUS_TURBO_TEST_RESULT_LOG set, append one line per finished test (outcome, seconds, node
+    id): a cut run still says which tests passed, so the next call runs only the rest."""
     path = os.environ.get("PRIMUS_TURBO_TEST_FAILURE_LOG")
-    if not path or not report.failed:
-        return
-    with open(path, "a") as fh:
-        fh.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+    if path and report.failed:
+        with open(path, "a") as fh:
+            fh.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+    path = os.environ.get("PRIMUS_TURBO_TEST_RESULT_LOG")
+    if path and (report.when == "call" or (report.when == "setup" and not report.passed)):
+        with open(path, "a") as fh:
+            fh.write(f"{report.outcome} {report.duration:.2f} {report.nodeid}\n")
