@@ -116,6 +116,8 @@ def pytest_runtest_logreport(report):
     it happens (under xdist too): a GPU run cut off by its time limit still leaves every traceback.
     With PRIMUS_TURBO_TEST_RESULT_LOG set, append one line per finished test (outcome, seconds, node
     id): a cut run still says which tests passed, so the next call runs only the rest."""
+    if getattr(report, "node", None) is not None:
+        return  # the xdist controller's copy of a worker's report: the worker wrote it already
     path = os.environ.get("PRIMUS_TURBO_TEST_FAILURE_LOG")
     if path and report.failed:
         with open(path, "a") as fh:

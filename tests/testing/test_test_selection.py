@@ -66,3 +66,16 @@ def test_result_log_and_skip_passed(tmp_path, target):
     # a failed record is not skipped: only "passed" lines count
     log.write_text("\n".join(lines) + f"\nfailed 0.10 {everything[1]}\n")
     assert _collected(target, "--skip-passed", str(log)) == [t for t in everything if t not in ran]
+
+
+def test_result_log_under_xdist_has_one_line_per_test(tmp_path, target):
+    """Workers write their own reports; the controller's copies of them are not written again."""
+    pytest.importorskip("xdist")
+    log = tmp_path / "results.log"
+    run_env = dict(os.environ, PRIMUS_TURBO_TEST_RESULT_LOG=str(log))
+    run_env.pop("PYTEST_XDIST_WORKER", None)
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tests.conftest", "-q",
+                          "-n", "2", target], cwd=_ROOT, capture_output=True, text=True, env=run_env)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    ids = [line.split(" ", 2)[2] for line in log.read_text().splitlines()]
+    assert sorted(ids) == sorted(_collected(target)), ids
