@@ -64,3 +64,20 @@ def test_op_offsets_use_one_launch():
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert len(kernels) == 1, [e.name for e in kernels]
     assert torch.equal(offs.cpu(), _ref(lens))
+
+
+@pytest.mark.gpu
+def test_offsets_launch_takes_the_keyed_direct_path():
+    """From the second call on, the offsets launch is a keyed hit on the compiled kernel's C entry
+    (launch_keyed), not Triton's Python launch path: the op calls it on every grouped GEMM whose
+    caller passes no offsets (the Megatron form)."""
+    from primus_turbo.triton import launch as L
+    from primus_turbo.triton.grouped_gemm import offsets as O
+
+    lens = torch.randint(0, 4096, (8,), device="cuda")
+    for _ in range(2):
+        offs = group_offsets_(lens)
+    hits = [v for k, v in L._KEYED.items() if k[0] == id(O._offsets_kernel)]
+    entries = [v[0] is not None for k, v in L._ENTRIES.items() if k[0] == id(O._offsets_kernel)]
+    assert hits, f"no keyed entry for the offsets kernel; launch() entries with a direct path: {entries}"
+    assert torch.equal(offs.cpu(), _ref(lens))
