@@ -239,3 +239,24 @@ def test_kernel_level_default_is_deterministic(device, launches, monkeypatch):
     triton_attn.flash_attn_bwd_triton(dout.float(), q.float(), k.float(), k.float(), out.float(), lse, None, 0.25,
                                       deterministic=False)  # fp32: two kernels
     assert launches == [False, True, False]
+
+
+def test_fp32_inputs_take_the_small_fp32_tiles(monkeypatch):
+    """On the GPU, fp32 inputs (exact products on the FMA pipe) take their own small tiles: the
+    16-bit tiles made the first fp32 call compile for ~2 minutes at head dim 128. Every fp32 tile is
+    at most the 16-bit one of its head dim."""
+    pytest.importorskip("triton")
+    from primus_turbo.triton.attention import flash_attn_bwd as B
+    from primus_turbo.triton.attention import flash_attn_fwd as F
+
+    monkeypatch.setattr(F, "is_interpreter", lambda: False)
+    monkeypatch.setattr(B, "is_interpreter", lambda: False)
+    for d in (64, 128, 256):
+        assert F._fwd_config(d, torch.float32) == F.FP32_FWD_CONFIGS[d]
+        assert F._fwd_config(d, torch.bfloat16) == F.FWD_CONFIGS[d]
+        assert B._bwd_config(d, torch.float32) == B.FP32_BWD_CONFIGS[d]
+        assert B._bwd_config(d, torch.float16) == B.BWD_CONFIGS[d]
+        small, big = F.FP32_FWD_CONFIGS[d], F.FWD_CONFIGS[d]
+        assert small[0] * small[1] <= big[0] * big[1]
+        for s, b in zip(B.FP32_BWD_CONFIGS[d], B.BWD_CONFIGS[d]):
+            assert s[0] * s[1] <= b[0] * b[1]

@@ -400,6 +400,13 @@ BWD_CONFIGS = {
     128: ((32, 64, 4, 3), (128, 32, 4, 3)),
     256: ((32, 64, 4, 2), (64, 32, 4, 2)),
 }
+#: fp32 inputs (FMA-pipe "ieee" products; see flash_attn_fwd.FP32_FWD_CONFIGS): small tiles keep the
+#: first call's compile short (head dim 128 on a 2-core host: dK/dV 63 -> 21 s, dQ 55 -> 19 s)
+FP32_BWD_CONFIGS = {
+    64: ((32, 32, 4, 2), (64, 32, 4, 2)),
+    128: ((32, 32, 4, 2), (64, 32, 4, 2)),
+    256: ((32, 32, 4, 1), (32, 32, 4, 1)),
+}
 
 
 #: sm_90 tiles of the one-kernel (atomic dQ) backward per padded head dim: (BLOCK_M, BLOCK_N,
@@ -418,11 +425,11 @@ def _by_head_dim(table: dict, d_max: int):
     return table[max(table)]
 
 
-def _bwd_config(d_max: int):
+def _bwd_config(d_max: int, dtype: torch.dtype = torch.bfloat16):
     """((BLOCK_M, BLOCK_N, num_warps, num_stages) of the dK/dV kernel, the same of the dQ kernel)."""
     if is_interpreter():
         return (32, 32, 4, 1), (32, 32, 4, 1)
-    return _by_head_dim(BWD_CONFIGS, d_max)
+    return _by_head_dim(FP32_BWD_CONFIGS if dtype == torch.float32 else BWD_CONFIGS, d_max)
 
 
 def _bwd_atomic_config(d_max: int):
@@ -499,7 +506,7 @@ def _launch_bwd(q, k, v, dout, lse, delta, dq, dk, dv, strides, softmax_scale, w
             BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, ATOMIC_DQ=True, **common,
         )
         return
-    (bm1, bn1, warps1, stages1), _ = _bwd_config(block)
+    (bm1, bn1, warps1, stages1), _ = _bwd_config(block, q.dtype)
     _attn_bwd_dkdv_kernel[(cdiv(Sk, bn1), B * Hk)](
         q, k, v, dout, lse, delta, dk, dv, dk, cu_q, cu_k,
         *qs, *ks, *vs, *dos, *dks, *dvs, 0, 0, 0, 0, stride_lh,
@@ -519,7 +526,7 @@ def _launch_dq(q, k, v, dout, lse, delta, dq, strides, softmax_scale, win_left, 
     varlen = cu_q is not None
     block, wl, wr, qk_scale, common = _launch_common(q, v, win_left, win_right, softmax_scale, varlen)
     cu_q, cu_k = (cu_q, cu_k) if varlen else (lse, lse)
-    _, (bm2, bn2, warps2, stages2) = _bwd_config(block)
+    _, (bm2, bn2, warps2, stages2) = _bwd_config(block, q.dtype)
     _attn_bwd_dq_kernel[(cdiv(Sq, bm2), B * H)](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k,
         *qs, *ks, *vs, *dos, *dqs, stride_lh,

@@ -294,15 +294,22 @@ def check_flash_attn_triton(q, k, v, sink=None) -> Optional[str]:
 #: sm_90 forward tiles per padded head dim: (BLOCK_M, BLOCK_N, num_warps, num_stages); measured
 #: with scripts/tune_attention.py (benchmarks/results/h200/NOTES.md has the sweep)
 FWD_CONFIGS = {64: (128, 64, 4, 3), 128: (64, 64, 4, 3), 256: (128, 64, 8, 2)}
+#: fp32 inputs: exact fp32 products ("ieee") run on the FMA pipe, whose unrolled code grows with the
+#: tile; with the 16-bit tiles the first fp32 call at head dim 128 compiled for ~2 minutes on the H200
+#: machine (fwd + both backward kernels; 150 s on a 2-core host), with these 55 s on that host
+#: (scripts/aot_compile_check.py's compile path timed per kernel). fp32 attention is the precise
+#: path, not a fast one.
+FP32_FWD_CONFIGS = {64: (64, 32, 4, 2), 128: (64, 32, 4, 2), 256: (32, 32, 4, 1)}
 
 
-def _fwd_config(d_max: int) -> tuple[int, int, int, int]:
+def _fwd_config(d_max: int, dtype: torch.dtype = torch.bfloat16) -> tuple[int, int, int, int]:
     if is_interpreter():
         return 32, 32, 4, 1
-    for d, cfg in sorted(FWD_CONFIGS.items()):
+    table = FP32_FWD_CONFIGS if dtype == torch.float32 else FWD_CONFIGS
+    for d, cfg in sorted(table.items()):
         if d_max <= d:
             return cfg
-    return FWD_CONFIGS[max(FWD_CONFIGS)]
+    return table[max(table)]
 
 
 def even_head_dims(d_qk: int, d_v: int, min_block: int = 16) -> bool:
@@ -318,7 +325,7 @@ def _launch_fwd(q4, k4, v4, out4, lse, sink, softmax_scale, win_left, win_right,
     Dqk, Dv = q.size(-1), v.size(-1)
     min_block = mma_min_block(q)
     block_dqk, block_dv = attn_block_dims(Dqk, Dv, min_block)
-    bm, bn, warps, stages = _fwd_config(max(block_dqk, block_dv))
+    bm, bn, warps, stages = _fwd_config(max(block_dqk, block_dv), q.dtype)
     has_left, has_right, wl, wr = window_flags(win_left, win_right)
     varlen = cu_q is not None
     grid = (cdiv(Sq, bm), B * H)
