@@ -38,6 +38,38 @@ def balanced_operands(G: int, rows: int, N: int, K: int, dev: torch.device):
     return lens, offs, offs[1:].to(torch.int32), a, w, grad
 
 
+def interleaved_host_us(steps: dict, rounds: int, n: int) -> dict:
+    """Each step warmed up, then its host time per call (:func:`_host_us`, ``n`` calls) in every one
+    of ``rounds`` rounds over all steps; name -> sorted times."""
+    for step in steps.values():
+        for _ in range(10):
+            step()
+    times = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            times[name].append(_host_us(step, n))
+    return {name: sorted(ts) for name, ts in times.items()}
+
+
+def median_line(label: str, ts: list, unit: str = "step") -> str:
+    """``== label: host <median> us per <unit> (median of R rounds; min <min>)``, printed too."""
+    line = f"== {label}: host {ts[len(ts) // 2]:.1f} us per {unit} (median of {len(ts)} rounds; min {ts[0]:.1f})"
+    print(line, flush=True)
+    return line
+
+
+def profile_lines(label: str, step, top: int, sorts=("tottime", "cumulative")) -> list:
+    """A header with the Python-level calls per step and the cProfile of 200 steps."""
+    text, calls = _cprofile(step, 200, top, sorts, with_calls=True)
+    return [f"\n===== {label}: {calls:.0f} Python-level calls per step", text]
+
+
+def write_lines(out: str, name: str, lines: list) -> None:
+    outd = Path(out)
+    outd.mkdir(parents=True, exist_ok=True)
+    (outd / name).write_text("\n".join(lines) + "\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -79,13 +111,7 @@ def main(argv=None) -> int:
                     ops_mod._native_ok = native_ok
 
         steps["turbo fwd+bwd (Function)"] = function_form
-        for step in steps.values():
-            for _ in range(10):
-                step()
-        times = {name: [] for name in steps}
-        for _ in range(args.rounds):
-            for name, step in steps.items():
-                times[name].append(_host_us(step, args.n))
+        times = interleaved_host_us(steps, args.rounds, args.n)
         from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager
 
         pinned = {"turbo fwd [TORCH pinned]": steps["turbo fwd"], "turbo fwd [TRITON pinned]": steps["turbo fwd"],
@@ -101,19 +127,11 @@ def main(argv=None) -> int:
             finally:
                 GlobalBackendManager.set_grouped_gemm_backend(None)
         for name, ts in times.items():
-            ts.sort()
-            line = (f"== G{G} rows{rows} N{N} K{K} {name}: host {ts[len(ts) // 2]:.1f} us per step "
-                    f"(median of {len(ts)} rounds; min {ts[0]:.1f})")
-            print(line, flush=True)
-            lines.append(line)
+            lines.append(median_line(f"G{G} rows{rows} N{N} K{K} {name}", sorted(ts)))
         if si == 0 or not args.profile_first_only:
             for name in ("torch fwd", "turbo fwd", "torch fwd+bwd", "turbo fwd+bwd"):
-                text, calls = _cprofile(steps[name], 200, args.top, ("tottime", "cumulative"), with_calls=True)
-                lines.append(f"\n===== G{G} rows{rows} N{N} K{K} {name}: {calls:.0f} Python-level calls per step")
-                lines.append(text)
-    outd = Path(args.out)
-    outd.mkdir(parents=True, exist_ok=True)
-    (outd / "diag_host_autograd.txt").write_text("\n".join(lines) + "\n")
+                lines += profile_lines(f"G{G} rows{rows} N{N} K{K} {name}", steps[name], args.top)
+    write_lines(args.out, "diag_host_autograd.txt", lines)
     return 0
 
 

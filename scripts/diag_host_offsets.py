@@ -20,7 +20,7 @@ if str(_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from scripts.diag_grouped import _cprofile, _host_us  # noqa: E402
+from scripts.diag_host_autograd import interleaved_host_us, median_line, profile_lines, write_lines  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -51,31 +51,17 @@ def main(argv=None) -> int:
 
     steps = {
         "group_offsets_": lambda: O.group_offsets_(lens),
-        "torch zeros+cumsum": lambda: torch.cumsum(lens, 0),
+        "torch cumsum": lambda: torch.cumsum(lens, 0),
         "fwd offs given": lambda: turbo.ops.grouped_gemm(a.detach(), w.detach(), lens, offs, trans_b=True),
         "fwd offs None": lambda: turbo.ops.grouped_gemm(a.detach(), w.detach(), lens, None, trans_b=True),
         "fwd+bwd offs given": lambda: (reset(), turbo.ops.grouped_gemm(a, w, lens, offs, trans_b=True).backward(grad)),
         "fwd+bwd offs None": lambda: (reset(), turbo.ops.grouped_gemm(a, w, lens, None, trans_b=True).backward(grad)),
     }
-    for step in steps.values():
-        for _ in range(10):
-            step()
-    times = {name: [] for name in steps}
-    for _ in range(args.rounds):
-        for name, step in steps.items():
-            times[name].append(_host_us(step, args.n))
-    for name, ts in times.items():
-        ts.sort()
-        line = f"== {name}: host {ts[len(ts) // 2]:.1f} us per call (median of {len(ts)} rounds; min {ts[0]:.1f})"
-        print(line, flush=True)
-        lines.append(line)
+    times = interleaved_host_us(steps, args.rounds, args.n)
+    lines += [median_line(name, ts, "call") for name, ts in times.items()]
     for name in ("group_offsets_", "fwd offs None"):
-        text, calls = _cprofile(steps[name], 200, 30, ("tottime",), with_calls=True)
-        lines.append(f"\n===== {name}: {calls:.0f} Python-level calls per step")
-        lines.append(text)
-    outd = Path(args.out)
-    outd.mkdir(parents=True, exist_ok=True)
-    (outd / "diag_host_offsets.txt").write_text("\n".join(lines) + "\n")
+        lines += profile_lines(name, steps[name], 30, ("tottime",))
+    write_lines(args.out, "diag_host_offsets.txt", lines)
     return 0
 
 
