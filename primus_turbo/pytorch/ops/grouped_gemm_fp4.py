@@ -15,6 +15,18 @@ quantized in 1 x 32 blocks along its GEMM's K, as the dense :func:`turbo.ops.gem
   zero rows change no block's scale and add nothing to the GEMM (the same scheme as MX_BLOCKWISE in
   ``grouped_gemm_fp8``).
 
+Training-recipe options of :class:`Float4QuantConfig`, as in :func:`turbo.ops.gemm_fp4`
+(docs/low_precision.md, "MXFP4 training options"):
+
+* ``use_gradient_sr``: ``dC``'s two copies (grad_input's, and grad_weight's in the padded token
+  layout) are quantized with stochastic rounding, seeds drawn on the device; the forward keeps RNE.
+  Padding rows stay zero (zero is exact, so no rounding moves it).
+* ``use_rht``: grad_weight runs on ``a`` and ``dC`` transformed along the tokens, in blocks of 32
+  of the padded token layout, with the same 32 random signs (drawn on the device in forward, kept
+  for backward). Every block lies inside one expert's segment, so each expert's product is
+  preserved: ``(R^T X_g)^T (R^T dY_g) = X_g^T dY_g`` for the orthogonal block-diagonal ``R``; the
+  padding rows are zeros inside their block. Forward and grad_input are unchanged.
+
 Weights use 1 x 32 blocks like the activations (as ``gemm_fp4``; not Primus-Turbo's 32 x 32 weight
 blocks), so K must be a multiple of 32, and N too when grad_input is needed (``ValueError`` naming
 the dim). Hopper has no FP4 tensor cores: the TRITON backend decodes E2M1 in-kernel onto bf16
@@ -30,7 +42,7 @@ import torch
 from ..backends.grouped_gemm_fp4 import grouped_gemm_fp4_dispatcher, grouped_gemm_fp4_variable_k_dispatcher
 from ..backends.grouped_gemm_fp8 import padded_group_layout
 from ..core.backend import PrecisionType
-from ..core.low_precision import Float4QuantConfig
+from ..core.low_precision import Float4QuantConfig, ScalingRecipe
 from .gemm import _megatron_dummy_wgrad
 from .grouped_gemm import _offsets
 from .grouped_gemm_fp8 import _NoGradCtx, _check_inputs as _check_fp8_inputs, _mx_token_copy, _mx_weight_copies
@@ -40,10 +52,20 @@ __all__ = ["grouped_gemm_fp4"]
 _BLOCK = 32
 
 
-def _quant_fp4(x: torch.Tensor, axis: int):
+def _quant_fp4(x: torch.Tensor, axis: int, sr: bool = False, signs: Optional[torch.Tensor] = None):
+    """MXFP4 of ``x`` along ``axis``; ``sr``: stochastic rounding (seed drawn on the device);
+    ``signs``: the random Hadamard transform along ``axis`` first."""
     from .quantization import quantize_fp4  # a sibling module: imported late
 
-    return quantize_fp4(x, axis=axis)
+    if not sr and signs is None:
+        return quantize_fp4(x, axis=axis)
+    recipe = ScalingRecipe(use_sr=sr, use_rht=signs is not None)
+    return quantize_fp4(x, axis=axis, scaling_recipe=recipe, rht_signs=signs)
+
+
+def _token_quant(sr: bool, signs: Optional[torch.Tensor]):
+    """The quantizer of the grad_weight copies in the padded token layout (along the tokens)."""
+    return lambda x, axis: _quant_fp4(x, axis, sr=sr, signs=signs)
 
 
 def _mm(A, B, group_lens, group_offs, out_dtype, num_cu):
@@ -60,36 +82,43 @@ def _vk(X, Y, group_lens, group_offs, out_dtype, num_cu, out=None):
 
 class GroupedGemmFP4Function(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, fuse_accum):
+    def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, fuse_accum, gradient_sr=False,
+                use_rht=False):
         need_ga, need_gb = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.trans_b, ctx.num_cu, ctx.fuse_accum = trans_b, num_cu, fuse_accum
+        ctx.gradient_sr = gradient_sr
         ctx.a_dtype, ctx.b_dtype = a.dtype, b.dtype
         a_row = _quant_fp4(a, -1)  # [M, K/2] + [M, K/32]
         w_fwd, w_dgrad = _mx_weight_copies(b, trans_b, _quant_fp4, 2, True, need_ga)
         out = _mm(a_row, w_fwd, group_lens, group_offs, out_dtype, num_cu)
         saved_w = w_dgrad if need_ga else (None, None)
-        src = poffs = None
+        src = poffs = signs = None
         saved_a = (None, None)
         if need_gb:
+            if use_rht:
+                from .quantization import random_hadamard_signs
+
+                signs = random_hadamard_signs(_BLOCK, device=a.device)  # drawn on the device, no sync
             src, poffs = padded_group_layout(group_offs, a.size(0), _BLOCK)
-            saved_a = _mx_token_copy(a, src, _quant_fp4, 2)  # [K, M_pad/2] + [K, M_pad/32]
+            # [K, M_pad/2] + [K, M_pad/32]; with RHT of the padded tokens' 32-blocks (one expert each)
+            saved_a = _mx_token_copy(a, src, _token_quant(False, signs), 2)
         ctx.save_for_backward(*saved_w, *saved_a, group_lens, group_offs, src, poffs,
-                              b if (fuse_accum and need_gb) else None)
+                              b if (fuse_accum and need_gb) else None, signs)
         if fuse_accum and need_gb:
             b.grad_added_to_main_grad = True
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        wq, ws, aq_t, as_t, group_lens, group_offs, src, poffs, b = ctx.saved_tensors
+        wq, ws, aq_t, as_t, group_lens, group_offs, src, poffs, b, signs = ctx.saved_tensors
         grad_out = grad_out.contiguous()
         grad_a = grad_b = None
         if ctx.needs_input_grad[0]:
-            dy_row = _quant_fp4(grad_out, -1)  # [M, N/2] + [M, N/32]
+            dy_row = _quant_fp4(grad_out, -1, sr=ctx.gradient_sr)  # [M, N/2] + [M, N/32]
             # dA[rows of g] = dC[rows of g] @ op(b[g]).T; rows past offs[G] come back zero
             grad_a = _mm(dy_row, (wq, ws), group_lens, group_offs, ctx.a_dtype, ctx.num_cu)
         if ctx.needs_input_grad[1]:
-            dy_col = _mx_token_copy(grad_out, src, _quant_fp4, 2)
+            dy_col = _mx_token_copy(grad_out, src, _token_quant(ctx.gradient_sr, signs), 2)
             A = (aq_t, as_t)
             X, Y = (dy_col, A) if ctx.trans_b else (A, dy_col)
             if ctx.fuse_accum:
@@ -98,19 +127,13 @@ class GroupedGemmFP4Function(torch.autograd.Function):
                 grad_b = _megatron_dummy_wgrad(b)
             else:
                 grad_b = _vk(X, Y, group_lens, poffs, ctx.b_dtype, ctx.num_cu)
-        return grad_a, grad_b, None, None, None, None, None, None
+        return grad_a, grad_b, None, None, None, None, None, None, None, None
 
 
 def _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern):
     op = "grouped_gemm_fp4"
     if not isinstance(config, Float4QuantConfig):
         raise TypeError(f"{op}: config must be a Float4QuantConfig or None, got {type(config).__name__}")
-    if config.use_gradient_sr:
-        raise NotImplementedError(f"{op}: Float4QuantConfig.use_gradient_sr=True (stochastic rounding of "
-                                  "gradients) is not wired into the grouped MXFP4 GEMM yet (turbo.ops.gemm_fp4 has it)")
-    if config.use_rht:
-        raise NotImplementedError(f"{op}: Float4QuantConfig.use_rht=True (random Hadamard transform) is not "
-                                  "wired into the grouped MXFP4 GEMM yet (turbo.ops.gemm_fp4 has it)")
     # the shared checks (types, devices, shapes, offsets, num_cu, main_grad) and MX's 32-multiples
     from ..core.low_precision import Float8QuantConfig, ScalingGranularity
 
@@ -143,8 +166,9 @@ def grouped_gemm_fp4(
         group_lens: ``[G]`` int64 on ``a``'s device (zero allowed, any values: no multiple of 32
             needed); ``group_offs`` its ``[G+1]`` exclusive prefix sum, computed on the device when None.
         out_dtype: dtype of the output (default ``a.dtype``); gradients come back in the inputs' dtypes.
-        config: :class:`Float4QuantConfig` (default). ``use_gradient_sr`` and ``use_rht`` raise
-            ``NotImplementedError``.
+        config: :class:`Float4QuantConfig` (default). ``use_gradient_sr``: stochastic rounding of
+            ``dC`` for both backward GEMMs; ``use_rht``: grad_weight on ``a`` and ``dC`` randomly
+            Hadamard-transformed along each expert's tokens (module docstring).
         num_cu: cap on the persistent programs (SMs) of the kernels.
         fuse_bgrad_accum_pattern: ``None`` or ``"megatron"``: the weight gradient is added into
             ``b.main_grad`` (fp32 or ``b.dtype``) in the kernel epilogue and a placeholder is returned.
@@ -173,7 +197,7 @@ def grouped_gemm_fp4(
         return out
     args = (group_lens, group_offs, bool(trans_b), out_dtype, num_cu, fuse)
     if grads:
-        return GroupedGemmFP4Function.apply(a, b, *args)
+        return GroupedGemmFP4Function.apply(a, b, *args, bool(config.use_gradient_sr), bool(config.use_rht))
     with torch.no_grad():
         return GroupedGemmFP4Function.forward(_NoGradCtx(), a, b, *args)
 

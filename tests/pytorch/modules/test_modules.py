@@ -347,6 +347,15 @@ def test_grouped_linear_fp4():
     _assert(rw, mod.weight.main_grad, 8.0, "main_grad")
     with pytest.raises(TypeError, match="Float4QuantConfig or None, got str"):
         turbo.modules.GroupedLinear(2, 32, 32, config="fp4")
+    # the MXFP4 training options reach the grouped op: SR of dy, RHT of the wgrad operands
+    mod.config = Float4QuantConfig(use_gradient_sr=True, use_rht=True)
+    mod.weight.main_grad.zero_()
+    x.grad = None
+    y2 = mod(x, lens)
+    y2.backward(dy)
+    assert torch.equal(y2, y)  # the forward keeps RNE
+    for ref, got, name in ((rx, x.grad[:110], "dx sr"), (rw, mod.weight.main_grad, "dw sr+rht")):
+        _assert(ref, got, 8.0, name)
 
 
 def test_grouped_linear_bf16_ignores_is_first_microbatch():

@@ -1,7 +1,9 @@
 """turbo.ops.grouped_gemm_fp4 (MoE experts in emulated MXFP4) against float64 references on the
 unquantized inputs: forward and both gradients (SNR >= 8 dB, the grouped MXFP4 bar), 1 and 3
 experts with balanced, unbalanced and empty groups, both weight layouts, the zeroed tail rows,
-Megatron's fused wgrad accumulation, repeatability, the 32-multiple dims and bad input."""
+Megatron's fused wgrad accumulation, repeatability, the 32-multiple dims and bad input; the
+training options (stochastic rounding of dC, the random Hadamard transform of the grad_weight
+operands along each expert's tokens): accuracy, the exact transformed product, reproducibility."""
 
 from __future__ import annotations
 
@@ -96,8 +98,6 @@ def test_bad_inputs(device):
         turbo.ops.grouped_gemm_fp4(a[:, :32], b, gl)
     with pytest.raises(TypeError, match="Float4QuantConfig"):
         turbo.ops.grouped_gemm_fp4(a, b, gl, config="MXFP4")
-    with pytest.raises(NotImplementedError, match="use_rht"):
-        turbo.ops.grouped_gemm_fp4(a, b, gl, config=Float4QuantConfig(use_rht=True))
     with pytest.raises(ValueError, match="main_grad"):
         turbo.ops.grouped_gemm_fp4(a, b.clone().requires_grad_(), gl, fuse_bgrad_accum_pattern="megatron")
     with pytest.raises(TypeError, match="dtype"):
@@ -116,3 +116,125 @@ def test_backend_pin(device):
             turbo.ops.grouped_gemm_fp4(a, b, gl)
     finally:
         GlobalBackendManager.reset()
+
+
+# ---- training options: stochastic rounding of gradients, random Hadamard transform ------------
+SR_CFG = Float4QuantConfig(use_gradient_sr=True)
+RHT_CFG = Float4QuantConfig(use_rht=True)
+BOTH_CFG = Float4QuantConfig(use_gradient_sr=True, use_rht=True)
+OPTION_CASES = [(SR_CFG, [40, 0, 23], True), (RHT_CFG, [40, 0, 23], True), (RHT_CFG, [32, 64, 7], False),
+                (BOTH_CFG, [17, 50], True)]
+
+
+@pytest.mark.parametrize("cfg, lens, trans_b", OPTION_CASES, ids=["sr-NT", "rht-NT", "rht-NN", "sr+rht-NT"])
+def test_options_snr(cfg, lens, trans_b, device):
+    a, b, gl = _make(lens, 64, 64, trans_b, device, extra_rows=3)
+    check_grouped_op(turbo.ops.grouped_gemm_fp4, a, b, gl, trans_b, MIN_SNR, config=cfg)
+
+
+def _padded_rht_deq(x, lens, signs):
+    """The reference grad_weight operand of each expert: its rows of ``x [M, C]`` padded with zero
+    rows to a multiple of 32, transformed along the tokens, MXFP4 along the tokens, dequantized
+    (fp64, ``[C, P_g]``)."""
+    from primus_turbo.pytorch.ops.quantization import hadamard_transform
+    from primus_turbo.testing.quant_ref import dequantize_fp4_ref, quantize_fp4_ref
+
+    out, start = [], 0
+    for n in lens:
+        seg = x[start:start + n].detach().cpu().float()
+        start += n
+        pad = torch.zeros(-(-n // 32) * 32, x.size(1))
+        pad[:n] = seg
+        t = hadamard_transform(pad.t().contiguous(), signs.cpu())  # [C, P_g] along the tokens
+        out.append(dequantize_fp4_ref(*quantize_fp4_ref(t)).double())
+    return out
+
+
+@pytest.mark.parametrize("trans_b", [True, False], ids=["NT", "NN"])
+def test_rht_wgrad_is_the_transformed_product(trans_b, device):
+    # with use_rht, expert g's weight gradient is the fp32-accumulated product of the MXFP4 copies of
+    # its tokens of a and dC, padded to 32-token blocks and transformed along the tokens with the
+    # same 32 signs (drawn first in forward: torch.manual_seed reproduces them); the output and
+    # grad_input are the default config's, bit for bit
+    from primus_turbo.pytorch.ops.quantization import random_hadamard_signs
+
+    lens = [40, 0, 23, 32]
+    a, b, gl = _make(lens, 64, 96, trans_b, device, dtype=torch.float32, extra_rows=2)
+    a.requires_grad_()
+    b.requires_grad_()
+    grad = torch.randn(a.size(0), 64, generator=torch.Generator().manual_seed(3)).to(device)
+    torch.manual_seed(1234)
+    signs = random_hadamard_signs(32, device=device)
+    torch.manual_seed(1234)
+    out = turbo.ops.grouped_gemm_fp4(a, b, gl, trans_b=trans_b, config=RHT_CFG)
+    out.backward(grad)
+    xs, ys = _padded_rht_deq(a, lens, signs), _padded_rht_deq(grad, lens, signs)
+    for g in range(len(lens)):
+        want = ys[g] @ xs[g].T  # [N, K]
+        got = b.grad[g].double().cpu()
+        if not trans_b:
+            want = want.T
+        if lens[g] == 0:
+            assert not got.any()
+        else:
+            assert snr_db(want, got) >= 80.0, g
+    a2, b2 = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    out2 = turbo.ops.grouped_gemm_fp4(a2, b2, gl, trans_b=trans_b)
+    out2.backward(grad)
+    assert torch.equal(out, out2) and torch.equal(a.grad, a2.grad)
+    ref_db = grouped_gemm_variable_k_ref(grad, a, gl) if trans_b else grouped_gemm_variable_k_ref(a, grad, gl)
+    assert snr_db(ref_db, b.grad) >= MIN_SNR
+
+
+def test_rht_reduces_wgrad_error_on_outliers(device):
+    # tokens with outliers (about one 40-sigma element per 32-token block): without the transform
+    # their block scales flush the other tokens of the block; with it every expert's dW is more accurate
+    g = torch.Generator().manual_seed(0)
+    lens, k, n = [96, 64], 64, 64
+    a = torch.randn(sum(lens), k, generator=g) + (torch.rand(sum(lens), k, generator=g) < 1 / 32) * 40
+    b = torch.randn(len(lens), n, k, generator=g) / 8
+    dy = torch.randn(sum(lens), n, generator=g)
+    gl = torch.tensor(lens, dtype=torch.int64, device=device)
+    ref = grouped_gemm_variable_k_ref(dy, a, gl.cpu())
+    snr = {}
+    for cfg in (Float4QuantConfig(), RHT_CFG):
+        aa, bb = a.clone().to(device).requires_grad_(), b.clone().to(device).requires_grad_()
+        torch.manual_seed(0)
+        turbo.ops.grouped_gemm_fp4(aa, bb, gl, config=cfg).backward(dy.to(device))
+        snr[cfg.use_rht] = snr_db(ref, bb.grad.double().cpu())
+    assert snr[True] >= snr[False] + 1.5, snr
+
+
+def test_gradient_sr_reproducible_and_random(device):
+    # SR draws its seeds on the device: torch.manual_seed reproduces the gradients, another seed
+    # changes both of them; the forward output is the RNE one
+    a, b, gl = _make([40, 24], 64, 64, True, device, extra_rows=2)
+    grad = torch.randn(a.size(0), 64, generator=torch.Generator().manual_seed(5)).bfloat16().to(device)
+    res = []
+    for seed in (0, 0, 1):
+        aa, bb = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+        torch.manual_seed(seed)
+        out = turbo.ops.grouped_gemm_fp4(aa, bb, gl, config=SR_CFG)
+        out.backward(grad)
+        res.append((out, aa.grad, bb.grad))
+    assert all(torch.equal(x, y) for x, y in zip(res[0], res[1]))
+    assert torch.equal(res[0][0], res[2][0])  # forward unchanged
+    assert not torch.equal(res[0][1], res[2][1]) and not torch.equal(res[0][2], res[2][2])
+    with torch.no_grad():
+        assert torch.equal(res[0][0], turbo.ops.grouped_gemm_fp4(a, b, gl))
+    assert not res[0][1][64:].any()  # the rows past the routed ones stay zero
+
+
+def test_padding_rows_stay_zero_under_sr(device):
+    # the padded token layout's zero rows: stochastic rounding never moves an exact zero, so they
+    # add nothing to any expert's weight gradient
+    from primus_turbo.pytorch.ops.grouped_gemm_fp4 import _quant_fp4
+    from primus_turbo.pytorch.ops.quantization import dequantize_fp4
+
+    x = torch.randn(64, 32, device=device)
+    x[5:32] = 0.0
+    for _ in range(3):
+        q, s = _quant_fp4(x, 0, sr=True)
+        d = dequantize_fp4(q, torch.float32, scale_inv=s, axis=0)
+        assert not d[5:32].any()
+        assert snr_db(x[:5].double(), d[:5]) >= MIN_SNR
