@@ -18,6 +18,7 @@ __all__ = [
     "ScalingStrategy",
     "ScaleDtype",
     "ScalingRecipe",
+    "MXScalingRecipe",
     "Float8QuantConfig",
     "Float4QuantConfig",
     "MXFP8_BLOCK_SIZE",
@@ -73,6 +74,10 @@ class ScalingRecipe(NamedTuple):
     use_2d_block: bool = False  # 2-D (block x block) scaling, used for weights
     use_sr: bool = False  # stochastic rounding (MXFP4 gradients)
     use_rht: bool = False  # random Hadamard transform before MXFP4 quantization
+
+
+#: the name older Primus-Turbo builds (and code written against them) use for :class:`ScalingRecipe`
+MXScalingRecipe = ScalingRecipe
 
 
 def is_fp8_dtype(dtype: torch.dtype) -> bool:

@@ -76,3 +76,24 @@ def test_env_raw_follows_run_time_changes(monkeypatch):
     assert env_mod.env_raw(name) != one
     monkeypatch.delenv(name)
     assert env_mod.env_raw(name) is None
+
+
+def test_common_constants_name_registered_variables():
+    # primus_turbo.common.constants (the import path Primus's Megatron layers use) names only
+    # registered variables, and the backend ones are the ones GlobalBackendManager reads
+    import subprocess
+    import sys
+
+    from primus_turbo.common import constants as c
+    from primus_turbo.pytorch.core.backend import GlobalBackendManager
+
+    names = {n: getattr(c, n) for n in c.__all__}
+    assert names and all(n.startswith("ENV_") for n in names)
+    assert all(v in env_mod.ENV_VARS for v in names.values()), names
+    assert c.ENV_GEMM_BACKEND == GlobalBackendManager._ENV["gemm"]
+    assert c.ENV_GROUPED_GEMM_BACKEND == GlobalBackendManager._ENV["grouped_gemm"]
+    assert c.ENV_ATTN_BACKEND == GlobalBackendManager._ENV["attn"]
+    # names only: importing the module does not import torch
+    code = "import sys, primus_turbo.common.constants; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

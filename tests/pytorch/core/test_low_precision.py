@@ -87,3 +87,10 @@ def test_capability_checks_tell_the_truth(check):
             assert ok is True
             if check is not check_fp8_support:
                 assert "emulated" in reason  # Hopper has no MX/FP4 tensor cores
+
+
+def test_mx_scaling_recipe_is_the_older_name():
+    from primus_turbo.pytorch.core.low_precision import MXScalingRecipe, ScalingRecipe
+
+    assert MXScalingRecipe is ScalingRecipe
+    assert MXScalingRecipe(use_sr=True) == ScalingRecipe(use_sr=True)

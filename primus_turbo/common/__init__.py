@@ -1,0 +1,1 @@
+"""Framework-neutral pieces (no torch import): :mod:`primus_turbo.common.constants`."""
