@@ -1,4 +1,4 @@
-"""``QuantizedTensor``: FP8 data with its dequantization scales and how they were formed.
+"""``QuantizedTensor``: FP8 (or MXFP4) data with its dequantization scales and how they were formed.
 
 A plain Python container (not a ``torch.Tensor`` subclass), so it is simple to reason about and
 to trace: it holds ``data`` (FP8), ``scale_inv`` (the dequantization multiplier, shapes as in
@@ -13,10 +13,12 @@ import torch
 
 from .low_precision import (
     DEFAULT_BLOCK_SIZE,
+    MXFP4_BLOCK_SIZE,
     MXFP8_BLOCK_SIZE,
     Float8QuantConfig,
     ScalingGranularity,
     ScalingRecipe,
+    is_fp4_dtype,
 )
 
 __all__ = ["QuantizedTensor", "QuantizedTensorPair", "create_quantized_weight", "check_quantized_tensor"]
@@ -30,11 +32,18 @@ def _ops():
     return quantization
 
 
+def _packed_fp4(dtype: torch.dtype) -> bool:
+    """MXFP4 data: ``float4_e2m1fn_x2``, or ``uint8`` where torch has no FP4 dtype (FP8 data never is)."""
+    return dtype == torch.uint8 or is_fp4_dtype(dtype)
+
+
 class QuantizedTensor:
-    """FP8 ``data`` + ``scale_inv`` + the parameters they were quantized with.
+    """FP8 (or MXFP4) ``data`` + ``scale_inv`` + the parameters they were quantized with.
 
     Attributes:
-        data: FP8 tensor (``float8_e4m3fn`` / ``float8_e5m2``) shaped like the original.
+        data: FP8 tensor (``float8_e4m3fn`` / ``float8_e5m2``) shaped like the original; for MXFP4
+            the packed ``float4_e2m1fn_x2`` codes of :func:`turbo.ops.quantize_fp4` (two per byte
+            along ``axis``: ``[rows, cols/2]`` or ``[rows/2, cols]``).
         scale_inv: dequantization multiplier per block (fp32; ``float8_e8m0fnu`` for MX).
         granularity: ``ScalingGranularity``.
         block_size: BLOCKWISE / MX block (None otherwise).
@@ -75,8 +84,18 @@ class QuantizedTensor:
         block_size: Optional[int] = None,
         scaling_recipe: Optional[ScalingRecipe] = None,
     ) -> "QuantizedTensor":
-        """Quantize ``x`` with :func:`turbo.ops.quantize_fp8` (same arguments and defaults)."""
+        """Quantize ``x`` with :func:`turbo.ops.quantize_fp8` (same arguments and defaults).
+
+        ``dest_dtype=float4_e2m1fn_x2``: MXFP4 of a 2-D ``x`` with :func:`turbo.ops.quantize_fp4`
+        (``MX_BLOCKWISE``, ``block_size`` 32 or None, ``axis`` -1 or 0; ``ScalingRecipe(use_sr=True)``
+        rounds stochastically). As there, ``use_2d_block`` does not apply: the groups are 1 x 32,
+        as :func:`turbo.ops.gemm_fp4` quantizes weights, so ``quantize(...).dequantize()`` is the
+        QDQ of this library's MXFP4 forward. ``use_rht`` raises ``NotImplementedError``
+        (``dequantize()`` could not undo the transform). The result is for ``dequantize()`` and
+        storage: the GEMM ops take FP8 ``QuantizedTensor`` inputs only."""
         g = _ops()._granularity(granularity, "QuantizedTensor.quantize")
+        if is_fp4_dtype(dest_dtype):
+            return cls._quantize_fp4(x, g, axis, block_size, scaling_recipe)
         if g == _G.BLOCKWISE and block_size is None:
             block_size = DEFAULT_BLOCK_SIZE
         if g == _G.MX_BLOCKWISE and block_size is None:
@@ -88,8 +107,26 @@ class QuantizedTensor:
         return cls(data, scale_inv, g, block_size=block_size, axis=ax, orig_dtype=x.dtype,
                    scaling_recipe=scaling_recipe)
 
+    @classmethod
+    def _quantize_fp4(cls, x, g, axis, block_size, recipe) -> "QuantizedTensor":
+        op = "QuantizedTensor.quantize"
+        if g != _G.MX_BLOCKWISE:
+            raise ValueError(f"{op}: float4_e2m1fn_x2 (MXFP4) needs granularity MX_BLOCKWISE, got {g.name}")
+        if block_size not in (None, MXFP4_BLOCK_SIZE):
+            raise ValueError(f"{op}: MXFP4 blocks are {MXFP4_BLOCK_SIZE} elements, got block_size={block_size}")
+        if recipe is not None and recipe.use_rht:
+            raise NotImplementedError(f"{op}: ScalingRecipe(use_rht=True) for MXFP4: dequantize() would return the "
+                                      "Hadamard transform of the input; use turbo.ops.quantize_fp4 with rht_signs")
+        data, scale_inv = _ops().quantize_fp4(x, axis=axis, scaling_recipe=recipe)
+        ax = 0 if axis in (0, -2) else -1  # quantize_fp4 checked x is 2-D and the axis valid
+        return cls(data, scale_inv, g, block_size=MXFP4_BLOCK_SIZE, axis=ax, orig_dtype=x.dtype,
+                   scaling_recipe=recipe)
+
     def dequantize(self, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """``data * scale_inv`` per block, in ``out_dtype`` (default: ``orig_dtype``)."""
+        if _packed_fp4(self.data.dtype):
+            return _ops().dequantize_fp4(self.data, out_dtype or self.orig_dtype, scale_inv=self.scale_inv,
+                                         axis=self.axis)
         if self.data.dim() == 3:
             return _dequantize_experts(self, out_dtype or self.orig_dtype)
         return _ops().dequantize_fp8(
@@ -103,7 +140,7 @@ class QuantizedTensor:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The FP8 dtype of ``data``."""
+        """The dtype of ``data`` (FP8, or ``float4_e2m1fn_x2`` for MXFP4)."""
         return self.data.dtype
 
     @property

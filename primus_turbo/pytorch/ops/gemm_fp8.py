@@ -274,11 +274,22 @@ def _requires_grad(x) -> bool:
     return isinstance(x, torch.Tensor) and x.requires_grad
 
 
+def _check_prequantized_fp8(t, name: str, op: str) -> None:
+    """A pre-quantized operand must hold FP8 data: an MXFP4 ``QuantizedTensor`` (packed codes,
+    whose shape is not the tensor's) is named here instead of failing a shape check later."""
+    data = t.data.data if type(t).__name__ == "QuantizedTensorPair" else t.data
+    dtype = getattr(data, "dtype", None)
+    if dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise TypeError(f"{op}: a pre-quantized {name} must hold FP8 data (float8_e4m3fn / float8_e5m2), got {dtype}; "
+                        "MXFP4 QuantizedTensors are for dequantize(): the MXFP4 GEMMs quantize on the fly")
+
+
 def _check_inputs(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pattern):
     a_in, b_in = a, b
     hp = []
     for name, t in (("a", a), ("b", b)):
         if _is_prequantized(t):
+            _check_prequantized_fp8(t, name, "gemm_fp8")
             continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"gemm_fp8: {name} must be a torch.Tensor or a QuantizedTensor, got {type(t).__name__}")

@@ -55,7 +55,7 @@ from ..core.backend import PrecisionType
 from ..core.env import env_auto_flag
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingRecipe
 from .gemm import _megatron_dummy_wgrad, check_main_grad
-from .gemm_fp8 import _is_prequantized
+from .gemm_fp8 import _check_prequantized_fp8, _is_prequantized
 from .grouped_gemm import _offsets
 
 __all__ = ["grouped_gemm_fp8", "grouped_gemm_fp8_cached_weight", "grouped_weight_copies"]
@@ -342,6 +342,7 @@ def _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_
         if _is_prequantized(t):
             if name == "a" and type(t).__name__ != "QuantizedTensor":
                 raise TypeError(f"{op}: a pre-quantized a must be a QuantizedTensor (a QuantizedTensorPair is for b)")
+            _check_prequantized_fp8(t, name, op)
             data = (t.data.data if type(t).__name__ == "QuantizedTensorPair" else t.data)
             if not isinstance(data, torch.Tensor) or data.dim() != nd:
                 raise ValueError(f"{op}: a pre-quantized {name} must hold {nd}-D data, got shape "

@@ -110,3 +110,69 @@ def test_check_quantized_tensor_errors(device):
         create_quantized_weight(x, E4M3, "BLOCKWISE")
     with pytest.raises(ValueError, match="weight must be 2-D"):
         create_quantized_weight(x.reshape(-1), E4M3, Float8QuantConfig())
+
+
+# ---- MXFP4 ----------------------------------------------------------------------------------
+FP4 = getattr(torch, "float4_e2m1fn_x2", None)
+needs_fp4 = pytest.mark.skipif(FP4 is None, reason="this torch has no float4_e2m1fn_x2")
+
+
+@needs_fp4
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_mxfp4_round_trip(axis, device):
+    from primus_turbo.pytorch.ops.quantization import dequantize_fp4, quantize_fp4
+    from primus_turbo.testing import snr_db
+
+    x = _x((64, 96), device)
+    qt = QuantizedTensor.quantize(x, FP4, G.MX_BLOCKWISE, axis=axis)
+    q, s = quantize_fp4(x, axis=axis)
+    assert qt.dtype == FP4 and qt.granularity == G.MX_BLOCKWISE and qt.block_size == 32 and qt.axis == axis
+    assert torch.equal(qt.data.view(torch.uint8), q.view(torch.uint8)) and torch.equal(qt.scale_inv, s)
+    d = qt.dequantize()
+    assert d.dtype == torch.bfloat16 and d.shape == x.shape
+    assert torch.equal(d, dequantize_fp4(q, torch.bfloat16, scale_inv=s, axis=axis))
+    assert snr_db(x.double(), qt.dequantize(torch.float32)) >= 10.0
+    assert "float4_e2m1fn_x2" in repr(qt)
+
+
+@needs_fp4
+def test_mxfp4_qdq_in_primus_weight_form(device):
+    # the call Primus's MXFP4 weight de-oscillation makes: use_2d_block does not apply to MXFP4 here
+    # (1 x 32 groups, as gemm_fp4 quantizes weights), so the QDQ is that of the forward's weight copy
+    w = _x((64, 128), device)
+    qdq = QuantizedTensor.quantize(w, FP4, G.MX_BLOCKWISE, block_size=32,
+                                   scaling_recipe=ScalingRecipe(use_2d_block=True), axis=-1).dequantize()
+    assert torch.equal(qdq, QuantizedTensor.quantize(w, FP4, G.MX_BLOCKWISE).dequantize())
+    # stochastic rounding: reproducible under torch.manual_seed, unbiased-looking, still a valid QDQ
+    torch.manual_seed(0)
+    a = QuantizedTensor.quantize(w, FP4, G.MX_BLOCKWISE, scaling_recipe=ScalingRecipe(use_sr=True)).dequantize()
+    torch.manual_seed(0)
+    b = QuantizedTensor.quantize(w, FP4, G.MX_BLOCKWISE, scaling_recipe=ScalingRecipe(use_sr=True)).dequantize()
+    assert torch.equal(a, b) and not torch.equal(a, qdq)
+
+
+@needs_fp4
+def test_mxfp4_bad_input(device):
+    x = _x((64, 96), device)
+    with pytest.raises(ValueError, match="needs granularity MX_BLOCKWISE, got BLOCKWISE"):
+        QuantizedTensor.quantize(x, FP4, G.BLOCKWISE)
+    with pytest.raises(ValueError, match="MXFP4 blocks are 32 elements, got block_size=16"):
+        QuantizedTensor.quantize(x, FP4, G.MX_BLOCKWISE, block_size=16)
+    with pytest.raises(NotImplementedError, match="use_rht=True"):
+        QuantizedTensor.quantize(x, FP4, G.MX_BLOCKWISE, scaling_recipe=ScalingRecipe(use_rht=True))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        QuantizedTensor.quantize(_x((64, 48), device), FP4, G.MX_BLOCKWISE)
+    with pytest.raises(ValueError, match="2-D"):
+        QuantizedTensor.quantize(_x((2, 64, 64), device), FP4, G.MX_BLOCKWISE)
+    # the GEMM ops take FP8 QuantizedTensors only: an MXFP4 one is named, not misread
+    import primus_turbo.pytorch as turbo
+
+    qt = QuantizedTensor.quantize(x, FP4, G.MX_BLOCKWISE)
+    with pytest.raises(ValueError, match="FP8 dtype"):
+        check_quantized_tensor(qt, Float8QuantConfig(granularity=G.MX_BLOCKWISE, block_size=32))
+    w = _x((64, 96), device)
+    mx = Float8QuantConfig(granularity=G.MX_BLOCKWISE, block_size=32)
+    with pytest.raises(TypeError, match=r"gemm_fp8: a pre-quantized a must hold FP8 data .* got torch.float4_e2m1fn_x2"):
+        turbo.ops.gemm_fp8(qt, w, trans_b=True, config=mx)
+    with pytest.raises(TypeError, match="grouped_gemm_fp8: a pre-quantized a must hold FP8 data"):
+        turbo.ops.grouped_gemm_fp8(qt, w.reshape(1, 64, 96), torch.tensor([64], device=device), config=mx)
