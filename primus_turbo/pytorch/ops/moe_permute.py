@@ -296,9 +296,15 @@ class _UnpermuteFn(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------------------------
-def _check_tokens(tokens: torch.Tensor, name: str = "tokens") -> None:
+def _check_tokens(tokens: torch.Tensor, op: str, name: str = "tokens") -> None:
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
-        raise ValueError(f"{name} must be a 2-D tensor [T, H], got {getattr(tokens, 'shape', type(tokens))}")
+        got = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise ValueError(f"{op}: {name} must be a 2-D tensor [T, H], got {got}")
+
+
+def _check_device(t: Optional[torch.Tensor], name: str, ref: torch.Tensor, ref_name: str, op: str) -> None:
+    if t is not None and isinstance(t, torch.Tensor) and t.device != ref.device:
+        raise ValueError(f"{op}: {name} is on {t.device}, {ref_name} on {ref.device}; they must share a device")
 
 
 def _build_row_id_map(routing_map, num_experts, pad_multiple, num_out_tokens):
@@ -336,53 +342,57 @@ def moe_permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional
                 scales: Optional[torch.Tensor] = None, *, num_experts: Optional[int] = None,
                 return_tokens_per_expert: bool = False):
     """Group tokens by expert (see the module docstring)."""
-    _check_tokens(tokens)
+    op = "moe_permute"
+    _check_tokens(tokens, op)
     if not isinstance(routing_map, torch.Tensor) or routing_map.dim() != 2:
-        raise ValueError("routing_map must be a 2-D bool [T, E] map or int32/int64 [T, k] indices")
+        got = tuple(routing_map.shape) if isinstance(routing_map, torch.Tensor) else type(routing_map).__name__
+        raise ValueError(f"{op}: routing_map must be a 2-D bool [T, E] map or int32/int64 [T, k] indices, got {got}")
     t, _h = tokens.shape
     if routing_map.shape[0] != t:
-        raise ValueError(f"routing_map has {routing_map.shape[0]} rows, tokens has {t}")
-    if routing_map.device != tokens.device:
-        raise ValueError("routing_map and tokens must be on the same device")
+        raise ValueError(f"{op}: routing_map has {routing_map.shape[0]} rows, tokens has {t}")
+    _check_device(routing_map, "routing_map", tokens, "tokens", op)
     is_map = routing_map.dtype == torch.bool
     if is_map:
         e = routing_map.shape[1]
         if num_experts is not None and num_experts != e:
-            raise ValueError(f"num_experts={num_experts} but routing_map has {e} columns")
+            raise ValueError(f"{op}: num_experts={num_experts} but routing_map has {e} columns")
     elif routing_map.dtype in (torch.int32, torch.int64):
         if num_experts is None or num_experts <= 0:
-            raise ValueError("the top-k indices form needs num_experts > 0")
+            raise ValueError(f"{op}: the top-k indices form needs num_experts > 0, got num_experts={num_experts}")
         e = num_experts
         if routing_map.shape[1] > e:
-            raise ValueError(f"top-k {routing_map.shape[1]} exceeds num_experts {e}")
+            raise ValueError(f"{op}: top-k {routing_map.shape[1]} exceeds num_experts {e}")
     else:
-        raise TypeError(f"routing_map must be bool or int32/int64, got {routing_map.dtype}")
+        raise TypeError(f"{op}: routing_map must be bool or int32/int64, got {routing_map.dtype}")
     k = routing_map.shape[1]
     if pad_multiple is not None:
         if int(pad_multiple) < 1:
-            raise ValueError(f"pad_multiple must be >= 1, got {pad_multiple}")
+            raise ValueError(f"{op}: pad_multiple must be >= 1, got {pad_multiple}")
         pad_multiple = int(pad_multiple) if int(pad_multiple) > 1 else None
     if num_out_tokens is not None:
         num_out_tokens = int(num_out_tokens)
         if num_out_tokens < 0:
-            raise ValueError(f"num_out_tokens must be >= 0, got {num_out_tokens}")
+            raise ValueError(f"{op}: num_out_tokens must be >= 0, got {num_out_tokens}")
         if not is_map and num_out_tokens < t * k:
-            raise ValueError(f"num_out_tokens={num_out_tokens} < T*k={t * k}: every top-k pair needs a row")
+            raise ValueError(f"{op}: num_out_tokens={num_out_tokens} < T*k={t * k}: every top-k pair needs a row")
     elif not is_map and pad_multiple is None:
         num_out_tokens = t * k
     if tokens.dtype not in _FLOAT_DTYPES and tokens.element_size() != 1:
-        raise TypeError(f"tokens dtype {tokens.dtype} not supported (bf16/fp16/fp32 or a 1-byte FP8 type)")
+        raise TypeError(f"{op}: tokens dtype {tokens.dtype} not supported (bf16/fp16/fp32 or a 1-byte FP8 type)")
     if tokens.element_size() == 1 and tokens.requires_grad:
-        raise TypeError("FP8 tokens are moved as data only; they cannot require grad")
+        raise TypeError(f"{op}: FP8 tokens ({tokens.dtype}) are moved as data only; they cannot require grad")
     if probs is not None:
         if probs.shape != routing_map.shape:
-            raise ValueError(f"probs shape {tuple(probs.shape)} must match routing_map {tuple(routing_map.shape)}")
+            raise ValueError(f"{op}: probs shape {tuple(probs.shape)} must match routing_map "
+                             f"{tuple(routing_map.shape)}")
         if not probs.dtype.is_floating_point:
-            raise TypeError(f"probs must be floating point, got {probs.dtype}")
+            raise TypeError(f"{op}: probs must be floating point, got {probs.dtype}")
+        _check_device(probs, "probs", tokens, "tokens", op)
         probs = probs.contiguous()
     if scales is not None:
         if scales.dim() not in (1, 2) or scales.shape[0] != t:
-            raise ValueError(f"scales must be [T] or [T, S] with T={t}, got {tuple(scales.shape)}")
+            raise ValueError(f"{op}: scales must be [T] or [T, S] with T={t}, got {tuple(scales.shape)}")
+        _check_device(scales, "scales", tokens, "tokens", op)
 
     if _fused_map(tokens, is_map, t * k):
         from primus_turbo.triton.moe import permute_kernel as pk
@@ -410,18 +420,24 @@ def moe_unpermute(permuted_tokens: torch.Tensor, row_id_map: torch.Tensor,
                   merging_probs: Optional[torch.Tensor] = None,
                   restore_shape: Optional[Sequence[int]] = None) -> torch.Tensor:
     """Merge each token's expert rows back (see the module docstring)."""
-    _check_tokens(permuted_tokens, "permuted_tokens")
+    op = "moe_unpermute"
+    _check_tokens(permuted_tokens, op, "permuted_tokens")
     if permuted_tokens.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"permuted_tokens must be bf16/fp16/fp32, got {permuted_tokens.dtype}")
-    if row_id_map.dim() != 2 or row_id_map.dtype not in (torch.int32, torch.int64):
-        raise ValueError("row_id_map must be the int [T, K] map returned by moe_permute")
+        raise TypeError(f"{op}: permuted_tokens must be bf16/fp16/fp32, got {permuted_tokens.dtype}")
+    if not isinstance(row_id_map, torch.Tensor) or row_id_map.dim() != 2 \
+            or row_id_map.dtype not in (torch.int32, torch.int64):
+        got = (f"{tuple(row_id_map.shape)} {row_id_map.dtype}" if isinstance(row_id_map, torch.Tensor)
+               else type(row_id_map).__name__)
+        raise ValueError(f"{op}: row_id_map must be the int [T, K] map returned by moe_permute, got {got}")
+    _check_device(row_id_map, "row_id_map", permuted_tokens, "permuted_tokens", op)
     row_id_map = row_id_map.to(torch.int32).contiguous()
     if merging_probs is not None:
         if merging_probs.shape != row_id_map.shape:
-            raise ValueError(f"merging_probs shape {tuple(merging_probs.shape)} must match row_id_map "
+            raise ValueError(f"{op}: merging_probs shape {tuple(merging_probs.shape)} must match row_id_map "
                              f"{tuple(row_id_map.shape)}")
         if not merging_probs.dtype.is_floating_point:
-            raise TypeError(f"merging_probs must be floating point, got {merging_probs.dtype}")
+            raise TypeError(f"{op}: merging_probs must be floating point, got {merging_probs.dtype}")
+        _check_device(merging_probs, "merging_probs", permuted_tokens, "permuted_tokens", op)
         merging_probs = merging_probs.contiguous()
     out = _UnpermuteFn.apply(permuted_tokens, row_id_map, merging_probs)
     if restore_shape is not None:
@@ -431,17 +447,21 @@ def moe_unpermute(permuted_tokens: torch.Tensor, row_id_map: torch.Tensor,
 
 def token_permute(tokens: torch.Tensor, indices: torch.Tensor, num_out_tokens: Optional[int] = None):
     """Megatron ``permute``: returns ``(permuted_tokens, sorted_indices)``."""
-    _check_tokens(tokens)
+    op = "token_permute"
+    _check_tokens(tokens, op)
+    if not isinstance(indices, torch.Tensor):
+        raise TypeError(f"{op}: indices must be a tensor, got {type(indices).__name__}")
     if indices.dim() == 1:
         indices = indices[:, None]
     if indices.dim() != 2 or indices.shape[0] != tokens.shape[0]:
-        raise ValueError(f"indices must be [T, k] with T={tokens.shape[0]}, got {tuple(indices.shape)}")
+        raise ValueError(f"{op}: indices must be [T, k] with T={tokens.shape[0]}, got {tuple(indices.shape)}")
     if indices.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"indices must be int32/int64, got {indices.dtype}")
+        raise TypeError(f"{op}: indices must be int32/int64, got {indices.dtype}")
+    _check_device(indices, "indices", tokens, "tokens", op)
     t, k = indices.shape
     n = t * k if num_out_tokens is None else int(num_out_tokens)
     if not 0 <= n <= t * k:
-        raise ValueError(f"num_out_tokens must be in [0, T*k={t * k}], got {n}")
+        raise ValueError(f"{op}: num_out_tokens must be in [0, T*k={t * k}], got {n}")
     sorted_indices = torch.argsort(indices.reshape(-1), stable=True)[:n]
     # row_id_map[t, j] = position of pair t*k+j in the sorted order (-1 when cut off)
     row_id_map = torch.full((t * k,), -1, dtype=torch.int64, device=indices.device)
@@ -455,11 +475,17 @@ def token_unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor,
                     probs: Optional[torch.Tensor] = None,
                     restore_shape: Optional[Sequence[int]] = None) -> torch.Tensor:
     """Megatron ``unpermute``: scatter back, weight by ``probs [T, k]``, sum over k."""
-    _check_tokens(permuted_tokens, "permuted_tokens")
+    op = "token_unpermute"
+    _check_tokens(permuted_tokens, op, "permuted_tokens")
     if permuted_tokens.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"permuted_tokens must be bf16/fp16/fp32, got {permuted_tokens.dtype}")
-    if sorted_indices.dim() != 1 or sorted_indices.numel() != permuted_tokens.shape[0]:
-        raise ValueError("sorted_indices must be 1-D with one entry per permuted row")
+        raise TypeError(f"{op}: permuted_tokens must be bf16/fp16/fp32, got {permuted_tokens.dtype}")
+    if not isinstance(sorted_indices, torch.Tensor) or sorted_indices.dim() != 1 \
+            or sorted_indices.numel() != permuted_tokens.shape[0]:
+        got = tuple(sorted_indices.shape) if isinstance(sorted_indices, torch.Tensor) else type(sorted_indices).__name__
+        raise ValueError(f"{op}: sorted_indices must be 1-D with one entry per permuted row "
+                         f"({permuted_tokens.shape[0]}), got {got}")
+    _check_device(sorted_indices, "sorted_indices", permuted_tokens, "permuted_tokens", op)
+    _check_device(probs, "probs", permuted_tokens, "permuted_tokens", op)
     if probs is not None:
         if probs.dim() == 1:
             probs = probs[:, None]

@@ -185,43 +185,61 @@ def test_short_buffer_clips_tokens_per_expert(device):
 
 
 def test_errors(device):
+    # every bad input is named with its op and the values involved
     x = torch.randn(T, 64, device=device)
     idx, probs = _routing(2, "int64", device)
     rmap, mprobs = _routing(2, "map", device)
-    with pytest.raises(ValueError):
-        moe_permute(x[:10], rmap)                       # row mismatch
-    with pytest.raises(ValueError):
-        moe_permute(x, idx)                             # indices form without num_experts
-    with pytest.raises(TypeError):
-        moe_permute(x, idx.float(), num_experts=E)      # bad routing dtype
-    with pytest.raises(ValueError):
-        moe_permute(x, rmap, probs)                     # probs [T, k] with a [T, E] map
-    with pytest.raises(ValueError):
-        moe_permute(x, idx, probs, num_out_tokens=T * 2 - 1, num_experts=E)  # too small (from shapes)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=rf"moe_permute: routing_map has {T} rows, tokens has 10"):
+        moe_permute(x[:10], rmap)
+    with pytest.raises(ValueError, match="moe_permute: the top-k indices form needs num_experts > 0, got num_exp"):
+        moe_permute(x, idx)
+    with pytest.raises(TypeError, match="moe_permute: routing_map must be bool or int32/int64, got torch.float32"):
+        moe_permute(x, idx.float(), num_experts=E)
+    with pytest.raises(ValueError, match=rf"moe_permute: probs shape \({T}, 2\) must match routing_map \({T}, {E}\)"):
+        moe_permute(x, rmap, probs)
+    with pytest.raises(ValueError, match=rf"num_out_tokens={T * 2 - 1} < T\*k={T * 2}"):
+        moe_permute(x, idx, probs, num_out_tokens=T * 2 - 1, num_experts=E)
+    with pytest.raises(ValueError, match=rf"moe_permute: num_out_tokens={T} < T\*k"):
         moe_permute(x, idx, num_out_tokens=T, pad_multiple=8, num_experts=E)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="moe_permute: pad_multiple must be >= 1, got 0"):
         moe_permute(x, rmap, pad_multiple=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=rf"moe_permute: scales must be \[T\] or \[T, S\] with T={T}, got \({T + 1},"):
         moe_permute(x, rmap, scales=torch.ones(T + 1, device=device))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=rf"moe_permute: num_experts={E + 1} but routing_map has {E} columns"):
         moe_permute(x, rmap, num_experts=E + 1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"moe_permute: tokens must be a 2-D tensor \[T, H\], got \(64,\)"):
         moe_permute(x[0], rmap)
-    with pytest.raises(TypeError):
-        moe_permute(x.to(torch.float8_e4m3fn).float().to(torch.float8_e4m3fn).requires_grad_(False), rmap,
-                    probs=mprobs.long())           # integer probs
+    with pytest.raises(TypeError, match="moe_permute: probs must be floating point, got torch.int64"):
+        moe_permute(x.to(torch.float8_e4m3fn), rmap, probs=mprobs.long())
+    with pytest.raises(TypeError, match="moe_permute: FP8 tokens .* cannot require grad"):
+        moe_permute(torch.randn(T, 64, device=device).to(torch.float8_e4m3fn).requires_grad_(), rmap)
+    # operands on another device than the tokens (the meta device stands in for a second device)
+    with pytest.raises(ValueError, match=r"moe_permute: routing_map is on meta, tokens on"):
+        moe_permute(x, rmap.to("meta"))
+    with pytest.raises(ValueError, match=r"moe_permute: probs is on meta, tokens on"):
+        moe_permute(x, rmap, mprobs.to("meta"))
+    with pytest.raises(ValueError, match=r"moe_permute: scales is on meta, tokens on"):
+        moe_permute(x, rmap, scales=torch.ones(T, device="meta"))
     perm, _, rid = moe_permute(x, rmap)
-    with pytest.raises(ValueError):
-        moe_unpermute(perm, rid, probs)                 # merging probs shape mismatch
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=rf"moe_unpermute: merging_probs shape \({T}, 2\) must match row_id_map"):
+        moe_unpermute(perm, rid, probs)
+    with pytest.raises(ValueError, match=r"moe_unpermute: row_id_map must be the int \[T, K\] map .* torch.float32"):
         moe_unpermute(perm, rid.float())
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="moe_unpermute: permuted_tokens must be bf16/fp16/fp32, got torch.float8"):
         moe_unpermute(perm.to(torch.float8_e4m3fn), rid)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"moe_unpermute: row_id_map is on meta, permuted_tokens on"):
+        moe_unpermute(perm, rid.to("meta"))
+    with pytest.raises(ValueError, match=r"moe_unpermute: merging_probs is on meta"):
+        moe_unpermute(perm, rid, mprobs.to("meta"))
+    with pytest.raises(ValueError, match=rf"token_permute: num_out_tokens must be in \[0, T\*k={T * 2}\], got {T*2+1}"):
         token_permute(x, idx, num_out_tokens=T * 2 + 1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"token_permute: indices is on meta, tokens on"):
+        token_permute(x, idx.to("meta"))
+    with pytest.raises(ValueError, match=rf"token_unpermute: sorted_indices must be 1-D with one entry per "
+                                         rf"permuted row \({perm.shape[0]}\), got \(3,\)"):
         token_unpermute(perm, torch.arange(3, device=device))
+    with pytest.raises(ValueError, match=r"token_unpermute: sorted_indices is on meta"):
+        token_unpermute(perm, torch.arange(perm.shape[0], device="meta"))
 
 
 @pytest.mark.parametrize("form", ["map", "int32"])
