@@ -255,8 +255,12 @@ def test_op_errors():
         turbo.ops.grouped_gemm_glu(x, w, lens, offs, probs, mask.float())
     with pytest.raises(ValueError, match="row_mask"):
         turbo.ops.grouped_gemm_glu(x, w, lens, offs, probs, mask[:-1])
-    with pytest.raises(ValueError):
-        turbo.ops.grouped_gemm_glu(x, w.transpose(1, 2), lens, offs, probs, mask)  # K mismatch
+    with pytest.raises(ValueError, match=r"grouped_gemm_glu: K mismatch, x\(8, 16\) has K=16, w\(2, 16, 32\)"):
+        turbo.ops.grouped_gemm_glu(x, w.transpose(1, 2), lens, offs, probs, mask)
+    with pytest.raises(TypeError, match="grouped_gemm_glu: x must be a torch.Tensor, got list"):
+        turbo.ops.grouped_gemm_glu([x], w, lens, offs, probs, mask)
+    with pytest.raises(ValueError, match=r"grouped_gemm_glu: group_lens must be 1-D with 2 entries \(w has G=2"):
+        turbo.ops.grouped_gemm_glu(x, w, lens[:1], None, probs, mask)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -36,7 +36,8 @@ Training-recipe options of :class:`Float4QuantConfig` (docs/low_precision.md, "M
   are unchanged. A's grad_weight copy is then formed from the transformed tensor (a second read
   of ``a``), and ``dC``'s two copies by two reads.
 
-Pre-quantized inputs (``QuantizedTensor``) are FP8-only in this library and are not accepted here.
+Operands are high-precision tensors, quantized here: ``QuantizedTensor`` operands are taken by the
+FP8 GEMMs only (an MXFP4 ``QuantizedTensor`` is for storage and ``dequantize()``).
 
 Each GEMM is a ``torch.library`` custom op (``primus_turbo::gemm_fp4_impl``,
 ``primus_turbo::gemm_fp4_accum_impl``) with a fake, called through ``torch.ops`` when traced so
@@ -242,7 +243,7 @@ def _check_inputs(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pa
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"gemm_fp4: {name} must be a torch.Tensor (bf16/fp16/fp32, quantized on the fly; "
-                            f"pre-quantized QuantizedTensor inputs are FP8-only), got {type(t).__name__}")
+                            f"QuantizedTensor operands are FP8-only: the FP8 GEMMs take them), got {type(t).__name__}")
         if t.dim() != 2:
             raise ValueError(f"gemm_fp4: {name} must be 2-D, got {name}.dim()={t.dim()} with shape {tuple(t.shape)}")
         if t.dtype not in _HP_DTYPES:

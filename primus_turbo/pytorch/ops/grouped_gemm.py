@@ -427,43 +427,46 @@ class GroupedGemmFunction(torch.autograd.Function):
 # --------------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------------
-def _check_inputs(a, b, group_lens, group_offs, trans_b, num_cu, fuse_bgrad_accum_pattern):
-    for name, t, nd in (("a", a, 2), ("b", b, 3)):
+def _check_inputs(a, b, group_lens, group_offs, trans_b, num_cu, fuse_bgrad_accum_pattern, op: str = "grouped_gemm",
+                  names: tuple = ("a", "b")):
+    """Raise on bad arguments, naming ``op`` and its operands ``names`` (grouped_gemm_glu's are x, w)."""
+    an, bn = names
+    for name, t, nd in ((an, a, 2), (bn, b, 3)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"grouped_gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != nd:
-            raise ValueError(f"grouped_gemm: {name} must be {nd}-D, got {name}.dim()={t.dim()} with shape {tuple(t.shape)}")
+            raise ValueError(f"{op}: {name} must be {nd}-D, got {name}.dim()={t.dim()} with shape {tuple(t.shape)}")
         if t.dtype not in GROUPED_GEMM_DTYPES:
-            raise TypeError(f"grouped_gemm: {name}.dtype must be float32, float16 or bfloat16, got {t.dtype}")
+            raise TypeError(f"{op}: {name}.dtype must be float32, float16 or bfloat16, got {t.dtype}")
     if a.dtype != b.dtype:
-        raise TypeError(f"grouped_gemm: a and b must have the same dtype, got a={a.dtype}, b={b.dtype}")
+        raise TypeError(f"{op}: {an} and {bn} must have the same dtype, got {an}={a.dtype}, {bn}={b.dtype}")
     if a.device != b.device:
-        raise ValueError(f"grouped_gemm: a and b must be on the same device, got a on {a.device}, b on {b.device}")
+        raise ValueError(f"{op}: {an} and {bn} must be on the same device, got {an} on {a.device}, {bn} on {b.device}")
     k_b = b.size(2) if trans_b else b.size(1)
     if a.size(1) != k_b:
         raise ValueError(
-            f"grouped_gemm: K mismatch, a{tuple(a.shape)} has K={a.size(1)}, b{tuple(b.shape)} with "
+            f"{op}: K mismatch, {an}{tuple(a.shape)} has K={a.size(1)}, {bn}{tuple(b.shape)} with "
             f"trans_b={trans_b} has K={k_b}")
     G = b.size(0)
     for name, t, n in (("group_lens", group_lens, G), ("group_offs", group_offs, G + 1)):
         if t is None and name == "group_offs":
             continue
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"grouped_gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype != torch.int64:
-            raise TypeError(f"grouped_gemm: {name} must be int64, got {t.dtype}")
+            raise TypeError(f"{op}: {name} must be int64, got {t.dtype}")
         if t.device != a.device:
-            raise ValueError(f"grouped_gemm: {name} must be on a's device {a.device}, got {t.device}")
+            raise ValueError(f"{op}: {name} must be on {an}'s device {a.device}, got {t.device}")
         if t.dim() != 1 or t.numel() != n:
             raise ValueError(
-                f"grouped_gemm: {name} must be 1-D with {n} entries (b has G={G} experts), got shape {tuple(t.shape)}")
+                f"{op}: {name} must be 1-D with {n} entries ({bn} has G={G} experts), got shape {tuple(t.shape)}")
     if num_cu is not None and (not isinstance(num_cu, int) or isinstance(num_cu, bool) or num_cu < 1):
-        raise ValueError(f"grouped_gemm: num_cu must be None or a positive int, got {num_cu!r}")
+        raise ValueError(f"{op}: num_cu must be None or a positive int, got {num_cu!r}")
     if fuse_bgrad_accum_pattern not in _FUSE_PATTERNS:
         raise ValueError(
-            f"grouped_gemm: fuse_bgrad_accum_pattern must be None or 'megatron', got {fuse_bgrad_accum_pattern!r}")
+            f"{op}: fuse_bgrad_accum_pattern must be None or 'megatron', got {fuse_bgrad_accum_pattern!r}")
     if fuse_bgrad_accum_pattern == "megatron" and b.requires_grad and torch.is_grad_enabled():
-        check_main_grad("grouped_gemm", b, b.dtype)
+        check_main_grad(op, b, b.dtype)
 
 
 def grouped_gemm(

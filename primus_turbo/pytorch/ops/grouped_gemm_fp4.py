@@ -134,6 +134,11 @@ def _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_
     op = "grouped_gemm_fp4"
     if not isinstance(config, Float4QuantConfig):
         raise TypeError(f"{op}: config must be a Float4QuantConfig or None, got {type(config).__name__}")
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):  # the shared checks below would take FP8 QuantizedTensors
+            raise TypeError(f"{op}: {name} must be a torch.Tensor (bf16/fp16/fp32, quantized on the fly; "
+                            f"QuantizedTensor operands are FP8-only: grouped_gemm_fp8 takes them), got "
+                            f"{type(t).__name__}")
     # the shared checks (types, devices, shapes, offsets, num_cu, main_grad) and MX's 32-multiples
     from ..core.low_precision import Float8QuantConfig, ScalingGranularity
 

@@ -116,7 +116,7 @@ def grouped_gemm_glu(x: torch.Tensor, w: torch.Tensor, group_lens: torch.Tensor,
     """
     if activation not in _ACTIVATIONS:
         raise ValueError(f"grouped_gemm_glu: activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
-    _check_inputs(x, w, group_lens, group_offs, True, None, fuse_bgrad_accum_pattern)
+    _check_inputs(x, w, group_lens, group_offs, True, None, fuse_bgrad_accum_pattern, "grouped_gemm_glu", ("x", "w"))
     if w.shape[1] % 2:
         raise ValueError(f"grouped_gemm_glu: w must be [G, 2F, K] with an even row count, got {tuple(w.shape)}")
     glu = _ACTIVATIONS[activation][0]

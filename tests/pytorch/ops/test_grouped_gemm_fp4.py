@@ -102,6 +102,14 @@ def test_bad_inputs(device):
         turbo.ops.grouped_gemm_fp4(a, b.clone().requires_grad_(), gl, fuse_bgrad_accum_pattern="megatron")
     with pytest.raises(TypeError, match="dtype"):
         turbo.ops.grouped_gemm_fp4(a.to(torch.float8_e4m3fn), b, gl)
+    from primus_turbo.pytorch.core import QuantizedTensor
+    from primus_turbo.pytorch.core.low_precision import ScalingGranularity
+
+    qa = QuantizedTensor.quantize(a, torch.float8_e4m3fn, ScalingGranularity.MX_BLOCKWISE)
+    with pytest.raises(TypeError, match="grouped_gemm_fp4: a must be a torch.Tensor .* got QuantizedTensor"):
+        turbo.ops.grouped_gemm_fp4(qa, b, gl)
+    with pytest.raises(TypeError, match="grouped_gemm_fp4: b must be a torch.Tensor .* got list"):
+        turbo.ops.grouped_gemm_fp4(a, [b], gl)
 
 
 def test_backend_pin(device):
