@@ -277,8 +277,7 @@ def _requires_grad(x) -> bool:
 def _check_prequantized_fp8(t, name: str, op: str) -> None:
     """A pre-quantized operand must hold FP8 data: an MXFP4 ``QuantizedTensor`` (packed codes,
     whose shape is not the tensor's) is named here instead of failing a shape check later."""
-    data = t.data.data if type(t).__name__ == "QuantizedTensorPair" else t.data
-    dtype = getattr(data, "dtype", None)
+    dtype = getattr(_data_of(t), "dtype", None)
     if dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
         raise TypeError(f"{op}: a pre-quantized {name} must hold FP8 data (float8_e4m3fn / float8_e5m2), got {dtype}; "
                         "MXFP4 QuantizedTensors are for dequantize(): the MXFP4 GEMMs quantize on the fly")

@@ -35,6 +35,7 @@ tensor cores, exactly (the fp32 sum of the dequantized products). No host synchr
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -57,15 +58,8 @@ def _quant_fp4(x: torch.Tensor, axis: int, sr: bool = False, signs: Optional[tor
     ``signs``: the random Hadamard transform along ``axis`` first."""
     from .quantization import quantize_fp4  # a sibling module: imported late
 
-    if not sr and signs is None:
-        return quantize_fp4(x, axis=axis)
     recipe = ScalingRecipe(use_sr=sr, use_rht=signs is not None)
     return quantize_fp4(x, axis=axis, scaling_recipe=recipe, rht_signs=signs)
-
-
-def _token_quant(sr: bool, signs: Optional[torch.Tensor]):
-    """The quantizer of the grad_weight copies in the padded token layout (along the tokens)."""
-    return lambda x, axis: _quant_fp4(x, axis, sr=sr, signs=signs)
 
 
 def _mm(A, B, group_lens, group_offs, out_dtype, num_cu):
@@ -101,7 +95,7 @@ class GroupedGemmFP4Function(torch.autograd.Function):
                 signs = random_hadamard_signs(_BLOCK, device=a.device)  # drawn on the device, no sync
             src, poffs = padded_group_layout(group_offs, a.size(0), _BLOCK)
             # [K, M_pad/2] + [K, M_pad/32]; with RHT of the padded tokens' 32-blocks (one expert each)
-            saved_a = _mx_token_copy(a, src, _token_quant(False, signs), 2)
+            saved_a = _mx_token_copy(a, src, functools.partial(_quant_fp4, signs=signs), 2)
         ctx.save_for_backward(*saved_w, *saved_a, group_lens, group_offs, src, poffs,
                               b if (fuse_accum and need_gb) else None, signs)
         if fuse_accum and need_gb:
@@ -118,7 +112,7 @@ class GroupedGemmFP4Function(torch.autograd.Function):
             # dA[rows of g] = dC[rows of g] @ op(b[g]).T; rows past offs[G] come back zero
             grad_a = _mm(dy_row, (wq, ws), group_lens, group_offs, ctx.a_dtype, ctx.num_cu)
         if ctx.needs_input_grad[1]:
-            dy_col = _mx_token_copy(grad_out, src, _token_quant(ctx.gradient_sr, signs), 2)
+            dy_col = _mx_token_copy(grad_out, src, functools.partial(_quant_fp4, sr=ctx.gradient_sr, signs=signs), 2)
             A = (aq_t, as_t)
             X, Y = (dy_col, A) if ctx.trans_b else (A, dy_col)
             if ctx.fuse_accum:

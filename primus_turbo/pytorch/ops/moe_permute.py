@@ -296,14 +296,18 @@ class _UnpermuteFn(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------------------------
+def _shape_or_type(x):
+    """What an error message reports of an argument: a tensor's shape, else its type's name."""
+    return tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+
+
 def _check_tokens(tokens: torch.Tensor, op: str, name: str = "tokens") -> None:
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
-        got = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
-        raise ValueError(f"{op}: {name} must be a 2-D tensor [T, H], got {got}")
+        raise ValueError(f"{op}: {name} must be a 2-D tensor [T, H], got {_shape_or_type(tokens)}")
 
 
 def _check_device(t: Optional[torch.Tensor], name: str, ref: torch.Tensor, ref_name: str, op: str) -> None:
-    if t is not None and isinstance(t, torch.Tensor) and t.device != ref.device:
+    if isinstance(t, torch.Tensor) and t.device != ref.device:
         raise ValueError(f"{op}: {name} is on {t.device}, {ref_name} on {ref.device}; they must share a device")
 
 
@@ -345,8 +349,8 @@ def moe_permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional
     op = "moe_permute"
     _check_tokens(tokens, op)
     if not isinstance(routing_map, torch.Tensor) or routing_map.dim() != 2:
-        got = tuple(routing_map.shape) if isinstance(routing_map, torch.Tensor) else type(routing_map).__name__
-        raise ValueError(f"{op}: routing_map must be a 2-D bool [T, E] map or int32/int64 [T, k] indices, got {got}")
+        raise ValueError(f"{op}: routing_map must be a 2-D bool [T, E] map or int32/int64 [T, k] indices, got "
+                         f"{_shape_or_type(routing_map)}")
     t, _h = tokens.shape
     if routing_map.shape[0] != t:
         raise ValueError(f"{op}: routing_map has {routing_map.shape[0]} rows, tokens has {t}")
@@ -426,9 +430,9 @@ def moe_unpermute(permuted_tokens: torch.Tensor, row_id_map: torch.Tensor,
         raise TypeError(f"{op}: permuted_tokens must be bf16/fp16/fp32, got {permuted_tokens.dtype}")
     if not isinstance(row_id_map, torch.Tensor) or row_id_map.dim() != 2 \
             or row_id_map.dtype not in (torch.int32, torch.int64):
-        got = (f"{tuple(row_id_map.shape)} {row_id_map.dtype}" if isinstance(row_id_map, torch.Tensor)
-               else type(row_id_map).__name__)
-        raise ValueError(f"{op}: row_id_map must be the int [T, K] map returned by moe_permute, got {got}")
+        dtype = f" {row_id_map.dtype}" if isinstance(row_id_map, torch.Tensor) else ""
+        raise ValueError(f"{op}: row_id_map must be the int [T, K] map returned by moe_permute, got "
+                         f"{_shape_or_type(row_id_map)}{dtype}")
     _check_device(row_id_map, "row_id_map", permuted_tokens, "permuted_tokens", op)
     row_id_map = row_id_map.to(torch.int32).contiguous()
     if merging_probs is not None:
@@ -481,9 +485,8 @@ def token_unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor,
         raise TypeError(f"{op}: permuted_tokens must be bf16/fp16/fp32, got {permuted_tokens.dtype}")
     if not isinstance(sorted_indices, torch.Tensor) or sorted_indices.dim() != 1 \
             or sorted_indices.numel() != permuted_tokens.shape[0]:
-        got = tuple(sorted_indices.shape) if isinstance(sorted_indices, torch.Tensor) else type(sorted_indices).__name__
         raise ValueError(f"{op}: sorted_indices must be 1-D with one entry per permuted row "
-                         f"({permuted_tokens.shape[0]}), got {got}")
+                         f"({permuted_tokens.shape[0]}), got {_shape_or_type(sorted_indices)}")
     _check_device(sorted_indices, "sorted_indices", permuted_tokens, "permuted_tokens", op)
     _check_device(probs, "probs", permuted_tokens, "permuted_tokens", op)
     if probs is not None:

@@ -143,7 +143,7 @@ def test_mxfp4_qdq_in_primus_weight_form(device):
     qdq = QuantizedTensor.quantize(w, FP4, G.MX_BLOCKWISE, block_size=32,
                                    scaling_recipe=ScalingRecipe(use_2d_block=True), axis=-1).dequantize()
     assert torch.equal(qdq, QuantizedTensor.quantize(w, FP4, G.MX_BLOCKWISE).dequantize())
-    # stochastic rounding: reproducible under torch.manual_seed, unbiased-looking, still a valid QDQ
+    # stochastic rounding: reproducible under torch.manual_seed, and not the RNE result
     torch.manual_seed(0)
     a = QuantizedTensor.quantize(w, FP4, G.MX_BLOCKWISE, scaling_recipe=ScalingRecipe(use_sr=True)).dequantize()
     torch.manual_seed(0)

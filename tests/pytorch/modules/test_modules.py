@@ -350,10 +350,12 @@ def test_grouped_linear_fp4():
     # the MXFP4 training options reach the grouped op: SR of dy, RHT of the wgrad operands
     mod.config = Float4QuantConfig(use_gradient_sr=True, use_rht=True)
     mod.weight.main_grad.zero_()
+    dx_rne = x.grad.clone()
     x.grad = None
     y2 = mod(x, lens)
     y2.backward(dy)
     assert torch.equal(y2, y)  # the forward keeps RNE
+    assert not torch.equal(x.grad, dx_rne)  # dy was rounded stochastically: the option reached the op
     for ref, got, name in ((rx, x.grad[:110], "dx sr"), (rw, mod.weight.main_grad, "dw sr+rht")):
         _assert(ref, got, 8.0, name)
 
