@@ -42,6 +42,40 @@ Backward: permute's token grad is unpermute of the output grad without probs; th
 the output-probs grad gathered back. Unpermute's grad is the (probs-weighted) permute of the output
 grad; the merging-probs grad is ``<permuted_tokens[row], grad_out[t]>`` (fp32).
 
+Primus-Turbo form (selected by passing ``num_local_experts``; Primus-Turbo's call, argument for argument):
+
+moe_permute(tokens, expert_map, *, num_local_experts, num_topk=0, pad_multiple=0, num_permuted_tokens=-1,
+            scaling_factor=None, probs=None, probs_layout="topk", scales_per_token=0, use_fp8=False)
+    -> (permuted_tokens, row_id_map, tokens_per_expert, overflow_flag, num_dispatched_tokens,
+        permuted_scaling_factor, permuted_probs)
+
+``expert_map`` (also accepted as ``routing_map=`` or ``topk_indices=``) is the bool ``[T, E]`` map
+(``E = num_local_experts``) or top-k indices ``[T, k]`` whose entries outside ``[0, E)`` (``-1``: the slot
+went to another rank's expert, as an EP dispatch returns them) route nowhere; ``num_topk`` is 0 or ``k``.
+The rows are those of the other form (expert-major, token order, padding to ``pad_multiple`` per expert,
+0 = none). ``num_permuted_tokens > 0`` sizes the buffer with no host sync (pairs past it are dropped,
+``tokens_per_expert`` counts only the rows kept, ``overflow_flag`` int32 ``[1]`` is 1 when the padded
+total exceeds it, on device); ``-1`` (or 0) reads the padded total back (one sync). ``probs``:
+``[T, k]`` with ``probs_layout="topk"`` (top-k indices only), ``[T, E]`` with ``"routing_map"``;
+``permuted_probs`` is 1-D, one per row (0 on padding). FP8 ``tokens`` with ``use_fp8=True`` carry
+``scaling_factor [T, scales_per_token]`` along (``permuted_scaling_factor``, zero on padding);
+``scaling_factor`` without ``use_fp8`` raises. ``num_dispatched_tokens`` is ``T`` as an int32 ``[1]`` device
+tensor. ``row_id_map`` is int32 ``[T, E]`` (the row of each (token, local expert) pair, ``-1`` if none)
+for a bool map, ``[T, E + k]`` for indices (then the indices themselves, so the probs can be restored
+per slot); it is meant for ``moe_unpermute``.
+
+moe_unpermute(permuted_tokens, row_id_map, num_dispatched_tokens_tensor=None, *, restore_shape,
+              num_local_experts, permuted_probs=None, probs_topk_stride=0, pad_multiple=0)
+    -> (out, unpermuted_probs)
+
+``out[t]`` is the plain (unweighted) sum of token ``t``'s rows (fp32 accumulation), reshaped to
+``restore_shape``; a token with no row gets zeros. ``unpermuted_probs`` (when ``permuted_probs`` is given)
+puts each row's value back at its pair: ``[T, E]`` with ``probs_topk_stride=0``, ``[T, k]`` (the permute's
+slots, 0 on ``-1`` slots) with ``probs_topk_stride=k``. Both outputs are differentiable; the gradient
+of padding and dropped rows is zero (so ``pad_multiple`` is accepted and not needed).
+``num_dispatched_tokens_tensor`` is accepted for the call's shape and not read (``restore_shape`` gives
+``T``).
+
 token_permute(tokens, indices, num_out_tokens=None) -> (permuted_tokens, sorted_indices)
 token_unpermute(permuted_tokens, sorted_indices, probs=None, restore_shape=None) -> tokens
     Megatron ``moe_utils.permute/unpermute`` (argsort form): ``sorted_indices`` = stable argsort of the
@@ -306,13 +340,21 @@ def _check_tokens(tokens: torch.Tensor, op: str, name: str = "tokens") -> None:
         raise ValueError(f"{op}: {name} must be a 2-D tensor [T, H], got {_shape_or_type(tokens)}")
 
 
+def _check_token_dtype(tokens: torch.Tensor, op: str) -> None:
+    if tokens.dtype not in _FLOAT_DTYPES and tokens.element_size() != 1:
+        raise TypeError(f"{op}: tokens dtype {tokens.dtype} not supported (bf16/fp16/fp32 or a 1-byte FP8 type)")
+    if tokens.element_size() == 1 and tokens.requires_grad:
+        raise TypeError(f"{op}: FP8 tokens ({tokens.dtype}) are moved as data only; they cannot require grad")
+
+
 def _check_device(t: Optional[torch.Tensor], name: str, ref: torch.Tensor, ref_name: str, op: str) -> None:
     if isinstance(t, torch.Tensor) and t.device != ref.device:
         raise ValueError(f"{op}: {name} is on {t.device}, {ref_name} on {ref.device}; they must share a device")
 
 
-def _build_row_id_map(routing_map, num_experts, pad_multiple, num_out_tokens):
-    """Device-only map building; returns (row_id_map int32 [T, K], segment lengths [E], total rows or None).
+def _build_row_id_map(routing_map, num_experts, pad_multiple, num_out_tokens, return_total=False):
+    """Device-only map building; returns (row_id_map int32 [T, K], segment lengths [E], rows in the
+    buffer[, the padded total before any cut: int32 [1] on device, with ``return_total``]).
 
     The running count of each expert's tokens is a scan over tokens. It is done on the
     expert-major [E, T] copy of the mask: torch scans the innermost dimension with all threads
@@ -323,8 +365,13 @@ def _build_row_id_map(routing_map, num_experts, pad_multiple, num_out_tokens):
     if routing_map.dtype == torch.bool:
         mask_t = routing_map.t()
     else:
-        mask_t = torch.zeros(num_experts, t, dtype=torch.bool, device=device)
-        mask_t.scatter_(0, routing_map.t().long(), True)
+        # indices outside [0, E) (-1: a token's slot routed to no local expert) are unrouted, as in
+        # the kernels: they land in a spare row E that is cut off
+        idx = routing_map.t().long()
+        idx_t = torch.where((idx >= 0) & (idx < num_experts), idx, num_experts)   # [k, T]
+        mask_t = torch.zeros(num_experts + 1, t, dtype=torch.bool, device=device)
+        mask_t.scatter_(0, idx_t, True)
+        mask_t = mask_t[:num_experts]
     m = mask_t.to(torch.int32)                          # [E, T]
     rank = torch.cumsum(m, 1, dtype=torch.int32) - m    # routed tokens of e before t
     counts = m.sum(1, dtype=torch.int32)                # [E]
@@ -332,21 +379,46 @@ def _build_row_id_map(routing_map, num_experts, pad_multiple, num_out_tokens):
     starts = torch.cumsum(seg, 0, dtype=torch.int32) - seg
     dest = torch.where(mask_t, starts[:, None] + rank, -1)  # [E, T]
     if routing_map.dtype != torch.bool:
-        dest = dest.gather(0, routing_map.t().long())   # [K, T]
+        dest = torch.cat([dest, dest.new_full((1, t), -1)]).gather(0, idx_t)   # [K, T]
+    total = seg.sum(dtype=torch.int32).reshape(1)       # padded rows before any cut, on device
     if num_out_tokens is None:
-        num_out_tokens = int(seg.sum())                 # host sync (documented)
+        num_out_tokens = int(total)                     # host sync (documented)
     dest = torch.where(dest < num_out_tokens, dest, -1)
     # segments cut by a short num_out_tokens: the lengths count the rows actually in the buffer
     seg = torch.minimum(seg, (num_out_tokens - starts).clamp(min=0))
+    if return_total:
+        return dest.t().contiguous(), seg.to(torch.int64), num_out_tokens, total
     return dest.t().contiguous(), seg.to(torch.int64), num_out_tokens
 
 
-def moe_permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional[torch.Tensor] = None,
-                num_out_tokens: Optional[int] = None, pad_multiple: Optional[int] = None,
-                scales: Optional[torch.Tensor] = None, *, num_experts: Optional[int] = None,
-                return_tokens_per_expert: bool = False):
-    """Group tokens by expert (see the module docstring)."""
+def moe_permute(tokens: torch.Tensor, routing_map: Optional[torch.Tensor] = None,
+                probs: Optional[torch.Tensor] = None, num_out_tokens: Optional[int] = None,
+                pad_multiple: Optional[int] = None, scales: Optional[torch.Tensor] = None, *,
+                num_experts: Optional[int] = None, return_tokens_per_expert: bool = False,
+                num_local_experts: Optional[int] = None, expert_map: Optional[torch.Tensor] = None,
+                topk_indices: Optional[torch.Tensor] = None, num_topk: int = 0, num_permuted_tokens: int = -1,
+                scaling_factor: Optional[torch.Tensor] = None, probs_layout: str = "topk",
+                scales_per_token: int = 0, use_fp8: bool = False):
+    """Group tokens by expert (see the module docstring). Passing ``num_local_experts`` selects the
+    Primus-Turbo form (``expert_map``, ``num_permuted_tokens``, ``scaling_factor``, ...; a 7-tuple)."""
     op = "moe_permute"
+    primus_only = dict(expert_map=expert_map, topk_indices=topk_indices, num_topk=num_topk or None,
+                       num_permuted_tokens=None if num_permuted_tokens == -1 else num_permuted_tokens,
+                       scaling_factor=scaling_factor, probs_layout=None if probs_layout == "topk" else probs_layout,
+                       scales_per_token=scales_per_token or None, use_fp8=use_fp8 or None)
+    if num_local_experts is not None:
+        te_only = dict(num_out_tokens=num_out_tokens, scales=scales, num_experts=num_experts,
+                       return_tokens_per_expert=return_tokens_per_expert or None)
+        bad = sorted(n for n, v in te_only.items() if v is not None)
+        if bad:
+            raise ValueError(f"{op}: {', '.join(bad)} belong to the routing_map form; with num_local_experts "
+                             f"(the Primus-Turbo form) use num_permuted_tokens, scaling_factor")
+        return _moe_permute_primus(tokens, routing_map, expert_map, topk_indices, num_local_experts, num_topk,
+                                   pad_multiple, num_permuted_tokens, scaling_factor, probs, probs_layout,
+                                   scales_per_token, use_fp8)
+    bad = sorted(n for n, v in primus_only.items() if v is not None)
+    if bad:
+        raise ValueError(f"{op}: {', '.join(bad)} belong to the Primus-Turbo form, which needs num_local_experts")
     _check_tokens(tokens, op)
     if not isinstance(routing_map, torch.Tensor) or routing_map.dim() != 2:
         raise ValueError(f"{op}: routing_map must be a 2-D bool [T, E] map or int32/int64 [T, k] indices, got "
@@ -381,10 +453,7 @@ def moe_permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional
             raise ValueError(f"{op}: num_out_tokens={num_out_tokens} < T*k={t * k}: every top-k pair needs a row")
     elif not is_map and pad_multiple is None:
         num_out_tokens = t * k
-    if tokens.dtype not in _FLOAT_DTYPES and tokens.element_size() != 1:
-        raise TypeError(f"{op}: tokens dtype {tokens.dtype} not supported (bf16/fp16/fp32 or a 1-byte FP8 type)")
-    if tokens.element_size() == 1 and tokens.requires_grad:
-        raise TypeError(f"{op}: FP8 tokens ({tokens.dtype}) are moved as data only; they cannot require grad")
+    _check_token_dtype(tokens, op)
     if probs is not None:
         if probs.shape != routing_map.shape:
             raise ValueError(f"{op}: probs shape {tuple(probs.shape)} must match routing_map "
@@ -398,33 +467,58 @@ def moe_permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional
             raise ValueError(f"{op}: scales must be [T] or [T, S] with T={t}, got {tuple(scales.shape)}")
         _check_device(scales, "scales", tokens, "tokens", op)
 
-    if _fused_map(tokens, is_map, t * k):
-        from primus_turbo.triton.moe import permute_kernel as pk
-
-        routing_map = routing_map.contiguous()
-        state = pk.permute_map_scan_launch(routing_map, e, pad_multiple, num_out_tokens)
-        seg = state[1]
-        n_out = int(state[0][-1]) if num_out_tokens is None else num_out_tokens  # host sync (documented)
-        row_id_map, src_idx = pk.permute_map_assign_launch(routing_map, e, state, n_out)
-    else:
-        row_id_map, seg, n_out = _build_row_id_map(routing_map, e, pad_multiple, num_out_tokens)
-        src_idx = _inverse(row_id_map, n_out)
-    permuted, pprobs = _PermuteFn.apply(tokens, probs, row_id_map, src_idx, k)
+    permuted, pprobs, row_id_map, pscales, seg, _total = _permute_core(tokens, routing_map, probs, e,
+                                                                       num_out_tokens, pad_multiple, scales)
     result = [permuted, pprobs, row_id_map]
     if scales is not None:
-        s2 = scales.detach().reshape(t, -1)
-        ps = _gather_rows(s2, src_idx, row_div=k)
-        result.append(ps.reshape(n_out) if scales.dim() == 1 else ps)
+        result.append(pscales)
     if return_tokens_per_expert:
         result.append(seg)
     return tuple(result)
 
 
+def _permute_core(tokens, routing_map, probs, e, num_out_tokens, pad_multiple, scales):
+    """The checked permutation: ``(permuted, permuted_probs, row_id_map, permuted_scales, tokens_per_expert,
+    padded total before any cut (int32 [1] on device))``. ``num_out_tokens=None`` reads the total back
+    (the documented sync)."""
+    t, k = routing_map.shape
+    is_map = routing_map.dtype == torch.bool
+    if _fused_map(tokens, is_map, t * k):
+        from primus_turbo.triton.moe import permute_kernel as pk
+
+        routing_map = routing_map.contiguous()
+        state = pk.permute_map_scan_launch(routing_map, e, pad_multiple, num_out_tokens)
+        seg, total = state[1], state[0][-1:]
+        n_out = int(total) if num_out_tokens is None else num_out_tokens  # host sync (documented)
+        row_id_map, src_idx = pk.permute_map_assign_launch(routing_map, e, state, n_out)
+    else:
+        row_id_map, seg, n_out, total = _build_row_id_map(routing_map, e, pad_multiple, num_out_tokens,
+                                                          return_total=True)
+        src_idx = _inverse(row_id_map, n_out)
+    permuted, pprobs = _PermuteFn.apply(tokens, probs, row_id_map, src_idx, k)
+    pscales = None
+    if scales is not None:
+        s2 = scales.detach().reshape(t, -1)
+        ps = _gather_rows(s2, src_idx, row_div=k)
+        pscales = ps.reshape(n_out) if scales.dim() == 1 else ps
+    return permuted, pprobs, row_id_map, pscales, seg, total
+
+
 def moe_unpermute(permuted_tokens: torch.Tensor, row_id_map: torch.Tensor,
                   merging_probs: Optional[torch.Tensor] = None,
-                  restore_shape: Optional[Sequence[int]] = None) -> torch.Tensor:
-    """Merge each token's expert rows back (see the module docstring)."""
+                  restore_shape: Optional[Sequence[int]] = None, *, num_local_experts: Optional[int] = None,
+                  permuted_probs: Optional[torch.Tensor] = None, probs_topk_stride: int = 0,
+                  pad_multiple: int = 0):
+    """Merge each token's expert rows back (see the module docstring). Passing ``num_local_experts``
+    selects the Primus-Turbo form: the third argument is then ``num_dispatched_tokens_tensor`` and the
+    result ``(out, unpermuted_probs)``."""
     op = "moe_unpermute"
+    if num_local_experts is not None:
+        return _moe_unpermute_primus(permuted_tokens, row_id_map, merging_probs, restore_shape,
+                                     num_local_experts, permuted_probs, probs_topk_stride)
+    if permuted_probs is not None or probs_topk_stride:
+        raise ValueError(f"{op}: permuted_probs / probs_topk_stride belong to the Primus-Turbo form, which "
+                         f"needs num_local_experts")
     _check_tokens(permuted_tokens, op, "permuted_tokens")
     if permuted_tokens.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"{op}: permuted_tokens must be bf16/fp16/fp32, got {permuted_tokens.dtype}")
@@ -508,3 +602,151 @@ def token_unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor,
     if restore_shape is not None:
         out = out.reshape(tuple(restore_shape))
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Primus-Turbo form
+# ----------------------------------------------------------------------------------------------
+def _positive_int(v, name: str, op: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ValueError(f"{op}: {name} must be a positive int, got {v!r}")
+    return v
+
+
+def _moe_permute_primus(tokens, routing_map, expert_map, topk_indices, e, num_topk, pad_multiple,
+                        num_permuted_tokens, scaling_factor, probs, probs_layout, scales_per_token, use_fp8):
+    """``moe_permute`` with ``num_local_experts`` (module docstring, "Primus-Turbo form")."""
+    op = "moe_permute"
+    _check_tokens(tokens, op)
+    _check_token_dtype(tokens, op)
+    given = [(n, v) for n, v in (("expert_map", expert_map), ("routing_map", routing_map),
+                                 ("topk_indices", topk_indices)) if v is not None]
+    if len(given) != 1:
+        raise ValueError(f"{op}: pass exactly one of expert_map / routing_map / topk_indices, got "
+                         f"{[n for n, _ in given] or 'none'}")
+    name, emap = given[0]
+    # the second positional argument (the routing map slot of the other form) is Primus-Turbo's
+    # expert_map: a bool map or top-k indices, told apart by dtype
+    name = "topk_indices" if name == "topk_indices" else "expert_map"
+    e = _positive_int(e, "num_local_experts", op)
+    if probs_layout not in ("topk", "routing_map"):
+        raise ValueError(f"{op}: probs_layout must be 'topk' or 'routing_map', got {probs_layout!r}")
+    t = tokens.shape[0]
+    if not isinstance(emap, torch.Tensor) or emap.dim() != 2 or emap.shape[0] != t:
+        raise ValueError(f"{op}: {name} must be a bool [T, num_local_experts] map or int32/int64 [T, topk] "
+                         f"indices with T={t}, got {_shape_or_type(emap)}")
+    _check_device(emap, name, tokens, "tokens", op)
+    is_map = emap.dtype == torch.bool
+    if is_map:
+        if name == "topk_indices":
+            raise TypeError(f"{op}: topk_indices must be int32/int64, got {emap.dtype}")
+        if emap.shape[1] != e:
+            raise ValueError(f"{op}: {name} has {emap.shape[1]} columns, num_local_experts={e}")
+    elif emap.dtype in (torch.int32, torch.int64):
+        if num_topk not in (0, emap.shape[1]):
+            raise ValueError(f"{op}: num_topk={num_topk} but {name} has {emap.shape[1]} columns")
+    else:
+        raise TypeError(f"{op}: {name} must be bool or int32/int64, got {emap.dtype}")
+    if isinstance(pad_multiple, bool) or not isinstance(pad_multiple, (int, type(None))) or (pad_multiple or 0) < 0:
+        raise ValueError(f"{op}: pad_multiple must be an int >= 0, got {pad_multiple!r}")
+    pad = int(pad_multiple) if pad_multiple and pad_multiple > 1 else None
+    cap = int(num_permuted_tokens)
+    if probs is not None:
+        if not isinstance(probs, torch.Tensor) or not probs.dtype.is_floating_point:
+            raise TypeError(f"{op}: probs must be a floating-point tensor, got "
+                            f"{getattr(probs, 'dtype', type(probs).__name__)}")
+        _check_device(probs, "probs", tokens, "tokens", op)
+        if probs_layout == "topk" and is_map:
+            raise ValueError(f"{op}: probs_layout='topk' needs top-k indices as the expert map (a bool routing "
+                             f"map has no top-k order); pass probs [T, {e}] with probs_layout='routing_map'")
+        want = (t, emap.shape[1]) if probs_layout == "topk" else (t, e)
+        if tuple(probs.shape) != want:
+            raise ValueError(f"{op}: probs with probs_layout={probs_layout!r} must be {list(want)}, got "
+                             f"{list(probs.shape)}")
+        if not is_map and probs_layout == "routing_map":
+            probs = probs.gather(1, emap.long().clamp(0, e - 1))   # each slot's prob (-1 slots: unused)
+    scales = None
+    if scaling_factor is not None:
+        if not use_fp8:
+            raise ValueError(f"{op}: scaling_factor is moved with the tokens only with use_fp8=True")
+        if isinstance(scales_per_token, bool) or not isinstance(scales_per_token, int) or scales_per_token <= 0:
+            raise ValueError(f"{op}: use_fp8 with a scaling_factor needs scales_per_token > 0, got "
+                             f"{scales_per_token!r}")
+        if not isinstance(scaling_factor, torch.Tensor) or scaling_factor.numel() != t * scales_per_token \
+                or scaling_factor.shape[0] != t:
+            raise ValueError(f"{op}: scaling_factor must be [T={t}, scales_per_token={scales_per_token}], got "
+                             f"{_shape_or_type(scaling_factor)}")
+        _check_device(scaling_factor, "scaling_factor", tokens, "tokens", op)
+        scales = scaling_factor.reshape(t, scales_per_token)
+    if use_fp8 and tokens.element_size() != 1:
+        raise TypeError(f"{op}: use_fp8=True needs 1-byte FP8 tokens, got {tokens.dtype}")
+    if use_fp8 and probs is not None and probs.requires_grad:
+        raise TypeError(f"{op}: use_fp8=True moves FP8 tokens as data only; probs cannot require grad there")
+    permuted, pprobs, rid, pscales, seg, total = _permute_core(tokens, emap, probs, e, cap if cap > 0 else None,
+                                                               pad, scales)
+    dev = tokens.device
+    if cap > 0:
+        overflow = (total > cap).to(torch.int32)
+    else:
+        overflow = torch.zeros(1, dtype=torch.int32, device=dev)
+    num_dispatched = torch.full((1,), t, dtype=torch.int32, device=dev)
+    if not is_map:
+        # a row map per (token, local expert), then the slots' experts: moe_unpermute restores the
+        # probs in either layout from it
+        idx = emap.long()
+        col = torch.where((idx >= 0) & (idx < e), idx, e)
+        dense = rid.new_full((t, e + 1), -1).scatter_(1, col, rid)[:, :e]
+        rid = torch.cat([dense, emap.to(torch.int32)], 1)
+    return permuted, rid, seg, overflow, num_dispatched, pscales, pprobs
+
+
+def _moe_unpermute_primus(permuted_tokens, row_id_map, num_dispatched_tokens_tensor, restore_shape, e,
+                          permuted_probs, probs_topk_stride):
+    """``moe_unpermute`` with ``num_local_experts`` (module docstring, "Primus-Turbo form")."""
+    op = "moe_unpermute"
+    _check_tokens(permuted_tokens, op, "permuted_tokens")
+    if permuted_tokens.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{op}: permuted_tokens must be bf16/fp16/fp32, got {permuted_tokens.dtype}")
+    e = _positive_int(e, "num_local_experts", op)
+    if not isinstance(row_id_map, torch.Tensor) or row_id_map.dim() != 2 or row_id_map.dtype != torch.int32 \
+            or row_id_map.shape[1] < e:
+        raise ValueError(f"{op}: row_id_map must be the int32 map moe_permute returned with num_local_experts="
+                         f"{e} ([T, {e}] or [T, {e} + topk]), got {_shape_or_type(row_id_map)}"
+                         f"{' ' + str(row_id_map.dtype) if isinstance(row_id_map, torch.Tensor) else ''}")
+    _check_device(row_id_map, "row_id_map", permuted_tokens, "permuted_tokens", op)
+    if num_dispatched_tokens_tensor is not None and not isinstance(num_dispatched_tokens_tensor, torch.Tensor):
+        raise TypeError(f"{op}: num_dispatched_tokens_tensor must be the tensor moe_permute returned, got "
+                        f"{type(num_dispatched_tokens_tensor).__name__}")
+    t, w = row_id_map.shape
+    h = permuted_tokens.shape[1]
+    if restore_shape is None:
+        raise ValueError(f"{op}: restore_shape (the dispatched tokens' shape) is required with num_local_experts")
+    restore_shape = tuple(int(d) for d in restore_shape)
+    rows = 1
+    for d in restore_shape[:-1]:
+        rows *= d
+    if not restore_shape or restore_shape[-1] != h or rows != t:
+        raise ValueError(f"{op}: restore_shape {list(restore_shape)} does not hold {t} tokens of hidden {h}")
+    dense = row_id_map[:, :e].contiguous()
+    out = _UnpermuteFn.apply(permuted_tokens, dense, None).reshape(restore_shape)
+    if permuted_probs is None:
+        return out, None
+    if not isinstance(permuted_probs, torch.Tensor) or permuted_probs.dim() != 1 \
+            or permuted_probs.shape[0] != permuted_tokens.shape[0]:
+        raise ValueError(f"{op}: permuted_probs must be 1-D with one entry per permuted row "
+                         f"({permuted_tokens.shape[0]}), got {_shape_or_type(permuted_probs)}")
+    _check_device(permuted_probs, "permuted_probs", permuted_tokens, "permuted_tokens", op)
+    if probs_topk_stride:
+        k = w - e
+        if probs_topk_stride != k:
+            raise ValueError(f"{op}: probs_topk_stride={probs_topk_stride} but row_id_map holds "
+                             f"{'no top-k indices (a routing-map permute)' if k == 0 else f'top-{k} indices'}")
+        idx = row_id_map[:, e:].long()
+        ok = (idx >= 0) & (idx < e)
+        r = torch.where(ok, dense.gather(1, idx.clamp(0, e - 1)), -1)
+    else:
+        r = dense
+    # differentiable, also with no permuted rows: entries -1 read a zero appended past the rows
+    n = permuted_probs.shape[0]
+    padded = torch.cat([permuted_probs, permuted_probs.new_zeros(1)])
+    return out, padded[torch.where(r >= 0, r.long(), n)]
