@@ -9,6 +9,8 @@ probs) the following are timed, for each case (default ``16384x7168 top-8 / 32 e
 - ``moe_permute_map``: the same from the bool ``[T, E]`` routing map (``num_out_tokens`` given: no sync),
 - ``moe_permute_pad128``: indices form with ``pad_multiple=128`` and ``num_out_tokens=T*k + 127*E``,
 - ``moe_unpermute``: merge back with fp32 probs,
+- ``primus_moe_permute`` / ``primus_moe_unpermute``: the same ops in Primus-Turbo's call form (top-k
+  indices, ``num_permuted_tokens``; the plain merge plus the probs restored per slot),
 - ``token_permute`` / ``token_unpermute``: the Megatron-style argsort ops (unpermute with probs).
 
 GB/s counts the bytes each call must move: permuted rows read or written (``T*k`` rows each way
@@ -51,7 +53,7 @@ CHECK_TOKENS = 256
 PAD = 128
 PEER = "device-copy"
 IMPLS = ("device-copy", "moe_permute", "moe_permute_map", "moe_permute_pad128", "moe_unpermute",
-         "token_permute", "token_unpermute")
+         "primus_moe_permute", "primus_moe_unpermute", "token_permute", "token_unpermute")
 ROUNDS = 3
 
 
@@ -117,6 +119,30 @@ def _make(name: str, x, idx, probs, rmap, mprobs, e: int) -> tuple[Callable, Cal
             bad = int((out.float() != ref.float()).sum())
             return bad, snr_db(ref.float(), out.float())
         return fn, chk, n * h * es + t * h * es + n * 8
+    if name == "primus_moe_permute":  # Primus-Turbo's call form: checked against the routing_map form's rows
+        kw = dict(num_local_experts=e, num_topk=k, num_permuted_tokens=n)
+        fn = lambda: P.moe_permute(x, idx, probs=probs, **kw)  # noqa: E731
+
+        def chk():
+            out = P.moe_permute(xs, ids, probs=ps, num_local_experts=e, num_topk=k, num_permuted_tokens=c * k)
+            ref = R.moe_permute_ref(xs, ids, ps, num_experts=e)
+            return exact([out[0], out[6]], ref[:2])
+        return fn, chk, 2 * n * h * es + n * 4 + t * e * 4 + n * 8
+    if name == "primus_moe_unpermute":  # plain sum plus the probs restored per top-k slot
+        perm, rid, _, _, nd, _, pp = P.moe_permute(x, idx, probs=probs, num_local_experts=e, num_topk=k,
+                                                   num_permuted_tokens=n)
+        fn = lambda: P.moe_unpermute(perm, rid, nd, restore_shape=x.shape, num_local_experts=e,  # noqa: E731
+                                     permuted_probs=pp, probs_topk_stride=k)
+
+        def chk():
+            pq, rq, _, _, ndq, _, ppq = P.moe_permute(xs, ids, probs=ps, num_local_experts=e, num_topk=k,
+                                                      num_permuted_tokens=c * k)
+            out, up = P.moe_unpermute(pq, rq, ndq, restore_shape=xs.shape, num_local_experts=e, permuted_probs=ppq,
+                                      probs_topk_stride=k)
+            ref = R.moe_unpermute_ref(pq, rq[:, :e], None)
+            bad = int((out.float() != ref.float()).sum()) + int((up != ps).sum())
+            return bad, snr_db(ref.float(), out.float())
+        return fn, chk, n * h * es + t * h * es + t * e * 4 + n * 8
     if name == "token_permute":
         fn = lambda: P.token_permute(x, idx)  # noqa: E731
         chk = lambda: exact(P.token_permute(xs, ids), R.token_permute_ref(xs, ids))  # noqa: E731
