@@ -61,8 +61,9 @@ total exceeds it, on device); ``-1`` (or 0) reads the padded total back (one syn
 ``scaling_factor [T, scales_per_token]`` along (``permuted_scaling_factor``, zero on padding);
 ``scaling_factor`` without ``use_fp8`` raises. ``num_dispatched_tokens`` is ``T`` as an int32 ``[1]`` device
 tensor. ``row_id_map`` is int32 ``[T, E]`` (the row of each (token, local expert) pair, ``-1`` if none)
-for a bool map, ``[T, E + k]`` for indices (then the indices themselves, so the probs can be restored
-per slot); it is meant for ``moe_unpermute``.
+for a bool map; ``[T, E + 1 + k]`` for indices: those ``E`` columns, a spare column ``E`` (``-1``), then
+each slot's column (``E`` for a slot with no row), so ``moe_unpermute`` reads each slot's row with one
+gather and restores the probs in either layout. It is meant for ``moe_unpermute``.
 
 moe_unpermute(permuted_tokens, row_id_map, num_dispatched_tokens_tensor=None, *, restore_shape,
               num_local_experts, permuted_probs=None, probs_topk_stride=0, pad_multiple=0)
@@ -643,6 +644,7 @@ def _moe_permute_primus(tokens, routing_map, expert_map, topk_indices, e, num_to
         if emap.shape[1] != e:
             raise ValueError(f"{op}: {name} has {emap.shape[1]} columns, num_local_experts={e}")
     elif emap.dtype in (torch.int32, torch.int64):
+        k = emap.shape[1]
         if num_topk not in (0, emap.shape[1]):
             raise ValueError(f"{op}: num_topk={num_topk} but {name} has {emap.shape[1]} columns")
     else:
@@ -691,12 +693,14 @@ def _moe_permute_primus(tokens, routing_map, expert_map, topk_indices, e, num_to
         overflow = torch.zeros(1, dtype=torch.int32, device=dev)
     num_dispatched = torch.full((1,), t, dtype=torch.int32, device=dev)
     if not is_map:
-        # a row map per (token, local expert), then the slots' experts: moe_unpermute restores the
-        # probs in either layout from it
-        idx = emap.long()
-        col = torch.where((idx >= 0) & (idx < e), idx, e)
-        dense = rid.new_full((t, e + 1), -1).scatter_(1, col, rid)[:, :e]
-        rid = torch.cat([dense, emap.to(torch.int32)], 1)
+        # [T, E + 1 + k]: the row of each (token, local expert) pair, a spare column E (-1), then each
+        # slot's column (E when the slot has no row): moe_unpermute reads the slots' rows with one
+        # gather and can restore the probs in either layout. A few small launches, no sync.
+        full = rid.new_full((t, e + 1 + k), -1)
+        col = torch.where(rid >= 0, emap, e)            # a slot has a row only if its expert is local
+        full[:, e + 1:] = col
+        full.scatter_(1, col.long(), rid)
+        rid = full
     return permuted, rid, seg, overflow, num_dispatched, pscales, pprobs
 
 
@@ -711,13 +715,17 @@ def _moe_unpermute_primus(permuted_tokens, row_id_map, num_dispatched_tokens_ten
     if not isinstance(row_id_map, torch.Tensor) or row_id_map.dim() != 2 or row_id_map.dtype != torch.int32 \
             or row_id_map.shape[1] < e:
         raise ValueError(f"{op}: row_id_map must be the int32 map moe_permute returned with num_local_experts="
-                         f"{e} ([T, {e}] or [T, {e} + topk]), got {_shape_or_type(row_id_map)}"
+                         f"{e} ([T, {e}] or [T, {e} + 1 + topk]), got {_shape_or_type(row_id_map)}"
                          f"{' ' + str(row_id_map.dtype) if isinstance(row_id_map, torch.Tensor) else ''}")
     _check_device(row_id_map, "row_id_map", permuted_tokens, "permuted_tokens", op)
     if num_dispatched_tokens_tensor is not None and not isinstance(num_dispatched_tokens_tensor, torch.Tensor):
         raise TypeError(f"{op}: num_dispatched_tokens_tensor must be the tensor moe_permute returned, got "
                         f"{type(num_dispatched_tokens_tensor).__name__}")
     t, w = row_id_map.shape
+    k = w - e - 1 if w > e else 0          # top-k slots of an indices-form map ([T, E + 1 + k])
+    if w != e and k < 1:
+        raise ValueError(f"{op}: row_id_map has {w} columns: moe_permute with num_local_experts={e} gives {e} "
+                         f"(routing map) or {e} + 1 + topk (top-k indices)")
     h = permuted_tokens.shape[1]
     if restore_shape is None:
         raise ValueError(f"{op}: restore_shape (the dispatched tokens' shape) is required with num_local_experts")
@@ -727,25 +735,21 @@ def _moe_unpermute_primus(permuted_tokens, row_id_map, num_dispatched_tokens_ten
         rows *= d
     if not restore_shape or restore_shape[-1] != h or rows != t:
         raise ValueError(f"{op}: restore_shape {list(restore_shape)} does not hold {t} tokens of hidden {h}")
-    dense = row_id_map[:, :e].contiguous()
-    out = _UnpermuteFn.apply(permuted_tokens, dense, None).reshape(restore_shape)
-    if permuted_probs is None:
-        return out, None
-    if not isinstance(permuted_probs, torch.Tensor) or permuted_probs.dim() != 1 \
-            or permuted_probs.shape[0] != permuted_tokens.shape[0]:
-        raise ValueError(f"{op}: permuted_probs must be 1-D with one entry per permuted row "
-                         f"({permuted_tokens.shape[0]}), got {_shape_or_type(permuted_probs)}")
-    _check_device(permuted_probs, "permuted_probs", permuted_tokens, "permuted_tokens", op)
-    if probs_topk_stride:
-        k = w - e
-        if probs_topk_stride != k:
+    if permuted_probs is not None:
+        if not isinstance(permuted_probs, torch.Tensor) or permuted_probs.dim() != 1 \
+                or permuted_probs.shape[0] != permuted_tokens.shape[0]:
+            raise ValueError(f"{op}: permuted_probs must be 1-D with one entry per permuted row "
+                             f"({permuted_tokens.shape[0]}), got {_shape_or_type(permuted_probs)}")
+        _check_device(permuted_probs, "permuted_probs", permuted_tokens, "permuted_tokens", op)
+        if probs_topk_stride and probs_topk_stride != k:
             raise ValueError(f"{op}: probs_topk_stride={probs_topk_stride} but row_id_map holds "
                              f"{'no top-k indices (a routing-map permute)' if k == 0 else f'top-{k} indices'}")
-        idx = row_id_map[:, e:].long()
-        ok = (idx >= 0) & (idx < e)
-        r = torch.where(ok, dense.gather(1, idx.clamp(0, e - 1)), -1)
-    else:
-        r = dense
+    # the map the merge walks: each slot's row (top-k form) or each local expert's (routing map)
+    slots = row_id_map.gather(1, row_id_map[:, e + 1:].long()) if k else row_id_map
+    out = _UnpermuteFn.apply(permuted_tokens, slots, None).reshape(restore_shape)
+    if permuted_probs is None:
+        return out, None
+    r = slots if probs_topk_stride else row_id_map[:, :e]
     # differentiable, also with no permuted rows: entries -1 read a zero appended past the rows
     n = permuted_probs.shape[0]
     padded = torch.cat([permuted_probs, permuted_probs.new_zeros(1)])

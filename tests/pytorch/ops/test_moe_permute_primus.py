@@ -242,6 +242,8 @@ def test_errors(device):
          "does not hold 48 tokens"),
         (lambda: moe_unpermute(perm, rid[:, :4], nd, restore_shape=(T, H), num_local_experts=E), ValueError,
          "row_id_map must be the int32 map"),
+        (lambda: moe_unpermute(perm, rid[:, :E + 1], nd, restore_shape=(T, H), num_local_experts=E), ValueError,
+         "row_id_map has 9 columns"),
         (lambda: moe_unpermute(perm, rid.long(), nd, restore_shape=(T, H), num_local_experts=E), ValueError,
          "int32"),
         (lambda: moe_unpermute(perm, rid, 48, restore_shape=(T, H), num_local_experts=E), TypeError,
@@ -263,14 +265,14 @@ def test_errors(device):
 def test_no_host_sync_with_capacity():
     dev = "cuda"
     emap, mask, idx, probs_k, dense = _routing(2, "int64", dev, minus_one=True)
-    rmap = mask.to(dev)
+    rmap, probs_k, dense = mask.to(dev), probs_k.to(dev), dense.to(dev)   # copies before the check
     x = torch.randn(T, H, device=dev, dtype=torch.bfloat16, requires_grad=True)
     cap = T * 2 + E * 15
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for em, kw in ((emap, dict(num_topk=2, probs=probs_k.to(dev))),
-                       (rmap, dict(probs=dense.to(dev), probs_layout="routing_map"))):
+        for em, kw in ((emap, dict(num_topk=2, probs=probs_k)),
+                       (rmap, dict(probs=dense, probs_layout="routing_map"))):
             perm, rid, tpe, of, nd, _, pp = moe_permute(x, em, num_local_experts=E, pad_multiple=16,
                                                         num_permuted_tokens=cap, **kw)
             out, up = moe_unpermute(perm, rid, nd, restore_shape=x.shape, num_local_experts=E, permuted_probs=pp,
