@@ -11,7 +11,7 @@ probs) the following are timed, for each case (default ``16384x7168 top-8 / 32 e
 - ``moe_unpermute``: merge back with fp32 probs,
 - ``primus_moe_permute`` / ``primus_moe_unpermute``: the same ops in Primus-Turbo's call form (top-k
   indices, ``num_permuted_tokens``; the plain merge plus the probs restored per slot),
-- ``token_permute`` / ``token_unpermute``: the Megatron-style argsort ops (unpermute with probs).
+- ``token_permute`` / ``token_unpermute``: Megatron's mask-based ops (``fused=True``; unpermute with probs).
 
 GB/s counts the bytes each call must move: permuted rows read or written (``T*k`` rows each way
 for permute; ``T*k`` rows read and ``T`` rows written for unpermute), the output rows and the probs.
@@ -143,21 +143,22 @@ def _make(name: str, x, idx, probs, rmap, mprobs, e: int) -> tuple[Callable, Cal
             bad = int((out.float() != ref.float()).sum()) + int((up != ps).sum())
             return bad, snr_db(ref.float(), out.float())
         return fn, chk, n * h * es + t * h * es + t * e * 4 + n * 8
-    if name == "token_permute":
-        fn = lambda: P.token_permute(x, idx)  # noqa: E731
-        chk = lambda: exact(P.token_permute(xs, ids), R.token_permute_ref(xs, ids))  # noqa: E731
-        return fn, chk, 2 * n * h * es + n * 16
+    if name == "token_permute":  # Megatron's mask-based permute, fused=True (the row map, no token ids)
+        fn = lambda: P.token_permute(x, n, mprobs, rmap, fused=True)  # noqa: E731
+        chk = lambda: exact(P.token_permute(xs, c * k, mps, rms, fused=True)[:2],  # noqa: E731
+                            R.token_permute_ref(xs, rms, mps, c * k)[:2])
+        return fn, chk, 2 * n * h * es + n * 4 + t * e * 9
     if name == "token_unpermute":
-        perm, sidx = P.token_permute(x, idx)
-        fn = lambda: P.token_unpermute(perm, sidx, probs)  # noqa: E731
+        perm, _, rid, _ = P.token_permute(x, n, mprobs, rmap, fused=True)
+        fn = lambda: P.token_unpermute(perm, rid, mprobs, x.shape, fused=True)  # noqa: E731
 
         def chk():
-            pp, ss = P.token_permute(xs, ids)
-            out = P.token_unpermute(pp, ss, ps)
-            ref = R.token_unpermute_ref(pp, ss, ps)
+            pp, _, rr, _ = P.token_permute(xs, c * k, mps, rms, fused=True)
+            out = P.token_unpermute(pp, rr, mps, xs.shape, fused=True)
+            ref = R.token_unpermute_ref(pp, rms, mps, c)
             bad = int((out.float() != ref.float()).sum())
             return bad, snr_db(ref.float(), out.float())
-        return fn, chk, n * h * es + t * h * es + n * 12
+        return fn, chk, n * h * es + t * h * es + t * e * 8
     raise KeyError(name)
 
 

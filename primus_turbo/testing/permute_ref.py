@@ -3,7 +3,7 @@
 ``moe_permute_ref`` returns ``(permuted_tokens, permuted_probs, row_id_map, tokens_per_expert)``
 (plus ``permuted_scales`` through ``scales=``) with the semantics of ``turbo.ops.moe_permute``;
 ``moe_unpermute_ref`` accumulates in fp32 in ascending column order of ``row_id_map``;
-``token_permute_ref`` / ``token_unpermute_ref`` follow Megatron's ``moe_utils.permute/unpermute``.
+``token_permute_ref`` / ``token_unpermute_ref`` follow Megatron's mask-based ``moe_utils.permute/unpermute``.
 """
 
 from __future__ import annotations
@@ -91,36 +91,57 @@ def moe_unpermute_ref(permuted_tokens, row_id_map, merging_probs=None,
     return out.reshape(tuple(restore_shape)) if restore_shape is not None else out
 
 
-def token_permute_ref(tokens, indices, num_out_tokens=None):
-    """Megatron ``permute``: stable argsort of the flattened indices."""
-    if indices.dim() == 1:
-        indices = indices[:, None]
-    topk = indices.shape[1]
-    flat = indices.reshape(-1)
-    sorted_indices = torch.argsort(flat, stable=True)
-    if num_out_tokens is not None:
-        sorted_indices = sorted_indices[:num_out_tokens]
-    return tokens.index_select(0, sorted_indices // topk), sorted_indices
-
-
-def token_unpermute_ref(permuted_tokens, sorted_indices, probs=None, restore_shape=None):
-    """Megatron ``unpermute``: index_copy back, weight by probs (fp32), sum over top-k."""
-    if probs is not None:
-        if probs.dim() == 1:
-            probs = probs[:, None]
-        n, topk = probs.numel(), probs.shape[1]
-    elif restore_shape is not None:
-        t = 1
-        for d in tuple(restore_shape)[:-1]:
-            t *= int(d)
-        n, topk = permuted_tokens.shape[0], max(1, permuted_tokens.shape[0] // max(t, 1))
-        n = t * topk
+def _token_rows(mask: torch.Tensor, num_out_tokens: Optional[int], drop_and_pad: bool):
+    """(token id, expert) of every output row of Megatron's mask-based ``permute`` (-1 on tail rows)."""
+    t, e = mask.shape
+    toks, exps = [], []
+    if drop_and_pad:
+        cap = num_out_tokens // e
+        for j in range(e):
+            col = mask[:, j].tolist()
+            order = [i for i in range(t) if col[i]] + [i for i in range(t) if not col[i]]
+            toks += order[:cap]
+            exps += [j] * cap
     else:
-        n, topk = permuted_tokens.shape[0], 1
-    h = permuted_tokens.shape[1]
-    un = torch.zeros(n, h, dtype=torch.float32, device=permuted_tokens.device)
-    un = un.index_copy(0, sorted_indices, permuted_tokens.float()).reshape(-1, topk, h)
+        for j in range(e):
+            col = mask[:, j].tolist()
+            sel = [i for i in range(t) if col[i]]
+            toks += sel
+            exps += [j] * len(sel)
+        n = len(toks) if num_out_tokens is None or num_out_tokens < 0 else num_out_tokens
+        toks, exps = (toks + [-1] * n)[:n], (exps + [-1] * n)[:n]
+    return torch.tensor(toks, dtype=torch.long), torch.tensor(exps, dtype=torch.long)
+
+
+def token_permute_ref(tokens, routing_map, probs=None, num_out_tokens=None, drop_and_pad=False):
+    """Megatron's mask-based ``permute``: rows expert-major, tokens in order within an expert (drop-and-pad:
+    each expert's routed then unrouted tokens cut to ``num_out_tokens // E``). Returns ``(permuted,
+    permuted_probs, sorted_indices, tokens_per_expert)``; rows past the routed ones are zero (id -1)."""
+    mask = routing_map.bool().cpu()
+    toks, exps = _token_rows(mask, num_out_tokens, drop_and_pad)
+    ok = toks >= 0
+    dev = tokens.device
+    out = torch.zeros(toks.numel(), tokens.shape[1], dtype=tokens.dtype, device=dev)
+    out[ok.to(dev)] = tokens[toks[ok].to(dev)]
+    pprobs = None
     if probs is not None:
-        un = un * probs.float().unsqueeze(-1)
-    out = un.sum(1).to(permuted_tokens.dtype)
-    return out.reshape(tuple(restore_shape)) if restore_shape is not None else out
+        pprobs = torch.zeros(toks.numel(), dtype=probs.dtype, device=dev)
+        pprobs[ok.to(dev)] = probs[toks[ok].to(dev), exps[ok].to(dev)]
+    tpe = torch.bincount(exps[ok], minlength=mask.shape[1])
+    return out, pprobs, toks.to(dev), tpe.to(dev)
+
+
+def token_unpermute_ref(permuted_tokens, routing_map, merging_probs=None, num_tokens=None, drop_and_pad=False):
+    """Megatron's mask-based ``unpermute``: each row (times its token's prob for its expert) summed
+    back into its token, fp64 accumulation, cast to the rows' dtype."""
+    mask = routing_map.bool().cpu()
+    t = mask.shape[0] if num_tokens is None else num_tokens
+    toks, exps = _token_rows(mask, permuted_tokens.shape[0], drop_and_pad)
+    x = permuted_tokens.detach().cpu().double()
+    out = torch.zeros(t, x.shape[1], dtype=torch.float64)
+    for r in range(toks.numel()):
+        if toks[r] < 0:
+            continue
+        w = 1.0 if merging_probs is None else float(merging_probs[toks[r], exps[r]])
+        out[toks[r]] += w * x[r]
+    return out.to(permuted_tokens.dtype).to(permuted_tokens.device)

@@ -77,14 +77,28 @@ of padding and dropped rows is zero (so ``pad_multiple`` is accepted and not nee
 ``num_dispatched_tokens_tensor`` is accepted for the call's shape and not read (``restore_shape`` gives
 ``T``).
 
-token_permute(tokens, indices, num_out_tokens=None) -> (permuted_tokens, sorted_indices)
-token_unpermute(permuted_tokens, sorted_indices, probs=None, restore_shape=None) -> tokens
-    Megatron ``moe_utils.permute/unpermute`` (argsort form): ``sorted_indices`` = stable argsort of the
-    flattened ``[T, k]`` indices (optionally cut to ``num_out_tokens``), ``permuted[i] =
-    tokens[sorted_indices[i] // k]``; unpermute scatters the rows back to ``[T*k, H]``, weights by
-    ``probs [T, k]`` (fp32 math) and sums over ``k``. Without ``probs``, ``k = 1`` unless
-    ``restore_shape`` gives ``T`` (then ``k = numel(sorted_indices)//T`` is not inferable when rows
-    were dropped: pass probs). Both differentiable.
+token_permute(tokens, num_out_tokens=None, probs=None, routing_map=None, topk_indices=None,
+              drop_and_pad=False, fused=False, return_tokens_per_expert=False)
+    -> (permuted_tokens, permuted_probs, sorted_indices, tokens_per_expert)
+token_unpermute(permuted_tokens, sorted_indices, merging_probs=None, restore_shape=None, routing_map=None,
+                fused=False, drop_and_pad=False) -> tokens
+    Megatron's mask-based ``moe_utils.permute`` / ``unpermute`` in Primus-Turbo's call form.
+    ``routing_map`` ``[T, E]`` (bool, or integers with nonzero = routed) is required (``topk_indices``:
+    NotImplementedError, no expert count; ``moe_permute`` takes indices). The rows are ``moe_permute``'s
+    (expert-major, token order, no padding); ``num_out_tokens`` sizes the output (rows past the routed
+    ones are zero, routed rows past it dropped; ``None`` / ``-1``: the routed count, one host sync).
+    ``probs`` is ``[T, E]``; ``permuted_probs`` its value per row. The third output is ``sorted_indices``
+    (int64, the token of each row, ``-1`` on rows past the routed ones) with ``fused=False``, the int32
+    ``[T, E]`` row map with ``fused=True`` (no extra launches); ``tokens_per_expert`` (int64 ``[E]``, rows
+    per expert) is always returned (``return_tokens_per_expert`` is accepted for the call's shape).
+    ``drop_and_pad=True`` (``num_out_tokens = E * capacity``): each expert gets ``capacity`` rows, its
+    routed tokens first then unrouted ones as filler, in token order, routed tokens past the capacity
+    dropped (Megatron's layout; plain torch ops).
+    ``token_unpermute`` sums each token's rows, weighted by ``merging_probs [T, E]`` (fp32 accumulation),
+    to ``restore_shape`` (needed unless the row map or ``routing_map`` gives ``T``). With the row map,
+    or ``sorted_indices`` and ``routing_map``, it is the same merge kernel as ``moe_unpermute``
+    (deterministic); ``sorted_indices`` without ``routing_map`` (no probs then) and drop-and-pad rows
+    are summed by token id with fp32 atomic adds on CUDA. Both differentiable (tokens and probs).
 
 Backend: Triton kernels (primus_turbo/triton/moe) on CUDA and on CPU under the Triton interpreter;
 plain PyTorch indexing elsewhere. On the Triton backend ``moe_permute`` can build the row map, its
@@ -544,65 +558,158 @@ def moe_unpermute(permuted_tokens: torch.Tensor, row_id_map: torch.Tensor,
     return out
 
 
-def token_permute(tokens: torch.Tensor, indices: torch.Tensor, num_out_tokens: Optional[int] = None):
-    """Megatron ``permute``: returns ``(permuted_tokens, sorted_indices)``."""
+def _routing_mask(routing_map, t: int, op: str, ref: torch.Tensor, ref_name: str) -> torch.Tensor:
+    """A ``[T, E]`` routing map (bool, or integers where nonzero = routed) as bool."""
+    if not isinstance(routing_map, torch.Tensor) or routing_map.dim() != 2 or routing_map.shape[0] != t:
+        raise ValueError(f"{op}: routing_map must be [T={t}, num_experts], got {_shape_or_type(routing_map)}")
+    if routing_map.dtype.is_floating_point or routing_map.is_complex():
+        raise TypeError(f"{op}: routing_map must be bool or integer (nonzero = routed), got {routing_map.dtype}")
+    _check_device(routing_map, "routing_map", ref, ref_name, op)
+    return routing_map if routing_map.dtype == torch.bool else routing_map != 0
+
+
+def _map_rows(routing_mask: torch.Tensor, n_out: int) -> torch.Tensor:
+    """The row map ``moe_permute`` builds for a bool ``[T, E]`` map and ``n_out`` rows (int32 ``[T, E]``)."""
+    t, e = routing_mask.shape
+    if _fused_map(routing_mask, True, t * e):
+        from primus_turbo.triton.moe import permute_kernel as pk
+
+        routing_mask = routing_mask.contiguous()
+        state = pk.permute_map_scan_launch(routing_mask, e, None, n_out)
+        return pk.permute_map_assign_launch(routing_mask, e, state, n_out)[0]
+    return _build_row_id_map(routing_mask, e, None, n_out)[0]
+
+
+def _drop_and_pad_rows(mask: torch.Tensor, capacity: int) -> torch.Tensor:
+    """Megatron's drop-and-pad order: per expert its routed tokens then its unrouted ones, both in token
+    order, cut to ``capacity``: int64 token ids ``[E * capacity]``."""
+    order = torch.argsort(mask.t().to(torch.int8), dim=1, descending=True, stable=True)
+    return order[:, :capacity].reshape(-1)
+
+
+def token_permute(tokens: torch.Tensor, num_out_tokens: Optional[int] = None, probs: Optional[torch.Tensor] = None,
+                  routing_map: Optional[torch.Tensor] = None, topk_indices: Optional[torch.Tensor] = None,
+                  drop_and_pad: bool = False, fused: bool = False, return_tokens_per_expert: bool = False):
+    """Megatron's mask-based ``permute`` (Primus-Turbo's ``token_permute``); see the module docstring."""
     op = "token_permute"
     _check_tokens(tokens, op)
-    if not isinstance(indices, torch.Tensor):
-        raise TypeError(f"{op}: indices must be a tensor, got {type(indices).__name__}")
-    if indices.dim() == 1:
-        indices = indices[:, None]
-    if indices.dim() != 2 or indices.shape[0] != tokens.shape[0]:
-        raise ValueError(f"{op}: indices must be [T, k] with T={tokens.shape[0]}, got {tuple(indices.shape)}")
-    if indices.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{op}: indices must be int32/int64, got {indices.dtype}")
-    _check_device(indices, "indices", tokens, "tokens", op)
-    t, k = indices.shape
-    n = t * k if num_out_tokens is None else int(num_out_tokens)
-    if not 0 <= n <= t * k:
-        raise ValueError(f"{op}: num_out_tokens must be in [0, T*k={t * k}], got {n}")
-    sorted_indices = torch.argsort(indices.reshape(-1), stable=True)[:n]
-    # row_id_map[t, j] = position of pair t*k+j in the sorted order (-1 when cut off)
-    row_id_map = torch.full((t * k,), -1, dtype=torch.int64, device=indices.device)
-    row_id_map.scatter_(0, sorted_indices, torch.arange(n, device=indices.device))
-    row_id_map = row_id_map.view(t, k).to(torch.int32)
-    permuted, _ = _PermuteFn.apply(tokens, None, row_id_map, sorted_indices, k)
-    return permuted, sorted_indices
+    _check_token_dtype(tokens, op)
+    if isinstance(num_out_tokens, torch.Tensor):
+        raise TypeError(f"{op}: the second argument is num_out_tokens (an int), got a tensor "
+                        f"{tuple(num_out_tokens.shape)}: pass the [T, E] map as routing_map=..., or top-k indices "
+                        f"to moe_permute(tokens, indices, num_experts=E)")
+    if topk_indices is not None:
+        raise NotImplementedError(f"{op}: topk_indices is not supported (the expert count is not known from "
+                                  f"them): pass routing_map, or use moe_permute(tokens, indices, num_experts=E)")
+    if routing_map is None:
+        raise ValueError(f"{op}: routing_map [T, num_experts] is required")
+    t = tokens.shape[0]
+    mask = _routing_mask(routing_map, t, op, tokens, "tokens")
+    e = mask.shape[1]
+    if num_out_tokens is not None and (isinstance(num_out_tokens, bool) or not isinstance(num_out_tokens, int)):
+        raise TypeError(f"{op}: num_out_tokens must be an int or None, got {type(num_out_tokens).__name__}")
+    n = None if num_out_tokens is None or num_out_tokens < 0 else int(num_out_tokens)
+    if probs is not None:
+        if not isinstance(probs, torch.Tensor) or tuple(probs.shape) != (t, e):
+            raise ValueError(f"{op}: probs must be [T={t}, E={e}] like routing_map, got {_shape_or_type(probs)}")
+        if not probs.dtype.is_floating_point:
+            raise TypeError(f"{op}: probs must be floating point, got {probs.dtype}")
+        _check_device(probs, "probs", tokens, "tokens", op)
+    if drop_and_pad:
+        if n is None or n % e:
+            raise ValueError(f"{op}: drop_and_pad needs num_out_tokens = num_experts * capacity (a multiple of "
+                             f"E={e}), got {num_out_tokens!r}")
+        cap = n // e
+        sorted_indices = _drop_and_pad_rows(mask, cap)
+        permuted = tokens.index_select(0, sorted_indices)
+        pprobs = None
+        if probs is not None:
+            expert = torch.arange(e, device=tokens.device).repeat_interleave(cap)
+            pprobs = probs[sorted_indices, expert]
+        tpe = torch.full((e,), cap, dtype=torch.int64, device=tokens.device)
+        return permuted, pprobs, sorted_indices, tpe
+    permuted, pprobs, rid, _ps, tpe, _total = _permute_core(tokens, mask, probs, e, n, None, None)
+    if fused:
+        return permuted, pprobs, rid, tpe
+    # the token of each row (-1 on rows past the routed ones): Megatron's sorted_indices
+    n_out = permuted.shape[0]
+    tok = torch.arange(t, device=tokens.device).unsqueeze(1).expand(t, e)
+    src = torch.full((n_out + 1,), -1, dtype=torch.int64, device=tokens.device)
+    src.scatter_(0, torch.where(rid >= 0, rid.long(), n_out).reshape(-1), tok.reshape(-1))
+    return permuted, pprobs, src[:n_out], tpe
 
 
 def token_unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor,
-                    probs: Optional[torch.Tensor] = None,
-                    restore_shape: Optional[Sequence[int]] = None) -> torch.Tensor:
-    """Megatron ``unpermute``: scatter back, weight by ``probs [T, k]``, sum over k."""
+                    merging_probs: Optional[torch.Tensor] = None, restore_shape: Optional[Sequence[int]] = None,
+                    routing_map: Optional[torch.Tensor] = None, fused: bool = False,
+                    drop_and_pad: bool = False) -> torch.Tensor:
+    """Megatron's mask-based ``unpermute`` (Primus-Turbo's ``token_unpermute``); see the module docstring."""
     op = "token_unpermute"
     _check_tokens(permuted_tokens, op, "permuted_tokens")
     if permuted_tokens.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"{op}: permuted_tokens must be bf16/fp16/fp32, got {permuted_tokens.dtype}")
-    if not isinstance(sorted_indices, torch.Tensor) or sorted_indices.dim() != 1 \
-            or sorted_indices.numel() != permuted_tokens.shape[0]:
-        raise ValueError(f"{op}: sorted_indices must be 1-D with one entry per permuted row "
-                         f"({permuted_tokens.shape[0]}), got {_shape_or_type(sorted_indices)}")
+    n, h = permuted_tokens.shape
+    if not isinstance(sorted_indices, torch.Tensor) or sorted_indices.dtype not in (torch.int32, torch.int64) \
+            or sorted_indices.dim() not in (1, 2) or (sorted_indices.dim() == 1 and sorted_indices.numel() != n):
+        raise ValueError(f"{op}: sorted_indices must be what token_permute returned: 1-D token ids, one per "
+                         f"permuted row ({n}), or the int32 [T, E] row map of fused=True; got "
+                         f"{_shape_or_type(sorted_indices)}")
     _check_device(sorted_indices, "sorted_indices", permuted_tokens, "permuted_tokens", op)
-    _check_device(probs, "probs", permuted_tokens, "permuted_tokens", op)
-    if probs is not None:
-        if probs.dim() == 1:
-            probs = probs[:, None]
-        t, k = probs.shape
-    elif restore_shape is not None:
-        t = 1
-        for d in tuple(restore_shape)[:-1]:
-            t *= int(d)
-        k = permuted_tokens.shape[0] // t if t else 1
-    else:
-        t, k = permuted_tokens.shape[0], 1
-    row_id_map = torch.full((t * k,), -1, dtype=torch.int64, device=sorted_indices.device)
-    row_id_map.scatter_(0, sorted_indices.long(),
-                        torch.arange(sorted_indices.numel(), device=sorted_indices.device))
-    row_id_map = row_id_map.view(t, k).to(torch.int32)
-    out = _UnpermuteFn.apply(permuted_tokens, row_id_map, probs.contiguous() if probs is not None else None)
+    is_map = sorted_indices.dim() == 2
+    if is_map and drop_and_pad:
+        raise ValueError(f"{op}: drop_and_pad rows come as token ids (1-D sorted_indices), got the [T, E] row map")
     if restore_shape is not None:
-        out = out.reshape(tuple(restore_shape))
-    return out
+        restore_shape = tuple(int(d) for d in restore_shape)
+        t = 1
+        for d in restore_shape[:-1]:
+            t *= d
+        if not restore_shape or restore_shape[-1] != h:
+            raise ValueError(f"{op}: restore_shape {list(restore_shape)} must end in hidden {h}")
+    elif is_map:
+        t = sorted_indices.shape[0]
+    elif routing_map is not None and isinstance(routing_map, torch.Tensor) and routing_map.dim() == 2:
+        t = routing_map.shape[0]
+    else:
+        raise ValueError(f"{op}: restore_shape (or routing_map / the fused row map) is needed for the token count")
+    if is_map and sorted_indices.shape[0] != t:
+        raise ValueError(f"{op}: the row map has {sorted_indices.shape[0]} tokens, restore_shape {t}")
+    mask = _routing_mask(routing_map, t, op, permuted_tokens, "permuted_tokens") if routing_map is not None else None
+    if merging_probs is not None:
+        if not isinstance(merging_probs, torch.Tensor) or merging_probs.dim() != 2 or merging_probs.shape[0] != t:
+            raise ValueError(f"{op}: merging_probs must be [T={t}, num_experts], got {_shape_or_type(merging_probs)}")
+        if not merging_probs.dtype.is_floating_point:
+            raise TypeError(f"{op}: merging_probs must be floating point, got {merging_probs.dtype}")
+        _check_device(merging_probs, "merging_probs", permuted_tokens, "permuted_tokens", op)
+        if not is_map and mask is None:
+            raise ValueError(f"{op}: merging_probs needs routing_map (which expert each row belongs to)")
+    if is_map:
+        if merging_probs is not None and merging_probs.shape != sorted_indices.shape:
+            raise ValueError(f"{op}: merging_probs {list(merging_probs.shape)} must match the row map "
+                             f"{list(sorted_indices.shape)}")
+        rid = sorted_indices.to(torch.int32).contiguous()
+    elif mask is not None and not drop_and_pad:
+        e = mask.shape[1]
+        if merging_probs is not None and merging_probs.shape[1] != e:
+            raise ValueError(f"{op}: merging_probs has {merging_probs.shape[1]} experts, routing_map {e}")
+        rid = _map_rows(mask, n)
+    else:
+        # token ids alone (no map) or drop-and-pad rows: fp32 sums by token id (atomic adds on CUDA)
+        rows = permuted_tokens.float()
+        if drop_and_pad and merging_probs is not None:
+            e = merging_probs.shape[1]
+            if n % e:
+                raise ValueError(f"{op}: drop_and_pad rows ({n}) must be num_experts ({e}) x capacity")
+            expert = torch.arange(e, device=rows.device).repeat_interleave(n // e)
+            rows = rows * merging_probs[sorted_indices, expert].float().unsqueeze(1)
+        ids = sorted_indices.long()
+        ok = ids >= 0
+        out = torch.zeros(t, h, dtype=torch.float32, device=rows.device)
+        out = out.index_add(0, torch.where(ok, ids, 0), torch.where(ok.unsqueeze(1), rows, 0.0))
+        out = out.to(permuted_tokens.dtype)
+        return out.reshape(restore_shape) if restore_shape is not None else out
+    out = _UnpermuteFn.apply(permuted_tokens, rid,
+                             merging_probs.contiguous() if merging_probs is not None else None)
+    return out.reshape(restore_shape) if restore_shape is not None else out
 
 
 # ----------------------------------------------------------------------------------------------

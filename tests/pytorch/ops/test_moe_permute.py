@@ -231,15 +231,38 @@ def test_errors(device):
         moe_unpermute(perm, rid.to("meta"))
     with pytest.raises(ValueError, match=r"moe_unpermute: merging_probs is on meta"):
         moe_unpermute(perm, rid, mprobs.to("meta"))
-    with pytest.raises(ValueError, match=rf"token_permute: num_out_tokens must be in \[0, T\*k={T * 2}\], got {T*2+1}"):
-        token_permute(x, idx, num_out_tokens=T * 2 + 1)
-    with pytest.raises(ValueError, match=r"token_permute: indices is on meta, tokens on"):
-        token_permute(x, idx.to("meta"))
-    with pytest.raises(ValueError, match=rf"token_unpermute: sorted_indices must be 1-D with one entry per "
-                                         rf"permuted row \({perm.shape[0]}\), got \(3,\)"):
-        token_unpermute(perm, torch.arange(3, device=device))
+    with pytest.raises(TypeError, match=r"token_permute: the second argument is num_out_tokens \(an int\), got a "
+                                        r"tensor \(64, 2\)"):
+        token_permute(x, idx)
+    with pytest.raises(ValueError, match=r"token_permute: routing_map \[T, num_experts\] is required"):
+        token_permute(x, 10)
+    with pytest.raises(NotImplementedError, match="token_permute: topk_indices is not supported"):
+        token_permute(x, 10, topk_indices=idx)
+    with pytest.raises(ValueError, match=r"token_permute: routing_map must be \[T=64, num_experts\], got \(3, 16\)"):
+        token_permute(x, 10, routing_map=rmap[:3])
+    with pytest.raises(TypeError, match="token_permute: routing_map must be bool or integer"):
+        token_permute(x, 10, routing_map=rmap.float())
+    with pytest.raises(ValueError, match=r"token_permute: routing_map is on meta, tokens on"):
+        token_permute(x, 10, routing_map=rmap.to("meta"))
+    with pytest.raises(ValueError, match=r"token_permute: probs must be \[T=64, E=16\] like routing_map, got \(64, 2\)"):
+        token_permute(x, 10, probs, rmap)
+    with pytest.raises(ValueError, match=r"token_permute: drop_and_pad needs num_out_tokens = num_experts \* "
+                                         r"capacity \(a multiple of E=16\), got 10"):
+        token_permute(x, 10, routing_map=rmap, drop_and_pad=True)
+    with pytest.raises(ValueError, match=r"token_unpermute: sorted_indices must be what token_permute returned.*"
+                                         rf"\({perm.shape[0]}\).*got \(3,\)"):
+        token_unpermute(perm, torch.arange(3, device=device), restore_shape=(T, 64))
     with pytest.raises(ValueError, match=r"token_unpermute: sorted_indices is on meta"):
-        token_unpermute(perm, torch.arange(perm.shape[0], device="meta"))
+        token_unpermute(perm, torch.arange(perm.shape[0], device="meta"), restore_shape=(T, 64))
+    with pytest.raises(ValueError, match=r"token_unpermute: restore_shape \(or routing_map / the fused row map\)"):
+        token_unpermute(perm, torch.arange(perm.shape[0], device=device))
+    with pytest.raises(ValueError, match="token_unpermute: merging_probs needs routing_map"):
+        token_unpermute(perm, torch.arange(perm.shape[0], device=device), mprobs, (T, 64))
+    with pytest.raises(ValueError, match=r"token_unpermute: restore_shape \[64, 7\] must end in hidden 64"):
+        token_unpermute(perm, torch.arange(perm.shape[0], device=device), restore_shape=(T, 7))
+    with pytest.raises(ValueError, match=r"token_unpermute: drop_and_pad rows come as token ids"):
+        token_unpermute(perm, torch.zeros(T, E, dtype=torch.int32, device=device), restore_shape=(T, 64),
+                        drop_and_pad=True)
 
 
 @pytest.mark.parametrize("form", ["map", "int32"])
@@ -278,35 +301,63 @@ def test_many_blocks_vs_ref(form, device):
         assert torch.equal(out[4].cpu(), torch.minimum(seg, (lim - starts).clamp(min=0)))
 
 
-@pytest.mark.parametrize("num_out", [None, 100])
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("num_out", [None, 100, 200, "drop_and_pad"])
 @pytest.mark.parametrize("topk", [1, 2, 8])
-def test_token_permute_megatron(topk, num_out, device):
-    idx, probs = _routing(topk, "int64", device, seed=4)
+def test_token_permute_megatron(topk, num_out, fused, device):
+    rmap, mprobs = _routing(topk, "map", device, seed=4)
+    routed = int(rmap.sum())
+    dp = num_out == "drop_and_pad"
+    n_out = E * 6 if dp else num_out   # drop-and-pad: 6 rows per expert (some experts drop, some pad)
     x = torch.randn(T, 96, device=device)
-    n_out = None if num_out is None else min(num_out, T * topk)
     xt = x.clone().requires_grad_(True)
-    perm, sidx = token_permute(xt, idx, n_out)
-    xr = x.cpu().clone().requires_grad_(True)
-    perm_r, sidx_r = token_permute_ref(xr, idx.cpu(), n_out)
-    assert torch.equal(sidx.cpu(), sidx_r) and torch.equal(perm.detach().cpu(), perm_r.detach())
-    g = torch.randn(perm_r.shape)
-    perm.backward(g.to(device))
-    perm_r.backward(g)
-    torch.testing.assert_close(xt.grad.cpu(), xr.grad, rtol=1e-6, atol=1e-6)
-    # unpermute with probs (+ grads)
+    pt = mprobs.clone().requires_grad_(True)
+    perm, pprobs, sidx, tpe = token_permute(xt, n_out, pt, rmap, drop_and_pad=dp, fused=fused)
+    perm_r, pprobs_r, toks_r, tpe_r = token_permute_ref(x.cpu(), rmap.cpu(), mprobs.cpu(), n_out, drop_and_pad=dp)
+    assert perm.shape[0] == (routed if n_out is None else n_out)
+    assert torch.equal(perm.detach().cpu(), perm_r) and torch.equal(pprobs.detach().cpu(), pprobs_r)
+    assert torch.equal(tpe.cpu(), tpe_r)
+    if dp or not fused:
+        assert sidx.dim() == 1 and torch.equal(sidx.cpu(), toks_r)
+    else:
+        assert sidx.shape == (T, E) and sidx.dtype == torch.int32
+    ok = toks_r >= 0
+    if dp:
+        exps = torch.arange(E).repeat_interleave(n_out // E)
+    else:
+        exps = torch.tensor([e for e in range(E) for _ in range(int(tpe_r[e]))] + [-1] * int((~ok).sum()),
+                            dtype=torch.long)
+    # backward of the permute: each token sums its rows' grads; each row's prob slot gets its grad
+    g, gp = torch.randn(perm_r.shape, dtype=torch.float64), torch.randn(pprobs_r.shape)
+    torch.autograd.backward([perm, pprobs], [g.float().to(device), gp.to(device)])
+    want = torch.zeros(T, 96, dtype=torch.float64).index_add_(0, toks_r[ok], g.float().double()[ok])
+    torch.testing.assert_close(xt.grad.cpu().double(), want, rtol=1e-6, atol=1e-6)
+    want_p = torch.zeros(T, E)
+    want_p[toks_r[ok], exps[ok]] = gp[ok]
+    torch.testing.assert_close(pt.grad.cpu(), want_p, rtol=0, atol=0)
+    # unpermute with merging probs (+ grads) against an fp64 loop
     y = torch.randn(perm_r.shape)
-    yt, pt = y.clone().to(device).requires_grad_(True), probs.clone().requires_grad_(True)
-    yr, pr = y.clone().requires_grad_(True), probs.cpu().clone().requires_grad_(True)
-    out = token_unpermute(yt, sidx, pt)
-    out_r = token_unpermute_ref(yr, sidx_r, pr)
-    torch.testing.assert_close(out.detach().cpu(), out_r.detach(), rtol=1e-6, atol=1e-6)
+    yt = y.clone().to(device).requires_grad_(True)
+    mt = mprobs.clone().requires_grad_(True)
+    out = token_unpermute(yt, sidx, mt, (T, 96), rmap, fused=fused, drop_and_pad=dp)
+    out_r = token_unpermute_ref(y, rmap.cpu(), mprobs.cpu(), T, drop_and_pad=dp)
+    torch.testing.assert_close(out.detach().cpu(), out_r, rtol=1e-5, atol=1e-5)
     go = torch.randn(T, 96)
     out.backward(go.to(device))
-    out_r.backward(go)
-    torch.testing.assert_close(yt.grad.cpu(), yr.grad, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(pt.grad.cpu(), pr.grad, rtol=1e-5, atol=1e-5)
-    if topk == 1 and num_out is None:
-        back = token_unpermute(perm.detach(), sidx)
+    w = torch.zeros(perm_r.shape[0])
+    w[ok] = mprobs.cpu()[toks_r[ok], exps[ok]]
+    want_gy = torch.zeros(perm_r.shape)
+    want_gy[ok] = go[toks_r[ok]] * w[ok, None]
+    torch.testing.assert_close(yt.grad.cpu(), want_gy, rtol=1e-6, atol=1e-6)
+    want_gm = torch.zeros(T, E)
+    want_gm[toks_r[ok], exps[ok]] = (go[toks_r[ok]] * y[ok]).sum(1)
+    torch.testing.assert_close(mt.grad.cpu(), want_gm, rtol=1e-5, atol=1e-5)
+    # no probs: a plain sum back (topk 1, nothing dropped: the tokens themselves)
+    back = token_unpermute(perm.detach(), sidx, restore_shape=(T, 96), routing_map=None if fused else rmap,
+                           fused=fused, drop_and_pad=dp)
+    torch.testing.assert_close(back.cpu(), token_unpermute_ref(perm_r, rmap.cpu(), None, T, drop_and_pad=dp),
+                               rtol=1e-6, atol=1e-6)
+    if topk == 1 and n_out is None:
         assert torch.equal(back.cpu(), x.cpu())
 
 
@@ -326,8 +377,10 @@ def test_no_host_sync_cuda():
         moe_unpermute(perm, rid, probs)
         perm, pp, rid = moe_permute(x, rmap, mprobs, num_out_tokens=n_pad, pad_multiple=16)
         moe_unpermute(perm, rid, mprobs)
-        p2, s = token_permute(x, idx)
-        token_unpermute(p2, s, probs)
+        p2, pp2, s, _ = token_permute(x, T * 4, mprobs, rmap, fused=True)
+        token_unpermute(p2, s, mprobs, x.shape, fused=True)
+        p2, pp2, s, _ = token_permute(x, T * 4, mprobs, rmap)
+        token_unpermute(p2, s, mprobs, x.shape, rmap)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
