@@ -19,6 +19,13 @@ __all__ = ["GroupedLinear"]
 class GroupedLinear(_FP8WeightCache, torch.nn.Module):
     """``num_groups`` independent linear maps (MoE experts) over tokens sorted by group.
 
+    ``GroupedLinear(num_groups, in_features, out_features, device=None, dtype=None, *, config=None)``:
+    the positional order is Primus-Turbo's ``(group_num, in_features, out_features, device, dtype)``,
+    and the group count may be given as ``num_groups=`` or as Primus-Turbo's ``group_num=`` (exactly
+    one of them, TypeError otherwise; ``group_num`` is also a read-only alias attribute). A dtype
+    passed where the device goes (the old ``dtype, device`` order) is a TypeError. ``config``
+    (keyword only) selects the FP8 / MXFP4 path below.
+
     ``weight`` is ``[num_groups, out_features, in_features]`` (the ``nn.Linear`` layout per group),
     each group initialised as ``torch.nn.Linear`` would. No bias.
 
@@ -53,9 +60,22 @@ class GroupedLinear(_FP8WeightCache, torch.nn.Module):
     until the next ``None`` call or :meth:`invalidate_weight_cache`.
     """
 
-    def __init__(self, num_groups: int, in_features: int, out_features: int, dtype=None, device=None,
-                 config: Optional[Float8QuantConfig | Float4QuantConfig] = None):
+    def __init__(self, num_groups: Optional[int] = None, in_features: Optional[int] = None,
+                 out_features: Optional[int] = None, device=None, dtype=None, *,
+                 config: Optional[Float8QuantConfig | Float4QuantConfig] = None, group_num: Optional[int] = None):
         super().__init__()
+        if (num_groups is None) == (group_num is None):
+            raise TypeError("GroupedLinear: pass the number of groups exactly once, as num_groups (or the first "
+                            "positional argument) or as Primus-Turbo's group_num, got "
+                            + ("both" if num_groups is not None else "neither"))
+        if num_groups is None:
+            num_groups = group_num
+        for arg, val in (("in_features", in_features), ("out_features", out_features)):
+            if val is None:
+                raise TypeError(f"GroupedLinear: missing required argument {arg!r}")
+        if isinstance(device, torch.dtype) or not (dtype is None or isinstance(dtype, torch.dtype)):
+            raise TypeError(f"GroupedLinear: got device={device!r}, dtype={dtype!r}; the positional order is "
+                            "(num_groups, in_features, out_features, device, dtype), as Primus-Turbo's")
         if num_groups <= 0 or in_features <= 0 or out_features <= 0:
             raise ValueError(f"GroupedLinear: sizes must be positive, got num_groups={num_groups}, "
                              f"in_features={in_features}, out_features={out_features}")
@@ -67,6 +87,11 @@ class GroupedLinear(_FP8WeightCache, torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.empty(num_groups, out_features, in_features, dtype=dtype,
                                                      device=device))
         self.reset_parameters()
+
+    @property
+    def group_num(self) -> int:
+        """Primus-Turbo's name of :attr:`num_groups`."""
+        return self.num_groups
 
     def reset_parameters(self) -> None:
         for g in range(self.num_groups):

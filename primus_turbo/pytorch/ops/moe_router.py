@@ -50,6 +50,15 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _one_of(op: str, name: str, value, alias: str, alias_value):
+    """The value of an argument that may be given under ``name`` or under its alias ``alias``, not both."""
+    if value is not None and alias_value is not None:
+        raise TypeError(f"{op}: got both {name} and its alias {alias}; pass exactly one")
+    if value is None and alias_value is None:
+        raise TypeError(f"{op}: missing required argument {name} (or its alias {alias})")
+    return value if value is not None else alias_value
+
+
 def _check_router_args(logits, topk, groups, selected_groups, score_function, scaling_factor):
     op = "fused_group_topk_routing_with_aux_score"
     if not isinstance(logits, torch.Tensor):
@@ -177,15 +186,29 @@ class _IndicesToMultihot(torch.autograd.Function):
 
 
 def indices_to_multihot(
-    indices: torch.Tensor, probs: torch.Tensor, num_experts: int
+    indices: torch.Tensor,
+    probs: Optional[torch.Tensor] = None,
+    num_experts: Optional[int] = None,
+    fused: bool = False,
+    *,
+    probs_indices: Optional[torch.Tensor] = None,
+    num_of_local_experts: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Top-k expert indices -> multi-hot routing map and dense probs.
+
+    Primus-Turbo's call forms work too: ``indices_to_multihot(indices, probs_indices,
+    num_of_local_experts, fused=False)``, positional (same order) or with its keyword names.
 
     Args:
         indices: ``[T, K]`` integer expert indices; entries outside ``[0, num_experts)`` (e.g. the
             ``-1`` DeepEP uses for experts on other ranks) are ignored.
-        probs: ``[T, K]`` floating probabilities matching ``indices``.
-        num_experts: number of (local) experts E.
+        probs: ``[T, K]`` floating probabilities matching ``indices``; keyword alias
+            ``probs_indices`` (Primus-Turbo's name). Exactly one of the two (TypeError otherwise).
+        num_experts: number of (local) experts E; keyword alias ``num_of_local_experts``
+            (Primus-Turbo's name). Exactly one of the two (TypeError otherwise).
+        fused: bool, accepted for Primus-Turbo compatibility (where it selects its Triton kernel
+            over a PyTorch composition); it has no effect here: this op always runs the same
+            implementation and gives the same result for either value.
 
     Returns:
         ``(routing_map [T, E] bool, dense_probs [T, E] probs.dtype)``: ``routing_map[t, e]`` is True
@@ -194,6 +217,10 @@ def indices_to_multihot(
         elsewhere. Backward: ``dprobs[t, k] = ddense[t, indices[t, k]]`` (0 for ignored entries).
     """
     op = "indices_to_multihot"
+    probs = _one_of(op, "probs", probs, "probs_indices", probs_indices)
+    num_experts = _one_of(op, "num_experts", num_experts, "num_of_local_experts", num_of_local_experts)
+    if not isinstance(fused, bool):
+        raise TypeError(f"{op}: fused must be a bool, got {fused!r}")
     if not isinstance(indices, torch.Tensor) or not isinstance(probs, torch.Tensor):
         raise TypeError(f"{op}: indices and probs must be torch.Tensor")
     if indices.dim() != 2:

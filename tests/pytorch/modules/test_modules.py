@@ -368,6 +368,54 @@ def test_grouped_linear_bf16_ignores_is_first_microbatch():
     torch.testing.assert_close(mod(x, lens, is_first_microbatch=True), mod(x, lens), rtol=0, atol=0)
 
 
+def test_grouped_linear_primus_call_forms():
+    """Primus-Turbo's constructor: ``group_num=`` keyword, positional ``(G, K, N, device, dtype)``;
+    its forward ``(x, group_lens, group_offs=None)``."""
+    G, K, N = 3, 32, 48
+    torch.manual_seed(10)
+    a = turbo.modules.GroupedLinear(group_num=G, in_features=K, out_features=N)
+    torch.manual_seed(10)
+    b = turbo.modules.GroupedLinear(num_groups=G, in_features=K, out_features=N)
+    assert a.weight.shape == b.weight.shape == (G, N, K)
+    assert a.num_groups == a.group_num == G
+    torch.testing.assert_close(a.weight, b.weight, rtol=0, atol=0)  # same initialisation
+    assert "num_groups=3" in repr(a)
+
+    c = turbo.modules.GroupedLinear(G, K, N, "cpu", torch.float32)
+    assert c.weight.device == torch.device("cpu") and c.weight.dtype == torch.float32
+    d = turbo.modules.GroupedLinear(G, K, N, None, torch.bfloat16)
+    assert d.weight.dtype == torch.bfloat16
+    e = turbo.modules.GroupedLinear(G, K, N, device="cpu", dtype=torch.float64)
+    assert e.weight.device == torch.device("cpu") and e.weight.dtype == torch.float64
+
+    # forward(x, group_lens, group_offs) as Primus-Turbo calls it, offsets positional or keyword
+    lens = torch.tensor([5, 0, 11], dtype=torch.int64)
+    offs = torch.tensor([0, 5, 5, 16], dtype=torch.int64)
+    x = torch.randn(16, K)
+    y = a(x, lens)
+    torch.testing.assert_close(a(x, lens, offs), y, rtol=0, atol=0)
+    torch.testing.assert_close(a(x, group_lens=lens, group_offs=offs), y, rtol=0, atol=0)
+
+
+def test_grouped_linear_call_form_errors():
+    with pytest.raises(TypeError, match="exactly once.*both"):
+        turbo.modules.GroupedLinear(3, 32, 48, group_num=3)
+    with pytest.raises(TypeError, match="exactly once.*both"):
+        turbo.modules.GroupedLinear(num_groups=3, group_num=3, in_features=32, out_features=48)
+    with pytest.raises(TypeError, match="exactly once.*neither"):
+        turbo.modules.GroupedLinear(in_features=32, out_features=48)
+    with pytest.raises(TypeError, match="missing required argument 'out_features'"):
+        turbo.modules.GroupedLinear(group_num=3, in_features=32)
+    # the old positional order (dtype before device) is refused, not misread
+    order = r"positional order is \(num_groups, in_features, out_features, device, dtype\)"
+    with pytest.raises(TypeError, match=order):
+        turbo.modules.GroupedLinear(3, 32, 48, torch.float32, "cpu")
+    with pytest.raises(TypeError, match="positional order"):
+        turbo.modules.GroupedLinear(3, 32, 48, torch.float32)
+    with pytest.raises(TypeError):  # config is keyword-only
+        turbo.modules.GroupedLinear(3, 32, 48, None, None, Float8QuantConfig())
+
+
 # ----------------------------------------------------------------------------------------------
 # TurboAttention
 # ----------------------------------------------------------------------------------------------
@@ -413,6 +461,124 @@ def test_turbo_attention(causal, use_sink, dtype):
     _assert(ref, out, bar, "out")
     for name, t, g in zip("qkvs", (q, k, v, sink), grads):
         _assert(g, t.grad, bar, f"d{name}")
+
+
+def _attn_inputs(dtype, b=1, s=16, hq=4, hk=2, d=16, requires_grad=False):
+    return [torch.randn(b, s, h, d, dtype=dtype, requires_grad=requires_grad) for h in (hq, hk, hk)]
+
+
+def test_turbo_attention_primus_positional():
+    """Primus-Turbo's positional order: ``TurboAttention(dropout_p, softmax_scale, causal, window_size,
+    alibi_slopes, deterministic, return_lse, return_attn_probs, fp8_config, ulysses_group, ring_group)``."""
+    from primus_turbo.pytorch.ops import flash_attn_func
+
+    torch.manual_seed(11)
+    q, k, v = _attn_inputs(torch.float32)
+    attn = turbo.modules.TurboAttention(0.0, None, True)
+    assert attn.dropout_p == 0.0 and attn.softmax_scale is None and attn.causal is True
+    out = attn(q, k, v)
+    assert torch.equal(out, flash_attn_func(q, k, v, causal=True))
+    assert not torch.equal(out, flash_attn_func(q, k, v, causal=False))
+
+    attn = turbo.modules.TurboAttention(0.0, 0.5, False, (4, 0), None, True, True, False, None, None, None)
+    assert attn.window_size == (4, 0) and attn.deterministic and attn.return_lse
+    out, lse = attn(q, k, v)
+    ref_out, ref_lse = flash_attn_func(q, k, v, softmax_scale=0.5, window_size=(4, 0), deterministic=True,
+                                       return_lse=True)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    assert "dropout_p=0.0" in repr(attn) and "fp8_config=None" in repr(attn)
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        (dict(dropout_p=0.1), NotImplementedError, r"dropout_p=0\.1 is not implemented"),
+        (dict(alibi_slopes=torch.zeros(4)), NotImplementedError, "alibi_slopes.*not implemented"),
+        (dict(return_attn_probs=True), NotImplementedError, "return_attn_probs=True is not implemented"),
+        (dict(ulysses_group=object()), NotImplementedError,
+         r"context parallelism \(Ulysses / ring attention\) is not implemented; ulysses_group"),
+        (dict(ring_group=object()), NotImplementedError,
+         r"context parallelism \(Ulysses / ring attention\) is not implemented; ring_group"),
+        (dict(fp8_config=Float8QuantConfig()), NotImplementedError, "granularity=TENSORWISE"),
+        (dict(fp8_config=Float8QuantConfig(format="E5M2", granularity="BLOCKWISE")), NotImplementedError,
+         "format=E5M2"),
+        (dict(fp8_config="e4m3"), TypeError, "fp8_config must be a Float8QuantConfig"),
+        (dict(dropout_p=None), TypeError, "dropout_p must be a float"),
+    ],
+    ids=["dropout", "alibi", "attn_probs", "ulysses", "ring", "fp8_tensorwise", "fp8_e5m2", "fp8_str",
+         "dropout_none"],
+)
+def test_turbo_attention_unsupported_options(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        turbo.modules.TurboAttention(**kwargs)
+
+
+def test_turbo_attention_unsupported_positional():
+    with pytest.raises(NotImplementedError, match=r"dropout_p=0\.1"):
+        turbo.modules.TurboAttention(0.1, None, True)
+    with pytest.raises(TypeError, match="dropout_p must be a float, got None"):
+        turbo.modules.TurboAttention(None, True)  # the old (softmax_scale, causal) order: loud, not misread
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_turbo_attention_bias_raises(fp8):
+    q, k, v = _attn_inputs(torch.bfloat16, s=32, d=32)
+    cfg = Float8QuantConfig(granularity="BLOCKWISE", block_size=32) if fp8 else None
+    attn = turbo.modules.TurboAttention(causal=True, fp8_config=cfg)
+    fn = "flash_attn_fp8_func" if fp8 else "flash_attn_func"
+    with pytest.raises(NotImplementedError, match=f"{fn}: bias .* not implemented"):
+        attn(q, k, v, torch.zeros(1, 4, 32, 32, dtype=torch.bfloat16))
+    with pytest.raises(NotImplementedError, match="bias"):
+        attn(q, k, v, bias=torch.zeros(1, 4, 32, 32, dtype=torch.bfloat16))
+
+
+def test_turbo_attention_fp8_dispatch(monkeypatch):
+    """fp8_config picks flash_attn_fp8_func (with the config and every option); None picks flash_attn_func."""
+    from primus_turbo.pytorch.modules import attention as attn_mod
+
+    calls = []
+
+    def spy(name):
+        def fn(q, k, v, **kw):
+            calls.append((name, kw))
+            return q
+        return fn
+
+    monkeypatch.setattr(attn_mod, "flash_attn_fp8_func", spy("fp8"))
+    monkeypatch.setattr(attn_mod, "flash_attn_func", spy("bf16"))
+    q, k, v = _attn_inputs(torch.bfloat16)
+    sink = torch.zeros(4)
+    cfg = Float8QuantConfig(granularity="BLOCKWISE", block_size=64)
+    turbo.modules.TurboAttention(0.0, 0.25, True, (8, -1), None, True, True, False, cfg)(q, k, v, sink=sink)
+    turbo.modules.TurboAttention(causal=True)(q, k, v)
+    (n0, kw0), (n1, kw1) = calls
+    assert n0 == "fp8" and kw0["fp8_config"] is cfg and kw0["sink"] is sink and kw0["bias"] is None
+    assert (kw0["dropout_p"], kw0["softmax_scale"], kw0["causal"], kw0["window_size"], kw0["deterministic"],
+            kw0["return_lse"]) == (0.0, 0.25, True, (8, -1), True, True)
+    assert n1 == "bf16" and "fp8_config" not in kw1 and kw1["causal"] is True and kw1["sink"] is None
+
+
+@pytest.mark.parametrize("causal,use_sink", [(False, False), (True, True)])
+def test_turbo_attention_fp8_matches_op(causal, use_sink):
+    """The fp8_config path gives exactly flash_attn_fp8_func's output and gradients."""
+    from primus_turbo.pytorch.ops import flash_attn_fp8_func
+
+    torch.manual_seed(12)
+    cfg = Float8QuantConfig(granularity="BLOCKWISE", block_size=32)
+    q, k, v = _attn_inputs(torch.bfloat16, s=64, hq=2, hk=1, d=32, requires_grad=True)
+    sink = torch.randn(2, requires_grad=True) if use_sink else None
+    out = turbo.modules.TurboAttention(causal=causal, fp8_config=cfg)(q, k, v, sink=sink)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    s2 = None if sink is None else sink.detach().clone().requires_grad_()
+    ref = flash_attn_fp8_func(*leaves, causal=causal, sink=s2, fp8_config=cfg)
+    ref.backward(dout)
+    assert torch.equal(out, ref)
+    for t, r in zip((q, k, v), leaves):
+        assert torch.equal(t.grad, r.grad)
+    if sink is not None:
+        assert torch.equal(sink.grad, s2.grad)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -167,6 +167,60 @@ def test_indices_to_multihot_errors():
         indices_to_multihot(idx, torch.rand(4, 2), 0)
 
 
+def test_indices_to_multihot_primus_call_forms(device):
+    """Primus-Turbo's ``indices_to_multihot(indices, probs_indices, num_of_local_experts, fused=False)``:
+    its keyword names and ``fused`` give exactly the positional result (-1 entries masked), grads too."""
+    g = torch.Generator().manual_seed(3)
+    T, K, E = 17, 4, 8
+    idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    idx[torch.rand(T, K, generator=g) < 0.3] = -1
+    idx = idx.to(device)
+    probs = torch.rand(T, K, generator=g).to(device)
+    gd = torch.randn(T, E, generator=g).to(device)
+
+    def run(*args, **kwargs):
+        p = probs.clone().requires_grad_(True)
+        args = tuple(p if a is probs else a for a in args)
+        kwargs = {n: (p if a is probs else a) for n, a in kwargs.items()}
+        rmap, dense = indices_to_multihot(*args, **kwargs)
+        (dense * gd).sum().backward()
+        return rmap, dense.detach(), p.grad
+
+    ref = run(idx, probs, E)
+    assert int(ref[0].sum()) == int((idx >= 0).sum())  # every -1 entry masked
+    for args, kwargs in (
+        ((idx,), dict(probs_indices=probs, num_of_local_experts=E)),
+        ((), dict(indices=idx, probs_indices=probs, num_of_local_experts=E, fused=False)),
+        ((idx, probs, E, True), {}),
+        ((idx,), dict(probs_indices=probs, num_of_local_experts=E, fused=True)),
+        ((idx, probs), dict(num_of_local_experts=E)),
+        ((idx,), dict(probs_indices=probs, num_experts=E)),
+        ((idx,), dict(probs=probs, num_experts=E, fused=False)),
+    ):
+        got = run(*args, **kwargs)
+        for r, o in zip(ref, got):
+            assert torch.equal(r, o), (args, list(kwargs))
+
+
+def test_indices_to_multihot_alias_errors():
+    idx = torch.zeros(4, 2, dtype=torch.int64)
+    p = torch.rand(4, 2)
+    with pytest.raises(TypeError, match="both probs and its alias probs_indices"):
+        indices_to_multihot(idx, p, 8, probs_indices=p)
+    with pytest.raises(TypeError, match="both num_experts and its alias num_of_local_experts"):
+        indices_to_multihot(idx, p, 8, num_of_local_experts=8)
+    with pytest.raises(TypeError, match="both num_experts and its alias num_of_local_experts"):
+        indices_to_multihot(idx, probs_indices=p, num_experts=8, num_of_local_experts=8)
+    with pytest.raises(TypeError, match=r"missing required argument probs \(or its alias probs_indices\)"):
+        indices_to_multihot(idx, num_of_local_experts=8)
+    with pytest.raises(TypeError, match=r"missing required argument num_experts \(or its alias num_of_local_experts\)"):
+        indices_to_multihot(idx, probs_indices=p)
+    with pytest.raises(TypeError, match="fused must be a bool, got 1"):
+        indices_to_multihot(idx, p, 8, 1)
+    with pytest.raises(TypeError, match="fused must be a bool"):
+        indices_to_multihot(idx, probs_indices=p, num_of_local_experts=8, fused="yes")
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_tokens_per_expert_to_mask(device, dtype):
     for counts, n in (([3, 0, 5, 2], 16), ([0, 0], 4), ([4, 4], 8), ([10, 10], 12), ([1], 0)):
