@@ -295,10 +295,26 @@ class GlobalBackendManager:
         return None, ""
 
     @classmethod
-    def get_gemm_backend(cls, precision=None) -> Optional[BackendType]:
+    def _get(cls, family: str, precision) -> Optional[BackendType]:
         prec = None if precision is None else PrecisionType.parse(precision)
-        choice, _ = cls.user_choice("gemm", prec)
+        choice, _ = cls.user_choice(family, prec)
         return None if choice is None else choice[0]
+
+    @classmethod
+    def get_gemm_backend(cls, precision=None) -> Optional[BackendType]:
+        """The pinned GEMM backend for ``precision`` (code pin, else the environment variable);
+        None when nothing is pinned or autotune is asked for."""
+        return cls._get("gemm", precision)
+
+    @classmethod
+    def get_grouped_gemm_backend(cls, precision=None) -> Optional[BackendType]:
+        """The pinned grouped-GEMM backend for ``precision`` (as :meth:`get_gemm_backend`)."""
+        return cls._get("grouped_gemm", precision)
+
+    @classmethod
+    def get_attn_backend(cls, precision=None) -> Optional[BackendType]:
+        """The pinned attention backend for ``precision`` (as :meth:`get_gemm_backend`)."""
+        return cls._get("attn", precision)
 
     @classmethod
     def register_dispatcher(cls, dispatcher: "AutoKernelDispatcher") -> None:

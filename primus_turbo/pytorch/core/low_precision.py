@@ -13,6 +13,7 @@ from typing import NamedTuple, Optional
 import torch
 
 __all__ = [
+    "check_fp8_ocp_support",
     "Format",
     "ScalingGranularity",
     "ScalingStrategy",
@@ -195,6 +196,14 @@ def check_fp8_support(device=None) -> tuple[bool, str]:
     if cap >= (8, 9):
         return True, f"native FP8 (E4M3/E5M2) tensor cores on sm_{cap[0]}{cap[1]}"
     return False, f"sm_{cap[0]}{cap[1]} has no FP8 tensor cores (needs sm_89 or newer)"
+
+
+def check_fp8_ocp_support(device=None) -> tuple[bool, str]:
+    """OCP FP8 (``float8_e4m3fn`` / ``float8_e5m2``, the formats :data:`float8_e4m3` and
+    :data:`float8_e5m2` name here): every NVIDIA GPU with FP8 tensor cores uses them (there is no
+    FNUZ variant to rule out), so this is :func:`check_fp8_support`."""
+    ok, why = check_fp8_support(device)
+    return ok, (f"OCP {why}" if ok else why)
 
 
 def check_mxfp8_support(device=None) -> tuple[bool, str]:

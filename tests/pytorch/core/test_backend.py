@@ -142,6 +142,26 @@ def test_pin_per_precision(monkeypatch):
     assert GlobalBackendManager.get_gemm_backend("BF16") is None
 
 
+def test_getters_of_every_family(monkeypatch):
+    """The grouped-GEMM and attention getters read their own family's pin (code, then environment),
+    per precision, and never another family's."""
+    monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_BACKEND", raising=False)
+    monkeypatch.delenv("PRIMUS_TURBO_ATTN_BACKEND", raising=False)
+    monkeypatch.delenv("PRIMUS_TURBO_GEMM_BACKEND", raising=False)
+    G = GlobalBackendManager
+    assert G.get_grouped_gemm_backend() is None and G.get_attn_backend() is None
+    G.set_grouped_gemm_backend("gluon", precision="BF16")
+    assert G.get_grouped_gemm_backend("BF16") == BackendType.GLUON
+    assert G.get_grouped_gemm_backend("FP8") is None and G.get_gemm_backend("BF16") is None
+    monkeypatch.setenv("PRIMUS_TURBO_ATTN_BACKEND", "TORCH")
+    assert G.get_attn_backend() == BackendType.TORCH and G.get_attn_backend("BF16") == BackendType.TORCH
+    G.set_attn_backend("triton")
+    assert G.get_attn_backend() == BackendType.TRITON  # code beats the environment
+    assert G.get_grouped_gemm_backend("BF16") == BackendType.GLUON
+    G.reset()
+    assert G.get_grouped_gemm_backend("BF16") is None and G.get_attn_backend() == BackendType.TORCH
+
+
 def test_env_per_precision(monkeypatch):
     d = _dispatcher([_make_backend(BackendType.TORCH), _make_backend(BackendType.TRITON)], default=BackendType.GLUON)
     monkeypatch.setenv("PRIMUS_TURBO_GEMM_BACKEND", "FP8:TRITON,BF16:TORCH")

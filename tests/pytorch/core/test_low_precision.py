@@ -14,6 +14,7 @@ from primus_turbo.pytorch.core.low_precision import (
     Format,
     ScaleDtype,
     ScalingGranularity,
+    check_fp8_ocp_support,
     check_fp8_support,
     check_mxfp4_support,
     check_mxfp8_support,
@@ -75,7 +76,8 @@ def test_fp4_config():
         Float4QuantConfig(granularity=ScalingGranularity.TENSORWISE)
 
 
-@pytest.mark.parametrize("check", [check_fp8_support, check_mxfp8_support, check_mxfp4_support])
+@pytest.mark.parametrize("check", [check_fp8_support, check_fp8_ocp_support, check_mxfp8_support,
+                                   check_mxfp4_support])
 def test_capability_checks_tell_the_truth(check):
     ok, reason = check()
     assert isinstance(ok, bool) and isinstance(reason, str) and reason
@@ -85,7 +87,9 @@ def test_capability_checks_tell_the_truth(check):
         major, minor = torch.cuda.get_device_capability()
         if (major, minor) == (9, 0):
             assert ok is True
-            if check is not check_fp8_support:
+            if check is check_fp8_ocp_support:
+                assert reason.startswith("OCP")
+            elif check is not check_fp8_support:
                 assert "emulated" in reason  # Hopper has no MX/FP4 tensor cores
 
 
