@@ -13,7 +13,6 @@ from typing import NamedTuple, Optional
 import torch
 
 __all__ = [
-    "check_fp8_ocp_support",
     "Format",
     "ScalingGranularity",
     "ScalingStrategy",
@@ -31,6 +30,7 @@ __all__ = [
     "is_fp8_dtype",
     "is_fp4_dtype",
     "check_fp8_support",
+    "check_fp8_ocp_support",
     "check_mxfp8_support",
     "check_mxfp4_support",
 ]
