@@ -137,7 +137,7 @@ def test_config():
     cfg = f8.GluonAttnFp8Config.parse("n128s4pkc2e4")
     assert (cfg.pingpong, cfg.kperm, cfg.lazy, cfg.emu) == (True, True, 2, 4) and cfg.check(128) is None
     assert cfg.short() == "n128s4pkc2e4r240w24" and f8.GluonAttnFp8Config.parse(cfg.short()) == cfg
-    assert cfg.p_log2() == 6.0 and f8.default_attn_fp8_config(64, causal=True).p_log2() == 8.0
+    assert cfg.p_log2() == 6.0 and f8.GluonAttnFp8Config.parse("n128s4k").p_log2() == 8.0
     assert "threshold" in f8.GluonAttnFp8Config.parse("n128s4kc5").check(128)
     # l: per-lane row-sum partials, reduced once in the epilogue
     cfg = f8.GluonAttnFp8Config.parse("n128s4pkc2le4")
@@ -150,16 +150,28 @@ def test_config():
     assert "needs k" in f8.GluonAttnFp8Config.parse("n128s4g").check(128)
     assert not f8.default_attn_fp8_config(64).heads_first
     assert not any(f.name == "lmma" for f in dataclasses.fields(f8.GluonAttnFp8Config))  # u is gone
+    # x<W>: consumer warpgroups (192-row tiles with 3; their registers default to 160, what three
+    # warpgroups and the producer's 24 leave of the register file)
+    cfg = f8.GluonAttnFp8Config.parse("n128s4kc2x3")
+    assert (cfg.consumers, cfg.consumer_regs, cfg.BLOCK_M, cfg.lazy, cfg.kperm) == (3, 160, 192, 2, True)
+    assert cfg.short() == "n128s4kc2x3r160w24" and f8.GluonAttnFp8Config.parse(cfg.short()) == cfg
+    assert cfg.check(64) is None and f8.GluonAttnFp8Config.parse("n128s4kx2") == f8.GluonAttnFp8Config(128, 4, kperm=True)
+    assert "registers" in f8.GluonAttnFp8Config.parse("n128s4kx3r168").check(64)
+    assert "ping-pong" in f8.GluonAttnFp8Config.parse("n128s4pkx3").check(64)
+    assert "consumers" in f8.GluonAttnFp8Config.parse("n128s4kx4").check(64)
 
 
-@pytest.mark.parametrize("head_dim,causal,lazy", [(128, True, 2), (128, False, 2), (64, False, 2), (64, True, 0)])
-def test_default_config_by_head_dim_and_causal(head_dim, causal, lazy):
-    """H200 session 7: n128s4kc2 (conditional O rescale, threshold 2) but at head dim 64 causal,
-    which keeps n128s4k; the launcher and the reasons pick it from the window (causal: win_right 0)."""
+@pytest.mark.parametrize("head_dim,causal,text", [(128, True, "n128s4kc2"), (128, False, "n64s6kc2x3"),
+                                                   (64, False, "n128s4kc2x3"), (64, True, "n128s4kc2x3")])
+def test_default_config_by_head_dim_and_causal(head_dim, causal, text):
+    """H200 sessions 7 and 27: n128s4kc2 (conditional O rescale, threshold 2) at head dim 128 causal;
+    three consumer warpgroups elsewhere (64-key tiles at head dim 128, whose 128-key tile spills at
+    160 registers); the launcher and the reasons pick it from the window (causal: win_right 0)."""
     cfg = f8.default_attn_fp8_config(head_dim, 128, causal)
-    assert cfg == f8.GluonAttnFp8Config.parse("n128s4kc2" if lazy else "n128s4k") and cfg.lazy == lazy
-    assert cfg.p_log2() == 8.0 - lazy and not (cfg.lsum or cfg.heads_first or cfg.pingpong or cfg.emu)
-    assert f8.default_attn_fp8_config(head_dim, 64, causal).short() == ("n64s4kc2r240w24" if lazy else "n64s4kr240w24")
+    assert cfg == f8.GluonAttnFp8Config.parse(text) and cfg.lazy == 2 and cfg.p_log2() == 6.0
+    assert not (cfg.lsum or cfg.heads_first or cfg.pingpong or cfg.emu)
+    assert cfg.consumers == (2 if (head_dim, causal) == (128, True) else 3)
+    assert f8.default_attn_fp8_config(head_dim, 64, causal) == dataclasses.replace(cfg, block_n=64)
     assert f8._fp8_config(head_dim, 128, None, 0 if causal else -1) == cfg
     if not causal:  # a right window other than 0 takes the full-attention default
         assert f8._fp8_config(head_dim, 128, None, 7) == cfg
@@ -253,6 +265,7 @@ def test_op_gluon_switch_is_a_no_op_off_sm90(monkeypatch):
     (128, True, "bf16", False, 128, "n128s4kc2l"), (64, False, "fp16", True, 128, "n128s4kc2l"),
     (64, True, "bf16", False, 128, "n128s4kl"), (64, False, "bf16", False, 64, None),
     (64, True, "bf16", False, 64, None), (128, True, "bf16", False, 64, None),
+    (128, True, "fp16", True, 128, "n64s6kc2x3"), (64, False, "bf16", True, 128, "n128s6kc2x3"),
 ])
 def test_compiles_for_sm90_without_spills(head_dim, causal, out_dtype, sink, blk, config, request):
     """Every shipped variant (and the opt-in configs) compiles for sm_90: QGMMA in the SASS, no local
@@ -295,7 +308,9 @@ def test_compiles_for_sm90_without_spills(head_dim, causal, out_dtype, sink, blk
                                                        (True, True, 64, 128, "n128s4kc2l"),
                                                        (True, False, 128, 128, "n128s4kc2lg"),
                                                        (False, False, 64, 64, None),
-                                                       (True, False, 64, 128, None)])
+                                                       (True, False, 64, 128, None),
+                                                       (False, True, 64, 128, "n128s4kc2x3"),
+                                                       (True, False, 64, 64, "n64s4kx3")])
 def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, config, monkeypatch, request):
     """The launcher's own arguments (4-D host TMA descriptors over the transposed views of the
     quantized tensors, the scales, LSE, sink, sizes, constexprs) bind and compile for sm_90 under
@@ -315,7 +330,8 @@ def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, conf
     assert grid == ((B * Hq, 2) if cfg.heads_first else (2, B * Hq))
     kernel = warmup_for_sm90(f8._attn_fp8_fwd_ws_kernel, args, kwargs, monkeypatch)
     assert kernel.metadata.shared <= f8.SMEM_LIMIT
-    assert kernel.metadata.num_warps == 12  # 4 + 4 consumer warps, 1 producer warp, rounded up
+    # 4 warps per consumer warpgroup and the producer warp, rounded up to whole warpgroups
+    assert kernel.metadata.num_warps == (16 if cfg.consumers == 3 else 12)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,7 +349,7 @@ def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, conf
     (1, 1, 16, 2, 1, 128, False, torch.bfloat16, False, "bshd", 128),
 ])
 @pytest.mark.parametrize("config", [None, "n128s3p", "n128s4k", "n128s4ke2", "n128s4pke4", "n128s4kc2", "n128s4c1",
-                                    "n128s4kc2l", "n128s4pkc2lg"])
+                                    "n128s4kc2l", "n128s4pkc2lg", "n128s4kc2x3", "n64s4kx3"])
 def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink, layout, blk, config):
     from primus_turbo.pytorch.ops import attention_fp8 as opf8
     from primus_turbo.testing import attention_ref
@@ -354,7 +370,7 @@ def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink,
     out, lse = f8.flash_attn_fp8_fwd_gluon(*args, out_dtype=dtype, config=cfg, out=out, lse=lse)
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     tl_out, tl_lse = flash_attn_fp8_fwd_triton(*args, out_dtype=dtype)
-    # c<T> (the default but at head dim 64 causal) rounds P at other points than the tl kernel
+    # c<T> (in every default) rounds P at other points than the tl kernel
     # (equally accurate: the fp32 bars below are unchanged); two such roundings differ by ~sqrt(2)
     # times either's error
     assert _snr_finite(tl_out.float(), out.float()) >= MIN_SNR_TL - (3.0 if eff.lazy else 0.0)

@@ -80,7 +80,7 @@ P_SCALE = 256.0
 _OUT_DTYPES = (torch.bfloat16, torch.float16)
 #: GluonAttnFp8Config.parse's grammar; ``{u}``: where the removed flag ``u`` stood ("" to parse,
 #: "u" to recognize an old config string and name the flag in the error)
-_CONFIG_RE = r"n(\d+)s(\d+)(p)?(o)?(k)?(?:c(\d+))?(l)?(g)?{u}(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?"
+_CONFIG_RE = r"n(\d+)s(\d+)(p)?(o)?(k)?(?:c(\d+))?(l)?(g)?{u}(?:x(\d+))?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?"
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -153,6 +153,7 @@ class GluonAttnFp8Config(GluonAttnConfig):
     def short(self) -> str:
         flags = ("p" if self.pingpong else "") + ("o" if self.overlap else "") + ("k" if self.kperm else "")
         flags += (f"c{self.lazy}" if self.lazy else "") + ("l" if self.lsum else "") + ("g" if self.heads_first else "")
+        flags += f"x{self.consumers}" if self.consumers != 2 else ""
         if self.emu:
             flags += f"e{self.emu}" + (f"d{self.emu_deg}" if self.emu_deg != 3 else "")
         return f"n{self.block_n}s{self.stages}{flags}r{self.consumer_regs}w{self.producer_regs}"
@@ -160,10 +161,11 @@ class GluonAttnFp8Config(GluonAttnConfig):
     @classmethod
     def parse(cls, text: str) -> "GluonAttnFp8Config":
         """``"n128s4"``, ``"n128s4p"``, ``"n128s4k"``, ``"n128s4ke2"``, ``"n128s4kc2"``, ``"n128s4pke4d2"``,
-        ``"n64s6r232w40"`` -> config (n: block_n, s: stages, p: ping-pong, k: key-permuted K load,
-        c<T>: conditional O rescale with threshold T, l: row sums reduced once, g: heads-fastest
-        grid, e<N>: 1/N of the exponentials on the FMA pipe, d<deg>: its polynomial degree, r / w:
-        consumer / producer registers per thread). The removed flag ``u`` is refused by name."""
+        ``"n128s4kc2x3"``, ``"n64s6r232w40"`` -> config (n: block_n, s: stages, p: ping-pong, k: key-permuted
+        K load, c<T>: conditional O rescale with threshold T, l: row sums reduced once, g: heads-fastest
+        grid, x<W>: consumer warpgroups (2, the default, or 3: 192-row tiles, consumer registers then
+        160 by default), e<N>: 1/N of the exponentials on the FMA pipe, d<deg>: its polynomial degree,
+        r / w: consumer / producer registers per thread). The removed flag ``u`` is refused by name."""
         m = re.fullmatch(_CONFIG_RE.format(u=""), text.strip())
         if not m:
             if re.fullmatch(_CONFIG_RE.format(u="u"), text.strip()):
@@ -171,9 +173,11 @@ class GluonAttnFp8Config(GluonAttnConfig):
                                  f"(its output was wrong on the H200); drop the u")
             raise ValueError(f"bad Gluon FP8 attention config {text!r}; expected e.g. n128s4, n128s3p, n128s4k, "
                              f"n128s4ke2, n128s4kc2, n128s4pke4d2, n64s6r232w40")
-        bn, st, pp, ov, kp, lz, ls, hf, emu, deg, r, w = m.groups()
-        return cls(int(bn), int(st), int(r or 240), int(w or 24), bool(pp), bool(ov), kperm=bool(kp),
-                   emu=int(emu or 0), emu_deg=int(deg or 3), lazy=int(lz or 0), lsum=bool(ls), heads_first=bool(hf))
+        bn, st, pp, ov, kp, lz, ls, hf, x, emu, deg, r, w = m.groups()
+        wgs = int(x or 2)
+        return cls(int(bn), int(st), int(r or (240 if wgs == 2 else 160)), int(w or 24), bool(pp), bool(ov),
+                   consumers=wgs, kperm=bool(kp), emu=int(emu or 0), emu_deg=int(deg or 3), lazy=int(lz or 0),
+                   lsum=bool(ls), heads_first=bool(hf))
 
     def check(self, head_dim: int) -> Optional[str]:
         if self.overlap:
@@ -191,23 +195,35 @@ class GluonAttnFp8Config(GluonAttnConfig):
         return super().check(head_dim)
 
 
-#: per (head dim, causal). H200, session 7, scripts/check_gluon_attn_fp8.py --compare (32 heads, 16k
-#: tokens; TFLOP/s, ratio to our bf16 Gluon forward), n128s4k (the session-6 default) vs n128s4kc2:
+#: per (head dim, causal). H200, scripts/check_gluon_attn_fp8.py --compare (32 heads, 16k tokens;
+#: TFLOP/s, ratio to our bf16 Gluon forward in the same run). Session 7, n128s4k vs n128s4kc2
+#: (conditional O rescale, threshold 2):
 #:   D=128 full   S=4096 : bf16 578, k 728 (1.26x), kc2 736 (1.27x)
 #:   D=128 full   S=16384: bf16 614, k 774 (1.26x), kc2 823 (1.34x)
 #:   D=128 causal S=4096 : bf16 526, k 553 (1.05x), kc2 580 (1.10x)
 #:   D=128 causal S=16384: bf16 627, k 711 (1.13x), kc2 805 (1.28x)
-#:   D=64  full   S=4096 : bf16 367, k 363 (0.99x), kc2 432 (1.18x)
-#:   D=64  causal S=4096 : bf16 312, k 333 (1.07x), kc2 301 (0.97x)
-#: geomean k 1.122x, kc2 1.184x; kc2's accuracy (B=2, seq 1008, vs fp32) 31.8-34.1 dB, as k's. So
-#: kc2 (conditional O rescale, threshold 2) everywhere but head dim 64 causal, which keeps k.
-#: (Session 6: k the best of n128s4 / k / ke2 / ke4 / pk at head dim 128 on 3 of 4 rows; n128s4
-#: without k 0.77-1.08x our bf16 forward.) FP8 tiles are half the bf16 ones, so the ring is deeper
-#: for the same shared memory: D=128 n128s4 is 16 KB Q + 4 x 32 KB K/V + 32 KB O. A non-contiguous
-#: k8 cannot take ``k``: the op then runs the tl FP8 kernel (gluon_attn_fp8_fwd_reason names why).
-_DEFAULT_CONFIGS = {(64, False): GluonAttnFp8Config(block_n=128, stages=4, kperm=True, lazy=2),
-                    (64, True): GluonAttnFp8Config(block_n=128, stages=4, kperm=True),
-                    (128, False): GluonAttnFp8Config(block_n=128, stages=4, kperm=True, lazy=2),
+#: kc2's accuracy (B=2, seq 1008, vs fp32) 31.8-34.1 dB, as k's. Session 27
+#: (benchmarks/results/h200/session27/compare_*_call1.log), three consumer warpgroups (x3: 192-row
+#: tiles, 160 registers each; a third instruction stream hides the softmax's latency, which bounds
+#: the two-warpgroup kernel at head dim 64, where each key block has half the MMA work):
+#:   D=64  full   S=4096 : bf16 356, kc2 408 (1.15x), kc2x3 465 (1.30x)
+#:   D=64  full   S=16384: bf16 414, kc2 488 (1.18x), kc2x3 587 (1.42x)
+#:   D=64  causal S=4096 : bf16 322, k 290 (0.90x), kc2x3 344 (1.07x)
+#:   D=64  causal S=16384: bf16 412, k 434 (1.05x), kc2x3 520 (1.26x)
+#:   D=128 full   S=4096 : bf16 579, kc2 670 (1.16x), n64s6kc2x3 726 (1.25x)
+#:   D=128 full   S=16384: bf16 615, kc2 815 (1.32x), n64s6kc2x3 831 (1.35x)
+#:   D=128 causal S=4096 : bf16 464, kc2 597 (1.29x), n64s6kc2x3 468 (1.01x)
+#:   D=128 causal S=16384: bf16 630, kc2 727 (1.15x), n64s6kc2x3 739 (1.17x)
+#: At head dim 128 three warpgroups need the 64-key tile (n128 spills at 160 registers). FP8 tiles
+#: are half the bf16 ones, so the ring is deeper for the same shared memory: D=128 n128s4 is 16 KB
+#: Q + 4 x 32 KB K/V + 32 KB O. A non-contiguous k8 cannot take ``k``: the op then runs the tl FP8
+#: kernel (gluon_attn_fp8_fwd_reason names why).
+_DEFAULT_CONFIGS = {(64, False): GluonAttnFp8Config(block_n=128, stages=4, consumer_regs=160, consumers=3, kperm=True,
+                                                    lazy=2),
+                    (64, True): GluonAttnFp8Config(block_n=128, stages=4, consumer_regs=160, consumers=3, kperm=True,
+                                                   lazy=2),
+                    (128, False): GluonAttnFp8Config(block_n=64, stages=6, consumer_regs=160, consumers=3, kperm=True,
+                                                     lazy=2),
                     (128, True): GluonAttnFp8Config(block_n=128, stages=4, kperm=True, lazy=2)}
 
 
@@ -231,21 +247,22 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _fp8_producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                       H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr,
-                      STAGES: gl.constexpr, KPERM: gl.constexpr, HEADS_FIRST: gl.constexpr = False):
+                      STAGES: gl.constexpr, KPERM: gl.constexpr, HEADS_FIRST: gl.constexpr = False,
+                      NUM_WG: gl.constexpr = 2):
         """One warp: the bf16 forward's producer with V^T's keys as the box's inner dimension and,
         KPERM, K through the 5-D key-permuting descriptor (its first coordinate counts 16-key groups
         of the flattened [B * Hk * Sk] keys; Sk is a multiple of 16, so a group never straddles two
         heads; a tile's keys past Sk read the next head's keys or zeros, and are masked)."""
         if KPERM:
             HALF: gl.constexpr = q_desc.block_type.shape[1]
-            pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N,
+            pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, NUM_WG * HALF, BLOCK_N,
                                           1 if HEADS_FIRST else 0)
             hk = h // GROUP
-            m0 = pid_m * (2 * HALF)
+            m0 = pid_m * (NUM_WG * HALF)
             g0 = (b * (H // GROUP) + hk) * (SEQ_K // 16)
-            mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [b, m0, h, 0], q_bar, q_smem.index(0))
-            tma.async_copy_global_to_shared(q_desc, [b, m0 + HALF, h, 0], q_bar, q_smem.index(1))
+            mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
+            for w in gl.static_range(NUM_WG):
+                tma.async_copy_global_to_shared(q_desc, [b, m0 + w * HALF, h, 0], q_bar, q_smem.index(w))
             for j in range(n_blocks):
                 s = j % STAGES
                 phase = ((j // STAGES) & 1) ^ 1  # empty barriers start one phase behind
@@ -258,7 +275,7 @@ if GLUON_AVAILABLE:
                 tma.async_copy_global_to_shared(v_desc, [b, 0, hk, j * BLOCK_N], v_ready.index(s), v_bufs.index(s))
         else:
             _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-                      H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, True)
+                      H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, True, 0, 0, False, NUM_WG)
 
     @gluon.jit
     def _kperm_keys(c):
@@ -521,8 +538,9 @@ if GLUON_AVAILABLE:
                       WG: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, BLK: gl.constexpr, P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
                       PINGPONG: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr, EMU_DEG: gl.constexpr,
-                      LAZY: gl.constexpr, LSUM: gl.constexpr, HEADS_FIRST: gl.constexpr = False):
-        """One warpgroup: query rows [WG*64, WG*64+64) of the tile."""
+                      LAZY: gl.constexpr, LSUM: gl.constexpr, HEADS_FIRST: gl.constexpr = False,
+                      NUM_WG: gl.constexpr = 2):
+        """One warpgroup: query rows [WG*64, WG*64+64) of the tile (NUM_WG x 64 rows)."""
         HALF: gl.constexpr = o_desc.block_type.shape[1]
         D_QK: gl.constexpr = q_smem.type.shape[4]
         D_V: gl.constexpr = o_desc.block_type.shape[3]
@@ -537,10 +555,10 @@ if GLUON_AVAILABLE:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, 2 * HALF, BLOCK_N,
+        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, NUM_WG * HALF, BLOCK_N,
                                       1 if HEADS_FIRST else 0)
         hk = h // GROUP
-        m0 = pid_m * (2 * HALF) + WG * HALF
+        m0 = pid_m * (NUM_WG * HALF) + WG * HALF
         offs_m = m0 + gl.arange(0, HALF, layout=row_layout)
         diag = offset + win_right
         n_full = SEQ_K // BLOCK_N
@@ -624,7 +642,7 @@ if GLUON_AVAILABLE:
         P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
         KPERM: gl.constexpr = False, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3, LAZY: gl.constexpr = 0,
-        LSUM: gl.constexpr = False, HEADS_FIRST: gl.constexpr = False,
+        LSUM: gl.constexpr = False, HEADS_FIRST: gl.constexpr = False, NUM_WG: gl.constexpr = 2,
     ):
         """O, LSE of 128 query rows of one (batch, head) from E4M3 q / k / v^T: producer warp + two
         consumer warpgroups.
@@ -651,9 +669,9 @@ if GLUON_AVAILABLE:
             k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 1, BLOCK_N, 1, D_QK], k_desc.layout)
         gl.static_assert(v_desc.block_type.shape[3] == BLOCK_N, "K and V^T boxes cover the same keys")
         gl.static_assert(BLK % BLOCK_N == 0, "a key tile must lie in one scale block")
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, HALF, 1, D_QK], q_desc.layout)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, 1, HALF, 1, D_QK], q_desc.layout)
         v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, D_V, 1, BLOCK_N], v_desc.layout)
-        o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, 1, HALF, 1, D_V], o_desc.layout)
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 1, HALF, 1, D_V], o_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -666,21 +684,42 @@ if GLUON_AVAILABLE:
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)  # the producer's expect + TMA bytes
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer warpgroup
-            mbarrier.init(v_empty.index(i), count=2)
-        gl.warp_specialize([
-            (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
-                             QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
-                             0, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                             EMU_DEG, LAZY, LSUM, HEADS_FIRST)),
-            (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
-                             QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
-                             1, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                             EMU_DEG, LAZY, LSUM, HEADS_FIRST)),
-            (_fp8_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-                             H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, KPERM,
-                             HEADS_FIRST)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+            mbarrier.init(k_empty.index(i), count=NUM_WG)  # one arrival per consumer warpgroup
+            mbarrier.init(v_empty.index(i), count=NUM_WG)
+        # the partitions' argument tuples are written out inline (a tuple bound to a name first would
+        # turn its constexpr entries into runtime values)
+        if NUM_WG == 3:
+            gl.warp_specialize([
+                (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+                                 QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
+                                 0, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
+                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG)),
+                (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+                                 QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
+                                 1, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
+                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG)),
+                (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+                                 QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
+                                 2, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
+                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG)),
+                (_fp8_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                                 H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, KPERM,
+                                 HEADS_FIRST, NUM_WG)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+        else:
+            gl.warp_specialize([
+                (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+                                 QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
+                                 0, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
+                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG)),
+                (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+                                 QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
+                                 1, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
+                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG)),
+                (_fp8_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                                 H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, KPERM,
+                                 HEADS_FIRST, NUM_WG)),
+            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -815,7 +854,8 @@ def _kernel_args(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, out, l
     kwargs = dict(HAS_RIGHT=win_right >= 0, HAS_SINK=sink is not None, STAGES=cfg.stages, BLK=int(blk),
                   P_SCALE=2.0 ** cfg.p_log2(), P_LOG2=cfg.p_log2(), CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, KPERM=cfg.kperm, EMU=cfg.emu,
-                  EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, LSUM=cfg.lsum, HEADS_FIRST=cfg.heads_first, num_warps=4)
+                  EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, LSUM=cfg.lsum, HEADS_FIRST=cfg.heads_first, NUM_WG=cfg.consumers,
+                  num_warps=4)
     grid = (-(-Sq // cfg.BLOCK_M), B * H)
     if cfg.heads_first:
         grid = (B * H, grid[0])
