@@ -546,18 +546,30 @@ def _flops(B, S, H, D, causal) -> float:
     return 4.0 * B * H * pairs * D
 
 
-def time_impls(row: dict, impls: dict, flops: float) -> str:
+def time_impls(row: dict, impls: dict, flops: float, rounds: int = 3) -> str:
     """Median time and TFLOP/s of each of ``impls`` (name -> callable; None: a peer that could not
-    be set up at this shape) into ``row``; returns the printed TFLOP/s cells."""
+    be set up at this shape) into ``row``; returns the printed TFLOP/s cells. ``rounds`` interleaved
+    rounds, the order rotated each round, each impl's time the median of its round medians: the
+    clocks move under sustained load (power limit), so one pass in a fixed order favours whichever
+    runs first."""
+    names = [n for n, fn in impls.items() if fn is not None]
     for name, fn in impls.items():
         if fn is None:
             row[name] = dict(error="cannot run")
-            continue
-        try:
-            ms = _median_ms(fn)
-            row[name] = dict(ms=round(ms, 4), tflops=round(flops / ms / 1e9, 1))
-        except Exception as exc:  # noqa: BLE001 - a peer that cannot run this shape
-            row[name] = dict(error=f"{type(exc).__name__}: {str(exc)[:200]}")
+    per = {n: [] for n in names}
+    for r in range(max(1, rounds)):
+        order = names[r % len(names):] + names[:r % len(names)] if names else []
+        for name in order:
+            if name not in per:
+                continue
+            try:
+                per[name].append(_median_ms(impls[name]))
+            except Exception as exc:  # noqa: BLE001 - a peer that cannot run this shape
+                row[name] = dict(error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                del per[name]
+    for name, times in per.items():
+        ms = sorted(times)[len(times) // 2]
+        row[name] = dict(ms=round(ms, 4), tflops=round(flops / ms / 1e9, 1), round_ms=[round(t, 4) for t in times])
     return "  ".join(f"{n}={row[n]['tflops']:6.1f}" if "tflops" in row[n] else f"{n}=  err" for n in impls)
 
 

@@ -203,27 +203,25 @@ class GluonAttnFp8Config(GluonAttnConfig):
 #:   D=128 causal S=4096 : bf16 526, k 553 (1.05x), kc2 580 (1.10x)
 #:   D=128 causal S=16384: bf16 627, k 711 (1.13x), kc2 805 (1.28x)
 #: kc2's accuracy (B=2, seq 1008, vs fp32) 31.8-34.1 dB, as k's. Session 27
-#: (benchmarks/results/h200/session27/compare_*_call1.log), three consumer warpgroups (x3: 192-row
-#: tiles, 160 registers each; a third instruction stream hides the softmax's latency, which bounds
-#: the two-warpgroup kernel at head dim 64, where each key block has half the MMA work):
-#:   D=64  full   S=4096 : bf16 356, kc2 408 (1.15x), kc2x3 465 (1.30x)
-#:   D=64  full   S=16384: bf16 414, kc2 488 (1.18x), kc2x3 587 (1.42x)
-#:   D=64  causal S=4096 : bf16 322, k 290 (0.90x), kc2x3 344 (1.07x)
-#:   D=64  causal S=16384: bf16 412, k 434 (1.05x), kc2x3 520 (1.26x)
-#:   D=128 full   S=4096 : bf16 579, kc2 670 (1.16x), n64s6kc2x3 726 (1.25x)
-#:   D=128 full   S=16384: bf16 615, kc2 815 (1.32x), n64s6kc2x3 831 (1.35x)
-#:   D=128 causal S=4096 : bf16 464, kc2 597 (1.29x), n64s6kc2x3 468 (1.01x)
-#:   D=128 causal S=16384: bf16 630, kc2 727 (1.15x), n64s6kc2x3 739 (1.17x)
-#: At head dim 128 three warpgroups need the 64-key tile (n128 spills at 160 registers). FP8 tiles
-#: are half the bf16 ones, so the ring is deeper for the same shared memory: D=128 n128s4 is 16 KB
-#: Q + 4 x 32 KB K/V + 32 KB O. A non-contiguous k8 cannot take ``k``: the op then runs the tl FP8
-#: kernel (gluon_attn_fp8_fwd_reason names why).
+#: (benchmarks/results/h200/session27/, calls 1-4), three consumer warpgroups (x3: 192-row tiles,
+#: 160 registers each): a third instruction stream hides the softmax's latency, which bounds the
+#: two-warpgroup kernel at head dim 64 (each key block has half the MMA work of head dim 128).
+#: Call 3 (three interleaved rounds), kc2 (two warpgroups) vs kc2x3, ratio to our bf16 Gluon forward:
+#:   D=64  full   S=4096 : bf16 363, kc2 398 (1.10x), kc2x3 464 (1.28x)
+#:   D=64  full   S=16384: bf16 415, kc2 496 (1.20x), kc2x3 608 (1.47x)
+#:   D=64  causal S=4096 : bf16 315, kc2 326 (1.03x), kc2x3 339 (1.08x)
+#:   D=64  causal S=16384: bf16 404, kc2 451 (1.11x), kc2x3 498 (1.23x)
+#: At head dim 128 three warpgroups need the 64-key tile (n128 spills at 160 registers):
+#: n64s6kc2x3 measured as n128s4kc2 on full rows (1.11 / 1.39x vs 1.11 / 1.38x) and below it on
+#: causal ones (1.02 / 1.22x vs 1.08 / 1.27x), so head dim 128 keeps two warpgroups.
+#: FP8 tiles are half the bf16 ones, so the ring is deeper for the same shared memory: D=128
+#: n128s4 is 16 KB Q + 4 x 32 KB K/V + 32 KB O. A non-contiguous k8 cannot take ``k``: the op then
+#: runs the tl FP8 kernel (gluon_attn_fp8_fwd_reason names why).
 _DEFAULT_CONFIGS = {(64, False): GluonAttnFp8Config(block_n=128, stages=4, consumer_regs=160, consumers=3, kperm=True,
                                                     lazy=2),
                     (64, True): GluonAttnFp8Config(block_n=128, stages=4, consumer_regs=160, consumers=3, kperm=True,
                                                    lazy=2),
-                    (128, False): GluonAttnFp8Config(block_n=64, stages=6, consumer_regs=160, consumers=3, kperm=True,
-                                                     lazy=2),
+                    (128, False): GluonAttnFp8Config(block_n=128, stages=4, kperm=True, lazy=2),
                     (128, True): GluonAttnFp8Config(block_n=128, stages=4, kperm=True, lazy=2)}
 
 
