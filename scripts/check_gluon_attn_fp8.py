@@ -193,12 +193,12 @@ def compile_attn_fp8(head_dim: int, causal: bool, out_dtype: str = "bf16", sink:
            "o_desc": box(out_dtype, odt, (1, f8.HALF_M, 1, head_dim)),
            "QS": "*fp32", "KS": "*fp32", "VS": "*fp32", "LSE": "*fp32", "SINK": "*fp32",
            "H": "i32", "GROUP": "i32", "SEQ_Q": "i32", "SEQ_K": "i32", "NBQ": "i32", "NBK": "i32",
-           "offset": "i32", "win_right": "i32", "qk_scale": "fp32"}
+           "offset": "i32", "win_right": "i32", "qk_scale": "fp32", "NT": "i32", "NM": "i32"}
     consts = dict(HAS_RIGHT=bool(causal), HAS_SINK=bool(sink), STAGES=cfg.stages, BLK=blk, P_SCALE=2.0 ** cfg.p_log2(),
                   P_LOG2=cfg.p_log2(), CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, KPERM=cfg.kperm, EMU=cfg.emu,
                   EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, LSUM=cfg.lsum, HEADS_FIRST=cfg.heads_first,
-                  NUM_WG=cfg.consumers)
+                  NUM_WG=cfg.consumers, PERSIST=cfg.persistent)
     name = (f"attn_fp8_d{head_dim}_{'causal' if causal else 'full'}_{out_dtype}{'_sink' if sink else ''}"
             f"_blk{blk}_{cfg.short()}")
 

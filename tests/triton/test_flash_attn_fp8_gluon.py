@@ -159,6 +159,13 @@ def test_config():
     assert "registers" in f8.GluonAttnFp8Config.parse("n128s4kx3r168").check(64)
     assert "ping-pong" in f8.GluonAttnFp8Config.parse("n128s4pkx3").check(64)
     assert "consumers" in f8.GluonAttnFp8Config.parse("n128s4kx4").check(64)
+    # t: persistent CTAs (the key-permuted producer only; its own tile order, no ping-pong)
+    cfg = f8.GluonAttnFp8Config.parse("n128s4kc2t")
+    assert cfg.persistent and cfg.short() == "n128s4kc2tr240w24" and cfg.check(128) is None
+    assert f8.GluonAttnFp8Config.parse("n128s4kc2tx3").short() == "n128s4kc2tx3r160w24"
+    for bad in ("n128s4t", "n128s4pkt", "n128s4kgt"):
+        assert "persistent" in f8.GluonAttnFp8Config.parse(bad).check(128), bad
+    assert not any(c.persistent for c in f8._DEFAULT_CONFIGS.values())
 
 
 @pytest.mark.parametrize("head_dim,causal,text", [(128, True, "n128s4kc2"), (128, False, "n128s4kc2"),
@@ -310,7 +317,9 @@ def test_compiles_for_sm90_without_spills(head_dim, causal, out_dtype, sink, blk
                                                        (False, False, 64, 64, None),
                                                        (True, False, 64, 128, None),
                                                        (False, True, 64, 128, "n128s4kc2x3"),
-                                                       (True, False, 64, 64, "n64s4kx3")])
+                                                       (True, False, 64, 64, "n64s4kx3"),
+                                                       (True, True, 128, 128, "n128s4kc2t"),
+                                                       (False, False, 64, 128, "n128s4kc2t")])
 def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, config, monkeypatch, request):
     """The launcher's own arguments (4-D host TMA descriptors over the transposed views of the
     quantized tensors, the scales, LSE, sink, sizes, constexprs) bind and compile for sm_90 under
@@ -327,7 +336,9 @@ def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, conf
     out = torch.empty(B, Sq, Hq, D, dtype=torch.bfloat16)
     lse = torch.empty(B, Hq, Sq)
     grid, args, kwargs = f8._kernel_args(*ops, out, lse, torch.zeros(Hq) if sink else None, 0.1, wr, cfg)
-    assert grid == ((B * Hq, 2) if cfg.heads_first else (2, B * Hq))
+    n_tiles = 2 * B * Hq  # two query tiles of seq 200 per (batch, head)
+    assert grid == ((n_tiles,) if cfg.persistent else (B * Hq, 2) if cfg.heads_first else (2, B * Hq))
+    assert args[-2:] == (n_tiles, 2)  # NT, NM
     kernel = warmup_for_sm90(f8._attn_fp8_fwd_ws_kernel, args, kwargs, monkeypatch)
     assert kernel.metadata.shared <= f8.SMEM_LIMIT
     # 4 warps per consumer warpgroup and the producer warp, rounded up to whole warpgroups
@@ -349,7 +360,8 @@ def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, conf
     (1, 1, 16, 2, 1, 128, False, torch.bfloat16, False, "bshd", 128),
 ])
 @pytest.mark.parametrize("config", [None, "n128s3p", "n128s4k", "n128s4ke2", "n128s4pke4", "n128s4kc2", "n128s4c1",
-                                    "n128s4kc2l", "n128s4pkc2lg", "n128s4kc2x3", "n64s4kx3"])
+                                    "n128s4kc2l", "n128s4pkc2lg", "n128s4kc2x3", "n64s4kx3",
+                                    "n128s4kc2t", "n64s4kt"])
 def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink, layout, blk, config):
     from primus_turbo.pytorch.ops import attention_fp8 as opf8
     from primus_turbo.testing import attention_ref

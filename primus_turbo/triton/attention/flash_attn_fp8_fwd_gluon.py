@@ -80,7 +80,7 @@ P_SCALE = 256.0
 _OUT_DTYPES = (torch.bfloat16, torch.float16)
 #: GluonAttnFp8Config.parse's grammar; ``{u}``: where the removed flag ``u`` stood ("" to parse,
 #: "u" to recognize an old config string and name the flag in the error)
-_CONFIG_RE = r"n(\d+)s(\d+)(p)?(o)?(k)?(?:c(\d+))?(l)?(g)?{u}(?:x(\d+))?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?"
+_CONFIG_RE = r"n(\d+)s(\d+)(p)?(o)?(k)?(?:c(\d+))?(l)?(g)?{u}(t)?(?:x(\d+))?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?"
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -127,7 +127,14 @@ class GluonAttnFp8Config(GluonAttnConfig):
       else);
     * ``g`` (``heads_first``, with ``k``): grid ``(B * H, query tiles)`` instead of ``(query tiles,
       B * H)``: the CTAs in flight are one query tile of many heads, and causal runs the longest
-      tiles of every head first (the shortest ones fill the last wave) instead of per head.
+      tiles of every head first (the shortest ones fill the last wave) instead of per head;
+    * ``t`` (``persistent``, with ``k``; not with ``p`` or ``g``): one CTA per SM, each looping over
+      the tiles ``program_id, + num_programs, ...`` (query tiles fastest, causal heads longest
+      first) with the K / V ring running on across them. A tile's Q is reloaded once every consumer
+      warpgroup has retired the previous tile's last S MMA, so the next tile's Q and first K / V
+      blocks load under the previous tile's last PV MMA and epilogue: the per-tile start-up that a
+      short sequence pays once per 32 key blocks is hidden;
+    * ``x<W>`` (``consumers``): 2 (default) or 3 consumer warpgroups (192-row tiles).
 
     The former flag ``u`` (row sums by a wgmma of P8 against a shared tile of E4M3 ones) is gone:
     its output was wrong on the H200 (session 7: -0.08 dB full, 0.4 dB causal against fp32);
@@ -139,6 +146,7 @@ class GluonAttnFp8Config(GluonAttnConfig):
     lazy: int = 0
     lsum: bool = False
     heads_first: bool = False
+    persistent: bool = False
 
     def p_log2(self) -> float:
         """log2 of the static P scale (8, i.e. 256, less the ``c<T>`` threshold)."""
@@ -153,7 +161,7 @@ class GluonAttnFp8Config(GluonAttnConfig):
     def short(self) -> str:
         flags = ("p" if self.pingpong else "") + ("o" if self.overlap else "") + ("k" if self.kperm else "")
         flags += (f"c{self.lazy}" if self.lazy else "") + ("l" if self.lsum else "") + ("g" if self.heads_first else "")
-        flags += f"x{self.consumers}" if self.consumers != 2 else ""
+        flags += ("t" if self.persistent else "") + (f"x{self.consumers}" if self.consumers != 2 else "")
         if self.emu:
             flags += f"e{self.emu}" + (f"d{self.emu_deg}" if self.emu_deg != 3 else "")
         return f"n{self.block_n}s{self.stages}{flags}r{self.consumer_regs}w{self.producer_regs}"
@@ -163,8 +171,8 @@ class GluonAttnFp8Config(GluonAttnConfig):
         """``"n128s4"``, ``"n128s4p"``, ``"n128s4k"``, ``"n128s4ke2"``, ``"n128s4kc2"``, ``"n128s4pke4d2"``,
         ``"n128s4kc2x3"``, ``"n64s6r232w40"`` -> config (n: block_n, s: stages, p: ping-pong, k: key-permuted
         K load, c<T>: conditional O rescale with threshold T, l: row sums reduced once, g: heads-fastest
-        grid, x<W>: consumer warpgroups (2, the default, or 3: 192-row tiles, consumer registers then
-        160 by default), e<N>: 1/N of the exponentials on the FMA pipe, d<deg>: its polynomial degree,
+        grid, t: persistent CTAs, x<W>: consumer warpgroups (2, the default, or 3: 192-row tiles,
+        consumer registers then 160 by default), e<N>: 1/N of the exponentials on the FMA pipe, d<deg>: its polynomial degree,
         r / w: consumer / producer registers per thread). The removed flag ``u`` is refused by name."""
         m = re.fullmatch(_CONFIG_RE.format(u=""), text.strip())
         if not m:
@@ -173,17 +181,19 @@ class GluonAttnFp8Config(GluonAttnConfig):
                                  f"(its output was wrong on the H200); drop the u")
             raise ValueError(f"bad Gluon FP8 attention config {text!r}; expected e.g. n128s4, n128s3p, n128s4k, "
                              f"n128s4ke2, n128s4kc2, n128s4pke4d2, n64s6r232w40")
-        bn, st, pp, ov, kp, lz, ls, hf, x, emu, deg, r, w = m.groups()
+        bn, st, pp, ov, kp, lz, ls, hf, pt, x, emu, deg, r, w = m.groups()
         wgs = int(x or 2)
         return cls(int(bn), int(st), int(r or (240 if wgs == 2 else 160)), int(w or 24), bool(pp), bool(ov),
                    consumers=wgs, kperm=bool(kp), emu=int(emu or 0), emu_deg=int(deg or 3), lazy=int(lz or 0),
-                   lsum=bool(ls), heads_first=bool(hf))
+                   lsum=bool(ls), heads_first=bool(hf), persistent=bool(pt))
 
     def check(self, head_dim: int) -> Optional[str]:
         if self.overlap:
             return "config suffix o: the FP8 forward always keeps the softmax under the PV MMA (no option)"
         if self.heads_first and not self.kperm:
             return "g (heads-fastest grid) needs k (the key-permuted producer reads the swapped grid)"
+        if self.persistent and (not self.kperm or self.pingpong or self.heads_first):
+            return "t (persistent CTAs) needs k and takes neither p (ping-pong) nor g (its own tile order)"
         if not 0 <= self.lazy <= 4:
             return f"c{self.lazy}: the conditional-rescale threshold is 1 to 4 (log2 units)"
         if self.emu not in (0, 2, 4, 8):
@@ -243,34 +253,79 @@ def default_attn_fp8_config(head_dim: int, blk: int = 128, causal: bool = False)
 if GLUON_AVAILABLE:
 
     @gluon.jit
+    def _ptile(t, NM, H, SEQ_K, offset, win_right, HAS_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr):
+        """Persistent form (config flag ``t``): tile ``t`` of ``NM`` query tiles per (batch, head),
+        query tiles fastest as in :func:`_tile`'s grid (the tiles of one head run side by side and
+        share its K / V in L2); causal runs each head's longest tiles first. Returns what
+        :func:`_tile` returns."""
+        pid_m = t % NM
+        bh = t // NM
+        if HAS_RIGHT:
+            pid_m = NM - 1 - pid_m
+        hi = SEQ_K
+        if HAS_RIGHT:
+            hi = gl.minimum(pid_m * BLOCK_M + BLOCK_M + offset + win_right, SEQ_K)
+        n_blocks = gl.maximum(gl.cdiv(hi, BLOCK_N), 1)
+        return pid_m, bh // H, bh % H, n_blocks
+
+    @gluon.jit
+    def _fp8_produce_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                          H, GROUP, SEQ_K, pid_m, b, h, n_blocks, it, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                          NUM_WG: gl.constexpr):
+        """The KPERM producer's work for one tile: its Q parts, then K / V of its key blocks into
+        the ring slots of the CTA's blocks ``it, it + 1, ...`` (``it``: blocks loaded before)."""
+        HALF: gl.constexpr = q_desc.block_type.shape[1]
+        hk = h // GROUP
+        m0 = pid_m * (NUM_WG * HALF)
+        k0 = (b * (H // GROUP) + hk) * (SEQ_K // 16)
+        mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
+        for w in gl.static_range(NUM_WG):
+            tma.async_copy_global_to_shared(q_desc, [b, m0 + w * HALF, h, 0], q_bar, q_smem.index(w))
+        for j in range(n_blocks):
+            g = it + j
+            s = g % STAGES
+            phase = ((g // STAGES) & 1) ^ 1  # empty barriers start one phase behind
+            mbarrier.wait(k_empty.index(s), phase)
+            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [k0 + j * (BLOCK_N // 16), 0, 0, 0, 0], k_ready.index(s),
+                                            k_bufs.index(s))
+            mbarrier.wait(v_empty.index(s), phase)
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [b, 0, hk, j * BLOCK_N], v_ready.index(s), v_bufs.index(s))
+
+    @gluon.jit
     def _fp8_producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                       H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, KPERM: gl.constexpr, HEADS_FIRST: gl.constexpr = False,
-                      NUM_WG: gl.constexpr = 2):
+                      NUM_WG: gl.constexpr = 2, PERSIST: gl.constexpr = False, NT=0, NM=0, q_empty=None):
         """One warp: the bf16 forward's producer with V^T's keys as the box's inner dimension and,
         KPERM, K through the 5-D key-permuting descriptor (its first coordinate counts 16-key groups
         of the flattened [B * Hk * Sk] keys; Sk is a multiple of 16, so a group never straddles two
-        heads; a tile's keys past Sk read the next head's keys or zeros, and are masked)."""
+        heads; a tile's keys past Sk read the next head's keys or zeros, and are masked). PERSIST
+        (KPERM only): the CTA's tiles ``program_id, + num_programs, ...`` of ``NT`` in turn, the ring
+        running on across them; a tile's Q is loaded once every consumer warpgroup has released the
+        previous one (``q_empty``, after its last S MMA), so the next tile's Q and first K / V
+        blocks load while the consumers finish the previous tile's last PV MMA and epilogue."""
         if KPERM:
             HALF: gl.constexpr = q_desc.block_type.shape[1]
-            pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, NUM_WG * HALF, BLOCK_N,
-                                          1 if HEADS_FIRST else 0)
-            hk = h // GROUP
-            m0 = pid_m * (NUM_WG * HALF)
-            g0 = (b * (H // GROUP) + hk) * (SEQ_K // 16)
-            mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
-            for w in gl.static_range(NUM_WG):
-                tma.async_copy_global_to_shared(q_desc, [b, m0 + w * HALF, h, 0], q_bar, q_smem.index(w))
-            for j in range(n_blocks):
-                s = j % STAGES
-                phase = ((j // STAGES) & 1) ^ 1  # empty barriers start one phase behind
-                mbarrier.wait(k_empty.index(s), phase)
-                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(k_desc, [g0 + j * (BLOCK_N // 16), 0, 0, 0, 0], k_ready.index(s),
-                                                k_bufs.index(s))
-                mbarrier.wait(v_empty.index(s), phase)
-                mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(v_desc, [b, 0, hk, j * BLOCK_N], v_ready.index(s), v_bufs.index(s))
+            if PERSIST:
+                it = 0
+                tc = 0
+                for t in range(gl.program_id(0), NT, gl.num_programs(0)):
+                    pid_m, b, h, n_blocks = _ptile(t, NM, H, SEQ_K, offset, win_right, HAS_RIGHT, NUM_WG * HALF,
+                                                   BLOCK_N)
+                    mbarrier.wait(q_empty, (tc & 1) ^ 1)  # starts one phase behind: no wait for the first tile
+                    _fp8_produce_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty,
+                                      v_ready, v_empty, H, GROUP, SEQ_K, pid_m, b, h, n_blocks, it, BLOCK_N, STAGES,
+                                      NUM_WG)
+                    it += n_blocks
+                    tc += 1
+            else:
+                pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, NUM_WG * HALF, BLOCK_N,
+                                              1 if HEADS_FIRST else 0)
+                _fp8_produce_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
+                                  v_empty, H, GROUP, SEQ_K, pid_m, b, h, n_blocks, 0, BLOCK_N, STAGES, NUM_WG)
         else:
             _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                       H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, True, 0, 0, False, NUM_WG)
@@ -471,13 +526,16 @@ if GLUON_AVAILABLE:
                   q_scale, ks_base, vs_base, offs_m, SEQ_K, diag, o_layout: gl.constexpr, p_layout: gl.constexpr,
                   BLK: gl.constexpr, P_LOG2: gl.constexpr, HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr,
                   STAGES: gl.constexpr, WG: gl.constexpr, PINGPONG: gl.constexpr, KPERM: gl.constexpr,
-                  EMU: gl.constexpr, EMU_DEG: gl.constexpr, LAZY: gl.constexpr = 0, LSUM: gl.constexpr = False):
+                  EMU: gl.constexpr, EMU_DEG: gl.constexpr, LAZY: gl.constexpr = 0, LSUM: gl.constexpr = False,
+                  it=0, q_phase=0):
         """Iteration j >= 1: issue S_j, issue O += P8_{j-1} V8_{j-1}, softmax S_j while the PV MMA
-        runs, then retire it and move O to block j's units (alpha_j * vs_{j-1} / vs_j)."""
+        runs, then retire it and move O to block j's units (alpha_j * vs_{j-1} / vs_j). ``it``: the
+        CTA's key blocks before this tile's (ring slot and phase of block j are those of ``it + j``);
+        ``q_phase``: the phase of this tile's completed Q barrier."""
         BLOCK_N: gl.constexpr = s_regs.type.shape[1]
         D_QK: gl.constexpr = q.type.shape[1]
-        s = j % STAGES
-        sp = (j - 1) % STAGES
+        s = (it + j) % STAGES
+        sp = (it + j - 1) % STAGES
         # block j's scales (scalars: the key tile lies in one scale block), loaded before the
         # barrier waits so their latency hides behind them
         rs = q_scale * gl.load(ks_base + (j * BLOCK_N) // BLK)
@@ -485,8 +543,8 @@ if GLUON_AVAILABLE:
         # P_{j-1}'s A registers, made before the wgmmas are issued: ptxas serializes the wgmmas of a
         # batch when a non-wgmma instruction defines one's inputs in between (note C7513)
         p_op = _p_mma_operand(p, p_layout, KPERM)
-        mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
-        mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
+        mbarrier.wait(k_ready.index(s), ((it + j) // STAGES) & 1)
+        mbarrier.wait(v_ready.index(sp), ((it + j - 1) // STAGES) & 1)
         _take_turn(turn, j, WG, PINGPONG)
         s_tok = warpgroup_mma(q, k_bufs.index(s).reshape([BLOCK_N, D_QK]).permute((1, 0)), s_regs,
                               use_acc=False, is_async=True)
@@ -506,7 +564,7 @@ if GLUON_AVAILABLE:
             # vs_prev / vs of powers of two by the exponent fields (exact; no IEEE division)
             ratio = ((vs_prev.to(gl.int32, bitcast=True) - vs.to(gl.int32, bitcast=True)) + 0x3F800000).to(
                 gl.float32, bitcast=True)
-            mbarrier.wait(q_bar, 0)
+            mbarrier.wait(q_bar, q_phase)
             acc, p = _pv_retire(o_tok, p, KPERM)
             # the branches of the skippable rescale before P's packing, so the packed registers
             # are written once, into the A registers of the next PV wgmma
@@ -518,12 +576,12 @@ if GLUON_AVAILABLE:
             mbarrier.arrive(v_empty.index(sp), count=1)
         else:
             if KPERM:
-                mbarrier.wait(q_bar, 0)
+                mbarrier.wait(q_bar, q_phase)
                 acc, p = _pv_retire(o_tok, p, True)
                 p_out = _p_operand(p_new, p_layout, KPERM, p, True)
             else:
                 p_out = _p_operand(p_new, p_layout, KPERM)
-                mbarrier.wait(q_bar, 0)
+                mbarrier.wait(q_bar, q_phase)
                 acc, p = _pv_retire(o_tok, p, False)
             mbarrier.arrive(v_empty.index(sp), count=1)
             # O in units of V block j's scale from here on: powers of two, so the ratio is exact
@@ -531,14 +589,17 @@ if GLUON_AVAILABLE:
         return s_regs, acc, p_out, m_i, l_i, vs
 
     @gluon.jit
-    def _fp8_consumer(o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
-                      QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
-                      WG: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, BLOCK_N: gl.constexpr,
-                      STAGES: gl.constexpr, BLK: gl.constexpr, P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
-                      PINGPONG: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr, EMU_DEG: gl.constexpr,
-                      LAZY: gl.constexpr, LSUM: gl.constexpr, HEADS_FIRST: gl.constexpr = False,
-                      NUM_WG: gl.constexpr = 2):
-        """One warpgroup: query rows [WG*64, WG*64+64) of the tile (NUM_WG x 64 rows)."""
+    def _fp8_consume_tile(o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+                          QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
+                          pid_m, b, h, n_blocks, it, q_phase, q_empty,
+                          WG: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, BLOCK_N: gl.constexpr,
+                          STAGES: gl.constexpr, BLK: gl.constexpr, P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
+                          PINGPONG: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr, EMU_DEG: gl.constexpr,
+                          LAZY: gl.constexpr, LSUM: gl.constexpr, NUM_WG: gl.constexpr, PERSIST: gl.constexpr):
+        """One warpgroup's part of one tile: query rows [WG*64, WG*64+64) of its NUM_WG x 64 rows.
+        ``it``: the CTA's key blocks before this tile (ring slots and phases run on from there);
+        ``q_phase``: the phase of this tile's Q barrier; PERSIST: ``q_empty`` is arrived once the
+        tile's last S MMA is retired (Q may then be overwritten with the next tile's)."""
         HALF: gl.constexpr = o_desc.block_type.shape[1]
         D_QK: gl.constexpr = q_smem.type.shape[4]
         D_V: gl.constexpr = o_desc.block_type.shape[3]
@@ -553,8 +614,6 @@ if GLUON_AVAILABLE:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, NUM_WG * HALF, BLOCK_N,
-                                      1 if HEADS_FIRST else 0)
         hk = h // GROUP
         m0 = pid_m * (NUM_WG * HALF) + WG * HALF
         offs_m = m0 + gl.arange(0, HALF, layout=row_layout)
@@ -580,19 +639,20 @@ if GLUON_AVAILABLE:
         if LSUM:  # per-lane partials: the initial l (the sink's) in lane 0 of each quad
             l_i = _lsum_init(l_i, s_layout, BLOCK_N)
 
-        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(q_bar, q_phase)
         q = q_smem.index(WG).reshape([HALF, D_QK])
         # block 0, peeled (always with the mask: it may be the only one, and partly masked)
         rs = q_scale * gl.load(ks_base)
         vs = gl.load(vs_base)
         s_regs = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
-        mbarrier.wait(k_ready.index(0), 0)
+        s0 = it % STAGES
+        mbarrier.wait(k_ready.index(s0), (it // STAGES) & 1)
         _take_turn(turn, 0, WG, PINGPONG)
-        s_tok = warpgroup_mma(q, k_bufs.index(0).reshape([BLOCK_N, D_QK]).permute((1, 0)), s_regs,
+        s_tok = warpgroup_mma(q, k_bufs.index(s0).reshape([BLOCK_N, D_QK]).permute((1, 0)), s_regs,
                               use_acc=False, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
         s_regs = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
-        mbarrier.arrive(k_empty.index(0), count=1)
+        mbarrier.arrive(k_empty.index(s0), count=1)
         p, m_i, l_i, alpha = _fp8_softmax(s_regs, m_i, l_i, rs, offs_m, 0, SEQ_K, diag, p_layout, HAS_RIGHT, True,
                                           P_LOG2, KPERM, EMU, EMU_DEG, LAZY, LSUM)
         p = _p_operand(p, p_layout, KPERM)
@@ -601,15 +661,19 @@ if GLUON_AVAILABLE:
             s_regs, acc, p, m_i, l_i, vs = _fp8_step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
                                                      s_regs, acc, p, m_i, l_i, vs, q_scale, ks_base, vs_base, offs_m,
                                                      SEQ_K, diag, o_layout, p_layout, BLK, P_LOG2, HAS_RIGHT, False,
-                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM)
+                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM, it,
+                                                     q_phase)
         for j in range(gl.maximum(n_full, 1), n_blocks):
             s_regs, acc, p, m_i, l_i, vs = _fp8_step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
                                                      s_regs, acc, p, m_i, l_i, vs, q_scale, ks_base, vs_base, offs_m,
                                                      SEQ_K, diag, o_layout, p_layout, BLK, P_LOG2, HAS_RIGHT, True,
-                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM)
+                                                     STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM, it,
+                                                     q_phase)
+        if PERSIST:  # every S MMA of the tile is retired: Q's buffer may take the next tile's
+            mbarrier.arrive(q_empty, count=1)
         # the last block's PV
-        sl = (n_blocks - 1) % STAGES
-        mbarrier.wait(v_ready.index(sl), ((n_blocks - 1) // STAGES) & 1)
+        sl = (it + n_blocks - 1) % STAGES
+        mbarrier.wait(v_ready.index(sl), ((it + n_blocks - 1) // STAGES) & 1)
         _take_turn(turn, n_blocks, WG, PINGPONG)
         o_tok = _pv_issue(_p_mma_operand(p, p_layout, KPERM), v_bufs.index(sl), acc)
         _pass_turn(turn, WG, PINGPONG)
@@ -631,16 +695,49 @@ if GLUON_AVAILABLE:
         tma.store_wait(pendings=0)
 
     @gluon.jit
+    def _fp8_consumer(o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+                      QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
+                      WG: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, BLOCK_N: gl.constexpr,
+                      STAGES: gl.constexpr, BLK: gl.constexpr, P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
+                      PINGPONG: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr, EMU_DEG: gl.constexpr,
+                      LAZY: gl.constexpr, LSUM: gl.constexpr, HEADS_FIRST: gl.constexpr = False,
+                      NUM_WG: gl.constexpr = 2, PERSIST: gl.constexpr = False, NT=0, NM=0, q_empty=None):
+        """One consumer warpgroup: its 64 rows of the program's tile, or (PERSIST) of each of the
+        CTA's tiles in turn (the producer's order, :func:`_ptile`)."""
+        HALF: gl.constexpr = o_desc.block_type.shape[1]
+        if PERSIST:
+            it = 0
+            tc = 0
+            for t in range(gl.program_id(0), NT, gl.num_programs(0)):
+                pid_m, b, h, n_blocks = _ptile(t, NM, H, SEQ_K, offset, win_right, HAS_RIGHT, NUM_WG * HALF,
+                                               BLOCK_N)
+                _fp8_consume_tile(o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                                  turn, QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right,
+                                  qk_scale, pid_m, b, h, n_blocks, it, tc & 1, q_empty, WG, HAS_RIGHT, HAS_SINK,
+                                  BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM,
+                                  NUM_WG, True)
+                it += n_blocks
+                tc += 1
+        else:
+            pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, NUM_WG * HALF, BLOCK_N,
+                                          1 if HEADS_FIRST else 0)
+            _fp8_consume_tile(o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                              turn, QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right,
+                              qk_scale, pid_m, b, h, n_blocks, 0, 0, q_empty, WG, HAS_RIGHT, HAS_SINK, BLOCK_N,
+                              STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM, NUM_WG, False)
+
+    @gluon.jit
     def _attn_fp8_fwd_ws_kernel(
         q_desc, k_desc, v_desc, o_desc,
         QS, KS, VS, LSE, SINK,
         H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK,
-        offset, win_right, qk_scale,
+        offset, win_right, qk_scale, NT, NM,
         HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr, BLK: gl.constexpr,
         P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
         KPERM: gl.constexpr = False, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3, LAZY: gl.constexpr = 0,
         LSUM: gl.constexpr = False, HEADS_FIRST: gl.constexpr = False, NUM_WG: gl.constexpr = 2,
+        PERSIST: gl.constexpr = False,
     ):
         """O, LSE of 128 query rows of one (batch, head) from E4M3 q / k / v^T: producer warp + two
         consumer warpgroups.
@@ -671,12 +768,14 @@ if GLUON_AVAILABLE:
         v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, D_V, 1, BLOCK_N], v_desc.layout)
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 1, HALF, 1, D_V], o_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
+        mbarrier.init(q_empty, count=NUM_WG)  # PERSIST: one arrival per consumer warpgroup per tile
         mbarrier.init(turn.index(0), count=1)  # PINGPONG: arrived by WG 1 when it has issued its MMAs
         mbarrier.init(turn.index(1), count=1)  # and by WG 0
         for i in gl.static_range(STAGES):
@@ -691,32 +790,37 @@ if GLUON_AVAILABLE:
                 (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                                  QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                                  0, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG)),
+                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
+                                 q_empty)),
                 (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                                  QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                                  1, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG)),
+                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
+                                 q_empty)),
                 (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                                  QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                                  2, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG)),
+                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
+                                 q_empty)),
                 (_fp8_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                                  H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, KPERM,
-                                 HEADS_FIRST, NUM_WG)),
+                                 HEADS_FIRST, NUM_WG, PERSIST, NT, NM, q_empty)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
                 (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                                  QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                                  0, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG)),
+                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
+                                 q_empty)),
                 (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                                  QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                                  1, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG)),
+                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
+                                 q_empty)),
                 (_fp8_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                                  H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, KPERM,
-                                 HEADS_FIRST, NUM_WG)),
+                                 HEADS_FIRST, NUM_WG, PERSIST, NT, NM, q_empty)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -832,11 +936,26 @@ def _desc(t: torch.Tensor, box: tuple):
     return TensorDescriptor(t, list(t.shape), list(_tma_strides(t)), list(box), _layout(box, t.dtype))
 
 
+def _num_sms(device: torch.device) -> int:
+    """SMs of ``device`` (the persistent grid's size); 132 (H100 / H200 SXM) for a device that is not
+    CUDA, where the launch is only ever compiled (the sm_90 compile tests)."""
+    if device.type != "cuda":
+        return 132
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def _kernel_args(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, out, lse, sink, softmax_scale: float,
                  win_right: int, cfg: GluonAttnFp8Config) -> tuple:
     """(grid, positional args, keyword args) of the launch for validated, non-empty inputs."""
     B, H, Sq, D = q8.shape
     Hk, Sk = k8.size(1), k8.size(2)
+    n_m = -(-Sq // cfg.BLOCK_M)
+    n_tiles = n_m * B * H
     qv, kv, vv = _views(q8, k8, v8t)
     if cfg.kperm:  # keys permuted inside each 32-key group by the descriptor's strides (see the kernel)
         k_box = (cfg.block_n // 16, 2, 4, 2, D)
@@ -848,15 +967,17 @@ def _kernel_args(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, out, l
             _desc(out, (1, HALF_M, 1, D)),
             q_scale_inv, k_scale_inv, v_scale_inv, lse, sink if sink is not None else lse,
             H, H // Hk, Sq, Sk, q_scale_inv.size(-1), k_scale_inv.size(-1), Sk - Sq, max(win_right, 0),
-            float(softmax_scale) * LOG2E)
+            float(softmax_scale) * LOG2E, n_tiles, n_m)
     kwargs = dict(HAS_RIGHT=win_right >= 0, HAS_SINK=sink is not None, STAGES=cfg.stages, BLK=int(blk),
                   P_SCALE=2.0 ** cfg.p_log2(), P_LOG2=cfg.p_log2(), CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, KPERM=cfg.kperm, EMU=cfg.emu,
                   EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, LSUM=cfg.lsum, HEADS_FIRST=cfg.heads_first, NUM_WG=cfg.consumers,
-                  num_warps=4)
-    grid = (-(-Sq // cfg.BLOCK_M), B * H)
+                  PERSIST=cfg.persistent, num_warps=4)
+    grid = (n_m, B * H)
     if cfg.heads_first:
-        grid = (B * H, grid[0])
+        grid = (B * H, n_m)
+    if cfg.persistent:
+        grid = (min(n_tiles, _num_sms(q8.device)),)
     return grid, args, kwargs
 
 
