@@ -226,9 +226,10 @@ class GluonAttnFp8Config(GluonAttnConfig):
 #: causal ones (1.02 / 1.22x vs 1.08 / 1.27x), so head dim 128 keeps two warpgroups.
 #: Call 5, persistent CTAs (t) at head dim 128: full 725 vs 674 TFLOP/s at S=4096 (1.19x vs 1.10x
 #: our bf16 forward; a CTA's start-up, paid once per 32 key blocks there, now under the previous
-#: tile's tail), 810 vs 796 at 16384; causal 518 vs 526 (4096) and 759 vs 726 (16384): mixed under a
-#: static tile order, so causal keeps one tile per CTA. At head dim 64, t with two warpgroups lost to
-#: x3 (436 vs 485) and t with x3 spills (1.09x / 0.67x).
+#: tile's tail), 810 vs 796 at 16384; causal 518 vs 526 (4096) and 759 vs 726 (16384). Call 6 read
+#: the other way (full 694 vs 713 at 4096, 793 vs 813 at 16384), and the same kernel timed twice in
+#: one run differs by up to 8.6% (causal 16384: 732 vs 795): within that spread, so t stays opt-in.
+#: At head dim 64, t with two warpgroups lost to x3 (436 vs 485) and t with x3 spills (1.09x / 0.67x).
 #: FP8 tiles are half the bf16 ones, so the ring is deeper for the same shared memory: D=128
 #: n128s4 is 16 KB Q + 4 x 32 KB K/V + 32 KB O. A non-contiguous k8 cannot take ``k``: the op then
 #: runs the tl FP8 kernel (gluon_attn_fp8_fwd_reason names why).
@@ -236,7 +237,7 @@ _DEFAULT_CONFIGS = {(64, False): GluonAttnFp8Config(block_n=128, stages=4, consu
                                                     lazy=2),
                     (64, True): GluonAttnFp8Config(block_n=128, stages=4, consumer_regs=160, consumers=3, kperm=True,
                                                    lazy=2),
-                    (128, False): GluonAttnFp8Config(block_n=128, stages=4, kperm=True, lazy=2, persistent=True),
+                    (128, False): GluonAttnFp8Config(block_n=128, stages=4, kperm=True, lazy=2),
                     (128, True): GluonAttnFp8Config(block_n=128, stages=4, kperm=True, lazy=2)}
 
 
