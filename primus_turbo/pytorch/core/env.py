@@ -68,8 +68,9 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "auto",
         "flash_attn_fp8_func forward on sm_90 (head dims 64/128, no left window, seq_kv a multiple of 16, scale "
         "blocks of 64-256 tokens): 1 the warp-specialized Gluon FP8 kernel where it can run, 0 the Triton FP8 kernel; "
-        "auto = 1 (H200, session 7: config n128s4kc2, n128s4k at head dim 64 causal; 1.10-1.34x our bf16 Gluon "
-        "forward at head dim 128, 1.18x / 1.07x at 64 full / causal).",
+        "auto = 1 (H200, sessions 7 and 27: config n128s4kc2 at head dim 128, n128s4kc2x3 (three consumer "
+        "warpgroups) at 64; 1.07-1.39x our bf16 Gluon forward at head dim 128, 1.26-1.47x / 1.08-1.27x at 64 full / "
+        "causal).",
     ),
     "PRIMUS_TURBO_ATTN_BWD_GLUON": (
         "auto",
