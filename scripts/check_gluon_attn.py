@@ -546,12 +546,44 @@ def _flops(B, S, H, D, causal) -> float:
     return 4.0 * B * H * pairs * D
 
 
-def time_impls(row: dict, impls: dict, flops: float, rounds: int = 3) -> str:
+def _graph_ms(fn, calls: int = 8, reps: int = 5) -> float:
+    """Device time of one call of ``fn``: ``calls`` calls captured in one CUDA graph, the replay
+    timed ``reps`` times (median, divided by ``calls``). No host time and no launch gaps inside the
+    timed window, so configs of the same kernel compare on device time alone."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / calls)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def time_impls(row: dict, impls: dict, flops: float, rounds: int = 3, graph: bool = False) -> str:
     """Median time and TFLOP/s of each of ``impls`` (name -> callable; None: a peer that could not
     be set up at this shape) into ``row``; returns the printed TFLOP/s cells. ``rounds`` interleaved
     rounds, the order rotated each round, each impl's time the median of its round medians: the
     clocks move under sustained load (power limit), so one pass in a fixed order favours whichever
-    runs first."""
+    runs first. ``graph``: each measurement is :func:`_graph_ms` (device time) instead of
+    :func:`_median_ms` (events around each eager call, host time between them included)."""
+    measure = _graph_ms if graph else _median_ms
     names = [n for n, fn in impls.items() if fn is not None]
     for name, fn in impls.items():
         if fn is None:
@@ -563,7 +595,7 @@ def time_impls(row: dict, impls: dict, flops: float, rounds: int = 3) -> str:
             if name not in per:
                 continue
             try:
-                per[name].append(_median_ms(impls[name]))
+                per[name].append(measure(impls[name]))
             except Exception as exc:  # noqa: BLE001 - a peer that cannot run this shape
                 row[name] = dict(error=f"{type(exc).__name__}: {str(exc)[:200]}")
                 del per[name]

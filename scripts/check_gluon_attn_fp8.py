@@ -39,6 +39,7 @@ variant that fails is not timed:
 
     PYTHONPATH=. python scripts/check_gluon_attn_fp8.py --compare [--out DIR]
         [--fp8-configs n128s4k n128s4ke2 ...] [--tl-emu 2 4] [--seq 4096 16384] [--head-dims 128 64]
+        [--rounds 3] [--graph]   # interleaved rounds; device time by CUDA-graph replay
         [--no-tl]   # our bf16 forward and the Gluon FP8 variants only (no tl FP8 kernel)
 """
 
@@ -529,7 +530,8 @@ def compare_accuracy(head_dims, configs, tl_emu) -> tuple[list, set]:
     return rows, ok
 
 
-def compare_timing(seqs_by_d: dict, configs, tl_emu, passed: set, heads: int = 32) -> list:
+def compare_timing(seqs_by_d: dict, configs, tl_emu, passed: set, heads: int = 32, rounds: int = 3,
+                   graph: bool = False) -> list:
     import torch
 
     rows = []
@@ -541,7 +543,7 @@ def compare_timing(seqs_by_d: dict, configs, tl_emu, passed: set, heads: int = 3
                 impls, _ = _compare_impls(q, k, v, D, causal, configs, tl_emu, bf16_tl=True)
                 impls = {n: f for n, f in impls.items() if (D, causal, n) in passed or n == "bf16_tl"}
                 row = dict(D=D, causal=causal, B=B, S=S, H=heads)
-                _attn.time_impls(row, impls, _flops(B, S, heads, D, causal))
+                _attn.time_impls(row, impls, _flops(B, S, heads, D, causal), rounds, graph)
                 base = row.get("bf16_gluon", {}).get("ms")
                 cells = []
                 for n in impls:
@@ -575,6 +577,9 @@ def compare_main(argv) -> int:
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--no-timing", action="store_true")
     p.add_argument("--no-tl", action="store_true", help="time only our bf16 forward and the Gluon FP8 variants")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (order rotated each round)")
+    p.add_argument("--graph", action="store_true",
+                   help="device time by CUDA-graph replay (8 calls per graph) instead of events around eager calls")
     a = p.parse_args(argv)
     if a.no_tl:
         a.tl_emu = None
@@ -592,7 +597,8 @@ def compare_main(argv) -> int:
     if not a.no_timing:
         print(f"timing ({a.heads} heads, {TOKENS} tokens per case; ratio = bf16 Gluon time / this time):", flush=True)
         seqs = {D: (a.seq if D == 128 else a.seq_d64) for D in a.head_dims}
-        result["timing"] = rows = compare_timing(seqs, a.fp8_configs, a.tl_emu, passed, a.heads)
+        result["timing"] = rows = compare_timing(seqs, a.fp8_configs, a.tl_emu, passed, a.heads, a.rounds, a.graph)
+        result["timing_method"] = dict(rounds=a.rounds, graph=a.graph)
         names = sorted({n for r in rows for n in r if isinstance(r[n], dict) and "ms" in r[n]})
         result["geomean_vs_bf16"] = {n: _attn.geomean_speedup(rows, n, "bf16_gluon") for n in names}
         print("geomean speedup over bf16_gluon:", result["geomean_vs_bf16"], flush=True)
