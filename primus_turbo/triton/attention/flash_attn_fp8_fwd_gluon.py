@@ -26,8 +26,8 @@ the op saves, unchanged. The numerics are the tl kernel's:
 Schedule: the bf16 Gluon forward's (``flash_attn_fwd_gluon.py``, whose producer, tile and
 softmax helpers this file reuses): one TMA producer warp fills Q once and a STAGES-deep K / V ring
 (4-D descriptors: Q / K over ``[B, S, H, D]`` views of the bhsd copies, V^T over a
-``[B, D, H, S]`` view, keys as the box's inner dimension), two consumer warpgroups of 64 query
-rows each issue ``S_j`` and ``P_{j-1} V_{j-1}`` back to back and run the softmax of ``S_j`` while
+``[B, D, H, S]`` view, keys as the box's inner dimension), two (or, config ``x3``, three)
+consumer warpgroups of 64 query rows each issue ``S_j`` and ``P_{j-1} V_{j-1}`` back to back and run the softmax of ``S_j`` while
 the PV MMA is in flight; causal tiles skip the blocks past the diagonal and only the diagonal
 blocks run the mask. FP8 Q is half the size of the O tile, so O is staged in its own shared
 buffer for the TMA store (the bf16 kernel reuses Q's).
@@ -36,7 +36,9 @@ buffer for the TMA store (the bf16 kernel reuses Q's).
 64 / 128 or unequal, left windows, negative scales, scale blocks of 32 tokens, ``seq_kv`` not a
 multiple of 16: the rows of ``v8t`` must be 16-byte aligned for TMA) and the op runs the tl kernel
 instead. ``PRIMUS_TURBO_ATTN_FP8_FWD_GLUON`` switches it (auto: on, since the H200 measurements).
-The default config depends on the head dim and causality (:func:`default_attn_fp8_config`).
+The default config depends on the head dim and causality (:func:`default_attn_fp8_config`):
+three consumer warpgroups at head dim 64, two at 128. Config ``t`` makes the CTAs persistent
+(:func:`_ptile`), opt-in.
 """
 
 from __future__ import annotations
