@@ -27,10 +27,10 @@ Schedule: the bf16 Gluon forward's (``flash_attn_fwd_gluon.py``, whose producer,
 softmax helpers this file reuses): one TMA producer warp fills Q once and a STAGES-deep K / V ring
 (4-D descriptors: Q / K over ``[B, S, H, D]`` views of the bhsd copies, V^T over a
 ``[B, D, H, S]`` view, keys as the box's inner dimension), two (or, config ``x3``, three)
-consumer warpgroups of 64 query rows each issue ``S_j`` and ``P_{j-1} V_{j-1}`` back to back and run the softmax of ``S_j`` while
-the PV MMA is in flight; causal tiles skip the blocks past the diagonal and only the diagonal
-blocks run the mask. FP8 Q is half the size of the O tile, so O is staged in its own shared
-buffer for the TMA store (the bf16 kernel reuses Q's).
+consumer warpgroups of 64 query rows each issue ``S_j`` and ``P_{j-1} V_{j-1}`` back to back and
+run the softmax of ``S_j`` while the PV MMA is in flight; causal tiles skip the blocks past the
+diagonal and only the diagonal blocks run the mask. FP8 Q is half the size of the O tile, so O is
+staged in its own shared buffer for the TMA store (the bf16 kernel reuses Q's).
 
 :func:`gluon_attn_fp8_fwd_reason` refuses what the kernel does not take (head dims other than
 64 / 128 or unequal, left windows, negative scales, scale blocks of 32 tokens, ``seq_kv`` not a
@@ -174,8 +174,9 @@ class GluonAttnFp8Config(GluonAttnConfig):
         ``"n128s4kc2x3"``, ``"n64s6r232w40"`` -> config (n: block_n, s: stages, p: ping-pong, k: key-permuted
         K load, c<T>: conditional O rescale with threshold T, l: row sums reduced once, g: heads-fastest
         grid, t: persistent CTAs, x<W>: consumer warpgroups (2, the default, or 3: 192-row tiles,
-        consumer registers then 160 by default), e<N>: 1/N of the exponentials on the FMA pipe, d<deg>: its polynomial degree,
-        r / w: consumer / producer registers per thread). The removed flag ``u`` is refused by name."""
+        consumer registers then 160 by default), e<N>: 1/N of the exponentials on the FMA pipe,
+        d<deg>: its polynomial degree, r / w: consumer / producer registers per thread). The removed
+        flag ``u`` is refused by name."""
         m = re.fullmatch(_CONFIG_RE.format(u=""), text.strip())
         if not m:
             if re.fullmatch(_CONFIG_RE.format(u="u"), text.strip()):
