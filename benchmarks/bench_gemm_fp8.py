@@ -59,8 +59,9 @@ QUICK_M = (4096,)
 LINEAR_MODEL, LINEAR_M = "Llama-3.1-8B", 16384
 SMOKE_DIV = 64
 REF_ROWS = 256
-GRANS = ("TENSORWISE", "ROWWISE", "BLOCKWISE", "MX_BLOCKWISE")
-LINEAR_GRANS = ("TENSORWISE", "BLOCKWISE")
+GRANS = ("TENSORWISE", "ROWWISE", "BLOCKWISE", "MX_BLOCKWISE", "MXFP4")
+LINEAR_GRANS = ("TENSORWISE", "BLOCKWISE")  # the issue's fwd+bwd target; --linear-granularities adds MX ones
+ALL_LINEAR_GRANS = ("TENSORWISE", "ROWWISE", "BLOCKWISE", "MX_BLOCKWISE", "MXFP4")
 IMPLS = ("cublas", "scaled_mm", "turbo-default", "turbo-triton")
 MODES = ("fwd", "fwd_bwd")
 ROUNDS = 5  # interleaved timing rounds per implementation (median of the round medians); 1 with --cpu-smoke
@@ -91,6 +92,16 @@ def _quantize(a: torch.Tensor, w: torch.Tensor, gran: str):
     from primus_turbo.pytorch.ops.quantization import quantize_fp8
     from primus_turbo.testing.quant_ref import dequantize_fp8_ref
 
+    if gran == "MXFP4":
+        from primus_turbo.pytorch.ops.quantization import quantize_fp4
+        from primus_turbo.testing.quant_ref import dequantize_fp4_ref
+
+        a_q, sa = quantize_fp4(a)
+        w_q, sw = quantize_fp4(w)
+        r = min(REF_ROWS, a.shape[0])
+        deq_a = dequantize_fp4_ref(a_q[:r].cpu(), sa[:r].cpu()).double()
+        deq_w = dequantize_fp4_ref(w_q.cpu(), sw.cpu()).double()
+        return a_q, sa, w_q, sw, deq_a, deq_w
     bs = 128 if gran == "BLOCKWISE" else None
     w_recipe = ScalingRecipe(use_2d_block=True) if gran == "BLOCKWISE" else None
     a_q, sa = quantize_fp8(a, E4M3, gran, block_size=bs)
@@ -104,9 +115,12 @@ def _quantize(a: torch.Tensor, w: torch.Tensor, gran: str):
 
 def _fwd_impls(names: Sequence[str], gran: str) -> list[tuple[str, Optional[str], Callable]]:
     """(impl, backend pin or None, fn(a, w, a_q, sa, w_q, sw) -> out) for the fwd part."""
+    from primus_turbo.pytorch.ops.gemm_fp4 import _gemm_fp4_eager
     from primus_turbo.pytorch.ops.gemm_fp8 import _gemm_fp8_eager
 
     def turbo(a, w, a_q, sa, w_q, sw):
+        if gran == "MXFP4":
+            return _gemm_fp4_eager(a_q, sa, w_q, sw, torch.bfloat16)
         return _gemm_fp8_eager(a_q, sa, w_q, sw, gran, torch.bfloat16, 128)
 
     def scaled_mm(a, w, a_q, sa, w_q, sw):
@@ -172,12 +186,13 @@ def run_fwd_case(case, impl_names, grans, device, warmup_ms, rep_ms, log) -> lis
         rows.append(row.finalize())
         log(row)
     for gran in grans:
-        op = f"fp8_fwd_{gran.lower()}"
-        extra = {"M": m, "N": n, "K": k, "also": case["also"], "granularity": gran, "dtype": "e4m3",
+        op = "fp4_fwd_mxfp4" if gran == "MXFP4" else f"fp8_fwd_{gran.lower()}"
+        extra = {"M": m, "N": n, "K": k, "also": case["also"], "granularity": gran,
+                 "dtype": "e2m1 (MXFP4, emulated)" if gran == "MXFP4" else "e4m3",
                  "quantization": "excluded (operands quantized before timing)"}
         impls = [x for x in _fwd_impls(impl_names, gran) if x[0] != "cublas"]
         baseline = "scaled_mm" if gran in ("TENSORWISE", "ROWWISE") else "cublas"
-        if gran == "MX_BLOCKWISE" and k % 32:
+        if gran in ("MX_BLOCKWISE", "MXFP4") and k % 32:
             for name, _, _ in impls:
                 rows.append(Row(op, case["case"], name, baseline, error=f"MX needs K % 32 == 0, K={k}", extra=dict(extra)))
             continue
@@ -231,13 +246,15 @@ def run_fwd_case(case, impl_names, grans, device, warmup_ms, rep_ms, log) -> lis
     return rows
 
 
-def run_linear_case(case, impl_names, device, warmup_ms, rep_ms, log) -> list[Row]:
-    """fwd+bwd of y = x @ w.T with quantization included: BF16 cuBLAS vs turbo.ops.gemm_fp8."""
-    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
+def run_linear_case(case, impl_names, device, warmup_ms, rep_ms, log, grans=LINEAR_GRANS) -> list[Row]:
+    """fwd+bwd of y = x @ w.T with quantization included: BF16 cuBLAS vs turbo.ops.gemm_fp8
+    (``gemm_fp4`` for ``MXFP4``)."""
+    from primus_turbo.pytorch.core.low_precision import Float4QuantConfig, Float8QuantConfig
+    from primus_turbo.pytorch.ops.gemm_fp4 import gemm_fp4
     from primus_turbo.pytorch.ops.gemm_fp8 import gemm_fp8
 
     m, n, k = case["M"], case["N"], case["K"]
-    op = "fp8_linear_fwd_bwd"
+    op = "fp8_linear_fwd_bwd"  # MXFP4 rows too (impl names carry the granularity)
     gen = torch.Generator(device=device).manual_seed(hash((m, n, k, 1)) & 0x7FFFFFFF)
     x = torch.randn(m, k, device=device, dtype=torch.bfloat16, generator=gen).requires_grad_()
     w = (torch.randn(n, k, device=device, generator=gen) / math.sqrt(k)).to(torch.bfloat16).requires_grad_()
@@ -251,11 +268,16 @@ def run_linear_case(case, impl_names, device, warmup_ms, rep_ms, log) -> list[Ro
     impls: list[tuple[str, Optional[str], Callable]] = []
     if "cublas" in impl_names:
         impls.append(("cublas", None, lambda: torch.matmul(x, w.t())))
-    for gran in LINEAR_GRANS:
-        cfg = Float8QuantConfig(granularity=gran)
+    for gran in grans:
+        if gran == "MXFP4":
+            cfg4 = Float4QuantConfig()
+            fn = (lambda cfg4=cfg4: gemm_fp4(x, w, trans_b=True, config=cfg4))
+        else:
+            cfg = Float8QuantConfig(granularity=gran)
+            fn = (lambda cfg=cfg: gemm_fp8(x, w, trans_b=True, config=cfg))
         for name, pin in (("turbo-default", None), ("turbo-triton", "TRITON")):
             if name in impl_names:
-                impls.append((f"{name}-{gran.lower()}", pin, (lambda cfg=cfg: gemm_fp8(x, w, trans_b=True, config=cfg))))
+                impls.append((f"{name}-{gran.lower()}", pin, fn))
     rows, steps = [], {}
     for i, (name, pin, fn) in enumerate(impls):
         row = Row(op, case["case"], name, "cublas", extra=dict(extra_base))
@@ -313,6 +335,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--models", nargs="+", default=None, help=f"models (default: {' '.join(MODELS)})")
     p.add_argument("--cases", nargs="+", default=None, help="only these cases (qkv attn_out gate_up down lm_head)")
     p.add_argument("--granularities", nargs="+", default=list(GRANS), choices=GRANS)
+    p.add_argument("--linear-granularities", nargs="+", default=list(LINEAR_GRANS), choices=ALL_LINEAR_GRANS,
+                   help="granularities of the fwd_bwd part (MXFP4: turbo.ops.gemm_fp4)")
     # lenient: run_all passes the same options to every benchmark, so names another benchmark
     # knows (but this one does not) are ignored rather than rejected
     p.add_argument("--impls", nargs="+", default=list(IMPLS), help=f"subset of {', '.join(IMPLS)}")
@@ -371,7 +395,8 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
         cases = build_cases([LINEAR_MODEL], [lm], div, args.cases)
         print(f"bench_gemm_fp8: fp8 linear fwd+bwd (quantization included): {len(cases)} shapes", flush=True)
         for case in cases:
-            rows.extend(run_linear_case(case, impls, device, warmup_ms, rep_ms, _print_row))
+            rows.extend(run_linear_case(case, impls, device, warmup_ms, rep_ms, _print_row,
+                                        grans=args.linear_granularities))
     path = finish_run(rows, out_dir, RESULT_NAME)
     paired = {}
     for r in rows:
