@@ -32,7 +32,7 @@ tests/triton/test_gather_quant.py tests/triton/test_gemm_fp8_gluon.py tests/trit
 tests/triton/test_grouped_gemm_fp8_variable_k_gluon.py tests/triton/test_flash_attn_gluon.py \
 tests/triton/test_flash_attn_bwd_gluon.py tests/triton/test_flash_attn_fp8_gluon.py tests/triton/test_grouped_gemm_gluon.py \
 tests/triton/test_quant_fp4_packed.py tests/triton/test_quant_fp8_packed.py tests/triton/test_grouped_gemm_glu_gluon.py \
-tests/pytorch/ops/test_moe_router_gemm.py tests/triton/test_quant_fp8_dual_gluon.py}"
+tests/pytorch/ops/test_moe_router_gemm.py}"
 SELECT=""
 if [ -n "${GPU_SESSION_SHARD:-}" ]; then  # K/N: every N-th test of the whole tests/ tree
     TESTS="tests"

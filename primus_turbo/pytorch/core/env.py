@@ -145,12 +145,6 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "config paces at that distance (a program waits before its j-th tile until all have started their "
         "(j - D)-th; bounded waits). Explicit p<D> configs run whatever it says.",
     ),
-    "PRIMUS_TURBO_FP8_DUAL_GLUON": (
-        "auto",
-        "quantize_fp8_with_trans with MX (1 x 32 / 32 x 1) or BLOCKWISE (1 x 128 / 128 x 1) groupings, E4M3, of "
-        "bf16 input on sm_90: 1 the persistent Gluon kernel (quant_fp8_dual_gluon.py: tiles streamed through a "
-        "shared-memory ring by TMA, each read in one layout per copy); auto / 0 the bf16-pair kernel.",
-    ),
     "PRIMUS_TURBO_GATHER_QUANT_GLUON": (
         "auto",
         "grouped_gemm_fp8 BLOCKWISE wgrad token copies (gather + 128 x 1 quantization + transposed store, "

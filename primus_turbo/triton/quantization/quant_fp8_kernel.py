@@ -1069,12 +1069,6 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
         qt = torch.empty((cols, rows), dtype=out_dtype, device=dev)
         st = _transposed_single(x, qt, col, out_dtype)
         return q, s, qt, st
-    if tile is None and x.is_cuda:
-        # the persistent Gluon kernel (TMA ring, the tile read in one layout per copy), opt-in
-        from .quant_fp8_dual_gluon import fp8_dual_gluon, fp8_dual_gluon_enabled, fp8_dual_gluon_reason
-
-        if fp8_dual_gluon_enabled() and fp8_dual_gluon_reason(x, out_dtype, row, col) is None:
-            return fp8_dual_gluon(x, out_dtype, row, col)
     packed = tile if tile is not None and len(tile) > 3 and tile[3] in ("packed", "packed2", "packed3") \
         else packed_with_trans_config(row) if tile is None else None
     if packed is not None:
