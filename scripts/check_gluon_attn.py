@@ -62,6 +62,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:
@@ -576,14 +577,21 @@ def _graph_ms(fn, calls: int = 8, reps: int = 5) -> float:
     return times[len(times) // 2]
 
 
-def time_impls(row: dict, impls: dict, flops: float, rounds: int = 3, graph: bool = False) -> str:
+#: defaults of :func:`time_impls` set from the command line (``--graph``, ``--rounds``)
+TIMING = {"graph": False, "rounds": 3}
+
+
+def time_impls(row: dict, impls: dict, flops: float, rounds: Optional[int] = None, graph: Optional[bool] = None) -> str:
     """Median time and TFLOP/s of each of ``impls`` (name -> callable; None: a peer that could not
     be set up at this shape) into ``row``; returns the printed TFLOP/s cells. ``rounds`` interleaved
     rounds, the order rotated each round, each impl's time the median of its round medians: the
     clocks move under sustained load (power limit), so one pass in a fixed order favours whichever
     runs first. ``graph``: each measurement is :func:`_graph_ms` (device time) instead of
     :func:`_median_ms` (events around each eager call, host time between them included)."""
+    graph = TIMING["graph"] if graph is None else graph
+    rounds = TIMING["rounds"] if rounds is None else rounds
     measure = _graph_ms if graph else _median_ms
+    row["timing"] = "graph" if graph else "events"
     names = [n for n, fn in impls.items() if fn is not None]
     for name, fn in impls.items():
         if fn is None:
@@ -787,9 +795,13 @@ def main(argv=None) -> int:
     p.add_argument("--bwd", action="store_true", help="the Gluon backward (flash_attn_bwd_gluon.py) instead")
     p.add_argument("--fp8", action="store_true",
                    help="the Gluon FP8 forward (flash_attn_fp8_fwd_gluon.py) instead; scripts/check_gluon_attn_fp8.py")
+    p.add_argument("--graph", action="store_true",
+                   help="time device time alone (CUDA-graph replay of 8 calls) instead of events around each call")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (order rotated each round)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-bwd", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    TIMING.update(graph=args.graph, rounds=args.rounds)
 
     if args.child is not None or args.child_bwd is not None:
         res = run_variant(json.loads(args.child)) if args.child else run_bwd_variant(json.loads(args.child_bwd))

@@ -329,6 +329,9 @@ def _flops(lens, H, D, causal) -> float:
     return sum(4.0 * H * D * (n * (n + 1) / 2 if causal else n * n) for n in lens)
 
 
+_TIMING_ARGS: dict = {}  # --graph / --rounds, for check_gluon_attn.time_impls
+
+
 def time_packs(heads_q, heads_kv, D, configs=(), gluon_ok=True) -> list:
     import torch
     import torch.nn.functional as F
@@ -338,6 +341,7 @@ def time_packs(heads_q, heads_kv, D, configs=(), gluon_ok=True) -> list:
     from primus_turbo.triton.attention.flash_attn_fwd import flash_attn_varlen_fwd_triton
 
     cga = _load_script("check_gluon_attn")
+    cga.TIMING.update(graph=_TIMING_ARGS.get("graph", False), rounds=_TIMING_ARGS.get("rounds", 3))
     rows = []
     packs = [("uniform2048", UNIFORM)] + [(name, tile_pattern(p)) for name, p in PATTERNS.items()]
     print(f"{'pack':<12} {'mask':<6} {'docs':>4}  " + "  ".join(f"{n:>12}" for n in
@@ -400,6 +404,9 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="*", default=None, help="correctness cases whose name contains one of these")
     p.add_argument("--no-timing", action="store_true")
     p.add_argument("--no-check", action="store_true", help="skip the correctness pass (timing only)")
+    p.add_argument("--graph", action="store_true",
+                   help="time device time alone (CUDA-graph replay of 8 calls) instead of events around each call")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (order rotated each round)")
     p.add_argument("--configs", nargs="*", default=[], help="extra Gluon tile configs to check and time (e.g. n128s2p)")
     p.add_argument("--compile-only", action="store_true", help="sm_90 compile report only (no GPU needed)")
     p.add_argument("--dump", default=None, help="with --compile-only: write ttgir/ptx/cubin (and --sass) here")
@@ -407,6 +414,7 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=int, default=CHILD_TIMEOUT_S)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    _TIMING_ARGS.update(graph=args.graph, rounds=args.rounds)
 
     if args.child is not None:
         print("RESULT " + json.dumps(check_case(json.loads(args.child))), flush=True)

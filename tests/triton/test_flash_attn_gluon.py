@@ -165,6 +165,20 @@ def test_config_exp2_on_the_fma_pipe():
     assert all(fa.default_attn_config(d).emu == 0 for d in fa.HEAD_DIMS)  # opt-in
 
 
+def test_config_conditional_rescale():
+    """``z<T>``: the reference maximum moves only past T (log2 units); the O multiplies are skipped
+    per warp where no row's moved (opt-in)."""
+    cfg = fa.GluonAttnConfig.parse("n128s3c3z2")
+    assert (cfg.lazy, cfg.consumers, cfg.consumer_regs) == (2, 3, 160) and cfg.check(64) is None
+    assert fa.GluonAttnConfig.parse("n64s4oc3e2z3r152w32") == fa.GluonAttnConfig(
+        64, 4, 152, 32, overlap=True, consumers=3, emu=2, lazy=3)
+    for text in ("n128s3z2", "n128s3oz1", "n64s4c3e4d2z4"):
+        assert fa.GluonAttnConfig.parse(fa.GluonAttnConfig.parse(text).short()) == fa.GluonAttnConfig.parse(text)
+    assert "z5" in fa.GluonAttnConfig(lazy=5).check(64)
+    assert fa._launch_kwargs(fa.GluonAttnConfig.parse("n128s3z2"), 0, None)["LAZY"] == 2
+    assert fa._launch_kwargs(fa.GluonAttnConfig.parse("n128s3"), 0, None)["LAZY"] == 0
+
+
 @triton.jit
 def _exp2_fma_kernel(x_ptr, y_ptr, n, DEG: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -278,7 +292,7 @@ def test_launcher_arguments_bind_and_compile_for_sm90(layout, causal, sink, D, c
     (1, 1, 5, 2, 1, 128, False, torch.bfloat16, False, "bshd"),
     (2, 65, 129, 2, 2, 128, True, torch.bfloat16, False, "bshd"),
 ])
-@pytest.mark.parametrize("config", [None, "n128s2p", "n128s2o", "n128s2po"])
+@pytest.mark.parametrize("config", [None, "n128s2p", "n128s2o", "n128s2po", "n64s3c3z2", "n128s2oz1"])
 def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink, layout, config):
     from primus_turbo.testing import attention_ref
     from primus_turbo.triton.attention.flash_attn_fwd import flash_attn_fwd_triton

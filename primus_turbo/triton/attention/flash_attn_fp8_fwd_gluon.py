@@ -96,7 +96,7 @@ if GLUON_AVAILABLE:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .flash_attn_fwd_gluon import _exp2_mixed, _pass_turn, _producer, _take_turn, _tile
+    from .flash_attn_fwd_gluon import _exp2_mixed, _pass_turn, _producer, _rescale, _take_turn, _tile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -491,44 +491,6 @@ if GLUON_AVAILABLE:
         HM: gl.constexpr = x.type.shape[0]
         N: gl.constexpr = x.type.shape[1]
         return gl.sum(gl.sum(gl.reshape(x, [HM, N // 8, 4, 2]), 3), 1)
-
-    @gluon.constexpr_function
-    def _lazy_asm(pk):
-        """PTX of :func:`_rescale`'s LAZY path for ``pk`` accumulator registers (``$0..``, tied to
-        the inputs), their factors and the warp's vote (the first of its copies): a uniform branch
-        around the multiplies. ``${:uid}`` makes the label unique per asm instance."""
-        muls = "".join(f"mul.f32 ${i}, ${i}, ${2 * pk + i};\n" for i in range(pk))
-        return ("{\n.reg .pred p;\nsetp.ne.u32 p, $" + str(3 * pk) + ", 0;\n@!p bra.uni SKIP${:uid};\n" + muls
-                + "SKIP${:uid}:\n}")
-
-    @gluon.constexpr_function
-    def _lazy_constraints(pk):
-        return ",".join(["=f"] * pk + [str(i) for i in range(pk)] + ["f"] * pk + ["r"] * pk)
-
-    @gluon.jit
-    def _rescale(acc, factor, o_layout: gl.constexpr, LAZY: gl.constexpr):
-        """``acc * factor`` (one factor per row). LAZY: a warp whose rows all have factor 1 (no
-        reference moved, same V scale) skips the multiplies: a warp vote, then a uniform branch
-        around the FMULs of each 16 accumulator registers (the rows a thread holds are its
-        two-element row fragment, voted on as one pack)."""
-        f = gl.convert_layout(factor, gl.SliceLayout(1, o_layout))
-        if LAZY:
-            need = gl.inline_asm_elementwise(
-                """{
-                .reg .pred p, q;
-                setp.neu.f32 p, $2, 0f3F800000;
-                setp.neu.f32 q, $3, 0f3F800000;
-                or.pred p, p, q;
-                vote.sync.any.pred p, p, 0xffffffff;
-                selp.u32 $0, 1, 0, p;
-                mov.u32 $1, $0;
-                }""", "=r,=r,f,f", [f], dtype=gl.int32, is_pure=True, pack=2)
-            PK: gl.constexpr = 16
-            return gl.inline_asm_elementwise(_lazy_asm(PK), _lazy_constraints(PK),
-                                             [acc, gl.expand_dims(f, 1), gl.expand_dims(need, 1)],
-                                             dtype=gl.float32, is_pure=True, pack=PK)
-        else:
-            return acc * gl.expand_dims(f, 1)
 
     @gluon.jit
     def _fp8_step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn, s_regs, acc, p, m_i, l_i, vs_prev,

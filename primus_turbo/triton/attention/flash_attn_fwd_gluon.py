@@ -132,6 +132,7 @@ class GluonAttnConfig:
     consumers: int = 2
     emu: int = 0
     emu_deg: int = 3
+    lazy: int = 0
 
     @property
     def BLOCK_M(self) -> int:  # noqa: N802 - the kernels' name for it
@@ -147,6 +148,8 @@ class GluonAttnConfig:
         wgs = f"c{self.consumers}" if self.consumers != 2 else ""
         if self.emu:
             wgs += f"e{self.emu}" + (f"d{self.emu_deg}" if self.emu_deg != 3 else "")
+        if self.lazy:
+            wgs += f"z{self.lazy}"
         return f"n{self.block_n}s{self.stages}{flags}{wgs}r{self.consumer_regs}w{self.producer_regs}"
 
     @classmethod
@@ -155,18 +158,20 @@ class GluonAttnConfig:
         -> config (n: block_n, s: stages, p: ping-pong between the consumer warpgroups, o: the
         softmax kept under the PV MMA in the SASS (``overlap``), c: consumer warpgroups (default 2),
         e<N>: 1/N of the exponentials of the unmasked key blocks on the FMA pipe (N 2, 4 or 8; ``d<deg>``
-        the polynomial's degree, 2-5, default 3: relative error 7.5e-5, under bf16's 3.9e-3), r / w:
-        consumer / producer registers per thread; with ``c3`` the consumer default is 160, what
-        three warpgroups and the producer's 24 leave)."""
-        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(o)?(?:c(\d+))?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?",
+        the polynomial's degree, 2-5, default 3: relative error 7.5e-5, under bf16's 3.9e-3), z<T>:
+        conditional rescaling of O (``lazy``, T 1-4: a row's reference maximum moves only when the
+        row maximum passes it by more than T, so P stays <= 2**T and a warp whose rows kept their
+        reference skips the O multiplies), r / w: consumer / producer registers per thread; with
+        ``c3`` the consumer default is 160, what three warpgroups and the producer's 24 leave)."""
+        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(o)?(?:c(\d+))?(?:e(\d+)(?:d(\d+))?)?(?:z(\d+))?(?:r(\d+))?(?:w(\d+))?",
                          text.strip())
         if not m:
             raise ValueError(f"bad Gluon attention config {text!r}; expected e.g. n128s2, n128s2p, n128s2o, n128s2po, "
                              f"n128s3c3, n128s3e4, n64s4r232w40")
-        bn, st, pp, ov, c, emu, deg, r, w = m.groups()
+        bn, st, pp, ov, c, emu, deg, lz, r, w = m.groups()
         wgs = int(c or 2)
         return cls(int(bn), int(st), int(r or (240 if wgs == 2 else 160)), int(w or 24), bool(pp), bool(ov), wgs,
-                   int(emu or 0), int(deg or 3))
+                   int(emu or 0), int(deg or 3), int(lz or 0))
 
     def check(self, head_dim: int) -> Optional[str]:
         if self.block_n not in (64, 128):  # Gluon tensors are power-of-two sized; 256 needs 128 S registers
@@ -179,6 +184,8 @@ class GluonAttnConfig:
             return f"consumers must be 2 or 3 warpgroups, got {self.consumers}"
         if self.emu not in (0, 2, 4, 8) or not 2 <= self.emu_deg <= 5:
             return f"emu must be 0, 2, 4 or 8 and emu_deg 2..5, got e{self.emu}d{self.emu_deg}"
+        if not 0 <= self.lazy <= 4:
+            return f"z{self.lazy}: the conditional-rescale threshold is 1 to 4 (log2 units)"
         if self.pingpong and self.consumers != 2:
             return "ping-pong (p) takes exactly 2 consumer warpgroups"
         if self.consumers * 128 * self.consumer_regs + 128 * self.producer_regs > 65536:
@@ -333,7 +340,7 @@ if GLUON_AVAILABLE:
     def _softmax(s, m_i, l_i, qk_scale, offs_m, n0, SEQ_K, diag, dtype: gl.constexpr, p_layout: gl.constexpr,
                  HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr, ROW_SCALE: gl.constexpr = False,
                  P_LOG2: gl.constexpr = 0.0, N_LO=0, VARLEN: gl.constexpr = False, EMU: gl.constexpr = 0,
-                 EMU_DEG: gl.constexpr = 3):
+                 EMU_DEG: gl.constexpr = 3, LAZY: gl.constexpr = 0):
         """One key block of the online softmax on raw scores ``s`` (base 2, scale folded into the
         exponent's FMA). ``MASKED``: keys past SEQ_K and (HAS_RIGHT) past ``row + diag`` are out;
         a row that has seen no key keeps ``m = -inf`` and gets ``p = 0``, ``alpha = 0``.
@@ -344,6 +351,8 @@ if GLUON_AVAILABLE:
         shifted start, :func:`_key_start`) and keys before ``N_LO`` (the block's nominal start, already
         seen by the previous block) are out as well. ``EMU`` / ``EMU_DEG`` (unmasked blocks only,
         whose scores are finite): 1/EMU of the exponentials on the FMA pipe (:func:`_exp2_mixed`).
+        ``LAZY``: the reference maximum moves only when the row maximum passes it by more than LAZY
+        (then P <= 2**LAZY, exact in 16 bits, and alpha is exactly 1 where it did not move).
         Returns (P in the PV MMA's A-operand layout, m, l, alpha)."""
         BLOCK_N: gl.constexpr = s.type.shape[1]
         if MASKED:
@@ -356,9 +365,13 @@ if GLUON_AVAILABLE:
                 ok = ok & (gl.expand_dims(offs_n, 0) <= gl.expand_dims(offs_m + diag, 1))
             s = gl.where(ok, s, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+            if LAZY:
+                m_new = gl.where(m_new > m_i + LAZY, m_new, m_i)
             m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+            if LAZY:
+                m_new = gl.where(m_new > m_i + LAZY, m_new, m_i)
             m_safe = m_new
         if ROW_SCALE:
             sc = gl.expand_dims(qk_scale, 1)
@@ -376,6 +389,44 @@ if GLUON_AVAILABLE:
         l_i = l_i * alpha + gl.sum(p, 1)
         p = gl.convert_layout(p.to(dtype), p_layout)
         return p, m_new, l_i, alpha
+
+    @gluon.constexpr_function
+    def _lazy_asm(pk):
+        """PTX of :func:`_rescale`'s LAZY path for ``pk`` accumulator registers (``$0..``, tied to
+        the inputs), their factors and the warp's vote (the first of its copies): a uniform branch
+        around the multiplies. ``${:uid}`` makes the label unique per asm instance."""
+        muls = "".join(f"mul.f32 ${i}, ${i}, ${2 * pk + i};\n" for i in range(pk))
+        return ("{\n.reg .pred p;\nsetp.ne.u32 p, $" + str(3 * pk) + ", 0;\n@!p bra.uni SKIP${:uid};\n" + muls
+                + "SKIP${:uid}:\n}")
+
+    @gluon.constexpr_function
+    def _lazy_constraints(pk):
+        return ",".join(["=f"] * pk + [str(i) for i in range(pk)] + ["f"] * pk + ["r"] * pk)
+
+    @gluon.jit
+    def _rescale(acc, factor, o_layout: gl.constexpr, LAZY: gl.constexpr):
+        """``acc * factor`` (one factor per row). LAZY: a warp whose rows all have factor 1 (no
+        reference moved, same V scale) skips the multiplies: a warp vote, then a uniform branch
+        around the FMULs of each 16 accumulator registers (the rows a thread holds are its
+        two-element row fragment, voted on as one pack)."""
+        f = gl.convert_layout(factor, gl.SliceLayout(1, o_layout))
+        if LAZY:
+            need = gl.inline_asm_elementwise(
+                """{
+                .reg .pred p, q;
+                setp.neu.f32 p, $2, 0f3F800000;
+                setp.neu.f32 q, $3, 0f3F800000;
+                or.pred p, p, q;
+                vote.sync.any.pred p, p, 0xffffffff;
+                selp.u32 $0, 1, 0, p;
+                mov.u32 $1, $0;
+                }""", "=r,=r,f,f", [f], dtype=gl.int32, is_pure=True, pack=2)
+            PK: gl.constexpr = 16
+            return gl.inline_asm_elementwise(_lazy_asm(PK), _lazy_constraints(PK),
+                                             [acc, gl.expand_dims(f, 1), gl.expand_dims(need, 1)],
+                                             dtype=gl.float32, is_pure=True, pack=PK)
+        else:
+            return acc * gl.expand_dims(f, 1)
 
     @gluon.jit
     def _take_turn(turn, c, WG: gl.constexpr, PINGPONG: gl.constexpr):
@@ -396,7 +447,7 @@ if GLUON_AVAILABLE:
               qk_scale, offs_m, SEQ_K, diag, o_layout: gl.constexpr, p_layout: gl.constexpr,
               HAS_RIGHT: gl.constexpr, MASKED: gl.constexpr, STAGES: gl.constexpr, WG: gl.constexpr,
               PINGPONG: gl.constexpr, OVERLAP: gl.constexpr, VARLEN: gl.constexpr = False,
-              EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3):
+              EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3, LAZY: gl.constexpr = 0):
         """Iteration j >= 1: issue S_j, issue O += P_{j-1} V_{j-1}, softmax S_j while the PV MMA
         runs, then retire it and rescale O by this block's alpha. ``VARLEN`` and ``MASKED``: block j
         may be the document's last, loaded shifted back (:func:`_key_start`); the unmasked blocks lie
@@ -417,10 +468,10 @@ if GLUON_AVAILABLE:
         if VARLEN and MASKED:
             p_new, m_i, l_i, alpha = _softmax(s_regs, m_i, l_i, qk_scale, offs_m, _key_start(j, SEQ_K, BLOCK_N), SEQ_K,
                                               diag, q.dtype, p_layout, HAS_RIGHT, MASKED, False, 0.0, j * BLOCK_N,
-                                              True)
+                                              True, 0, 3, LAZY)
         else:
             p_new, m_i, l_i, alpha = _softmax(s_regs, m_i, l_i, qk_scale, offs_m, j * BLOCK_N, SEQ_K, diag, q.dtype,
-                                              p_layout, HAS_RIGHT, MASKED, False, 0.0, 0, False, EMU, EMU_DEG)
+                                              p_layout, HAS_RIGHT, MASKED, False, 0.0, 0, False, EMU, EMU_DEG, LAZY)
         if OVERLAP:
             # ptxas hoists a wgmma wait as high as it can (here: above the exponentials), and the
             # PV MMA no longer overlaps the softmax. A wait on an mbarrier that has already
@@ -429,7 +480,7 @@ if GLUON_AVAILABLE:
             mbarrier.wait(q_bar, 0)
         acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p))
         mbarrier.arrive(v_empty.index(sp), count=1)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        acc = _rescale(acc, alpha, o_layout, LAZY)
         return s_regs, acc, p_new, m_i, l_i
 
     @gluon.jit
@@ -455,7 +506,8 @@ if GLUON_AVAILABLE:
                   WG: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
                   O=0, stride_os=0, stride_oh=0, stride_lh=0, Q_ROW0=0, VARLEN: gl.constexpr = False,
-                  NUM_WG: gl.constexpr = 2, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3):
+                  NUM_WG: gl.constexpr = 2, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3,
+                  LAZY: gl.constexpr = 0):
         """One warpgroup: query rows [WG*64, WG*64+64) of the tile. ``VARLEN``: SEQ_Q / SEQ_K /
         offset are the document's, its rows start at ``Q_ROW0`` of the packed O ``[T, H, D]``
         (pointer ``O``, row / head strides) and LSE ``[H, T]`` (head stride ``stride_lh``)."""
@@ -504,20 +556,21 @@ if GLUON_AVAILABLE:
         mbarrier.arrive(k_empty.index(0), count=1)
         if VARLEN:  # block 0 is the document's last when SEQ_K <= BLOCK_N: loaded shifted back
             p, m_i, l_i, alpha = _softmax(s_regs, m_i, l_i, qk_scale, offs_m, _key_start(0, SEQ_K, BLOCK_N), SEQ_K,
-                                          diag, dtype, p_layout, HAS_RIGHT, True, False, 0.0, 0, True)
+                                          diag, dtype, p_layout, HAS_RIGHT, True, False, 0.0, 0, True, 0, 3, LAZY)
         else:
             p, m_i, l_i, alpha = _softmax(s_regs, m_i, l_i, qk_scale, offs_m, 0, SEQ_K, diag, dtype, p_layout,
-                                          HAS_RIGHT, True)
+                                          HAS_RIGHT, True, False, 0.0, 0, False, 0, 3, LAZY)
         acc = gl.zeros([HALF, D_V], gl.float32, o_layout)
         for j in range(1, n_full):
             s_regs, acc, p, m_i, l_i = _step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
                                              s_regs, acc, p, m_i, l_i, qk_scale, offs_m, SEQ_K, diag, o_layout,
                                              p_layout, HAS_RIGHT, False, STAGES, WG, PINGPONG, OVERLAP, False, EMU,
-                                             EMU_DEG)
+                                             EMU_DEG, LAZY)
         for j in range(gl.maximum(n_full, 1), n_blocks):
             s_regs, acc, p, m_i, l_i = _step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
                                              s_regs, acc, p, m_i, l_i, qk_scale, offs_m, SEQ_K, diag, o_layout,
-                                             p_layout, HAS_RIGHT, True, STAGES, WG, PINGPONG, OVERLAP, VARLEN)
+                                             p_layout, HAS_RIGHT, True, STAGES, WG, PINGPONG, OVERLAP, VARLEN, 0, 3,
+                                             LAZY)
         # the last block's PV
         sl = (n_blocks - 1) % STAGES
         mbarrier.wait(v_ready.index(sl), ((n_blocks - 1) // STAGES) & 1)
@@ -559,7 +612,7 @@ if GLUON_AVAILABLE:
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
                      OVERLAP: gl.constexpr, O=0, stride_os=0, stride_oh=0, stride_lh=0, Q_ROW0=0, K_ROW0=0,
                      VARLEN: gl.constexpr = False, NUM_WG: gl.constexpr = 2, EMU: gl.constexpr = 0,
-                     EMU_DEG: gl.constexpr = 3):
+                     EMU_DEG: gl.constexpr = 3, LAZY: gl.constexpr = 0):
         """The body of both kernels: shared memory, barriers, producer warp + ``NUM_WG`` (2 or 3)
         consumer warpgroups (``VARLEN``: one document's tile, the varlen arguments as
         :func:`_consumer`'s)."""
@@ -593,15 +646,15 @@ if GLUON_AVAILABLE:
                 (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                              SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 0, HAS_RIGHT, HAS_SINK,
                              BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
-                             NUM_WG, EMU, EMU_DEG)),
+                             NUM_WG, EMU, EMU_DEG, LAZY)),
                 (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                              SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 1, HAS_RIGHT, HAS_SINK,
                              BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
-                             NUM_WG, EMU, EMU_DEG)),
+                             NUM_WG, EMU, EMU_DEG, LAZY)),
                 (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                              SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 2, HAS_RIGHT, HAS_SINK,
                              BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
-                             NUM_WG, EMU, EMU_DEG)),
+                             NUM_WG, EMU, EMU_DEG, LAZY)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                              v_empty, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, False,
                              Q_ROW0, K_ROW0, VARLEN, NUM_WG)),
@@ -611,11 +664,11 @@ if GLUON_AVAILABLE:
                 (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                              SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 0, HAS_RIGHT, HAS_SINK,
                              BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
-                             NUM_WG, EMU, EMU_DEG)),
+                             NUM_WG, EMU, EMU_DEG, LAZY)),
                 (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                              SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 1, HAS_RIGHT, HAS_SINK,
                              BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
-                             NUM_WG, EMU, EMU_DEG)),
+                             NUM_WG, EMU, EMU_DEG, LAZY)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                              v_empty, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, False,
                              Q_ROW0, K_ROW0, VARLEN, NUM_WG)),
@@ -630,6 +683,7 @@ if GLUON_AVAILABLE:
         HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
         OVERLAP: gl.constexpr = False, NUM_WG: gl.constexpr = 2, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3,
+        LAZY: gl.constexpr = 0,
     ):
         """O, LSE of NUM_WG x 64 query rows of one (batch, head): producer warp + NUM_WG consumer
         warpgroups.
@@ -640,7 +694,7 @@ if GLUON_AVAILABLE:
         OVERLAP: GluonAttnConfig's pingpong / overlap."""
         _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale,
                      HAS_RIGHT, HAS_SINK, STAGES, CONSUMER_REGS, PRODUCER_REGS, PINGPONG, OVERLAP, 0, 0, 0, 0, 0, 0,
-                     False, NUM_WG, EMU, EMU_DEG)
+                     False, NUM_WG, EMU, EMU_DEG, LAZY)
 
     @gluon.jit
     def _attn_fwd_varlen_ws_kernel(
@@ -651,6 +705,7 @@ if GLUON_AVAILABLE:
         HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
         OVERLAP: gl.constexpr = False, NUM_WG: gl.constexpr = 2, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3,
+        LAZY: gl.constexpr = 0,
     ):
         """Varlen (packed THD): O, LSE of NUM_WG x 64 query rows of one (document, head); grid (query
         tiles of max_seqlen_q, heads, documents). Descriptors over the packed tensors viewed as
@@ -670,7 +725,7 @@ if GLUON_AVAILABLE:
         if pid_m * (NUM_WG * HALF) < seq_q:
             _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, SINK, H, GROUP, seq_q, seq_k, seq_k - seq_q, win_right,
                          qk_scale, HAS_RIGHT, HAS_SINK, STAGES, CONSUMER_REGS, PRODUCER_REGS, PINGPONG, OVERLAP,
-                         O, stride_os, stride_oh, stride_lh, q_start, k_start, True, NUM_WG, EMU, EMU_DEG)
+                         O, stride_os, stride_oh, stride_lh, q_start, k_start, True, NUM_WG, EMU, EMU_DEG, LAZY)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -800,7 +855,8 @@ def _launch_kwargs(cfg: GluonAttnConfig, win_right: int, sink) -> dict:
     """The constexpr / launch keywords of the dense and the varlen kernels."""
     return dict(HAS_RIGHT=win_right >= 0, HAS_SINK=sink is not None, STAGES=cfg.stages,
                 CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong,
-                OVERLAP=cfg.overlap, NUM_WG=cfg.consumers, EMU=cfg.emu, EMU_DEG=cfg.emu_deg, num_warps=4)
+                OVERLAP=cfg.overlap, NUM_WG=cfg.consumers, EMU=cfg.emu, EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy,
+                num_warps=4)
 
 
 def _kernel_args(q, k, v, out, lse, sink, softmax_scale: float, win_right: int, cfg: GluonAttnConfig) -> tuple:
