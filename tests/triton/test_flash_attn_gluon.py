@@ -91,7 +91,8 @@ def test_size_one_dims_get_aligned_strides():
 
 def test_env_switch(monkeypatch):
     """The TRITON backend's forward takes the Gluon kernel by the switch: auto where it was measured
-    faster (head dim 128 except causal at <= 2048 queries), 1 wherever it can run, 0 never. Recorded
+    faster (head dim 128 except causal at <= 2048 queries; head dim 64 full attention from 2048
+    queries), 1 wherever it can run, 0 never. Recorded
     with the kernel and its reason mocked (no sm_90 here)."""
     from primus_turbo.pytorch.backends import attention as ab
 
@@ -106,7 +107,8 @@ def test_env_switch(monkeypatch):
 
     monkeypatch.delenv(fa.GLUON_ATTN_ENV, raising=False)
     assert picked(128, 4096, False) and picked(128, 4096, True) and picked(128, 2048, False)
-    assert not picked(128, 2048, True) and not picked(64, 8192, False) and not picked(64, 4096, True)
+    assert not picked(128, 2048, True) and not picked(64, 4096, True) and not picked(64, 1024, False)
+    assert picked(64, 2048, False) and picked(64, 8192, False)  # head dim 64: full from 2048 queries
     monkeypatch.setenv(fa.GLUON_ATTN_ENV, "1")
     assert picked(64, 2048, True) and picked(128, 2048, True)
     monkeypatch.setenv(fa.GLUON_ATTN_ENV, "0")
@@ -146,7 +148,9 @@ def test_config_three_consumer_warpgroups():
     assert "registers" in fa.GluonAttnConfig(consumer_regs=168, consumers=3).check(64)
     assert "ping-pong" in fa.GluonAttnConfig(consumer_regs=160, pingpong=True, consumers=3).check(64)
     assert "consumers" in fa.GluonAttnConfig(consumer_regs=120, consumers=4).check(64)
-    assert all(fa.default_attn_config(d).consumers == 2 for d in fa.HEAD_DIMS)  # opt-in
+    # three warpgroups by default only at head dim 64, full attention (measured faster there)
+    assert [(d, c) for d in fa.HEAD_DIMS for c in (False, True) if fa.default_attn_config(d, c).consumers == 3] == [
+        (64, False)]
     assert fa._launch_kwargs(cfg, -1, None)["NUM_WG"] == 3
 
 
@@ -268,13 +272,15 @@ def test_launcher_arguments_bind_and_compile_for_sm90(layout, causal, sink, D, c
     assert fa.gluon_attn_operand_reason(q, k, v, None, 0.1, -1, 0 if causal else -1) is None
     out = torch.empty(B, Sq, Hq, D, dtype=q.dtype)
     lse = torch.empty(B, Hq, Sq)
-    cfg = fa.GluonAttnConfig.parse(config) if config else fa.default_attn_config(D)
+    cfg = fa.GluonAttnConfig.parse(config) if config else fa.default_attn_config(D, causal)
     grid, args, kwargs = fa._kernel_args(q, k, v, out, lse, torch.zeros(Hq) if sink else None, 0.1,
                                          0 if causal else -1, cfg)
-    assert grid == (2, B * Hq) and kwargs["PINGPONG"] == cfg.pingpong and kwargs["OVERLAP"] == cfg.overlap
+    assert grid == (-(-Sq // cfg.BLOCK_M), B * Hq) and kwargs["PINGPONG"] == cfg.pingpong
+    assert kwargs["OVERLAP"] == cfg.overlap and kwargs["NUM_WG"] == cfg.consumers
     kernel = warmup_for_sm90(fa._attn_fwd_ws_kernel, args, kwargs, monkeypatch)
     assert kernel.metadata.shared <= fa.SMEM_LIMIT
-    assert kernel.metadata.num_warps == 12  # 4 + 4 consumer warps, 1 producer warp, rounded up
+    # 4 warps a consumer warpgroup, 1 producer warp, rounded up to whole warpgroups
+    assert kernel.metadata.num_warps == 4 * cfg.consumers + 4
 
 
 # ---------------------------------------------------------------------------------------------

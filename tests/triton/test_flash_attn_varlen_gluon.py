@@ -225,16 +225,21 @@ def test_varlen_compiles_for_sm90_without_spills(head_dim, causal, dtype, sink, 
         res = _script().compile_attn_varlen(head_dim, causal, dtype, sink)
     except FileNotFoundError as exc:  # no bundled ptxas in this triton wheel
         pytest.skip(f"ptxas not available: {exc}")
-    assert res["spill_bytes"] == 0 and not res["serialized"], res
+    # the three-warpgroup default (head dim 64, full) runs at 160 registers a consumer thread, the
+    # most three warpgroups and the producer's 24 leave; its varlen masks spill a few registers
+    # (96 bytes, single values around the masked blocks, L1-resident) and it still ran 1.08x the
+    # two-warpgroup config on the H200 (session 28). Everything else: no local memory at all.
+    three = fa.default_attn_config(head_dim, causal).consumers == 3
+    assert res["spill_bytes"] <= (128 if three else 0) and not res["serialized"], res
     assert res["shared"] <= fa.SMEM_LIMIT
     if res["hgmma"] is not None:  # cuobjdump bundled
-        assert res["hgmma"] > 0 and res["local_mem"] == 0, res
+        assert res["hgmma"] > 0 and (three or res["local_mem"] == 0), res
 
 
 @needs_gluon
 @pytest.mark.parametrize("Hq,Hk,D,causal,sink,config", [
     (32, 8, 128, True, False, None), (32, 8, 128, False, True, None), (8, 8, 64, True, False, None),
-    (8, 2, 64, False, False, "n128s3p"), (4, 1, 128, True, True, "n128s2o"),
+    (8, 2, 64, False, True, None), (8, 2, 64, False, False, "n128s3p"), (4, 1, 128, True, True, "n128s2o"),
 ])
 def test_varlen_launcher_arguments_bind_and_compile_for_sm90(Hq, Hk, D, causal, sink, config, monkeypatch, request):
     """The launcher's own arguments (TMA descriptors over the packed [1, T, H, D] views, O, LSE,
@@ -249,13 +254,13 @@ def test_varlen_launcher_arguments_bind_and_compile_for_sm90(Hq, Hk, D, causal, 
     assert fa.gluon_attn_varlen_operand_reason(q, k, v, cu, cu, 800, 800, s, 0.1, -1, wr) is None
     out = torch.empty(q.shape, dtype=q.dtype)
     lse = torch.empty(Hq, q.size(0))
-    cfg = fa.GluonAttnConfig.parse(config) if config else fa.default_attn_config(D)
+    cfg = fa.GluonAttnConfig.parse(config) if config else fa.default_attn_config(D, causal)
     grid, args, kwargs = fa._varlen_kernel_args(q, k, v, out, lse, s, cu, cu, 800, 0.1, wr, cfg)
-    assert grid == (7, Hq, 4) and kwargs["HAS_RIGHT"] == causal and kwargs["HAS_SINK"] == sink
+    assert grid == (-(-800 // cfg.BLOCK_M), Hq, 4) and kwargs["HAS_RIGHT"] == causal and kwargs["HAS_SINK"] == sink
     assert args[9] == Hq and args[10] == Hq // Hk  # H, GROUP
     kernel = warmup_for_sm90(fa._attn_fwd_varlen_ws_kernel, args, kwargs, monkeypatch)
     assert kernel.metadata.shared <= fa.SMEM_LIMIT
-    assert kernel.metadata.num_warps == 12
+    assert kernel.metadata.num_warps == 4 * cfg.consumers + 4
 
 
 # ---------------------------------------------------------------------------------------------

@@ -196,13 +196,22 @@ class GluonAttnConfig:
         return None
 
 
-#: per head dim; not yet measured on the H200 (scripts/check_gluon_attn.py times them). D=128: two
-#: 32 KB K/V stages next to the 32 KB Q tile (160 KB); D=64 has room for three.
-_DEFAULT_CONFIGS = {64: GluonAttnConfig(block_n=128, stages=3), 128: GluonAttnConfig(block_n=128, stages=2)}
+#: per (head dim, causal). D=128: two 32 KB K/V stages next to the 32 KB Q tile (160 KB); D=64 has
+#: room for three. D=64 full attention: three consumer warpgroups (192-row tiles): H200 device time
+#: (CUDA-graph replay, session 28, benchmarks/results/h200/session28/bf16_d64_graph_call4.log), 32/32
+#: heads, 16k tokens: 454 / 465 TFLOP/s at seq 4096 / 16384 against 403 / 421 for two warpgroups and
+#: 412 / 427 for the tl kernel; GPT-OSS 64/8 heads, 8 x 2048 varlen: 441 against 408 (tl 393). Causal
+#: keeps two: its 192-row tiles waste more of the diagonal blocks (varlen 8 x 2048 causal: 266 vs 308).
+_DEFAULT_CONFIGS = {(64, False): GluonAttnConfig(block_n=128, stages=3, consumer_regs=160, consumers=3),
+                    (64, True): GluonAttnConfig(block_n=128, stages=3),
+                    (128, False): GluonAttnConfig(block_n=128, stages=2),
+                    (128, True): GluonAttnConfig(block_n=128, stages=2)}
 
 
-def default_attn_config(head_dim: int) -> GluonAttnConfig:
-    return _DEFAULT_CONFIGS[head_dim]
+def default_attn_config(head_dim: int, causal: bool = False) -> GluonAttnConfig:
+    """The default tile config for ``head_dim`` (64 or 128); ``causal``: any right bound (the
+    kernel's ``win_right >= 0``)."""
+    return _DEFAULT_CONFIGS[(head_dim, bool(causal))]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -736,12 +745,18 @@ def use_gluon_attn_fwd(q: torch.Tensor, win_right: int) -> bool:
     TRITON backend's forward wherever :func:`gluon_attn_fwd_reason` allows, 0 never, auto where it
     was measured faster than the tl forward on the H200 (2026-11-30, scripts/check_gluon_attn.py and
     benchmarks/bench_attention.py): head dim 128 (1.15-1.31x, 575-641 TFLOP/s) except causal at
-    <= 2048 queries (0.96x); head dim 64 0.80-0.98x, so the tl kernel there."""
+    <= 2048 queries (0.96x); head dim 64 full attention (no right bound) from 2048 queries, with its
+    three-warpgroup default (session 28, device time: 1.09-1.10x the tl kernel at 4096 / 16384, 1.12x
+    on GPT-OSS's 64/8 heads at 2048; at 512-1024 tokens per sequence the tl kernel stays ahead);
+    head dim 64 causal (two warpgroups 0.80-0.98x) runs the tl kernel."""
     from primus_turbo.pytorch.core.env import env_auto_flag
 
     flag = env_auto_flag(GLUON_ATTN_ENV)
     if flag is None:
-        return q.size(-1) == 128 and not (win_right == 0 and q.size(1) <= 2048)
+        d, s = q.size(-1), q.size(1)
+        if d == 64:
+            return win_right < 0 and s >= 2048
+        return d == 128 and not (win_right == 0 and s <= 2048)
     return flag
 
 
@@ -896,7 +911,7 @@ def flash_attn_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink
     out, lse = _outputs("flash_attn_fwd_gluon", out, lse, B, Sq, H, D, q.dtype, q.device)
     if B == 0 or Sq == 0 or H == 0:
         return out, lse
-    cfg = config or default_attn_config(D)
+    cfg = config or default_attn_config(D, win_right >= 0)
     bad = cfg.check(D)
     if bad is not None:
         raise ValueError(f"flash_attn_fwd_gluon: {bad}")
@@ -1083,7 +1098,7 @@ def flash_attn_varlen_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     out, lse = _varlen_outputs(out, lse, Tq, H, D, q.dtype, q.device)
     if Tq == 0 or H == 0:
         return out, lse
-    cfg = config or default_attn_config(D)
+    cfg = config or default_attn_config(D, win_right >= 0)
     bad = cfg.check(D)
     if bad is not None:
         raise ValueError(f"flash_attn_varlen_fwd_gluon: {bad}")
