@@ -584,9 +584,9 @@ TIMING = {"graph": False, "rounds": 3}
 def time_impls(row: dict, impls: dict, flops: float, rounds: Optional[int] = None, graph: Optional[bool] = None) -> str:
     """Median time and TFLOP/s of each of ``impls`` (name -> callable; None: a peer that could not
     be set up at this shape) into ``row``; returns the printed TFLOP/s cells. ``rounds`` interleaved
-    rounds, the order rotated each round, each impl's time the median of its round medians: the
-    clocks move under sustained load (power limit), so one pass in a fixed order favours whichever
-    runs first. ``graph``: each measurement is :func:`_graph_ms` (device time) instead of
+    rounds, the order rotated each round (and reversed every other one), each impl's time the median
+    of its round medians: the clocks move under sustained load (power limit), so one pass in a fixed
+    order favours whichever runs first. ``graph``: each measurement is :func:`_graph_ms` (device time) instead of
     :func:`_median_ms` (events around each eager call, host time between them included)."""
     graph = TIMING["graph"] if graph is None else graph
     rounds = TIMING["rounds"] if rounds is None else rounds
@@ -598,7 +598,11 @@ def time_impls(row: dict, impls: dict, flops: float, rounds: Optional[int] = Non
             row[name] = dict(error="cannot run")
     per = {n: [] for n in names}
     for r in range(max(1, rounds)):
+        # rotated each round, and reversed every other round: a rotation alone keeps each
+        # implementation's neighbours, and what ran just before shows at the 3-6% level (session 28)
         order = names[r % len(names):] + names[:r % len(names)] if names else []
+        if r % 2:
+            order.reverse()
         for name in order:
             if name not in per:
                 continue
