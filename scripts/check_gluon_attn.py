@@ -586,8 +586,9 @@ def time_impls(row: dict, impls: dict, flops: float, rounds: Optional[int] = Non
     be set up at this shape) into ``row``; returns the printed TFLOP/s cells. ``rounds`` interleaved
     rounds, the order rotated each round (and reversed every other one), each impl's time the median
     of its round medians: the clocks move under sustained load (power limit), so one pass in a fixed
-    order favours whichever runs first. ``graph``: each measurement is :func:`_graph_ms` (device time) instead of
-    :func:`_median_ms` (events around each eager call, host time between them included)."""
+    order favours whichever runs first. ``graph``: each measurement is :func:`_graph_ms` (device
+    time) instead of :func:`_median_ms` (events around each eager call, host time included).
+    ``rounds`` / ``graph`` default to :data:`TIMING`."""
     graph = TIMING["graph"] if graph is None else graph
     rounds = TIMING["rounds"] if rounds is None else rounds
     measure = _graph_ms if graph else _median_ms

@@ -329,10 +329,7 @@ def _flops(lens, H, D, causal) -> float:
     return sum(4.0 * H * D * (n * (n + 1) / 2 if causal else n * n) for n in lens)
 
 
-_TIMING_ARGS: dict = {}  # --graph / --rounds, for check_gluon_attn.time_impls
-
-
-def time_packs(heads_q, heads_kv, D, configs=(), gluon_ok=True) -> list:
+def time_packs(heads_q, heads_kv, D, configs=(), gluon_ok=True, graph: bool = False, rounds: int = 3) -> list:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -341,7 +338,7 @@ def time_packs(heads_q, heads_kv, D, configs=(), gluon_ok=True) -> list:
     from primus_turbo.triton.attention.flash_attn_fwd import flash_attn_varlen_fwd_triton
 
     cga = _load_script("check_gluon_attn")
-    cga.TIMING.update(graph=_TIMING_ARGS.get("graph", False), rounds=_TIMING_ARGS.get("rounds", 3))
+    cga.TIMING.update(graph=graph, rounds=rounds)
     rows = []
     packs = [("uniform2048", UNIFORM)] + [(name, tile_pattern(p)) for name, p in PATTERNS.items()]
     print(f"{'pack':<12} {'mask':<6} {'docs':>4}  " + "  ".join(f"{n:>12}" for n in
@@ -414,7 +411,6 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=int, default=CHILD_TIMEOUT_S)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    _TIMING_ARGS.update(graph=args.graph, rounds=args.rounds)
 
     if args.child is not None:
         print("RESULT " + json.dumps(check_case(json.loads(args.child))), flush=True)
@@ -451,7 +447,7 @@ def main(argv=None) -> int:
         gluon_ok = any(r.get("ok") for r in checks)
     if not args.no_timing:
         print(f"timing (bf16, {args.heads}/{args.heads_kv} heads, head dim {args.head_dim}, {TOKENS}-token packs):")
-        rows = time_packs(args.heads, args.heads_kv, args.head_dim, args.configs, gluon_ok)
+        rows = time_packs(args.heads, args.heads_kv, args.head_dim, args.configs, gluon_ok, args.graph, args.rounds)
         result["timing"] = rows
         result["geomean_gluon_over_tl"] = cga.geomean_speedup(rows, "gluon", "tl")
         result["geomean_gluon_over_cudnn_loop"] = cga.geomean_speedup(rows, "gluon", "cudnn_loop")

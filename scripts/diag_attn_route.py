@@ -15,7 +15,6 @@ Device time: each measurement replays a CUDA graph of 8 calls (scripts/check_glu
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import os
 import statistics
@@ -25,13 +24,6 @@ from pathlib import Path
 _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
-
-
-def _cga():
-    spec = importlib.util.spec_from_file_location("check_gluon_attn", _ROOT / "scripts" / "check_gluon_attn.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def main(argv=None) -> int:
@@ -52,8 +44,7 @@ def main(argv=None) -> int:
 
     import primus_turbo.pytorch as turbo
     from primus_turbo.testing import snr_db
-
-    cga = _cga()
+    from scripts.check_gluon_attn import _graph_ms, _median_ms
     H, Hk, D = args.heads, args.heads_kv, args.head_dim
     print(f"{'seq':>6} {'B':>3} {'mode':>8} " + " ".join(f"{args.env}={v:>5}" for v in args.values)
           + "   (TFLOP/s; in brackets: time / the first setting's)", flush=True)
@@ -89,11 +80,11 @@ def main(argv=None) -> int:
                 for val in order:
                     os.environ[args.env] = val
                     try:
-                        per[val].append(cga._graph_ms(fn))
+                        per[val].append(_graph_ms(fn))
                         how = "graph"
                     except Exception as exc:  # noqa: BLE001 - a path that cannot be captured
                         torch.cuda.synchronize()
-                        per[val].append(cga._median_ms(fn))
+                        per[val].append(_median_ms(fn))
                         how = f"events ({type(exc).__name__})"
             ms = {val: statistics.median(t) for val, t in per.items()}
             first = ms[args.values[0]]

@@ -373,14 +373,12 @@ if GLUON_AVAILABLE:
             if HAS_RIGHT:
                 ok = ok & (gl.expand_dims(offs_n, 0) <= gl.expand_dims(offs_m + diag, 1))
             s = gl.where(ok, s, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-            if LAZY:
-                m_new = gl.where(m_new > m_i + LAZY, m_new, m_i)
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        if LAZY:
+            m_new = gl.where(m_new > m_i + LAZY, m_new, m_i)
+        if MASKED:
             m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
         else:
-            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-            if LAZY:
-                m_new = gl.where(m_new > m_i + LAZY, m_new, m_i)
             m_safe = m_new
         if ROW_SCALE:
             sc = gl.expand_dims(qk_scale, 1)
@@ -415,7 +413,7 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _rescale(acc, factor, o_layout: gl.constexpr, LAZY: gl.constexpr):
         """``acc * factor`` (one factor per row). LAZY: a warp whose rows all have factor 1 (no
-        reference moved, same V scale) skips the multiplies: a warp vote, then a uniform branch
+        row's reference moved and, in the FP8 forward, the same V scale) skips the multiplies: a warp vote, then a uniform branch
         around the FMULs of each 16 accumulator registers (the rows a thread holds are its
         two-element row fragment, voted on as one pack)."""
         f = gl.convert_layout(factor, gl.SliceLayout(1, o_layout))
