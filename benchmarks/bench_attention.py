@@ -83,7 +83,7 @@ if str(_ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks.common import Row, finish_run, gpu_slug  # noqa: E402
+from benchmarks.common import Row, finish_run, gpu_slug, set_timing  # noqa: E402
 from benchmarks.common import error_text as _error_text  # noqa: E402
 from benchmarks.common import free_memory as _free  # noqa: E402
 from benchmarks.common import record_times, time_interleaved  # noqa: E402
@@ -752,6 +752,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help=f"varlen packing patterns, subset of {', '.join(VARLEN_PATTERNS)} (default all; "
                         f"--quick: {' '.join(VARLEN_QUICK_PATTERNS)})")
     p.add_argument("--modes", nargs="+", default=list(MODES), help=f"subset of {', '.join(MODES)}")
+    p.add_argument("--timing", choices=("do_bench", "graph"), default="do_bench",
+                   help="do_bench (host time included where it shows) or graph (device time alone: CUDA-graph "
+                        "replay with the L2 flushed before each call)")
     p.add_argument("--warmup-ms", type=float, default=None, help="do_bench warm-up (default 10; 0 with --cpu-smoke)")
     p.add_argument("--rep-ms", type=float, default=None, help="do_bench repetition time per round (default 40; 0 with --cpu-smoke)")
     args, _unknown = p.parse_known_args(argv)
@@ -768,6 +771,8 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels through the interpreter
     global _rounds
     _rounds = 1 if args.cpu_smoke else ROUNDS
+    if args.timing == "graph" and has_cuda:
+        set_timing("graph")
     device = torch.device("cuda" if has_cuda else "cpu")
     suites = list(SUITES) if args.suite == "all" else [x for x in SUITES if x == args.suite] or ["dense"]
     causals = [c for c in args.causal if c in CAUSALS] or list(CAUSALS)

@@ -104,7 +104,8 @@ def compile_attn_varlen(head_dim: int, causal: bool, dtype: str = "bf16", sink: 
            "stride_oh": "i32", "stride_lh": "i32", "win_right": "i32", "qk_scale": "fp32"}
     consts = dict(HAS_RIGHT=bool(causal), HAS_SINK=bool(sink), STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, OVERLAP=cfg.overlap,
-                  NUM_WG=cfg.consumers, EMU=cfg.emu, EMU_DEG=cfg.emu_deg)
+                  NUM_WG=cfg.consumers, EMU=cfg.emu, EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, SKIP=cfg.skip,
+                  HEADS_FASTEST=cfg.heads_fastest)
     name = f"attn_varlen_d{head_dim}_{'causal' if causal else 'full'}_{dtype}{'_sink' if sink else ''}_{cfg.short()}"
     fn = fa._attn_fwd_varlen_ws_kernel
     aligned = ("O", "LSE", "SINK", "CU_Q", "CU_K", "stride_os", "stride_oh", "stride_lh")
@@ -329,7 +330,8 @@ def _flops(lens, H, D, causal) -> float:
     return sum(4.0 * H * D * (n * (n + 1) / 2 if causal else n * n) for n in lens)
 
 
-def time_packs(heads_q, heads_kv, D, configs=(), gluon_ok=True, graph: bool = False, rounds: int = 3) -> list:
+def time_packs(heads_q, heads_kv, D, configs=(), gluon_ok=True, graph: bool = False, rounds: int = 3,
+               packs=None, masks=("full", "causal")) -> list:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -340,11 +342,15 @@ def time_packs(heads_q, heads_kv, D, configs=(), gluon_ok=True, graph: bool = Fa
     cga = _load_script("check_gluon_attn")
     cga.TIMING.update(graph=graph, rounds=rounds)
     rows = []
-    packs = [("uniform2048", UNIFORM)] + [(name, tile_pattern(p)) for name, p in PATTERNS.items()]
+    all_packs = [("uniform2048", UNIFORM)] + [(name, tile_pattern(p)) for name, p in PATTERNS.items()]
+    unknown = set(packs or ()) - {name for name, _ in all_packs}
+    if unknown:
+        raise ValueError(f"unknown packs {sorted(unknown)}; choose from {[name for name, _ in all_packs]}")
+    packs = [(name, lens) for name, lens in all_packs if not packs or name in packs]
     print(f"{'pack':<12} {'mask':<6} {'docs':>4}  " + "  ".join(f"{n:>12}" for n in
           ["tl", "gluon", "gluon/tl", "cudnn_loop", "dense_gluon"] + [f"g:{c}" for c in configs]) + "   (TFLOP/s)")
     for pname, lens in packs:
-        for causal in (False, True):
+        for causal in [c for c, m in ((False, "full"), (True, "causal")) if m in masks]:
             q, k, v = make_pack(lens, lens, heads_q, heads_kv, D, torch.bfloat16, "cuda")
             cu = cu_seqlens(lens, "cuda")
             mx = max(lens)
@@ -405,6 +411,9 @@ def main(argv=None) -> int:
                    help="time device time alone (CUDA-graph replay of 8 calls) instead of events around each call")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (order rotated each round)")
     p.add_argument("--configs", nargs="*", default=[], help="extra Gluon tile configs to check and time (e.g. n128s2p)")
+    p.add_argument("--packs", nargs="*", default=None,
+                   help="time only these packs (uniform2048 and the pattern names: eq512, pow2, odd, long-first)")
+    p.add_argument("--masks", nargs="*", default=["full", "causal"], choices=["full", "causal"])
     p.add_argument("--compile-only", action="store_true", help="sm_90 compile report only (no GPU needed)")
     p.add_argument("--dump", default=None, help="with --compile-only: write ttgir/ptx/cubin (and --sass) here")
     p.add_argument("--sass", action="store_true")
@@ -447,7 +456,8 @@ def main(argv=None) -> int:
         gluon_ok = any(r.get("ok") for r in checks)
     if not args.no_timing:
         print(f"timing (bf16, {args.heads}/{args.heads_kv} heads, head dim {args.head_dim}, {TOKENS}-token packs):")
-        rows = time_packs(args.heads, args.heads_kv, args.head_dim, args.configs, gluon_ok, args.graph, args.rounds)
+        rows = time_packs(args.heads, args.heads_kv, args.head_dim, args.configs, gluon_ok, args.graph, args.rounds,
+                          args.packs, args.masks)
         result["timing"] = rows
         result["geomean_gluon_over_tl"] = cga.geomean_speedup(rows, "gluon", "tl")
         result["geomean_gluon_over_cudnn_loop"] = cga.geomean_speedup(rows, "gluon", "cudnn_loop")

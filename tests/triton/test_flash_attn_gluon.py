@@ -91,8 +91,8 @@ def test_size_one_dims_get_aligned_strides():
 
 def test_env_switch(monkeypatch):
     """The TRITON backend's forward takes the Gluon kernel by the switch: auto where it was measured
-    faster (head dim 128 except causal at <= 2048 queries; head dim 64 full attention from 2048
-    queries), 1 wherever it can run, 0 never. Recorded
+    faster (head dim 128 except causal at <= 2048 queries; head dim 64 from 2048 queries), 1
+    wherever it can run, 0 never. Recorded
     with the kernel and its reason mocked (no sm_90 here)."""
     from primus_turbo.pytorch.backends import attention as ab
 
@@ -107,8 +107,8 @@ def test_env_switch(monkeypatch):
 
     monkeypatch.delenv(fa.GLUON_ATTN_ENV, raising=False)
     assert picked(128, 4096, False) and picked(128, 4096, True) and picked(128, 2048, False)
-    assert not picked(128, 2048, True) and not picked(64, 4096, True) and not picked(64, 1024, False)
-    assert picked(64, 2048, False) and picked(64, 8192, False)  # head dim 64: full from 2048 queries
+    assert not picked(128, 2048, True) and not picked(64, 1024, True) and not picked(64, 1024, False)
+    assert picked(64, 2048, False) and picked(64, 8192, True)  # head dim 64: from 2048 queries
     monkeypatch.setenv(fa.GLUON_ATTN_ENV, "1")
     assert picked(64, 2048, True) and picked(128, 2048, True)
     monkeypatch.setenv(fa.GLUON_ATTN_ENV, "0")
@@ -148,9 +148,9 @@ def test_config_three_consumer_warpgroups():
     assert "registers" in fa.GluonAttnConfig(consumer_regs=168, consumers=3).check(64)
     assert "ping-pong" in fa.GluonAttnConfig(consumer_regs=160, pingpong=True, consumers=3).check(64)
     assert "consumers" in fa.GluonAttnConfig(consumer_regs=120, consumers=4).check(64)
-    # three warpgroups by default only at head dim 64, full attention (measured faster there)
+    # three warpgroups by default only at head dim 64 (measured faster there; causal with ``j``)
     assert [(d, c) for d in fa.HEAD_DIMS for c in (False, True) if fa.default_attn_config(d, c).consumers == 3] == [
-        (64, False)]
+        (64, False), (64, True)]
     assert fa._launch_kwargs(cfg, -1, None)["NUM_WG"] == 3
 
 
@@ -179,6 +179,57 @@ def test_config_conditional_rescale():
     for text in ("n128s3z2", "n128s3oz1", "n64s4c3e4d2z4"):
         assert fa.GluonAttnConfig.parse(fa.GluonAttnConfig.parse(text).short()) == fa.GluonAttnConfig.parse(text)
     assert "z5" in fa.GluonAttnConfig(lazy=5).check(64)
+
+
+def test_default_config_skip_and_grid_order():
+    """The defaults: ``j`` at head dim 64 and in causal head dim 128 (full head dim 128 keeps the plain
+    config); the heads-fastest grid at head dim 64 only, from HEADS_FASTEST_MIN_GROUP query heads
+    per kv head (GQA), never at head dim 128."""
+    assert [(d, c) for d in fa.HEAD_DIMS for c in (False, True) if fa.default_attn_config(d, c).skip] == [
+        (64, False), (64, True), (128, True)]
+    g = fa.HEADS_FASTEST_MIN_GROUP
+    for d in fa.HEAD_DIMS:
+        for c in (False, True):
+            assert not fa.default_attn_config(d, c).heads_fastest
+            assert not fa.default_attn_config(d, c, g - 1).heads_fastest
+            assert fa.default_attn_config(d, c, g).heads_fastest == (d == 64)
+            assert fa.default_attn_config(d, c, 8).check(d) is None
+
+
+def test_use_gluon_attn_fwd_rule(monkeypatch):
+    """use_gluon_attn_fwd's auto rule: head dim 64 from 2048 queries (full and causal), head dim 128
+    except causal at <= 2048 queries; 1 / 0 force it."""
+    monkeypatch.delenv(fa.GLUON_ATTN_ENV, raising=False)
+
+    def q(s, d):
+        return torch.empty(1, s, 2, d)
+
+    assert fa.use_gluon_attn_fwd(q(2048, 64), -1) and fa.use_gluon_attn_fwd(q(2048, 64), 0)
+    assert not fa.use_gluon_attn_fwd(q(2047, 64), -1) and not fa.use_gluon_attn_fwd(q(1024, 64), 0)
+    assert fa.use_gluon_attn_fwd(q(1024, 128), -1) and not fa.use_gluon_attn_fwd(q(2048, 128), 0)
+    assert fa.use_gluon_attn_fwd(q(4096, 128), 0) and not fa.use_gluon_attn_fwd(q(4096, 96), -1)
+    monkeypatch.setenv(fa.GLUON_ATTN_ENV, "1")
+    assert fa.use_gluon_attn_fwd(q(16, 64), 0)
+    monkeypatch.setenv(fa.GLUON_ATTN_ENV, "0")
+    assert not fa.use_gluon_attn_fwd(q(4096, 128), -1)
+
+
+def test_config_skip_and_heads_fastest_flags():
+    """``j`` (per-warpgroup key extent) and ``g`` (heads-fastest grid): parse / short round trip, the
+    grid the launcher builds, and ``j`` refused with ping-pong (whose turns need equal MMA counts)."""
+    cfg = fa.GluonAttnConfig.parse("n128s3c3jg")
+    assert cfg == fa.GluonAttnConfig(128, 3, 160, 24, consumers=3, skip=True, heads_fastest=True)
+    assert fa.GluonAttnConfig.parse(cfg.short()) == cfg and cfg.check(64) is None
+    assert fa.GluonAttnConfig.parse("n128s2z2j").skip and not fa.GluonAttnConfig.parse("n128s2z2j").heads_fastest
+    assert "ping-pong" in fa.GluonAttnConfig(pingpong=True, skip=True).check(128)
+    with pytest.raises(ValueError, match="bad Gluon attention config"):
+        fa.GluonAttnConfig.parse("n128s2gj")  # the flags' order is fixed: j before g
+    q, k, v = _qkv(2, 200, 200, 4, 2, 64)
+    out, lse = torch.empty(2, 200, 4, 64, dtype=q.dtype), torch.empty(2, 4, 200)
+    grid, _, kwargs = fa._kernel_args(q, k, v, out, lse, None, 0.1, 0, cfg)
+    assert grid == (2 * 4, -(-200 // 192)) and kwargs["SKIP"] and kwargs["HEADS_FASTEST"]
+    grid, _, kwargs = fa._kernel_args(q, k, v, out, lse, None, 0.1, 0, fa.GluonAttnConfig.parse("n128s3"))
+    assert grid == (-(-200 // 128), 2 * 4) and not kwargs["SKIP"] and not kwargs["HEADS_FASTEST"]
     assert fa._launch_kwargs(fa.GluonAttnConfig.parse("n128s3z2"), 0, None)["LAZY"] == 2
     assert fa._launch_kwargs(fa.GluonAttnConfig.parse("n128s3"), 0, None)["LAZY"] == 0
 
@@ -298,7 +349,8 @@ def test_launcher_arguments_bind_and_compile_for_sm90(layout, causal, sink, D, c
     (1, 1, 5, 2, 1, 128, False, torch.bfloat16, False, "bshd"),
     (2, 65, 129, 2, 2, 128, True, torch.bfloat16, False, "bshd"),
 ])
-@pytest.mark.parametrize("config", [None, "n128s2p", "n128s2o", "n128s2po", "n64s3c3z2", "n128s2oz1"])
+@pytest.mark.parametrize("config", [None, "n128s2p", "n128s2o", "n128s2po", "n64s3c3z2", "n128s2oz1", "n128s3c3j",
+                                    "n128s2jg", "n128s3c3jg", "n64s4c3j"])
 def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink, layout, config):
     from primus_turbo.testing import attention_ref
     from primus_turbo.triton.attention.flash_attn_fwd import flash_attn_fwd_triton
@@ -310,6 +362,8 @@ def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink,
     out = torch.full((B, Sq, Hq, D), float("nan"), device="cuda", dtype=dtype)
     lse = torch.full((B, Hq, Sq), float("nan"), device="cuda")
     cfg = fa.GluonAttnConfig.parse(config) if config else None  # p: the ping-pong schedule, o: the overlap wait
+    if cfg is not None and cfg.check(D) is not None:
+        pytest.skip(f"{config} at head dim {D}: {cfg.check(D)}")
     out, lse = fa.flash_attn_fwd_gluon(q, k, v, s, scale, -1, wr, config=cfg, out=out, lse=lse)
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     ref_out, ref_lse = attention_ref(q, k, v, causal=causal, sink=s, softmax_scale=scale, return_lse=True,

@@ -102,14 +102,18 @@ def test_env_registered_and_documented():
 
 
 def test_use_rule(monkeypatch):
-    """use_gluon_attn_varlen_fwd: auto (the default) for full attention from max_seqlen_q 2048 on, 1 always, 0 never."""
+    """use_gluon_attn_varlen_fwd: auto (the default) from max_seqlen_q 2048 on (full and causal), and
+    every causal / right-bounded pack at head dim 128; 1 always, 0 never."""
     monkeypatch.delenv(fa.GLUON_ATTN_VARLEN_ENV, raising=False)
     assert fa.VARLEN_AUTO_MIN_SEQLEN_Q == 2048
     assert not fa.use_gluon_attn_varlen_fwd(2047) and fa.use_gluon_attn_varlen_fwd(2048)
     assert fa.use_gluon_attn_varlen_fwd(16384) and not fa.use_gluon_attn_varlen_fwd(0)
-    # auto: full attention only (causal / a right bound measured slower than the tl kernel)
-    assert not fa.use_gluon_attn_varlen_fwd(16384, 0) and not fa.use_gluon_attn_varlen_fwd(16384, 5)
-    assert fa.use_gluon_attn_varlen_fwd(16384, -1)
+    for d in (64, 128):
+        assert fa.use_gluon_attn_varlen_fwd(2048, 0, d) and fa.use_gluon_attn_varlen_fwd(16384, -1, d)
+        assert not fa.use_gluon_attn_varlen_fwd(2047, -1, d)
+    # head dim 128 causal / right-bounded: every pack; head dim 64: from 2048 only
+    assert fa.use_gluon_attn_varlen_fwd(512, 0, 128) and fa.use_gluon_attn_varlen_fwd(57, 5, 128)
+    assert not fa.use_gluon_attn_varlen_fwd(512, 0, 64) and not fa.use_gluon_attn_varlen_fwd(2047, 0, 64)
     for auto in ("auto", "AUTO", ""):
         monkeypatch.setenv(fa.GLUON_ATTN_VARLEN_ENV, auto)
         assert not fa.use_gluon_attn_varlen_fwd(2047) and fa.use_gluon_attn_varlen_fwd(2048)
@@ -266,7 +270,7 @@ def test_varlen_launcher_arguments_bind_and_compile_for_sm90(Hq, Hk, D, causal, 
 # ---------------------------------------------------------------------------------------------
 # GPU (sm_90): numerics
 # ---------------------------------------------------------------------------------------------
-def _check(lens, Hq, Hk, D, causal, dtype=torch.bfloat16, sink=False, lens_k=None, extra=0):
+def _check(lens, Hq, Hk, D, causal, dtype=torch.bfloat16, sink=False, lens_k=None, extra=0, cfg=None):
     from primus_turbo.triton.attention.flash_attn_fwd import flash_attn_varlen_fwd_triton
 
     s_mod = _script()
@@ -276,7 +280,7 @@ def _check(lens, Hq, Hk, D, causal, dtype=torch.bfloat16, sink=False, lens_k=Non
     scale, wr = D ** -0.5, (0 if causal else -1)
     cq, ck = s_mod.cu_seqlens(lens, "cuda"), s_mod.cu_seqlens(lens_k, "cuda")
     assert fa.gluon_attn_varlen_fwd_reason(q, k, v, cq, ck, max(lens), max(lens_k), s, scale, -1, wr) is None
-    out, lse = s_mod.run_gluon(q, k, v, lens, lens_k, causal, scale, s)  # into NaN-poisoned O and LSE
+    out, lse = s_mod.run_gluon(q, k, v, lens, lens_k, causal, scale, s, cfg=cfg)  # into NaN-poisoned O and LSE
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     n = sum(lens)
     ref_out, ref_lse = s_mod.reference(q, k, v, lens, lens_k, causal, scale, s)
@@ -309,6 +313,27 @@ def test_matches_reference_and_tl(pattern, Hq, Hk, D, causal):
 ])
 def test_more_cases(lens, lens_k, Hq, Hk, D, causal, dtype, sink, extra):
     _check(lens, Hq, Hk, D, causal, dtype, sink, lens_k, extra)
+
+
+@sm90
+@pytest.mark.parametrize("config", ["n128s3c3j", "n128s3c3jg", "n128s2jg", "n64s4c3j"])
+@pytest.mark.parametrize("lens,Hq,Hk,D,causal,sink,extra", [
+    ([57, 311, 800, 173], 8, 2, 64, True, False, 0),
+    ([57, 311, 800, 173], 8, 2, 64, False, True, 0),
+    ([300, 1100, 65, 700], 8, 2, 128, True, False, 0),
+    ([200, 0, 333, 1], 8, 8, 64, True, True, 0),  # an empty document, a one-token one
+    ([100, 250], 8, 2, 64, True, False, 77),  # rows no document owns
+    ([2048] * 8, 16, 2, 64, True, False, 0),  # uniform documents: the last tile's upper warpgroup sees no row
+    ([2048] * 8, 16, 2, 64, False, False, 0),
+])
+def test_skip_and_heads_fastest_configs(config, lens, Hq, Hk, D, causal, sink, extra):
+    """Configs ``j`` (each warpgroup computes only the key blocks its rows see and releases the rest
+    of the ring unread) and ``g`` (grid (heads, query tiles, documents)): the same checks as the
+    default (fp32 reference, the tl kernel, poisoned outputs, rows no document owns)."""
+    cfg = fa.GluonAttnConfig.parse(config)
+    if cfg.check(D) is not None:
+        pytest.skip(cfg.check(D))
+    _check(lens, Hq, Hk, D, causal, torch.bfloat16, sink, None, extra, cfg=cfg)
 
 
 @sm90

@@ -4,8 +4,8 @@ on sm_90 its dense forward and backward run the warp-specialized Gluon kernels w
 inputs and were measured faster (``PRIMUS_TURBO_ATTN_FWD_GLUON`` / ``PRIMUS_TURBO_ATTN_BWD_GLUON``;
 the rules are ``use_gluon_attn_fwd`` / ``use_gluon_attn_bwd``; 1 wherever they run, 0 never), and its
 varlen forward the Gluon varlen kernel (``PRIMUS_TURBO_ATTN_VARLEN_GLUON``, rule
-``use_gluon_attn_varlen_fwd``: auto for full attention with ``max_seqlen_q >= 2048``, 1 wherever it runs, 0
-never)).
+``use_gluon_attn_varlen_fwd``: auto from ``max_seqlen_q >= 2048`` (head dim 128: every causal pack), 1
+wherever it runs, 0 never)).
 
 Every backend takes already-validated, *logical* ``[batch, seq, heads, head_dim]`` tensors (any
 strides) and the normalised mask bounds ``win_left`` / ``win_right`` (``-1`` = unbounded, causal
@@ -160,8 +160,8 @@ def _gluon_fwd(q, k, v, sink, softmax_scale, win_left, win_right):
 def _gluon_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sink, softmax_scale, win_left,
                       win_right):
     """The Gluon varlen forward (sm_90) where ``PRIMUS_TURBO_ATTN_VARLEN_GLUON`` allows it for this
-    ``max_seqlen_q`` and window (``use_gluon_attn_varlen_fwd``; auto: full attention with
-    ``max_seqlen_q >= 2048``, where it was measured faster on the H200; 1: always) and
+    ``max_seqlen_q``, window and head dim (``use_gluon_attn_varlen_fwd``; auto: where it was measured
+    faster on the H200; 1: always) and
     ``gluon_attn_varlen_fwd_reason`` takes the inputs (the dense Gluon forward's rules), else None.
     Its O ``[Tq, Hq, D]`` and LSE ``[Hq, Tq]`` are the tl varlen forward's, so the varlen backward
     runs on them unchanged."""
@@ -169,7 +169,7 @@ def _gluon_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
         flash_attn_varlen_fwd_gluon, gluon_attn_varlen_fwd_reason, use_gluon_attn_varlen_fwd,
     )
 
-    if not use_gluon_attn_varlen_fwd(max_seqlen_q, win_right) or gluon_attn_varlen_fwd_reason(
+    if not use_gluon_attn_varlen_fwd(max_seqlen_q, win_right, q.size(-1)) or gluon_attn_varlen_fwd_reason(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sink, softmax_scale, win_left,
             win_right) is not None:
         return None

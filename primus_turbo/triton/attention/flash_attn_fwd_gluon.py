@@ -133,6 +133,8 @@ class GluonAttnConfig:
     emu: int = 0
     emu_deg: int = 3
     lazy: int = 0
+    skip: bool = False
+    heads_fastest: bool = False
 
     @property
     def BLOCK_M(self) -> int:  # noqa: N802 - the kernels' name for it
@@ -150,6 +152,7 @@ class GluonAttnConfig:
             wgs += f"e{self.emu}" + (f"d{self.emu_deg}" if self.emu_deg != 3 else "")
         if self.lazy:
             wgs += f"z{self.lazy}"
+        wgs += ("j" if self.skip else "") + ("g" if self.heads_fastest else "")
         return f"n{self.block_n}s{self.stages}{flags}{wgs}r{self.consumer_regs}w{self.producer_regs}"
 
     @classmethod
@@ -161,17 +164,21 @@ class GluonAttnConfig:
         the polynomial's degree, 2-5, default 3: relative error 7.5e-5, under bf16's 3.9e-3), z<T>:
         conditional rescaling of O (``lazy``, T 1-4: a row's reference maximum moves only when the
         row maximum passes it by more than T, so P stays <= 2**T and a warp whose rows kept their
-        reference skips the O multiplies), r / w: consumer / producer registers per thread; with
+        reference skips the O multiplies), j: each warpgroup stops at its own rows' last visible key
+        block (``skip``: a causal tile's lower warpgroups, and a warpgroup whose rows all lie past the
+        sequence, release the tile's later K / V blocks without computing them), g: heads-fastest
+        grid (``heads_fastest``: the CTAs in flight are one query tile of many heads, so causal runs
+        the longest tiles of every head first), r / w: consumer / producer registers per thread; with
         ``c3`` the consumer default is 160, what three warpgroups and the producer's 24 leave)."""
-        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(o)?(?:c(\d+))?(?:e(\d+)(?:d(\d+))?)?(?:z(\d+))?(?:r(\d+))?(?:w(\d+))?",
-                         text.strip())
+        m = re.fullmatch(r"n(\d+)s(\d+)(p)?(o)?(?:c(\d+))?(?:e(\d+)(?:d(\d+))?)?(?:z(\d+))?(j)?(g)?(?:r(\d+))?"
+                         r"(?:w(\d+))?", text.strip())
         if not m:
             raise ValueError(f"bad Gluon attention config {text!r}; expected e.g. n128s2, n128s2p, n128s2o, n128s2po, "
                              f"n128s3c3, n128s3e4, n64s4r232w40")
-        bn, st, pp, ov, c, emu, deg, lz, r, w = m.groups()
+        bn, st, pp, ov, c, emu, deg, lz, sk, hf, r, w = m.groups()
         wgs = int(c or 2)
         return cls(int(bn), int(st), int(r or (240 if wgs == 2 else 160)), int(w or 24), bool(pp), bool(ov), wgs,
-                   int(emu or 0), int(deg or 3), int(lz or 0))
+                   int(emu or 0), int(deg or 3), int(lz or 0), skip=bool(sk), heads_fastest=bool(hf))
 
     def check(self, head_dim: int) -> Optional[str]:
         if self.block_n not in (64, 128):  # Gluon tensors are power-of-two sized; 256 needs 128 S registers
@@ -188,6 +195,8 @@ class GluonAttnConfig:
             return f"z{self.lazy}: the conditional-rescale threshold is 1 to 4 (log2 units)"
         if self.pingpong and self.consumers != 2:
             return "ping-pong (p) takes exactly 2 consumer warpgroups"
+        if self.pingpong and self.skip:
+            return "j (per-warpgroup key extent) does not take p: ping-pong turns need equal MMA counts"
         if self.consumers * 128 * self.consumer_regs + 128 * self.producer_regs > 65536:
             return (f"registers: {self.consumers} x 128 x {self.consumer_regs} + 128 x {self.producer_regs} "
                     f"> 65536")
@@ -197,21 +206,39 @@ class GluonAttnConfig:
 
 
 #: per (head dim, causal). D=128: two 32 KB K/V stages next to the 32 KB Q tile (160 KB); D=64 has
-#: room for three. D=64 full attention: three consumer warpgroups (192-row tiles): H200 device time
-#: (CUDA-graph replay, session 28, benchmarks/results/h200/session28/bf16_d64_graph_call4.log), 32/32
-#: heads, 16k tokens: 454 / 465 TFLOP/s at seq 4096 / 16384 against 403 / 421 for two warpgroups and
-#: 412 / 427 for the tl kernel; GPT-OSS 64/8 heads, 8 x 2048 varlen: 441 against 408 (tl 393). Causal
-#: keeps two: its 192-row tiles waste more of the diagonal blocks (varlen 8 x 2048 causal: 266 vs 308).
-_DEFAULT_CONFIGS = {(64, False): GluonAttnConfig(block_n=128, stages=3, consumer_regs=160, consumers=3),
-                    (64, True): GluonAttnConfig(block_n=128, stages=3),
+#: room for three. D=64: three consumer warpgroups (192-row tiles, a third instruction stream to hide
+#: the softmax, whose exponentials take as long as the MMAs at this head dim) with ``j``, each
+#: warpgroup stopping at its own rows' last key block: without it a causal 192-row tile computes
+#: ~18% more blocks than the 128-row one (the lower warpgroups' blocks past their diagonal) and lost
+#: to two warpgroups (GPT-OSS 64/8 heads, 8 x 2048 varlen causal: 266 vs 308 TFLOP/s); with it the
+#: work is the 128-row tile's. H200 device time (CUDA-graph replay, session 29,
+#: benchmarks/results/h200/session29/): that causal pack 302 (j), 345-348 (j + heads-fastest grid)
+#: against the per-document cuDNN loop's 343-345 and the tl kernel's 315; full 441-442 against
+#: 442-443; dense 32/32 heads causal 407 / 417 at seq 4096 / 16384 (tl 371 / 409, two warpgroups
+#: 367 / 427). D=128 causal: ``j`` too (the varlen packs' partial tiles and unaligned diagonals:
+#: 32/8 heads, +1.5-8% over the plain config on five packs); full attention keeps the plain config.
+_DEFAULT_CONFIGS = {(64, False): GluonAttnConfig(block_n=128, stages=3, consumer_regs=160, consumers=3, skip=True),
+                    (64, True): GluonAttnConfig(block_n=128, stages=3, consumer_regs=160, consumers=3, skip=True),
                     (128, False): GluonAttnConfig(block_n=128, stages=2),
-                    (128, True): GluonAttnConfig(block_n=128, stages=2)}
+                    (128, True): GluonAttnConfig(block_n=128, stages=2, skip=True)}
+
+#: query heads per kv head from which the head-dim-64 default takes the heads-fastest grid (``g``):
+#: the CTAs in flight are one query tile of many heads, so the ``group`` of them that share a kv head
+#: read the same K / V blocks together (GPT-OSS 64/8 heads: dense 2048 / 8192 full 458 / 476 against
+#: 437 / 468 without it; varlen causal 345 against 302). Without GQA the grid keeps the query tiles
+#: fastest: each head's tiles then share its K / V (32/32 heads, dense full: 429 / 459 with ``g``
+#: against 450 / 471; head dim 128, dense: -10 to -16%).
+HEADS_FASTEST_MIN_GROUP = 4
 
 
-def default_attn_config(head_dim: int, causal: bool = False) -> GluonAttnConfig:
+def default_attn_config(head_dim: int, causal: bool = False, group: int = 1) -> GluonAttnConfig:
     """The default tile config for ``head_dim`` (64 or 128); ``causal``: any right bound (the
-    kernel's ``win_right >= 0``)."""
-    return _DEFAULT_CONFIGS[(head_dim, bool(causal))]
+    kernel's ``win_right >= 0``); ``group``: query heads per kv head (GQA), which picks the grid
+    order at head dim 64 (:data:`HEADS_FASTEST_MIN_GROUP`)."""
+    cfg = _DEFAULT_CONFIGS[(head_dim, bool(causal))]
+    if head_dim == 64 and group >= HEADS_FASTEST_MIN_GROUP:
+        cfg = dataclasses.replace(cfg, heads_fastest=True)
+    return cfg
 
 
 # ----------------------------------------------------------------------------------------------
@@ -227,14 +254,14 @@ if GLUON_AVAILABLE:
         least one block is visited (fully masked when the rows see nothing) so the producer and
         the consumers agree on the count without a special case. ``M_AXIS``: the grid axis of the
         query tiles, the other one is batch * head (1: the FP8 forward's heads-fastest grid).
-        ``VARLEN``: the grid is (query tiles, heads, documents), ``b`` the document, and SEQ_Q /
-        SEQ_K / offset are that document's."""
+        ``VARLEN``: the grid is (query tiles, heads, documents) (``M_AXIS`` 1: (heads, query tiles,
+        documents)), ``b`` the document, and SEQ_Q / SEQ_K / offset are that document's."""
         pid_m = gl.program_id(M_AXIS)
         if HAS_RIGHT:
             pid_m = gl.num_programs(M_AXIS) - 1 - pid_m
         if VARLEN:
             b = gl.program_id(2)
-            h = gl.program_id(1)
+            h = gl.program_id(1 - M_AXIS)
         else:
             pid_bh = gl.program_id(1 - M_AXIS)
         hi = SEQ_K
@@ -259,7 +286,7 @@ if GLUON_AVAILABLE:
                   H, GROUP, SEQ_Q, SEQ_K, offset, win_right,
                   HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   V_KEYS_INNER: gl.constexpr = False, Q_ROW0=0, K_ROW0=0, VARLEN: gl.constexpr = False,
-                  NUM_WG: gl.constexpr = 2):
+                  NUM_WG: gl.constexpr = 2, M_AXIS: gl.constexpr = 0):
         """One warp: Q's two halves once, then K_j and V_j into ring slot ``j % STAGES``.
         ``V_KEYS_INNER``: v_desc is over V^T viewed as [B, D, H, S] (the FP8 forward's V copy, keys
         contiguous for the K-major FP8 MMA operand), so a key block is the box's inner dimension.
@@ -269,9 +296,9 @@ if GLUON_AVAILABLE:
         ``SEQ_K - BLOCK_N``, :func:`_key_start`; earlier rows, masked by the consumers, or zeros
         before the tensor's start), so no K / V row past the document's end is read; a Q block past
         it reads the next document's rows (or zeros), which are never stored. ``NUM_WG``: consumer
-        warpgroups, one 64-row Q part each."""
+        warpgroups, one 64-row Q part each. ``M_AXIS``: the query tiles' grid axis (:func:`_tile`)."""
         HALF: gl.constexpr = q_desc.block_type.shape[1]
-        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, NUM_WG * HALF, BLOCK_N, 0,
+        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, NUM_WG * HALF, BLOCK_N, M_AXIS,
                                       VARLEN)
         hk = h // GROUP
         m0 = pid_m * (NUM_WG * HALF)
@@ -514,10 +541,15 @@ if GLUON_AVAILABLE:
                   STAGES: gl.constexpr, PINGPONG: gl.constexpr, OVERLAP: gl.constexpr,
                   O=0, stride_os=0, stride_oh=0, stride_lh=0, Q_ROW0=0, VARLEN: gl.constexpr = False,
                   NUM_WG: gl.constexpr = 2, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3,
-                  LAZY: gl.constexpr = 0):
+                  LAZY: gl.constexpr = 0, SKIP: gl.constexpr = False, M_AXIS: gl.constexpr = 0):
         """One warpgroup: query rows [WG*64, WG*64+64) of the tile. ``VARLEN``: SEQ_Q / SEQ_K /
         offset are the document's, its rows start at ``Q_ROW0`` of the packed O ``[T, H, D]``
-        (pointer ``O``, row / head strides) and LSE ``[H, T]`` (head stride ``stride_lh``)."""
+        (pointer ``O``, row / head strides) and LSE ``[H, T]`` (head stride ``stride_lh``).
+        ``SKIP``: the warpgroup computes only the key blocks its own rows can see (``n_own`` of the
+        tile's ``n_blocks``: a causal tile's lower warpgroups see fewer blocks than its last rows,
+        and a warpgroup whose rows all lie past SEQ_Q needs none, so it runs block 0 only, whose
+        results are never stored) and releases the rest of the tile's ring slots unread, so that
+        the warpgroups still computing get the SM's tensor and MUFU issue slots."""
         HALF: gl.constexpr = o_desc.block_type.shape[1]
         D_QK: gl.constexpr = q_smem.type.shape[4]
         D_V: gl.constexpr = o_desc.block_type.shape[3]
@@ -531,16 +563,24 @@ if GLUON_AVAILABLE:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, NUM_WG * HALF, BLOCK_N, 0,
+        pid_m, b, h, n_blocks = _tile(H, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, NUM_WG * HALF, BLOCK_N, M_AXIS,
                                       VARLEN)
         m0 = pid_m * (NUM_WG * HALF) + WG * HALF
         offs_m = m0 + gl.arange(0, HALF, layout=row_layout)
         diag = offset + win_right
+        # blocks [0, n_own) are the ones this warpgroup computes: the tile's, or (SKIP) those its own
+        # rows can see (at least block 0, so the peeled first block and the last PV always exist)
+        n_own = n_blocks
+        if SKIP:
+            if HAS_RIGHT:
+                n_own = gl.minimum(gl.maximum(gl.cdiv(gl.minimum(m0 + HALF + diag, SEQ_K), BLOCK_N), 1), n_blocks)
+            if m0 >= SEQ_Q:
+                n_own = 1
         # blocks [0, n_full) are whole and below the diagonal for every row of this warpgroup
         n_full = SEQ_K // BLOCK_N
         if HAS_RIGHT:
             n_full = gl.minimum(n_full, gl.maximum(m0 + diag + 1, 0) // BLOCK_N)
-        n_full = gl.minimum(n_full, n_blocks)
+        n_full = gl.minimum(n_full, n_own)
 
         if HAS_SINK:  # the sink joins the denominator only: start at m = sink (base 2), l = 1
             sink_log2 = gl.load(SINK + h).to(gl.float32) * 1.4426950408889634
@@ -573,19 +613,29 @@ if GLUON_AVAILABLE:
                                              s_regs, acc, p, m_i, l_i, qk_scale, offs_m, SEQ_K, diag, o_layout,
                                              p_layout, HAS_RIGHT, False, STAGES, WG, PINGPONG, OVERLAP, False, EMU,
                                              EMU_DEG, LAZY)
-        for j in range(gl.maximum(n_full, 1), n_blocks):
+        for j in range(gl.maximum(n_full, 1), n_own):
             s_regs, acc, p, m_i, l_i = _step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
                                              s_regs, acc, p, m_i, l_i, qk_scale, offs_m, SEQ_K, diag, o_layout,
                                              p_layout, HAS_RIGHT, True, STAGES, WG, PINGPONG, OVERLAP, VARLEN, 0, 3,
                                              LAZY)
         # the last block's PV
-        sl = (n_blocks - 1) % STAGES
-        mbarrier.wait(v_ready.index(sl), ((n_blocks - 1) // STAGES) & 1)
-        _take_turn(turn, n_blocks, WG, PINGPONG)
+        sl = (n_own - 1) % STAGES
+        mbarrier.wait(v_ready.index(sl), ((n_own - 1) // STAGES) & 1)
+        _take_turn(turn, n_own, WG, PINGPONG)
         o_tok = warpgroup_mma(p, v_bufs.index(sl).reshape([BLOCK_N, D_V]), acc, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
         acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p))
         mbarrier.arrive(v_empty.index(sl), count=1)
+        if SKIP:
+            # the tile's blocks past this warpgroup's rows: released once loaded (waiting for the
+            # data first puts the arrival in that use's phase of the empty barrier, never in the
+            # previous use's, which the other warpgroups may still be reading)
+            for j in range(n_own, n_blocks):
+                sj = j % STAGES
+                mbarrier.wait(k_ready.index(sj), (j // STAGES) & 1)
+                mbarrier.arrive(k_empty.index(sj), count=1)
+                mbarrier.wait(v_ready.index(sj), (j // STAGES) & 1)
+                mbarrier.arrive(v_empty.index(sj), count=1)
 
         empty = l_i == 0.0
         l_safe = gl.where(empty, 1.0, l_i)
@@ -619,10 +669,11 @@ if GLUON_AVAILABLE:
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr,
                      OVERLAP: gl.constexpr, O=0, stride_os=0, stride_oh=0, stride_lh=0, Q_ROW0=0, K_ROW0=0,
                      VARLEN: gl.constexpr = False, NUM_WG: gl.constexpr = 2, EMU: gl.constexpr = 0,
-                     EMU_DEG: gl.constexpr = 3, LAZY: gl.constexpr = 0):
+                     EMU_DEG: gl.constexpr = 3, LAZY: gl.constexpr = 0, SKIP: gl.constexpr = False,
+                     M_AXIS: gl.constexpr = 0):
         """The body of both kernels: shared memory, barriers, producer warp + ``NUM_WG`` (2 or 3)
         consumer warpgroups (``VARLEN``: one document's tile, the varlen arguments as
-        :func:`_consumer`'s)."""
+        :func:`_consumer`'s; ``SKIP`` as :func:`_consumer`'s; ``M_AXIS`` the query tiles' grid axis)."""
         HALF: gl.constexpr = q_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
         D_QK: gl.constexpr = q_desc.block_type.shape[3]
@@ -653,32 +704,32 @@ if GLUON_AVAILABLE:
                 (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                              SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 0, HAS_RIGHT, HAS_SINK,
                              BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
-                             NUM_WG, EMU, EMU_DEG, LAZY)),
+                             NUM_WG, EMU, EMU_DEG, LAZY, SKIP, M_AXIS)),
                 (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                              SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 1, HAS_RIGHT, HAS_SINK,
                              BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
-                             NUM_WG, EMU, EMU_DEG, LAZY)),
+                             NUM_WG, EMU, EMU_DEG, LAZY, SKIP, M_AXIS)),
                 (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                              SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 2, HAS_RIGHT, HAS_SINK,
                              BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
-                             NUM_WG, EMU, EMU_DEG, LAZY)),
+                             NUM_WG, EMU, EMU_DEG, LAZY, SKIP, M_AXIS)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                              v_empty, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, False,
-                             Q_ROW0, K_ROW0, VARLEN, NUM_WG)),
+                             Q_ROW0, K_ROW0, VARLEN, NUM_WG, M_AXIS)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
                 (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                              SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 0, HAS_RIGHT, HAS_SINK,
                              BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
-                             NUM_WG, EMU, EMU_DEG, LAZY)),
+                             NUM_WG, EMU, EMU_DEG, LAZY, SKIP, M_AXIS)),
                 (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn, LSE,
                              SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale, 1, HAS_RIGHT, HAS_SINK,
                              BLOCK_N, STAGES, PINGPONG, OVERLAP, O, stride_os, stride_oh, stride_lh, Q_ROW0, VARLEN,
-                             NUM_WG, EMU, EMU_DEG, LAZY)),
+                             NUM_WG, EMU, EMU_DEG, LAZY, SKIP, M_AXIS)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                              v_empty, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, False,
-                             Q_ROW0, K_ROW0, VARLEN, NUM_WG)),
+                             Q_ROW0, K_ROW0, VARLEN, NUM_WG, M_AXIS)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
     @gluon.jit
@@ -690,10 +741,11 @@ if GLUON_AVAILABLE:
         HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
         OVERLAP: gl.constexpr = False, NUM_WG: gl.constexpr = 2, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3,
-        LAZY: gl.constexpr = 0,
+        LAZY: gl.constexpr = 0, SKIP: gl.constexpr = False, HEADS_FASTEST: gl.constexpr = False,
     ):
         """O, LSE of NUM_WG x 64 query rows of one (batch, head): producer warp + NUM_WG consumer
-        warpgroups.
+        warpgroups; grid (query tiles, batch * heads), or (batch * heads, query tiles) with
+        HEADS_FASTEST.
 
         Descriptors over logical [B, S, H, D]: q/o boxes [1, 64, 1, D] (a warpgroup's rows),
         k/v boxes [1, BLOCK_N, 1, D]. HAS_RIGHT (a right window bound, causal = 0) is constexpr
@@ -701,7 +753,7 @@ if GLUON_AVAILABLE:
         OVERLAP: GluonAttnConfig's pingpong / overlap."""
         _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, offset, win_right, qk_scale,
                      HAS_RIGHT, HAS_SINK, STAGES, CONSUMER_REGS, PRODUCER_REGS, PINGPONG, OVERLAP, 0, 0, 0, 0, 0, 0,
-                     False, NUM_WG, EMU, EMU_DEG, LAZY)
+                     False, NUM_WG, EMU, EMU_DEG, LAZY, SKIP, 1 if HEADS_FASTEST else 0)
 
     @gluon.jit
     def _attn_fwd_varlen_ws_kernel(
@@ -712,18 +764,19 @@ if GLUON_AVAILABLE:
         HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
         OVERLAP: gl.constexpr = False, NUM_WG: gl.constexpr = 2, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3,
-        LAZY: gl.constexpr = 0,
+        LAZY: gl.constexpr = 0, SKIP: gl.constexpr = False, HEADS_FASTEST: gl.constexpr = False,
     ):
         """Varlen (packed THD): O, LSE of NUM_WG x 64 query rows of one (document, head); grid (query
-        tiles of max_seqlen_q, heads, documents). Descriptors over the packed tensors viewed as
+        tiles of max_seqlen_q, heads, documents), or (heads, query tiles, documents) with HEADS_FASTEST. Descriptors over the packed tensors viewed as
         [1, T, H, D]; document ``b`` is q rows ``CU_Q[b] .. CU_Q[b+1]-1`` and k / v rows
         ``CU_K[b] .. CU_K[b+1]-1`` (int32, read here on the device), masks bottom-right aligned
         per document. A tile that starts past its document's end exits at once. O ``[T, H, D]``
         (pointer and row / head strides for the partial tiles' masked stores), LSE ``[H, T]``."""
         HALF: gl.constexpr = q_desc.block_type.shape[1]
-        pid_m = gl.program_id(0)
+        M_AXIS: gl.constexpr = 1 if HEADS_FASTEST else 0
+        pid_m = gl.program_id(M_AXIS)
         if HAS_RIGHT:
-            pid_m = gl.num_programs(0) - 1 - pid_m
+            pid_m = gl.num_programs(M_AXIS) - 1 - pid_m
         b = gl.program_id(2)
         q_start = gl.load(CU_Q + b)
         seq_q = gl.load(CU_Q + b + 1) - q_start
@@ -732,7 +785,8 @@ if GLUON_AVAILABLE:
         if pid_m * (NUM_WG * HALF) < seq_q:
             _attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, LSE, SINK, H, GROUP, seq_q, seq_k, seq_k - seq_q, win_right,
                          qk_scale, HAS_RIGHT, HAS_SINK, STAGES, CONSUMER_REGS, PRODUCER_REGS, PINGPONG, OVERLAP,
-                         O, stride_os, stride_oh, stride_lh, q_start, k_start, True, NUM_WG, EMU, EMU_DEG, LAZY)
+                         O, stride_os, stride_oh, stride_lh, q_start, k_start, True, NUM_WG, EMU, EMU_DEG, LAZY,
+                         SKIP, M_AXIS)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -746,14 +800,16 @@ def use_gluon_attn_fwd(q: torch.Tensor, win_right: int) -> bool:
     <= 2048 queries (0.96x); head dim 64 full attention (no right bound) from 2048 queries, with its
     three-warpgroup default (session 28, device time: 1.09-1.10x the tl kernel at 4096 / 16384, 1.12x
     on GPT-OSS's 64/8 heads at 2048; at 512-1024 tokens per sequence the tl kernel stays ahead);
-    head dim 64 causal (two warpgroups 0.80-0.98x) runs the tl kernel."""
+    head dim 64 causal from 2048 queries too, since its default stops each warpgroup at its own
+    diagonal (session 29, device time: 32/32 heads 1.10x / 1.02x the tl kernel at 4096 / 16384,
+    64/8 heads 1.07x / 1.12x at 2048 / 8192; two warpgroups had been 0.80-0.98x)."""
     from primus_turbo.pytorch.core.env import env_auto_flag
 
     flag = env_auto_flag(GLUON_ATTN_ENV)
     if flag is None:
         d, s = q.size(-1), q.size(1)
         if d == 64:
-            return win_right < 0 and s >= 2048
+            return s >= 2048
         return d == 128 and not (win_right == 0 and s <= 2048)
     return flag
 
@@ -869,7 +925,7 @@ def _launch_kwargs(cfg: GluonAttnConfig, win_right: int, sink) -> dict:
     return dict(HAS_RIGHT=win_right >= 0, HAS_SINK=sink is not None, STAGES=cfg.stages,
                 CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong,
                 OVERLAP=cfg.overlap, NUM_WG=cfg.consumers, EMU=cfg.emu, EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy,
-                num_warps=4)
+                SKIP=cfg.skip, HEADS_FASTEST=cfg.heads_fastest, num_warps=4)
 
 
 def _kernel_args(q, k, v, out, lse, sink, softmax_scale: float, win_right: int, cfg: GluonAttnConfig) -> tuple:
@@ -881,6 +937,8 @@ def _kernel_args(q, k, v, out, lse, sink, softmax_scale: float, win_right: int, 
             H, H // Hk, Sq, Sk, Sk - Sq, max(win_right, 0), float(softmax_scale) * LOG2E)
     kwargs = _launch_kwargs(cfg, win_right, sink)
     grid = (-(-Sq // cfg.BLOCK_M), B * H)
+    if cfg.heads_fastest:
+        grid = grid[::-1]
     return grid, args, kwargs
 
 
@@ -909,11 +967,14 @@ def flash_attn_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink
     out, lse = _outputs("flash_attn_fwd_gluon", out, lse, B, Sq, H, D, q.dtype, q.device)
     if B == 0 or Sq == 0 or H == 0:
         return out, lse
-    cfg = config or default_attn_config(D, win_right >= 0)
+    cfg = config or default_attn_config(D, win_right >= 0, H // k.size(2))
     bad = cfg.check(D)
     if bad is not None:
         raise ValueError(f"flash_attn_fwd_gluon: {bad}")
     grid, args, kwargs = _kernel_args(q, k, v, out, lse, sink, softmax_scale, win_right, cfg)
+    if grid[1] > 65535:
+        raise ValueError(f"flash_attn_fwd_gluon: config {cfg.short()} puts {grid[1]} query tiles on the grid's y axis "
+                         f"(at most 65535)")
     launch(_attn_fwd_ws_kernel, grid, args, kwargs, q.device)
     return out, lse
 
@@ -931,21 +992,28 @@ _MAX_GRID_YZ = 65535
 VARLEN_AUTO_MIN_SEQLEN_Q = 2048
 
 
-def use_gluon_attn_varlen_fwd(max_seqlen_q: int, win_right: int = -1) -> bool:
+def use_gluon_attn_varlen_fwd(max_seqlen_q: int, win_right: int = -1, head_dim: int = 128) -> bool:
     """``PRIMUS_TURBO_ATTN_VARLEN_GLUON`` for a varlen call's ``max_seqlen_q`` (the host int of
-    ``flash_attn_varlen_func``: no sync) and normalized right window (``win_right >= 0``: causal or a
-    right bound): 1 runs :func:`flash_attn_varlen_fwd_gluon` for the TRITON backend's varlen forward
-    wherever :func:`gluon_attn_varlen_fwd_reason` allows, 0 never, auto (the default) for full
-    attention (no right bound) with ``max_seqlen_q >= 2048``. H200, 16384-token packs, 32/8 heads,
-    d128, Gluon / tl (full / causal), with the shifted last key block (session 7, call 7):
-    documents of 2048 tokens 1.27x / 0.96x, 2048-64-64-64 1.02x / 0.91x, 128-256-512-1024
-    0.93x / 0.77x, 512 x 4 0.91x / 0.81x, 57-311-800-173 0.80x / 0.71x (call 6, before the shift:
-    1.22 / 1.09, 1.11 / 1.01, 1.02 / 0.89, 0.77 / 0.77, 0.91 / 0.73)."""
+    ``flash_attn_varlen_func``: no sync), normalized right window (``win_right >= 0``: causal or a
+    right bound) and head dim: 1 runs :func:`flash_attn_varlen_fwd_gluon` for the TRITON backend's
+    varlen forward wherever :func:`gluon_attn_varlen_fwd_reason` allows, 0 never, auto (the default)
+    where it was measured faster than the tl varlen forward on the H200 (16384-token packs, device
+    time): ``max_seqlen_q >= 2048`` (full attention at both head dims; causal at head dim 64), and
+    every causal pack at head dim 128.
+
+    Session 29 (CUDA-graph replay, benchmarks/results/h200/session29/), Gluon default / tl: head dim
+    128 causal, 32/8 heads: 8 x 2048 1.35x, 2048-64-64-64 1.26x, 128-256-512-1024 1.27x, 512 x 4
+    1.33x, 57-311-800-173 1.11x; head dim 64, 64/8 heads: 8 x 2048 full 1.12x, causal 1.10x,
+    2048-64-64-64 full 1.05x, causal 0.98x; the packs of shorter documents keep the tl kernel
+    (0.80-0.95x). Session 7 (head dim 128 full, before the j / g configs): 8 x 2048 1.27x,
+    2048-64-64-64 1.02x, 128-256-512-1024 0.93x, 512 x 4 0.91x, 57-311-800-173 0.80x."""
     from primus_turbo.pytorch.core.env import env_auto_flag
 
     flag = env_auto_flag(GLUON_ATTN_VARLEN_ENV)
     if flag is None:
-        return win_right < 0 and int(max_seqlen_q) >= VARLEN_AUTO_MIN_SEQLEN_Q
+        if head_dim == 128 and win_right >= 0:
+            return True
+        return int(max_seqlen_q) >= VARLEN_AUTO_MIN_SEQLEN_Q
     return flag
 
 
@@ -1061,6 +1129,8 @@ def _varlen_kernel_args(q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, max
             float(softmax_scale) * LOG2E)
     kwargs = _launch_kwargs(cfg, win_right, sink)
     grid = (-(-int(max_seqlen_q) // cfg.BLOCK_M), H, cu_seqlens_q.numel() - 1)
+    if cfg.heads_fastest:
+        grid = (H, grid[0], grid[2])
     return grid, args, kwargs
 
 
@@ -1096,7 +1166,7 @@ def flash_attn_varlen_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     out, lse = _varlen_outputs(out, lse, Tq, H, D, q.dtype, q.device)
     if Tq == 0 or H == 0:
         return out, lse
-    cfg = config or default_attn_config(D, win_right >= 0)
+    cfg = config or default_attn_config(D, win_right >= 0, H // k.size(1))
     bad = cfg.check(D)
     if bad is not None:
         raise ValueError(f"flash_attn_varlen_fwd_gluon: {bad}")
@@ -1106,5 +1176,8 @@ def flash_attn_varlen_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         if cu_seqlens_q.numel() > 1 and int(max_seqlen_q) > 0:
             grid, args, kwargs = _varlen_kernel_args(q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                      softmax_scale, win_right, cfg)
+            if grid[1] > _MAX_GRID_YZ:
+                raise ValueError(f"flash_attn_varlen_fwd_gluon: config {cfg.short()} puts {grid[1]} query tiles on "
+                                 f"the grid's y axis (at most {_MAX_GRID_YZ})")
             launch(_attn_fwd_varlen_ws_kernel, grid, args, kwargs, q.device)
     return out, lse
