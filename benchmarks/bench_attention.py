@@ -752,6 +752,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help=f"varlen packing patterns, subset of {', '.join(VARLEN_PATTERNS)} (default all; "
                         f"--quick: {' '.join(VARLEN_QUICK_PATTERNS)})")
     p.add_argument("--modes", nargs="+", default=list(MODES), help=f"subset of {', '.join(MODES)}")
+    p.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved timing rounds (default {ROUNDS}; 1 with --cpu-smoke)")
     p.add_argument("--timing", choices=("do_bench", "graph"), default="do_bench",
                    help="do_bench (host time included where it shows) or graph (device time alone: CUDA-graph "
                         "replay with the L2 flushed before each call)")
@@ -770,7 +771,14 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
     if args.cpu_smoke and not has_cuda:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels through the interpreter
     global _rounds
-    _rounds = 1 if args.cpu_smoke else ROUNDS
+    if args.rounds < 1:
+        raise SystemExit(f"bench_attention: --rounds must be >= 1, got {args.rounds}")
+    _rounds = 1 if args.cpu_smoke else args.rounds
+    if args.timing == "graph" and "bwd" in [x for x in args.modes if x in MODES]:
+        # the backward step replays a retained autograd graph (out.backward(dout, retain_graph=True)),
+        # whose kernels run outside a CUDA-graph capture's stream: the capture fails
+        raise SystemExit("bench_attention: --timing graph times the forward only; add --modes fwd (time the "
+                         "backward with do_bench)")
     if args.timing == "graph" and has_cuda:
         set_timing("graph")
     device = torch.device("cuda" if has_cuda else "cpu")

@@ -154,3 +154,15 @@ def test_bench_attention_both_suites_cpu_smoke(tmp_path):
     md = (tmp_path / f"{bench.RESULT_NAME}.md").read_text()
     assert "| attn_fwd | turbo-triton | sdpa-flash |" in md
     assert "| attn_varlen_fwd | turbo-triton | sdpa-nested |" in md
+
+
+def test_bench_attention_timing_and_rounds_options():
+    """``--timing graph`` times forward passes only: with the backward mode it stops with a message
+    (its step replays a retained autograd graph, which a CUDA-graph capture cannot take);
+    ``--rounds`` must be positive. Both are refused before any case is built."""
+    bench = importlib.import_module("benchmarks.bench_attention")
+    with pytest.raises(SystemExit, match="--timing graph times the forward only"):
+        bench.run(bench.parse_args(["--cpu-smoke", "--timing", "graph", "--modes", "fwd", "bwd"]))
+    with pytest.raises(SystemExit, match="--rounds must be >= 1"):
+        bench.run(bench.parse_args(["--cpu-smoke", "--rounds", "0"]))
+    assert bench.parse_args(["--rounds", "7", "--timing", "graph"]).rounds == 7
