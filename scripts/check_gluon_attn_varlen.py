@@ -93,7 +93,7 @@ def compile_attn_varlen(head_dim: int, causal: bool, dtype: str = "bf16", sink: 
     from primus_turbo.triton.attention import flash_attn_fwd_gluon as fa
 
     cga = _load_script("check_gluon_attn")
-    cfg = cfg or fa.default_attn_config(head_dim, causal)
+    cfg = cfg or fa.default_attn_config(head_dim, causal, varlen=True)
     gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
     q_layout = gl.NVMMASharedLayout.get_default_for([1, fa.HALF_M, 1, head_dim], gdt)
     kv_layout = gl.NVMMASharedLayout.get_default_for([1, cfg.block_n, 1, head_dim], gdt)

@@ -182,11 +182,13 @@ def test_config_conditional_rescale():
 
 
 def test_default_config_skip_and_grid_order():
-    """The defaults: ``j`` at head dim 64 and in causal head dim 128 (full head dim 128 keeps the plain
-    config); the heads-fastest grid at head dim 64 only, from HEADS_FASTEST_MIN_GROUP query heads
-    per kv head (GQA), never at head dim 128."""
+    """The defaults: ``j`` at head dim 64, and at head dim 128 in the varlen kernel only (the dense one
+    keeps the plain config); the heads-fastest grid at head dim 64 only, from HEADS_FASTEST_MIN_GROUP
+    query heads per kv head (GQA), never at head dim 128."""
     assert [(d, c) for d in fa.HEAD_DIMS for c in (False, True) if fa.default_attn_config(d, c).skip] == [
-        (64, False), (64, True), (128, True)]
+        (64, False), (64, True)]
+    assert all(fa.default_attn_config(d, c, varlen=True).skip for d in fa.HEAD_DIMS for c in (False, True))
+    assert fa.default_attn_config(128, True, varlen=True) == fa.GluonAttnConfig.parse("n128s2j")
     g = fa.HEADS_FASTEST_MIN_GROUP
     for d in fa.HEAD_DIMS:
         for c in (False, True):

@@ -102,21 +102,21 @@ def test_env_registered_and_documented():
 
 
 def test_use_rule(monkeypatch):
-    """use_gluon_attn_varlen_fwd: auto (the default) from max_seqlen_q 2048 on (full and causal), and
-    every causal / right-bounded pack at head dim 128; 1 always, 0 never."""
+    """use_gluon_attn_varlen_fwd: auto (the default) for every pack at head dim 128 and from
+    max_seqlen_q 2048 on at head dim 64 (full and causal); 1 always, 0 never."""
     monkeypatch.delenv(fa.GLUON_ATTN_VARLEN_ENV, raising=False)
     assert fa.VARLEN_AUTO_MIN_SEQLEN_Q == 2048
-    assert not fa.use_gluon_attn_varlen_fwd(2047) and fa.use_gluon_attn_varlen_fwd(2048)
-    assert fa.use_gluon_attn_varlen_fwd(16384) and not fa.use_gluon_attn_varlen_fwd(0)
+    assert not fa.use_gluon_attn_varlen_fwd(2047, -1, 64) and fa.use_gluon_attn_varlen_fwd(2048, -1, 64)
+    assert fa.use_gluon_attn_varlen_fwd(16384, -1, 64) and not fa.use_gluon_attn_varlen_fwd(0, -1, 64)
     for d in (64, 128):
         assert fa.use_gluon_attn_varlen_fwd(2048, 0, d) and fa.use_gluon_attn_varlen_fwd(16384, -1, d)
-        assert not fa.use_gluon_attn_varlen_fwd(2047, -1, d)
-    # head dim 128 causal / right-bounded: every pack; head dim 64: from 2048 only
+    # head dim 128: every pack; head dim 64: from 2048 only
     assert fa.use_gluon_attn_varlen_fwd(512, 0, 128) and fa.use_gluon_attn_varlen_fwd(57, 5, 128)
-    assert not fa.use_gluon_attn_varlen_fwd(512, 0, 64) and not fa.use_gluon_attn_varlen_fwd(2047, 0, 64)
+    assert fa.use_gluon_attn_varlen_fwd(512, -1, 128) and fa.use_gluon_attn_varlen_fwd(1, -1, 128)
+    assert not fa.use_gluon_attn_varlen_fwd(512, 0, 64) and not fa.use_gluon_attn_varlen_fwd(2047, -1, 64)
     for auto in ("auto", "AUTO", ""):
         monkeypatch.setenv(fa.GLUON_ATTN_VARLEN_ENV, auto)
-        assert not fa.use_gluon_attn_varlen_fwd(2047) and fa.use_gluon_attn_varlen_fwd(2048)
+        assert not fa.use_gluon_attn_varlen_fwd(2047, -1, 64) and fa.use_gluon_attn_varlen_fwd(2048, -1, 64)
     for on in ("1", "on", "true"):
         monkeypatch.setenv(fa.GLUON_ATTN_VARLEN_ENV, on)
         assert fa.use_gluon_attn_varlen_fwd(1) and fa.use_gluon_attn_varlen_fwd(2047)
@@ -141,7 +141,7 @@ def test_dispatch_rule(monkeypatch):
     monkeypatch.setattr(fa, "gluon_attn_varlen_fwd_reason", lambda *a: reason["value"])
     monkeypatch.setattr(fa, "flash_attn_varlen_fwd_gluon", lambda *a: calls.append("gluon") or ("out", "lse"))
     monkeypatch.setattr(tl_attn, "flash_attn_varlen_fwd_triton", lambda *a: calls.append("tl") or ("out", "lse"))
-    q = torch.empty(100, 4, 128, dtype=torch.bfloat16)
+    q = torch.empty(100, 4, 64, dtype=torch.bfloat16)  # head dim 64: the max_seqlen_q rule (128: every pack)
     cu = torch.tensor([0, 40, 100], dtype=torch.int32)
 
     def picked(max_seqlen_q=60):
@@ -153,6 +153,11 @@ def test_dispatch_rule(monkeypatch):
 
     monkeypatch.delenv(fa.GLUON_ATTN_VARLEN_ENV, raising=False)  # default auto
     assert picked(2047) == "tl" and picked(2048) == "gluon" and picked(8192) == "gluon"
+    q128 = torch.empty(100, 4, 128, dtype=torch.bfloat16)
+    calls.clear()
+    AttnTritonBackend.execute(q128, q128, q128, 0.1, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=60,
+                              max_seqlen_k=60)
+    assert calls == ["gluon"]  # head dim 128: every pack
     for auto in ("auto", ""):
         monkeypatch.setenv(fa.GLUON_ATTN_VARLEN_ENV, auto)
         assert picked(2047) == "tl" and picked(2048) == "gluon"
@@ -233,7 +238,7 @@ def test_varlen_compiles_for_sm90_without_spills(head_dim, causal, dtype, sink, 
     # most three warpgroups and the producer's 24 leave; its varlen masks spill a few registers
     # (96 bytes, single values around the masked blocks, L1-resident) and it still ran 1.08x the
     # two-warpgroup config on the H200 (session 28). Everything else: no local memory at all.
-    three = fa.default_attn_config(head_dim, causal).consumers == 3
+    three = fa.default_attn_config(head_dim, causal, varlen=True).consumers == 3
     assert res["spill_bytes"] <= (128 if three else 0) and not res["serialized"], res
     assert res["shared"] <= fa.SMEM_LIMIT
     if res["hgmma"] is not None:  # cuobjdump bundled
@@ -258,9 +263,11 @@ def test_varlen_launcher_arguments_bind_and_compile_for_sm90(Hq, Hk, D, causal, 
     assert fa.gluon_attn_varlen_operand_reason(q, k, v, cu, cu, 800, 800, s, 0.1, -1, wr) is None
     out = torch.empty(q.shape, dtype=q.dtype)
     lse = torch.empty(Hq, q.size(0))
-    cfg = fa.GluonAttnConfig.parse(config) if config else fa.default_attn_config(D, causal)
+    cfg = fa.GluonAttnConfig.parse(config) if config else fa.default_attn_config(D, causal, Hq // Hk, varlen=True)
     grid, args, kwargs = fa._varlen_kernel_args(q, k, v, out, lse, s, cu, cu, 800, 0.1, wr, cfg)
-    assert grid == (-(-800 // cfg.BLOCK_M), Hq, 4) and kwargs["HAS_RIGHT"] == causal and kwargs["HAS_SINK"] == sink
+    tiles = -(-800 // cfg.BLOCK_M)
+    assert grid == ((Hq, tiles, 4) if cfg.heads_fastest else (tiles, Hq, 4)), (grid, cfg.short())
+    assert kwargs["HAS_RIGHT"] == causal and kwargs["HAS_SINK"] == sink and kwargs["HEADS_FASTEST"] == cfg.heads_fastest
     assert args[9] == Hq and args[10] == Hq // Hk  # H, GROUP
     kernel = warmup_for_sm90(fa._attn_fwd_varlen_ws_kernel, args, kwargs, monkeypatch)
     assert kernel.metadata.shared <= fa.SMEM_LIMIT

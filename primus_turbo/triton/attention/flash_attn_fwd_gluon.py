@@ -215,12 +215,14 @@ class GluonAttnConfig:
 #: benchmarks/results/h200/session29/): that causal pack 302 (j), 345-348 (j + heads-fastest grid)
 #: against the per-document cuDNN loop's 343-345 and the tl kernel's 315; full 441-442 against
 #: 442-443; dense 32/32 heads causal 407 / 417 at seq 4096 / 16384 (tl 371 / 409, two warpgroups
-#: 367 / 427). D=128 causal: ``j`` too (the varlen packs' partial tiles and unaligned diagonals:
-#: 32/8 heads, +1.5-8% over the plain config on five packs); full attention keeps the plain config.
+#: 367 / 427). D=128: two warpgroups; the varlen kernel takes ``j`` too (its documents' partial
+#: tiles and unaligned diagonals: 32/8 heads, causal +1.5-8% over the plain config on five packs,
+#: full +2-4% on three of four), the dense one keeps the plain config (a square dense tile's
+#: warpgroups see the same blocks).
 _DEFAULT_CONFIGS = {(64, False): GluonAttnConfig(block_n=128, stages=3, consumer_regs=160, consumers=3, skip=True),
                     (64, True): GluonAttnConfig(block_n=128, stages=3, consumer_regs=160, consumers=3, skip=True),
                     (128, False): GluonAttnConfig(block_n=128, stages=2),
-                    (128, True): GluonAttnConfig(block_n=128, stages=2, skip=True)}
+                    (128, True): GluonAttnConfig(block_n=128, stages=2)}
 
 #: query heads per kv head from which the head-dim-64 default takes the heads-fastest grid (``g``):
 #: the CTAs in flight are one query tile of many heads, so the ``group`` of them that share a kv head
@@ -231,11 +233,14 @@ _DEFAULT_CONFIGS = {(64, False): GluonAttnConfig(block_n=128, stages=3, consumer
 HEADS_FASTEST_MIN_GROUP = 4
 
 
-def default_attn_config(head_dim: int, causal: bool = False, group: int = 1) -> GluonAttnConfig:
+def default_attn_config(head_dim: int, causal: bool = False, group: int = 1, varlen: bool = False) -> GluonAttnConfig:
     """The default tile config for ``head_dim`` (64 or 128); ``causal``: any right bound (the
     kernel's ``win_right >= 0``); ``group``: query heads per kv head (GQA), which picks the grid
-    order at head dim 64 (:data:`HEADS_FASTEST_MIN_GROUP`)."""
+    order at head dim 64 (:data:`HEADS_FASTEST_MIN_GROUP`); ``varlen``: for the packed kernel
+    (``j`` at every head dim)."""
     cfg = _DEFAULT_CONFIGS[(head_dim, bool(causal))]
+    if varlen and not cfg.skip:
+        cfg = dataclasses.replace(cfg, skip=True)
     if head_dim == 64 and group >= HEADS_FASTEST_MIN_GROUP:
         cfg = dataclasses.replace(cfg, heads_fastest=True)
     return cfg
@@ -998,22 +1003,20 @@ def use_gluon_attn_varlen_fwd(max_seqlen_q: int, win_right: int = -1, head_dim: 
     right bound) and head dim: 1 runs :func:`flash_attn_varlen_fwd_gluon` for the TRITON backend's
     varlen forward wherever :func:`gluon_attn_varlen_fwd_reason` allows, 0 never, auto (the default)
     where it was measured faster than the tl varlen forward on the H200 (16384-token packs, device
-    time): ``max_seqlen_q >= 2048`` (full attention at both head dims; causal at head dim 64), and
-    every causal pack at head dim 128.
+    time): every pack at head dim 128, and from ``max_seqlen_q >= 2048`` at head dim 64 (full and
+    causal).
 
-    Session 29 (CUDA-graph replay, benchmarks/results/h200/session29/), Gluon default / tl: head dim
-    128 causal, 32/8 heads: 8 x 2048 1.35x, 2048-64-64-64 1.26x, 128-256-512-1024 1.27x, 512 x 4
-    1.33x, 57-311-800-173 1.11x; head dim 64, 64/8 heads: 8 x 2048 full 1.12x, causal 1.10x,
-    2048-64-64-64 full 1.05x, causal 0.98x; the packs of shorter documents keep the tl kernel
-    (0.80-0.95x). Session 7 (head dim 128 full, before the j / g configs): 8 x 2048 1.27x,
-    2048-64-64-64 1.02x, 128-256-512-1024 0.93x, 512 x 4 0.91x, 57-311-800-173 0.80x."""
+    Session 29 (CUDA-graph replay, benchmarks/results/h200/session29/), Gluon default / tl, head dim
+    128, 32/8 heads: causal 8 x 2048 1.35x, 2048-64-64-64 1.26x, 128-256-512-1024 1.27x, 512 x 4
+    1.33x, 57-311-800-173 1.11x; full 2048-64-64-64 1.39x, 128-256-512-1024 1.33x, 512 x 4 1.36x,
+    57-311-800-173 1.12x (session 7, before the kernel's later changes, had read 0.80-0.93x on the
+    last three). Head dim 64, 64/8 heads: 8 x 2048 full 1.12x, causal 1.10x, 2048-64-64-64 full
+    1.05x, causal 0.98x; the packs of shorter documents keep the tl kernel (0.80-0.95x)."""
     from primus_turbo.pytorch.core.env import env_auto_flag
 
     flag = env_auto_flag(GLUON_ATTN_VARLEN_ENV)
     if flag is None:
-        if head_dim == 128 and win_right >= 0:
-            return True
-        return int(max_seqlen_q) >= VARLEN_AUTO_MIN_SEQLEN_Q
+        return head_dim == 128 or int(max_seqlen_q) >= VARLEN_AUTO_MIN_SEQLEN_Q
     return flag
 
 
@@ -1166,7 +1169,7 @@ def flash_attn_varlen_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     out, lse = _varlen_outputs(out, lse, Tq, H, D, q.dtype, q.device)
     if Tq == 0 or H == 0:
         return out, lse
-    cfg = config or default_attn_config(D, win_right >= 0, H // k.size(1))
+    cfg = config or default_attn_config(D, win_right >= 0, H // k.size(1), varlen=True)
     bad = cfg.check(D)
     if bad is not None:
         raise ValueError(f"flash_attn_varlen_fwd_gluon: {bad}")
