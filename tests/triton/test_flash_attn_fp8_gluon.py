@@ -166,6 +166,11 @@ def test_config():
     for bad in ("n128s4t", "n128s4pkt", "n128s4kgt"):
         assert "persistent" in f8.GluonAttnFp8Config.parse(bad).check(128), bad
     assert not any(c.persistent for c in f8._DEFAULT_CONFIGS.values())  # opt-in (see _DEFAULT_CONFIGS)
+    # j: each warpgroup stops at its own rows' last key block (after x in the string; not with p)
+    cfg = f8.GluonAttnFp8Config.parse("n128s4kc2x3j")
+    assert cfg.skip and cfg.consumers == 3 and cfg.short() == "n128s4kc2x3jr160w24"
+    assert f8.GluonAttnFp8Config.parse(cfg.short()) == cfg and cfg.check(64) is None
+    assert "ping-pong" in f8.GluonAttnFp8Config.parse("n128s4pkj").check(128)
 
 
 @pytest.mark.parametrize("head_dim,causal,text", [(128, True, "n128s4kc2"), (128, False, "n128s4kc2"),
@@ -361,7 +366,7 @@ def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, conf
 ])
 @pytest.mark.parametrize("config", [None, "n128s3p", "n128s4k", "n128s4ke2", "n128s4pke4", "n128s4kc2", "n128s4c1",
                                     "n128s4kc2l", "n128s4pkc2lg", "n128s4kc2x3", "n64s4kx3",
-                                    "n128s4kc2t", "n64s4kt"])
+                                    "n128s4kc2t", "n64s4kt", "n128s4kc2x3j", "n128s4kc2j"])
 def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink, layout, blk, config):
     from primus_turbo.pytorch.ops import attention_fp8 as opf8
     from primus_turbo.testing import attention_ref

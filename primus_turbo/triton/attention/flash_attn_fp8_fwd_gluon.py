@@ -82,7 +82,7 @@ P_SCALE = 256.0
 _OUT_DTYPES = (torch.bfloat16, torch.float16)
 #: GluonAttnFp8Config.parse's grammar; ``{u}``: where the removed flag ``u`` stood ("" to parse,
 #: "u" to recognize an old config string and name the flag in the error)
-_CONFIG_RE = r"n(\d+)s(\d+)(p)?(o)?(k)?(?:c(\d+))?(l)?(g)?{u}(t)?(?:x(\d+))?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?"
+_CONFIG_RE = r"n(\d+)s(\d+)(p)?(o)?(k)?(?:c(\d+))?(l)?(g)?{u}(t)?(?:x(\d+))?(j)?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?"
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -136,7 +136,10 @@ class GluonAttnFp8Config(GluonAttnConfig):
       warpgroup has retired the previous tile's last S MMA, so the next tile's Q and first K / V
       blocks load under the previous tile's last PV MMA and epilogue: the per-tile start-up that a
       short sequence pays once per 32 key blocks is hidden;
-    * ``x<W>`` (``consumers``): 2 (default) or 3 consumer warpgroups (192-row tiles).
+    * ``x<W>`` (``consumers``): 2 (default) or 3 consumer warpgroups (192-row tiles);
+    * ``j`` (``skip``, after ``x``): each warpgroup computes only the key blocks its own rows see and
+      releases the rest of the tile's ring slots unread (the bf16 forward's ``j``: a causal 192-row
+      tile's lower warpgroups, and a warpgroup whose rows all lie past seq_q).
 
     The former flag ``u`` (row sums by a wgmma of P8 against a shared tile of E4M3 ones) is gone:
     its output was wrong on the H200 (session 7: -0.08 dB full, 0.4 dB causal against fp32);
@@ -164,6 +167,7 @@ class GluonAttnFp8Config(GluonAttnConfig):
         flags = ("p" if self.pingpong else "") + ("o" if self.overlap else "") + ("k" if self.kperm else "")
         flags += (f"c{self.lazy}" if self.lazy else "") + ("l" if self.lsum else "") + ("g" if self.heads_first else "")
         flags += ("t" if self.persistent else "") + (f"x{self.consumers}" if self.consumers != 2 else "")
+        flags += "j" if self.skip else ""
         if self.emu:
             flags += f"e{self.emu}" + (f"d{self.emu_deg}" if self.emu_deg != 3 else "")
         return f"n{self.block_n}s{self.stages}{flags}r{self.consumer_regs}w{self.producer_regs}"
@@ -184,11 +188,11 @@ class GluonAttnFp8Config(GluonAttnConfig):
                                  f"(its output was wrong on the H200); drop the u")
             raise ValueError(f"bad Gluon FP8 attention config {text!r}; expected e.g. n128s4, n128s3p, n128s4k, "
                              f"n128s4ke2, n128s4kc2, n128s4pke4d2, n64s6r232w40")
-        bn, st, pp, ov, kp, lz, ls, hf, pt, x, emu, deg, r, w = m.groups()
+        bn, st, pp, ov, kp, lz, ls, hf, pt, x, sk, emu, deg, r, w = m.groups()
         wgs = int(x or 2)
         return cls(int(bn), int(st), int(r or (240 if wgs == 2 else 160)), int(w or 24), bool(pp), bool(ov),
                    consumers=wgs, kperm=bool(kp), emu=int(emu or 0), emu_deg=int(deg or 3), lazy=int(lz or 0),
-                   lsum=bool(ls), heads_first=bool(hf), persistent=bool(pt))
+                   lsum=bool(ls), heads_first=bool(hf), persistent=bool(pt), skip=bool(sk))
 
     def check(self, head_dim: int) -> Optional[str]:
         if self.overlap:
@@ -566,11 +570,14 @@ if GLUON_AVAILABLE:
                           WG: gl.constexpr, HAS_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr, BLOCK_N: gl.constexpr,
                           STAGES: gl.constexpr, BLK: gl.constexpr, P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
                           PINGPONG: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr, EMU_DEG: gl.constexpr,
-                          LAZY: gl.constexpr, LSUM: gl.constexpr, NUM_WG: gl.constexpr, PERSIST: gl.constexpr):
+                          LAZY: gl.constexpr, LSUM: gl.constexpr, NUM_WG: gl.constexpr, PERSIST: gl.constexpr,
+                          SKIP: gl.constexpr = False):
         """One warpgroup's part of one tile: query rows [WG*64, WG*64+64) of its NUM_WG x 64 rows.
         ``it``: the CTA's key blocks before this tile (ring slots and phases run on from there);
         ``q_phase``: the phase of this tile's Q barrier; PERSIST: ``q_empty`` is arrived once the
-        tile's last S MMA is retired (Q may then be overwritten with the next tile's)."""
+        tile's last S MMA is retired (Q may then be overwritten with the next tile's). ``SKIP``: the
+        bf16 forward's ``j`` (flash_attn_fwd_gluon._consumer): only the key blocks this warpgroup's
+        rows see are computed, the rest of the tile's ring slots are released unread."""
         HALF: gl.constexpr = o_desc.block_type.shape[1]
         D_QK: gl.constexpr = q_smem.type.shape[4]
         D_V: gl.constexpr = o_desc.block_type.shape[3]
@@ -589,10 +596,16 @@ if GLUON_AVAILABLE:
         m0 = pid_m * (NUM_WG * HALF) + WG * HALF
         offs_m = m0 + gl.arange(0, HALF, layout=row_layout)
         diag = offset + win_right
+        n_own = n_blocks
+        if SKIP:
+            if HAS_RIGHT:
+                n_own = gl.minimum(gl.maximum(gl.cdiv(gl.minimum(m0 + HALF + diag, SEQ_K), BLOCK_N), 1), n_blocks)
+            if m0 >= SEQ_Q:
+                n_own = 1
         n_full = SEQ_K // BLOCK_N
         if HAS_RIGHT:
             n_full = gl.minimum(n_full, gl.maximum(m0 + diag + 1, 0) // BLOCK_N)
-        n_full = gl.minimum(n_full, n_blocks)
+        n_full = gl.minimum(n_full, n_own)
 
         # per-row q multiplier with softmax_scale * log2(e) folded in (the tl kernel's q_scale);
         # rows past seq_q take 1 so their scores stay finite (they are clipped at the store)
@@ -634,7 +647,7 @@ if GLUON_AVAILABLE:
                                                      SEQ_K, diag, o_layout, p_layout, BLK, P_LOG2, HAS_RIGHT, False,
                                                      STAGES, WG, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM, it,
                                                      q_phase)
-        for j in range(gl.maximum(n_full, 1), n_blocks):
+        for j in range(gl.maximum(n_full, 1), n_own):
             s_regs, acc, p, m_i, l_i, vs = _fp8_step(j, q, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn,
                                                      s_regs, acc, p, m_i, l_i, vs, q_scale, ks_base, vs_base, offs_m,
                                                      SEQ_K, diag, o_layout, p_layout, BLK, P_LOG2, HAS_RIGHT, True,
@@ -643,13 +656,21 @@ if GLUON_AVAILABLE:
         if PERSIST:  # every S MMA of the tile is retired: Q's buffer may take the next tile's
             mbarrier.arrive(q_empty, count=1)
         # the last block's PV
-        sl = (it + n_blocks - 1) % STAGES
-        mbarrier.wait(v_ready.index(sl), ((it + n_blocks - 1) // STAGES) & 1)
-        _take_turn(turn, n_blocks, WG, PINGPONG)
+        sl = (it + n_own - 1) % STAGES
+        mbarrier.wait(v_ready.index(sl), ((it + n_own - 1) // STAGES) & 1)
+        _take_turn(turn, n_own, WG, PINGPONG)
         o_tok = _pv_issue(_p_mma_operand(p, p_layout, KPERM), v_bufs.index(sl), acc)
         _pass_turn(turn, WG, PINGPONG)
         acc, p = _pv_retire(o_tok, p, False)
         mbarrier.arrive(v_empty.index(sl), count=1)
+        if SKIP:
+            # the tile's blocks past this warpgroup's rows, released once loaded (see the bf16 kernel)
+            for j in range(n_own, n_blocks):
+                sj = (it + j) % STAGES
+                mbarrier.wait(k_ready.index(sj), ((it + j) // STAGES) & 1)
+                mbarrier.arrive(k_empty.index(sj), count=1)
+                mbarrier.wait(v_ready.index(sj), ((it + j) // STAGES) & 1)
+                mbarrier.arrive(v_empty.index(sj), count=1)
 
         if LSUM:
             l_i = gl.convert_layout(gl.sum(l_i, 1), row_layout)
@@ -672,7 +693,8 @@ if GLUON_AVAILABLE:
                       STAGES: gl.constexpr, BLK: gl.constexpr, P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
                       PINGPONG: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr, EMU_DEG: gl.constexpr,
                       LAZY: gl.constexpr, LSUM: gl.constexpr, HEADS_FIRST: gl.constexpr = False,
-                      NUM_WG: gl.constexpr = 2, PERSIST: gl.constexpr = False, NT=0, NM=0, q_empty=None):
+                      NUM_WG: gl.constexpr = 2, PERSIST: gl.constexpr = False, NT=0, NM=0, q_empty=None,
+                      SKIP: gl.constexpr = False):
         """One consumer warpgroup: its 64 rows of the program's tile, or (PERSIST) of each of the
         CTA's tiles in turn (the producer's order, :func:`_ptile`)."""
         HALF: gl.constexpr = o_desc.block_type.shape[1]
@@ -686,7 +708,7 @@ if GLUON_AVAILABLE:
                                   turn, QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right,
                                   qk_scale, pid_m, b, h, n_blocks, it, tc & 1, q_empty, WG, HAS_RIGHT, HAS_SINK,
                                   BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM,
-                                  NUM_WG, True)
+                                  NUM_WG, True, SKIP)
                 it += n_blocks
                 tc += 1
         else:
@@ -695,7 +717,8 @@ if GLUON_AVAILABLE:
             _fp8_consume_tile(o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
                               turn, QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right,
                               qk_scale, pid_m, b, h, n_blocks, 0, 0, q_empty, WG, HAS_RIGHT, HAS_SINK, BLOCK_N,
-                              STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM, NUM_WG, False)
+                              STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM, NUM_WG, False,
+                              SKIP)
 
     @gluon.jit
     def _attn_fp8_fwd_ws_kernel(
@@ -708,7 +731,7 @@ if GLUON_AVAILABLE:
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
         KPERM: gl.constexpr = False, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3, LAZY: gl.constexpr = 0,
         LSUM: gl.constexpr = False, HEADS_FIRST: gl.constexpr = False, NUM_WG: gl.constexpr = 2,
-        PERSIST: gl.constexpr = False,
+        PERSIST: gl.constexpr = False, SKIP: gl.constexpr = False,
     ):
         """O, LSE of 128 query rows of one (batch, head) from E4M3 q / k / v^T: producer warp + two
         consumer warpgroups.
@@ -762,17 +785,17 @@ if GLUON_AVAILABLE:
                                  QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                                  0, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
                                  EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
-                                 q_empty)),
+                                 q_empty, SKIP)),
                 (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                                  QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                                  1, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
                                  EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
-                                 q_empty)),
+                                 q_empty, SKIP)),
                 (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                                  QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                                  2, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
                                  EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
-                                 q_empty)),
+                                 q_empty, SKIP)),
                 (_fp8_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                                  H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, KPERM,
                                  HEADS_FIRST, NUM_WG, PERSIST, NT, NM, q_empty)),
@@ -783,12 +806,12 @@ if GLUON_AVAILABLE:
                                  QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                                  0, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
                                  EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
-                                 q_empty)),
+                                 q_empty, SKIP)),
                 (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                                  QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                                  1, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
                                  EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
-                                 q_empty)),
+                                 q_empty, SKIP)),
                 (_fp8_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                                  H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, KPERM,
                                  HEADS_FIRST, NUM_WG, PERSIST, NT, NM, q_empty)),
@@ -943,7 +966,7 @@ def _kernel_args(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, out, l
                   P_SCALE=2.0 ** cfg.p_log2(), P_LOG2=cfg.p_log2(), CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, KPERM=cfg.kperm, EMU=cfg.emu,
                   EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, LSUM=cfg.lsum, HEADS_FIRST=cfg.heads_first, NUM_WG=cfg.consumers,
-                  PERSIST=cfg.persistent, num_warps=4)
+                  PERSIST=cfg.persistent, SKIP=cfg.skip, num_warps=4)
     grid = (n_m, B * H)
     if cfg.heads_first:
         grid = (B * H, n_m)
