@@ -117,7 +117,7 @@ def test_config():
             cfg = f8.default_attn_fp8_config(d, causal=causal)
             assert isinstance(cfg, f8.GluonAttnFp8Config) and cfg.check(d) is None
             small = f8.default_attn_fp8_config(d, 64, causal)  # a key tile lies in one scale block
-            assert small == dataclasses.replace(cfg, block_n=64) and small.check(d) is None
+            assert small == dataclasses.replace(cfg, block_n=64, skip=False) and small.check(d) is None
     # 1-byte tiles: four K/V stages fit at D=128 next to Q and the 16-bit O tile (not in the bf16 budget)
     cfg = f8.GluonAttnFp8Config(block_n=128, stages=4)
     assert cfg.check(128) is None and f8.GluonAttnConfig(block_n=128, stages=4).check(128) is not None
@@ -174,16 +174,17 @@ def test_config():
 
 
 @pytest.mark.parametrize("head_dim,causal,text", [(128, True, "n128s4kc2"), (128, False, "n128s4kc2"),
-                                                   (64, False, "n128s4kc2x3"), (64, True, "n128s4kc2x3")])
+                                                   (64, False, "n128s4kc2x3j"), (64, True, "n128s4kc2x3j")])
 def test_default_config_by_head_dim_and_causal(head_dim, causal, text):
-    """H200 sessions 7 and 27: n128s4kc2 (conditional O rescale, threshold 2) at head dim 128, three
-    consumer warpgroups at head dim 64 (x3); the launcher and the reasons pick it from the window
-    (causal: win_right 0)."""
+    """H200 sessions 7, 27 and 29: n128s4kc2 (conditional O rescale, threshold 2) at head dim 128,
+    three consumer warpgroups at head dim 64 (x3) that each stop at their own rows' last key block
+    (j); the launcher and the reasons pick it from the window (causal: win_right 0)."""
     cfg = f8.default_attn_fp8_config(head_dim, 128, causal)
     assert cfg == f8.GluonAttnFp8Config.parse(text) and cfg.lazy == 2 and cfg.p_log2() == 6.0
     assert not (cfg.lsum or cfg.heads_first or cfg.pingpong or cfg.emu)
     assert cfg.consumers == (3 if head_dim == 64 else 2)
-    assert f8.default_attn_fp8_config(head_dim, 64, causal) == dataclasses.replace(cfg, block_n=64)
+    # 64-token scale blocks: the 64-key tile, without j (the config run on the GPU there)
+    assert f8.default_attn_fp8_config(head_dim, 64, causal) == dataclasses.replace(cfg, block_n=64, skip=False)
     assert f8._fp8_config(head_dim, 128, None, 0 if causal else -1) == cfg
     if not causal:  # a right window other than 0 takes the full-attention default
         assert f8._fp8_config(head_dim, 128, None, 7) == cfg

@@ -237,13 +237,18 @@ class GluonAttnFp8Config(GluonAttnConfig):
 #: the other way (full 694 vs 713 at 4096, 793 vs 813 at 16384), and the same kernel timed twice in
 #: one run differs by up to 8.6% (causal 16384: 732 vs 795): within that spread, so t stays opt-in.
 #: At head dim 64, t with two warpgroups lost to x3 (436 vs 485) and t with x3 spills (1.09x / 0.67x).
+#: Session 29 (benchmarks/results/h200/session29/compare_fp8j_graph_call6.log, device time, 5 rounds):
+#: ``j`` (each warpgroup stops at its own rows' last key block) at head dim 64, kc2x3j vs kc2x3:
+#: full 578 / 648 vs 570 / 653 TFLOP/s at S=4096 / 16384, causal 454 / 596 vs 427 / 597: the default
+#: at head dim 64 with 128-key tiles (the 64-key tile of 64-token scale blocks keeps the config
+#: without it, which is the one run on the GPU there).
 #: FP8 tiles are half the bf16 ones, so the ring is deeper for the same shared memory: D=128
 #: n128s4 is 16 KB Q + 4 x 32 KB K/V + 32 KB O. A non-contiguous k8 cannot take ``k``: the op then
 #: runs the tl FP8 kernel (gluon_attn_fp8_fwd_reason names why).
 _DEFAULT_CONFIGS = {(64, False): GluonAttnFp8Config(block_n=128, stages=4, consumer_regs=160, consumers=3, kperm=True,
-                                                    lazy=2),
+                                                    lazy=2, skip=True),
                     (64, True): GluonAttnFp8Config(block_n=128, stages=4, consumer_regs=160, consumers=3, kperm=True,
-                                                   lazy=2),
+                                                   lazy=2, skip=True),
                     (128, False): GluonAttnFp8Config(block_n=128, stages=4, kperm=True, lazy=2),
                     (128, True): GluonAttnFp8Config(block_n=128, stages=4, kperm=True, lazy=2)}
 
@@ -256,7 +261,7 @@ def default_attn_fp8_config(head_dim: int, blk: int = 128, causal: bool = False)
     MMA widths."""
     cfg = _DEFAULT_CONFIGS[(head_dim, bool(causal))]
     if 64 <= blk < cfg.block_n:
-        cfg = dataclasses.replace(cfg, block_n=blk)
+        cfg = dataclasses.replace(cfg, block_n=blk, skip=False)
     return cfg
 
 
