@@ -51,16 +51,17 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "auto",
         "TRITON attention forward (flash_attn_func, fp16/bf16, head dims 64/128, no left window) on sm_90: 1 the "
         "warp-specialized Gluon kernel where it can run, 0 the Triton kernel; auto: Gluon where it was measured faster "
-        "(head dim 128, except causal at <= 2048 queries), Triton elsewhere.",
+        "(head dim 128, except causal at <= 2048 queries; head dim 64 from 2048 queries, full and causal), Triton "
+        "elsewhere.",
     ),
     "PRIMUS_TURBO_ATTN_VARLEN_GLUON": (
         "auto",
         "TRITON attention forward of flash_attn_varlen_func (packed THD; fp16/bf16, head dims 64/128, no left "
         "window) on sm_90: 1 the warp-specialized Gluon varlen kernel where it can run, 0 the Triton kernel; auto: "
-        "Gluon for full attention (no causal / right bound) where max_seqlen_q >= 2048 (a host int: no sync), "
-        "Triton elsewhere. H200 (session 7, 16384-token packs, 32/8 heads, d128, Gluon / Triton, full / causal) "
-        "with the shifted last block: 2048-token documents 1.27x / 0.96x, 2048-64-64-64 1.02x / 0.91x, "
-        "128-256-512-1024 0.93x / 0.77x, 512x4 0.91x / 0.81x, 57-311-800-173 0.80x / 0.71x. No k/v "
+        "Gluon on every pack at head dim 128 and where max_seqlen_q >= 2048 (a host int: no sync) at head dim 64, "
+        "full and causal; Triton elsewhere. H200 (session 29, 16384-token packs, device time, Gluon / Triton): "
+        "head dim 128 (32/8 heads) 1.11-1.39x on every pack, full and causal; head dim 64 (64/8 heads) 8 x 2048 "
+        "1.12x full / 1.10x causal, 2048-64-64-64 1.05x / 0.98x, shorter documents 0.80-0.95x (Triton kept). No k/v "
         "row past a document's end is read (a document's last key block is loaded shifted back), so rows past "
         "cu_seqlens_k[-1] may hold NaN. The backward is the Triton varlen backward either way.",
     ),
@@ -68,9 +69,9 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "auto",
         "flash_attn_fp8_func forward on sm_90 (head dims 64/128, no left window, seq_kv a multiple of 16, scale "
         "blocks of 64-256 tokens): 1 the warp-specialized Gluon FP8 kernel where it can run, 0 the Triton FP8 kernel; "
-        "auto = 1 (H200, sessions 7 and 27: config n128s4kc2 at head dim 128, n128s4kc2x3 (three consumer "
-        "warpgroups) at 64; 1.07-1.39x our bf16 Gluon forward at head dim 128, 1.26-1.47x / 1.08-1.27x at 64 full / "
-        "causal).",
+        "auto = 1 (H200, sessions 7, 27 and 29: config n128s4kc2 at head dim 128, n128s4kc2x3j (three consumer "
+        "warpgroups, each stopping at its own rows' last key block) at 64; session 29, device time: 1.16-1.40x our "
+        "bf16 Gluon forward at head dim 128, 1.13-1.33x at 64).",
     ),
     "PRIMUS_TURBO_ATTN_BWD_GLUON": (
         "auto",
