@@ -198,6 +198,15 @@ def test_default_config_skip_and_grid_order():
             assert fa.default_attn_config(d, c, 8).check(d) is None
 
 
+def test_default_grid_order_falls_back_past_the_y_limit():
+    """The heads-fastest default puts the query tiles on the grid's y axis (at most 65535): a longer
+    sequence takes the tiles-fastest grid; an explicit heads-fastest config there raises."""
+    cfg = fa.default_attn_config(64, True, 8)
+    assert cfg.heads_fastest and fa._fit_grid(cfg, 65535 * cfg.BLOCK_M) is cfg
+    assert not fa._fit_grid(cfg, 65535 * cfg.BLOCK_M + 1).heads_fastest
+    assert fa._fit_grid(fa.default_attn_config(64, True, 1), 10 ** 8) == fa.default_attn_config(64, True, 1)
+
+
 def test_use_gluon_attn_fwd_rule(monkeypatch):
     """use_gluon_attn_fwd's auto rule: head dim 64 from 2048 queries (full and causal), head dim 128
     except causal at <= 2048 queries; 1 / 0 force it."""

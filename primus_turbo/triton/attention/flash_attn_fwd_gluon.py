@@ -233,6 +233,14 @@ _DEFAULT_CONFIGS = {(64, False): GluonAttnConfig(block_n=128, stages=3, consumer
 HEADS_FASTEST_MIN_GROUP = 4
 
 
+def _fit_grid(cfg: GluonAttnConfig, seq_q: int) -> GluonAttnConfig:
+    """A default config whose heads-fastest grid would put more than 65535 query tiles of ``seq_q``
+    rows on the grid's y axis takes the query-tiles-fastest grid instead (an explicit config raises)."""
+    if cfg.heads_fastest and -(-seq_q // cfg.BLOCK_M) > 65535:
+        return dataclasses.replace(cfg, heads_fastest=False)
+    return cfg
+
+
 def default_attn_config(head_dim: int, causal: bool = False, group: int = 1, varlen: bool = False) -> GluonAttnConfig:
     """The default tile config for ``head_dim`` (64 or 128); ``causal``: any right bound (the
     kernel's ``win_right >= 0``); ``group``: query heads per kv head (GQA), which picks the grid
@@ -972,7 +980,7 @@ def flash_attn_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink
     out, lse = _outputs("flash_attn_fwd_gluon", out, lse, B, Sq, H, D, q.dtype, q.device)
     if B == 0 or Sq == 0 or H == 0:
         return out, lse
-    cfg = config or default_attn_config(D, win_right >= 0, H // k.size(2))
+    cfg = config or _fit_grid(default_attn_config(D, win_right >= 0, H // k.size(2)), Sq)
     bad = cfg.check(D)
     if bad is not None:
         raise ValueError(f"flash_attn_fwd_gluon: {bad}")
@@ -1169,7 +1177,7 @@ def flash_attn_varlen_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     out, lse = _varlen_outputs(out, lse, Tq, H, D, q.dtype, q.device)
     if Tq == 0 or H == 0:
         return out, lse
-    cfg = config or default_attn_config(D, win_right >= 0, H // k.size(1), varlen=True)
+    cfg = config or _fit_grid(default_attn_config(D, win_right >= 0, H // k.size(1), varlen=True), int(max_seqlen_q))
     bad = cfg.check(D)
     if bad is not None:
         raise ValueError(f"flash_attn_varlen_fwd_gluon: {bad}")
