@@ -96,7 +96,8 @@ if GLUON_AVAILABLE:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .flash_attn_fwd_gluon import _exp2_mixed, _pass_turn, _producer, _rescale, _take_turn, _tile
+    from .flash_attn_fwd_gluon import (_exp2_mixed, _own_blocks, _pass_turn, _producer, _release_blocks, _rescale,
+                                       _take_turn, _tile)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -601,12 +602,7 @@ if GLUON_AVAILABLE:
         m0 = pid_m * (NUM_WG * HALF) + WG * HALF
         offs_m = m0 + gl.arange(0, HALF, layout=row_layout)
         diag = offset + win_right
-        n_own = n_blocks
-        if SKIP:
-            if HAS_RIGHT:
-                n_own = gl.minimum(gl.maximum(gl.cdiv(gl.minimum(m0 + HALF + diag, SEQ_K), BLOCK_N), 1), n_blocks)
-            if m0 >= SEQ_Q:
-                n_own = 1
+        n_own = _own_blocks(m0, n_blocks, SEQ_Q, SEQ_K, diag, HALF, BLOCK_N, HAS_RIGHT, SKIP)
         n_full = SEQ_K // BLOCK_N
         if HAS_RIGHT:
             n_full = gl.minimum(n_full, gl.maximum(m0 + diag + 1, 0) // BLOCK_N)
@@ -669,13 +665,7 @@ if GLUON_AVAILABLE:
         acc, p = _pv_retire(o_tok, p, False)
         mbarrier.arrive(v_empty.index(sl), count=1)
         if SKIP:
-            # the tile's blocks past this warpgroup's rows, released once loaded (see the bf16 kernel)
-            for j in range(n_own, n_blocks):
-                sj = (it + j) % STAGES
-                mbarrier.wait(k_ready.index(sj), ((it + j) // STAGES) & 1)
-                mbarrier.arrive(k_empty.index(sj), count=1)
-                mbarrier.wait(v_ready.index(sj), ((it + j) // STAGES) & 1)
-                mbarrier.arrive(v_empty.index(sj), count=1)
+            _release_blocks(n_own, n_blocks, it, k_ready, k_empty, v_ready, v_empty, STAGES)
 
         if LSUM:
             l_i = gl.convert_layout(gl.sum(l_i, 1), row_layout)

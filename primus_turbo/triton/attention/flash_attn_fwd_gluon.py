@@ -287,6 +287,33 @@ if GLUON_AVAILABLE:
         return pid_m, b, h, n_blocks
 
     @gluon.jit
+    def _own_blocks(m0, n_blocks, SEQ_Q, SEQ_K, diag, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
+                    HAS_RIGHT: gl.constexpr, SKIP: gl.constexpr):
+        """The key blocks ``[0, n_own)`` a consumer warpgroup (rows ``m0 .. m0 + HALF - 1``) computes
+        of its tile's ``n_blocks``: all of them, or (``SKIP``, config ``j``) those its own rows can see
+        (at least block 0, so the peeled first block and the last PV always exist; block 0 only when
+        every row lies past SEQ_Q, whose results are never stored)."""
+        n_own = n_blocks
+        if SKIP:
+            if HAS_RIGHT:
+                n_own = gl.minimum(gl.maximum(gl.cdiv(gl.minimum(m0 + HALF + diag, SEQ_K), BLOCK_N), 1), n_blocks)
+            if m0 >= SEQ_Q:
+                n_own = 1
+        return n_own
+
+    @gluon.jit
+    def _release_blocks(j0, j1, it, k_ready, k_empty, v_ready, v_empty, STAGES: gl.constexpr):
+        """Config ``j``: the ring slots of key blocks ``[j0, j1)`` (the CTA's blocks ``it + j``) given
+        back unread. Each waits for its slot's data first, so the arrival lands in that use's phase of
+        the empty barrier, never in the previous use's, which the other warpgroups may still read."""
+        for j in range(j0, j1):
+            sj = (it + j) % STAGES
+            mbarrier.wait(k_ready.index(sj), ((it + j) // STAGES) & 1)
+            mbarrier.arrive(k_empty.index(sj), count=1)
+            mbarrier.wait(v_ready.index(sj), ((it + j) // STAGES) & 1)
+            mbarrier.arrive(v_empty.index(sj), count=1)
+
+    @gluon.jit
     def _key_start(j, SEQ_K, BLOCK_N: gl.constexpr):
         """Varlen: the first key (relative to the document) of the box loaded for key block ``j``:
         ``j * BLOCK_N``, or ``SEQ_K - BLOCK_N`` (possibly negative) when the block would cross the
@@ -581,14 +608,7 @@ if GLUON_AVAILABLE:
         m0 = pid_m * (NUM_WG * HALF) + WG * HALF
         offs_m = m0 + gl.arange(0, HALF, layout=row_layout)
         diag = offset + win_right
-        # blocks [0, n_own) are the ones this warpgroup computes: the tile's, or (SKIP) those its own
-        # rows can see (at least block 0, so the peeled first block and the last PV always exist)
-        n_own = n_blocks
-        if SKIP:
-            if HAS_RIGHT:
-                n_own = gl.minimum(gl.maximum(gl.cdiv(gl.minimum(m0 + HALF + diag, SEQ_K), BLOCK_N), 1), n_blocks)
-            if m0 >= SEQ_Q:
-                n_own = 1
+        n_own = _own_blocks(m0, n_blocks, SEQ_Q, SEQ_K, diag, HALF, BLOCK_N, HAS_RIGHT, SKIP)
         # blocks [0, n_full) are whole and below the diagonal for every row of this warpgroup
         n_full = SEQ_K // BLOCK_N
         if HAS_RIGHT:
@@ -640,15 +660,7 @@ if GLUON_AVAILABLE:
         acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p))
         mbarrier.arrive(v_empty.index(sl), count=1)
         if SKIP:
-            # the tile's blocks past this warpgroup's rows: released once loaded (waiting for the
-            # data first puts the arrival in that use's phase of the empty barrier, never in the
-            # previous use's, which the other warpgroups may still be reading)
-            for j in range(n_own, n_blocks):
-                sj = j % STAGES
-                mbarrier.wait(k_ready.index(sj), (j // STAGES) & 1)
-                mbarrier.arrive(k_empty.index(sj), count=1)
-                mbarrier.wait(v_ready.index(sj), (j // STAGES) & 1)
-                mbarrier.arrive(v_empty.index(sj), count=1)
+            _release_blocks(n_own, n_blocks, 0, k_ready, k_empty, v_ready, v_empty, STAGES)
 
         empty = l_i == 0.0
         l_safe = gl.where(empty, 1.0, l_i)
