@@ -119,13 +119,13 @@ def test_use_rule(monkeypatch):
         assert not fa.use_gluon_attn_varlen_fwd(2047, -1, 64) and fa.use_gluon_attn_varlen_fwd(2048, -1, 64)
     for on in ("1", "on", "true"):
         monkeypatch.setenv(fa.GLUON_ATTN_VARLEN_ENV, on)
-        assert fa.use_gluon_attn_varlen_fwd(1) and fa.use_gluon_attn_varlen_fwd(2047)
+        assert fa.use_gluon_attn_varlen_fwd(1, -1, 64) and fa.use_gluon_attn_varlen_fwd(2047, 0, 64)
     for off in ("0", "off", "false"):
         monkeypatch.setenv(fa.GLUON_ATTN_VARLEN_ENV, off)
-        assert not fa.use_gluon_attn_varlen_fwd(2048) and not fa.use_gluon_attn_varlen_fwd(16384)
+        assert not fa.use_gluon_attn_varlen_fwd(2048, -1, 64) and not fa.use_gluon_attn_varlen_fwd(16384, 0, 128)
     monkeypatch.setenv(fa.GLUON_ATTN_VARLEN_ENV, "maybe")
     with pytest.raises(ValueError, match="PRIMUS_TURBO_ATTN_VARLEN_GLUON"):
-        fa.use_gluon_attn_varlen_fwd(2048)
+        fa.use_gluon_attn_varlen_fwd(2048, -1, 64)
 
 
 def test_dispatch_rule(monkeypatch):

@@ -4,8 +4,8 @@ on sm_90 its dense forward and backward run the warp-specialized Gluon kernels w
 inputs and were measured faster (``PRIMUS_TURBO_ATTN_FWD_GLUON`` / ``PRIMUS_TURBO_ATTN_BWD_GLUON``;
 the rules are ``use_gluon_attn_fwd`` / ``use_gluon_attn_bwd``; 1 wherever they run, 0 never), and its
 varlen forward the Gluon varlen kernel (``PRIMUS_TURBO_ATTN_VARLEN_GLUON``, rule
-``use_gluon_attn_varlen_fwd``: auto from ``max_seqlen_q >= 2048`` (head dim 128: every causal pack), 1
-wherever it runs, 0 never)).
+``use_gluon_attn_varlen_fwd``: auto on every pack at head dim 128 and from ``max_seqlen_q >= 2048`` at
+head dim 64, 1 wherever it runs, 0 never)).
 
 Every backend takes already-validated, *logical* ``[batch, seq, heads, head_dim]`` tensors (any
 strides) and the normalised mask bounds ``win_left`` / ``win_right`` (``-1`` = unbounded, causal

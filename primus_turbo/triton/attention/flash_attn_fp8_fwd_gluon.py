@@ -602,11 +602,7 @@ if GLUON_AVAILABLE:
         m0 = pid_m * (NUM_WG * HALF) + WG * HALF
         offs_m = m0 + gl.arange(0, HALF, layout=row_layout)
         diag = offset + win_right
-        n_own = _own_blocks(m0, n_blocks, SEQ_Q, SEQ_K, diag, HALF, BLOCK_N, HAS_RIGHT, SKIP)
-        n_full = SEQ_K // BLOCK_N
-        if HAS_RIGHT:
-            n_full = gl.minimum(n_full, gl.maximum(m0 + diag + 1, 0) // BLOCK_N)
-        n_full = gl.minimum(n_full, n_own)
+        n_full, n_own = _own_blocks(m0, n_blocks, SEQ_Q, SEQ_K, diag, HALF, BLOCK_N, HAS_RIGHT, SKIP)
 
         # per-row q multiplier with softmax_scale * log2(e) folded in (the tl kernel's q_scale);
         # rows past seq_q take 1 so their scores stay finite (they are clipped at the store)

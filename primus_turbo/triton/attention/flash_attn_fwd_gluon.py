@@ -91,6 +91,8 @@ LOG2E = 1.4426950408889634
 _DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (64, 128)
 HALF_M = 64  # query rows per consumer warpgroup (one m64 wgmma)
+#: CUDA's limit on the grid's y and z axes (varlen: query heads / documents; heads-fastest: query tiles)
+_MAX_GRID_YZ = 65535
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -236,7 +238,7 @@ HEADS_FASTEST_MIN_GROUP = 4
 def _fit_grid(cfg: GluonAttnConfig, seq_q: int) -> GluonAttnConfig:
     """A default config whose heads-fastest grid would put more than 65535 query tiles of ``seq_q``
     rows on the grid's y axis takes the query-tiles-fastest grid instead (an explicit config raises)."""
-    if cfg.heads_fastest and -(-seq_q // cfg.BLOCK_M) > 65535:
+    if cfg.heads_fastest and -(-seq_q // cfg.BLOCK_M) > _MAX_GRID_YZ:
         return dataclasses.replace(cfg, heads_fastest=False)
     return cfg
 
@@ -289,17 +291,21 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _own_blocks(m0, n_blocks, SEQ_Q, SEQ_K, diag, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
                     HAS_RIGHT: gl.constexpr, SKIP: gl.constexpr):
-        """The key blocks ``[0, n_own)`` a consumer warpgroup (rows ``m0 .. m0 + HALF - 1``) computes
-        of its tile's ``n_blocks``: all of them, or (``SKIP``, config ``j``) those its own rows can see
-        (at least block 0, so the peeled first block and the last PV always exist; block 0 only when
-        every row lies past SEQ_Q, whose results are never stored)."""
+        """``(n_full, n_own)`` of a consumer warpgroup (rows ``m0 .. m0 + HALF - 1``): it computes the
+        key blocks ``[0, n_own)`` of its tile's ``n_blocks``, all of them or (``SKIP``, config ``j``)
+        those its own rows can see (at least block 0, so the peeled first block and the last PV
+        always exist; block 0 only when every row lies past SEQ_Q, whose results are never stored),
+        and blocks ``[0, n_full)`` are whole and below the diagonal for every one of its rows."""
         n_own = n_blocks
         if SKIP:
             if HAS_RIGHT:
                 n_own = gl.minimum(gl.maximum(gl.cdiv(gl.minimum(m0 + HALF + diag, SEQ_K), BLOCK_N), 1), n_blocks)
             if m0 >= SEQ_Q:
                 n_own = 1
-        return n_own
+        n_full = SEQ_K // BLOCK_N
+        if HAS_RIGHT:
+            n_full = gl.minimum(n_full, gl.maximum(m0 + diag + 1, 0) // BLOCK_N)
+        return gl.minimum(n_full, n_own), n_own
 
     @gluon.jit
     def _release_blocks(j0, j1, it, k_ready, k_empty, v_ready, v_empty, STAGES: gl.constexpr):
@@ -608,12 +614,7 @@ if GLUON_AVAILABLE:
         m0 = pid_m * (NUM_WG * HALF) + WG * HALF
         offs_m = m0 + gl.arange(0, HALF, layout=row_layout)
         diag = offset + win_right
-        n_own = _own_blocks(m0, n_blocks, SEQ_Q, SEQ_K, diag, HALF, BLOCK_N, HAS_RIGHT, SKIP)
-        # blocks [0, n_full) are whole and below the diagonal for every row of this warpgroup
-        n_full = SEQ_K // BLOCK_N
-        if HAS_RIGHT:
-            n_full = gl.minimum(n_full, gl.maximum(m0 + diag + 1, 0) // BLOCK_N)
-        n_full = gl.minimum(n_full, n_own)
+        n_full, n_own = _own_blocks(m0, n_blocks, SEQ_Q, SEQ_K, diag, HALF, BLOCK_N, HAS_RIGHT, SKIP)
 
         if HAS_SINK:  # the sink joins the denominator only: start at m = sink (base 2), l = 1
             sink_log2 = gl.load(SINK + h).to(gl.float32) * 1.4426950408889634
@@ -792,8 +793,8 @@ if GLUON_AVAILABLE:
         LAZY: gl.constexpr = 0, SKIP: gl.constexpr = False, HEADS_FASTEST: gl.constexpr = False,
     ):
         """Varlen (packed THD): O, LSE of NUM_WG x 64 query rows of one (document, head); grid (query
-        tiles of max_seqlen_q, heads, documents), or (heads, query tiles, documents) with HEADS_FASTEST. Descriptors over the packed tensors viewed as
-        [1, T, H, D]; document ``b`` is q rows ``CU_Q[b] .. CU_Q[b+1]-1`` and k / v rows
+        tiles of max_seqlen_q, heads, documents), or (heads, query tiles, documents) with
+        HEADS_FASTEST. Descriptors over the packed tensors viewed as [1, T, H, D]; document ``b`` is q rows ``CU_Q[b] .. CU_Q[b+1]-1`` and k / v rows
         ``CU_K[b] .. CU_K[b+1]-1`` (int32, read here on the device), masks bottom-right aligned
         per document. A tile that starts past its document's end exits at once. O ``[T, H, D]``
         (pointer and row / head strides for the partial tiles' masked stores), LSE ``[H, T]``."""
@@ -997,9 +998,9 @@ def flash_attn_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink
     if bad is not None:
         raise ValueError(f"flash_attn_fwd_gluon: {bad}")
     grid, args, kwargs = _kernel_args(q, k, v, out, lse, sink, softmax_scale, win_right, cfg)
-    if grid[1] > 65535:
+    if cfg.heads_fastest and grid[1] > _MAX_GRID_YZ:
         raise ValueError(f"flash_attn_fwd_gluon: config {cfg.short()} puts {grid[1]} query tiles on the grid's y axis "
-                         f"(at most 65535)")
+                         f"(at most {_MAX_GRID_YZ})")
     launch(_attn_fwd_ws_kernel, grid, args, kwargs, q.device)
     return out, lse
 
@@ -1007,8 +1008,6 @@ def flash_attn_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink
 # ----------------------------------------------------------------------------------------------
 # Varlen (packed THD)
 # ----------------------------------------------------------------------------------------------
-#: documents per launch and query heads: grid axes 2 and 1 (CUDA's limit on y and z)
-_MAX_GRID_YZ = 65535
 
 
 #: ``auto`` runs the Gluon varlen forward for full attention from this ``max_seqlen_q`` on (H200,
@@ -1017,7 +1016,7 @@ _MAX_GRID_YZ = 65535
 VARLEN_AUTO_MIN_SEQLEN_Q = 2048
 
 
-def use_gluon_attn_varlen_fwd(max_seqlen_q: int, win_right: int = -1, head_dim: int = 128) -> bool:
+def use_gluon_attn_varlen_fwd(max_seqlen_q: int, win_right: int, head_dim: int) -> bool:
     """``PRIMUS_TURBO_ATTN_VARLEN_GLUON`` for a varlen call's ``max_seqlen_q`` (the host int of
     ``flash_attn_varlen_func``: no sync), normalized right window (``win_right >= 0``: causal or a
     right bound) and head dim: 1 runs :func:`flash_attn_varlen_fwd_gluon` for the TRITON backend's
@@ -1199,7 +1198,7 @@ def flash_attn_varlen_fwd_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         if cu_seqlens_q.numel() > 1 and int(max_seqlen_q) > 0:
             grid, args, kwargs = _varlen_kernel_args(q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                      softmax_scale, win_right, cfg)
-            if grid[1] > _MAX_GRID_YZ:
+            if cfg.heads_fastest and grid[1] > _MAX_GRID_YZ:
                 raise ValueError(f"flash_attn_varlen_fwd_gluon: config {cfg.short()} puts {grid[1]} query tiles on "
                                  f"the grid's y axis (at most {_MAX_GRID_YZ})")
             launch(_attn_fwd_varlen_ws_kernel, grid, args, kwargs, q.device)
