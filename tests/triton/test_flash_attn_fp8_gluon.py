@@ -117,7 +117,8 @@ def test_config():
             cfg = f8.default_attn_fp8_config(d, causal=causal)
             assert isinstance(cfg, f8.GluonAttnFp8Config) and cfg.check(d) is None
             small = f8.default_attn_fp8_config(d, 64, causal)  # a key tile lies in one scale block
-            assert small == dataclasses.replace(cfg, block_n=64, skip=False) and small.check(d) is None
+            assert small == dataclasses.replace(cfg, block_n=64, skip=False, lsum=False)
+            assert small.check(d) is None
     # 1-byte tiles: four K/V stages fit at D=128 next to Q and the 16-bit O tile (not in the bf16 budget)
     cfg = f8.GluonAttnFp8Config(block_n=128, stages=4)
     assert cfg.check(128) is None and f8.GluonAttnConfig(block_n=128, stages=4).check(128) is not None
@@ -158,7 +159,7 @@ def test_config():
     assert cfg.check(64) is None and f8.GluonAttnFp8Config.parse("n128s4kx2") == f8.GluonAttnFp8Config(128, 4, kperm=True)
     assert "registers" in f8.GluonAttnFp8Config.parse("n128s4kx3r168").check(64)
     assert "ping-pong" in f8.GluonAttnFp8Config.parse("n128s4pkx3").check(64)
-    assert "consumers" in f8.GluonAttnFp8Config.parse("n128s4kx4").check(64)
+    assert "consumers" in f8.GluonAttnFp8Config.parse("n128s4kx5").check(64)
     # t: persistent CTAs (the key-permuted producer only; its own tile order, no ping-pong)
     cfg = f8.GluonAttnFp8Config.parse("n128s4kc2t")
     assert cfg.persistent and cfg.short() == "n128s4kc2tr240w24" and cfg.check(128) is None
@@ -167,6 +168,14 @@ def test_config():
         assert "persistent" in f8.GluonAttnFp8Config.parse(bad).check(128), bad
     assert not any(c.persistent for c in f8._DEFAULT_CONFIGS.values())  # opt-in (see _DEFAULT_CONFIGS)
     # j: each warpgroup stops at its own rows' last key block (after x in the string; not with p)
+    cfg = f8.GluonAttnFp8Config.parse("n64s6kc2x4j")  # four warpgroups: 112 registers (the first gets 120)
+    assert (cfg.consumers, cfg.consumer_regs, cfg.BLOCK_M) == (4, 112, 256) and cfg.check(64) is None
+    assert cfg.short() == "n64s6kc2x4jr112w24" and f8.GluonAttnFp8Config.parse(cfg.short()) == cfg
+    assert "registers" in f8.GluonAttnFp8Config.parse("n64s6kc2x4jr128").check(64)
+    assert "warpgroups" in f8.GluonAttnFp8Config.parse("n64s4kx5").check(64)
+    from primus_turbo.triton.attention.flash_attn_fwd_gluon import GluonAttnConfig  # the bf16 kernel: 2 or 3
+
+    assert "(2, 3)" in GluonAttnConfig.parse("n64s3c4r112").check(64)
     cfg = f8.GluonAttnFp8Config.parse("n128s4kc2x3j")
     assert cfg.skip and cfg.consumers == 3 and cfg.short() == "n128s4kc2x3jr160w24"
     assert f8.GluonAttnFp8Config.parse(cfg.short()) == cfg and cfg.check(64) is None
@@ -174,17 +183,19 @@ def test_config():
 
 
 @pytest.mark.parametrize("head_dim,causal,text", [(128, True, "n128s4kc2"), (128, False, "n128s4kc2"),
-                                                   (64, False, "n128s4kc2x3j"), (64, True, "n128s4kc2x3j")])
+                                                   (64, False, "n128s4kc2lx3j"), (64, True, "n128s4kc2lx3j")])
 def test_default_config_by_head_dim_and_causal(head_dim, causal, text):
-    """H200 sessions 7, 27 and 29: n128s4kc2 (conditional O rescale, threshold 2) at head dim 128,
-    three consumer warpgroups at head dim 64 (x3) that each stop at their own rows' last key block
-    (j); the launcher and the reasons pick it from the window (causal: win_right 0)."""
+    """H200 sessions 7, 27, 29 and 30: n128s4kc2 (conditional O rescale, threshold 2) at head dim
+    128, three consumer warpgroups at head dim 64 (x3) that each stop at their own rows' last key
+    block (j) and reduce their row sums once (l); the launcher and the reasons pick it from the
+    window (causal: win_right 0)."""
     cfg = f8.default_attn_fp8_config(head_dim, 128, causal)
     assert cfg == f8.GluonAttnFp8Config.parse(text) and cfg.lazy == 2 and cfg.p_log2() == 6.0
-    assert not (cfg.lsum or cfg.heads_first or cfg.pingpong or cfg.emu)
-    assert cfg.consumers == (3 if head_dim == 64 else 2)
-    # 64-token scale blocks: the 64-key tile, without j (the config run on the GPU there)
-    assert f8.default_attn_fp8_config(head_dim, 64, causal) == dataclasses.replace(cfg, block_n=64, skip=False)
+    assert not (cfg.heads_first or cfg.pingpong or cfg.emu or cfg.persistent)
+    assert cfg.consumers == (3 if head_dim == 64 else 2) and cfg.lsum == (head_dim == 64)
+    # 64-token scale blocks: the 64-key tile, without j or l (the config run on the GPU there)
+    assert f8.default_attn_fp8_config(head_dim, 64, causal) == dataclasses.replace(cfg, block_n=64, skip=False,
+                                                                                   lsum=False)
     assert f8._fp8_config(head_dim, 128, None, 0 if causal else -1) == cfg
     if not causal:  # a right window other than 0 takes the full-attention default
         assert f8._fp8_config(head_dim, 128, None, 7) == cfg
@@ -279,6 +290,7 @@ def test_op_gluon_switch_is_a_no_op_off_sm90(monkeypatch):
     (64, True, "bf16", False, 128, "n128s4kl"), (64, False, "bf16", False, 64, None),
     (64, True, "bf16", False, 64, None), (128, True, "bf16", False, 64, None),
     (128, True, "fp16", True, 128, "n64s6kc2x3"), (64, False, "bf16", True, 128, "n128s6kc2x3"),
+    (64, True, "bf16", False, 128, "n64s6kc2x4j"), (64, False, "fp16", True, 128, "n64s6kc2x4j"),
 ])
 def test_compiles_for_sm90_without_spills(head_dim, causal, out_dtype, sink, blk, config, request):
     """Every shipped variant (and the opt-in configs) compiles for sm_90: QGMMA in the SASS, no local
@@ -325,7 +337,8 @@ def test_compiles_for_sm90_without_spills(head_dim, causal, out_dtype, sink, blk
                                                        (False, True, 64, 128, "n128s4kc2x3"),
                                                        (True, False, 64, 64, "n64s4kx3"),
                                                        (True, True, 128, 128, "n128s4kc2t"),
-                                                       (False, False, 64, 128, "n128s4kc2t")])
+                                                       (False, False, 64, 128, "n128s4kc2t"),
+                                                       (True, True, 64, 128, "n64s6kc2x4j")])
 def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, config, monkeypatch, request):
     """The launcher's own arguments (4-D host TMA descriptors over the transposed views of the
     quantized tensors, the scales, LSE, sink, sizes, constexprs) bind and compile for sm_90 under
@@ -342,13 +355,14 @@ def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, conf
     out = torch.empty(B, Sq, Hq, D, dtype=torch.bfloat16)
     lse = torch.empty(B, Hq, Sq)
     grid, args, kwargs = f8._kernel_args(*ops, out, lse, torch.zeros(Hq) if sink else None, 0.1, wr, cfg)
-    n_tiles = 2 * B * Hq  # two query tiles of seq 200 per (batch, head)
-    assert grid == ((n_tiles,) if cfg.persistent else (B * Hq, 2) if cfg.heads_first else (2, B * Hq))
-    assert args[-2:] == (n_tiles, 2)  # NT, NM
+    n_m = -(-Sq // cfg.BLOCK_M)  # query tiles of seq 200 per (batch, head): 2, or 1 with 256-row tiles
+    n_tiles = n_m * B * Hq
+    assert grid == ((n_tiles,) if cfg.persistent else (B * Hq, n_m) if cfg.heads_first else (n_m, B * Hq))
+    assert args[-2:] == (n_tiles, n_m)  # NT, NM
     kernel = warmup_for_sm90(f8._attn_fp8_fwd_ws_kernel, args, kwargs, monkeypatch)
     assert kernel.metadata.shared <= f8.SMEM_LIMIT
     # 4 warps per consumer warpgroup and the producer warp, rounded up to whole warpgroups
-    assert kernel.metadata.num_warps == (16 if cfg.consumers == 3 else 12)
+    assert kernel.metadata.num_warps == 4 * cfg.consumers + 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,7 +381,8 @@ def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, conf
 ])
 @pytest.mark.parametrize("config", [None, "n128s3p", "n128s4k", "n128s4ke2", "n128s4pke4", "n128s4kc2", "n128s4c1",
                                     "n128s4kc2l", "n128s4pkc2lg", "n128s4kc2x3", "n64s4kx3",
-                                    "n128s4kc2t", "n64s4kt", "n128s4kc2x3j", "n128s4kc2j"])
+                                    "n128s4kc2t", "n64s4kt", "n128s4kc2x3j", "n128s4kc2j", "n128s4kc2lx3j",
+                                    "n128s4kc2tx3j", "n64s6kc2x4j", "n64s6kc2tx4j"])
 def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink, layout, blk, config):
     from primus_turbo.pytorch.ops import attention_fp8 as opf8
     from primus_turbo.testing import attention_ref

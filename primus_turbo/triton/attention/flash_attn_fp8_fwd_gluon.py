@@ -137,7 +137,10 @@ class GluonAttnFp8Config(GluonAttnConfig):
       warpgroup has retired the previous tile's last S MMA, so the next tile's Q and first K / V
       blocks load under the previous tile's last PV MMA and epilogue: the per-tile start-up that a
       short sequence pays once per 32 key blocks is hidden;
-    * ``x<W>`` (``consumers``): 2 (default) or 3 consumer warpgroups (192-row tiles);
+    * ``x<W>`` (``consumers``): 2 (default), 3 or 4 consumer warpgroups (192- or 256-row tiles; the
+      consumer registers default to what the producer's 24 leave: 160 for three, 112 for four (the
+      first warpgroup runs the launch's default partition and gets the rest: 120), so four
+      warpgroups need the 64-key tile, whose S fragment is half the 128-key one's);
     * ``j`` (``skip``, after ``x``): each warpgroup computes only the key blocks its own rows see and
       releases the rest of the tile's ring slots unread (the bf16 forward's ``j``: a causal 192-row
       tile's lower warpgroups, and a warpgroup whose rows all lie past seq_q).
@@ -145,6 +148,8 @@ class GluonAttnFp8Config(GluonAttnConfig):
     The former flag ``u`` (row sums by a wgmma of P8 against a shared tile of E4M3 ones) is gone:
     its output was wrong on the H200 (session 7: -0.08 dB full, 0.4 dB causal against fp32);
     :meth:`parse` refuses it by name."""
+
+    CONSUMER_COUNTS = (2, 3, 4)
 
     kperm: bool = False
     emu: int = 0
@@ -178,8 +183,8 @@ class GluonAttnFp8Config(GluonAttnConfig):
         """``"n128s4"``, ``"n128s4p"``, ``"n128s4k"``, ``"n128s4ke2"``, ``"n128s4kc2"``, ``"n128s4pke4d2"``,
         ``"n128s4kc2x3"``, ``"n64s6r232w40"`` -> config (n: block_n, s: stages, p: ping-pong, k: key-permuted
         K load, c<T>: conditional O rescale with threshold T, l: row sums reduced once, g: heads-fastest
-        grid, t: persistent CTAs, x<W>: consumer warpgroups (2, the default, or 3: 192-row tiles,
-        consumer registers then 160 by default), e<N>: 1/N of the exponentials on the FMA pipe,
+        grid, t: persistent CTAs, x<W>: consumer warpgroups (2, the default, 3: 192-row tiles,
+        consumer registers then 160 by default, or 4: 256-row tiles, 112 registers), e<N>: 1/N of the exponentials on the FMA pipe,
         d<deg>: its polynomial degree, r / w: consumer / producer registers per thread). The removed
         flag ``u`` is refused by name."""
         m = re.fullmatch(_CONFIG_RE.format(u=""), text.strip())
@@ -191,7 +196,7 @@ class GluonAttnFp8Config(GluonAttnConfig):
                              f"n128s4ke2, n128s4kc2, n128s4pke4d2, n64s6r232w40")
         bn, st, pp, ov, kp, lz, ls, hf, pt, x, sk, emu, deg, r, w = m.groups()
         wgs = int(x or 2)
-        return cls(int(bn), int(st), int(r or (240 if wgs == 2 else 160)), int(w or 24), bool(pp), bool(ov),
+        return cls(int(bn), int(st), int(r or {2: 240, 3: 160}.get(wgs, 112)), int(w or 24), bool(pp), bool(ov),
                    consumers=wgs, kperm=bool(kp), emu=int(emu or 0), emu_deg=int(deg or 3), lazy=int(lz or 0),
                    lsum=bool(ls), heads_first=bool(hf), persistent=bool(pt), skip=bool(sk))
 
@@ -243,13 +248,21 @@ class GluonAttnFp8Config(GluonAttnConfig):
 #: full 578 / 648 vs 570 / 653 TFLOP/s at S=4096 / 16384, causal 454 / 596 vs 427 / 597: the default
 #: at head dim 64 with 128-key tiles (the 64-key tile of 64-token scale blocks keeps the config
 #: without it, which is the one run on the GPU there).
+#: Session 30 (benchmarks/results/h200/session30/, device time, 5 and 7 rounds in two calls): ``l``
+#: (row sums as per-lane partials, reduced once) at head dim 64, kc2lx3j vs kc2x3j, ms at S=4096 /
+#: 16384: full 0.956 / 3.359 vs 0.950 / 3.386 and 0.958 / 3.392 vs 0.961 / 3.404, causal 0.596 / 1.784
+#: vs 0.605 / 1.842 and 0.596 / 1.792 vs 0.607 / 1.849: the head-dim-64 default (geomean 1.245 / 1.251x
+#: our bf16 forward against 1.230 / 1.234x). At head dim 128 ``l`` lost (1.317 vs 1.370x), and so did
+#: ``t`` (persistent: 1.345 vs 1.374x; it led only at full S=4096) and ``e8`` (1.334x). Four
+#: consumer warpgroups (``x4``: 256-row tiles, 64-key blocks, 112 registers) gave 1.18x at head dim
+#: 64 (causal S=4096 0.589 ms, the best there; the rest 5-10% behind kc2x3j), ``tx3j`` 0.90x.
 #: FP8 tiles are half the bf16 ones, so the ring is deeper for the same shared memory: D=128
 #: n128s4 is 16 KB Q + 4 x 32 KB K/V + 32 KB O. A non-contiguous k8 cannot take ``k``: the op then
 #: runs the tl FP8 kernel (gluon_attn_fp8_fwd_reason names why).
 _DEFAULT_CONFIGS = {(64, False): GluonAttnFp8Config(block_n=128, stages=4, consumer_regs=160, consumers=3, kperm=True,
-                                                    lazy=2, skip=True),
+                                                    lazy=2, lsum=True, skip=True),
                     (64, True): GluonAttnFp8Config(block_n=128, stages=4, consumer_regs=160, consumers=3, kperm=True,
-                                                   lazy=2, skip=True),
+                                                   lazy=2, lsum=True, skip=True),
                     (128, False): GluonAttnFp8Config(block_n=128, stages=4, kperm=True, lazy=2),
                     (128, True): GluonAttnFp8Config(block_n=128, stages=4, kperm=True, lazy=2)}
 
@@ -261,8 +274,8 @@ def default_attn_fp8_config(head_dim: int, blk: int = 128, causal: bool = False)
     block: its scales are scalars). 32-token blocks are not taken: a 32-key tile would halve the
     MMA widths."""
     cfg = _DEFAULT_CONFIGS[(head_dim, bool(causal))]
-    if 64 <= blk < cfg.block_n:
-        cfg = dataclasses.replace(cfg, block_n=blk, skip=False)
+    if 64 <= blk < cfg.block_n:  # the config run on the GPU there: no j, no l
+        cfg = dataclasses.replace(cfg, block_n=blk, skip=False, lsum=False)
     return cfg
 
 
@@ -770,7 +783,33 @@ if GLUON_AVAILABLE:
             mbarrier.init(v_empty.index(i), count=NUM_WG)
         # the partitions' argument tuples are written out inline (a tuple bound to a name first would
         # turn its constexpr entries into runtime values)
-        if NUM_WG == 3:
+        if NUM_WG == 4:
+            gl.warp_specialize([
+                (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+                                 QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
+                                 0, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
+                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
+                                 q_empty, SKIP)),
+                (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+                                 QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
+                                 1, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
+                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
+                                 q_empty, SKIP)),
+                (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+                                 QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
+                                 2, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
+                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
+                                 q_empty, SKIP)),
+                (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+                                 QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
+                                 3, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
+                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
+                                 q_empty, SKIP)),
+                (_fp8_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                                 H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, KPERM,
+                                 HEADS_FIRST, NUM_WG, PERSIST, NT, NM, q_empty)),
+            ], [4, 4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+        elif NUM_WG == 3:
             gl.warp_specialize([
                 (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                                  QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
