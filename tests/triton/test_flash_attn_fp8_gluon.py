@@ -176,6 +176,15 @@ def test_config():
     from primus_turbo.triton.attention.flash_attn_fwd_gluon import GluonAttnConfig  # the bf16 kernel: 2 or 3
 
     assert "(2, 3)" in GluonAttnConfig.parse("n64s3c4r112").check(64)
+    # y2: two CTAs per SM, the launch's register cap (80 = 65536 / (2 x 384)) leaves the consumers 104
+    cfg = f8.GluonAttnFp8Config.parse("n64s6kc2jy2")
+    assert (cfg.ctas_per_sm, cfg.consumer_regs, cfg.check(64)) == (2, 104, None)
+    assert cfg.short() == "n64s6kc2jy2r104w24" and f8.GluonAttnFp8Config.parse(cfg.short()) == cfg
+    assert f8.GluonAttnFp8Config.launch_maxnreg(2, 2) == 80 and f8.GluonAttnFp8Config.launch_maxnreg(2, 1) == 168
+    assert "n64" in f8.GluonAttnFp8Config.parse("n128s4kc2y2").check(64)
+    assert "registers" in f8.GluonAttnFp8Config.parse("n64s6kc2y2r112").check(64)
+    assert "CTAs per SM is 1 or 2" in f8.GluonAttnFp8Config.parse("n64s6kc2y3").check(64)
+    assert "t (one persistent" in f8.GluonAttnFp8Config.parse("n64s6kc2ty2").check(64)
     cfg = f8.GluonAttnFp8Config.parse("n128s4kc2x3j")
     assert cfg.skip and cfg.consumers == 3 and cfg.short() == "n128s4kc2x3jr160w24"
     assert f8.GluonAttnFp8Config.parse(cfg.short()) == cfg and cfg.check(64) is None
@@ -338,7 +347,8 @@ def test_compiles_for_sm90_without_spills(head_dim, causal, out_dtype, sink, blk
                                                        (True, False, 64, 64, "n64s4kx3"),
                                                        (True, True, 128, 128, "n128s4kc2t"),
                                                        (False, False, 64, 128, "n128s4kc2t"),
-                                                       (True, True, 64, 128, "n64s6kc2x4j")])
+                                                       (True, True, 64, 128, "n64s6kc2x4j"),
+                                                       (False, False, 64, 128, "n64s6kc2jy2")])
 def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, config, monkeypatch, request):
     """The launcher's own arguments (4-D host TMA descriptors over the transposed views of the
     quantized tensors, the scales, LSE, sink, sizes, constexprs) bind and compile for sm_90 under
@@ -363,6 +373,9 @@ def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, conf
     assert kernel.metadata.shared <= f8.SMEM_LIMIT
     # 4 warps per consumer warpgroup and the producer warp, rounded up to whole warpgroups
     assert kernel.metadata.num_warps == 4 * cfg.consumers + 4
+    # y2: the register cap that lets two CTAs share an SM reaches the compile
+    assert kwargs.get("maxnreg") == (80 if cfg.ctas_per_sm == 2 else None)
+    assert kernel.metadata.maxnreg == kwargs.get("maxnreg")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,7 +395,7 @@ def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, conf
 @pytest.mark.parametrize("config", [None, "n128s3p", "n128s4k", "n128s4ke2", "n128s4pke4", "n128s4kc2", "n128s4c1",
                                     "n128s4kc2l", "n128s4pkc2lg", "n128s4kc2x3", "n64s4kx3",
                                     "n128s4kc2t", "n64s4kt", "n128s4kc2x3j", "n128s4kc2j", "n128s4kc2lx3j",
-                                    "n128s4kc2tx3j", "n64s6kc2x4j", "n64s6kc2tx4j"])
+                                    "n128s4kc2tx3j", "n64s6kc2x4j", "n64s6kc2tx4j", "n64s6kc2jy2"])
 def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink, layout, blk, config):
     from primus_turbo.pytorch.ops import attention_fp8 as opf8
     from primus_turbo.testing import attention_ref

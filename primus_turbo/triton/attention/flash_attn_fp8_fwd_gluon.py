@@ -82,7 +82,10 @@ P_SCALE = 256.0
 _OUT_DTYPES = (torch.bfloat16, torch.float16)
 #: GluonAttnFp8Config.parse's grammar; ``{u}``: where the removed flag ``u`` stood ("" to parse,
 #: "u" to recognize an old config string and name the flag in the error)
-_CONFIG_RE = r"n(\d+)s(\d+)(p)?(o)?(k)?(?:c(\d+))?(l)?(g)?{u}(t)?(?:x(\d+))?(j)?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?"
+#: shared memory of one sm_90 SM (228 KB); each resident CTA also takes 1 KB of it for the system
+SM_SMEM_BYTES = 233472
+
+_CONFIG_RE = r"n(\d+)s(\d+)(p)?(o)?(k)?(?:c(\d+))?(l)?(g)?{u}(t)?(?:x(\d+))?(j)?(?:y(\d+))?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?"
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -141,6 +144,11 @@ class GluonAttnFp8Config(GluonAttnConfig):
       consumer registers default to what the producer's 24 leave: 160 for three, 112 for four (the
       first warpgroup runs the launch's default partition and gets the rest: 120), so four
       warpgroups need the 64-key tile, whose S fragment is half the 128-key one's);
+    * ``y2`` (``ctas_per_sm``, after ``j``): the launch caps registers so that two CTAs share each SM
+      (``maxnreg`` = 65536 / (2 x the CTA's threads), rounded down to 8; the consumers' default
+      budget is what is left of the CTA's half after the producer's): one CTA's start-up (Q and first
+      K / V loads, the unoverlapped first softmax) and epilogue run under the other's key loop. Two
+      consumer warpgroups at head dim 64 with 64-key tiles fit (104 registers, 57 KB);
     * ``j`` (``skip``, after ``x``): each warpgroup computes only the key blocks its own rows see and
       releases the rest of the tile's ring slots unread (the bf16 forward's ``j``: a causal 192-row
       tile's lower warpgroups, and a warpgroup whose rows all lie past seq_q).
@@ -158,6 +166,7 @@ class GluonAttnFp8Config(GluonAttnConfig):
     lsum: bool = False
     heads_first: bool = False
     persistent: bool = False
+    ctas_per_sm: int = 1
 
     def p_log2(self) -> float:
         """log2 of the static P scale (8, i.e. 256, less the ``c<T>`` threshold)."""
@@ -174,6 +183,7 @@ class GluonAttnFp8Config(GluonAttnConfig):
         flags += (f"c{self.lazy}" if self.lazy else "") + ("l" if self.lsum else "") + ("g" if self.heads_first else "")
         flags += ("t" if self.persistent else "") + (f"x{self.consumers}" if self.consumers != 2 else "")
         flags += "j" if self.skip else ""
+        flags += f"y{self.ctas_per_sm}" if self.ctas_per_sm != 1 else ""
         if self.emu:
             flags += f"e{self.emu}" + (f"d{self.emu_deg}" if self.emu_deg != 3 else "")
         return f"n{self.block_n}s{self.stages}{flags}r{self.consumer_regs}w{self.producer_regs}"
@@ -194,11 +204,24 @@ class GluonAttnFp8Config(GluonAttnConfig):
                                  f"(its output was wrong on the H200); drop the u")
             raise ValueError(f"bad Gluon FP8 attention config {text!r}; expected e.g. n128s4, n128s3p, n128s4k, "
                              f"n128s4ke2, n128s4kc2, n128s4pke4d2, n64s6r232w40")
-        bn, st, pp, ov, kp, lz, ls, hf, pt, x, sk, emu, deg, r, w = m.groups()
-        wgs = int(x or 2)
-        return cls(int(bn), int(st), int(r or {2: 240, 3: 160}.get(wgs, 112)), int(w or 24), bool(pp), bool(ov),
+        bn, st, pp, ov, kp, lz, ls, hf, pt, x, sk, y, emu, deg, r, w = m.groups()
+        wgs, ctas, prod = int(x or 2), int(y or 1), int(w or 24)
+        if r:
+            regs = int(r)
+        elif ctas > 1:  # what the CTA's share of the register file leaves the consumers
+            regs = (cls.launch_maxnreg(wgs, ctas) * (wgs + 1) * 128 - 128 * prod) // (wgs * 128) // 8 * 8
+        else:
+            regs = {2: 240, 3: 160}.get(wgs, 112)
+        return cls(int(bn), int(st), regs, prod, bool(pp), bool(ov),
                    consumers=wgs, kperm=bool(kp), emu=int(emu or 0), emu_deg=int(deg or 3), lazy=int(lz or 0),
-                   lsum=bool(ls), heads_first=bool(hf), persistent=bool(pt), skip=bool(sk))
+                   lsum=bool(ls), heads_first=bool(hf), persistent=bool(pt), skip=bool(sk), ctas_per_sm=ctas)
+
+    @staticmethod
+    def launch_maxnreg(consumers: int, ctas_per_sm: int) -> int:
+        """Registers per thread at launch for ``ctas_per_sm`` CTAs of ``consumers`` warpgroups plus the
+        producer's warpgroup on one SM (multiples of 8; the warp-specialized partitions then share
+        that pool through setmaxnreg)."""
+        return 65536 // (ctas_per_sm * (consumers + 1) * 128) // 8 * 8
 
     def check(self, head_dim: int) -> Optional[str]:
         if self.overlap:
@@ -215,6 +238,22 @@ class GluonAttnFp8Config(GluonAttnConfig):
             return f"d{self.emu_deg}: the exp2 polynomial degree is 2 to 5"
         if self.emu and self.block_n < 4 * self.emu:
             return f"e{self.emu} needs block_n >= {4 * self.emu}"
+        if self.ctas_per_sm not in (1, 2):
+            return f"y{self.ctas_per_sm}: CTAs per SM is 1 or 2"
+        if self.ctas_per_sm > 1:
+            pool = self.launch_maxnreg(self.consumers, self.ctas_per_sm) * (self.consumers + 1) * 128
+            need = self.consumers * 128 * self.consumer_regs + 128 * self.producer_regs
+            if need > pool:
+                return (f"y{self.ctas_per_sm}: registers {self.consumers} x 128 x {self.consumer_regs} + 128 x "
+                        f"{self.producer_regs} > the CTA's {pool}")
+            if self.persistent:
+                return "y2 (two CTAs per SM) does not take t (one persistent CTA per SM)"
+            if self.block_n != 64 or self.consumers != 2:
+                return "y2 (two CTAs per SM) takes two consumer warpgroups and the 64-key tile (n64) only"
+                # (the 128-key S fragment alone is 64 of the ~104 registers a consumer has there)
+            if self.ctas_per_sm * (self.smem_bytes(head_dim) + 1024) > SM_SMEM_BYTES:
+                return (f"y{self.ctas_per_sm}: {self.ctas_per_sm} x {self.smem_bytes(head_dim)} bytes of shared "
+                        f"memory do not fit one SM at D={head_dim}")
         return super().check(head_dim)
 
 
@@ -997,6 +1036,8 @@ def _kernel_args(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, out, l
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, KPERM=cfg.kperm, EMU=cfg.emu,
                   EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, LSUM=cfg.lsum, HEADS_FIRST=cfg.heads_first, NUM_WG=cfg.consumers,
                   PERSIST=cfg.persistent, SKIP=cfg.skip, num_warps=4)
+    if cfg.ctas_per_sm > 1:
+        kwargs["maxnreg"] = cfg.launch_maxnreg(cfg.consumers, cfg.ctas_per_sm)
     grid = (n_m, B * H)
     if cfg.heads_first:
         grid = (B * H, n_m)
