@@ -405,6 +405,8 @@ def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink,
     eff = cfg or f8.default_attn_fp8_config(D, blk, causal)  # the config that runs
     if blk % eff.block_n:
         pytest.skip("the config's key tile is larger than the scale block")
+    if eff.check(D) is not None:  # e.g. y2's two CTAs per SM do not fit at head dim 128
+        pytest.skip(f"config {eff.short()} at head dim {D}: {eff.check(D)}")
     q, k, v = qkv(B, Sq, Sk, Hq, Hk, D, dtype, layout, "cuda")
     s = torch.randn(Hq, device="cuda") if sink else None
     scale, wr = D ** -0.5, (0 if causal else -1)
