@@ -109,7 +109,8 @@ def load_script(name: str):
 
 
 def compile_sm90(fn, sig: dict, consts: dict, name: str, mma: str = "HGMMA", extra=None,
-                 dump: str | None = None, sass_out: bool = False, attrs: dict | None = None) -> dict:
+                 dump: str | None = None, sass_out: bool = False, attrs: dict | None = None,
+                 options: dict | None = None) -> dict:
     """Compile the Gluon kernel ``fn`` for sm_90 (``sig``: its argument types, ``consts``: its
     constexprs) and report what ptxas and the SASS say: ``regs`` (the launch maxnreg), ``max_reg``
     (highest register any partition touches, after setmaxnreg), ``spill_bytes``, ``<mma>`` (e.g.
@@ -117,7 +118,8 @@ def compile_sm90(fn, sig: dict, consts: dict, name: str, mma: str = "HGMMA", ext
     own schedule checks), ``serialized`` (ptxas notes C7514/C7515), shared memory. The one compile
     path of the bf16 forward, the backward and the FP8 forward reports; with ``dump``, writes
     ttgir/ptx/cubin (and the SASS) as ``<name>.*``. ``attrs``: argument attributes as a launch
-    specializes them, ``{(arg index,): [["tt.divisibility", 16]]}`` (none by default)."""
+    specializes them, ``{(arg index,): [["tt.divisibility", 16]]}`` (none by default). ``options``:
+    more compile options (e.g. ``maxnreg``, as a launch passes it)."""
     import re
 
     import triton
@@ -126,7 +128,8 @@ def compile_sm90(fn, sig: dict, consts: dict, name: str, mma: str = "HGMMA", ext
 
     cc = load_script("gluon_compile_check")
     sig.update({k: "constexpr" for k in consts})
-    k = triton.compile(GluonASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    k = triton.compile(GluonASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=4, **(options or {})))
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     report = cc._ptxas_report(k.asm["ptx"], ptxas)
     sass = cc._sass(k.asm["cubin"], os.path.join(os.path.dirname(ptxas), "cuobjdump"))

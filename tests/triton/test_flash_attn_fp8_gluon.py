@@ -210,6 +210,15 @@ def test_default_config_by_head_dim_and_causal(head_dim, causal, text):
         assert f8._fp8_config(head_dim, 128, None, 7) == cfg
     explicit = f8.GluonAttnFp8Config.parse("n128s4p")
     assert f8._fp8_config(head_dim, 128, explicit, 0) is explicit
+    # head dim 64 causal with at most Y2_CAUSAL_MAX_SEQ_K keys: two CTAs per SM (session 30)
+    short = f8.default_attn_fp8_config(head_dim, 128, causal, f8.Y2_CAUSAL_MAX_SEQ_K)
+    if head_dim == 64 and causal:
+        assert short == f8.GluonAttnFp8Config.parse("n64s4kc2jy2") and short.check(64) is None
+        assert f8._fp8_config(64, 128, None, 0, 2048) == short and f8._fp8_config(64, 64, None, 0, 2048) == short
+    else:
+        assert short == cfg
+    assert f8.default_attn_fp8_config(head_dim, 128, causal, f8.Y2_CAUSAL_MAX_SEQ_K + 1) == cfg
+    assert f8._fp8_config(head_dim, 128, explicit, 0, 1024) is explicit
 
 
 @pytest.mark.parametrize("text", ["n128s4ku", "n128s4kc2u", "n128s4c2u", "n64s4ku", "n128s4kc2ue2r232w40"])
@@ -300,6 +309,7 @@ def test_op_gluon_switch_is_a_no_op_off_sm90(monkeypatch):
     (64, True, "bf16", False, 64, None), (128, True, "bf16", False, 64, None),
     (128, True, "fp16", True, 128, "n64s6kc2x3"), (64, False, "bf16", True, 128, "n128s6kc2x3"),
     (64, True, "bf16", False, 128, "n64s6kc2x4j"), (64, False, "fp16", True, 128, "n64s6kc2x4j"),
+    (64, True, "bf16", False, 128, "n64s4kc2jy2"), (64, True, "fp16", True, 64, "n64s4kc2jy2"),
 ])
 def test_compiles_for_sm90_without_spills(head_dim, causal, out_dtype, sink, blk, config, request):
     """Every shipped variant (and the opt-in configs) compiles for sm_90: QGMMA in the SASS, no local
@@ -402,7 +412,7 @@ def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink,
     from primus_turbo.triton.attention.flash_attn_fp8 import dequantize_tokens_fp8, flash_attn_fp8_fwd_triton
 
     cfg = f8.GluonAttnFp8Config.parse(config) if config else None
-    eff = cfg or f8.default_attn_fp8_config(D, blk, causal)  # the config that runs
+    eff = f8._fp8_config(D, blk, cfg, 0 if causal else -1, Sk)  # the config that runs
     if blk % eff.block_n:
         pytest.skip("the config's key tile is larger than the scale block")
     if eff.check(D) is not None:  # e.g. y2's two CTAs per SM do not fit at head dim 128
