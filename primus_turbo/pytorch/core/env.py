@@ -69,9 +69,10 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "auto",
         "flash_attn_fp8_func forward on sm_90 (head dims 64/128, no left window, seq_kv a multiple of 16, scale "
         "blocks of 64-256 tokens): 1 the warp-specialized Gluon FP8 kernel where it can run, 0 the Triton FP8 kernel; "
-        "auto = 1 (H200, sessions 7, 27 and 29: config n128s4kc2 at head dim 128, n128s4kc2lx3j (three consumer "
-        "warpgroups, each stopping at its own rows' last key block, row sums reduced once) at 64; sessions 29-30, "
-        "device time: 1.14-1.45x our bf16 Gluon forward at head dim 128, 1.15-1.34x at 64).",
+        "auto = 1 (H200, sessions 7 and 27-30: config n128s4kc2 at head dim 128, n128s4kc2lx3j (three consumer "
+        "warpgroups, each stopping at its own rows' last key block, row sums reduced once) at 64, n64s4kc2jy2 (two "
+        "CTAs per SM) at 64 causal up to 4096 keys; sessions 29-30, device time: 1.14-1.45x our bf16 Gluon forward "
+        "at head dim 128, 1.15-1.34x at 64).",
     ),
     "PRIMUS_TURBO_ATTN_BWD_GLUON": (
         "auto",
