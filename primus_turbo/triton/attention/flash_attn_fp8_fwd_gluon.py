@@ -36,9 +36,10 @@ staged in its own shared buffer for the TMA store (the bf16 kernel reuses Q's).
 64 / 128 or unequal, left windows, negative scales, scale blocks of 32 tokens, ``seq_kv`` not a
 multiple of 16: the rows of ``v8t`` must be 16-byte aligned for TMA) and the op runs the tl kernel
 instead. ``PRIMUS_TURBO_ATTN_FP8_FWD_GLUON`` switches it (auto: on, since the H200 measurements).
-The default config depends on the head dim and causality (:func:`default_attn_fp8_config`):
-three consumer warpgroups at head dim 64, two at 128. Config ``t`` makes the CTAs persistent
-(:func:`_ptile`), opt-in.
+The default config depends on the head dim, causality and key count (:func:`default_attn_fp8_config`):
+three consumer warpgroups at head dim 64 (two CTAs of two warpgroups per SM for causal with at most
+4096 keys, config ``y2``), two at 128. Config ``t`` makes the CTAs persistent (:func:`_ptile`) and
+``x4`` runs four consumer warpgroups, both opt-in.
 """
 
 from __future__ import annotations
@@ -248,9 +249,9 @@ class GluonAttnFp8Config(GluonAttnConfig):
                         f"{self.producer_regs} > the CTA's {pool}")
             if self.persistent:
                 return "y2 (two CTAs per SM) does not take t (one persistent CTA per SM)"
+            # the 128-key S fragment alone is 64 of the ~104 registers a consumer has there
             if self.block_n != 64 or self.consumers != 2:
                 return "y2 (two CTAs per SM) takes two consumer warpgroups and the 64-key tile (n64) only"
-                # (the 128-key S fragment alone is 64 of the ~104 registers a consumer has there)
             if self.ctas_per_sm * (self.smem_bytes(head_dim) + 1024) > SM_SMEM_BYTES:
                 return (f"y{self.ctas_per_sm}: {self.ctas_per_sm} x {self.smem_bytes(head_dim)} bytes of shared "
                         f"memory do not fit one SM at D={head_dim}")
