@@ -214,7 +214,9 @@ def test_default_config_by_head_dim_and_causal(head_dim, causal, text):
     short = f8.default_attn_fp8_config(head_dim, 128, causal, f8.Y2_CAUSAL_MAX_SEQ_K)
     if head_dim == 64 and causal:
         assert short == f8.GluonAttnFp8Config.parse("n64s4kc2jy2") and short.check(64) is None
-        assert f8._fp8_config(64, 128, None, 0, 2048) == short and f8._fp8_config(64, 64, None, 0, 2048) == short
+        assert f8._fp8_config(64, 128, None, 0, 2048) == short and f8._fp8_config(64, 256, None, 0, 2048) == short
+        # 64-token scale blocks: the config run on the GPU there
+        assert f8._fp8_config(64, 64, None, 0, 2048) == f8.default_attn_fp8_config(64, 64, True)
     else:
         assert short == cfg
     assert f8.default_attn_fp8_config(head_dim, 128, causal, f8.Y2_CAUSAL_MAX_SEQ_K + 1) == cfg

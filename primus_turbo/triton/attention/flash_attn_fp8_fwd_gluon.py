@@ -322,10 +322,11 @@ def default_attn_fp8_config(head_dim: int, blk: int = 128, causal: bool = False,
     """The default config for ``head_dim`` and ``causal`` (the kernel's normalized window: causal is
     ``win_right == 0``; anything else, a right window included, takes the full-attention config),
     and, where known, the key count ``seq_k`` (head dim 64 causal up to :data:`Y2_CAUSAL_MAX_SEQ_K`
-    keys: two CTAs per SM). With 64-token scale blocks the key tile shrinks to 64 (a key tile must
+    keys, scale blocks of 128 tokens or more: two CTAs per SM). With 64-token scale blocks the key tile shrinks to 64 (a key tile must
     lie in one k / v scale block: its scales are scalars). 32-token blocks are not taken: a 32-key
     tile would halve the MMA widths."""
-    if head_dim == 64 and causal and seq_k is not None and seq_k <= Y2_CAUSAL_MAX_SEQ_K and blk % 64 == 0:
+    # (64-token scale blocks keep the config below: y2 ran on the GPU with 128- and 256-token blocks)
+    if head_dim == 64 and causal and seq_k is not None and seq_k <= Y2_CAUSAL_MAX_SEQ_K and blk >= 128:
         return _Y2_CAUSAL_D64
     cfg = _DEFAULT_CONFIGS[(head_dim, bool(causal))]
     if 64 <= blk < cfg.block_n:  # the config run on the GPU there: no j, no l
