@@ -38,8 +38,8 @@ multiple of 16: the rows of ``v8t`` must be 16-byte aligned for TMA) and the op 
 instead. ``PRIMUS_TURBO_ATTN_FP8_FWD_GLUON`` switches it (auto: on, since the H200 measurements).
 The default config depends on the head dim, causality and key count (:func:`default_attn_fp8_config`):
 three consumer warpgroups at head dim 64 (two CTAs of two warpgroups per SM for causal with at most
-4096 keys, config ``y2``), two at 128. Config ``t`` makes the CTAs persistent (:func:`_ptile`) and
-``x4`` runs four consumer warpgroups, both opt-in.
+4096 keys, config ``y2``), two at 128. Config ``t`` makes the CTAs persistent (:func:`_ptile`),
+opt-in.
 """
 
 from __future__ import annotations
@@ -141,10 +141,7 @@ class GluonAttnFp8Config(GluonAttnConfig):
       warpgroup has retired the previous tile's last S MMA, so the next tile's Q and first K / V
       blocks load under the previous tile's last PV MMA and epilogue: the per-tile start-up that a
       short sequence pays once per 32 key blocks is hidden;
-    * ``x<W>`` (``consumers``): 2 (default), 3 or 4 consumer warpgroups (192- or 256-row tiles; the
-      consumer registers default to what the producer's 24 leave: 160 for three, 112 for four (the
-      first warpgroup runs the launch's default partition and gets the rest: 120), so four
-      warpgroups need the 64-key tile, whose S fragment is half the 128-key one's);
+    * ``x<W>`` (``consumers``): 2 (default) or 3 consumer warpgroups (192-row tiles);
     * ``y2`` (``ctas_per_sm``, after ``j``): the launch caps registers so that two CTAs share each SM
       (``maxnreg`` = 65536 / (2 x the CTA's threads), rounded down to 8; the consumers' default
       budget is what is left of the CTA's half after the producer's): one CTA's start-up (Q and first
@@ -157,8 +154,6 @@ class GluonAttnFp8Config(GluonAttnConfig):
     The former flag ``u`` (row sums by a wgmma of P8 against a shared tile of E4M3 ones) is gone:
     its output was wrong on the H200 (session 7: -0.08 dB full, 0.4 dB causal against fp32);
     :meth:`parse` refuses it by name."""
-
-    CONSUMER_COUNTS = (2, 3, 4)
 
     kperm: bool = False
     emu: int = 0
@@ -194,10 +189,10 @@ class GluonAttnFp8Config(GluonAttnConfig):
         """``"n128s4"``, ``"n128s4p"``, ``"n128s4k"``, ``"n128s4ke2"``, ``"n128s4kc2"``, ``"n128s4pke4d2"``,
         ``"n128s4kc2x3"``, ``"n64s6r232w40"`` -> config (n: block_n, s: stages, p: ping-pong, k: key-permuted
         K load, c<T>: conditional O rescale with threshold T, l: row sums reduced once, g: heads-fastest
-        grid, t: persistent CTAs, x<W>: consumer warpgroups (2, the default, 3: 192-row tiles,
-        consumer registers then 160 by default, or 4: 256-row tiles, 112 registers), e<N>: 1/N of the exponentials on the FMA pipe,
-        d<deg>: its polynomial degree, r / w: consumer / producer registers per thread). The removed
-        flag ``u`` is refused by name."""
+        grid, t: persistent CTAs, x<W>: consumer warpgroups (2, the default, or 3: 192-row tiles,
+        consumer registers then 160 by default), j: per-warpgroup key extent, y2: two CTAs per SM,
+        e<N>: 1/N of the exponentials on the FMA pipe, d<deg>: its polynomial degree, r / w: consumer /
+        producer registers per thread). The removed flag ``u`` is refused by name."""
         m = re.fullmatch(_CONFIG_RE.format(u=""), text.strip())
         if not m:
             if re.fullmatch(_CONFIG_RE.format(u="u"), text.strip()):
@@ -210,9 +205,9 @@ class GluonAttnFp8Config(GluonAttnConfig):
         if r:
             regs = int(r)
         elif ctas > 1:  # what the CTA's share of the register file leaves the consumers
-            regs = (cls.launch_maxnreg(wgs, ctas) * (wgs + 1) * 128 - 128 * prod) // (wgs * 128) // 8 * 8
+            regs = (cls.register_pool(wgs, ctas) - 128 * prod) // (wgs * 128) // 8 * 8
         else:
-            regs = {2: 240, 3: 160}.get(wgs, 112)
+            regs = 240 if wgs == 2 else 160
         return cls(int(bn), int(st), regs, prod, bool(pp), bool(ov),
                    consumers=wgs, kperm=bool(kp), emu=int(emu or 0), emu_deg=int(deg or 3), lazy=int(lz or 0),
                    lsum=bool(ls), heads_first=bool(hf), persistent=bool(pt), skip=bool(sk), ctas_per_sm=ctas)
@@ -223,6 +218,11 @@ class GluonAttnFp8Config(GluonAttnConfig):
         producer's warpgroup on one SM (multiples of 8; the warp-specialized partitions then share
         that pool through setmaxnreg)."""
         return 65536 // (ctas_per_sm * (consumers + 1) * 128) // 8 * 8
+
+    @classmethod
+    def register_pool(cls, consumers: int, ctas_per_sm: int) -> int:
+        """Registers of one CTA at :meth:`launch_maxnreg` (what setmaxnreg redistributes)."""
+        return cls.launch_maxnreg(consumers, ctas_per_sm) * (consumers + 1) * 128
 
     def check(self, head_dim: int) -> Optional[str]:
         if self.overlap:
@@ -242,7 +242,7 @@ class GluonAttnFp8Config(GluonAttnConfig):
         if self.ctas_per_sm not in (1, 2):
             return f"y{self.ctas_per_sm}: CTAs per SM is 1 or 2"
         if self.ctas_per_sm > 1:
-            pool = self.launch_maxnreg(self.consumers, self.ctas_per_sm) * (self.consumers + 1) * 128
+            pool = self.register_pool(self.consumers, self.ctas_per_sm)
             need = self.consumers * 128 * self.consumer_regs + 128 * self.producer_regs
             if need > pool:
                 return (f"y{self.ctas_per_sm}: registers {self.consumers} x 128 x {self.consumer_regs} + 128 x "
@@ -294,8 +294,8 @@ class GluonAttnFp8Config(GluonAttnConfig):
 #: vs 0.605 / 1.842 and 0.596 / 1.792 vs 0.607 / 1.849: the head-dim-64 default (geomean 1.245 / 1.251x
 #: our bf16 forward against 1.230 / 1.234x). At head dim 128 ``l`` lost (1.317 vs 1.370x), and so did
 #: ``t`` (persistent: 1.345 vs 1.374x; it led only at full S=4096) and ``e8`` (1.334x). Four
-#: consumer warpgroups (``x4``: 256-row tiles, 64-key blocks, 112 registers) gave 1.18x at head dim
-#: 64 (causal S=4096 0.589 ms, the best there; the rest 5-10% behind kc2x3j), ``tx3j`` 0.90x.
+#: consumer warpgroups (256-row tiles, 64-key blocks, 112 registers; tried and removed) gave 1.18x at
+#: head dim 64 (causal S=4096 0.589 ms; y2 below does better there), ``tx3j`` 0.90x.
 #: FP8 tiles are half the bf16 ones, so the ring is deeper for the same shared memory: D=128
 #: n128s4 is 16 KB Q + 4 x 32 KB K/V + 32 KB O. A non-contiguous k8 cannot take ``k``: the op then
 #: runs the tl FP8 kernel (gluon_attn_fp8_fwd_reason names why).
@@ -322,9 +322,9 @@ def default_attn_fp8_config(head_dim: int, blk: int = 128, causal: bool = False,
     """The default config for ``head_dim`` and ``causal`` (the kernel's normalized window: causal is
     ``win_right == 0``; anything else, a right window included, takes the full-attention config),
     and, where known, the key count ``seq_k`` (head dim 64 causal up to :data:`Y2_CAUSAL_MAX_SEQ_K`
-    keys, scale blocks of 128 tokens or more: two CTAs per SM). With 64-token scale blocks the key tile shrinks to 64 (a key tile must
-    lie in one k / v scale block: its scales are scalars). 32-token blocks are not taken: a 32-key
-    tile would halve the MMA widths."""
+    keys, scale blocks of 128 tokens or more: two CTAs per SM). With 64-token scale blocks the key
+    tile shrinks to 64 (a key tile must lie in one k / v scale block: its scales are scalars).
+    32-token blocks are not taken: a 32-key tile would halve the MMA widths."""
     # (64-token scale blocks keep the config below: y2 ran on the GPU with 128- and 256-token blocks)
     if head_dim == 64 and causal and seq_k is not None and seq_k <= Y2_CAUSAL_MAX_SEQ_K and blk >= 128:
         return _Y2_CAUSAL_D64
@@ -838,33 +838,7 @@ if GLUON_AVAILABLE:
             mbarrier.init(v_empty.index(i), count=NUM_WG)
         # the partitions' argument tuples are written out inline (a tuple bound to a name first would
         # turn its constexpr entries into runtime values)
-        if NUM_WG == 4:
-            gl.warp_specialize([
-                (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
-                                 QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
-                                 0, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
-                                 q_empty, SKIP)),
-                (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
-                                 QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
-                                 1, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
-                                 q_empty, SKIP)),
-                (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
-                                 QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
-                                 2, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
-                                 q_empty, SKIP)),
-                (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
-                                 QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
-                                 3, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
-                                 EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
-                                 q_empty, SKIP)),
-                (_fp8_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-                                 H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, KPERM,
-                                 HEADS_FIRST, NUM_WG, PERSIST, NT, NM, q_empty)),
-            ], [4, 4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
-        elif NUM_WG == 3:
+        if NUM_WG == 3:
             gl.warp_specialize([
                 (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                                  QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,

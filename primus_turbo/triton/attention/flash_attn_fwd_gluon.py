@@ -125,9 +125,6 @@ class GluonAttnConfig:
     ptxas cannot hoist that wait above the softmax and the exponentials run under the PV MMA (off:
     the shipped SASS, where they do not)."""
 
-    #: consumer warpgroup counts the kernel is written for (the FP8 forward adds 4)
-    CONSUMER_COUNTS = (2, 3)
-
     block_n: int = 128
     stages: int = 2
     consumer_regs: int = 240
@@ -192,8 +189,8 @@ class GluonAttnConfig:
             return f"stages must be >= 1, got {self.stages}"
         if any(r % 8 or not 24 <= r <= 256 for r in (self.consumer_regs, self.producer_regs)):
             return f"setmaxnreg counts must be multiples of 8 in [24, 256], got {self.consumer_regs}, {self.producer_regs}"
-        if self.consumers not in self.CONSUMER_COUNTS:
-            return f"consumers must be one of {self.CONSUMER_COUNTS} warpgroups, got {self.consumers}"
+        if self.consumers not in (2, 3):
+            return f"consumers must be 2 or 3 warpgroups, got {self.consumers}"
         if self.emu not in (0, 2, 4, 8) or not 2 <= self.emu_deg <= 5:
             return f"emu must be 0, 2, 4 or 8 and emu_deg 2..5, got e{self.emu}d{self.emu_deg}"
         if not 0 <= self.lazy <= 4:
