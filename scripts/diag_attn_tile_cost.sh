@@ -5,12 +5,19 @@
 # cost weighs most, with per-instruction stall samples.
 #
 #   bash scripts/diag_attn_tile_cost.sh OUT_DIR
+# Environment: DIAG_TESTS (pytest selection run first), DIAG_SEQS / DIAG_SEQS64 (head dim 128 / 64
+# lengths), DIAG_CONFIGS (FP8 configs next to the default), DIAG_ROUNDS, DIAG_NO_NCU.
 set -u
 OUT="${1:?usage: bash scripts/diag_attn_tile_cost.sh OUT_DIR}"
 mkdir -p "$OUT"
 export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
+if [ -n "${DIAG_TESTS:-}" ]; then  # GPU tests first (e.g. the configs about to be timed)
+    timeout "${DIAG_TEST_S:-200}" $PY -m pytest -q -x -p no:cacheprovider $DIAG_TESTS > "$OUT/pytest.log" 2>&1
+    echo "pytest rc=$?" >> "$OUT/pytest.log"
+    tail -3 "$OUT/pytest.log"
+fi
 SEQS="${DIAG_SEQS:-1024 2048 4096 8192 16384}"
 SEQS64="${DIAG_SEQS64:-1024 4096 16384}"
 CFGS="${DIAG_CONFIGS:-n128s4kc2t}"
@@ -18,7 +25,7 @@ timeout "${DIAG_CMP_S:-240}" $PY scripts/check_gluon_attn_fp8.py --compare --no-
     --head-dims 128 64 --seq $SEQS --seq-d64 $SEQS64 --fp8-configs $CFGS --out "$OUT" > "$OUT/compare.log" 2>&1
 echo "compare rc=$?" >> "$OUT/compare.log"
 NCU_SEQ="${DIAG_NCU_SEQ:-1024}"
-if command -v ncu > /dev/null; then
+if [ -z "${DIAG_NO_NCU:-}" ] && command -v ncu > /dev/null; then
     ncu --version > "$OUT/ncu.log" 2>&1
     for case in fp8 bf16; do
         timeout 150 ncu --clock-control none --kernel-name regex:attn_ --launch-skip 1 --launch-count 1 \

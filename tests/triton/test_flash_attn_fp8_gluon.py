@@ -437,6 +437,35 @@ def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink,
 
 
 @sm90
+@pytest.mark.parametrize("n_sms", [5, 7, None])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("D,config", [(128, "n128s4kc2t"), (64, "n128s4kc2ltx3j")])
+def test_persistent_rounds_cover_every_tile(n_sms, causal, D, config, monkeypatch):
+    """Persistent CTAs (``t``) walk the tiles in rounds of one tile per CTA, the odd rounds in
+    reverse (``_snake_tile``): with a few CTAs (many rounds, a partial last one) and with every SM,
+    each tile is computed exactly once: outputs poisoned with NaN before the call, then compared
+    with the tl FP8 kernel on the same operands."""
+    from primus_turbo.pytorch.ops import attention_fp8 as opf8
+    from primus_turbo.triton.attention.flash_attn_fp8 import flash_attn_fp8_fwd_triton
+
+    if n_sms is not None:
+        monkeypatch.setattr(f8, "_num_sms", lambda device: n_sms)
+    cfg = f8.GluonAttnFp8Config.parse(config)
+    B, S, Hq, Hk = 3, 1500, 4, 2   # 12 / 8 query tiles per head: 144 / 96 tiles (two rounds / one at 132 SMs)
+    q, k, v = qkv(B, S, S, Hq, Hk, D, torch.bfloat16, "bshd", "cuda")
+    scale, wr = D ** -0.5, (0 if causal else -1)
+    args = (*opf8._quantize(q, k, v, 128), 128, None, scale, -1, wr)
+    assert f8.gluon_attn_fp8_fwd_reason(*args, config=cfg) is None
+    out = torch.full((B, S, Hq, D), float("nan"), device="cuda", dtype=torch.bfloat16)
+    lse = torch.full((B, Hq, S), float("nan"), device="cuda")
+    out, lse = f8.flash_attn_fp8_fwd_gluon(*args, config=cfg, out=out, lse=lse)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    tl_out, tl_lse = flash_attn_fp8_fwd_triton(*args)
+    assert _snr_finite(tl_out.float(), out.float()) >= MIN_SNR_TL - 3.0  # c2 rounds P elsewhere
+    assert _snr_finite(tl_lse, lse) >= MIN_SNR_TL
+
+
+@sm90
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("fp8_bwd", [True, False])
 def test_backward_on_gluon_forward(causal, fp8_bwd, monkeypatch):
