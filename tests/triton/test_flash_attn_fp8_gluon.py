@@ -166,7 +166,8 @@ def test_config():
     assert f8.GluonAttnFp8Config.parse("n128s4kc2tx3").short() == "n128s4kc2tx3r160w24"
     for bad in ("n128s4t", "n128s4pkt", "n128s4kgt"):
         assert "persistent" in f8.GluonAttnFp8Config.parse(bad).check(128), bad
-    assert not any(c.persistent for c in f8._DEFAULT_CONFIGS.values())  # opt-in (see _DEFAULT_CONFIGS)
+    # the table has none; default_attn_fp8_config adds t by key count (PERSIST_D128_MAX_SEQ_K)
+    assert not any(c.persistent for c in f8._DEFAULT_CONFIGS.values())
     # j: each warpgroup stops at its own rows' last key block (after x in the string; not with p)
     # y2: two CTAs per SM, the launch's register cap (80 = 65536 / (2 x 384)) leaves the consumers 104
     cfg = f8.GluonAttnFp8Config.parse("n64s6kc2jy2")
@@ -186,10 +187,11 @@ def test_config():
 @pytest.mark.parametrize("head_dim,causal,text", [(128, True, "n128s4kc2"), (128, False, "n128s4kc2"),
                                                    (64, False, "n128s4kc2lx3j"), (64, True, "n128s4kc2lx3j")])
 def test_default_config_by_head_dim_and_causal(head_dim, causal, text):
-    """H200 sessions 7, 27, 29 and 30: n128s4kc2 (conditional O rescale, threshold 2) at head dim
-    128, three consumer warpgroups at head dim 64 (x3) that each stop at their own rows' last key
-    block (j) and reduce their row sums once (l); the launcher and the reasons pick it from the
-    window (causal: win_right 0)."""
+    """H200 sessions 7, 27, 29, 30 and 31: n128s4kc2 (conditional O rescale, threshold 2) at head
+    dim 128, persistent there up to 4096 / 8192 keys (full / causal), three consumer warpgroups at
+    head dim 64 (x3) that each stop at their own rows' last key block (j) and reduce their row sums
+    once (l); the launcher and the reasons pick it from the window (causal: win_right 0) and the
+    key count."""
     cfg = f8.default_attn_fp8_config(head_dim, 128, causal)
     assert cfg == f8.GluonAttnFp8Config.parse(text) and cfg.lazy == 2 and cfg.p_log2() == 6.0
     assert not (cfg.heads_first or cfg.pingpong or cfg.emu or cfg.persistent)
@@ -209,10 +211,22 @@ def test_default_config_by_head_dim_and_causal(head_dim, causal, text):
         assert f8._fp8_config(64, 128, None, 0, 2048) == short and f8._fp8_config(64, 256, None, 0, 2048) == short
         # 64-token scale blocks: the config run on the GPU there
         assert f8._fp8_config(64, 64, None, 0, 2048) == f8.default_attn_fp8_config(64, 64, True)
-    else:
+    elif head_dim == 64:
         assert short == cfg
-    assert f8.default_attn_fp8_config(head_dim, 128, causal, f8.Y2_CAUSAL_MAX_SEQ_K + 1) == cfg
     assert f8._fp8_config(head_dim, 128, explicit, 0, 1024) is explicit
+    # head dim 128 with at most 4096 (full) / 8192 (causal) keys: persistent CTAs (session 31);
+    # unknown key count, longer sequences, head dim 64 and 64-token scale blocks keep the table's
+    top = f8.PERSIST_D128_MAX_SEQ_K[causal]
+    assert top == (8192 if causal else 4096)
+    for sk, want in ((16, True), (top, True), (top + 1, False), (16384, False), (None, False)):
+        got = f8.default_attn_fp8_config(head_dim, 128, causal, sk)
+        if head_dim == 128:
+            assert got == dataclasses.replace(cfg, persistent=want) and got.check(128) is None, sk
+            assert f8._fp8_config(128, 128, None, 0 if causal else -1, sk) == got
+            assert f8._fp8_config(128, 256, None, 0 if causal else -1, sk) == got  # 256-token scale blocks
+        elif not (causal and sk is not None and sk <= f8.Y2_CAUSAL_MAX_SEQ_K):
+            assert got == cfg, sk
+        assert not f8.default_attn_fp8_config(head_dim, 64, causal, sk).persistent
 
 
 @pytest.mark.parametrize("text", ["n128s4ku", "n128s4kc2u", "n128s4c2u", "n64s4ku", "n128s4kc2ue2r232w40"])
@@ -451,7 +465,7 @@ def test_persistent_rounds_cover_every_tile(n_sms, causal, D, config, monkeypatc
     if n_sms is not None:
         monkeypatch.setattr(f8, "_num_sms", lambda device: n_sms)
     cfg = f8.GluonAttnFp8Config.parse(config)
-    B, S, Hq, Hk = 3, 1500, 4, 2   # 12 / 8 query tiles per head: 144 / 96 tiles (two rounds / one at 132 SMs)
+    B, S, Hq, Hk = 3, 1504, 4, 2   # 12 / 8 query tiles per head: 144 / 96 tiles (two rounds / one at 132 SMs)
     q, k, v = qkv(B, S, S, Hq, Hk, D, torch.bfloat16, "bshd", "cuda")
     scale, wr = D ** -0.5, (0 if causal else -1)
     args = (*opf8._quantize(q, k, v, 128), 128, None, scale, -1, wr)

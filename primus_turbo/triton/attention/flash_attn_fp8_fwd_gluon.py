@@ -38,8 +38,8 @@ multiple of 16: the rows of ``v8t`` must be 16-byte aligned for TMA) and the op 
 instead. ``PRIMUS_TURBO_ATTN_FP8_FWD_GLUON`` switches it (auto: on, since the H200 measurements).
 The default config depends on the head dim, causality and key count (:func:`default_attn_fp8_config`):
 three consumer warpgroups at head dim 64 (two CTAs of two warpgroups per SM for causal with at most
-4096 keys, config ``y2``), two at 128. Config ``t`` makes the CTAs persistent (:func:`_ptile`),
-opt-in.
+4096 keys, config ``y2``), two at 128, there with persistent CTAs (config ``t``, :func:`_ptile`,
+:func:`_snake_tile`) up to 4096 keys full and 8192 causal.
 """
 
 from __future__ import annotations
@@ -282,7 +282,8 @@ class GluonAttnFp8Config(GluonAttnConfig):
 #: our bf16 forward; a CTA's start-up, paid once per 32 key blocks there, now under the previous
 #: tile's tail), 810 vs 796 at 16384; causal 518 vs 526 (4096) and 759 vs 726 (16384). Call 6 read
 #: the other way (full 694 vs 713 at 4096, 793 vs 813 at 16384), and the same kernel timed twice in
-#: one run differs by up to 8.6% (causal 16384: 732 vs 795): within that spread, so t stays opt-in.
+#: one run differs by up to 8.6% (causal 16384: 732 vs 795): within that spread, so t stayed opt-in
+#: (its causal tiles were dealt round-robin then; see PERSIST_D128_MAX_SEQ_K for session 31).
 #: At head dim 64, t with two warpgroups lost to x3 (436 vs 485) and t with x3 spills (1.09x / 0.67x).
 #: Session 29 (benchmarks/results/h200/session29/compare_fp8j_graph_call6.log, device time, 5 rounds):
 #: ``j`` (each warpgroup stops at its own rows' last key block) at head dim 64, kc2x3j vs kc2x3:
@@ -317,21 +318,38 @@ _Y2_CAUSAL_D64 = GluonAttnFp8Config.parse("n64s4kc2jy2")
 #: default keeps the lead.
 Y2_CAUSAL_MAX_SEQ_K = 4096
 
+#: head dim 128, at most this many keys (full, causal): persistent CTAs (``t``). A CTA's start-up
+#: and epilogue (Q and the first K / V loads, the peeled first block, the O store) cost about 3.8
+#: key blocks' time per tile at head dim 128 (fitted from the sequence scan at fixed tokens, session
+#: 31 call 1: 636 / 726 / 790 / 839 / 866 TFLOP/s at S = 1k / 2k / 4k / 8k / 16k); a persistent CTA
+#: runs them under the previous tile's last blocks. Before session 31 the persistent tiles went
+#: round-robin, which gave causal CTAs 12-34% more key blocks than the mean, so ``t`` lost on causal
+#: rows; with the reversed odd rounds (:func:`_snake_tile`), H200 session 31 call 2 (device time, 3
+#: rounds, 32 heads, 16k tokens), t vs the non-persistent config, TFLOP/s at S = 1k / 2k / 4k / 8k /
+#: 16k: full 725 / 811 / 837 / 833 / 850 vs 611 / 724 / 791 / 846 / 864, causal 473 / 648 / 748 /
+#: 801 / 828 vs 415 / 573 / 674 / 771 / 843 (call 1, full, the same code: 754 / 798 / 828 / 827 /
+#: 845 vs 636 / 726 / 790 / 839 / 866). At head dim 64 the three-warpgroup default keeps the lead
+#: over every persistent form from 4k keys (t with three warpgroups spills at 160 registers).
+PERSIST_D128_MAX_SEQ_K = {False: 4096, True: 8192}
+
 
 def default_attn_fp8_config(head_dim: int, blk: int = 128, causal: bool = False,
                             seq_k: Optional[int] = None) -> GluonAttnFp8Config:
     """The default config for ``head_dim`` and ``causal`` (the kernel's normalized window: causal is
     ``win_right == 0``; anything else, a right window included, takes the full-attention config),
     and, where known, the key count ``seq_k`` (head dim 64 causal up to :data:`Y2_CAUSAL_MAX_SEQ_K`
-    keys, scale blocks of 128 tokens or more: two CTAs per SM). With 64-token scale blocks the key
+    keys, scale blocks of 128 tokens or more: two CTAs per SM; head dim 128 up to
+    :data:`PERSIST_D128_MAX_SEQ_K` keys, 128-key tiles: persistent CTAs). With 64-token scale blocks the key
     tile shrinks to 64 (a key tile must lie in one k / v scale block: its scales are scalars).
     32-token blocks are not taken: a 32-key tile would halve the MMA widths."""
-    # (64-token scale blocks keep the config below: y2 ran on the GPU with 128- and 256-token blocks)
+    # (64-token scale blocks keep the configs below: y2 and t ran on the GPU with 128-token blocks)
     if head_dim == 64 and causal and seq_k is not None and seq_k <= Y2_CAUSAL_MAX_SEQ_K and blk >= 128:
         return _Y2_CAUSAL_D64
     cfg = _DEFAULT_CONFIGS[(head_dim, bool(causal))]
     if 64 <= blk < cfg.block_n:  # the config run on the GPU there: no j, no l
         cfg = dataclasses.replace(cfg, block_n=blk, skip=False, lsum=False)
+    elif head_dim == 128 and seq_k is not None and seq_k <= PERSIST_D128_MAX_SEQ_K[bool(causal)]:
+        cfg = dataclasses.replace(cfg, persistent=True)
     return cfg
 
 
