@@ -218,15 +218,23 @@ def test_default_config_by_head_dim_and_causal(head_dim, causal, text):
     # unknown key count, longer sequences, head dim 64 and 64-token scale blocks keep the table's
     top = f8.PERSIST_D128_MAX_SEQ_K[causal]
     assert top == (8192 if causal else 4096)
-    for sk, want in ((16, True), (top, True), (top + 1, False), (16384, False), (None, False)):
+    d64_top = f8.PERSIST_D64_FULL_MAX_SEQ_K
+    for sk, want in ((16, True), (d64_top, True), (d64_top + 1, True), (top, True), (top + 1, False), (16384, False),
+                     (None, False)):
         got = f8.default_attn_fp8_config(head_dim, 128, causal, sk)
         if head_dim == 128:
             assert got == dataclasses.replace(cfg, persistent=want) and got.check(128) is None, sk
             assert f8._fp8_config(128, 128, None, 0 if causal else -1, sk) == got
             assert f8._fp8_config(128, 256, None, 0 if causal else -1, sk) == got  # 256-token scale blocks
-        elif not (causal and sk is not None and sk <= f8.Y2_CAUSAL_MAX_SEQ_K):
+        elif causal and sk is not None and sk <= f8.Y2_CAUSAL_MAX_SEQ_K:
+            assert got.ctas_per_sm == 2, sk
+        elif not causal and sk is not None and sk <= f8.PERSIST_D64_FULL_MAX_SEQ_K:
+            # head dim 64 full, short: persistent CTAs of two warpgroups (session 31)
+            assert got == f8.GluonAttnFp8Config.parse("n128s4kc2lt") and got.check(64) is None, sk
+            assert f8._fp8_config(64, 64, None, -1, sk) == f8.default_attn_fp8_config(64, 64, False)
+        else:
             assert got == cfg, sk
-        assert not f8.default_attn_fp8_config(head_dim, 64, causal, sk).persistent
+        assert not f8.default_attn_fp8_config(head_dim, 64, causal, sk).persistent  # 64-token scale blocks
 
 
 @pytest.mark.parametrize("text", ["n128s4ku", "n128s4kc2u", "n128s4c2u", "n64s4ku", "n128s4kc2ue2r232w40"])

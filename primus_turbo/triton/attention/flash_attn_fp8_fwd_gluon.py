@@ -332,19 +332,29 @@ Y2_CAUSAL_MAX_SEQ_K = 4096
 #: over every persistent form from 4k keys (t with three warpgroups spills at 160 registers).
 PERSIST_D128_MAX_SEQ_K = {False: 4096, True: 8192}
 
+#: head dim 64, full, at most this many keys: persistent CTAs of two warpgroups with per-lane row
+#: sums (``n128s4kc2lt``). H200 session 31 (device time, 32 heads, 16k tokens, two calls): S=1024
+#: 453 / 452 TFLOP/s against the three-warpgroup default's 403 / 401; S=2048 505 vs 496, S=4096
+#: 535 / 522 vs 570 / 569 (the default keeps those). Causal rows keep ``y2``.
+PERSIST_D64_FULL_MAX_SEQ_K = 1024
+_T_FULL_D64 = GluonAttnFp8Config.parse("n128s4kc2lt")
+
 
 def default_attn_fp8_config(head_dim: int, blk: int = 128, causal: bool = False,
                             seq_k: Optional[int] = None) -> GluonAttnFp8Config:
     """The default config for ``head_dim`` and ``causal`` (the kernel's normalized window: causal is
     ``win_right == 0``; anything else, a right window included, takes the full-attention config),
     and, where known, the key count ``seq_k`` (head dim 64 causal up to :data:`Y2_CAUSAL_MAX_SEQ_K`
-    keys, scale blocks of 128 tokens or more: two CTAs per SM; head dim 128 up to
-    :data:`PERSIST_D128_MAX_SEQ_K` keys, 128-key tiles: persistent CTAs). With 64-token scale blocks the key
+    keys, scale blocks of 128 tokens or more: two CTAs per SM; head dim 64 full up to
+    :data:`PERSIST_D64_FULL_MAX_SEQ_K` keys and head dim 128 up to :data:`PERSIST_D128_MAX_SEQ_K`
+    keys, 128-key tiles: persistent CTAs). With 64-token scale blocks the key
     tile shrinks to 64 (a key tile must lie in one k / v scale block: its scales are scalars).
     32-token blocks are not taken: a 32-key tile would halve the MMA widths."""
     # (64-token scale blocks keep the configs below: y2 and t ran on the GPU with 128-token blocks)
     if head_dim == 64 and causal and seq_k is not None and seq_k <= Y2_CAUSAL_MAX_SEQ_K and blk >= 128:
         return _Y2_CAUSAL_D64
+    if head_dim == 64 and not causal and seq_k is not None and seq_k <= PERSIST_D64_FULL_MAX_SEQ_K and blk >= 128:
+        return _T_FULL_D64
     cfg = _DEFAULT_CONFIGS[(head_dim, bool(causal))]
     if 64 <= blk < cfg.block_n:  # the config run on the GPU there: no j, no l
         cfg = dataclasses.replace(cfg, block_n=blk, skip=False, lsum=False)
