@@ -199,7 +199,7 @@ def compile_attn_fp8(head_dim: int, causal: bool, out_dtype: str = "bf16", sink:
                   P_LOG2=cfg.p_log2(), CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, KPERM=cfg.kperm, EMU=cfg.emu,
                   EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, LSUM=cfg.lsum, HEADS_FIRST=cfg.heads_first,
-                  NUM_WG=cfg.consumers, PERSIST=cfg.persistent, SKIP=cfg.skip)
+                  NUM_WG=cfg.consumers, PERSIST=cfg.persistent, SKIP=cfg.skip, Q2=cfg.q_double)
     name = (f"attn_fp8_d{head_dim}_{'causal' if causal else 'full'}_{out_dtype}{'_sink' if sink else ''}"
             f"_blk{blk}_{cfg.short()}")
 

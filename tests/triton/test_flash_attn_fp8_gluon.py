@@ -168,6 +168,14 @@ def test_config():
         assert "persistent" in f8.GluonAttnFp8Config.parse(bad).check(128), bad
     # the table has none; default_attn_fp8_config adds t by key count (PERSIST_D128_MAX_SEQ_K)
     assert not any(c.persistent for c in f8._DEFAULT_CONFIGS.values())
+    # q: two Q buffers for the persistent CTAs (after t), one more Q tile of shared memory
+    cfg = f8.GluonAttnFp8Config.parse("n128s4kc2tq")
+    assert cfg.q_double and cfg.persistent and cfg.short() == "n128s4kc2tqr240w24" and cfg.check(128) is None
+    assert f8.GluonAttnFp8Config.parse(cfg.short()) == cfg
+    single = f8.GluonAttnFp8Config.parse("n128s4kc2t")
+    assert cfg.smem_bytes(128) - single.smem_bytes(128) == 128 * 128 + 16
+    assert f8.GluonAttnFp8Config.parse("n128s4kc2ltqx3j").short() == "n128s4kc2ltqx3jr160w24"
+    assert "needs t" in f8.GluonAttnFp8Config.parse("n128s4kc2q").check(128)
     # j: each warpgroup stops at its own rows' last key block (after x in the string; not with p)
     # y2: two CTAs per SM, the launch's register cap (80 = 65536 / (2 x 384)) leaves the consumers 104
     cfg = f8.GluonAttnFp8Config.parse("n64s6kc2jy2")
@@ -325,6 +333,10 @@ def test_op_gluon_switch_is_a_no_op_off_sm90(monkeypatch):
     (64, True, "bf16", False, 64, None), (128, True, "bf16", False, 64, None),
     (128, True, "fp16", True, 128, "n64s6kc2x3"), (64, False, "bf16", True, 128, "n128s6kc2x3"),
     (64, True, "bf16", False, 128, "n64s4kc2jy2"), (64, True, "fp16", True, 64, "n64s4kc2jy2"),
+    # the persistent defaults by key count (session 31) and the opt-in two Q buffers
+    (128, True, "bf16", False, 128, "n128s4kc2t"), (128, False, "fp16", True, 128, "n128s4kc2t"),
+    (64, False, "bf16", False, 128, "n128s4kc2lt"), (128, True, "bf16", True, 128, "n128s4kc2tq"),
+    (64, False, "fp16", False, 128, "n128s4kc2ltq"),
 ])
 def test_compiles_for_sm90_without_spills(head_dim, causal, out_dtype, sink, blk, config, request):
     """Every shipped variant (and the opt-in configs) compiles for sm_90: QGMMA in the SASS, no local
@@ -372,7 +384,9 @@ def test_compiles_for_sm90_without_spills(head_dim, causal, out_dtype, sink, blk
                                                        (True, False, 64, 64, "n64s4kx3"),
                                                        (True, True, 128, 128, "n128s4kc2t"),
                                                        (False, False, 64, 128, "n128s4kc2t"),
-                                                       (False, False, 64, 128, "n64s6kc2jy2")])
+                                                       (False, False, 64, 128, "n64s6kc2jy2"),
+                                                       (True, False, 128, 128, "n128s4kc2tq"),
+                                                       (False, True, 64, 128, "n128s4kc2ltq")])
 def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, config, monkeypatch, request):
     """The launcher's own arguments (4-D host TMA descriptors over the transposed views of the
     quantized tensors, the scales, LSE, sink, sizes, constexprs) bind and compile for sm_90 under
@@ -419,7 +433,7 @@ def test_launcher_arguments_bind_and_compile_for_sm90(causal, sink, D, blk, conf
 @pytest.mark.parametrize("config", [None, "n128s3p", "n128s4k", "n128s4ke2", "n128s4pke4", "n128s4kc2", "n128s4c1",
                                     "n128s4kc2l", "n128s4pkc2lg", "n128s4kc2x3", "n64s4kx3",
                                     "n128s4kc2t", "n64s4kt", "n128s4kc2x3j", "n128s4kc2j", "n128s4kc2lx3j",
-                                    "n128s4kc2tx3j", "n64s6kc2jy2"])
+                                    "n128s4kc2tx3j", "n64s6kc2jy2", "n128s4kc2tq"])
 def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink, layout, blk, config):
     from primus_turbo.pytorch.ops import attention_fp8 as opf8
     from primus_turbo.testing import attention_ref
@@ -461,11 +475,12 @@ def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink,
 @sm90
 @pytest.mark.parametrize("n_sms", [5, 7, None])
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("D,config", [(128, "n128s4kc2t"), (64, "n128s4kc2ltx3j")])
+@pytest.mark.parametrize("D,config", [(128, "n128s4kc2t"), (64, "n128s4kc2ltx3j"), (128, "n128s4kc2tq"),
+                                      (64, "n128s4kc2ltq")])
 def test_persistent_rounds_cover_every_tile(n_sms, causal, D, config, monkeypatch):
-    """Persistent CTAs (``t``) walk the tiles in rounds of one tile per CTA, the odd rounds in
-    reverse (``_snake_tile``): with a few CTAs (many rounds, a partial last one) and with every SM,
-    each tile is computed exactly once: outputs poisoned with NaN before the call, then compared
+    """Persistent CTAs (``t``, and ``tq`` with two Q buffers) walk the tiles in rounds of one tile
+    per CTA, the odd rounds in reverse (``_snake_tile``): with a few CTAs (many rounds, a partial last
+    one) and with every SM, each tile is computed exactly once: outputs poisoned with NaN before the call, then compared
     with the tl FP8 kernel on the same operands."""
     from primus_turbo.pytorch.ops import attention_fp8 as opf8
     from primus_turbo.triton.attention.flash_attn_fp8 import flash_attn_fp8_fwd_triton

@@ -86,7 +86,7 @@ _OUT_DTYPES = (torch.bfloat16, torch.float16)
 #: shared memory of one sm_90 SM (228 KB); each resident CTA also takes 1 KB of it for the system
 SM_SMEM_BYTES = 233472
 
-_CONFIG_RE = r"n(\d+)s(\d+)(p)?(o)?(k)?(?:c(\d+))?(l)?(g)?{u}(t)?(?:x(\d+))?(j)?(?:y(\d+))?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?"
+_CONFIG_RE = r"n(\d+)s(\d+)(p)?(o)?(k)?(?:c(\d+))?(l)?(g)?{u}(t)?(q)?(?:x(\d+))?(j)?(?:y(\d+))?(?:e(\d+)(?:d(\d+))?)?(?:r(\d+))?(?:w(\d+))?"
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -142,6 +142,10 @@ class GluonAttnFp8Config(GluonAttnConfig):
       warpgroup has retired the previous tile's last S MMA, so the next tile's Q and first K / V
       blocks load under the previous tile's last PV MMA and epilogue: the per-tile start-up that a
       short sequence pays once per 32 key blocks is hidden;
+    * ``q`` (``q_double``, after ``t``): two Q buffers (and barrier pairs) for the persistent CTAs, so
+      the producer loads tile n + 1's Q, and then its first K / V blocks, while tile n runs, instead of
+      waiting for every warpgroup to retire tile n's last S MMA; one more Q tile of shared memory.
+      Opt-in: compiled for sm_90 on CPU, not yet run on a GPU;
     * ``x<W>`` (``consumers``): 2 (default) or 3 consumer warpgroups (192-row tiles);
     * ``y2`` (``ctas_per_sm``, after ``j``): the launch caps registers so that two CTAs share each SM
       (``maxnreg`` = 65536 / (2 x the CTA's threads), rounded down to 8; the consumers' default
@@ -164,21 +168,23 @@ class GluonAttnFp8Config(GluonAttnConfig):
     heads_first: bool = False
     persistent: bool = False
     ctas_per_sm: int = 1
+    q_double: bool = False
 
     def p_log2(self) -> float:
         """log2 of the static P scale (8, i.e. 256, less the ``c<T>`` threshold)."""
         return float(math.log2(P_SCALE)) - self.lazy
 
     def smem_bytes(self, head_dim: int, elem_bytes: int = 1) -> int:
-        q = self.BLOCK_M * head_dim * elem_bytes
+        q = (2 if self.q_double else 1) * self.BLOCK_M * head_dim * elem_bytes
         kv = 2 * self.stages * self.block_n * head_dim * elem_bytes
         o = self.BLOCK_M * head_dim * 2
-        return q + kv + o + 8 * (2 * 2 * self.stages + 3) + 1024  # + barriers, + the swizzle alignment
+        return q + kv + o + 8 * (2 * 2 * self.stages + 3 + (2 if self.q_double else 0)) + 1024  # + barriers, + the swizzle alignment
 
     def short(self) -> str:
         flags = ("p" if self.pingpong else "") + ("o" if self.overlap else "") + ("k" if self.kperm else "")
         flags += (f"c{self.lazy}" if self.lazy else "") + ("l" if self.lsum else "") + ("g" if self.heads_first else "")
-        flags += ("t" if self.persistent else "") + (f"x{self.consumers}" if self.consumers != 2 else "")
+        flags += ("t" if self.persistent else "") + ("q" if self.q_double else "")
+        flags += f"x{self.consumers}" if self.consumers != 2 else ""
         flags += "j" if self.skip else ""
         flags += f"y{self.ctas_per_sm}" if self.ctas_per_sm != 1 else ""
         if self.emu:
@@ -201,7 +207,7 @@ class GluonAttnFp8Config(GluonAttnConfig):
                                  f"(its output was wrong on the H200); drop the u")
             raise ValueError(f"bad Gluon FP8 attention config {text!r}; expected e.g. n128s4, n128s3p, n128s4k, "
                              f"n128s4ke2, n128s4kc2, n128s4pke4d2, n64s6r232w40")
-        bn, st, pp, ov, kp, lz, ls, hf, pt, x, sk, y, emu, deg, r, w = m.groups()
+        bn, st, pp, ov, kp, lz, ls, hf, pt, q2, x, sk, y, emu, deg, r, w = m.groups()
         wgs, ctas, prod = int(x or 2), int(y or 1), int(w or 24)
         if r:
             regs = int(r)
@@ -211,7 +217,8 @@ class GluonAttnFp8Config(GluonAttnConfig):
             regs = 240 if wgs == 2 else 160
         return cls(int(bn), int(st), regs, prod, bool(pp), bool(ov),
                    consumers=wgs, kperm=bool(kp), emu=int(emu or 0), emu_deg=int(deg or 3), lazy=int(lz or 0),
-                   lsum=bool(ls), heads_first=bool(hf), persistent=bool(pt), skip=bool(sk), ctas_per_sm=ctas)
+                   lsum=bool(ls), heads_first=bool(hf), persistent=bool(pt), skip=bool(sk), ctas_per_sm=ctas,
+                   q_double=bool(q2))
 
     @staticmethod
     def launch_maxnreg(consumers: int, ctas_per_sm: int) -> int:
@@ -232,6 +239,8 @@ class GluonAttnFp8Config(GluonAttnConfig):
             return "g (heads-fastest grid) needs k (the key-permuted producer reads the swapped grid)"
         if self.persistent and (not self.kperm or self.pingpong or self.heads_first):
             return "t (persistent CTAs) needs k and takes neither p (ping-pong) nor g (its own tile order)"
+        if self.q_double and not self.persistent:
+            return "q (two Q buffers) needs t (persistent CTAs: the next tile's Q loads under the current one)"
         if not 0 <= self.lazy <= 4:
             return f"c{self.lazy}: the conditional-rescale threshold is 1 to 4 (log2 units)"
         if self.emu not in (0, 2, 4, 8):
@@ -409,16 +418,17 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _fp8_produce_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                           H, GROUP, SEQ_K, pid_m, b, h, n_blocks, it, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                          NUM_WG: gl.constexpr):
-        """The KPERM producer's work for one tile: its Q parts, then K / V of its key blocks into
-        the ring slots of the CTA's blocks ``it, it + 1, ...`` (``it``: blocks loaded before)."""
+                          NUM_WG: gl.constexpr, q_base=0):
+        """The KPERM producer's work for one tile: its Q parts (into ``q_smem[q_base + w]``, ``q_bar``
+        the barrier of that buffer), then K / V of its key blocks into the ring slots of the CTA's
+        blocks ``it, it + 1, ...`` (``it``: blocks loaded before)."""
         HALF: gl.constexpr = q_desc.block_type.shape[1]
         hk = h // GROUP
         m0 = pid_m * (NUM_WG * HALF)
         k0 = (b * (H // GROUP) + hk) * (SEQ_K // 16)
         mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
         for w in gl.static_range(NUM_WG):
-            tma.async_copy_global_to_shared(q_desc, [b, m0 + w * HALF, h, 0], q_bar, q_smem.index(w))
+            tma.async_copy_global_to_shared(q_desc, [b, m0 + w * HALF, h, 0], q_bar, q_smem.index(q_base + w))
         for j in range(n_blocks):
             g = it + j
             s = g % STAGES
@@ -435,7 +445,8 @@ if GLUON_AVAILABLE:
     def _fp8_producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                       H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, KPERM: gl.constexpr, HEADS_FIRST: gl.constexpr = False,
-                      NUM_WG: gl.constexpr = 2, PERSIST: gl.constexpr = False, NT=0, NM=0, q_empty=None):
+                      NUM_WG: gl.constexpr = 2, PERSIST: gl.constexpr = False, NT=0, NM=0, q_empty=None,
+                      Q2: gl.constexpr = False):
         """One warp: the bf16 forward's producer with V^T's keys as the box's inner dimension and,
         KPERM, K through the 5-D key-permuting descriptor (its first coordinate counts 16-key groups
         of the flattened [B * Hk * Sk] keys; Sk is a multiple of 16, so a group never straddles two
@@ -452,10 +463,17 @@ if GLUON_AVAILABLE:
                 for kt in range(_snake_count(NT)):
                     pid_m, b, h, n_blocks = _ptile(_snake_tile(kt), NM, H, SEQ_K, offset, win_right, HAS_RIGHT,
                                                    NUM_WG * HALF, BLOCK_N)
-                    mbarrier.wait(q_empty, (tc & 1) ^ 1)  # starts one phase behind: no wait for the first tile
-                    _fp8_produce_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty,
-                                      v_ready, v_empty, H, GROUP, SEQ_K, pid_m, b, h, n_blocks, it, BLOCK_N, STAGES,
-                                      NUM_WG)
+                    if Q2:  # Q buffer tc % 2, free once tile tc - 2's S MMAs are retired
+                        slot = tc & 1
+                        mbarrier.wait(q_empty.index(slot), ((tc >> 1) & 1) ^ 1)  # first use of a slot: no wait
+                        _fp8_produce_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar.index(slot), k_ready,
+                                          k_empty, v_ready, v_empty, H, GROUP, SEQ_K, pid_m, b, h, n_blocks, it,
+                                          BLOCK_N, STAGES, NUM_WG, slot * NUM_WG)
+                    else:
+                        mbarrier.wait(q_empty, (tc & 1) ^ 1)  # starts one phase behind: no wait for the first tile
+                        _fp8_produce_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty,
+                                          v_ready, v_empty, H, GROUP, SEQ_K, pid_m, b, h, n_blocks, it, BLOCK_N,
+                                          STAGES, NUM_WG)
                     it += n_blocks
                     tc += 1
             else:
@@ -695,7 +713,7 @@ if GLUON_AVAILABLE:
                           STAGES: gl.constexpr, BLK: gl.constexpr, P_SCALE: gl.constexpr, P_LOG2: gl.constexpr,
                           PINGPONG: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr, EMU_DEG: gl.constexpr,
                           LAZY: gl.constexpr, LSUM: gl.constexpr, NUM_WG: gl.constexpr, PERSIST: gl.constexpr,
-                          SKIP: gl.constexpr = False):
+                          SKIP: gl.constexpr = False, q_base=0):
         """One warpgroup's part of one tile: query rows [WG*64, WG*64+64) of its NUM_WG x 64 rows.
         ``it``: the CTA's key blocks before this tile (ring slots and phases run on from there);
         ``q_phase``: the phase of this tile's Q barrier; PERSIST: ``q_empty`` is arrived once the
@@ -739,7 +757,7 @@ if GLUON_AVAILABLE:
             l_i = _lsum_init(l_i, s_layout, BLOCK_N)
 
         mbarrier.wait(q_bar, q_phase)
-        q = q_smem.index(WG).reshape([HALF, D_QK])
+        q = q_smem.index(q_base + WG).reshape([HALF, D_QK])
         # block 0, peeled (always with the mask: it may be the only one, and partly masked)
         rs = q_scale * gl.load(ks_base)
         vs = gl.load(vs_base)
@@ -803,7 +821,7 @@ if GLUON_AVAILABLE:
                       PINGPONG: gl.constexpr, KPERM: gl.constexpr, EMU: gl.constexpr, EMU_DEG: gl.constexpr,
                       LAZY: gl.constexpr, LSUM: gl.constexpr, HEADS_FIRST: gl.constexpr = False,
                       NUM_WG: gl.constexpr = 2, PERSIST: gl.constexpr = False, NT=0, NM=0, q_empty=None,
-                      SKIP: gl.constexpr = False):
+                      SKIP: gl.constexpr = False, Q2: gl.constexpr = False):
         """One consumer warpgroup: its 64 rows of the program's tile, or (PERSIST) of each of the
         CTA's tiles in turn (the producer's order, :func:`_ptile`)."""
         HALF: gl.constexpr = o_desc.block_type.shape[1]
@@ -813,11 +831,20 @@ if GLUON_AVAILABLE:
             for kt in range(_snake_count(NT)):
                 pid_m, b, h, n_blocks = _ptile(_snake_tile(kt), NM, H, SEQ_K, offset, win_right, HAS_RIGHT,
                                                NUM_WG * HALF, BLOCK_N)
-                _fp8_consume_tile(o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-                                  turn, QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right,
-                                  qk_scale, pid_m, b, h, n_blocks, it, tc & 1, q_empty, WG, HAS_RIGHT, HAS_SINK,
-                                  BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM,
-                                  NUM_WG, True, SKIP)
+                if Q2:  # this tile's Q buffer and barriers: tc % 2, phase (tc // 2) % 2
+                    slot = tc & 1
+                    _fp8_consume_tile(o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar.index(slot), k_ready, k_empty,
+                                      v_ready, v_empty, turn, QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK,
+                                      offset, win_right, qk_scale, pid_m, b, h, n_blocks, it, (tc >> 1) & 1,
+                                      q_empty.index(slot), WG, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE,
+                                      P_LOG2, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM, NUM_WG, True, SKIP,
+                                      slot * NUM_WG)
+                else:
+                    _fp8_consume_tile(o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready,
+                                      v_empty, turn, QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset,
+                                      win_right, qk_scale, pid_m, b, h, n_blocks, it, tc & 1, q_empty, WG, HAS_RIGHT,
+                                      HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU, EMU_DEG,
+                                      LAZY, LSUM, NUM_WG, True, SKIP)
                 it += n_blocks
                 tc += 1
         else:
@@ -840,7 +867,7 @@ if GLUON_AVAILABLE:
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr = False,
         KPERM: gl.constexpr = False, EMU: gl.constexpr = 0, EMU_DEG: gl.constexpr = 3, LAZY: gl.constexpr = 0,
         LSUM: gl.constexpr = False, HEADS_FIRST: gl.constexpr = False, NUM_WG: gl.constexpr = 2,
-        PERSIST: gl.constexpr = False, SKIP: gl.constexpr = False,
+        PERSIST: gl.constexpr = False, SKIP: gl.constexpr = False, Q2: gl.constexpr = False,
     ):
         """O, LSE of 128 query rows of one (batch, head) from E4M3 q / k / v^T: producer warp + two
         consumer warpgroups.
@@ -867,18 +894,28 @@ if GLUON_AVAILABLE:
             k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 1, BLOCK_N, 1, D_QK], k_desc.layout)
         gl.static_assert(v_desc.block_type.shape[3] == BLOCK_N, "K and V^T boxes cover the same keys")
         gl.static_assert(BLK % BLOCK_N == 0, "a key tile must lie in one scale block")
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, 1, HALF, 1, D_QK], q_desc.layout)
+        QBUF: gl.constexpr = 2 if Q2 else 1  # Q2 (config q): two Q buffers for the persistent CTAs
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [QBUF * NUM_WG, 1, HALF, 1, D_QK], q_desc.layout)
         v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, D_V, 1, BLOCK_N], v_desc.layout)
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, 1, HALF, 1, D_V], o_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        if Q2:
+            q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        else:
+            q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
-        mbarrier.init(q_empty, count=NUM_WG)  # PERSIST: one arrival per consumer warpgroup per tile
+        if Q2:
+            for i in gl.static_range(2):
+                mbarrier.init(q_bar.index(i), count=1)
+                mbarrier.init(q_empty.index(i), count=NUM_WG)
+        else:
+            mbarrier.init(q_bar, count=1)
+            mbarrier.init(q_empty, count=NUM_WG)  # PERSIST: one arrival per consumer warpgroup per tile
         mbarrier.init(turn.index(0), count=1)  # PINGPONG: arrived by WG 1 when it has issued its MMAs
         mbarrier.init(turn.index(1), count=1)  # and by WG 0
         for i in gl.static_range(STAGES):
@@ -894,20 +931,20 @@ if GLUON_AVAILABLE:
                                  QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                                  0, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
                                  EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
-                                 q_empty, SKIP)),
+                                 q_empty, SKIP, Q2)),
                 (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                                  QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                                  1, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
                                  EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
-                                 q_empty, SKIP)),
+                                 q_empty, SKIP, Q2)),
                 (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                                  QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                                  2, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
                                  EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
-                                 q_empty, SKIP)),
+                                 q_empty, SKIP, Q2)),
                 (_fp8_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                                  H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, KPERM,
-                                 HEADS_FIRST, NUM_WG, PERSIST, NT, NM, q_empty)),
+                                 HEADS_FIRST, NUM_WG, PERSIST, NT, NM, q_empty, Q2)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
@@ -915,15 +952,15 @@ if GLUON_AVAILABLE:
                                  QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                                  0, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
                                  EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
-                                 q_empty, SKIP)),
+                                 q_empty, SKIP, Q2)),
                 (_fp8_consumer, (o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
                                  QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right, qk_scale,
                                  1, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU,
                                  EMU_DEG, LAZY, LSUM, HEADS_FIRST, NUM_WG, PERSIST, NT, NM,
-                                 q_empty, SKIP)),
+                                 q_empty, SKIP, Q2)),
                 (_fp8_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                                  H, GROUP, SEQ_Q, SEQ_K, offset, win_right, HAS_RIGHT, BLOCK_N, STAGES, KPERM,
-                                 HEADS_FIRST, NUM_WG, PERSIST, NT, NM, q_empty)),
+                                 HEADS_FIRST, NUM_WG, PERSIST, NT, NM, q_empty, Q2)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -1077,7 +1114,7 @@ def _kernel_args(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, out, l
                   P_SCALE=2.0 ** cfg.p_log2(), P_LOG2=cfg.p_log2(), CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, KPERM=cfg.kperm, EMU=cfg.emu,
                   EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, LSUM=cfg.lsum, HEADS_FIRST=cfg.heads_first, NUM_WG=cfg.consumers,
-                  PERSIST=cfg.persistent, SKIP=cfg.skip, num_warps=4)
+                  PERSIST=cfg.persistent, SKIP=cfg.skip, Q2=cfg.q_double, num_warps=4)
     if cfg.ctas_per_sm > 1:
         kwargs["maxnreg"] = cfg.launch_maxnreg(cfg.consumers, cfg.ctas_per_sm)
     grid = (n_m, B * H)
