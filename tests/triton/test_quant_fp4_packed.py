@@ -94,7 +94,8 @@ def test_packed_single_copy(shape, tile, device):
 
 
 @pytest.mark.parametrize("shape", [(64, 192), (96, 160), (32, 64)])
-@pytest.mark.parametrize("tile", [(64, 128, 4, "packed"), (32, 64, 4, "packed"), (128, 64, 4, "packed", 128)])
+@pytest.mark.parametrize("tile", [(64, 128, 4, "packed"), (32, 64, 4, "packed"), (128, 64, 4, "packed", 128),
+                                  (32, 128, 1, "packed"), (64, 64, 2, "packed")])
 def test_packed_with_trans(shape, tile, device):
     _check(_special(*shape, device), tile, True)
 
@@ -129,5 +130,6 @@ def test_packed_gpu_matches_reference(shape):
     x = _special(*shape, "cuda", seed=3)
     for tile in ((8, 1024, 4, "packed"), (16, 1024, 8, "packed"), (4, 64, 4, "packed")):
         _check(x, tile, False)
-    for tile in ((64, 128, 4, "packed"), (32, 256, 4, "packed"), (128, 64, 4, "packed")):
+    for tile in ((64, 128, 4, "packed"), (32, 256, 4, "packed"), (128, 64, 4, "packed"), (32, 128, 1, "packed"),
+                 (32, 64, 1, "packed"), (64, 128, 2, "packed")):
         _check(x, tile, True)

@@ -95,6 +95,11 @@ _CASES = [
     (False, (256, 256), (128, 128, 4, "packed2", 0, "inreg")),
     (False, (200, 260), (128, 128, 8, "packed2", 0, "inreg")),
     (False, (384, 256), (128, 128, 4, "packed2", 168, "inreg")),
+    # one- and two-warp programs (reductions and the transpose inside a warp or a warp pair)
+    (True, (96, 224), (32, 128, 1, "packed2")),
+    (True, (96, 160), (32, 64, 1, "packed2")),
+    (True, (128, 256), (64, 128, 2, "packed2")),
+    (False, (256, 260), (128, 128, 2, "packed2", 0, "inreg")),
 ]
 
 
@@ -115,7 +120,9 @@ def test_interpreter_vs_ref(mx, shape, cfg):
                                                   (False, (1000, 7164), (128, 128, 4, "packed3")),
                                                   # MX quantizes 32-row column blocks: a row count
                                                   # that is a multiple of 32 but not of the 64-row tile
-                                                  (True, (992, 7168), (64, 128, 4, "packed3"))])
+                                                  (True, (992, 7168), (64, 128, 4, "packed3")),
+                                                  (True, (1024, 7168), (32, 128, 1, "packed2")),
+                                                  (True, (992, 7136), (32, 64, 1, "packed2"))])
 def test_gpu_vs_ref(mx, shape, cfg):
     _check(_special(*shape, "cuda"), mx, cfg)
 
