@@ -399,6 +399,17 @@ if GLUON_AVAILABLE:
         return k * P + pid + (k & 1) * (P - 1 - 2 * pid)
 
     @gluon.jit
+    def _q_slot(q_bar, q_empty, tc, NUM_WG: gl.constexpr, Q2: gl.constexpr):
+        """The persistent CTA's tile ``tc``'s Q buffer: ``(ready barrier, empty barrier, phase, first
+        q_smem index)``. One buffer: phase ``tc % 2``; Q2 (config ``q``): buffer ``tc % 2``, each
+        barrier pair used every other tile, phase ``(tc // 2) % 2``."""
+        if Q2:
+            slot = tc & 1
+            return q_bar.index(slot), q_empty.index(slot), (tc >> 1) & 1, slot * NUM_WG
+        else:
+            return q_bar, q_empty, tc & 1, 0
+
+    @gluon.jit
     def _ptile(t, NM, H, SEQ_K, offset, win_right, HAS_RIGHT: gl.constexpr, BLOCK_M: gl.constexpr,
                BLOCK_N: gl.constexpr):
         """Persistent form (config flag ``t``): tile ``t`` of ``NM`` query tiles per (batch, head),
@@ -463,17 +474,11 @@ if GLUON_AVAILABLE:
                 for kt in range(_snake_count(NT)):
                     pid_m, b, h, n_blocks = _ptile(_snake_tile(kt), NM, H, SEQ_K, offset, win_right, HAS_RIGHT,
                                                    NUM_WG * HALF, BLOCK_N)
-                    if Q2:  # Q buffer tc % 2, free once tile tc - 2's S MMAs are retired
-                        slot = tc & 1
-                        mbarrier.wait(q_empty.index(slot), ((tc >> 1) & 1) ^ 1)  # first use of a slot: no wait
-                        _fp8_produce_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar.index(slot), k_ready,
-                                          k_empty, v_ready, v_empty, H, GROUP, SEQ_K, pid_m, b, h, n_blocks, it,
-                                          BLOCK_N, STAGES, NUM_WG, slot * NUM_WG)
-                    else:
-                        mbarrier.wait(q_empty, (tc & 1) ^ 1)  # starts one phase behind: no wait for the first tile
-                        _fp8_produce_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty,
-                                          v_ready, v_empty, H, GROUP, SEQ_K, pid_m, b, h, n_blocks, it, BLOCK_N,
-                                          STAGES, NUM_WG)
+                    qb, qe, q_phase, q_base = _q_slot(q_bar, q_empty, tc, NUM_WG, Q2)
+                    mbarrier.wait(qe, q_phase ^ 1)  # starts one phase behind: no wait at a buffer's first use
+                    _fp8_produce_tile(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, qb, k_ready, k_empty,
+                                      v_ready, v_empty, H, GROUP, SEQ_K, pid_m, b, h, n_blocks, it, BLOCK_N,
+                                      STAGES, NUM_WG, q_base)
                     it += n_blocks
                     tc += 1
             else:
@@ -831,20 +836,12 @@ if GLUON_AVAILABLE:
             for kt in range(_snake_count(NT)):
                 pid_m, b, h, n_blocks = _ptile(_snake_tile(kt), NM, H, SEQ_K, offset, win_right, HAS_RIGHT,
                                                NUM_WG * HALF, BLOCK_N)
-                if Q2:  # this tile's Q buffer and barriers: tc % 2, phase (tc // 2) % 2
-                    slot = tc & 1
-                    _fp8_consume_tile(o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar.index(slot), k_ready, k_empty,
-                                      v_ready, v_empty, turn, QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK,
-                                      offset, win_right, qk_scale, pid_m, b, h, n_blocks, it, (tc >> 1) & 1,
-                                      q_empty.index(slot), WG, HAS_RIGHT, HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE,
-                                      P_LOG2, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM, NUM_WG, True, SKIP,
-                                      slot * NUM_WG)
-                else:
-                    _fp8_consume_tile(o_desc, q_smem, k_bufs, v_bufs, o_smem, q_bar, k_ready, k_empty, v_ready,
-                                      v_empty, turn, QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset,
-                                      win_right, qk_scale, pid_m, b, h, n_blocks, it, tc & 1, q_empty, WG, HAS_RIGHT,
-                                      HAS_SINK, BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU, EMU_DEG,
-                                      LAZY, LSUM, NUM_WG, True, SKIP)
+                qb, qe, q_phase, q_base = _q_slot(q_bar, q_empty, tc, NUM_WG, Q2)
+                _fp8_consume_tile(o_desc, q_smem, k_bufs, v_bufs, o_smem, qb, k_ready, k_empty, v_ready, v_empty,
+                                  turn, QS, KS, VS, LSE, SINK, H, GROUP, SEQ_Q, SEQ_K, NBQ, NBK, offset, win_right,
+                                  qk_scale, pid_m, b, h, n_blocks, it, q_phase, qe, WG, HAS_RIGHT, HAS_SINK,
+                                  BLOCK_N, STAGES, BLK, P_SCALE, P_LOG2, PINGPONG, KPERM, EMU, EMU_DEG, LAZY, LSUM,
+                                  NUM_WG, True, SKIP, q_base)
                 it += n_blocks
                 tc += 1
         else:
