@@ -138,10 +138,11 @@ class GluonAttnFp8Config(GluonAttnConfig):
     * ``t`` (``persistent``, with ``k``; not with ``p`` or ``g``): one CTA per SM, each looping over
       one tile per round of ``num_programs`` tiles, in program order in even rounds and reversed
       in odd ones (:func:`_snake_tile`; query tiles fastest, causal heads longest first, so the
-      reversal balances the CTAs' causal key blocks) with the K / V ring running on across them. A tile's Q is reloaded once every consumer
-      warpgroup has retired the previous tile's last S MMA, so the next tile's Q and first K / V
-      blocks load under the previous tile's last PV MMA and epilogue: the per-tile start-up that a
-      short sequence pays once per 32 key blocks is hidden;
+      reversal balances the CTAs' causal key blocks) with the K / V ring running on across them.
+      A tile's Q is reloaded once every consumer warpgroup has retired the previous tile's last S
+      MMA, so the next tile's Q and first K / V blocks load under the previous tile's last PV MMA
+      and epilogue: the per-tile start-up that a short sequence pays once per 32 key blocks is
+      hidden;
     * ``q`` (``q_double``, after ``t``): two Q buffers (and barrier pairs) for the persistent CTAs, so
       the producer loads tile n + 1's Q, and then its first K / V blocks, while tile n runs, instead of
       waiting for every warpgroup to retire tile n's last S MMA; one more Q tile of shared memory.
@@ -178,7 +179,8 @@ class GluonAttnFp8Config(GluonAttnConfig):
         q = (2 if self.q_double else 1) * self.BLOCK_M * head_dim * elem_bytes
         kv = 2 * self.stages * self.block_n * head_dim * elem_bytes
         o = self.BLOCK_M * head_dim * 2
-        return q + kv + o + 8 * (2 * 2 * self.stages + 3 + (2 if self.q_double else 0)) + 1024  # + barriers, + the swizzle alignment
+        barriers = 8 * (2 * 2 * self.stages + 3 + (2 if self.q_double else 0))
+        return q + kv + o + barriers + 1024  # + the swizzle alignment
 
     def short(self) -> str:
         flags = ("p" if self.pingpong else "") + ("o" if self.overlap else "") + ("k" if self.kperm else "")
