@@ -207,10 +207,9 @@ def compile_attn_fp8(head_dim: int, causal: bool, out_dtype: str = "bf16", sink:
         return dict(overlap=_overlapped_softmax(sass) if sass else None,
                     a_hazards=_a_register_hazards(sass) if sass else None, loop=loop_ops(sass) if sass else None)
 
-    # y2: the launch's register cap, as _kernel_args passes it
-    opts = {"maxnreg": cfg.launch_maxnreg(cfg.consumers, cfg.ctas_per_sm)} if cfg.ctas_per_sm > 1 else None
+    # the launch's own compile options (y2's register cap), as _kernel_args passes them
     return _attn.compile_sm90(f8._attn_fp8_fwd_ws_kernel, sig, consts, name, "QGMMA", extra, dump, sass_out,
-                              options=opts)
+                              options=cfg.launch_options())
 
 
 def compile_variants() -> list:

@@ -10,9 +10,7 @@
 set -u
 OUT="${1:?usage: bash scripts/diag_attn_tile_cost.sh OUT_DIR}"
 mkdir -p "$OUT"
-export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
-PY="${PYTHON:-python3}"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 if [ -n "${DIAG_TESTS:-}" ]; then  # GPU tests first (e.g. the configs about to be timed)
     timeout "${DIAG_TEST_S:-200}" $PY -m pytest -q -x -p no:cacheprovider $DIAG_TESTS > "$OUT/pytest.log" 2>&1
     echo "pytest rc=$?" >> "$OUT/pytest.log"

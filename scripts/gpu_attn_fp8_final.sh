@@ -8,9 +8,7 @@
 set -u
 OUT="${1:?usage: bash scripts/gpu_attn_fp8_final.sh OUT_DIR}"
 mkdir -p "$OUT"
-export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
-PY="${PYTHON:-python3}"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 timeout "${FINAL_TEST_S:-280}" $PY -m pytest -q -n 8 -p no:cacheprovider tests/triton/test_flash_attn_fp8_gluon.py \
     tests/pytorch/ops/test_attention_fp8.py > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$?" >> "$OUT/pytest.log"

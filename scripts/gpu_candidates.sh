@@ -8,9 +8,7 @@
 set -u
 OUT="${1:?usage: bash scripts/gpu_candidates.sh OUT_DIR}"
 mkdir -p "$OUT"
-export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
-PY="${PYTHON:-python3}"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 timeout "${CAND_TEST_S:-150}" $PY -m pytest -q -n 8 -p no:cacheprovider \
     tests/triton/test_flash_attn_fp8_gluon.py -k "persistent_rounds or kc2tq" > "$OUT/pytest.log" 2>&1
 echo "pytest (attention) rc=$?" >> "$OUT/pytest.log"

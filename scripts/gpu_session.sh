@@ -18,9 +18,7 @@ set -u
 OUT="${1:?usage: bash scripts/gpu_session.sh OUT_DIR}"
 R="$OUT/r"
 mkdir -p "$R"
-export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
-PY="${PYTHON:-python3}"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 
 TESTS="${GPU_SESSION_TESTS:-tests/pytorch/ops/test_grouped_gemm.py tests/pytorch/ops/test_grouped_gemm_fp8.py \
 tests/pytorch/ops/test_grouped_gemm_fp4.py tests/triton/test_grouped_gemm_mx_kernel.py tests/triton/test_zero_tail.py \

@@ -182,6 +182,7 @@ def test_config():
     assert (cfg.ctas_per_sm, cfg.consumer_regs, cfg.check(64)) == (2, 104, None)
     assert cfg.short() == "n64s6kc2jy2r104w24" and f8.GluonAttnFp8Config.parse(cfg.short()) == cfg
     assert f8.GluonAttnFp8Config.launch_maxnreg(2, 2) == 80 and f8.GluonAttnFp8Config.launch_maxnreg(2, 1) == 168
+    assert cfg.launch_options() == {"maxnreg": 80} and f8.GluonAttnFp8Config.parse("n128s4kc2t").launch_options() == {}
     assert "n64" in f8.GluonAttnFp8Config.parse("n128s4kc2y2").check(64)
     assert "registers" in f8.GluonAttnFp8Config.parse("n64s6kc2y2r112").check(64)
     assert "CTAs per SM is 1 or 2" in f8.GluonAttnFp8Config.parse("n64s6kc2y3").check(64)

@@ -229,6 +229,11 @@ class GluonAttnFp8Config(GluonAttnConfig):
         that pool through setmaxnreg)."""
         return 65536 // (ctas_per_sm * (consumers + 1) * 128) // 8 * 8
 
+    def launch_options(self) -> dict:
+        """Compile options the launch adds for this config: y2's register cap (:meth:`launch_maxnreg`),
+        nothing otherwise."""
+        return {"maxnreg": self.launch_maxnreg(self.consumers, self.ctas_per_sm)} if self.ctas_per_sm > 1 else {}
+
     @classmethod
     def register_pool(cls, consumers: int, ctas_per_sm: int) -> int:
         """Registers of one CTA at :meth:`launch_maxnreg` (what setmaxnreg redistributes)."""
@@ -362,10 +367,11 @@ def default_attn_fp8_config(head_dim: int, blk: int = 128, causal: bool = False,
     tile shrinks to 64 (a key tile must lie in one k / v scale block: its scales are scalars).
     32-token blocks are not taken: a 32-key tile would halve the MMA widths."""
     # (64-token scale blocks keep the configs below: y2 and t ran on the GPU with 128-token blocks)
-    if head_dim == 64 and causal and seq_k is not None and seq_k <= Y2_CAUSAL_MAX_SEQ_K and blk >= 128:
-        return _Y2_CAUSAL_D64
-    if head_dim == 64 and not causal and seq_k is not None and seq_k <= PERSIST_D64_FULL_MAX_SEQ_K and blk >= 128:
-        return _T_FULL_D64
+    if head_dim == 64 and seq_k is not None and blk >= 128:
+        if causal and seq_k <= Y2_CAUSAL_MAX_SEQ_K:
+            return _Y2_CAUSAL_D64
+        if not causal and seq_k <= PERSIST_D64_FULL_MAX_SEQ_K:
+            return _T_FULL_D64
     cfg = _DEFAULT_CONFIGS[(head_dim, bool(causal))]
     if 64 <= blk < cfg.block_n:  # the config run on the GPU there: no j, no l
         cfg = dataclasses.replace(cfg, block_n=blk, skip=False, lsum=False)
@@ -1114,8 +1120,7 @@ def _kernel_args(q8, k8, v8t, q_scale_inv, k_scale_inv, v_scale_inv, blk, out, l
                   PRODUCER_REGS=cfg.producer_regs, PINGPONG=cfg.pingpong, KPERM=cfg.kperm, EMU=cfg.emu,
                   EMU_DEG=cfg.emu_deg, LAZY=cfg.lazy, LSUM=cfg.lsum, HEADS_FIRST=cfg.heads_first, NUM_WG=cfg.consumers,
                   PERSIST=cfg.persistent, SKIP=cfg.skip, Q2=cfg.q_double, num_warps=4)
-    if cfg.ctas_per_sm > 1:
-        kwargs["maxnreg"] = cfg.launch_maxnreg(cfg.consumers, cfg.ctas_per_sm)
+    kwargs.update(cfg.launch_options())
     grid = (n_m, B * H)
     if cfg.heads_first:
         grid = (B * H, n_m)
