@@ -4,6 +4,7 @@
 #
 #   bash scripts/gpu_attn_fp8_final.sh OUT_DIR
 # Environment: FINAL_TEST_S (test time limit), FINAL_ROUNDS, FINAL_EXTRA (extra compare arguments;
+# FINAL_EXTRA_S: their time limit;
 # empty: none).
 set -u
 OUT="${1:?usage: bash scripts/gpu_attn_fp8_final.sh OUT_DIR}"
@@ -16,7 +17,7 @@ timeout 200 $PY scripts/check_gluon_attn_fp8.py --compare --no-tl --graph --roun
     --head-dims 128 64 --seq 4096 16384 --seq-d64 4096 16384 --fp8-configs --out "$OUT/final" > "$OUT/final.log" 2>&1
 echo "compare rc=$?" >> "$OUT/final.log"
 if [ -n "${FINAL_EXTRA:-}" ]; then
-    timeout 120 $PY scripts/check_gluon_attn_fp8.py --compare --no-tl --graph $FINAL_EXTRA --out "$OUT/extra" \
+    timeout "${FINAL_EXTRA_S:-120}" $PY scripts/check_gluon_attn_fp8.py --compare --no-tl --graph $FINAL_EXTRA --out "$OUT/extra" \
         > "$OUT/extra.log" 2>&1
     echo "extra rc=$?" >> "$OUT/extra.log"
 fi

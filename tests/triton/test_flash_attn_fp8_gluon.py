@@ -232,7 +232,9 @@ def test_default_config_by_head_dim_and_causal(head_dim, causal, text):
                      (None, False)):
         got = f8.default_attn_fp8_config(head_dim, 128, causal, sk)
         if head_dim == 128:
-            assert got == dataclasses.replace(cfg, persistent=want) and got.check(128) is None, sk
+            # persistent: two Q buffers, and per-lane row sums on full rows (session 32)
+            want_cfg = dataclasses.replace(cfg, persistent=True, q_double=True, lsum=not causal) if want else cfg
+            assert got == want_cfg and got.check(128) is None, sk
             assert f8._fp8_config(128, 128, None, 0 if causal else -1, sk) == got
             assert f8._fp8_config(128, 256, None, 0 if causal else -1, sk) == got  # 256-token scale blocks
         elif causal and sk is not None and sk <= f8.Y2_CAUSAL_MAX_SEQ_K:

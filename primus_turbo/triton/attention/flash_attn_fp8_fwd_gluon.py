@@ -347,6 +347,11 @@ Y2_CAUSAL_MAX_SEQ_K = 4096
 #: 845 vs 636 / 726 / 790 / 839 / 866). At head dim 64 the three-warpgroup default keeps the lead
 #: over every persistent form from 4k keys (t with three warpgroups spills at 160 registers).
 PERSIST_D128_MAX_SEQ_K = {False: 4096, True: 8192}
+#: the persistent head-dim-128 configs: two Q buffers (``q``: the next tile's Q loads under the
+#: current tile) and, full rows, per-lane row sums (``l``). H200 session 32 call 1 (device time, 3
+#: rounds, 32 heads, 16k tokens), TFLOP/s at S = 1k / 4k: full ``ltq`` 784 / 857 against ``t``'s
+#: 748 / 814, causal ``tq`` 493 / 759 against 471 / 747 (``ltq`` causal 478 / 746).
+_PERSIST_D128 = {False: GluonAttnFp8Config.parse("n128s4kc2ltq"), True: GluonAttnFp8Config.parse("n128s4kc2tq")}
 
 #: head dim 64, full, at most this many keys: persistent CTAs of two warpgroups with per-lane row
 #: sums (``n128s4kc2lt``). H200 session 31 (device time, 32 heads, 16k tokens, two calls): S=1024
@@ -376,7 +381,7 @@ def default_attn_fp8_config(head_dim: int, blk: int = 128, causal: bool = False,
     if 64 <= blk < cfg.block_n:  # the config run on the GPU there: no j, no l
         cfg = dataclasses.replace(cfg, block_n=blk, skip=False, lsum=False)
     elif head_dim == 128 and seq_k is not None and seq_k <= PERSIST_D128_MAX_SEQ_K[bool(causal)]:
-        cfg = dataclasses.replace(cfg, persistent=True)
+        cfg = _PERSIST_D128[bool(causal)]
     return cfg
 
 
