@@ -166,7 +166,7 @@ def test_config():
     assert f8.GluonAttnFp8Config.parse("n128s4kc2tx3").short() == "n128s4kc2tx3r160w24"
     for bad in ("n128s4t", "n128s4pkt", "n128s4kgt"):
         assert "persistent" in f8.GluonAttnFp8Config.parse(bad).check(128), bad
-    # the table has none; default_attn_fp8_config adds t by key count (PERSIST_D128_MAX_SEQ_K)
+    # the table has none; default_attn_fp8_config adds t (and q) by key count (PERSIST_D128_MAX_SEQ_K)
     assert not any(c.persistent for c in f8._DEFAULT_CONFIGS.values())
     # q: two Q buffers for the persistent CTAs (after t), one more Q tile of shared memory
     cfg = f8.GluonAttnFp8Config.parse("n128s4kc2tq")
@@ -223,25 +223,29 @@ def test_default_config_by_head_dim_and_causal(head_dim, causal, text):
     elif head_dim == 64:
         assert short == cfg
     assert f8._fp8_config(head_dim, 128, explicit, 0, 1024) is explicit
-    # head dim 128 with at most 4096 (full) / 8192 (causal) keys: persistent CTAs (session 31);
-    # unknown key count, longer sequences, head dim 64 and 64-token scale blocks keep the table's
+    # head dim 128, full rows at every length and causal ones up to 8192 keys: persistent CTAs,
+    # with two Q buffers but on causal rows past 4096 keys (sessions 31-32); an unknown key count,
+    # longer causal rows, head dim 64 and 64-token scale blocks keep the table's
     top = f8.PERSIST_D128_MAX_SEQ_K[causal]
-    assert top == (8192 if causal else 4096)
+    q2_top = f8.Q2_D128_CAUSAL_MAX_SEQ_K
+    assert top == (8192 if causal else None) and q2_top == 4096
     d64_top = f8.PERSIST_D64_FULL_MAX_SEQ_K
-    for sk, want in ((16, True), (d64_top, True), (d64_top + 1, True), (top, True), (top + 1, False), (16384, False),
-                     (None, False)):
+    top = 8192 if top is None else top  # a full row's boundary case: still persistent past it
+    for sk, want in ((16, True), (d64_top, True), (d64_top + 1, True), (q2_top, True), (q2_top + 1, True),
+                     (top, True), (top + 1, not causal), (16384, not causal), (1 << 20, not causal), (None, False)):
         got = f8.default_attn_fp8_config(head_dim, 128, causal, sk)
         if head_dim == 128:
             # persistent: two Q buffers, and per-lane row sums on full rows (session 32)
-            want_cfg = dataclasses.replace(cfg, persistent=True, q_double=True, lsum=not causal) if want else cfg
+            q2 = not causal or (sk is not None and sk <= q2_top)
+            want_cfg = dataclasses.replace(cfg, persistent=True, q_double=q2, lsum=not causal) if want else cfg
             assert got == want_cfg and got.check(128) is None, sk
             assert f8._fp8_config(128, 128, None, 0 if causal else -1, sk) == got
             assert f8._fp8_config(128, 256, None, 0 if causal else -1, sk) == got  # 256-token scale blocks
         elif causal and sk is not None and sk <= f8.Y2_CAUSAL_MAX_SEQ_K:
             assert got.ctas_per_sm == 2, sk
         elif not causal and sk is not None and sk <= f8.PERSIST_D64_FULL_MAX_SEQ_K:
-            # head dim 64 full, short: persistent CTAs of two warpgroups (session 31)
-            assert got == f8.GluonAttnFp8Config.parse("n128s4kc2lt") and got.check(64) is None, sk
+            # head dim 64 full, short: persistent CTAs of two warpgroups, two Q buffers (sessions 31-32)
+            assert got == f8.GluonAttnFp8Config.parse("n128s4kc2ltq") and got.check(64) is None, sk
             assert f8._fp8_config(64, 64, None, -1, sk) == f8.default_attn_fp8_config(64, 64, False)
         else:
             assert got == cfg, sk
@@ -336,10 +340,10 @@ def test_op_gluon_switch_is_a_no_op_off_sm90(monkeypatch):
     (64, True, "bf16", False, 64, None), (128, True, "bf16", False, 64, None),
     (128, True, "fp16", True, 128, "n64s6kc2x3"), (64, False, "bf16", True, 128, "n128s6kc2x3"),
     (64, True, "bf16", False, 128, "n64s4kc2jy2"), (64, True, "fp16", True, 64, "n64s4kc2jy2"),
-    # the persistent defaults by key count (session 31) and the opt-in two Q buffers
+    # the persistent defaults by key count (sessions 31-32: t, tq, ltq) and lt
     (128, True, "bf16", False, 128, "n128s4kc2t"), (128, False, "fp16", True, 128, "n128s4kc2t"),
     (64, False, "bf16", False, 128, "n128s4kc2lt"), (128, True, "bf16", True, 128, "n128s4kc2tq"),
-    (64, False, "fp16", False, 128, "n128s4kc2ltq"),
+    (64, False, "fp16", False, 128, "n128s4kc2ltq"), (128, False, "bf16", False, 128, "n128s4kc2ltq"),
 ])
 def test_compiles_for_sm90_without_spills(head_dim, causal, out_dtype, sink, blk, config, request):
     """Every shipped variant (and the opt-in configs) compiles for sm_90: QGMMA in the SASS, no local

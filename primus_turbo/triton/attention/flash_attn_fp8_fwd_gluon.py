@@ -39,7 +39,8 @@ instead. ``PRIMUS_TURBO_ATTN_FP8_FWD_GLUON`` switches it (auto: on, since the H2
 The default config depends on the head dim, causality and key count (:func:`default_attn_fp8_config`):
 three consumer warpgroups at head dim 64 (two CTAs of two warpgroups per SM for causal with at most
 4096 keys, config ``y2``), two at 128, there with persistent CTAs (config ``t``, :func:`_ptile`,
-:func:`_snake_tile`) up to 4096 keys full and 8192 causal.
+:func:`_snake_tile`) on full rows and causal ones up to 8192 keys, with two Q buffers (``q``) on full
+rows and causal ones up to 4096 keys.
 """
 
 from __future__ import annotations
@@ -346,19 +347,27 @@ Y2_CAUSAL_MAX_SEQ_K = 4096
 #: 801 / 828 vs 415 / 573 / 674 / 771 / 843 (call 1, full, the same code: 754 / 798 / 828 / 827 /
 #: 845 vs 636 / 726 / 790 / 839 / 866). At head dim 64 the three-warpgroup default keeps the lead
 #: over every persistent form from 4k keys (t with three warpgroups spills at 160 registers).
-PERSIST_D128_MAX_SEQ_K = {False: 4096, True: 8192}
-#: the persistent head-dim-128 configs: two Q buffers (``q``: the next tile's Q loads under the
-#: current tile) and, full rows, per-lane row sums (``l``). H200 session 32 call 1 (device time, 3
-#: rounds, 32 heads, 16k tokens), TFLOP/s at S = 1k / 4k: full ``ltq`` 784 / 857 against ``t``'s
-#: 748 / 814, causal ``tq`` 493 / 759 against 471 / 747 (``ltq`` causal 478 / 746).
+#: Session 32 (device time, 3 rounds each, 32 heads, 16k tokens) added two Q buffers (``q``: the next
+#: tile's Q loads under the current tile) and, on full rows, per-lane row sums (``l``). Call 1,
+#: TFLOP/s at S = 1k / 4k / 16k: full ``ltq`` 784 / 857 / 853 against ``t``'s 748 / 814 / 830 and the
+#: non-persistent default's 747 / 810 / 840; causal ``tq`` 493 / 759 / 818 against ``t``'s 471 / 747 /
+#: 812 and the non-persistent 472 / 742 (then t) / 831. Call 2, S = 8k / 16k: full ``ltq`` 892 / 891
+#: against the non-persistent 848 / 862; causal ``tq`` 759 / 830 against 806 / 847. Call 3, causal
+#: S = 8k, 5 rounds: ``t`` 803, non-persistent 790, ``tq`` 772 (session 31: ``t`` 801 vs 771). So full
+#: rows are persistent at every length (None: no bound) with ``ltq``; causal rows take ``tq`` up to
+#: :data:`Q2_D128_CAUSAL_MAX_SEQ_K` keys and ``t`` up to 8192.
+PERSIST_D128_MAX_SEQ_K = {False: None, True: 8192}
+Q2_D128_CAUSAL_MAX_SEQ_K = 4096
 _PERSIST_D128 = {False: GluonAttnFp8Config.parse("n128s4kc2ltq"), True: GluonAttnFp8Config.parse("n128s4kc2tq")}
 
 #: head dim 64, full, at most this many keys: persistent CTAs of two warpgroups with per-lane row
-#: sums (``n128s4kc2lt``). H200 session 31 (device time, 32 heads, 16k tokens, two calls): S=1024
-#: 453 / 452 TFLOP/s against the three-warpgroup default's 403 / 401; S=2048 505 vs 496, S=4096
-#: 535 / 522 vs 570 / 569 (the default keeps those). Causal rows keep ``y2``.
+#: sums and two Q buffers (``n128s4kc2ltq``). H200 session 31 (device time, 32 heads, 16k tokens,
+#: two calls), ``lt``: S=1024 453 / 452 TFLOP/s against the three-warpgroup default's 403 / 401;
+#: S=2048 505 vs 496, S=4096 535 / 522 vs 570 / 569 (the default keeps those). Session 32 (3 rounds):
+#: S=1024 ``ltq`` 464 / 463 against ``t`` 452 and ``lt`` 449; S=2048 ``ltq`` 509 against ``lt`` 504 and
+#: the default's 505. Causal rows keep ``y2``.
 PERSIST_D64_FULL_MAX_SEQ_K = 1024
-_T_FULL_D64 = GluonAttnFp8Config.parse("n128s4kc2lt")
+_T_FULL_D64 = GluonAttnFp8Config.parse("n128s4kc2ltq")
 
 
 def default_attn_fp8_config(head_dim: int, blk: int = 128, causal: bool = False,
@@ -368,7 +377,7 @@ def default_attn_fp8_config(head_dim: int, blk: int = 128, causal: bool = False,
     and, where known, the key count ``seq_k`` (head dim 64 causal up to :data:`Y2_CAUSAL_MAX_SEQ_K`
     keys, scale blocks of 128 tokens or more: two CTAs per SM; head dim 64 full up to
     :data:`PERSIST_D64_FULL_MAX_SEQ_K` keys and head dim 128 up to :data:`PERSIST_D128_MAX_SEQ_K`
-    keys, 128-key tiles: persistent CTAs). With 64-token scale blocks the key
+    keys (full: any), 128-key tiles: persistent CTAs). With 64-token scale blocks the key
     tile shrinks to 64 (a key tile must lie in one k / v scale block: its scales are scalars).
     32-token blocks are not taken: a 32-key tile would halve the MMA widths."""
     # (64-token scale blocks keep the configs below: y2 and t ran on the GPU with 128-token blocks)
@@ -380,8 +389,12 @@ def default_attn_fp8_config(head_dim: int, blk: int = 128, causal: bool = False,
     cfg = _DEFAULT_CONFIGS[(head_dim, bool(causal))]
     if 64 <= blk < cfg.block_n:  # the config run on the GPU there: no j, no l
         cfg = dataclasses.replace(cfg, block_n=blk, skip=False, lsum=False)
-    elif head_dim == 128 and seq_k is not None and seq_k <= PERSIST_D128_MAX_SEQ_K[bool(causal)]:
-        cfg = _PERSIST_D128[bool(causal)]
+    elif head_dim == 128 and seq_k is not None:
+        top = PERSIST_D128_MAX_SEQ_K[bool(causal)]
+        if top is None or seq_k <= top:
+            cfg = _PERSIST_D128[bool(causal)]
+            if causal and seq_k > Q2_D128_CAUSAL_MAX_SEQ_K:
+                cfg = dataclasses.replace(cfg, q_double=False)
     return cfg
 
 
