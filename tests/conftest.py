@@ -55,14 +55,8 @@ def _shard(text: str) -> tuple:
 
 
 def pytest_collection_modifyitems(config, items):
-    passed_log = config.getoption("--skip-passed")
-    if passed_log:
-        with open(passed_log) as fh:
-            done = {line.split(" ", 2)[2].rstrip("\n") for line in fh if line.startswith("passed ")}
-        dropped = [it for it in items if it.nodeid in done]
-        if dropped:
-            config.hook.pytest_deselected(items=dropped)
-            items[:] = [it for it in items if it.nodeid not in done]
+    # the shard first, then the resume: a resumed K/N run keeps shard K's tests (skipping first
+    # would re-deal the remaining tests across the shards)
     shard = config.getoption("--shard")
     if shard:
         # interleaved by collection order, not whole files: the GPU-heavy files (Gluon kernels,
@@ -75,6 +69,14 @@ def pytest_collection_modifyitems(config, items):
         if dropped:
             config.hook.pytest_deselected(items=dropped)
         items[:] = keep
+    passed_log = config.getoption("--skip-passed")
+    if passed_log:
+        with open(passed_log) as fh:
+            done = {line.split(" ", 2)[2].rstrip("\n") for line in fh if line.startswith("passed ")}
+        dropped = [it for it in items if it.nodeid in done]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = [it for it in items if it.nodeid not in done]
     run_slow = config.getoption("--runslow") or _HAS_CUDA
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     skip_multi = pytest.mark.skip(reason="needs two or more CUDA devices")

@@ -68,6 +68,17 @@ def test_result_log_and_skip_passed(tmp_path, target):
     assert _collected(target, "--skip-passed", str(log)) == [t for t in everything if t not in ran]
 
 
+def test_resumed_shard_keeps_its_own_tests(tmp_path, target):
+    """``--shard K/N --skip-passed LOG`` runs shard K's tests that LOG does not record as passed: the
+    shard is taken before the passed tests leave, so a resumed shard never picks up another shard's
+    tests (session 32: skipping first re-dealt the remaining tests across the shards)."""
+    everything = _collected(target)
+    shard2 = everything[1::3]  # shard 2/3: the 2nd, 5th tests
+    log = tmp_path / "results.log"
+    log.write_text(f"passed 0.01 {shard2[0]}\npassed 0.01 {everything[0]}\n")  # a cut run of shard 2
+    assert _collected(target, "--shard", "2/3", "--skip-passed", str(log)) == shard2[1:]
+
+
 def test_result_log_under_xdist_has_one_line_per_test(tmp_path, target):
     """Workers write their own reports; the controller's copies of them are not written again."""
     pytest.importorskip("xdist")
