@@ -1146,11 +1146,12 @@ WITH_TRANS_CANDIDATES = (
     # (0.59-0.74) and programs in bands of tile rows (0.73-0.78).
     (128, 128, 8, "packed2", 0, "inreg"), (128, 128, 4, "packed2", 0, "inreg"), (64, 128, 4, "packed2", 0, "inreg"),
     (128, 128, 4, "packed2", 168, "inreg"), (128, 128, 8, "packed2", 64, "inreg"),
-    # one- and two-warp programs (session 31, not yet timed): every reduction and the transpose stay
-    # inside a warp or a pair of warps (no cross-warp amax exchange, no CTA-wide barrier), and up to
-    # 16-32 programs per SM keep more loads in flight than 3 programs of 4 warps
-    (32, 128, 1, "packed2"), (32, 64, 1, "packed2"), (32, 128, 2, "packed2"), (64, 128, 2, "packed2"),
-    (128, 128, 2, "packed2", 0, "inreg"),
+    # Measured and removed (session 32, benchmarks/results/h200/session32/candidates_quant_call1.*):
+    # one- and two-warp programs, every reduction and the transpose inside a warp or a pair of warps
+    # (sm_90: MX 32x128x1 11.1 SASS per element against the default's 15.3). H200, bf16 [16384, 7168],
+    # x the device copy: MX 32x128x1 0.694, 32x64x1 0.644, 32x128x2 0.697, 64x128x2 0.785, 128x128x2
+    # inreg 0.790 against the default's 0.812; BLOCKWISE 128x128x2 inreg 0.694 against 0.801. Fewer
+    # instructions did not pay: the small programs keep fewer bytes in flight per SM.
     # "packed3" (TC = 128 only): packed2 with the column words stored straight from their
     # registers (4-byte stores, no shared-memory transpose): BLOCKWISE 128x128x4 1496 SASS (11.7
     # per element), MX 64x128x4 1008 (1144 packed), MX 128x128x4 1856 (2008 packed), no spills
