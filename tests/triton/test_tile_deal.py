@@ -105,6 +105,39 @@ def _tl_grouped():
     return k._grouped_gemm_kernel, args, kwargs
 
 
+def _tl_grouped_fp8():
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_fp8_kernel as k
+
+    M, N, K, G = 400, 256, 256, 3
+    a = torch.empty(M, K, dtype=torch.float8_e4m3fn)
+    b = torch.empty(G, N, K, dtype=torch.float8_e4m3fn)
+    sa = torch.empty(M, K // 128, dtype=torch.float32)
+    sb = torch.empty(G, N // 128, K // 128, dtype=torch.float32)
+    out = torch.empty(M, N, dtype=torch.bfloat16)
+    offs = torch.tensor([0, 100, 100, 390])
+    args = (a, b, out, offs, sa, sb, M, N, K, G, a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2),
+            out.stride(0), out.stride(1), sa.stride(0), sa.stride(1), *sb.stride())
+    kwargs = dict(NUM_PROGRAMS=132, SCALE_MODE=k._BLOCKWISE, SCALE_BLOCK=128, BLOCK_M=128, BLOCK_N=128, BLOCK_K=128,
+                  GROUP_M=8, num_stages=3, num_warps=8)
+    return k._grouped_gemm_fp8_kernel, args, kwargs
+
+
+def _tl_grouped_fp4():
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_fp4_kernel as k
+
+    M, N, K, G = 400, 256, 256, 3
+    a = torch.empty(M, K // 2, dtype=torch.uint8)
+    b = torch.empty(G, N, K // 2, dtype=torch.uint8)
+    sa = torch.empty(M, K // 32, dtype=torch.uint8)
+    sb = torch.empty(G, N, K // 32, dtype=torch.uint8)
+    out = torch.empty(M, N, dtype=torch.bfloat16)
+    offs = torch.tensor([0, 100, 100, 390])
+    args = (a, b, out, offs, sa, sb, M, N, K, G, a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2),
+            out.stride(0), out.stride(1), sa.stride(0), sa.stride(1), *sb.stride())
+    kwargs = dict(NUM_PROGRAMS=132, BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_stages=3, num_warps=8)
+    return k._grouped_gemm_fp4_kernel, args, kwargs
+
+
 def _gluon16(pace):
     def build():
         import dataclasses
@@ -143,6 +176,8 @@ def _gluon_fp8():
 
 @pytest.mark.parametrize("build", [
     pytest.param(_tl_grouped, id="tl-bf16"),
+    pytest.param(_tl_grouped_fp8, id="tl-fp8"),
+    pytest.param(_tl_grouped_fp4, id="tl-fp4"),
     pytest.param(_gluon16(0), id="gluon16", marks=needs_gluon),
     pytest.param(_gluon16(1), id="gluon16-paced", marks=needs_gluon),
     pytest.param(_gluon_glu, id="gluon-glu", marks=needs_gluon),

@@ -43,7 +43,7 @@ from primus_turbo.triton.interpreter import bf16_dot_fixed
 
 from . import grouped_gemm_fp8_kernel as _fp8k
 from .grouped_gemm_fp8_kernel import GroupedGemmFP8Config as GroupedGemmFP4Config
-from .grouped_gemm_kernel import _swizzle, _token_split, group_offsets
+from .grouped_gemm_kernel import _group_span, _swizzle, _token_split, group_offsets
 
 __all__ = [
     "GroupedGemmFP4Config",
@@ -67,7 +67,6 @@ def _grouped_gemm_fp4_kernel(
     NUM_PROGRAMS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    pid = tl.program_id(axis=0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     BKP: tl.constexpr = BLOCK_K // 2
@@ -78,13 +77,8 @@ def _grouped_gemm_fp4_kernel(
     offs_g = tl.arange(0, NG)
     tile_base = 0
     for g in range(0, G + 1):  # g == G: the zeroed tail rows
-        m_start = tl.load(offs_ptr + g)
-        m_end = tl.where(g < G, tl.load(offs_ptr + tl.minimum(g + 1, G)), M)
-        m_start = tl.minimum(tl.maximum(m_start, 0), M).to(tl.int32)
-        m_end = tl.maximum(tl.minimum(m_end, M).to(tl.int32), m_start)
-        num_pid_m = tl.cdiv(m_end - m_start, BLOCK_M)
-        tiles_g = num_pid_m * num_pid_n
-        first = (pid - tile_base % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
+        m_start, m_end, num_pid_m, tiles_g, first = _group_span(offs_ptr, g, G, M, num_pid_n, tile_base, BLOCK_M,
+                                                                NUM_PROGRAMS)
         g64 = tl.cast(tl.minimum(g, G - 1), tl.int64)
         b_g = b_ptr + g64 * stride_bg
         sb_g = sb_ptr + g64 * stride_sbg

@@ -68,6 +68,28 @@ def _swizzle(t, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _group_span(offs_ptr, g, G, M, num_pid_n, tile_base, BLOCK_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr):
+    """Group ``g``'s rows ``[m_start, m_end)`` (``g == G``: the tail rows past ``offs[G]``, to be
+    zeroed), clamped to A's ``M`` rows so that a group_offs overrunning A never reads or writes out
+    of bounds; its tile count ``tiles_g`` (``num_pid_m`` tile rows); and this program's first tile
+    in it, ``first``: the smallest t >= 0 with ``(tile_base + t) % NUM_PROGRAMS == pid``.
+
+    A program's tiles are then ``first + i * NUM_PROGRAMS`` counted by i, not
+    ``range(first, tiles_g, NUM_PROGRAMS)``: with tile_base used only in a nested loop's bound,
+    triton 3.6's remove-layout-conversions pass drops the loop-carried tile_base for its initial 0
+    (every group's deal restarting at program 0: correct output, SMs unevenly loaded;
+    tests/triton/test_tile_deal.py checks the IR of every persistent grouped kernel)."""
+    m_start = tl.load(offs_ptr + g)
+    m_end = tl.where(g < G, tl.load(offs_ptr + tl.minimum(g + 1, G)), M)
+    m_start = tl.minimum(tl.maximum(m_start, 0), M).to(tl.int32)
+    m_end = tl.maximum(tl.minimum(m_end, M).to(tl.int32), m_start)
+    num_pid_m = tl.cdiv(m_end - m_start, BLOCK_M)
+    tiles_g = num_pid_m * num_pid_n
+    first = (tl.program_id(axis=0) - tile_base % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
+    return m_start, m_end, num_pid_m, tiles_g, first
+
+
+@triton.jit
 def _token_split(r_start, r_end, ALIGN: tl.constexpr, BLOCK_K: tl.constexpr):
     """Split a group's reduction range ``[r_start, r_end)`` for the variable-K kernels into a head
     ``[r_start, head_end)`` (shorter than ALIGN <= BLOCK_K: at most one masked step), ``n_body``
@@ -111,25 +133,13 @@ def _grouped_gemm_kernel(
     else:
         a_desc = a_ptr  # placeholders, unused on the pointer path
         b_desc = b_ptr
-    pid = tl.program_id(axis=0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     offs_k = tl.arange(0, BLOCK_K)
     tile_base = 0  # global number of the current group's first tile
     for g in range(0, G + 1):  # g == G: the zeroed tail rows
-        m_start = tl.load(offs_ptr + g)
-        m_end = tl.where(g < G, tl.load(offs_ptr + tl.minimum(g + 1, G)), M)
-        # Clamp to A's rows: a group_offs that overruns A never reads or writes out of bounds.
-        m_start = tl.minimum(tl.maximum(m_start, 0), M).to(tl.int32)
-        m_end = tl.maximum(tl.minimum(m_end, M).to(tl.int32), m_start)
-        num_pid_m = tl.cdiv(m_end - m_start, BLOCK_M)
-        tiles_g = num_pid_m * num_pid_n
-        # this program's first tile in the group: the smallest t >= 0 with (tile_base + t) % P == pid.
-        # Its tiles are first, first + P, ... counted by i below, not `range(first, tiles_g, P)`: with
-        # tile_base used only in a nested loop's bound, triton 3.6's remove-layout-conversions pass
-        # drops the loop-carried tile_base for its initial 0 (every group's deal restarting at program
-        # 0: correct output, SMs unevenly loaded; tests/triton/test_tile_deal.py checks the IR).
-        first = (pid - tile_base % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
+        m_start, m_end, num_pid_m, tiles_g, first = _group_span(offs_ptr, g, G, M, num_pid_n, tile_base, BLOCK_M,
+                                                                NUM_PROGRAMS)
         b_g = b_ptr + tl.cast(g, tl.int64) * stride_bg
         for i in range(tl.cdiv(tiles_g - first, NUM_PROGRAMS)):
             t = first + i * NUM_PROGRAMS
