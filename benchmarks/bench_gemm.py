@@ -34,7 +34,7 @@ if str(_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.common import Row, finish_run, gpu_slug  # noqa: E402
+from benchmarks.common import Row, finish_run, gpu_slug, print_compute_row  # noqa: E402
 from benchmarks.common import error_text as _error_text  # noqa: E402
 from benchmarks.common import free_memory as _free  # noqa: E402
 from benchmarks.common import record_times, time_interleaved  # noqa: E402
@@ -231,15 +231,7 @@ def run_case(
 # ---- driver ---------------------------------------------------------------------------------
 def _print_row(row: Row) -> None:
     e = row.extra
-    shape = f"{e.get('M')}x{e.get('N')}x{e.get('K')}"
-    if row.error:
-        print(f"{row.op:13s} {row.case:26s} {shape:20s} {row.impl:14s} ERROR {row.error[:100]}", flush=True)
-        return
-    sp = f"x{row.speedup:.3f}" if row.speedup else "   -  "
-    tf = f"{row.tflops:7.1f} TF" if row.tflops is not None else "      - TF"
-    snr = f"{row.snr_db:6.1f} dB" if row.snr_db is not None else "-"
-    print(f"{row.op:13s} {row.case:26s} {shape:20s} {row.impl:14s} {row.ms:9.4f} ms {tf} {sp} snr {snr}", flush=True)
-
+    print_compute_row(row, f"{e.get('M')}x{e.get('N')}x{e.get('K')}", (13, 26, 20, 14))
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -45,7 +45,7 @@ if str(_ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from benchmarks.bench_gemm import build_cases  # noqa: E402
-from benchmarks.common import Row, finish_run, gpu_slug, set_timing  # noqa: E402
+from benchmarks.common import Row, finish_run, gpu_slug, set_timing, print_compute_row  # noqa: E402
 from benchmarks.common import error_text as _error_text  # noqa: E402
 from benchmarks.common import free_memory as _free  # noqa: E402
 from benchmarks.common import time_interleaved  # noqa: E402
@@ -314,17 +314,10 @@ def run_linear_case(case, impl_names, device, warmup_ms, rep_ms, log, grans=LINE
 
 def _print_row(row: Row) -> None:
     e = row.extra
-    shape = f"{e.get('M')}x{e.get('N')}x{e.get('K')}"
-    if row.error:
-        print(f"{row.op:22s} {row.case:26s} {shape:18s} {row.impl:26s} ERROR {row.error[:100]}", flush=True)
-        return
     sp = f"x{row.speedup:.3f} vs {row.baseline}" if row.speedup else "   -  "
     if e.get("paired_speedup") is not None:
         sp += f" (paired x{e['paired_speedup']:.3f})"
-    tf = f"{row.tflops:7.1f} TF" if row.tflops is not None else "      - TF"
-    snr = f"{row.snr_db:6.1f} dB" if row.snr_db is not None else "-"
-    print(f"{row.op:22s} {row.case:26s} {shape:18s} {row.impl:26s} {row.ms:9.4f} ms {tf} {sp} snr {snr}", flush=True)
-
+    print_compute_row(row, f"{e.get('M')}x{e.get('N')}x{e.get('K')}", (22, 26, 18, 26), sp)
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)

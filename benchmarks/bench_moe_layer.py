@@ -89,7 +89,7 @@ if str(_ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks.common import Row, finish_run, gpu_slug  # noqa: E402
+from benchmarks.common import Row, finish_run, gpu_slug, print_compute_row  # noqa: E402
 from benchmarks.common import error_text as _error_text  # noqa: E402
 from benchmarks.common import free_memory as _free  # noqa: E402
 from benchmarks.common import time_interleaved  # noqa: E402
@@ -406,16 +406,7 @@ def run_case(case: dict[str, Any], names: Sequence[str], device: torch.device, r
 
 # ---- driver ---------------------------------------------------------------------------------
 def _print_row(row: Row) -> None:
-    shape = row.extra.get("shape", "")
-    if row.error:
-        print(f"{row.op:18s} {row.case:28s} {shape:32s} {row.impl:20s} ERROR {row.error[:100]}", flush=True)
-        return
-    sp = f"x{row.speedup:.3f}" if row.speedup else "   -  "
-    tf = f"{row.tflops:7.1f} TF" if row.tflops is not None else "      - TF"
-    snr = f"{row.snr_db:6.1f} dB" if row.snr_db is not None else "-"
-    print(f"{row.op:18s} {row.case:28s} {shape:32s} {row.impl:20s} {row.ms:9.4f} ms {tf} {sp} snr {snr}",
-          flush=True)
-
+    print_compute_row(row, row.extra.get("shape", ""), (18, 28, 32, 20))
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],

@@ -41,7 +41,7 @@ if str(_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.common import Row, finish_run, gpu_slug  # noqa: E402
+from benchmarks.common import Row, finish_run, gpu_slug, print_bandwidth_row  # noqa: E402
 from benchmarks.common import bandwidth_rows  # noqa: E402
 from benchmarks.common import error_text as _error_text  # noqa: E402
 
@@ -203,15 +203,8 @@ def run_case(case_t: tuple[int, int, int, int], impls: Sequence[str], device: to
 
 
 def _print_row(row: Row) -> None:
-    if row.error and row.ms is None:
-        print(f"{row.case:24s} {row.impl:20s} ERROR {row.error[:100]}", flush=True)
-        return
-    sp = f"x{row.speedup:.3f}" if row.speedup else "  -   "
-    bw = f"{row.gbps:8.1f} GB/s" if row.gbps else "       - GB/s"
-    ms = f"{row.ms:9.4f} ms" if row.ms is not None else "        - ms"
     exact = "exact" if row.snr_db == float("inf") else (row.error or f"snr {row.snr_db}")
-    print(f"{row.case:24s} {row.impl:20s} {ms} {bw} {sp} {exact}", flush=True)
-
+    print_bandwidth_row(row, f"{row.case:24s}", 20, exact)
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)

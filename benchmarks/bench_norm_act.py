@@ -36,7 +36,7 @@ if str(_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.common import Row, finish_run, gpu_slug  # noqa: E402
+from benchmarks.common import Row, finish_run, gpu_slug, print_bandwidth_row  # noqa: E402
 from benchmarks.common import bandwidth_rows  # noqa: E402
 from benchmarks.common import error_text as _error_text  # noqa: E402
 
@@ -179,15 +179,7 @@ def run_case(case: tuple[str, int, int], device: torch.device, warmup_ms: float,
 
 
 def _print_row(row: Row) -> None:
-    if row.error and row.ms is None:
-        print(f"{row.case:22s} {row.impl:22s} ERROR {row.error[:100]}", flush=True)
-        return
-    sp = f"x{row.speedup:.3f}" if row.speedup else "  -   "
-    bw = f"{row.gbps:8.1f} GB/s" if row.gbps else "       - GB/s"
-    ms = f"{row.ms:9.4f} ms" if row.ms is not None else "        - ms"
-    snr = f"{row.snr_db:.1f} dB" if row.snr_db is not None else "-"
-    print(f"{row.case:22s} {row.impl:22s} {ms} {bw} {sp} {snr}", flush=True)
-
+    print_bandwidth_row(row, f"{row.case:22s}", 22, f"{row.snr_db:.1f} dB" if row.snr_db is not None else "-")
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)

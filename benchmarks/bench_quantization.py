@@ -42,7 +42,7 @@ if str(_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.common import Row, finish_run, gpu_slug  # noqa: E402
+from benchmarks.common import Row, finish_run, gpu_slug, print_bandwidth_row  # noqa: E402
 from benchmarks.common import bandwidth_rows, set_timing  # noqa: E402
 from benchmarks.common import error_text as _error_text  # noqa: E402
 
@@ -153,16 +153,10 @@ def run_shape(shape: tuple[int, int], impls: Sequence[str], device: torch.device
 
 
 def _print_row(row: Row) -> None:
-    shape = row.extra.get("shape", "")
-    if row.error and row.ms is None:
-        print(f"{row.case:14s} {row.impl:22s} ERROR {row.error[:100]}", flush=True)
-        return
-    sp = f"x{row.speedup:.3f}" if row.speedup else "  -   "
-    bw = f"{row.gbps:8.1f} GB/s" if row.gbps else "       - GB/s"
-    ms = f"{row.ms:9.4f} ms" if row.ms is not None else "        - ms"
+    # the error line keeps the case name; a timed line leads with the shape
+    label = row.case if row.error and row.ms is None else row.extra.get("shape", "")
     exact = "exact" if row.snr_db == float("inf") else (row.error or "-")
-    print(f"{shape:14s} {row.impl:22s} {ms} {bw} {sp} {exact}", flush=True)
-
+    print_bandwidth_row(row, f"{label:14s}", 22, exact)
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)

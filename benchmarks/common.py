@@ -222,6 +222,35 @@ class Row:
         return _json_safe(asdict(self))
 
 
+def print_compute_row(row: Row, shape: str, widths: Sequence[int], speedup: Optional[str] = None) -> None:
+    """One progress line of a compute-bound benchmark: op, case, shape and impl in columns of
+    ``widths``, then ms, TFLOP/s, the speedup (``speedup`` replaces the default ``x<ratio>``
+    text) and the SNR; or the error."""
+    op_w, case_w, shape_w, impl_w = widths
+    head = f"{row.op:{op_w}s} {row.case:{case_w}s} {shape:{shape_w}s} {row.impl:{impl_w}s}"
+    if row.error:
+        print(f"{head} ERROR {row.error[:100]}", flush=True)
+        return
+    if speedup is None:
+        speedup = f"x{row.speedup:.3f}" if row.speedup else "   -  "
+    tf = f"{row.tflops:7.1f} TF" if row.tflops is not None else "      - TF"
+    snr = f"{row.snr_db:6.1f} dB" if row.snr_db is not None else "-"
+    print(f"{head} {row.ms:9.4f} ms {tf} {speedup} snr {snr}", flush=True)
+
+
+def print_bandwidth_row(row: Row, label: str, impl_w: int, last: str) -> None:
+    """One progress line of a memory-bound benchmark: ``label`` (its own width), impl, ms, GB/s,
+    the speedup and ``last`` (exactness or SNR); a row with an error and no time prints the error."""
+    head = f"{label} {row.impl:{impl_w}s}"
+    if row.error and row.ms is None:
+        print(f"{head} ERROR {row.error[:100]}", flush=True)
+        return
+    sp = f"x{row.speedup:.3f}" if row.speedup else "  -   "
+    bw = f"{row.gbps:8.1f} GB/s" if row.gbps else "       - GB/s"
+    ms = f"{row.ms:9.4f} ms" if row.ms is not None else "        - ms"
+    print(f"{head} {ms} {bw} {sp} {last}", flush=True)
+
+
 def _json_safe(v: Any) -> Any:
     """JSON has no inf/nan: write them as the strings "inf", "-inf", "nan" (e.g. SNR of an
     exact result is +inf)."""

@@ -101,3 +101,27 @@ def test_run_all_cpu_smoke(tmp_path, capsys):
     assert out.rstrip().endswith("|")  # the geomean table is printed last
     assert "===== summary =====" in out
     assert (tmp_path / "gemm_bf16.json").exists()
+
+
+def test_progress_lines_of_the_shared_printers(capsys):
+    """The benchmarks' progress lines (benchmarks.common.print_compute_row / print_bandwidth_row):
+    fixed columns, the timed values, and the error text where a row failed."""
+    from benchmarks.common import print_bandwidth_row, print_compute_row
+
+    row = Row(op="gemm_fwd", case="Llama:qkv", impl="turbo", baseline="torch", ms=1.25, speedup=1.0625,
+              tflops=612.34, snr_db=51.25)
+    print_compute_row(row, "4096x6144x4096", (10, 12, 16, 8))
+    assert capsys.readouterr().out == ("gemm_fwd   Llama:qkv    4096x6144x4096   turbo       1.2500 ms   612.3 TF "
+                                       "x1.062 snr   51.2 dB\n")
+    print_compute_row(row, "4096x6144x4096", (10, 12, 16, 8), speedup="x1.062 vs torch")
+    assert "x1.062 vs torch snr" in capsys.readouterr().out
+    bad = Row(op="gemm_fwd", case="Llama:qkv", impl="turbo", baseline="torch", error="RuntimeError: boom")
+    print_compute_row(bad, "4096x6144x4096", (10, 12, 16, 8))
+    assert capsys.readouterr().out == "gemm_fwd   Llama:qkv    4096x6144x4096   turbo    ERROR RuntimeError: boom\n"
+
+    mem = Row(op="rmsnorm", case="4096x7168", impl="turbo", baseline="copy", ms=0.05, speedup=0.95, gbps=3900.0)
+    print_bandwidth_row(mem, f"{mem.case:10s}", 6, "exact")
+    assert capsys.readouterr().out == "4096x7168  turbo     0.0500 ms   3900.0 GB/s x0.950 exact\n"
+    failed = Row(op="rmsnorm", case="4096x7168", impl="turbo", baseline="copy", error="ValueError: shape")
+    print_bandwidth_row(failed, f"{failed.case:10s}", 6, "-")
+    assert capsys.readouterr().out == "4096x7168  turbo  ERROR ValueError: shape\n"
