@@ -196,11 +196,11 @@ def test_config():
 @pytest.mark.parametrize("head_dim,causal,text", [(128, True, "n128s4kc2"), (128, False, "n128s4kc2"),
                                                    (64, False, "n128s4kc2lx3j"), (64, True, "n128s4kc2lx3j")])
 def test_default_config_by_head_dim_and_causal(head_dim, causal, text):
-    """H200 sessions 7, 27, 29, 30 and 31: n128s4kc2 (conditional O rescale, threshold 2) at head
-    dim 128, persistent there up to 4096 / 8192 keys (full / causal), three consumer warpgroups at
-    head dim 64 (x3) that each stop at their own rows' last key block (j) and reduce their row sums
-    once (l); the launcher and the reasons pick it from the window (causal: win_right 0) and the
-    key count."""
+    """H200 sessions 7, 27, 29-32: n128s4kc2 (conditional O rescale, threshold 2) at head dim 128,
+    persistent there on full rows (ltq) and on causal ones up to 8192 keys (tq up to 4096, then t);
+    three consumer warpgroups at head dim 64 (x3) that each stop at their own rows' last key block
+    (j) and reduce their row sums once (l), full rows up to 1024 keys ltq; the launcher and the
+    reasons pick it from the window (causal: win_right 0) and the key count."""
     cfg = f8.default_attn_fp8_config(head_dim, 128, causal)
     assert cfg == f8.GluonAttnFp8Config.parse(text) and cfg.lazy == 2 and cfg.p_log2() == 6.0
     assert not (cfg.heads_first or cfg.pingpong or cfg.emu or cfg.persistent)
@@ -487,8 +487,8 @@ def test_matches_reference_and_triton(B, Sq, Sk, Hq, Hk, D, causal, dtype, sink,
 def test_persistent_rounds_cover_every_tile(n_sms, causal, D, config, monkeypatch):
     """Persistent CTAs (``t``, and ``tq`` with two Q buffers) walk the tiles in rounds of one tile
     per CTA, the odd rounds in reverse (``_snake_tile``): with a few CTAs (many rounds, a partial last
-    one) and with every SM, each tile is computed exactly once: outputs poisoned with NaN before the call, then compared
-    with the tl FP8 kernel on the same operands."""
+    one) and with every SM, each tile is computed exactly once: outputs poisoned with NaN before the
+    call, then compared with the tl FP8 kernel on the same operands."""
     from primus_turbo.pytorch.ops import attention_fp8 as opf8
     from primus_turbo.triton.attention.flash_attn_fp8 import flash_attn_fp8_fwd_triton
 

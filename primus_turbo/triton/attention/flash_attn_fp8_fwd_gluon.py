@@ -146,8 +146,9 @@ class GluonAttnFp8Config(GluonAttnConfig):
       hidden;
     * ``q`` (``q_double``, after ``t``): two Q buffers (and barrier pairs) for the persistent CTAs, so
       the producer loads tile n + 1's Q, and then its first K / V blocks, while tile n runs, instead of
-      waiting for every warpgroup to retire tile n's last S MMA; one more Q tile of shared memory.
-      Opt-in: compiled for sm_90 on CPU, not yet run on a GPU;
+      waiting for every warpgroup to retire tile n's last S MMA; one more Q tile of shared memory
+      (a default where :func:`default_attn_fp8_config` makes the CTAs persistent, causal rows past
+      :data:`Q2_D128_CAUSAL_MAX_SEQ_K` keys excepted);
     * ``x<W>`` (``consumers``): 2 (default) or 3 consumer warpgroups (192-row tiles);
     * ``y2`` (``ctas_per_sm``, after ``j``): the launch caps registers so that two CTAs share each SM
       (``maxnreg`` = 65536 / (2 x the CTA's threads), rounded down to 8; the consumers' default
@@ -358,7 +359,10 @@ Y2_CAUSAL_MAX_SEQ_K = 4096
 #: :data:`Q2_D128_CAUSAL_MAX_SEQ_K` keys and ``t`` up to 8192.
 PERSIST_D128_MAX_SEQ_K = {False: None, True: 8192}
 Q2_D128_CAUSAL_MAX_SEQ_K = 4096
-_PERSIST_D128 = {False: GluonAttnFp8Config.parse("n128s4kc2ltq"), True: GluonAttnFp8Config.parse("n128s4kc2tq")}
+#: persistent, two warpgroups, two Q buffers, per-lane row sums: the full-row persistent default at
+#: both head dims
+_LTQ = GluonAttnFp8Config.parse("n128s4kc2ltq")
+_PERSIST_D128 = {False: _LTQ, True: GluonAttnFp8Config.parse("n128s4kc2tq")}
 
 #: head dim 64, full, at most this many keys: persistent CTAs of two warpgroups with per-lane row
 #: sums and two Q buffers (``n128s4kc2ltq``). H200 session 31 (device time, 32 heads, 16k tokens,
@@ -367,7 +371,6 @@ _PERSIST_D128 = {False: GluonAttnFp8Config.parse("n128s4kc2ltq"), True: GluonAtt
 #: S=1024 ``ltq`` 464 / 463 against ``t`` 452 and ``lt`` 449; S=2048 ``ltq`` 509 against ``lt`` 504 and
 #: the default's 505. Causal rows keep ``y2``.
 PERSIST_D64_FULL_MAX_SEQ_K = 1024
-_T_FULL_D64 = GluonAttnFp8Config.parse("n128s4kc2ltq")
 
 
 def default_attn_fp8_config(head_dim: int, blk: int = 128, causal: bool = False,
@@ -385,7 +388,7 @@ def default_attn_fp8_config(head_dim: int, blk: int = 128, causal: bool = False,
         if causal and seq_k <= Y2_CAUSAL_MAX_SEQ_K:
             return _Y2_CAUSAL_D64
         if not causal and seq_k <= PERSIST_D64_FULL_MAX_SEQ_K:
-            return _T_FULL_D64
+            return _LTQ
     cfg = _DEFAULT_CONFIGS[(head_dim, bool(causal))]
     if 64 <= blk < cfg.block_n:  # the config run on the GPU there: no j, no l
         cfg = dataclasses.replace(cfg, block_n=blk, skip=False, lsum=False)
