@@ -101,6 +101,11 @@ _CASES = [
     (True, (96, 160), (32, 64, 1, "packed2")),
     (True, (128, 256), (64, 128, 2, "packed2")),
     (False, (256, 260), (128, 128, 2, "packed2", 0, "inreg")),
+    # scales stored transposed (whole sectors per tile), returned as transposed views
+    (True, (256, 256), (128, 128, 4, "packed2", 0, "tscale")),
+    (True, (96, 224), (64, 128, 4, "packed2", 0, "tscale")),
+    (False, (256, 256), (128, 128, 4, "packed2", 0, "inreg,tscale")),
+    (False, (200, 260), (128, 128, 4, "packed2", 0, "inreg,tscale")),
 ]
 
 
@@ -123,7 +128,11 @@ def test_interpreter_vs_ref(mx, shape, cfg):
                                                   # that is a multiple of 32 but not of the 64-row tile
                                                   (True, (992, 7168), (64, 128, 4, "packed3")),
                                                   (True, (1024, 7168), (32, 128, 1, "packed2")),
-                                                  (True, (992, 7136), (32, 64, 1, "packed2"))])
+                                                  (True, (992, 7136), (32, 64, 1, "packed2")),
+                                                  (True, (1024, 7168), (128, 128, 4, "packed2", 0, "tscale")),
+                                                  (True, (992, 7136), (128, 128, 4, "packed2", 0, "tscale")),
+                                                  (False, (1000, 7164), (128, 128, 4, "packed2", 168,
+                                                                         "inreg,tscale"))])
 def test_gpu_vs_ref(mx, shape, cfg):
     _check(_special(*shape, "cuda"), mx, cfg)
 

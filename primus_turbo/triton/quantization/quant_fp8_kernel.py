@@ -1157,6 +1157,12 @@ WITH_TRANS_CANDIDATES = (
     # per element), MX 64x128x4 1008 (1144 packed), MX 128x128x4 1856 (2008 packed), no spills
     (128, 128, 4, "packed3"), (128, 128, 4, "packed3", 168), (128, 128, 4, "packed3", 128),
     (64, 128, 4, "packed3"), (64, 128, 4, "packed3", 128), (32, 128, 4, "packed3"),
+    # option "tscale": the scales stored transposed and returned as transposed views, so that a
+    # tile's scales fill whole 32-byte sectors (MX: one 4-byte word per four rows / columns; sm_90
+    # MX 128x128x4: 2 word stores and 17 barriers against 8 byte stores and 25)
+    (128, 128, 4, "packed2", 0, "tscale"), (128, 128, 4, "packed3", 0, "tscale"), (64, 128, 4, "packed2", 0, "tscale"),
+    (128, 256, 8, "packed2", 0, "tscale"), (128, 128, 4, "packed2", 168, "inreg,tscale"),
+    (128, 128, 4, "packed3", 168, "inreg,tscale"),
 )
 
 

@@ -271,6 +271,49 @@ def _store_col_word_v3(qt_ptr, ofs, u, mask, NB: tl.constexpr, QR: tl.constexpr,
 
 
 @triton.jit
+def _store_scales_t(s_ptr, st_ptr, sr0, sr1, sr2, sr3, sc0, sc1, sc2, sc3, pid_r, pid_c, li, nr, wb, sb, rows,
+                    n_pairs, MODE: tl.constexpr, G: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr,
+                    NR: tl.constexpr, WB: tl.constexpr, EVEN: tl.constexpr, DIAG: tl.constexpr):
+    """The scales of one tile into the transposed stores: row-wise ``[cols / G, rows]`` (row scale
+    of row r, block b at ``b * rows + r``), column-wise ``[rows / G, cols]``. MX: the four bytes of
+    rows 4i..4i+3 (columns 4w..4w+3) as one little-endian word (``s_ptr`` / ``st_ptr`` int32 views;
+    rows and cols are multiples of 4); fp32: one store per quarter k at its own row (column)."""
+    n_sc = (2 * n_pairs + G - 1) // G
+    n_st = (rows + G - 1) // G
+    cols = 2 * n_pairs
+    s_col = pid_c * NR + nr[None, None, :]                           # [1, 1, NR] row-block index
+    r_row = pid_r * TR + 4 * li                                      # [NB, QB, 1] first row of the quad
+    lc = (nr[:, None] * WB + wb[None, :])[None, :, :]                # [1, NR, WB] local word column
+    cc = pid_c * TC + 4 * lc                                         # first column of the word
+    sbb = sb[:, None, None]                                          # [NB, 1, 1] column-block index
+    if EVEN:
+        smask = None
+        stmask = None
+    else:
+        smask = (r_row < rows) & (s_col < n_sc)
+        stmask = (cc < cols) & (sbb < n_st)
+    if DIAG & 1:
+        smask = (r_row < 0) & (s_col < 0)
+        stmask = (cc < 0) & (sbb < 0)
+    if MODE == 1:
+        wr = sr0 | (sr1 << 8) | (sr2 << 16) | (sr3 << 24)
+        tl.store(s_ptr + s_col.to(tl.int64) * (rows // 4) + pid_r * (TR // 4) + li, wr, mask=smask)
+        wc = sc0 | (sc1 << 8) | (sc2 << 16) | (sc3 << 24)
+        tl.store(st_ptr + sbb.to(tl.int64) * (cols // 4) + pid_c * (TC // 4) + lc, wc, mask=stmask)
+    else:
+        sp = s_ptr + s_col.to(tl.int64) * rows + r_row
+        tl.store(sp, sr0, mask=smask)
+        tl.store(sp + 1, sr1, mask=smask)
+        tl.store(sp + 2, sr2, mask=smask)
+        tl.store(sp + 3, sr3, mask=smask)
+        stp = st_ptr + sbb.to(tl.int64) * cols + cc
+        tl.store(stp, sc0, mask=stmask)
+        tl.store(stp + 1, sc1, mask=stmask)
+        tl.store(stp + 2, sc2, mask=stmask)
+        tl.store(stp + 3, sc3, mask=stmask)
+
+
+@triton.jit
 def _quant_fp8_packed_dual_kernel(
     # pointers: x as int32 pairs; row-wise words + scales; transposed words + scales; scratch (BLOCKWISE)
     x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, scr_ptr,
@@ -279,7 +322,7 @@ def _quant_fp8_packed_dual_kernel(
     stride_x, stride_q, stride_s, stride_qt, stride_st,
     MODE: tl.constexpr, FP8_MAX: tl.constexpr, EMAX: tl.constexpr, G: tl.constexpr,
     TR: tl.constexpr, TC: tl.constexpr, EVEN: tl.constexpr, SOFT: tl.constexpr, V2: tl.constexpr = False,
-    V3: tl.constexpr = False, INREG: tl.constexpr = False, DIAG: tl.constexpr = 0,
+    V3: tl.constexpr = False, INREG: tl.constexpr = False, DIAG: tl.constexpr = 0, TS: tl.constexpr = False,
 ):
     """Both copies for 1 x G row blocks and G x 1 column blocks (MODE 0: fp32 scales, MODE 1: MX).
 
@@ -334,27 +377,33 @@ def _quant_fp8_packed_dual_kernel(
         mc1, sc1 = _block_scales(ac1, MODE, FP8_MAX, EMAX)
         mc2, sc2 = _block_scales(ac2, MODE, FP8_MAX, EMAX)
         mc3, sc3 = _block_scales(ac3, MODE, FP8_MAX, EMAX)
-        sdt = s_ptr.dtype.element_ty
-        # scales: row-wise [rows, cols / G] bytes, column-wise [cols, rows / G] bytes
-        r_row = pid_r * TR + 4 * li                                  # [NB, QB, 1]
-        s_col = pid_c * NR + nr[None, None, :]
-        sp = s_ptr + r_row.to(tl.int64) * stride_s + s_col
-        smask = None if EVEN else (r_row < rows) & (s_col < (2 * n_pairs + G - 1) // G)
-        if DIAG & 1:  # timing only (scripts/diag_quant_stages.py): no scale stores
-            smask = (r_row < 0) & (s_col < 0)
-        tl.store(sp, sr0.to(sdt), mask=smask)
-        tl.store(sp + stride_s, sr1.to(sdt), mask=smask)
-        tl.store(sp + 2 * stride_s, sr2.to(sdt), mask=smask)
-        tl.store(sp + 3 * stride_s, sr3.to(sdt), mask=smask)
-        cc = pid_c * TC + lcol[None, :, :]                           # [1, NR, WB]
-        stp = st_ptr + cc.to(tl.int64) * stride_st + sb[:, None, None]
-        stmask = None if EVEN else (cc < 2 * n_pairs) & (sb < (rows + G - 1) // G)[:, None, None]
-        if DIAG & 1:
-            stmask = (cc < 0) & (sb < 0)[:, None, None]
-        tl.store(stp, sc0.to(sdt), mask=stmask)
-        tl.store(stp + stride_st, sc1.to(sdt), mask=stmask)
-        tl.store(stp + 2 * stride_st, sc2.to(sdt), mask=stmask)
-        tl.store(stp + 3 * stride_st, sc3.to(sdt), mask=stmask)
+        if TS:
+            # scales stored transposed (row-wise [cols / G, rows], column-wise [rows / G, cols]; the
+            # launcher returns the transposed views): a tile's scales fill whole 32-byte sectors
+            _store_scales_t(s_ptr, st_ptr, sr0, sr1, sr2, sr3, sc0, sc1, sc2, sc3, pid_r, pid_c, li, nr, wb, sb,
+                            rows, n_pairs, MODE, G, TR, TC, NR, WB, EVEN, DIAG)
+        else:
+            sdt = s_ptr.dtype.element_ty
+            # scales: row-wise [rows, cols / G] bytes, column-wise [cols, rows / G] bytes
+            r_row = pid_r * TR + 4 * li                                  # [NB, QB, 1]
+            s_col = pid_c * NR + nr[None, None, :]
+            sp = s_ptr + r_row.to(tl.int64) * stride_s + s_col
+            smask = None if EVEN else (r_row < rows) & (s_col < (2 * n_pairs + G - 1) // G)
+            if DIAG & 1:  # timing only (scripts/diag_quant_stages.py): no scale stores
+                smask = (r_row < 0) & (s_col < 0)
+            tl.store(sp, sr0.to(sdt), mask=smask)
+            tl.store(sp + stride_s, sr1.to(sdt), mask=smask)
+            tl.store(sp + 2 * stride_s, sr2.to(sdt), mask=smask)
+            tl.store(sp + 3 * stride_s, sr3.to(sdt), mask=smask)
+            cc = pid_c * TC + lcol[None, :, :]                           # [1, NR, WB]
+            stp = st_ptr + cc.to(tl.int64) * stride_st + sb[:, None, None]
+            stmask = None if EVEN else (cc < 2 * n_pairs) & (sb < (rows + G - 1) // G)[:, None, None]
+            if DIAG & 1:
+                stmask = (cc < 0) & (sb < 0)[:, None, None]
+            tl.store(stp, sc0.to(sdt), mask=stmask)
+            tl.store(stp + stride_st, sc1.to(sdt), mask=stmask)
+            tl.store(stp + 2 * stride_st, sc2.to(sdt), mask=stmask)
+            tl.store(stp + 3 * stride_st, sc3.to(sdt), mask=stmask)
         r0 = mr0.to(tl.int32, bitcast=True)
         r1 = mr1.to(tl.int32, bitcast=True)
         r2 = mr2.to(tl.int32, bitcast=True)
@@ -505,28 +554,36 @@ def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> t
     n_sr, n_sc = rows, cdiv(cols, g)
     n_str = cdiv(rows, g)
     sdt = torch.uint8 if row.mode == 1 else torch.float32
-    s = torch.empty((n_sr, n_sc), dtype=sdt, device=dev)
-    st = torch.empty((cols, n_str), dtype=sdt, device=dev)
     n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
     opts = cfg[5].split(",") if len(cfg) > 5 and cfg[5] else []
-    unknown = [o for o in opts if o != "inreg" and not o.startswith("diag")]
+    unknown = [o for o in opts if o not in ("inreg", "tscale") and not o.startswith("diag")]
     if unknown:
         raise ValueError(f"unknown pair-kernel options {unknown} in {cfg}")
     inreg = "inreg" in opts
+    ts = "tscale" in opts and (row.mode == 1 or inreg)
+    if ts:  # scales stored transposed, returned as the transposed views (same shapes and values)
+        s_t = torch.empty((n_sc, n_sr), dtype=sdt, device=dev)
+        st_t = torch.empty((n_str, cols), dtype=sdt, device=dev)
+        s, st = s_t.t(), st_t.t()
+        s_arg, st_arg = (s_t.view(torch.int32), st_t.view(torch.int32)) if row.mode == 1 else (s_t, st_t)
+    else:
+        s = torch.empty((n_sr, n_sc), dtype=sdt, device=dev)
+        st = torch.empty((cols, n_str), dtype=sdt, device=dev)
+        s_arg, st_arg = s, st
     # "diag<mask>": timing only, outputs incomplete (see the kernel's DIAG)
     diag = next((int(o[4:]) for o in opts if o.startswith("diag")), 0)
     n_prog = n_tr * n_tc
     if row.mode == 0 and not inreg:
         scr = torch.empty((n_prog, tr * (tc // g) + (tr // g) * tc), dtype=torch.int32, device=dev)
     else:
-        scr = s  # unused
+        scr = s_arg  # unused
     _quant_fp8_packed_dual_kernel[(n_prog,)](
-        xp, q.view(torch.uint8).view(torch.int32), s, qt.view(torch.uint8).view(torch.int32), st, scr,
+        xp, q.view(torch.uint8).view(torch.int32), s_arg, qt.view(torch.uint8).view(torch.int32), st_arg, scr,
         rows, cols // 2, n_tc,
         xp.stride(0), cols // 4, n_sc, rows // 4, n_str,
         MODE=row.mode, FP8_MAX=fp8_max_of(out_dtype), EMAX=mx_emax_of(out_dtype), G=g,
         TR=tr, TC=tc, EVEN=rows % tr == 0 and cols % tc == 0, SOFT=is_interpreter(), V2=cfg[3] in ("packed2", "packed3"),
-        V3=cfg[3] == "packed3", INREG=inreg, DIAG=diag,
+        V3=cfg[3] == "packed3", INREG=inreg, DIAG=diag, TS=ts,
         num_warps=nw, **extra,
     )
     return q, s, qt, st
