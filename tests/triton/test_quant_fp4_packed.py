@@ -95,7 +95,8 @@ def test_packed_single_copy(shape, tile, device):
 
 @pytest.mark.parametrize("shape", [(64, 192), (96, 160), (32, 64)])
 @pytest.mark.parametrize("tile", [(64, 128, 4, "packed"), (32, 64, 4, "packed"), (128, 64, 4, "packed", 128),
-                                  (32, 128, 1, "packed"), (64, 64, 2, "packed")])
+                                  (32, 128, 1, "packed"), (64, 64, 2, "packed"),
+                                  (128, 64, 4, "packed", 0, "tscale"), (64, 128, 4, "packed", 0, "tscale")])
 def test_packed_with_trans(shape, tile, device):
     _check(_special(*shape, device), tile, True)
 

@@ -326,9 +326,33 @@ def _with_trans_shapes(rows, cols, g, b, use_2d, use_2d_t):
     return (br, bc), (tbr, tbc), s_shape, st_shape
 
 
+def _col_major_scales(g, use_2d: bool) -> bool:
+    """Whether :func:`quantize_fp8_with_trans` returns a copy's scales column-major: MX and 1-D
+    BLOCKWISE blocks (see its docstring)."""
+    return g == _G.MX_BLOCKWISE or (g == _G.BLOCKWISE and not use_2d)
+
+
+def _column_major(s: torch.Tensor) -> torch.Tensor:
+    """``s`` (2-D) with the same shape and values, stored column-major (a copy only where it is not)."""
+    return s if s.t().is_contiguous() else s.t().contiguous().t()
+
+
 def _quantize_fp8_with_trans_eager(x: torch.Tensor, out_dtype: torch.dtype, granularity: str, block_size: int,
                                    use_2d_block: bool, use_2d_block_t: bool
                                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, s, qt, st = _quantize_fp8_with_trans_any_layout(x, out_dtype, granularity, block_size, use_2d_block,
+                                                       use_2d_block_t)
+    g = _G[granularity]
+    if _col_major_scales(g, use_2d_block):
+        s = _column_major(s)
+    if _col_major_scales(g, use_2d_block_t):
+        st = _column_major(st)
+    return q, s, qt, st
+
+
+def _quantize_fp8_with_trans_any_layout(x: torch.Tensor, out_dtype: torch.dtype, granularity: str,
+                                        block_size: int, use_2d_block: bool, use_2d_block_t: bool
+                                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     g = _G[granularity]
     rows, cols = x.shape
     (br, bc), (tbr, tbc), s_shape, st_shape = _with_trans_shapes(rows, cols, g, block_size, use_2d_block,
@@ -365,8 +389,14 @@ def _quantize_fp8_with_trans_fake(x, out_dtype, granularity, block_size, use_2d_
     rows, cols = x.shape
     _, _, s_shape, st_shape = _with_trans_shapes(rows, cols, g, block_size, use_2d_block, use_2d_block_t)
     sd = _scale_dtype(g)
-    return (x.new_empty((rows, cols), dtype=out_dtype), x.new_empty(s_shape, dtype=sd),
-            x.new_empty((cols, rows), dtype=out_dtype), x.new_empty(st_shape, dtype=sd))
+
+    def scale(shape, use_2d):
+        if _col_major_scales(g, use_2d):
+            return x.new_empty(shape[::-1], dtype=sd).t()
+        return x.new_empty(shape, dtype=sd)
+
+    return (x.new_empty((rows, cols), dtype=out_dtype), scale(s_shape, use_2d_block),
+            x.new_empty((cols, rows), dtype=out_dtype), scale(st_shape, use_2d_block_t))
 
 
 def _dequantize_fp8_eager(x: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype, granularity: str,
@@ -620,6 +650,11 @@ def quantize_fp8_with_trans(
     Returns:
         ``(x_row [rows, cols], scale_row, x_col_t [cols, rows], scale_col_t)``; scales are
         dequantization multipliers shaped as :func:`quantize_fp8` gives for ``x`` and ``x.t()``.
+        MX and 1-D BLOCKWISE scales (``1 x b`` / ``b x 1``) are returned column-major (the
+        transposes of contiguous tensors: stride 1 along the first dim), on every backend: the
+        kernel writes each tile's scales as whole 32-byte sectors that way (bf16 [16384, 7168] on
+        the H200: 0.81 -> 0.91x the device copy for MX, 0.80 -> 0.85 for BLOCKWISE). Same shapes and
+        values; ``.contiguous()`` gives the row-major copy.
     """
     op = "quantize_fp8_with_trans"
     _check_x(x, op)

@@ -391,6 +391,9 @@ FP4_WITH_TRANS_CANDIDATES = (
     # Measured and removed (session 32, as the FP8 two-copy one- and two-warp programs): H200, bf16
     # [16384, 7168], x the device copy, 32x128x1 0.407, 32x64x1 0.395, 64x64x2 0.594, 64x128x2 0.579
     # against the default's 0.619
+    # option "tscale": the scales stored transposed (returned as transposed views), as the FP8
+    # two-copy kernel's (whole sectors for the column-block scales)
+    (128, 64, 4, "packed", 0, "tscale"), (64, 128, 4, "packed", 0, "tscale"), (64, 64, 4, "packed", 0, "tscale"),
 )
 
 

@@ -461,12 +461,13 @@ def _row_words(p, R: tl.constexpr, NB: tl.constexpr, SOFT: tl.constexpr):
 
 @triton.jit
 def _store_row_words(p_ptr, s_ptr, w, byte, r, pid_c, rows, n_pairs, stride_p, stride_s,
-                     R: tl.constexpr, NB: tl.constexpr, EVEN: tl.constexpr):
-    """Store words [R, NB, 4] and bytes [R, NB] of rows ``r`` at block column pid_c * NB."""
+                     R: tl.constexpr, NB: tl.constexpr, EVEN: tl.constexpr, stride_sb=1):
+    """Store words [R, NB, 4] and bytes [R, NB] of rows ``r`` at block column pid_c * NB (the
+    bytes at ``r * stride_s + block * stride_sb``)."""
     b = pid_c * NB + tl.arange(0, NB)
     r64 = r.to(tl.int64)
     wofs = r64[:, None, None] * stride_p + (b[None, :, None] * 4 + tl.arange(0, 4)[None, None, :])
-    sofs = r64[:, None] * stride_s + b[None, :]
+    sofs = r64[:, None] * stride_s + b.to(tl.int64)[None, :] * stride_sb
     if EVEN:
         tl.store(p_ptr + wofs, w)
         tl.store(s_ptr + sofs, byte.to(tl.uint8))
@@ -499,12 +500,13 @@ def _quant_mxfp4_packed_kernel(
 
 
 @triton.jit
-def _packed_eighth(v, k: tl.constexpr, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s,
+def _packed_eighth(v, k: tl.constexpr, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, stride_sb,
                    TE: tl.constexpr, TP: tl.constexpr, EVEN: tl.constexpr, SOFT: tl.constexpr):
     """Row-wise copy of eighth k (rows 8i + k, int32 pairs [TE, TP])."""
     NB: tl.constexpr = TP // 16
     w, byte = _row_words(v, TE, NB, SOFT)
-    _store_row_words(p_ptr, s_ptr, w, byte, 8 * i + k, pid_c, rows, n_pairs, stride_p, stride_s, TE, NB, EVEN)
+    _store_row_words(p_ptr, s_ptr, w, byte, 8 * i + k, pid_c, rows, n_pairs, stride_p, stride_s, TE, NB, EVEN,
+                     stride_sb)
 
 
 @triton.jit
@@ -512,8 +514,9 @@ def _quant_mxfp4_packed_dual_kernel(
     # pointers: x as int32 pairs; row-wise words + bytes; transposed words + bytes
     x_ptr, p_ptr, s_ptr, pt_ptr, st_ptr,
     rows, n_pairs, n_tiles_c,
-    # row strides: x (pairs), p (words), s (bytes), pt (words: rows / 8), st (bytes)
-    stride_x, stride_p, stride_s, stride_pt, stride_st,
+    # row strides: x (pairs), p (words), s (bytes), pt (words: rows / 8), st (bytes); the scales'
+    # strides along their blocks (1, or the other dim where the launcher stores them transposed)
+    stride_x, stride_p, stride_s, stride_pt, stride_st, stride_sb, stride_stb,
     TR: tl.constexpr, TC: tl.constexpr, EVEN: tl.constexpr, SOFT: tl.constexpr, DIAG: tl.constexpr = 0,
 ):
     """``quantize_fp4_with_trans`` for bf16 from one read of a [TR, TC] tile, on bf16 pairs.
@@ -537,14 +540,22 @@ def _quant_mxfp4_packed_dual_kernel(
     v0, v1, v2, v3 = _load4(base, stride_x, mask, EVEN)
     v4, v5, v6, v7 = _load4(base + 4 * stride_x, stride_x, mask, EVEN)
     if (DIAG & 4) == 0:
-        _packed_eighth(v0, 0, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
-        _packed_eighth(v1, 1, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
-        _packed_eighth(v2, 2, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
-        _packed_eighth(v3, 3, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
-        _packed_eighth(v4, 4, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
-        _packed_eighth(v5, 5, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
-        _packed_eighth(v6, 6, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
-        _packed_eighth(v7, 7, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, TE, TP, EVEN, SOFT)
+        _packed_eighth(v0, 0, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, stride_sb, TE,
+                           TP, EVEN, SOFT)
+        _packed_eighth(v1, 1, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, stride_sb, TE,
+                           TP, EVEN, SOFT)
+        _packed_eighth(v2, 2, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, stride_sb, TE,
+                           TP, EVEN, SOFT)
+        _packed_eighth(v3, 3, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, stride_sb, TE,
+                           TP, EVEN, SOFT)
+        _packed_eighth(v4, 4, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, stride_sb, TE,
+                           TP, EVEN, SOFT)
+        _packed_eighth(v5, 5, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, stride_sb, TE,
+                           TP, EVEN, SOFT)
+        _packed_eighth(v6, 6, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, stride_sb, TE,
+                           TP, EVEN, SOFT)
+        _packed_eighth(v7, 7, i, pid_c, p_ptr, s_ptr, rows, n_pairs, stride_p, stride_s, stride_sb, TE,
+                           TP, EVEN, SOFT)
     if (DIAG & 2) == 0:
         # column blocks: 32 rows = 4 octets x 8 eighths; |x| per half, max over the eighths in registers
         a = _maxabs2(_maxabs2(_maxabs2(v0, v1, SOFT), _maxabs2(v2, v3, SOFT), SOFT),
@@ -565,11 +576,11 @@ def _quant_mxfp4_packed_dual_kernel(
         sb = pid_r * (TR // 32) + tl.arange(0, TR // 32)
         if EVEN:
             tl.store(pt_ptr + c64[:, None] * stride_pt + i[None, :], wt)
-            tl.store(st_ptr + c64[None, :] * stride_st + sb[:, None], byte)
+            tl.store(st_ptr + c64[None, :] * stride_st + sb.to(tl.int64)[:, None] * stride_stb, byte)
         else:
             tmask = (c < 2 * n_pairs)[:, None] & (i < rows // 8)[None, :]
             tl.store(pt_ptr + c64[:, None] * stride_pt + i[None, :], wt, mask=tmask)
-            tl.store(st_ptr + c64[None, :] * stride_st + sb[:, None], byte,
+            tl.store(st_ptr + c64[None, :] * stride_st + sb.to(tl.int64)[:, None] * stride_stb, byte,
                      mask=(sb < rows // 32)[:, None] & (c < 2 * n_pairs)[None, :])
 
 
@@ -605,9 +616,16 @@ def fp4_packed_launch(x: torch.Tensor, cfg) -> tuple:
 
 def fp4_packed_with_trans_launch(x: torch.Tensor, cfg) -> tuple:
     """``quantize_fp4_with_trans`` of a bf16 x (rows, cols % 32 == 0): ``(p, s, pt, st)``.
-    ``cfg`` = (TR, TC, num_warps[, maxnreg[, "diag<mask>"]]) with TR, TC multiples of 32; "diag<mask>"
-    is for timing only (outputs incomplete, the kernel's DIAG)."""
-    diag = int(cfg[4][4:]) if len(cfg) > 4 and str(cfg[4]).startswith("diag") else 0
+    ``cfg`` = (TR, TC, num_warps[, maxnreg[, options]]) with TR, TC multiples of 32; options,
+    comma-separated: "tscale" (the scales stored transposed, returned as transposed views: a
+    tile's column-block scales fill whole sectors), "diag<mask>" (timing only: outputs
+    incomplete, the kernel's DIAG)."""
+    opts = [o for o in str(cfg[4]).split(",") if o] if len(cfg) > 4 else []
+    unknown = [o for o in opts if o != "tscale" and not o.startswith("diag")]
+    if unknown:
+        raise ValueError(f"unknown MXFP4 pair-kernel options {unknown} in {cfg}")
+    diag = next((int(o[4:]) for o in opts if o.startswith("diag")), 0)
+    ts = "tscale" in opts
     rows, cols = x.shape
     tr, tc, nw = cfg[:3]
     extra = {"maxnreg": cfg[3]} if len(cfg) > 3 and isinstance(cfg[3], int) and cfg[3] and not is_interpreter() \
@@ -615,13 +633,17 @@ def fp4_packed_with_trans_launch(x: torch.Tensor, cfg) -> tuple:
     xp = x.contiguous().view(torch.int32)
     dev = x.device
     p = torch.empty((rows, cols // 2), dtype=torch.uint8, device=dev)
-    s = torch.empty((rows, cols // 32), dtype=torch.uint8, device=dev)
     pt = torch.empty((cols, rows // 2), dtype=torch.uint8, device=dev)
-    st = torch.empty((cols, rows // 32), dtype=torch.uint8, device=dev)
+    if ts:  # scales stored transposed, returned as the transposed views (same shapes and values)
+        s = torch.empty((cols // 32, rows), dtype=torch.uint8, device=dev).t()
+        st = torch.empty((rows // 32, cols), dtype=torch.uint8, device=dev).t()
+    else:
+        s = torch.empty((rows, cols // 32), dtype=torch.uint8, device=dev)
+        st = torch.empty((cols, rows // 32), dtype=torch.uint8, device=dev)
     n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
     _quant_mxfp4_packed_dual_kernel[(n_tr * n_tc,)](
         xp, p.view(torch.int32), s, pt.view(torch.int32), st, rows, cols // 2, n_tc,
-        cols // 2, cols // 8, cols // 32, rows // 8, rows // 32,
+        cols // 2, cols // 8, s.stride(0), rows // 8, st.stride(0), s.stride(1), st.stride(1),
         TR=tr, TC=tc, EVEN=rows % tr == 0 and cols % tc == 0, SOFT=is_interpreter(), DIAG=diag, num_warps=nw,
         **extra,
     )

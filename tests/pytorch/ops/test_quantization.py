@@ -837,8 +837,8 @@ def test_with_trans_default_config_and_fallbacks(device):
     assert not K._dual_ok(128, 256, K.QuantGrouping(0, 128, 128), K.QuantGrouping(0, 128, 128), (128, 128, 4))
     assert not K._dual_ok(128, 256, K.QuantGrouping(1, 1, 32), K.QuantGrouping(1, 32, 1), (64, 128, 4, 0, "staged"))
     # bf16 -> E4M3 BLOCKWISE / MX take the bf16-pair kernel by default; other groupings do not
-    assert K.packed_with_trans_config(row) == (128, 128, 4, "packed2", 168, "inreg")
-    assert K.packed_with_trans_config(K.QuantGrouping(1, 1, 32)) == (128, 128, 4, "packed2")
+    assert K.packed_with_trans_config(row) == (128, 128, 4, "packed2", 168, "inreg,tscale")
+    assert K.packed_with_trans_config(K.QuantGrouping(1, 1, 32)) == (64, 128, 4, "packed2", 0, "tscale")
     assert K.packed_with_trans_config(K.QuantGrouping(0, 1, 64)) is None
     # the default on bf16 (the pair kernel, ragged edges included) and on fp16 (the tl kernel) agree
     # with the reference bit for bit, NaN / Inf / -0 included
@@ -1087,3 +1087,50 @@ def test_blocks_batched_with_trans_gluon_refusals(device):
     assert weight_copies_gluon_reason(w.half(), E4M3) is None
     assert "bf16, fp16 or fp32" in weight_copies_gluon_reason(w.double(), E4M3)
 
+
+
+# ---- quantize_fp8_with_trans: column-major MX / 1-D BLOCKWISE scales on every path --------------
+@pytest.mark.parametrize("dtype,shape", [(torch.bfloat16, (256, 384)),   # the bf16-pair kernel
+                                         (torch.bfloat16, (200, 260)),   # pair kernel, ragged tiles
+                                         (torch.float16, (224, 288)),    # the tl two-copy kernel
+                                         (torch.bfloat16, (130, 256)),   # rows % 4: the generic kernel
+                                         (torch.bfloat16, (0, 256))])    # empty
+@pytest.mark.parametrize("gran", [G.BLOCKWISE, G.MX_BLOCKWISE])
+def test_with_trans_scales_column_major(device, dtype, shape, gran):
+    """MX and 1-D BLOCKWISE scales come back column-major with the reference's values, whichever
+    kernel ran; 2-D BLOCKWISE (weights) and ROWWISE stay row-major."""
+    if gran == G.MX_BLOCKWISE and (shape[0] % 32 or shape[1] % 32):
+        pytest.skip("MX needs rows and cols % 32")
+    x = _sample(shape, dtype, device, seed=shape[0] + 3) if shape[0] else torch.empty(shape, dtype=dtype,
+                                                                                     device=device)
+    q, s, qt, st = Q.quantize_fp8_with_trans(x, E4M3, gran)
+    refs = _with_trans_refs(x, E4M3, gran) if shape[0] else None
+    for what, t, r in (("row scale", s, refs and refs[1]), ("col scale", st, refs and refs[3])):
+        assert t.dim() == 2 and t.t().is_contiguous(), (what, tuple(t.shape), t.stride())
+        if r is not None:
+            assert_bits_equal(t.view(r.dtype) if t.dtype != r.dtype else t, r, f"{what} {dtype} {shape} {gran}")
+    if shape[0] and gran == G.BLOCKWISE and shape[0] % 128 == 0 and shape[1] % 128 == 0:
+        w2d = ScalingRecipe(use_2d_block=True)
+        _, s2, _, st2 = Q.quantize_fp8_with_trans(x, E4M3, gran, scaling_recipe=w2d)
+        assert s2.is_contiguous() and st2.is_contiguous()
+        _, sr, _, str_ = Q.quantize_fp8_with_trans(x, E4M3, G.ROWWISE)
+        assert sr.is_contiguous() and str_.is_contiguous()
+
+
+@pytest.mark.parametrize("gran", [G.BLOCKWISE, G.MX_BLOCKWISE])
+def test_with_trans_compile_matches_eager_strides(device, gran):
+    """The fake implementation promises the strides the eager kernels return (a compiled graph reads
+    the scales through those strides)."""
+    x = _sample((256, 384), torch.bfloat16, device, seed=9)
+
+    def f(t):
+        q, s, qt, st = Q.quantize_fp8_with_trans(t, E4M3, gran)
+        d = Q.dequantize_fp8(qt, torch.float32, gran, scale_inv=st)
+        return s, st, d, s.float().sum(0) if gran == G.BLOCKWISE else s.view(torch.uint8).float().sum(0)
+
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(x)
+    ref = f(x)
+    for g_, r_ in zip(got, ref):
+        assert g_.stride() == r_.stride()
+        assert_bits_equal(g_.view(torch.uint8) if g_.dtype == torch.float8_e8m0fnu else g_,
+                          r_.view(torch.uint8) if r_.dtype == torch.float8_e8m0fnu else r_)
