@@ -23,9 +23,11 @@ if str(_ROOT) not in sys.path:
 import torch  # noqa: E402
 
 CONFIGS = {
-    "mx": [(128, 128, 4, "packed2"), (64, 128, 4, "packed2", 0, "tscale"), (128, 128, 4, "packed2", 0, "tscale"),
-           (64, 128, 4, "packed2")],
-    "blockwise": [(128, 128, 4, "packed2", 168, "inreg"), (128, 128, 4, "packed2", 168, "inreg,tscale")],
+    "mx": [(128, 128, 4, "packed2"), (64, 128, 4, "packed2", 0, "tscale"), (64, 128, 4, "packed2", 0, "tscale,tpad"),
+           (64, 128, 4, "packed2", 0, "tscale,qpad"), (64, 128, 4, "packed2", 0, "tscale,tpad,qpad")],
+    "blockwise": [(128, 128, 4, "packed2", 168, "inreg"), (128, 128, 4, "packed2", 168, "inreg,tscale"),
+                  (128, 128, 4, "packed2", 168, "inreg,tscale,tpad"),
+                  (128, 128, 4, "packed2", 168, "inreg,tscale,tpad,qpad")],
     "fp4": [(128, 64, 4, "packed"), (128, 64, 4, "packed", 0, "tscale")],
 }
 

@@ -272,12 +272,13 @@ def _store_col_word_v3(qt_ptr, ofs, u, mask, NB: tl.constexpr, QR: tl.constexpr,
 
 @triton.jit
 def _store_scales_t(s_ptr, st_ptr, sr0, sr1, sr2, sr3, sc0, sc1, sc2, sc3, pid_r, pid_c, li, nr, wb, sb, rows,
-                    n_pairs, MODE: tl.constexpr, G: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr,
+                    n_pairs, stride_s, stride_st, MODE: tl.constexpr, G: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr,
                     NR: tl.constexpr, WB: tl.constexpr, EVEN: tl.constexpr, DIAG: tl.constexpr):
     """The scales of one tile into the transposed stores: row-wise ``[cols / G, rows]`` (row scale
-    of row r, block b at ``b * rows + r``), column-wise ``[rows / G, cols]``. MX: the four bytes of
-    rows 4i..4i+3 (columns 4w..4w+3) as one little-endian word (``s_ptr`` / ``st_ptr`` int32 views;
-    rows and cols are multiples of 4); fp32: one store per quarter k at its own row (column)."""
+    of row r, block b at ``b * stride_s + r``), column-wise ``[rows / G, cols]`` (``sb * stride_st +
+    c``); the strides in the pointers' elements. MX: the four bytes of rows 4i..4i+3 (columns
+    4w..4w+3) as one little-endian word (``s_ptr`` / ``st_ptr`` int32 views; rows and cols are
+    multiples of 4); fp32: one store per quarter k at its own row (column)."""
     n_sc = (2 * n_pairs + G - 1) // G
     n_st = (rows + G - 1) // G
     cols = 2 * n_pairs
@@ -297,16 +298,16 @@ def _store_scales_t(s_ptr, st_ptr, sr0, sr1, sr2, sr3, sc0, sc1, sc2, sc3, pid_r
         stmask = (cc < 0) & (sbb < 0)
     if MODE == 1:
         wr = sr0 | (sr1 << 8) | (sr2 << 16) | (sr3 << 24)
-        tl.store(s_ptr + s_col.to(tl.int64) * (rows // 4) + pid_r * (TR // 4) + li, wr, mask=smask)
+        tl.store(s_ptr + s_col.to(tl.int64) * stride_s + pid_r * (TR // 4) + li, wr, mask=smask)
         wc = sc0 | (sc1 << 8) | (sc2 << 16) | (sc3 << 24)
-        tl.store(st_ptr + sbb.to(tl.int64) * (cols // 4) + pid_c * (TC // 4) + lc, wc, mask=stmask)
+        tl.store(st_ptr + sbb.to(tl.int64) * stride_st + pid_c * (TC // 4) + lc, wc, mask=stmask)
     else:
-        sp = s_ptr + s_col.to(tl.int64) * rows + r_row
+        sp = s_ptr + s_col.to(tl.int64) * stride_s + r_row
         tl.store(sp, sr0, mask=smask)
         tl.store(sp + 1, sr1, mask=smask)
         tl.store(sp + 2, sr2, mask=smask)
         tl.store(sp + 3, sr3, mask=smask)
-        stp = st_ptr + sbb.to(tl.int64) * cols + cc
+        stp = st_ptr + sbb.to(tl.int64) * stride_st + cc
         tl.store(stp, sc0, mask=stmask)
         tl.store(stp + 1, sc1, mask=stmask)
         tl.store(stp + 2, sc2, mask=stmask)
@@ -381,7 +382,7 @@ def _quant_fp8_packed_dual_kernel(
             # scales stored transposed (row-wise [cols / G, rows], column-wise [rows / G, cols]; the
             # launcher returns the transposed views): a tile's scales fill whole 32-byte sectors
             _store_scales_t(s_ptr, st_ptr, sr0, sr1, sr2, sr3, sc0, sc1, sc2, sc3, pid_r, pid_c, li, nr, wb, sb,
-                            rows, n_pairs, MODE, G, TR, TC, NR, WB, EVEN, DIAG)
+                            rows, n_pairs, stride_s, stride_st, MODE, G, TR, TC, NR, WB, EVEN, DIAG)
         else:
             sdt = s_ptr.dtype.element_ty
             # scales: row-wise [rows, cols / G] bytes, column-wise [cols, rows / G] bytes
@@ -550,26 +551,33 @@ def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> t
     dev = x.device
     xp = x.view(torch.int32) if x.is_contiguous() else x.contiguous().view(torch.int32)
     q = torch.empty((rows, cols), dtype=out_dtype, device=dev)
-    qt = torch.empty((cols, rows), dtype=out_dtype, device=dev)
     n_sr, n_sc = rows, cdiv(cols, g)
     n_str = cdiv(rows, g)
     sdt = torch.uint8 if row.mode == 1 else torch.float32
     n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
     opts = cfg[5].split(",") if len(cfg) > 5 and cfg[5] else []
-    unknown = [o for o in opts if o not in ("inreg", "tscale") and not o.startswith("diag")]
+    unknown = [o for o in opts if o not in ("inreg", "tscale", "tpad", "qpad") and not o.startswith("diag")]
     if unknown:
         raise ValueError(f"unknown pair-kernel options {unknown} in {cfg}")
     inreg = "inreg" in opts
+    # "qpad" (timing candidate): each row of the transposed copy padded by one 128-byte line
+    qt_buf = torch.empty((cols, rows + (128 if "qpad" in opts else 0)), dtype=out_dtype, device=dev)
+    qt = qt_buf[:, :rows]
     ts = "tscale" in opts and (row.mode == 1 or inreg)
     if ts:  # scales stored transposed, returned as the transposed views (same shapes and values)
-        s_t = torch.empty((n_sc, n_sr), dtype=sdt, device=dev)
-        st_t = torch.empty((n_str, cols), dtype=sdt, device=dev)
-        s, st = s_t.t(), st_t.t()
-        s_arg, st_arg = (s_t.view(torch.int32), st_t.view(torch.int32)) if row.mode == 1 else (s_t, st_t)
+        # "tpad": each stored row padded by one 128-byte line (timing candidate)
+        pad = 128 // sdt.itemsize if "tpad" in opts else 0
+        s_buf = torch.empty((n_sc, n_sr + pad), dtype=sdt, device=dev)
+        st_buf = torch.empty((n_str, cols + pad), dtype=sdt, device=dev)
+        s, st = s_buf[:, :n_sr].t(), st_buf[:, :cols].t()
+        # MX: the kernel stores four scale bytes per 4-byte word
+        s_arg, st_arg = (s_buf.view(torch.int32), st_buf.view(torch.int32)) if row.mode == 1 else (s_buf, st_buf)
+        s_rs, st_rs = s_arg.stride(0), st_arg.stride(0)
     else:
         s = torch.empty((n_sr, n_sc), dtype=sdt, device=dev)
         st = torch.empty((cols, n_str), dtype=sdt, device=dev)
         s_arg, st_arg = s, st
+        s_rs, st_rs = n_sc, n_str
     # "diag<mask>": timing only, outputs incomplete (see the kernel's DIAG)
     diag = next((int(o[4:]) for o in opts if o.startswith("diag")), 0)
     n_prog = n_tr * n_tc
@@ -578,9 +586,9 @@ def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> t
     else:
         scr = s_arg  # unused
     _quant_fp8_packed_dual_kernel[(n_prog,)](
-        xp, q.view(torch.uint8).view(torch.int32), s_arg, qt.view(torch.uint8).view(torch.int32), st_arg, scr,
+        xp, q.view(torch.uint8).view(torch.int32), s_arg, qt_buf.view(torch.uint8).view(torch.int32), st_arg, scr,
         rows, cols // 2, n_tc,
-        xp.stride(0), cols // 4, n_sc, rows // 4, n_str,
+        xp.stride(0), cols // 4, s_rs, qt_buf.stride(0) // 4, st_rs,
         MODE=row.mode, FP8_MAX=fp8_max_of(out_dtype), EMAX=mx_emax_of(out_dtype), G=g,
         TR=tr, TC=tc, EVEN=rows % tr == 0 and cols % tc == 0, SOFT=is_interpreter(), V2=cfg[3] in ("packed2", "packed3"),
         V3=cfg[3] == "packed3", INREG=inreg, DIAG=diag, TS=ts,
