@@ -7,6 +7,12 @@ scripts/tune_quant.py counts them) per trial and its min / median / max: a confi
 ratio moves between trials by more than the copy's spread depends on where its buffers lie.
 
     PYTHONPATH=. python scripts/diag_quant_spread.py [--shapes 16384x7168 8192x14336] [--trials 10]
+        [--timing graph]
+
+``--timing graph``: device time alone (benchmarks/common.graph_ms: calls captured in a CUDA graph
+with an L2 flush before each, the flushes' own graph subtracted); the default ``do_bench`` counts a
+call's host time where it outlasts the flush before it. Each configuration's host time per call
+(launches queued without waiting, wall clock) is printed too.
 """
 
 from __future__ import annotations
@@ -23,11 +29,8 @@ if str(_ROOT) not in sys.path:
 import torch  # noqa: E402
 
 CONFIGS = {
-    "mx": [(128, 128, 4, "packed2"), (64, 128, 4, "packed2", 0, "tscale"), (64, 128, 4, "packed2", 0, "tscale,tpad"),
-           (64, 128, 4, "packed2", 0, "tscale,qpad"), (64, 128, 4, "packed2", 0, "tscale,tpad,qpad")],
-    "blockwise": [(128, 128, 4, "packed2", 168, "inreg"), (128, 128, 4, "packed2", 168, "inreg,tscale"),
-                  (128, 128, 4, "packed2", 168, "inreg,tscale,tpad"),
-                  (128, 128, 4, "packed2", 168, "inreg,tscale,tpad,qpad")],
+    "mx": [(128, 128, 4, "packed2"), (64, 128, 4, "packed2", 0, "tscale"), (128, 128, 4, "packed2", 0, "tscale")],
+    "blockwise": [(128, 128, 4, "packed2", 168, "inreg"), (128, 128, 4, "packed2", 168, "inreg,tscale")],
     "fp4": [(128, 64, 4, "packed"), (128, 64, 4, "packed", 0, "tscale")],
 }
 
@@ -42,7 +45,18 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", nargs="+", default=["16384x7168", "8192x14336"])
     p.add_argument("--trials", type=int, default=10)
     p.add_argument("--kinds", nargs="+", default=list(CONFIGS))
+    p.add_argument("--timing", choices=("do_bench", "graph"), default="do_bench")
     args = p.parse_args(argv)
+    import time
+
+    from benchmarks.common import graph_ms
+
+    def timed(fn):
+        if args.timing == "graph":
+            return graph_ms(fn)
+        return triton.testing.do_bench(fn, warmup=10, rep=50)
+
+    host: dict = {}
     gen = torch.Generator().manual_seed(1234)
     e4 = torch.float8_e4m3fn
     for shape in args.shapes:
@@ -54,7 +68,7 @@ def main(argv=None) -> int:
                               dtype=torch.uint8, device="cuda")
             x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
             y = torch.empty_like(x)
-            t_copy = triton.testing.do_bench(lambda: y.copy_(x), warmup=10, rep=50)
+            t_copy = timed(lambda: y.copy_(x))
             copy_bw = 4 * x.numel() / t_copy
             for kind in args.kinds:
                 mx = kind == "mx"
@@ -69,8 +83,16 @@ def main(argv=None) -> int:
                         f = (lambda c=cfg: F4.fp4_quant_launch(x, True, with_trans=True, tile=c))
                     else:
                         f = (lambda c=cfg: F8.fp8_quant_with_trans_launch(x, e4, row, col, tile=c))
-                    ms = triton.testing.do_bench(f, warmup=10, rep=50)
+                    ms = timed(f)
                     res.setdefault((kind, cfg), []).append(nbytes / ms / copy_bw)
+                    if t == 0:  # host time per call: 20 calls queued, then one wait
+                        torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        for _ in range(20):
+                            f()
+                        t1 = time.perf_counter()
+                        torch.cuda.synchronize()
+                        host[(kind, cfg)] = (t1 - t0) / 20 * 1e6
             res.setdefault(("copy", "TB/s"), []).append(copy_bw / 1e9)
             del pad, x, y
             torch.cuda.empty_cache()
@@ -78,7 +100,8 @@ def main(argv=None) -> int:
         print(f"\n{shape}: ratio to the copy per trial; min / median / max")
         for (kind, cfg), v in res.items():
             vals = " ".join(f"{a:.3f}" for a in v)
-            print(f"{kind:10s} {str(cfg):44s} {min(v):.3f} / {statistics.median(v):.3f} / {max(v):.3f}   [{vals}]",
+            h = f"host {host[(kind, cfg)]:5.1f} us" if (kind, cfg) in host else ""
+            print(f"{kind:10s} {str(cfg):44s} {min(v):.3f} / {statistics.median(v):.3f} / {max(v):.3f}   [{vals}] {h}",
                   flush=True)
     return 0
 

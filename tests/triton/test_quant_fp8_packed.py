@@ -106,10 +106,6 @@ _CASES = [
     (True, (96, 224), (64, 128, 4, "packed2", 0, "tscale")),
     (False, (256, 256), (128, 128, 4, "packed2", 0, "inreg,tscale")),
     (False, (200, 260), (128, 128, 4, "packed2", 0, "inreg,tscale")),
-    (True, (96, 224), (64, 128, 4, "packed2", 0, "tscale,tpad")),
-    (False, (200, 260), (128, 128, 4, "packed2", 0, "inreg,tscale,tpad")),
-    (True, (96, 224), (64, 128, 4, "packed2", 0, "tscale,qpad")),
-    (False, (256, 384), (128, 128, 4, "packed3", 0, "inreg,tscale,qpad")),
 ]
 
 

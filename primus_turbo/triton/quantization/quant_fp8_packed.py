@@ -556,20 +556,16 @@ def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> t
     sdt = torch.uint8 if row.mode == 1 else torch.float32
     n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
     opts = cfg[5].split(",") if len(cfg) > 5 and cfg[5] else []
-    unknown = [o for o in opts if o not in ("inreg", "tscale", "tpad", "qpad") and not o.startswith("diag")]
+    unknown = [o for o in opts if o not in ("inreg", "tscale") and not o.startswith("diag")]
     if unknown:
         raise ValueError(f"unknown pair-kernel options {unknown} in {cfg}")
     inreg = "inreg" in opts
-    # "qpad" (timing candidate): each row of the transposed copy padded by one 128-byte line
-    qt_buf = torch.empty((cols, rows + (128 if "qpad" in opts else 0)), dtype=out_dtype, device=dev)
-    qt = qt_buf[:, :rows]
+    qt = torch.empty((cols, rows), dtype=out_dtype, device=dev)
     ts = "tscale" in opts and (row.mode == 1 or inreg)
     if ts:  # scales stored transposed, returned as the transposed views (same shapes and values)
-        # "tpad": each stored row padded by one 128-byte line (timing candidate)
-        pad = 128 // sdt.itemsize if "tpad" in opts else 0
-        s_buf = torch.empty((n_sc, n_sr + pad), dtype=sdt, device=dev)
-        st_buf = torch.empty((n_str, cols + pad), dtype=sdt, device=dev)
-        s, st = s_buf[:, :n_sr].t(), st_buf[:, :cols].t()
+        s_buf = torch.empty((n_sc, n_sr), dtype=sdt, device=dev)
+        st_buf = torch.empty((n_str, cols), dtype=sdt, device=dev)
+        s, st = s_buf.t(), st_buf.t()
         # MX: the kernel stores four scale bytes per 4-byte word
         s_arg, st_arg = (s_buf.view(torch.int32), st_buf.view(torch.int32)) if row.mode == 1 else (s_buf, st_buf)
         s_rs, st_rs = s_arg.stride(0), st_arg.stride(0)
@@ -586,9 +582,9 @@ def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> t
     else:
         scr = s_arg  # unused
     _quant_fp8_packed_dual_kernel[(n_prog,)](
-        xp, q.view(torch.uint8).view(torch.int32), s_arg, qt_buf.view(torch.uint8).view(torch.int32), st_arg, scr,
+        xp, q.view(torch.uint8).view(torch.int32), s_arg, qt.view(torch.uint8).view(torch.int32), st_arg, scr,
         rows, cols // 2, n_tc,
-        xp.stride(0), cols // 4, s_rs, qt_buf.stride(0) // 4, st_rs,
+        xp.stride(0), cols // 4, s_rs, rows // 4, st_rs,
         MODE=row.mode, FP8_MAX=fp8_max_of(out_dtype), EMAX=mx_emax_of(out_dtype), G=g,
         TR=tr, TC=tc, EVEN=rows % tr == 0 and cols % tc == 0, SOFT=is_interpreter(), V2=cfg[3] in ("packed2", "packed3"),
         V3=cfg[3] == "packed3", INREG=inreg, DIAG=diag, TS=ts,
