@@ -491,12 +491,13 @@ def _quantize_fp4_with_trans_eager(x: torch.Tensor, seed: Optional[torch.Tensor]
     if x.numel() == 0 or quant_backend(x) == "reference":
         p, s = _quantize_fp4_eager(x, -1, seed if sr else None)
         pt, st = _quantize_fp4_eager(x.t().contiguous(), -1, seed + 1 if sr_t else None)
-        return p, s, pt, st
+        return p, _column_major(s), pt, _column_major(st)
     from primus_turbo.triton.quantization import fp4_quant_launch
 
     p, s, pt, st = fp4_quant_launch(x.contiguous(), True, with_trans=True, seed=seed, sr=sr, sr_t=sr_t)
     d = _fp4_packed_dtype()
-    return p.view(d), s.view(_E8M0), pt.view(d), st.view(_E8M0)
+    # the scales column-major on every path (see quantize_fp4_with_trans)
+    return p.view(d), _column_major(s.view(_E8M0)), pt.view(d), _column_major(st.view(_E8M0))
 
 
 quantize_fp4_with_trans_impl = torch.library.custom_op(
@@ -508,8 +509,8 @@ quantize_fp4_with_trans_impl = torch.library.custom_op(
 def _quantize_fp4_with_trans_fake(x, seed=None, sr=False, sr_t=False):
     rows, cols = x.shape
     d = _fp4_packed_dtype()
-    return (x.new_empty((rows, cols // 2), dtype=d), x.new_empty((rows, cols // 32), dtype=_E8M0),
-            x.new_empty((cols, rows // 2), dtype=d), x.new_empty((cols, rows // 32), dtype=_E8M0))
+    return (x.new_empty((rows, cols // 2), dtype=d), x.new_empty((cols // 32, rows), dtype=_E8M0).t(),
+            x.new_empty((cols, rows // 2), dtype=d), x.new_empty((rows // 32, cols), dtype=_E8M0).t())
 
 
 def _dequantize_fp4_eager(x: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype, axis: int) -> torch.Tensor:
@@ -884,7 +885,12 @@ def quantize_fp4_with_trans(
     ``quantize_fp4(x, ..., seed=s)`` and the transposed one ``quantize_fp4(x.t().contiguous(), ...,
     seed=s + 1)``, where ``s`` is ``seed`` as :func:`quantize_fp4` takes it (an int, a tensor, or
     drawn on the device). With ``use_rht`` (needs ``rht_signs``) a copy is the quantization of the
-    transform along its own quantized dim; the two copies are then formed by two reads of ``x``."""
+    transform along its own quantized dim; the two copies are then formed by two reads of ``x``.
+
+    Both scale tensors are returned column-major (the transposes of contiguous tensors), as
+    :func:`quantize_fp8_with_trans` returns its MX scales: the one-read kernel stores each tile's
+    scales as whole 32-byte sectors that way (bf16 [16384, 7168] on the H200, device time:
+    0.620 -> 0.666x the device copy). Same shapes and values; ``.contiguous()`` gives row-major."""
     op = "quantize_fp4_with_trans"
     _check_fp4_input(x, -1, op)
     _check_fp4_input(x, 0, op)
@@ -903,7 +909,7 @@ def quantize_fp4_with_trans(
                             rht_signs=rht_signs if rht else None)
         pt, st = quantize_fp4(x.t().contiguous(), scaling_recipe=recipe_t, seed=seed_t + 1 if sr_t else None,
                               rht_signs=rht_signs if rht_t else None)
-        return p, s, pt, st
+        return p, _column_major(s), pt, _column_major(st)
     return _call(torch.ops.primus_turbo.quantize_fp4_with_trans_impl, _quantize_fp4_with_trans_eager,
                  x, seed_t, sr, sr_t)
 

@@ -416,8 +416,11 @@ def fp4_packed_default(with_trans: bool) -> tuple:
     """The default tile of the bf16-pair kernels (quant_fp4_packed.py), which take bf16 input along
     rows without stochastic rounding on the GPU. H200 sweep (session 6, scripts/tune_quant.py
     --match packed, bf16 [16384, 7168]): quantize_fp4 0.893x the device copy with (4, 1024, 4)
-    (the tl kernel's default 0.664x); with the transposed copy 0.617x with (128, 64, 4) (0.389x)."""
-    return (128, 64, 4, "packed") if with_trans else (4, 1024, 4, "packed")
+    (the tl kernel's default 0.664x); with the transposed copy 0.617x with (128, 64, 4) (0.389x).
+    Session 33 (scripts/diag_quant_spread.py, device time): with the scales stored transposed
+    ("tscale") the transposed-copy kernel went 0.620 -> 0.666 at [16384, 7168], 0.608 -> 0.662 at
+    [8192, 14336]."""
+    return (128, 64, 4, "packed", 0, "tscale") if with_trans else (4, 1024, 4, "packed")
 
 
 def _tile(rows: int, cols: int, along_cols: bool, with_trans: bool) -> tuple[int, int, int]:

@@ -1162,7 +1162,10 @@ WITH_TRANS_CANDIDATES = (
     # MX 128x128x4: 2 word stores and 17 barriers against 8 byte stores and 25)
     (128, 128, 4, "packed2", 0, "tscale"), (128, 128, 4, "packed3", 0, "tscale"), (64, 128, 4, "packed2", 0, "tscale"),
     (128, 256, 8, "packed2", 0, "tscale"), (128, 128, 4, "packed2", 168, "inreg,tscale"),
-    (128, 128, 4, "packed3", 168, "inreg,tscale"),
+    (128, 128, 4, "packed3", 168, "inreg,tscale"), (128, 128, 4, "packed2", 0, "inreg,tscale"),
+    (128, 128, 8, "packed2", 0, "inreg,tscale"), (128, 256, 8, "packed2", 0, "inreg,tscale"),
+    (256, 128, 8, "packed2", 0, "inreg,tscale"), (32, 128, 4, "packed2", 0, "tscale"),
+    (64, 256, 8, "packed2", 0, "tscale"), (64, 128, 4, "packed3", 0, "tscale"), (64, 128, 4, "packed2", 128, "tscale"),
 )
 
 

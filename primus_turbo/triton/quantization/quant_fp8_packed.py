@@ -302,16 +302,14 @@ def _store_scales_t(s_ptr, st_ptr, sr0, sr1, sr2, sr3, sc0, sc1, sc2, sc3, pid_r
         wc = sc0 | (sc1 << 8) | (sc2 << 16) | (sc3 << 24)
         tl.store(st_ptr + sbb.to(tl.int64) * stride_st + pid_c * (TC // 4) + lc, wc, mask=stmask)
     else:
-        sp = s_ptr + s_col.to(tl.int64) * stride_s + r_row
-        tl.store(sp, sr0, mask=smask)
-        tl.store(sp + 1, sr1, mask=smask)
-        tl.store(sp + 2, sr2, mask=smask)
-        tl.store(sp + 3, sr3, mask=smask)
-        stp = st_ptr + sbb.to(tl.int64) * stride_st + cc
-        tl.store(stp, sc0, mask=stmask)
-        tl.store(stp + 1, sc1, mask=stmask)
-        tl.store(stp + 2, sc2, mask=stmask)
-        tl.store(stp + 3, sc3, mask=stmask)
+        # the four fp32 scales of rows 4i..4i+3 (columns 4w..4w+3) as one 16-byte vector
+        k4 = tl.reshape(tl.arange(0, 4), (2, 2))
+        sp = (s_ptr + s_col.to(tl.int64) * stride_s + r_row)[:, :, :, None, None] + k4
+        sv = tl.join(tl.join(sr0, sr2), tl.join(sr1, sr3))  # [..., a, b] = sr(2a + b)
+        tl.store(sp, sv, mask=None if EVEN else smask[:, :, :, None, None])
+        stp = (st_ptr + sbb.to(tl.int64) * stride_st + cc)[:, :, :, None, None] + k4
+        sw = tl.join(tl.join(sc0, sc2), tl.join(sc1, sc3))
+        tl.store(stp, sw, mask=None if EVEN else stmask[:, :, :, None, None])
 
 
 @triton.jit

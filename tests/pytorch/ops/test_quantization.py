@@ -164,6 +164,17 @@ def test_quantize_fp4_with_trans(device):
     assert_bits_equal(s, s_ref)
     assert_bits_equal(pt.view(torch.uint8), pt_ref.view(torch.uint8))
     assert_bits_equal(st, st_ref)
+    # both scale tensors column-major on every path (SR and RHT included, and under compile)
+    assert s.t().is_contiguous() and st.t().is_contiguous(), (s.stride(), st.stride())
+    for recipe in (ScalingRecipe(use_sr=True), ScalingRecipe(use_rht=True)):
+        sg = Q.random_hadamard_signs(device=device) if recipe.use_rht else None
+        _, s2, _, st2 = Q.quantize_fp4_with_trans(x, scaling_recipe=recipe, seed=3 if recipe.use_sr else None,
+                                                  rht_signs=sg)
+        assert s2.t().is_contiguous() and st2.t().is_contiguous(), (recipe, s2.stride(), st2.stride())
+    got = torch.compile(lambda t: Q.quantize_fp4_with_trans(t), fullgraph=True, backend="aot_eager")(x)
+    for g_, r_ in zip(got, (p, s, pt, st)):
+        assert g_.stride() == r_.stride()
+        assert_bits_equal(g_.view(torch.uint8), r_.view(torch.uint8))
 
 
 # ---- the reference against first principles -------------------------------------------------
