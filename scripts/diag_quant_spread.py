@@ -29,10 +29,9 @@ if str(_ROOT) not in sys.path:
 import torch  # noqa: E402
 
 CONFIGS = {
-    "mx": [(128, 128, 4, "packed2"), (64, 128, 4, "packed2", 0, "tscale"), (64, 128, 4, "packed2", 0, "tscale,band2"),
-           (64, 128, 4, "packed2", 0, "tscale,band4"), (64, 128, 4, "packed2", 0, "tscale,band8")],
-    "blockwise": [(128, 128, 4, "packed2", 168, "inreg"), (128, 128, 4, "packed2", 168, "inreg,tscale"),
-                  (128, 128, 4, "packed2", 168, "inreg,tscale,band2"), (128, 128, 4, "packed2", 168, "inreg,tscale,band4")],
+    "mx": [(128, 128, 4, "packed2"), (64, 128, 4, "packed2", 0, "tscale"), (128, 128, 4, "packed2", 0, "tscale")],
+    "blockwise": [(128, 128, 4, "packed2", 168, "inreg"), (128, 128, 4, "packed2", 168, "inreg,tscale")],
+    "fp4": [(128, 64, 4, "packed"), (128, 64, 4, "packed", 0, "tscale")],
 }
 
 

@@ -106,10 +106,6 @@ _CASES = [
     (True, (96, 224), (64, 128, 4, "packed2", 0, "tscale")),
     (False, (256, 256), (128, 128, 4, "packed2", 0, "inreg,tscale")),
     (False, (200, 260), (128, 128, 4, "packed2", 0, "inreg,tscale")),
-    # tile order in bands of vertically adjacent tiles (a partial last band included)
-    (True, (224, 256), (64, 128, 4, "packed2", 0, "tscale,band2")),
-    (True, (320, 160), (64, 128, 4, "packed2", 0, "tscale,band4")),
-    (False, (384, 260), (128, 128, 4, "packed2", 0, "inreg,tscale,band2")),
 ]
 
 

@@ -316,13 +316,12 @@ def _store_scales_t(s_ptr, st_ptr, sr0, sr1, sr2, sr3, sc0, sc1, sc2, sc3, pid_r
 def _quant_fp8_packed_dual_kernel(
     # pointers: x as int32 pairs; row-wise words + scales; transposed words + scales; scratch (BLOCKWISE)
     x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, scr_ptr,
-    rows, n_pairs, n_tiles_c, n_tiles_r,
+    rows, n_pairs, n_tiles_c,
     # row strides: x (pairs), q (words), s, qt (words: rows / 4), st
     stride_x, stride_q, stride_s, stride_qt, stride_st,
     MODE: tl.constexpr, FP8_MAX: tl.constexpr, EMAX: tl.constexpr, G: tl.constexpr,
     TR: tl.constexpr, TC: tl.constexpr, EVEN: tl.constexpr, SOFT: tl.constexpr, V2: tl.constexpr = False,
     V3: tl.constexpr = False, INREG: tl.constexpr = False, DIAG: tl.constexpr = 0, TS: tl.constexpr = False,
-    BAND: tl.constexpr = 1,
 ):
     """Both copies for 1 x G row blocks and G x 1 column blocks (MODE 0: fp32 scales, MODE 1: MX).
 
@@ -332,16 +331,7 @@ def _quant_fp8_packed_dual_kernel(
     registers). DIAG (timing only, scripts/diag_quant_stages.py): bit 1 leaves the MX / INREG
     scale stores out, bit 2 the column-wise copy, bit 4 the row-wise copy."""
     pid = tl.program_id(0)
-    if BAND == 1:
-        pid_r, pid_c = _tile_pid(n_tiles_c)
-    else:
-        # BAND consecutive programs take vertically adjacent tiles (one band of BAND tile rows,
-        # column by column): their transposed-copy and transposed-scale rows fill whole lines
-        first = (pid // (BAND * n_tiles_c)) * BAND
-        height = tl.minimum(n_tiles_r - first, BAND)
-        within = pid % (BAND * n_tiles_c)
-        pid_r = first + within % height
-        pid_c = within // height
+    pid_r, pid_c = _tile_pid(n_tiles_c)
     TQ: tl.constexpr = TR // 4
     TP: tl.constexpr = TC // 2
     NB: tl.constexpr = TR // G      # column blocks per tile column
@@ -564,7 +554,7 @@ def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> t
     sdt = torch.uint8 if row.mode == 1 else torch.float32
     n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
     opts = cfg[5].split(",") if len(cfg) > 5 and cfg[5] else []
-    unknown = [o for o in opts if o not in ("inreg", "tscale") and not o.startswith(("diag", "band"))]
+    unknown = [o for o in opts if o not in ("inreg", "tscale") and not o.startswith("diag")]
     if unknown:
         raise ValueError(f"unknown pair-kernel options {unknown} in {cfg}")
     inreg = "inreg" in opts
@@ -582,9 +572,8 @@ def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> t
         st = torch.empty((cols, n_str), dtype=sdt, device=dev)
         s_arg, st_arg = s, st
         s_rs, st_rs = n_sc, n_str
-    # "diag<mask>": timing only, outputs incomplete (see the kernel's DIAG); "band<k>": tile order
+    # "diag<mask>": timing only, outputs incomplete (see the kernel's DIAG)
     diag = next((int(o[4:]) for o in opts if o.startswith("diag")), 0)
-    band = next((int(o[4:]) for o in opts if o.startswith("band")), 1)
     n_prog = n_tr * n_tc
     if row.mode == 0 and not inreg:
         scr = torch.empty((n_prog, tr * (tc // g) + (tr // g) * tc), dtype=torch.int32, device=dev)
@@ -592,11 +581,11 @@ def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> t
         scr = s_arg  # unused
     _quant_fp8_packed_dual_kernel[(n_prog,)](
         xp, q.view(torch.uint8).view(torch.int32), s_arg, qt.view(torch.uint8).view(torch.int32), st_arg, scr,
-        rows, cols // 2, n_tc, n_tr,
+        rows, cols // 2, n_tc,
         xp.stride(0), cols // 4, s_rs, rows // 4, st_rs,
         MODE=row.mode, FP8_MAX=fp8_max_of(out_dtype), EMAX=mx_emax_of(out_dtype), G=g,
         TR=tr, TC=tc, EVEN=rows % tr == 0 and cols % tc == 0, SOFT=is_interpreter(), V2=cfg[3] in ("packed2", "packed3"),
-        V3=cfg[3] == "packed3", INREG=inreg, DIAG=diag, TS=ts, BAND=band,
+        V3=cfg[3] == "packed3", INREG=inreg, DIAG=diag, TS=ts,
         num_warps=nw, **extra,
     )
     return q, s, qt, st
