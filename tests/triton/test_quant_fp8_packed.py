@@ -132,6 +132,10 @@ def test_interpreter_vs_ref(mx, shape, cfg):
                                                   (True, (1024, 7168), (128, 128, 4, "packed2", 0, "tscale")),
                                                   (True, (992, 7136), (128, 128, 4, "packed2", 0, "tscale")),
                                                   (False, (1000, 7164), (128, 128, 4, "packed2", 168,
+                                                                         "inreg,tscale")),
+                                                  (False, (1024, 7168), (128, 128, 4, "packed2", 128,
+                                                                         "inreg,tscale")),
+                                                  (False, (1000, 7164), (128, 128, 4, "packed2", 128,
                                                                          "inreg,tscale"))])
 def test_gpu_vs_ref(mx, shape, cfg):
     _check(_special(*shape, "cuda"), mx, cfg)

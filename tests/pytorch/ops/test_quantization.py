@@ -848,7 +848,7 @@ def test_with_trans_default_config_and_fallbacks(device):
     assert not K._dual_ok(128, 256, K.QuantGrouping(0, 128, 128), K.QuantGrouping(0, 128, 128), (128, 128, 4))
     assert not K._dual_ok(128, 256, K.QuantGrouping(1, 1, 32), K.QuantGrouping(1, 32, 1), (64, 128, 4, 0, "staged"))
     # bf16 -> E4M3 BLOCKWISE / MX take the bf16-pair kernel by default; other groupings do not
-    assert K.packed_with_trans_config(row) == (128, 128, 4, "packed2", 168, "inreg,tscale")
+    assert K.packed_with_trans_config(row) == (128, 128, 4, "packed2", 128, "inreg,tscale")
     assert K.packed_with_trans_config(K.QuantGrouping(1, 1, 32)) == (64, 128, 4, "packed2", 0, "tscale")
     assert K.packed_with_trans_config(K.QuantGrouping(0, 1, 64)) is None
     # the default on bf16 (the pair kernel, ragged edges included) and on fp16 (the tl kernel) agree
