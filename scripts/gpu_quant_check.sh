@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # H200 pass for the quantizers after a change to their kernels or defaults: the quantizer, FP8 and
 # FP4 GEMM tests on the GPU, the quantization benchmark under do_bench and in device time (x the
-# device copy in the same run), the two-copy candidates matching TUNE_MATCH (default tscale), and
+# device copy in the same run), the two-copy candidates matching TUNE_MATCH (default tscale; empty: none), and
 # the FP8 linear step's kernels.   bash scripts/gpu_quant_check.sh OUT
 # (at most eight files come back: the logs are merged into run.log)
 set -uo pipefail
@@ -19,9 +19,9 @@ timeout "${QC_BENCH_S:-150}" $PY benchmarks/bench_quantization.py --out "$OUT/ea
 echo "bench rc=$?"
 timeout "${QC_BENCH_S:-150}" $PY benchmarks/bench_quantization.py --timing graph --out "$OUT/graph" >> "$LOG" 2>&1
 echo "bench graph rc=$?"
-if [ -n "${TUNE_MATCH:-tscale}" ]; then
+if [ -n "${TUNE_MATCH-tscale}" ]; then
   timeout "${QC_TUNE_S:-150}" $PY scripts/tune_quant.py --out /tmp/tune_quant_out --only with_trans_blockwise \
-      with_trans_mx --shapes 16384x7168 8192x14336 --match ${TUNE_MATCH:-tscale} >> "$LOG" 2>&1
+      with_trans_mx --shapes 16384x7168 8192x14336 --match ${TUNE_MATCH-tscale} >> "$LOG" 2>&1
   echo "tune rc=$?"
 fi
 timeout "${QC_LINEAR_S:-120}" $PY scripts/diag_fp8_linear.py --out "$OUT" >> "$LOG" 2>&1
