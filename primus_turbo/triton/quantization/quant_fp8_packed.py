@@ -272,13 +272,13 @@ def _store_col_word_v3(qt_ptr, ofs, u, mask, NB: tl.constexpr, QR: tl.constexpr,
 
 @triton.jit
 def _store_scales_t(s_ptr, st_ptr, sr0, sr1, sr2, sr3, sc0, sc1, sc2, sc3, pid_r, pid_c, li, nr, wb, sb, rows,
-                    n_pairs, stride_s, stride_st, MODE: tl.constexpr, G: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr,
-                    NR: tl.constexpr, WB: tl.constexpr, EVEN: tl.constexpr, DIAG: tl.constexpr):
+                    n_pairs, stride_s, stride_st, MODE: tl.constexpr, G: tl.constexpr, TR: tl.constexpr,
+                    TC: tl.constexpr, NR: tl.constexpr, WB: tl.constexpr, EVEN: tl.constexpr, DIAG: tl.constexpr):
     """The scales of one tile into the transposed stores: row-wise ``[cols / G, rows]`` (row scale
     of row r, block b at ``b * stride_s + r``), column-wise ``[rows / G, cols]`` (``sb * stride_st +
     c``); the strides in the pointers' elements. MX: the four bytes of rows 4i..4i+3 (columns
     4w..4w+3) as one little-endian word (``s_ptr`` / ``st_ptr`` int32 views; rows and cols are
-    multiples of 4); fp32: one store per quarter k at its own row (column)."""
+    multiples of 4); fp32: the four scales as one 16-byte vector."""
     n_sc = (2 * n_pairs + G - 1) // G
     n_st = (rows + G - 1) // G
     cols = 2 * n_pairs
@@ -540,7 +540,9 @@ def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> t
     ``cfg`` = (TR, TC, num_warps, "packed" | "packed2" | "packed3"[, maxnreg[, options]]); "packed2":
     the row-wise words stored from their own layout (V2); "packed3" (TC = 128 only): also the column
     words, 4-byte stores without the shared-memory transpose (V3); options, comma-separated:
-    "inreg" (BLOCKWISE scales in registers, INREG), "diag<mask>" (timing only, DIAG)."""
+    "inreg" (BLOCKWISE scales in registers, INREG), "tscale" (MX, or BLOCKWISE with "inreg": the
+    scales stored transposed, ``[cols / g, rows]`` and ``[rows / g, cols]``, and returned as their
+    transposed views, so a tile writes them as whole sectors; TS), "diag<mask>" (timing only, DIAG)."""
     rows, cols = x.shape
     tr, tc, nw = cfg[:3]
     maxnreg = cfg[4] if len(cfg) > 4 else 0
