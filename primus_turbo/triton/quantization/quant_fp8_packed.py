@@ -271,36 +271,19 @@ def _store_col_word_v3(qt_ptr, ofs, u, mask, NB: tl.constexpr, QR: tl.constexpr,
 
 
 @triton.jit
-def _store_scales_t(s_ptr, st_ptr, sr0, sr1, sr2, sr3, sc0, sc1, sc2, sc3, pid_r, pid_c, li, nr, wb, sb, rows,
-                    n_pairs, stride_s, stride_st, MODE: tl.constexpr, G: tl.constexpr, TR: tl.constexpr,
-                    TC: tl.constexpr, NR: tl.constexpr, WB: tl.constexpr, EVEN: tl.constexpr, DIAG: tl.constexpr):
+def _store_scales_t(s_ptr, st_ptr, sr0, sr1, sr2, sr3, sc0, sc1, sc2, sc3, pid_r, pid_c, li, s_col, r_row, cc, sbb,
+                    smask, stmask, stride_s, stride_st, MODE: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr,
+                    EVEN: tl.constexpr):
     """The scales of one tile into the transposed stores: row-wise ``[cols / G, rows]`` (row scale
     of row r, block b at ``b * stride_s + r``), column-wise ``[rows / G, cols]`` (``sb * stride_st +
-    c``); the strides in the pointers' elements. MX: the four bytes of rows 4i..4i+3 (columns
-    4w..4w+3) as one little-endian word (``s_ptr`` / ``st_ptr`` int32 views; rows and cols are
-    multiples of 4); fp32: the four scales as one 16-byte vector."""
-    n_sc = (2 * n_pairs + G - 1) // G
-    n_st = (rows + G - 1) // G
-    cols = 2 * n_pairs
-    s_col = pid_c * NR + nr[None, None, :]                           # [1, 1, NR] row-block index
-    r_row = pid_r * TR + 4 * li                                      # [NB, QB, 1] first row of the quad
-    lc = (nr[:, None] * WB + wb[None, :])[None, :, :]                # [1, NR, WB] local word column
-    cc = pid_c * TC + 4 * lc                                         # first column of the word
-    sbb = sb[:, None, None]                                          # [NB, 1, 1] column-block index
-    if EVEN:
-        smask = None
-        stmask = None
-    else:
-        smask = (r_row < rows) & (s_col < n_sc)
-        stmask = (cc < cols) & (sbb < n_st)
-    if DIAG & 1:
-        smask = (r_row < 0) & (s_col < 0)
-        stmask = (cc < 0) & (sbb < 0)
+    c``); the strides in the pointers' elements, the indices and masks the kernel's. MX: the four
+    bytes of rows 4i..4i+3 (columns 4w..4w+3) as one little-endian word (``s_ptr`` / ``st_ptr``
+    int32 views; rows and cols are multiples of 4); fp32: the four scales as one 16-byte vector."""
     if MODE == 1:
         wr = sr0 | (sr1 << 8) | (sr2 << 16) | (sr3 << 24)
         tl.store(s_ptr + s_col.to(tl.int64) * stride_s + pid_r * (TR // 4) + li, wr, mask=smask)
         wc = sc0 | (sc1 << 8) | (sc2 << 16) | (sc3 << 24)
-        tl.store(st_ptr + sbb.to(tl.int64) * stride_st + pid_c * (TC // 4) + lc, wc, mask=stmask)
+        tl.store(st_ptr + sbb.to(tl.int64) * stride_st + cc // 4, wc, mask=stmask)
     else:
         # the four fp32 scales of rows 4i..4i+3 (columns 4w..4w+3) as one 16-byte vector
         k4 = tl.reshape(tl.arange(0, 4), (2, 2))
@@ -376,29 +359,34 @@ def _quant_fp8_packed_dual_kernel(
         mc1, sc1 = _block_scales(ac1, MODE, FP8_MAX, EMAX)
         mc2, sc2 = _block_scales(ac2, MODE, FP8_MAX, EMAX)
         mc3, sc3 = _block_scales(ac3, MODE, FP8_MAX, EMAX)
+        # the tile's scale indices: rows 4i + k, row blocks (s_col), columns 4w + j, column blocks (sbb)
+        r_row = pid_r * TR + 4 * li                                  # [NB, QB, 1]
+        s_col = pid_c * NR + nr[None, None, :]                       # [1, 1, NR]
+        cc = pid_c * TC + lcol[None, :, :]                           # [1, NR, WB]
+        sbb = sb[:, None, None]                                      # [NB, 1, 1]
+        if EVEN:
+            smask = None
+            stmask = None
+        else:
+            smask = (r_row < rows) & (s_col < (2 * n_pairs + G - 1) // G)
+            stmask = (cc < 2 * n_pairs) & (sbb < (rows + G - 1) // G)
+        if DIAG & 1:  # timing only (scripts/diag_quant_stages.py): no scale stores
+            smask = (r_row < 0) & (s_col < 0)
+            stmask = (cc < 0) & (sbb < 0)
         if TS:
             # scales stored transposed (row-wise [cols / G, rows], column-wise [rows / G, cols]; the
             # launcher returns the transposed views): a tile's scales fill whole 32-byte sectors
-            _store_scales_t(s_ptr, st_ptr, sr0, sr1, sr2, sr3, sc0, sc1, sc2, sc3, pid_r, pid_c, li, nr, wb, sb,
-                            rows, n_pairs, stride_s, stride_st, MODE, G, TR, TC, NR, WB, EVEN, DIAG)
+            _store_scales_t(s_ptr, st_ptr, sr0, sr1, sr2, sr3, sc0, sc1, sc2, sc3, pid_r, pid_c, li, s_col, r_row,
+                            cc, sbb, smask, stmask, stride_s, stride_st, MODE, TR, TC, EVEN)
         else:
+            # scales: row-wise [rows, cols / G], column-wise [cols, rows / G]
             sdt = s_ptr.dtype.element_ty
-            # scales: row-wise [rows, cols / G] bytes, column-wise [cols, rows / G] bytes
-            r_row = pid_r * TR + 4 * li                                  # [NB, QB, 1]
-            s_col = pid_c * NR + nr[None, None, :]
             sp = s_ptr + r_row.to(tl.int64) * stride_s + s_col
-            smask = None if EVEN else (r_row < rows) & (s_col < (2 * n_pairs + G - 1) // G)
-            if DIAG & 1:  # timing only (scripts/diag_quant_stages.py): no scale stores
-                smask = (r_row < 0) & (s_col < 0)
             tl.store(sp, sr0.to(sdt), mask=smask)
             tl.store(sp + stride_s, sr1.to(sdt), mask=smask)
             tl.store(sp + 2 * stride_s, sr2.to(sdt), mask=smask)
             tl.store(sp + 3 * stride_s, sr3.to(sdt), mask=smask)
-            cc = pid_c * TC + lcol[None, :, :]                           # [1, NR, WB]
-            stp = st_ptr + cc.to(tl.int64) * stride_st + sb[:, None, None]
-            stmask = None if EVEN else (cc < 2 * n_pairs) & (sb < (rows + G - 1) // G)[:, None, None]
-            if DIAG & 1:
-                stmask = (cc < 0) & (sb < 0)[:, None, None]
+            stp = st_ptr + cc.to(tl.int64) * stride_st + sbb
             tl.store(stp, sc0.to(sdt), mask=stmask)
             tl.store(stp + stride_st, sc1.to(sdt), mask=stmask)
             tl.store(stp + 2 * stride_st, sc2.to(sdt), mask=stmask)
