@@ -11,6 +11,7 @@ and the programs per SM that the registers allow. No timing: the GPU sweep is sc
 
     PYTHONPATH=. python scripts/quant_sass_stats.py [--shape 16384x7168] [--only fp4 ...]
 
+``--only fp4_gluon``: the Hopper Gluon two-copy MXFP4 kernel's configurations (quant_fp4_gluon.py).
 ``--only blocks_batched`` (not in the default list): the one-launch kernel for 128 x 128 blocks of
 32 expert weights ``[32, rows, cols]`` next to the 2-D kernel on one expert (the same tile).
 """
@@ -51,7 +52,10 @@ def _capture(self, *args, grid, warmup, **kwargs):
     bound, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = self._pack_args(_BACKEND, kwargs, bound, specialization, options)
     try:
-        k = triton.compile(ASTSource(self, signature, constexprs, attrs), target=_TARGET, options=options.__dict__)
+        src = ASTSource
+        if getattr(self, "is_gluon", lambda: False)():
+            from triton.experimental.gluon._runtime import GluonASTSource as src
+        k = triton.compile(src(self, signature, constexprs, attrs), target=_TARGET, options=options.__dict__)
         err = None
     except Exception as exc:  # noqa: BLE001 - reported
         k, err = None, exc
@@ -88,6 +92,10 @@ def _cases(name: str, x: torch.Tensor):
         return ["batched", "per-expert"], lambda cfg: (
             F8.fp8_quant_batched_launch(w, torch.float8_e4m3fn, g) if cfg == "batched"
             else F8.fp8_quant_launch(w[0], torch.float8_e4m3fn, g))
+    if name == "fp4_gluon":  # the Hopper Gluon two-copy MXFP4 kernel
+        from primus_turbo.triton.quantization import quant_fp4_gluon as FG
+
+        return [None] + list(FG.FP4_GLUON_CANDIDATES), lambda cfg: FG._launch(x, cfg or FG.FP4_GLUON_DEFAULT)
     if name.startswith("with_trans"):
         mx = name.endswith("mx")
         row = F8.QuantGrouping(1, 1, 32) if mx else F8.QuantGrouping(0, 1, 128)

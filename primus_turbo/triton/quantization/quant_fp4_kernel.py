@@ -394,6 +394,9 @@ FP4_WITH_TRANS_CANDIDATES = (
     # option "tscale": the scales stored transposed (returned as transposed views), as the FP8
     # two-copy kernel's (whole sectors for the column-block scales)
     (128, 64, 4, "packed", 0, "tscale"), (64, 128, 4, "packed", 0, "tscale"), (64, 64, 4, "packed", 0, "tscale"),
+    # the Hopper Gluon kernel (quant_fp4_gluon.py): ("gluon", TWP, WI, WP)
+    ("gluon", 4, 1, 4), ("gluon", 4, 2, 2), ("gluon", 8, 1, 4), ("gluon", 8, 2, 2), ("gluon", 4, 1, 2),
+    ("gluon", 8, 1, 2), ("gluon", 4, 2, 4),
 )
 
 
@@ -461,6 +464,18 @@ def fp4_quant_launch(x: torch.Tensor, along_cols: bool, with_trans: bool = False
                          or seed.device != dev):
         raise ValueError("fp4_quant_launch: stochastic rounding needs seed, a one-element int64 tensor on "
                          f"{dev}, got {seed!r}")
+    # the Hopper Gluon kernel of quant_fp4_gluon.py: the default for the two bf16 copies on the GPU
+    # where it covers the shape, or a tile ("gluon", TWP, WI, WP) (tuning)
+    gluon_tile = tile is not None and len(tile) == 4 and tile[0] == "gluon"
+    if with_trans and along_cols and not (sr or sr_t) and (tile is None or gluon_tile) and x.is_cuda \
+            and not is_interpreter():
+        from .quant_fp4_gluon import fp4_gluon_reason, fp4_gluon_with_trans_launch
+
+        cfg = tuple(tile[1:]) if gluon_tile else None
+        if fp4_gluon_reason(x, cfg) is None:
+            return fp4_gluon_with_trans_launch(x, cfg)
+    if gluon_tile:
+        tile = None  # not covered: the default kernels
     # the bf16-pair kernels (quant_fp4_packed.py, which allocate their own outputs): the default for
     # bf16 rows on the GPU, or a tile (TR, TC, num_warps, "packed"[, maxnreg])
     packed_tile = tile

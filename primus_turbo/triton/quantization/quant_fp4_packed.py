@@ -73,6 +73,13 @@ _K = {  # constant registers (bf16x2 bit patterns)
     "kmant": 0x00400040,
     "kneg": 0x44004400,
     "ksgn": 0x02000200,
+    # quant_fp4_gluon.py's program
+    "k96": 0x42C042C0,    # 96.0 = 1.5 * 2**6
+    "kK": 0x83C083C0,     # -1.5 * 2**-120
+    "kfl": 0x01000100,    # exponent field 2 (the MX scale's floor), as lanes
+    "kmb": 0x80808080,
+    "k3": 0x00030003,
+    "kff": 0x00FF00FF,
 }
 _LUT_AND_OR = 0xEA       # (a & b) | c
 _LUT_OR_ANDN = 0xF4      # a | (b & ~c)   [a=0xF0, b=0xCC, c=0xAA: 0xF0 | (0xCC & 0x55)]
@@ -206,6 +213,20 @@ def _ptx(prog) -> str:
             lines.append(f"max.NaN.xorsign.abs.bf16x2 {n(d)}, {n(s[0])}, {n(s[1])};")
         elif kind == "fma_bf":
             lines.append(f"fma.rn.bf16x2 {n(d)}, {n(s[0])}, {n(s[1])}, {n(s[2])};")
+        elif kind == "sub":
+            lines.append(f"sub.u32 {n(d)}, {n(s[0])}, {n(s[1])};")
+        elif kind == "mul_hi":
+            lines.append(f"mul.hi.u32 {n(d)}, {n(s[0])}, {n(s[1])};")
+        elif kind == "mov":
+            lines.append(f"mov.b32 {n(d)}, {n(s[0])};")
+        elif kind == "abs_bf":
+            lines.append(f"abs.bf16x2 {n(d)}, {n(s[0])};")
+        elif kind == "min_bf":
+            lines.append(f"min.bf16x2 {n(d)}, {n(s[0])}, {n(s[1])};")
+        elif kind == "max_u16x2":
+            lines.append(f"max.u16x2 {n(d)}, {n(s[0])}, {n(s[1])};")
+        elif kind == "shfl":  # butterfly across the warp's lanes (all 32 converged)
+            lines.append(f"shfl.sync.bfly.b32 {n(d)}, {n(s[0])}, {s[1]}, 0x1f, 0xffffffff;")
         else:  # pragma: no cover - programming error
             raise ValueError(kind)
     lines.append("}")
@@ -274,6 +295,17 @@ def _max16(a, b, nan_prop: bool):
     return np.where(na & nb, _CANON_NAN, r)
 
 
+def _min16(a, b):
+    """min.bf16x2 per half: -0 < +0; a NaN operand gives the other one (both NaN: canonical NaN)."""
+    fa, fb = _bf_to_f64(a), _bf_to_f64(b)
+    na, nb = _isnan16(a), _isnan16(b)
+    key_a = np.where(fa == 0, np.where(a & 0x8000, -0.5, 0.5) * 1e-300, fa)
+    key_b = np.where(fb == 0, np.where(b & 0x8000, -0.5, 0.5) * 1e-300, fb)
+    r = np.where(key_a <= key_b, a, b)
+    r = np.where(na & ~nb, b, np.where(nb & ~na, a, r))
+    return np.where(na & nb, _CANON_NAN, r)
+
+
 def _min16_nan(a, b):
     fa, fb = _bf_to_f64(a), _bf_to_f64(b)
     key_a = np.where(fa == 0, np.where(a & 0x8000, -0.5, 0.5) * 1e-300, fa)
@@ -292,7 +324,10 @@ def _prmt(a, b, sel):
     src = np.stack([(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)])
     out = np.zeros(a.shape, dtype=np.uint32)
     for i in range(4):
-        out |= src[(sel >> (4 * i)) & 7].astype(np.uint32) << (8 * i)
+        b = src[(sel >> (4 * i)) & 7].astype(np.uint32)
+        if (sel >> (4 * i)) & 8:  # sign mode: the selected byte's msb replicated
+            b = np.where(b & 0x80, 0xFF, 0).astype(np.uint32)
+        out |= b << (8 * i)
     return out
 
 
@@ -347,6 +382,24 @@ def emulate(prog, *inputs: np.ndarray):
             r = _bf_op(lambda a, b, c: np.where(_isnan16(a) | _isnan16(b) | _isnan16(c), _CANON_NAN,
                                                 _rne_bf16(_bf_to_f64(a) * _bf_to_f64(b) + _bf_to_f64(c))),
                        g(s[0]), g(s[1]), g(s[2]))
+        elif kind == "sub":
+            r = ((g(s[0]).astype(np.uint64) - g(s[1]).astype(np.uint64)) & M).astype(np.uint32)
+        elif kind == "mul_hi":
+            r = ((g(s[0]).astype(np.uint64) * g(s[1]).astype(np.uint64)) >> np.uint64(32)).astype(np.uint32)
+        elif kind == "mov":
+            r = g(s[0])
+        elif kind == "abs_bf":
+            r = g(s[0]) & np.uint32(0x7FFF7FFF)
+        elif kind == "min_bf":
+            r = _bf_op(_min16, g(s[0]), g(s[1]))
+        elif kind == "max_u16x2":
+            a, b = g(s[0]), g(s[1])
+            r = np.maximum(a & 0xFFFF, b & 0xFFFF) | (np.maximum(a >> 16, b >> 16) << 16)
+        elif kind == "shfl":  # the lanes are the last axis (32 wide)
+            v = g(s[0])
+            if v.shape[-1] != 32:
+                raise ValueError(f"emulate: shfl needs the lanes as the last axis (32), got shape {v.shape}")
+            r = v[..., np.arange(32) ^ s[1]]
         else:  # pragma: no cover
             raise ValueError(kind)
         env[d] = np.asarray(r, dtype=np.uint32)

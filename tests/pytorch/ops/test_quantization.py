@@ -924,7 +924,13 @@ def test_fp4_config_defaults():
 
     assert K.fp4_config(16384, 7168, True, True) == (64, 128, 4, 128)
     assert K.fp4_config(16384, 7168, True, False) == (8, 1024, 4)
-    for tr, tc, *_ in K.FP4_WITH_TRANS_CANDIDATES:
+    for cfg in K.FP4_WITH_TRANS_CANDIDATES:
+        if cfg[0] == "gluon":  # ("gluon", TWP, WI, WP): quant_fp4_gluon.py's tiles
+            from primus_turbo.triton.quantization.quant_fp4_gluon import gluon_tile
+
+            tr, tc = gluon_tile(cfg[1:])
+        else:
+            tr, tc = cfg[:2]
         assert tr % 32 == 0 and tc % 32 == 0
 
 
