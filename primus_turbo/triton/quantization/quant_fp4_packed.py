@@ -225,6 +225,8 @@ def _ptx(prog) -> str:
             lines.append(f"min.bf16x2 {n(d)}, {n(s[0])}, {n(s[1])};")
         elif kind == "max_u16x2":
             lines.append(f"max.u16x2 {n(d)}, {n(s[0])}, {n(s[1])};")
+        elif kind == "laneid":
+            lines.append(f"mov.u32 {n(d)}, %laneid;")
         elif kind == "shfl":  # butterfly across the warp's lanes (all 32 converged)
             lines.append(f"shfl.sync.bfly.b32 {n(d)}, {n(s[0])}, {s[1]}, 0x1f, 0xffffffff;")
         else:  # pragma: no cover - programming error
@@ -395,6 +397,8 @@ def emulate(prog, *inputs: np.ndarray):
         elif kind == "max_u16x2":
             a, b = g(s[0]), g(s[1])
             r = np.maximum(a & 0xFFFF, b & 0xFFFF) | (np.maximum(a >> 16, b >> 16) << 16)
+        elif kind == "laneid":  # the lanes are the last axis (32 wide)
+            r = np.broadcast_to(np.arange(32, dtype=np.uint32), inputs[0].shape).copy()
         elif kind == "shfl":  # the lanes are the last axis (32 wide)
             v = g(s[0])
             if v.shape[-1] != 32:
