@@ -27,13 +27,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", nargs="+", default=["16384x7168"])
     p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--variants", nargs="+", default=None, help="cfg:maxnreg:diag[:wsm[:band[:persist]]], e.g. 4,1,4:0:0:1:4:3")
+    p.add_argument("--variants", nargs="+", default=None, help="cfg:maxnreg:diag[:wsm[:band[:persist[:stages]]]], e.g. 4,1,4:0:0:1:4:3:2")
     args = p.parse_args(argv)
     variants = args.variants or ["4,1,4:0:0", "4,1,4:0:0:0", "4,1,4:96:0", "4,1,4:0:4", "4,1,4:0:4:0", "4,1,4:0:5",
                                  "4,1,4:0:1", "4,2,2:0:0", "4,1,2:0:0", "4,2,4:0:0", "4,1,8:0:0", "4,1,4:104:0"]
     for shape in args.shapes:
         rows, cols = (int(v) for v in shape.split("x"))
         res: dict = {}
+        checked: dict = {}
         for _ in range(args.trials):
             x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
             y = torch.empty_like(x)
@@ -47,14 +48,19 @@ def main(argv=None) -> int:
                 cfg = tuple(int(t) for t in c.split(","))
                 if G.fp4_gluon_reason(x, cfg) is not None:
                     continue
-                ex = [int(t) for t in ws]  # wsm, band, persist
+                ex = [int(t) for t in ws]  # wsm, band, persist, stages
+                if int(dg) == 0 and v not in checked:  # the same bytes as the tl pair kernel
+                    want = F4.fp4_quant_launch(x, True, with_trans=True, tile=(128, 64, 4, "packed", 0, "tscale"))
+                    got = G._launch(x, cfg, int(mr), int(dg), *ex)
+                    checked[v] = all(torch.equal(a, b) for a, b in zip(got, want))
                 ms = graph_ms(lambda: G._launch(x, cfg, int(mr), int(dg), *ex))
                 res.setdefault(v, []).append(nbytes / ms / copy_bw)
             del x, y
             torch.cuda.empty_cache()
         print(f"\n{shape}: ratio to the copy (bytes of the full two-copy call over its time); min / median / max")
         for k, vals in res.items():
-            print(f"{k:32s} {min(vals):.3f} / {statistics.median(vals):.3f} / {max(vals):.3f}", flush=True)
+            ok = {True: "bit-exact", False: "MISMATCH"}.get(checked.get(k), "")
+            print(f"{k:32s} {min(vals):.3f} / {statistics.median(vals):.3f} / {max(vals):.3f}  {ok}", flush=True)
     return 0
 
 

@@ -188,6 +188,9 @@ def dual_prog(twp: int) -> tuple:
 
 
 _PTX = {twp: P._ptx(dual_prog(twp)) for twp in (4, 8)}
+_DIAG_PTX = P._ptx((tuple(f"x{j}" for j in range(32)), tuple(f"o{j}" for j in range(64)),
+                    [("and", "t", "x0", "kabs")] + [("lop3", "t", "t", f"x{j}", f"x{j + 1}", 0x96) for j in range(1, 31, 2)]
+                    + [("lop3", "t", "t", "x31", "kz", 0x96)] + [("mov", f"o{j}", "t") for j in range(64)]))
 _CONSTRAINTS = ",".join(["=r"] * 64 + ["r"] * 32)
 
 
@@ -197,6 +200,9 @@ _CONSTRAINTS = ",".join(["=r"] * 64 + ["r"] * 32)
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+
+    _DIAG_ASM = gl.constexpr(_DIAG_PTX)
 
     @gluon.jit
     def _tile_of(t, n_tiles_r, n_tiles_c, BAND: gl.constexpr):
@@ -223,6 +229,17 @@ if GLUON_AVAILABLE:
             return gl.load(ptrs, mask=(row >= 0) & ok, other=0)
 
     @gluon.jit
+    def _tile_copy(buf, x_ptr, pid_r, pid_c, cols, ok, TI: gl.constexpr, TP: gl.constexpr, L3: gl.constexpr):
+        """Asynchronous copy of a tile into shared memory (each thread copies the 16-byte row pieces
+        it will read back: no barrier)."""
+        i1 = pid_r * TI + gl.arange(0, TI, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
+        k1 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+        p1 = pid_c * TP + gl.arange(0, TP, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+        row = gl.expand_dims(gl.expand_dims(i1, 1), 2) * 8 + gl.expand_dims(gl.expand_dims(k1, 0), 2)
+        ptrs = x_ptr + (row * (cols // 2) + gl.expand_dims(gl.expand_dims(p1, 0), 1))
+        cp.async_copy_global_to_shared(buf, ptrs, mask=(row >= 0) & ok)
+
+    @gluon.jit
     def _tile_quant(x, pid_r, pid_c, p_ptr, s_ptr, pt_ptr, st_ptr, rows, cols,
                     TI: gl.constexpr, TP: gl.constexpr, WI: gl.constexpr, WP: gl.constexpr, L3: gl.constexpr,
                     ASM: gl.constexpr, CON: gl.constexpr, WSM: gl.constexpr, DIAG: gl.constexpr):
@@ -237,9 +254,9 @@ if GLUON_AVAILABLE:
         row = i3 * 8 + k3
         if (DIAG & 4) == 0:
             orow, ocol = gl.inline_asm_elementwise(ASM, CON, [x], dtype=(gl.int32, gl.int32), is_pure=True, pack=32)
-        else:  # timing only: the stores of the input itself
-            orow = x
-            ocol = x ^ 1
+        else:  # timing only: every slot the xor of the thread's 32 pairs (all loads kept, ~no compute)
+            orow, ocol = gl.inline_asm_elementwise(_DIAG_ASM, CON, [x], dtype=(gl.int32, gl.int32), is_pure=True,
+                                                   pack=32)
         # row words: [rows, cols / 8]
         if (DIAG & 2) == 0:
             if WSM:
@@ -279,7 +296,8 @@ if GLUON_AVAILABLE:
         x_ptr, p_ptr, s_ptr, pt_ptr, st_ptr,  # x as int32 pairs; words / scale words as int32
         rows, cols, n_tiles_r, n_tiles_c,
         TWP: gl.constexpr, WI: gl.constexpr, WP: gl.constexpr, ASM: gl.constexpr, CON: gl.constexpr,
-        WSM: gl.constexpr = 1, BAND: gl.constexpr = 1, PERSIST: gl.constexpr = 0, DIAG: gl.constexpr = 0,
+        WSM: gl.constexpr = 1, BAND: gl.constexpr = 1, PERSIST: gl.constexpr = 0, STAGES: gl.constexpr = 0,
+        DIAG: gl.constexpr = 0,
     ):
         TWI: gl.constexpr = 32 // TWP
         TI: gl.constexpr = TWI * WI  # row octets of the tile
@@ -291,6 +309,31 @@ if GLUON_AVAILABLE:
             x = _tile_load(x_ptr, pid_r, pid_c, cols, None, TI, TP, L3)
             _tile_quant(x, pid_r, pid_c, p_ptr, s_ptr, pt_ptr, st_ptr, rows, cols, TI, TP, WI, WP, L3, ASM, CON,
                         WSM, DIAG)
+        elif STAGES >= 2:
+            # persistent programs with STAGES tiles in flight through shared memory (cp.async): the
+            # registers hold one tile, so more programs fit per SM
+            # stored [stage, k, i, pair]: the 16-byte pieces swizzled by the row octet i, so a warp's
+            # reads of one k (8 octets x 64 bytes) spread over the banks
+            SL: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [2, 1, 0])
+            bufs = gl.allocate_shared_memory(gl.int32, [STAGES, 8, TI, TP], SL)
+            n_tiles = n_tiles_r * n_tiles_c
+            nprog = gl.num_programs(0)
+            for s0 in gl.static_range(STAGES - 1):
+                r0, c0 = _tile_of(pid + s0 * nprog, n_tiles_r, n_tiles_c, BAND)
+                _tile_copy(bufs.index(s0).permute([1, 0, 2]), x_ptr, r0, c0, cols, pid + s0 * nprog < n_tiles, TI, TP, L3)
+                cp.commit_group()
+            j = 0
+            for t in range(pid, n_tiles, nprog):
+                tn = t + (STAGES - 1) * nprog
+                nr, nc = _tile_of(tn, n_tiles_r, n_tiles_c, BAND)
+                _tile_copy(bufs.index((j + STAGES - 1) % STAGES).permute([1, 0, 2]), x_ptr, nr, nc, cols, tn < n_tiles, TI, TP, L3)
+                cp.commit_group()
+                cp.wait_group(STAGES - 1)
+                x = bufs.index(j % STAGES).permute([1, 0, 2]).load(L3)
+                pid_r, pid_c = _tile_of(t, n_tiles_r, n_tiles_c, BAND)
+                _tile_quant(x, pid_r, pid_c, p_ptr, s_ptr, pt_ptr, st_ptr, rows, cols, TI, TP, WI, WP, L3, ASM,
+                            CON, WSM, DIAG)
+                j += 1
         else:
             # persistent programs: the next tile's load is issued before this tile's codes
             n_tiles = n_tiles_r * n_tiles_c
@@ -354,7 +397,7 @@ def _num_sms(dev) -> int:
 
 
 def _launch(x: torch.Tensor, cfg: tuple, maxnreg: int = 0, diag: int = 0, wsm: int = 1, band: int = 1,
-            persist: int = 0) -> tuple:
+            persist: int = 0, stages: int = 0) -> tuple:
     """The launch itself (scripts/quant_sass_stats.py compiles it on CPU tensors). ``maxnreg`` caps
     the registers; ``diag`` (timing only, scripts/diag_fp4_gluon.py; outputs incomplete): bit 1
     leaves the transposed words out, bit 2 the row words, bit 4 the codes (the input is stored), bit 8
@@ -372,7 +415,7 @@ def _launch(x: torch.Tensor, cfg: tuple, maxnreg: int = 0, diag: int = 0, wsm: i
     _mxfp4_dual_gluon_kernel[(grid,)](
         x.view(torch.int32), p.view(torch.int32), sb.view(torch.int32), pt.view(torch.int32), stb.view(torch.int32),
         rows, cols, n_tr, n_tc, TWP=twp, WI=wi, WP=wp, ASM=_PTX[twp], CON=_CONSTRAINTS, WSM=wsm, BAND=band,
-        PERSIST=int(bool(persist)), DIAG=diag, num_warps=wi * wp,
+        PERSIST=int(bool(persist)), STAGES=stages if persist else 0, DIAG=diag, num_warps=wi * wp,
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return p, sb.t(), pt, stb.t()
