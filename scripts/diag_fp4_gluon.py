@@ -1,6 +1,7 @@
 """Where the Gluon two-copy MXFP4 kernel's time goes (H200, device time, x the device copy measured
-in the same trial): the default, register caps, and DIAG variants that leave the transposed words,
-the row words or the codes out (timing only).
+in the same trial): configurations (register cap, tile-row band, persistent programs per SM) and
+DIAG variants that leave the transposed words, the row words, the scales or the codes out (timing
+only); each full variant is checked bit for bit against the tl pair kernel once.
 
     PYTHONPATH=. python scripts/diag_fp4_gluon.py [--shapes 16384x7168] [--trials 3]
 """
@@ -27,10 +28,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", nargs="+", default=["16384x7168"])
     p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--variants", nargs="+", default=None, help="cfg:maxnreg:diag[:wsm[:band[:persist[:stages]]]], e.g. 4,1,4:0:0:1:4:3:2")
+    p.add_argument("--variants", nargs="+", default=None, help="cfg:maxnreg:diag[:band[:persist]], e.g. 4,1,4:128:0:4:4")
     args = p.parse_args(argv)
-    variants = args.variants or ["4,1,4:0:0", "4,1,4:0:0:0", "4,1,4:96:0", "4,1,4:0:4", "4,1,4:0:4:0", "4,1,4:0:5",
-                                 "4,1,4:0:1", "4,2,2:0:0", "4,1,2:0:0", "4,2,4:0:0", "4,1,8:0:0", "4,1,4:104:0"]
+    variants = args.variants or ["4,1,4:128:0:4:4", "4,1,4:128:8:4:4", "4,1,4:128:12:4:4", "4,1,4:0:0", "4,1,4:0:12:4",
+                                 "4,1,4:0:4:4", "4,1,8:128:0:4:2"]
     for shape in args.shapes:
         rows, cols = (int(v) for v in shape.split("x"))
         res: dict = {}
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
                 cfg = tuple(int(t) for t in c.split(","))
                 if G.fp4_gluon_reason(x, cfg) is not None:
                     continue
-                ex = [int(t) for t in ws]  # wsm, band, persist, stages
+                ex = [int(t) for t in ws]  # band, persist
                 if int(dg) == 0 and v not in checked:  # the same bytes as the tl pair kernel
                     want = F4.fp4_quant_launch(x, True, with_trans=True, tile=(128, 64, 4, "packed", 0, "tscale"))
                     got = G._launch(x, cfg, int(mr), int(dg), *ex)

@@ -95,7 +95,7 @@ def _cases(name: str, x: torch.Tensor):
     if name == "fp4_gluon":  # the Hopper Gluon two-copy MXFP4 kernel
         from primus_turbo.triton.quantization import quant_fp4_gluon as FG
 
-        return [None] + list(FG.FP4_GLUON_CANDIDATES), lambda cfg: FG._launch(x, cfg or FG.FP4_GLUON_DEFAULT)
+        return [None] + list(FG.FP4_GLUON_CANDIDATES), lambda cfg: FG.launch_config(x, cfg or FG.FP4_GLUON_DEFAULT)
     if name.startswith("with_trans"):
         mx = name.endswith("mx")
         row = F8.QuantGrouping(1, 1, 32) if mx else F8.QuantGrouping(0, 1, 128)

@@ -136,12 +136,7 @@ def test_compiles_for_sm90(request):
         return
     x = torch.empty(4096, 7168, dtype=torch.bfloat16)
 
-    def launch(cfg):
-        if len(cfg) == 6:
-            return G._launch(x, cfg[:3], maxnreg=cfg[3], band=cfg[4], persist=cfg[5])
-        return G._launch(x, cfg)
-
-    kernels = sm90_kernels(lambda: [launch(cfg) for cfg in G.FP4_GLUON_CANDIDATES])
+    kernels = sm90_kernels(lambda: [G.launch_config(x, cfg) for cfg in G.FP4_GLUON_CANDIDATES])
     assert len(kernels) == len(G.FP4_GLUON_CANDIDATES)
     for cfg, (name, err, st, ins) in zip(G.FP4_GLUON_CANDIDATES, kernels):
         assert err is None, err

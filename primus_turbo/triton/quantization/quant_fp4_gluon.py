@@ -3,11 +3,12 @@ the rows and, transposed, along the columns) from one read, every step in the re
 thread that loaded the data.
 
 Why a second kernel next to the tl pair kernel (quant_fp4_packed.py, its portable twin, which the
-interpreter and the other shapes run): that kernel is bound by the H200's integer/ALU pipe (which
-issues at half the rate of the FMA pipe): 24 SASS instructions per element, ~1000 of the 1550 per
-thread on the ALU pipe, and Triton routes its row words, their scales and the transposed words
-through shared memory with four barriers per row octet (layout conversions its coalescing pass
-inserts). Here the layout is fixed by hand: each thread holds 8 consecutive rows x 4 bf16 pairs
+interpreter and the other shapes run): that kernel spends 24 SASS instructions per element, ~1000
+of its 1550 per thread on the ALU pipe (half the FMA pipe's rate), and Triton routes its row words,
+their scales and the transposed words through shared memory with four barriers per row octet
+(layout conversions its coalescing pass inserts); it reads 0.66x the device copy. Here the layout
+is fixed by hand (18 instructions per element, 9.5 on the ALU pipe): each thread holds 8
+consecutive rows x 4 bf16 pairs
 (``[TI, 8, TP]`` int32, thread ``[1, 8, 4]``, ``TWP`` lanes along the pairs, ``32 / TWP`` along the
 row octets), so
 
@@ -16,8 +17,14 @@ row octets), so
 * the E2M1 codes of both copies come from one PTX program per thread (``dual_prog``), with the
   magnitude, the sign and the scaled inputs shared between the copies and the row-block scales
   formed two rows per register;
-* each thread stores its own words: 8 row words, 8 column words (the transposed copy's 8 nibbles of
-  a column are the thread's 8 rows), 2 + 2 words of E8M0 scales. No shared memory, no barrier.
+* each thread stores its 8 column words itself (the transposed copy's 8 nibbles of a column are
+  the thread's 8 rows; 8 lanes fill a 32-byte sector) and its share of the E8M0 scale words (two
+  lanes per sector); the row words go through shared memory (one barrier) so that a warp writes
+  64-byte row segments: a warp's own row words are 16 bytes of a row, and those half-sector
+  writes cost more than the whole kernel's arithmetic (H200: 0.65x -> 0.71x the device copy);
+* the programs are persistent (4 per SM, 128 registers) and load their next tile before forming
+  this one's codes, with 4 tile rows side by side (their transposed words fill the same lines):
+  0.71x -> 0.80-0.82x.
 
 The program (numpy model: ``quant_fp4_packed.emulate``, lanes as the last axis; exhaustive and
 whole-tile CPU tests in tests/triton/test_quant_fp4_gluon.py):
@@ -63,7 +70,7 @@ from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, gluon_platf
 from . import quant_fp4_packed as P
 
 __all__ = ["FP4_GLUON_ENV", "FP4_GLUON_DEFAULT", "FP4_GLUON_CANDIDATES", "dual_prog", "fp4_gluon_reason",
-           "fp4_gluon_with_trans_launch", "gluon_tile"]
+           "fp4_gluon_with_trans_launch", "gluon_tile", "launch_config"]
 
 #: "0" routes ``quantize_fp4_with_trans`` to the tl pair kernel
 FP4_GLUON_ENV = "PRIMUS_TURBO_FP4_GLUON"
@@ -200,7 +207,6 @@ _CONSTRAINTS = ",".join(["=r"] * 64 + ["r"] * 32)
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
     _DIAG_ASM = gl.constexpr(_DIAG_PTX)
 
@@ -229,20 +235,9 @@ if GLUON_AVAILABLE:
             return gl.load(ptrs, mask=(row >= 0) & ok, other=0)
 
     @gluon.jit
-    def _tile_copy(buf, x_ptr, pid_r, pid_c, cols, ok, TI: gl.constexpr, TP: gl.constexpr, L3: gl.constexpr):
-        """Asynchronous copy of a tile into shared memory (each thread copies the 16-byte row pieces
-        it will read back: no barrier)."""
-        i1 = pid_r * TI + gl.arange(0, TI, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
-        k1 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
-        p1 = pid_c * TP + gl.arange(0, TP, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-        row = gl.expand_dims(gl.expand_dims(i1, 1), 2) * 8 + gl.expand_dims(gl.expand_dims(k1, 0), 2)
-        ptrs = x_ptr + (row * (cols // 2) + gl.expand_dims(gl.expand_dims(p1, 0), 1))
-        cp.async_copy_global_to_shared(buf, ptrs, mask=(row >= 0) & ok)
-
-    @gluon.jit
     def _tile_quant(x, pid_r, pid_c, p_ptr, s_ptr, pt_ptr, st_ptr, rows, cols,
                     TI: gl.constexpr, TP: gl.constexpr, WI: gl.constexpr, WP: gl.constexpr, L3: gl.constexpr,
-                    ASM: gl.constexpr, CON: gl.constexpr, WSM: gl.constexpr, DIAG: gl.constexpr):
+                    ASM: gl.constexpr, CON: gl.constexpr, DIAG: gl.constexpr):
         i1 = pid_r * TI + gl.arange(0, TI, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
         k1 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
         p1 = pid_c * TP + gl.arange(0, TP, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
@@ -259,24 +254,21 @@ if GLUON_AVAILABLE:
                                                    pack=32)
         # row words: [rows, cols / 8]
         if (DIAG & 2) == 0:
-            if WSM:
-                # the row words (slots r = 0) to [TI * 8, TP / 4] (register renames), then through
-                # shared memory to a layout whose warps write 64-byte row segments: a warp's own
-                # words are 16 bytes of a row, half a sector, which costs the L2 (H200:
-                # scripts/diag_fp4_gluon.py, the stores alone 0.71x the copy)
-                w5 = gl.reshape(orow, [TI, 8, TP // 4, 2, 2])
-                w4, _w = gl.split(w5)
-                w3, _w = gl.split(w4)
-                w2 = gl.reshape(w3, [TI * 8, TP // 4])
-                LW: gl.constexpr = gl.BlockedLayout([1, 4], [512 // TP, TP // 16], [WI * WP, 1], [1, 0])
-                w2 = gl.convert_layout(w2, LW)
-                wr = pid_r * (TI * 8) + gl.arange(0, TI * 8, layout=gl.SliceLayout(1, LW))
-                wc = pid_c * (TP // 4) + gl.arange(0, TP // 4, layout=gl.SliceLayout(0, LW))
-                gl.store(p_ptr + (gl.expand_dims(wr, 1) * ((cols // 64) * 8) + gl.expand_dims(wc, 0)), w2)  # 16-byte rows
-            else:
-                gl.store(p_ptr + (row * (cols // 8) + (p3 >> 2)), orow, mask=(r3 == 0) & (k3 >= 0))
+            # the row words (slots r = 0) to [TI * 8, TP / 4] (register renames), then through
+            # shared memory to a layout whose warps write 64-byte row segments: a warp's own
+            # words are 16 bytes of a row, half a sector, which costs the L2 (H200:
+            # scripts/diag_fp4_gluon.py, the stores alone 0.71x the copy)
+            w5 = gl.reshape(orow, [TI, 8, TP // 4, 2, 2])
+            w4, _w = gl.split(w5)
+            w3, _w = gl.split(w4)
+            w2 = gl.reshape(w3, [TI * 8, TP // 4])
+            LW: gl.constexpr = gl.BlockedLayout([1, 4], [512 // TP, TP // 16], [WI * WP, 1], [1, 0])
+            w2 = gl.convert_layout(w2, LW)
+            wr = pid_r * (TI * 8) + gl.arange(0, TI * 8, layout=gl.SliceLayout(1, LW))
+            wc = pid_c * (TP // 4) + gl.arange(0, TP // 4, layout=gl.SliceLayout(0, LW))
+            gl.store(p_ptr + (gl.expand_dims(wr, 1) * ((cols // 64) * 8) + gl.expand_dims(wc, 0)), w2)  # 16-byte rows
         # row-scale words: the scales stored [cols / 32, rows] (rows contiguous), as int32
-        # [cols / 32, rows / 4]; one lane of the block's four stores
+        # [cols / 32, rows / 4]; lanes 0, 1 of the block's four store the octet's two words
         if (DIAG & 8) == 0:
             gl.store(s_ptr + ((p3 >> 4) * (rows // 4) + i3 * 2 + ((p3 >> 2) & 1) + k3 * 0), orow,
                      mask=(r3 == 1) & (k3 == 0) & (((p3 >> 2) & 2) == 0))
@@ -284,20 +276,18 @@ if GLUON_AVAILABLE:
         if (DIAG & 1) == 0:
             gl.store(pt_ptr + ((p3 * 2 + k3) * (rows // 8) + i3), ocol, mask=(k3 < 2) & (r3 >= 0))
         # column-scale words: stored [rows / 32, cols] (columns contiguous) as int32 [rows / 32,
-        # cols / 4]; the thread's 8 columns are words (p - r) / 2 + 0, 1; one lane of the four
+        # cols / 4]; the thread's 8 columns are words (p - r) / 2 + 0, 1, stored by the row octets
+        # 0, 1 of the block's four
         stofs = (i3 >> 2) * (cols // 4) + ((p3 - r3) >> 1) + (i3 & 1) + k3 * 0
         if (DIAG & 8) == 0:
             gl.store(st_ptr + stofs, ocol, mask=(k3 == 2) & (r3 == 0) & ((i3 & 2) == 0))
-
-
 
     @gluon.jit
     def _mxfp4_dual_gluon_kernel(
         x_ptr, p_ptr, s_ptr, pt_ptr, st_ptr,  # x as int32 pairs; words / scale words as int32
         rows, cols, n_tiles_r, n_tiles_c,
         TWP: gl.constexpr, WI: gl.constexpr, WP: gl.constexpr, ASM: gl.constexpr, CON: gl.constexpr,
-        WSM: gl.constexpr = 1, BAND: gl.constexpr = 1, PERSIST: gl.constexpr = 0, STAGES: gl.constexpr = 0,
-        DIAG: gl.constexpr = 0,
+        BAND: gl.constexpr = 1, PERSIST: gl.constexpr = 0, DIAG: gl.constexpr = 0,
     ):
         TWI: gl.constexpr = 32 // TWP
         TI: gl.constexpr = TWI * WI  # row octets of the tile
@@ -308,32 +298,7 @@ if GLUON_AVAILABLE:
             pid_r, pid_c = _tile_of(pid, n_tiles_r, n_tiles_c, BAND)
             x = _tile_load(x_ptr, pid_r, pid_c, cols, None, TI, TP, L3)
             _tile_quant(x, pid_r, pid_c, p_ptr, s_ptr, pt_ptr, st_ptr, rows, cols, TI, TP, WI, WP, L3, ASM, CON,
-                        WSM, DIAG)
-        elif STAGES >= 2:
-            # persistent programs with STAGES tiles in flight through shared memory (cp.async): the
-            # registers hold one tile, so more programs fit per SM
-            # stored [stage, k, i, pair]: the 16-byte pieces swizzled by the row octet i, so a warp's
-            # reads of one k (8 octets x 64 bytes) spread over the banks
-            SL: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [2, 1, 0])
-            bufs = gl.allocate_shared_memory(gl.int32, [STAGES, 8, TI, TP], SL)
-            n_tiles = n_tiles_r * n_tiles_c
-            nprog = gl.num_programs(0)
-            for s0 in gl.static_range(STAGES - 1):
-                r0, c0 = _tile_of(pid + s0 * nprog, n_tiles_r, n_tiles_c, BAND)
-                _tile_copy(bufs.index(s0).permute([1, 0, 2]), x_ptr, r0, c0, cols, pid + s0 * nprog < n_tiles, TI, TP, L3)
-                cp.commit_group()
-            j = 0
-            for t in range(pid, n_tiles, nprog):
-                tn = t + (STAGES - 1) * nprog
-                nr, nc = _tile_of(tn, n_tiles_r, n_tiles_c, BAND)
-                _tile_copy(bufs.index((j + STAGES - 1) % STAGES).permute([1, 0, 2]), x_ptr, nr, nc, cols, tn < n_tiles, TI, TP, L3)
-                cp.commit_group()
-                cp.wait_group(STAGES - 1)
-                x = bufs.index(j % STAGES).permute([1, 0, 2]).load(L3)
-                pid_r, pid_c = _tile_of(t, n_tiles_r, n_tiles_c, BAND)
-                _tile_quant(x, pid_r, pid_c, p_ptr, s_ptr, pt_ptr, st_ptr, rows, cols, TI, TP, WI, WP, L3, ASM,
-                            CON, WSM, DIAG)
-                j += 1
+                        DIAG)
         else:
             # persistent programs: the next tile's load is issued before this tile's codes
             n_tiles = n_tiles_r * n_tiles_c
@@ -344,7 +309,7 @@ if GLUON_AVAILABLE:
                 nr, nc = _tile_of(t + nprog, n_tiles_r, n_tiles_c, BAND)
                 xn = _tile_load(x_ptr, nr, nc, cols, t + nprog < n_tiles, TI, TP, L3)
                 _tile_quant(x, pid_r, pid_c, p_ptr, s_ptr, pt_ptr, st_ptr, rows, cols, TI, TP, WI, WP, L3, ASM,
-                            CON, WSM, DIAG)
+                            CON, DIAG)
                 x = xn
                 pid_r = nr
                 pid_c = nc
@@ -385,6 +350,12 @@ def fp4_gluon_with_trans_launch(x: torch.Tensor, cfg=None) -> tuple:
     reason = fp4_gluon_reason(x, cfg)
     if reason is not None:
         raise ValueError(f"fp4_gluon_with_trans_launch: {reason}")
+    return launch_config(x, cfg)
+
+
+def launch_config(x: torch.Tensor, cfg: tuple) -> tuple:
+    """The launch of configuration ``cfg`` (3 or 6 values) without the checks (the sm_90 compile
+    checks run it on CPU tensors)."""
     if len(cfg) == 6:
         return _launch(x, cfg[:3], maxnreg=cfg[3], band=max(cfg[4], 1), persist=cfg[5])
     return _launch(x, cfg)
@@ -396,12 +367,12 @@ def _num_sms(dev) -> int:
     return torch.cuda.get_device_properties(dev).multi_processor_count
 
 
-def _launch(x: torch.Tensor, cfg: tuple, maxnreg: int = 0, diag: int = 0, wsm: int = 1, band: int = 1,
-            persist: int = 0, stages: int = 0) -> tuple:
+def _launch(x: torch.Tensor, cfg: tuple, maxnreg: int = 0, diag: int = 0, band: int = 1, persist: int = 0) -> tuple:
     """The launch itself (scripts/quant_sass_stats.py compiles it on CPU tensors). ``maxnreg`` caps
-    the registers; ``diag`` (timing only, scripts/diag_fp4_gluon.py; outputs incomplete): bit 1
-    leaves the transposed words out, bit 2 the row words, bit 4 the codes (the input is stored), bit 8
-    the scales."""
+    the registers, ``band`` tile rows run side by side, ``persist`` persistent programs per SM
+    (0: one program per tile); ``diag`` (timing only, scripts/diag_fp4_gluon.py; outputs
+    incomplete): bit 1 leaves the transposed words out, bit 2 the row words, bit 4 the codes (every
+    slot the xor of the thread's pairs: the loads stay), bit 8 the scales."""
     rows, cols = x.shape
     twp, wi, wp = cfg[:3]
     tr, tc = gluon_tile(cfg)
@@ -414,8 +385,8 @@ def _launch(x: torch.Tensor, cfg: tuple, maxnreg: int = 0, diag: int = 0, wsm: i
     grid = n_tr * n_tc if not persist else min(n_tr * n_tc, persist * _num_sms(dev))
     _mxfp4_dual_gluon_kernel[(grid,)](
         x.view(torch.int32), p.view(torch.int32), sb.view(torch.int32), pt.view(torch.int32), stb.view(torch.int32),
-        rows, cols, n_tr, n_tc, TWP=twp, WI=wi, WP=wp, ASM=_PTX[twp], CON=_CONSTRAINTS, WSM=wsm, BAND=band,
-        PERSIST=int(bool(persist)), STAGES=stages if persist else 0, DIAG=diag, num_warps=wi * wp,
+        rows, cols, n_tr, n_tc, TWP=twp, WI=wi, WP=wp, ASM=_PTX[twp], CON=_CONSTRAINTS, BAND=band,
+        PERSIST=int(bool(persist)), DIAG=diag, num_warps=wi * wp,
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return p, sb.t(), pt, stb.t()
