@@ -1,6 +1,6 @@
 """Hopper Gluon kernel for ``quantize_fp4_with_trans`` of bf16: both MXFP4 copies (1x32 blocks along
-the rows and, transposed, along the columns) from one read, every step in the registers of the
-thread that loaded the data.
+the rows and, transposed, along the columns) from one read, the codes and scales formed in the
+registers of the thread that loaded the data.
 
 Why a second kernel next to the tl pair kernel (quant_fp4_packed.py, its portable twin, which the
 interpreter and the other shapes run): that kernel spends 24 SASS instructions per element, ~1000
@@ -8,9 +8,8 @@ of its 1550 per thread on the ALU pipe (half the FMA pipe's rate), and Triton ro
 their scales and the transposed words through shared memory with four barriers per row octet
 (layout conversions its coalescing pass inserts); it reads 0.66x the device copy. Here the layout
 is fixed by hand (18 instructions per element, 9.5 on the ALU pipe): each thread holds 8
-consecutive rows x 4 bf16 pairs
-(``[TI, 8, TP]`` int32, thread ``[1, 8, 4]``, ``TWP`` lanes along the pairs, ``32 / TWP`` along the
-row octets), so
+consecutive rows x 4 bf16 pairs (``[TI, 8, TP]`` int32, thread ``[1, 8, 4]``, ``TWP`` lanes along
+the pairs, ``32 / TWP`` along the row octets), so
 
 * a row block (32 columns) is 4 lanes and a column block (32 rows) is 4 lanes: each block amax is
   an in-thread max and two butterflies;
@@ -50,10 +49,11 @@ whole-tile CPU tests in tests/triton/test_quant_fp4_gluon.py):
 
 Output slots (the asm is elementwise with ``pack = 32``: its operands are the thread's 32 pairs in
 register order, slot ``4 k + r`` = row k, pair r): ``orow`` slot ``4 k`` = the row word of row k,
-slots 1, 5 = the row-scale words (rows 0-3, 4-7 of the octet); ``ocol`` slots ``r``, ``4 + r`` =
-the words of columns ``2 r`` and ``2 r + 1``, slots 8, 9 = the column-scale words (columns 0-3,
-4-7 of the thread). The stores' masks select these slots; they are constants per register, so the
-other slots cost nothing.
+slot 1 = a row-scale word (the octet's rows 0-3 on even lanes, 4-7 on odd ones: lanes 0 and 1 of
+a block store the octet's 8 bytes); ``ocol`` slots ``r``, ``4 + r`` = the words of columns
+``2 r`` and ``2 r + 1``, slot 8 = a column-scale word (the thread's columns 0-3 on even row
+octets, 4-7 on odd ones). The stores' masks select these slots; they are constants per register,
+so the other slots cost nothing.
 
 :func:`fp4_gluon_reason` says why a call goes to the tl pair kernel instead.
 """
