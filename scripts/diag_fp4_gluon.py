@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", nargs="+", default=["16384x7168"])
     p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--variants", nargs="+", default=None, help="cfg:maxnreg:diag[:band[:persist[:super]]], e.g. 4,1,4:128:0:4:4")
+    p.add_argument("--variants", nargs="+", default=None, help="cfg:maxnreg:diag[:band[:persist]], e.g. 4,1,4:128:0:4:4")
     args = p.parse_args(argv)
     variants = args.variants or ["4,1,4:128:0:4:4", "4,1,4:128:8:4:4", "4,1,4:128:12:4:4", "4,1,4:0:0", "4,1,4:0:12:4",
                                  "4,1,4:0:4:4", "4,1,8:128:0:4:2"]
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
                 cfg = tuple(int(t) for t in c.split(","))
                 if G.fp4_gluon_reason(x, cfg) is not None:
                     continue
-                ex = [int(t) for t in ws]  # band, persist, super-tile
+                ex = [int(t) for t in ws]  # band, persist
                 if int(dg) == 0 and v not in checked:  # the same bytes as the tl pair kernel
                     want = F4.fp4_quant_launch(x, True, with_trans=True, tile=(128, 64, 4, "packed", 0, "tscale"))
                     got = G._launch(x, cfg, int(mr), int(dg), *ex)

@@ -235,22 +235,9 @@ if GLUON_AVAILABLE:
             return gl.load(ptrs, mask=(row >= 0) & ok, other=0)
 
     @gluon.jit
-    def _col_words_2d(ocol, TI: gl.constexpr, TP: gl.constexpr):
-        """The column words of ``ocol`` (slots 4h + r) as ``[2 TP, TI]``: column 2p + h, row octet i
-        (splits of in-thread dims: register renames)."""
-        t = gl.permute(ocol, [0, 2, 1])  # [TI, TP, 8 slots of k]
-        b0, b1 = gl.split(gl.reshape(t, [TI, TP, 4, 2]))  # k = 2a + b
-        c0, _c = gl.split(gl.reshape(b0, [TI, TP, 2, 2]))
-        w0, _c = gl.split(c0)  # k = 0
-        c1, _c = gl.split(gl.reshape(b1, [TI, TP, 2, 2]))
-        w1, _c = gl.split(c1)  # k = 1
-        w = gl.reshape(gl.join(w0, w1), [TI, 2 * TP])
-        return gl.permute(w, [1, 0])
-
-    @gluon.jit
     def _tile_quant(x, pid_r, pid_c, p_ptr, s_ptr, pt_ptr, st_ptr, rows, cols,
                     TI: gl.constexpr, TP: gl.constexpr, WI: gl.constexpr, WP: gl.constexpr, L3: gl.constexpr,
-                    ASM: gl.constexpr, CON: gl.constexpr, DIAG: gl.constexpr, cwbuf=None):
+                    ASM: gl.constexpr, CON: gl.constexpr, DIAG: gl.constexpr):
         i1 = pid_r * TI + gl.arange(0, TI, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
         k1 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
         p1 = pid_c * TP + gl.arange(0, TP, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
@@ -287,10 +274,7 @@ if GLUON_AVAILABLE:
                      mask=(r3 == 1) & (k3 == 0) & (((p3 >> 2) & 2) == 0))
         # column words: the transposed copy [cols, rows / 8] (int32), column 2p + h, word i
         if (DIAG & 1) == 0:
-            if cwbuf is None:
-                gl.store(pt_ptr + ((p3 * 2 + k3) * (rows // 8) + i3), ocol, mask=(k3 < 2) & (r3 >= 0))
-            else:  # collected over the super-tile (the caller stores whole column segments)
-                cwbuf.store(_col_words_2d(ocol, TI, TP))
+            gl.store(pt_ptr + ((p3 * 2 + k3) * (rows // 8) + i3), ocol, mask=(k3 < 2) & (r3 >= 0))
         # column-scale words: stored [rows / 32, cols] (columns contiguous) as int32 [rows / 32,
         # cols / 4]; the thread's 8 columns are words (p - r) / 2 + 0, 1, stored by the row octets
         # 0, 1 of the block's four
@@ -303,7 +287,7 @@ if GLUON_AVAILABLE:
         x_ptr, p_ptr, s_ptr, pt_ptr, st_ptr,  # x as int32 pairs; words / scale words as int32
         rows, cols, n_tiles_r, n_tiles_c,
         TWP: gl.constexpr, WI: gl.constexpr, WP: gl.constexpr, ASM: gl.constexpr, CON: gl.constexpr,
-        BAND: gl.constexpr = 1, PERSIST: gl.constexpr = 0, SUPER: gl.constexpr = 0, DIAG: gl.constexpr = 0,
+        BAND: gl.constexpr = 1, PERSIST: gl.constexpr = 0, DIAG: gl.constexpr = 0,
     ):
         TWI: gl.constexpr = 32 // TWP
         TI: gl.constexpr = TWI * WI  # row octets of the tile
@@ -315,35 +299,6 @@ if GLUON_AVAILABLE:
             x = _tile_load(x_ptr, pid_r, pid_c, cols, None, TI, TP, L3)
             _tile_quant(x, pid_r, pid_c, p_ptr, s_ptr, pt_ptr, st_ptr, rows, cols, TI, TP, WI, WP, L3, ASM, CON,
                         DIAG)
-        elif SUPER > 1:
-            # persistent programs over super-tiles of SUPER vertically adjacent tiles: their column
-            # words are collected in shared memory and stored as whole 4 * SUPER * TI-byte column
-            # segments (128-byte lines for SUPER * TI = 32; a tile's own are 32 bytes); the next
-            # tile's load is issued before each tile's codes
-            n_super = (n_tiles_r // SUPER) * n_tiles_c
-            nprog = gl.num_programs(0)
-            cwbuf = gl.allocate_shared_memory(gl.int32, [SUPER, 2 * TP, TI], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-            x = _tile_load(x_ptr, (pid // n_tiles_c) * SUPER, pid % n_tiles_c, cols, None, TI, TP, L3)
-            for u in range(pid, n_super, nprog):
-                ur = u // n_tiles_c
-                uc = u % n_tiles_c
-                for j in range(SUPER):
-                    last = j + 1 == SUPER
-                    un = gl.where(last, u + nprog, u)
-                    nr = (un // n_tiles_c) * SUPER + gl.where(last, 0, j + 1)
-                    xn = _tile_load(x_ptr, nr, un % n_tiles_c, cols, un < n_super, TI, TP, L3)
-                    _tile_quant(x, ur * SUPER + j, uc, p_ptr, s_ptr, pt_ptr, st_ptr, rows, cols, TI, TP, WI, WP, L3,
-                                ASM, CON, DIAG, cwbuf.index(j))
-                    x = xn
-                if (DIAG & 1) == 0:
-                    # sub-tile by sub-tile, the same warp writing a column's SUPER pieces back to back
-                    LF2: gl.constexpr = gl.BlockedLayout([1, 4], [32 * 4 // TI, TI // 4], [WI * WP, 1], [1, 0])
-                    cc = uc * (2 * TP) + gl.arange(0, 2 * TP, layout=gl.SliceLayout(1, LF2))
-                    ww = gl.arange(0, TI, layout=gl.SliceLayout(0, LF2))
-                    base = gl.expand_dims(cc, 1) * ((rows // 64) * 8) + gl.expand_dims(ww, 0)  # 16-byte rows
-                    for j2 in gl.static_range(SUPER):
-                        cw = cwbuf.index(j2).load(LF2)
-                        gl.store(pt_ptr + (base + (ur * SUPER + j2) * TI), cw)
         else:
             # persistent programs: the next tile's load is issued before this tile's codes
             n_tiles = n_tiles_r * n_tiles_c
@@ -412,8 +367,7 @@ def _num_sms(dev) -> int:
     return torch.cuda.get_device_properties(dev).multi_processor_count
 
 
-def _launch(x: torch.Tensor, cfg: tuple, maxnreg: int = 0, diag: int = 0, band: int = 1, persist: int = 0,
-            super_: int = 0) -> tuple:
+def _launch(x: torch.Tensor, cfg: tuple, maxnreg: int = 0, diag: int = 0, band: int = 1, persist: int = 0) -> tuple:
     """The launch itself (scripts/quant_sass_stats.py compiles it on CPU tensors). ``maxnreg`` caps
     the registers, ``band`` tile rows run side by side, ``persist`` persistent programs per SM
     (0: one program per tile); ``diag`` (timing only, scripts/diag_fp4_gluon.py; outputs
@@ -428,12 +382,11 @@ def _launch(x: torch.Tensor, cfg: tuple, maxnreg: int = 0, diag: int = 0, band: 
     sb = torch.empty((cols // 32, rows), dtype=torch.uint8, device=dev)
     stb = torch.empty((rows // 32, cols), dtype=torch.uint8, device=dev)
     n_tr, n_tc = rows // tr, cols // tc
-    n_work = (n_tr // super_) * n_tc if super_ > 1 else n_tr * n_tc
-    grid = n_work if not persist else min(n_work, persist * _num_sms(dev))
+    grid = n_tr * n_tc if not persist else min(n_tr * n_tc, persist * _num_sms(dev))
     _mxfp4_dual_gluon_kernel[(grid,)](
         x.view(torch.int32), p.view(torch.int32), sb.view(torch.int32), pt.view(torch.int32), stb.view(torch.int32),
         rows, cols, n_tr, n_tc, TWP=twp, WI=wi, WP=wp, ASM=_PTX[twp], CON=_CONSTRAINTS, BAND=band,
-        PERSIST=int(bool(persist)), SUPER=super_ if persist else 0, DIAG=diag, num_warps=wi * wp,
+        PERSIST=int(bool(persist)), DIAG=diag, num_warps=wi * wp,
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return p, sb.t(), pt, stb.t()
