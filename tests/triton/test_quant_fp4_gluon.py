@@ -117,15 +117,34 @@ def test_program_tiles_match_reference(twp, seed):
         assert o.shape == r.shape and np.array_equal(o, r), f"{name}: {np.count_nonzero(o != r)} bytes differ"
 
 
-def test_reason_and_tile():
+def test_reason_and_tile(monkeypatch):
     assert G.gluon_tile((4, 1, 4)) == (64, 128) and G.gluon_tile((8, 2, 2)) == (64, 128)
     assert G.gluon_tile(G.FP4_GLUON_DEFAULT) == (64, 128)
     x = torch.zeros(64, 128, dtype=torch.bfloat16)
-    assert G.fp4_gluon_reason(x) is not None  # CPU tensor
+    cuda_ok = G.fp4_gluon_reason(x) is None
+    if not cuda_ok:  # on this machine the platform says no, after every input check passed
+        assert "cuda" in G.fp4_gluon_reason(x).lower() or "gluon" in G.fp4_gluon_reason(x).lower()
+    assert "bf16" in G.fp4_gluon_reason(x.float())
+    assert "bf16" in G.fp4_gluon_reason(x[None])
+    assert "64 x 128 tile" in G.fp4_gluon_reason(torch.zeros(96, 128, dtype=torch.bfloat16))
+    assert "64 x 128 tile" in G.fp4_gluon_reason(torch.zeros(0, 128, dtype=torch.bfloat16))
+    assert "contiguous" in G.fp4_gluon_reason(torch.zeros(128, 64, dtype=torch.bfloat16).t())
+    assert "configuration" in G.fp4_gluon_reason(x, (2, 1, 4))
+    assert "configuration" in G.fp4_gluon_reason(x, (4, 0, 4))
+    assert "configuration" in G.fp4_gluon_reason(x, (4, 1, 4, 128))
     with pytest.raises(ValueError, match="twp must be 4 or 8"):
         G.dual_prog(2)
-    with pytest.raises(ValueError, match="fp4_gluon_with_trans_launch"):
-        G.fp4_gluon_with_trans_launch(x)
+    if not cuda_ok:
+        with pytest.raises(ValueError, match="fp4_gluon_with_trans_launch"):
+            G.fp4_gluon_with_trans_launch(x)
+    # the switch: auto / 1 / 0, anything else rejected naming the variable
+    from primus_turbo.triton.quantization.gather_quant_gluon import gluon_switch
+
+    monkeypatch.setenv(G.FP4_GLUON_ENV, "maybe")
+    with pytest.raises(ValueError, match=G.FP4_GLUON_ENV):
+        gluon_switch(G.FP4_GLUON_ENV)
+    monkeypatch.setenv(G.FP4_GLUON_ENV, "0")
+    assert gluon_switch(G.FP4_GLUON_ENV) is False
 
 
 def test_compiles_for_sm90(request):
@@ -187,3 +206,15 @@ def test_gpu_default_dispatch():
     y = _special(96, 160, "cuda", seed=8)  # not a multiple of the tile: the pair kernel
     assert G.fp4_gluon_reason(y) is not None
     _check(fp4_quant_launch(y, True, with_trans=True), y)
+
+
+@pytest.mark.gpu
+def test_gpu_switch_off(monkeypatch):
+    """PRIMUS_TURBO_FP4_GLUON=0: the default launch never reaches the Gluon kernel."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the Gluon kernel ran with the switch off")
+
+    monkeypatch.setenv(G.FP4_GLUON_ENV, "0")
+    monkeypatch.setattr(G, "fp4_gluon_with_trans_launch", refuse)
+    x = _special(512, 1024, "cuda", seed=9)
+    _check(fp4_quant_launch(x, True, with_trans=True), x)

@@ -128,6 +128,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "Gluon kernel (one read of each tile, no shared-memory transpose; the same bytes) where it runs, 0 the "
         "Triton kernel.",
     ),
+    "PRIMUS_TURBO_FP4_GLUON": (
+        "auto",
+        "quantize_fp4_with_trans of bf16 on sm_90: 1 / auto the Gluon kernel (both copies' codes from one "
+        "per-thread PTX program; the same bytes) where the shape fits its 64 x 128 tile, 0 the tl pair kernel.",
+    ),
     "PRIMUS_TURBO_ROUTER_GEMM_FUSED": (
         "1",
         "router_gating_linear (the fp32 router of MoELayer over bf16 tokens): 1 the fused Triton kernels (bf16 "

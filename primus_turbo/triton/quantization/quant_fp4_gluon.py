@@ -60,7 +60,6 @@ so the other slots cost nothing.
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -72,7 +71,8 @@ from . import quant_fp4_packed as P
 __all__ = ["FP4_GLUON_ENV", "FP4_GLUON_DEFAULT", "FP4_GLUON_CANDIDATES", "dual_prog", "fp4_gluon_reason",
            "fp4_gluon_with_trans_launch", "gluon_tile", "launch_config"]
 
-#: "0" routes ``quantize_fp4_with_trans`` to the tl pair kernel
+#: ``auto`` / ``1``: the default ``quantize_fp4_with_trans`` dispatch takes this kernel where
+#: :func:`fp4_gluon_reason` allows; ``0``: the tl pair kernel (docs/env_vars.md)
 FP4_GLUON_ENV = "PRIMUS_TURBO_FP4_GLUON"
 #: (TWP, WI, WP[, maxnreg, BAND, programs per SM]): lanes along the pairs, warps along the row
 #: octets, warps along the pairs; the register cap (0: none), tile rows run side by side, and
@@ -316,17 +316,11 @@ if GLUON_AVAILABLE:
 
 
 def fp4_gluon_reason(x: torch.Tensor, cfg=None) -> Optional[str]:
-    """None when the Gluon kernel takes ``quantize_fp4_with_trans`` of x with configuration
-    ``cfg`` (default :data:`FP4_GLUON_DEFAULT`), else why not."""
-    if os.environ.get(FP4_GLUON_ENV, "1") == "0":
-        return f"{FP4_GLUON_ENV}=0"
-    if not GLUON_AVAILABLE:
-        return "triton.experimental.gluon is not importable"
-    reason = gluon_platform_reason(x.device)
-    if reason is not None:
-        return reason
+    """None when the Gluon kernel can take ``quantize_fp4_with_trans`` of x with configuration
+    ``cfg`` (default :data:`FP4_GLUON_DEFAULT`), else why not. (The default dispatch also honours
+    :data:`FP4_GLUON_ENV`, docs/env_vars.md.)"""
     cfg = tuple(cfg or FP4_GLUON_DEFAULT)
-    if len(cfg) not in (3, 6) or cfg[0] not in (4, 8) or any(not isinstance(v, int) or v < 0 for v in cfg) \
+    if len(cfg) not in (3, 6) or any(not isinstance(v, int) or v < 0 for v in cfg) or cfg[0] not in (4, 8) \
             or min(cfg[1:3]) < 1:
         return f"configuration {cfg}: (TWP in 4, 8; WI, WP >= 1[, maxnreg, BAND, programs per SM >= 0])"
     if x.dtype != torch.bfloat16 or x.dim() != 2:
@@ -339,7 +333,9 @@ def fp4_gluon_reason(x: torch.Tensor, cfg=None) -> Optional[str]:
         return "x must be contiguous and 16-byte aligned"
     if rows * cols >= 2**31:
         return f"{rows} x {cols} elements: the kernel's int32 offsets cover fewer than 2**31"
-    return None
+    if not GLUON_AVAILABLE:
+        return "triton.experimental.gluon is not importable"
+    return gluon_platform_reason(x.device)
 
 
 def fp4_gluon_with_trans_launch(x: torch.Tensor, cfg=None) -> tuple:

@@ -468,10 +468,11 @@ def fp4_quant_launch(x: torch.Tensor, along_cols: bool, with_trans: bool = False
     gluon_tile = tile is not None and len(tile) in (4, 7) and tile[0] == "gluon"
     if with_trans and along_cols and not (sr or sr_t) and (tile is None or gluon_tile) and x.is_cuda \
             and not is_interpreter():
-        from .quant_fp4_gluon import fp4_gluon_reason, fp4_gluon_with_trans_launch
+        from .gather_quant_gluon import gluon_switch
+        from .quant_fp4_gluon import FP4_GLUON_ENV, fp4_gluon_reason, fp4_gluon_with_trans_launch
 
         cfg = tuple(tile[1:]) if gluon_tile else None
-        if fp4_gluon_reason(x, cfg) is None:
+        if (gluon_tile or gluon_switch(FP4_GLUON_ENV) is not False) and fp4_gluon_reason(x, cfg) is None:
             return fp4_gluon_with_trans_launch(x, cfg)
     if gluon_tile:
         tile = None  # not covered: the default kernels
