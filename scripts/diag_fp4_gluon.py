@@ -28,7 +28,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", nargs="+", default=["16384x7168"])
     p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--variants", nargs="+", default=None, help="cfg:maxnreg:diag[:band[:persist]], e.g. 4,1,4:128:0:4:4")
+    p.add_argument("--variants", nargs="+", default=None,
+                   help="cfg:maxnreg:diag[:band[:persist]], e.g. 4,1,4:128:0:4:4")
     args = p.parse_args(argv)
     variants = args.variants or ["4,1,4:128:0:4:4", "4,1,4:128:8:4:4", "4,1,4:128:12:4:4", "4,1,4:0:0", "4,1,4:0:12:4",
                                  "4,1,4:0:4:4", "4,1,8:128:0:4:2"]

@@ -181,7 +181,8 @@ def _check(out, x):
     ref = (*quantize_fp4_ref(x.cpu()), *quantize_fp4_ref(x.t().contiguous().cpu()))
     for o, r, n in zip(out, ref, ("data", "scale", "data_t", "scale_t")):
         o, r = o.view(torch.uint8).cpu(), r.view(torch.uint8)
-        assert o.shape == r.shape and torch.equal(o, r), f"{n}: {(o != r).sum().item()} differ, first {(o != r).nonzero()[:4].tolist()}"
+        assert o.shape == r.shape and torch.equal(o, r), \
+            f"{n}: {(o != r).sum().item()} differ, first {(o != r).nonzero()[:4].tolist()}"
 
 
 @pytest.mark.gpu

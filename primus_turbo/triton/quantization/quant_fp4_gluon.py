@@ -144,7 +144,8 @@ def dual_prog(twp: int) -> tuple:
                 ("shfl", s, z, 1), (mx, z, z, s), ("shfl", s, z, 2), (mx, z, z, s),
                 ("and", z, z, "kabs")]
         ops += _scale(z, f"rm{j}", f"rby{j}", f"r{j}")
-        ops += [("prmt", f"mr{2 * j}", f"rm{j}", f"rm{j}", 0x1010), ("prmt", f"mr{2 * j + 1}", f"rm{j}", f"rm{j}", 0x3232)]
+        ops += [("prmt", f"mr{2 * j}", f"rm{j}", f"rm{j}", 0x1010),
+                ("prmt", f"mr{2 * j + 1}", f"rm{j}", f"rm{j}", 0x3232)]
     # 3. column amax and scales (a register holds columns 2r, 2r + 1)
     for r in range(4):
         z, s = f"cz{r}", f"cs{r}"
@@ -196,7 +197,8 @@ def dual_prog(twp: int) -> tuple:
 
 _PTX = {twp: P._ptx(dual_prog(twp)) for twp in (4, 8)}
 _DIAG_PTX = P._ptx((tuple(f"x{j}" for j in range(32)), tuple(f"o{j}" for j in range(64)),
-                    [("and", "t", "x0", "kabs")] + [("lop3", "t", "t", f"x{j}", f"x{j + 1}", 0x96) for j in range(1, 31, 2)]
+                    [("and", "t", "x0", "kabs")]
+                    + [("lop3", "t", "t", f"x{j}", f"x{j + 1}", 0x96) for j in range(1, 31, 2)]
                     + [("lop3", "t", "t", "x31", "kz", 0x96)] + [("mov", f"o{j}", "t") for j in range(64)]))
 _CONSTRAINTS = ",".join(["=r"] * 64 + ["r"] * 32)
 
