@@ -107,7 +107,14 @@ def _cases(name: str, x: torch.Tensor):
     cands = [None] + list(F4.FP4_WITH_TRANS_CANDIDATES if wt else F4.FP4_CANDIDATES)
     if wt:
         cands += [(64, 64, 4, "generic"), (64, 128, 8, "generic")]
-    return cands, lambda cfg: F4.fp4_quant_launch(x, True, with_trans=wt, tile=cfg)
+    def launch(cfg):
+        if cfg is not None and cfg[0] == "gluon":  # the Gluon kernel (CPU tensors skip its dispatch)
+            from primus_turbo.triton.quantization import quant_fp4_gluon as FG
+
+            return FG.launch_config(x, tuple(cfg[1:]))
+        return F4.fp4_quant_launch(x, True, with_trans=wt, tile=cfg)
+
+    return cands, launch
 
 
 def main(argv=None) -> int:
