@@ -4,3 +4,10 @@
 export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
+
+# gpu_run_header LOG: the GPU, its power limit and clocks, the torch / triton versions and the date
+# at the top of a job's log (overwrites LOG).
+gpu_run_header() {
+  { nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv
+    $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; date -u; } > "$1" 2>&1
+}

@@ -9,8 +9,7 @@ OUT=${1:?usage: gpu_fp4_gluon_check.sh OUT}
 mkdir -p "$OUT/graph" "$OUT/eager"
 source "$(dirname "$0")/gpu_env.sh"
 LOG="$OUT/run.log"
-{ nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv
-  $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; date -u; } > "$LOG" 2>&1
+gpu_run_header "$LOG"
 timeout "${FG_TEST_S:-200}" $PY -m pytest -q -n 8 -p no:cacheprovider tests/triton/test_quant_fp4_gluon.py \
     tests/triton/test_quant_fp4_packed.py tests/pytorch/ops/test_gemm_fp4.py tests/pytorch/ops/test_grouped_gemm_fp4.py \
     tests/pytorch/modules/test_modules.py tests/pytorch/ops/test_quantization.py \

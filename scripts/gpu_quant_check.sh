@@ -9,8 +9,7 @@ OUT=${1:?usage: gpu_quant_check.sh OUT}
 mkdir -p "$OUT/eager" "$OUT/graph"
 source "$(dirname "$0")/gpu_env.sh"
 LOG="$OUT/run.log"
-{ nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv
-  $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; date -u; } > "$LOG" 2>&1
+gpu_run_header "$LOG"
 timeout "${QC_TEST_S:-240}" $PY -m pytest -q -n 8 -p no:cacheprovider tests/triton/test_quant_fp8_packed.py \
     tests/triton/test_quant_fp4_packed.py tests/pytorch/ops/test_quantization.py tests/pytorch/ops/test_gemm_fp8.py \
     tests/pytorch/ops/test_gemm_fp4.py > "$OUT/pytest.log" 2>&1

@@ -225,12 +225,19 @@ if GLUON_AVAILABLE:
             return g * BAND + idx % rg, idx // rg
 
     @gluon.jit
-    def _tile_load(x_ptr, pid_r, pid_c, cols, ok, TI: gl.constexpr, TP: gl.constexpr, L3: gl.constexpr):
+    def _tile_index(pid_r, pid_c, TI: gl.constexpr, TP: gl.constexpr, L3: gl.constexpr):
+        """(row octet i, row k of the octet, pair p) of the tile's [TI, 8, TP] elements, global."""
         i1 = pid_r * TI + gl.arange(0, TI, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
         k1 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
         p1 = pid_c * TP + gl.arange(0, TP, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-        row = gl.expand_dims(gl.expand_dims(i1, 1), 2) * 8 + gl.expand_dims(gl.expand_dims(k1, 0), 2)
-        ptrs = x_ptr + (row * (cols // 2) + gl.expand_dims(gl.expand_dims(p1, 0), 1))
+        return (gl.expand_dims(gl.expand_dims(i1, 1), 2), gl.expand_dims(gl.expand_dims(k1, 0), 2),
+                gl.expand_dims(gl.expand_dims(p1, 0), 1))
+
+    @gluon.jit
+    def _tile_load(x_ptr, pid_r, pid_c, cols, ok, TI: gl.constexpr, TP: gl.constexpr, L3: gl.constexpr):
+        i3, k3, p3 = _tile_index(pid_r, pid_c, TI, TP, L3)
+        row = i3 * 8 + k3
+        ptrs = x_ptr + (row * (cols // 2) + p3)
         if ok is None:
             return gl.load(ptrs)
         else:
@@ -240,12 +247,7 @@ if GLUON_AVAILABLE:
     def _tile_quant(x, pid_r, pid_c, p_ptr, s_ptr, pt_ptr, st_ptr, rows, cols,
                     TI: gl.constexpr, TP: gl.constexpr, WI: gl.constexpr, WP: gl.constexpr, L3: gl.constexpr,
                     ASM: gl.constexpr, CON: gl.constexpr, DIAG: gl.constexpr):
-        i1 = pid_r * TI + gl.arange(0, TI, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
-        k1 = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
-        p1 = pid_c * TP + gl.arange(0, TP, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-        i3 = gl.expand_dims(gl.expand_dims(i1, 1), 2)
-        k3 = gl.expand_dims(gl.expand_dims(k1, 0), 2)
-        p3 = gl.expand_dims(gl.expand_dims(p1, 0), 1)
+        i3, k3, p3 = _tile_index(pid_r, pid_c, TI, TP, L3)
         r3 = p3 & 3  # the pair's register within the thread: a constant per register (bit ops fold)
         # int32 offsets (the launcher keeps rows * cols < 2**31): one wide multiply-add per address
         row = i3 * 8 + k3
@@ -362,7 +364,9 @@ def launch_config(x: torch.Tensor, cfg: tuple) -> tuple:
 def _num_sms(dev) -> int:
     if dev.type != "cuda":
         return 132  # sm_90 compile checks on CPU tensors
-    return torch.cuda.get_device_properties(dev).multi_processor_count
+    from .quant_fp8_kernel import _sm_count
+
+    return _sm_count(dev.index if dev.index is not None else torch.cuda.current_device())
 
 
 def _launch(x: torch.Tensor, cfg: tuple, maxnreg: int = 0, diag: int = 0, band: int = 1, persist: int = 0) -> tuple:

@@ -465,16 +465,16 @@ def fp4_quant_launch(x: torch.Tensor, along_cols: bool, with_trans: bool = False
                          f"{dev}, got {seed!r}")
     # the Hopper Gluon kernel of quant_fp4_gluon.py: the default for the two bf16 copies on the GPU
     # where it covers the shape, or a tile ("gluon", TWP, WI, WP) (tuning)
-    gluon_tile = tile is not None and len(tile) in (4, 7) and tile[0] == "gluon"
-    if with_trans and along_cols and not (sr or sr_t) and (tile is None or gluon_tile) and x.is_cuda \
+    gluon_cfg = tile is not None and len(tile) in (4, 7) and tile[0] == "gluon"
+    if with_trans and along_cols and not (sr or sr_t) and (tile is None or gluon_cfg) and x.is_cuda \
             and not is_interpreter():
         from .gather_quant_gluon import gluon_switch
         from .quant_fp4_gluon import FP4_GLUON_ENV, fp4_gluon_reason, fp4_gluon_with_trans_launch
 
-        cfg = tuple(tile[1:]) if gluon_tile else None
-        if (gluon_tile or gluon_switch(FP4_GLUON_ENV) is not False) and fp4_gluon_reason(x, cfg) is None:
+        cfg = tuple(tile[1:]) if gluon_cfg else None
+        if (gluon_cfg or gluon_switch(FP4_GLUON_ENV) is not False) and fp4_gluon_reason(x, cfg) is None:
             return fp4_gluon_with_trans_launch(x, cfg)
-    if gluon_tile:
+    if gluon_cfg:
         tile = None  # not covered: the default kernels
     # the bf16-pair kernels (quant_fp4_packed.py, which allocate their own outputs): the default for
     # bf16 rows on the GPU, or a tile (TR, TC, num_warps, "packed"[, maxnreg])

@@ -284,36 +284,18 @@ def _isnan16(h):
     return ((h & 0x7FFF) > 0x7F80)
 
 
-def _max16(a, b, nan_prop: bool):
+def _minmax16(a, b, take_max: bool, nan_prop: bool):
+    """max / min.bf16x2 per half: -0 < +0; with ``nan_prop`` (the .NaN forms) a NaN operand gives
+    the canonical NaN, else the other operand (both NaN: canonical NaN)."""
     fa, fb = _bf_to_f64(a), _bf_to_f64(b)
     na, nb = _isnan16(a), _isnan16(b)
-    # -0 < +0
     key_a = np.where(fa == 0, np.where(a & 0x8000, -0.5, 0.5) * 1e-300, fa)
     key_b = np.where(fb == 0, np.where(b & 0x8000, -0.5, 0.5) * 1e-300, fb)
-    r = np.where(key_a >= key_b, a, b)
+    r = np.where(key_a >= key_b if take_max else key_a <= key_b, a, b)
     if nan_prop:
         return np.where(na | nb, _CANON_NAN, r)
     r = np.where(na & ~nb, b, np.where(nb & ~na, a, r))
     return np.where(na & nb, _CANON_NAN, r)
-
-
-def _min16(a, b):
-    """min.bf16x2 per half: -0 < +0; a NaN operand gives the other one (both NaN: canonical NaN)."""
-    fa, fb = _bf_to_f64(a), _bf_to_f64(b)
-    na, nb = _isnan16(a), _isnan16(b)
-    key_a = np.where(fa == 0, np.where(a & 0x8000, -0.5, 0.5) * 1e-300, fa)
-    key_b = np.where(fb == 0, np.where(b & 0x8000, -0.5, 0.5) * 1e-300, fb)
-    r = np.where(key_a <= key_b, a, b)
-    r = np.where(na & ~nb, b, np.where(nb & ~na, a, r))
-    return np.where(na & nb, _CANON_NAN, r)
-
-
-def _min16_nan(a, b):
-    fa, fb = _bf_to_f64(a), _bf_to_f64(b)
-    key_a = np.where(fa == 0, np.where(a & 0x8000, -0.5, 0.5) * 1e-300, fa)
-    key_b = np.where(fb == 0, np.where(b & 0x8000, -0.5, 0.5) * 1e-300, fb)
-    r = np.where(key_a <= key_b, a, b)
-    return np.where(_isnan16(a) | _isnan16(b), _CANON_NAN, r)
 
 
 def _max16_xsa_nan(a, b):
@@ -375,9 +357,9 @@ def emulate(prog, *inputs: np.ndarray):
             r = _bf_op(lambda a, b: np.where(_isnan16(a) | _isnan16(b), _CANON_NAN,
                                              _rne_bf16(_bf_to_f64(a) * _bf_to_f64(b))), g(s[0]), g(s[1]))
         elif kind == "min_nan_bf":
-            r = _bf_op(_min16_nan, g(s[0]), g(s[1]))
+            r = _bf_op(lambda a, b: _minmax16(a, b, False, True), g(s[0]), g(s[1]))
         elif kind == "max_bf":
-            r = _bf_op(lambda a, b: _max16(a, b, False), g(s[0]), g(s[1]))
+            r = _bf_op(lambda a, b: _minmax16(a, b, True, False), g(s[0]), g(s[1]))
         elif kind == "max_nan_xsa_bf":
             r = _bf_op(_max16_xsa_nan, g(s[0]), g(s[1]))
         elif kind == "fma_bf":
@@ -393,7 +375,7 @@ def emulate(prog, *inputs: np.ndarray):
         elif kind == "abs_bf":
             r = g(s[0]) & np.uint32(0x7FFF7FFF)
         elif kind == "min_bf":
-            r = _bf_op(_min16, g(s[0]), g(s[1]))
+            r = _bf_op(lambda a, b: _minmax16(a, b, False, False), g(s[0]), g(s[1]))
         elif kind == "max_u16x2":
             a, b = g(s[0]), g(s[1])
             r = np.maximum(a & 0xFFFF, b & 0xFFFF) | (np.maximum(a >> 16, b >> 16) << 16)
