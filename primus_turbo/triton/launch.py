@@ -205,7 +205,7 @@ def _cached_descriptors(entry):
     meta_at = {p: metas[i] for i, p in enumerate(sorted(positions))}
     tag = object()
 
-    def expanded(*args):
+    def finalize(args):
         final = list(args[:base])
         for i, arg in enumerate(args[base:]):
             meta = meta_at.get(i)
@@ -220,8 +220,13 @@ def _cached_descriptors(entry):
                     _TMAPS.clear()
                 _TMAPS[key] = parts
             final.extend(parts)
-        return launcher(*final)
+        return final
 
+    def expanded(*args):
+        return launcher(*finalize(args))
+
+    # for prepared launches (:func:`launch_prepared`): the C launcher and the expansion itself
+    expanded.launcher, expanded.finalize, expanded.base = launcher, finalize, base
     return expanded
 
 
@@ -279,6 +284,65 @@ def launch(jit_fn, grid: tuple, args: tuple, kwargs: dict, device: torch.device)
 
 # (id(jit_fn), device index, caller's key) -> (direct entry, the parameters after the positional ones)
 _KEYED: dict = {}
+
+
+# (id(jit_fn), device index, caller's key, caller's pointers) -> (C launcher, function, cooperative,
+# PDL, packed metadata, the kernel arguments as the C launcher takes them)
+_PREPARED: dict = {}
+
+
+def launch_prepared(jit_fn, grid: tuple, args_fn, kwargs: dict, device: torch.device, key, ptrs) -> None:
+    """:func:`launch_keyed` for launches whose every per-call value is a data pointer: ``ptrs`` (a
+    tuple of ints) are the data pointers of every tensor and tensor-descriptor base among the
+    arguments, which ``args_fn()`` builds (called on a miss only). With ``key`` fixing everything
+    else (shapes, strides, dtypes, constexprs: the caller's signature), the C launcher's argument
+    list (descriptors encoded to TMA maps, tensors as their pointers) is a function of
+    ``(key, ptrs)`` and is kept: a repeat call costs a dict lookup, the stream query and the C
+    call, without building descriptors, re-keying their maps or the launcher's per-pointer driver
+    queries (~15 us of a ~40 us launch on the H200 machine's host). Steady training steps repeat
+    their pointers (the caching allocator hands the same blocks back); a new pointer is one miss.
+    The kept lists hold ints and encoded maps only, never a tensor (nothing is kept alive)."""
+    if device.type == "cuda" and _DIRECT[0] and not callable(grid):
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        pkey = (id(jit_fn), index, key, ptrs)
+        rec = _PREPARED.get(pkey)
+        if rec is not None and no_launch_hooks() and torch._C._cuda_getDevice() == index:
+            launcher, function, coop, pdl, packed, final = rec
+            g1 = grid[1] if len(grid) > 1 else 1
+            g2 = grid[2] if len(grid) > 2 else 1
+            launcher(grid[0], g1, g2, raw_stream(index), function, coop, pdl, None, None, packed, None, None, None,
+                     *final)
+            return
+        args = args_fn()
+        launch_keyed(jit_fn, grid, args, kwargs, device, key)
+        hit = _KEYED.get((id(jit_fn), index, key))
+        fn = hit[0][0] if hit is not None else None
+        if fn is None or not _pointers_of(args) <= set(ptrs):
+            return
+        entry, tail = hit
+        if getattr(fn, "finalize", None) is not None and fn.base == 13:  # descriptors: encoded once
+            launcher, final = fn.launcher, fn.finalize((None,) * 13 + tuple(args) + tuple(tail))[13:]
+        elif not any(getattr(v, "base", None) is not None for v in args):  # the C launcher itself
+            launcher, final = fn, list(args) + list(tail)
+        else:  # descriptors the launcher expands itself: nothing to keep without keeping tensors
+            return
+        final = [v.data_ptr() if isinstance(v, torch.Tensor) else v for v in final]
+        if len(_PREPARED) >= _MAX_ENTRIES:
+            _PREPARED.clear()
+        _PREPARED[pkey] = (launcher, entry[1], entry[2], entry[3], entry[4], final)
+        return
+    launch_keyed(jit_fn, grid, args_fn(), kwargs, device, key)
+
+
+def _pointers_of(args) -> set:
+    """The data pointers of the tensors and tensor-descriptor bases among ``args`` (what
+    :func:`launch_prepared` checks its caller's ``ptrs`` against before keeping a list)."""
+    out = set()
+    for v in args:
+        t = v if isinstance(v, torch.Tensor) else getattr(v, "base", None)
+        if isinstance(t, torch.Tensor):
+            out.add(t.data_ptr())
+    return out
 
 
 def launch_keyed(jit_fn, grid: tuple, args: tuple, kwargs: dict, device: torch.device, key) -> None:

@@ -774,3 +774,31 @@ def test_op_triton_backend_runs_gluon(trans_b, fuse, monkeypatch):
             assert _snr(ref.float(), got) >= 45.0
     finally:
         GlobalBackendManager.reset()
+
+
+@sm90_gpu
+def test_prepared_launches_follow_the_pointers():
+    """Both 16-bit launchers through their prepared launches (launch.launch_prepared): a signature's
+    first call, repeats on the same tensors (a kept list), new tensors of the same signature and a
+    recurring output block (the caching allocator's) all give the reference; the kept lists hold no
+    tensor (freed operands are freed)."""
+    from primus_turbo.triton import launch as L
+
+    lens = [300, 0, 451, 200]
+    before = torch.cuda.memory_allocated()
+    for rep in range(4):
+        a, B, dy, offs = _operands(lens, 384, 256, "cuda", tail=7, kmajor=rep % 2 == 0)
+        for _ in range(2):
+            out = torch.full((a.shape[0], 384), float("nan"), device="cuda", dtype=a.dtype)
+            gg.grouped_gemm_gluon(a, B, offs, out=out)
+            assert torch.isfinite(out).all() and _snr(_ref_fwd(a, B, lens), out) >= MIN_SNR[torch.bfloat16]
+            fresh = gg.grouped_gemm_gluon(a, B, offs)  # a fresh output: the allocator's recurring block
+            assert torch.equal(fresh, out)
+            wg = vk.grouped_gemm_variable_k_gluon(a, dy[:, :128].contiguous(), offs)
+            assert _snr(_ref_wgrad(a, dy[:, :128].contiguous(), lens), wg) >= MIN_SNR[torch.bfloat16]
+        del a, B, dy, offs, out, fresh, wg
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    kept = [rec for key, rec in L._PREPARED.items()
+            if key[0] in (id(gg._grouped_gemm_gluon_ws_kernel), id(vk._grouped_gemm_variable_k_gluon_ws_kernel))]
+    assert kept and all(not isinstance(v, torch.Tensor) for rec in kept for v in rec[5])

@@ -246,3 +246,62 @@ def test_descriptor_expansion_is_cached(monkeypatch):
     assert L._cached_descriptors(plain) is plain
     # not a descriptor wrapper at all
     assert L._cached_descriptors(print) is print
+
+
+def test_descriptor_wrapper_exposes_its_expansion(monkeypatch):
+    """What launch_prepared builds its kept lists from: the wrapper's C launcher, its base-argument
+    count and ``finalize`` (the expansion without the launch), which gives the launcher exactly the
+    arguments Triton's own wrapper would; and ``_pointers_of``, the check of the caller's pointers
+    (tensors and descriptor bases, nothing else)."""
+    from triton.backends.nvidia import driver as nvd
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    monkeypatch.setattr(nvd, "make_tensordesc_arg",
+                        lambda arg, meta: [("map", arg.base.data_ptr(), tuple(arg.shape)), *arg.shape, *arg.strides])
+    got = []
+
+    def launcher(*a):
+        got.append(a)
+
+    signature = {0: "tensordesc<bf16[64, 64]>", 1: "*fp32", 2: "i32"}
+    inner = nvd.wrap_handle_tensordesc(launcher, signature, [{"swizzle": 3}])
+    direct = L._cached_descriptors(inner)
+    assert direct.launcher is launcher and direct.base == nvd._BASE_ARGS_FORMAT_LEN
+    base = tuple(range(nvd._BASE_ARGS_FORMAT_LEN))
+    a = torch.zeros(128, 64, dtype=torch.bfloat16)
+    p = torch.zeros(4)
+    d = TensorDescriptor(a, list(a.shape), list(a.stride()), [64, 64])
+    inner(*base, d, p, 5)
+    assert tuple(direct.finalize(base + (d, p, 5))) == got[0]
+    assert L._pointers_of((d, p, 5, None)) == {a.data_ptr(), p.data_ptr()}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="prepared launches exist for CUDA kernels only")
+def test_launch_prepared_keeps_pointer_lists():
+    """launch_prepared: right on the first call (through launch_keyed) and from its kept list, with
+    recurring and new pointers; the kept lists hold ints, never tensors (freed outputs are freed);
+    a caller whose pointers miss one of the arguments' tensors gets no kept list."""
+    n = 1000
+    gen = torch.Generator().manual_seed(9)
+    xs = [torch.randn(n, generator=gen).cuda() for _ in range(3)]
+    y = torch.randn(n, generator=gen).cuda()
+    kw = dict(BLOCK=128, num_warps=4)
+    before = torch.cuda.memory_allocated()
+    for i in range(6):
+        x = xs[i % 3]
+        out = torch.full_like(x, float("nan"))
+        args = (x, y, out, 0.5, n)
+        L.launch_prepared(_axpy_unspecialized_kernel, (triton.cdiv(n, 128),), lambda: args, kw, x.device,
+                          ("prep", torch.float32), (x.data_ptr(), y.data_ptr(), out.data_ptr()))
+        torch.testing.assert_close(out, 0.5 * x + y)
+        del out, args
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    kept = [v for k, v in L._PREPARED.items() if k[0] == id(_axpy_unspecialized_kernel) and k[2][0] == "prep"]
+    assert kept and all(not isinstance(a, torch.Tensor) for rec in kept for a in rec[5])
+    out = torch.full_like(y, float("nan"))
+    args = (y, y, out, 2.0, n)
+    L.launch_prepared(_axpy_unspecialized_kernel, (triton.cdiv(n, 128),), lambda: args, kw, y.device,
+                      ("prep-missing", torch.float32), (y.data_ptr(),))  # out's pointer left out
+    torch.testing.assert_close(out, 3.0 * y)
+    assert not any(k[2][0] == "prep-missing" for k in L._PREPARED)

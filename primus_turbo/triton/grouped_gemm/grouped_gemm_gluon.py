@@ -41,7 +41,7 @@ import torch
 
 from primus_turbo.triton.gemm import gemm_fp8_gluon as _dense
 from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, gluon_platform_reason
-from primus_turbo.triton.launch import launch, launch_keyed
+from primus_turbo.triton.launch import launch, launch_keyed, launch_prepared
 
 __all__ = [
     "GLUON_GROUPED_ENV",
@@ -651,15 +651,18 @@ def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tenso
                  num_programs, checked, _env_raw(PACE_ENV), _env_raw("TRITON_INTERPRET")),
         lambda: _plan(a, b, group_offs, out_dtype, config, out, num_programs, checked),
         lambda plan: torch.empty((plan.M, plan.N), dtype=plan.out_dtype, device=a.device),
-        lambda plan, o: _launch_args(plan, a, b, group_offs, o))
+        lambda plan, o: _launch_args(plan, a, b, group_offs, o),
+        lambda plan, o: None if plan.cfg.pace else (a.data_ptr(), b.data_ptr(), o.data_ptr(), group_offs.data_ptr()))
 
 
-def planned_launch(kernel, device: torch.device, out, key, make_plan, new_out, launch_args):
+def planned_launch(kernel, device: torch.device, out, key, make_plan, new_out, launch_args, ptrs=None):
     """The launch of a 16-bit grouped Gluon kernel through its plan: ``key()`` (the call signature;
     an AttributeError / TypeError, as from a non-tensor argument, skips the cache), ``make_plan()``
     (validates, raising ValueError, and plans: its ``empty`` verdict, ``grid`` and ``kwargs``) on a
     miss, ``new_out(plan)`` when ``out`` is None, ``launch_args(plan, out)``; keyed by the signature,
-    which fixes every fact the kernel specializes on (a fresh output is 16-byte aligned)."""
+    which fixes every fact the kernel specializes on (a fresh output is 16-byte aligned).
+    ``ptrs(plan, out)``: the data pointers of every tensor the launch arguments hold (or None),
+    with which the launch is prepared once per signature and pointers (:func:`launch_prepared`)."""
     try:
         k = key()
         plan = _PLANS.get(k)
@@ -675,11 +678,13 @@ def planned_launch(kernel, device: torch.device, out, key, make_plan, new_out, l
         out = new_out(plan)
     if plan.empty is not None:
         return out.zero_() if plan.empty == "zero" else out
-    args = launch_args(plan, out)
-    if k is None:
-        launch(kernel, plan.grid, args, plan.kwargs, device)
+    p = ptrs(plan, out) if (ptrs is not None and k is not None and device.type == "cuda") else None
+    if p is not None:
+        launch_prepared(kernel, plan.grid, lambda: launch_args(plan, out), plan.kwargs, device, k, p)
+    elif k is None:
+        launch(kernel, plan.grid, launch_args(plan, out), plan.kwargs, device)
     else:
-        launch_keyed(kernel, plan.grid, args, plan.kwargs, device, k)
+        launch_keyed(kernel, plan.grid, launch_args(plan, out), plan.kwargs, device, k)
     return out
 
 

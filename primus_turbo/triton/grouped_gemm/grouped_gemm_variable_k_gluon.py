@@ -297,7 +297,8 @@ def grouped_gemm_variable_k_gluon(x: torch.Tensor, y: torch.Tensor, group_offs: 
                  bool(accumulate), out_dtype, config, num_programs, _m._env_raw("TRITON_INTERPRET")),
         lambda: _plan(x, y, group_offs, out, accumulate, out_dtype, config, num_programs),
         lambda plan: torch.empty((plan.G, plan.P, plan.Q), dtype=plan.out_dtype, device=x.device),
-        lambda plan, o: _launch_args(plan, x, y, group_offs, o))
+        lambda plan, o: _launch_args(plan, x, y, group_offs, o),
+        lambda plan, o: (x.data_ptr(), y.data_ptr(), o.data_ptr(), group_offs.data_ptr()))
 
 
 @dataclasses.dataclass(frozen=True)
