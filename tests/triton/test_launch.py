@@ -305,3 +305,62 @@ def test_launch_prepared_keeps_pointer_lists():
                       ("prep-missing", torch.float32), (y.data_ptr(),))  # out's pointer left out
     torch.testing.assert_close(out, 3.0 * y)
     assert not any(k[2][0] == "prep-missing" for k in L._PREPARED)
+
+
+def test_launch_prepared_logic_without_a_gpu(monkeypatch):
+    """launch_prepared's bookkeeping with the CUDA side mocked (CPU CI): a miss launches through
+    launch_keyed and keeps the C launcher's list (descriptors through ``finalize``, tensors as int
+    pointers); a hit calls the kept launcher with the fixed head, the current stream and that list,
+    and builds no arguments; pointers that miss a tensor of the arguments keep nothing; a launch
+    hook sends every call back through launch_keyed."""
+    from types import SimpleNamespace
+
+    from triton.backends.nvidia import driver as nvd
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    monkeypatch.setattr(nvd, "make_tensordesc_arg",
+                        lambda arg, meta: [("map", arg.base.data_ptr()), *arg.shape, *arg.strides])
+    launched = []
+    inner = nvd.wrap_handle_tensordesc(lambda *a: launched.append(("c", a)),
+                                       {0: "tensordesc<bf16[64, 64]>", 1: "*fp32", 2: "i32"}, [{"swizzle": 3}])
+    direct = L._cached_descriptors(inner)
+    jit_fn = object()
+    keyed = []
+
+    def fake_keyed(fn, grid, args, kw, dev, key):
+        keyed.append(args)
+        L._KEYED[(id(fn), 0, key)] = ((direct, "function", False, False, "packed"), [128])
+
+    hooks = [False]
+    monkeypatch.setattr(L, "launch_keyed", fake_keyed)
+    monkeypatch.setattr(L, "_DIRECT", [True])
+    monkeypatch.setattr(L, "raw_stream", lambda index: 77)
+    monkeypatch.setattr(L, "no_launch_hooks", lambda: not hooks[0])
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)  # absent from CPU builds
+    dev = SimpleNamespace(type="cuda", index=0)
+    a = torch.zeros(128, 64, dtype=torch.bfloat16)
+    p = torch.zeros(4)
+    built = []
+
+    def args_fn():
+        built.append(1)
+        return (TensorDescriptor(a, list(a.shape), list(a.stride()), [64, 64]), p, 5)
+
+    ptrs = (a.data_ptr(), p.data_ptr())
+    L.launch_prepared(jit_fn, (3,), args_fn, {}, dev, "k", ptrs)  # miss: launch_keyed, then kept
+    assert len(keyed) == 1 and len(built) == 1
+    rec = L._PREPARED[(id(jit_fn), 0, "k", ptrs)]
+    assert rec[5] == [("map", a.data_ptr()), 128, 64, 64, 1, p.data_ptr(), 5, 128]
+    L.launch_prepared(jit_fn, (3, 2), args_fn, {}, dev, "k", ptrs)  # hit: no arguments built
+    assert len(keyed) == 1 and len(built) == 1
+    assert launched[-1] == ("c", (3, 2, 1, 77, "function", False, False, None, None, "packed", None, None, None,
+                                  *rec[5]))
+    L.launch_prepared(jit_fn, (3,), args_fn, {}, dev, "k2", (a.data_ptr(),))  # p's pointer missing
+    assert len(keyed) == 2 and (id(jit_fn), 0, "k2", (a.data_ptr(),)) not in L._PREPARED
+    hooks[0] = True  # a hook installed: launch_keyed every time
+    L.launch_prepared(jit_fn, (3,), args_fn, {}, dev, "k", ptrs)
+    assert len(keyed) == 3
+    for k in [k for k in L._PREPARED if k[0] == id(jit_fn)]:
+        del L._PREPARED[k]
+    for k in [k for k in L._KEYED if k[0] == id(jit_fn)]:
+        del L._KEYED[k]
