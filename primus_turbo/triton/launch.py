@@ -235,7 +235,12 @@ def _tail(names, defaults, kwargs: dict) -> list:
     return [kwargs[n] if n in kwargs else d for n, d in zip(names, defaults)]
 
 
-def _call_entry(entry, grid: tuple, index: int, args: tuple, tail: list) -> None:
+#: the C launcher's leading arguments before the kernel's own (grid, stream, function, launch flags,
+#: metadata, hooks: Triton's ``_BASE_ARGS_FORMAT``), as :func:`_call_entry` passes them
+_HEAD_ARGS = 13
+
+
+def _call_entry(entry, grid: tuple, index: int, args, tail) -> None:
     """A :func:`direct_entry` called on the device's current stream."""
     fn, function, coop, pdl, packed = entry
     g1 = grid[1] if len(grid) > 1 else 1
@@ -286,8 +291,8 @@ def launch(jit_fn, grid: tuple, args: tuple, kwargs: dict, device: torch.device)
 _KEYED: dict = {}
 
 
-# (id(jit_fn), device index, caller's key, caller's pointers) -> (C launcher, function, cooperative,
-# PDL, packed metadata, the kernel arguments as the C launcher takes them)
+# (id(jit_fn), device index, caller's key, caller's pointers) -> (the entry with the C launcher itself
+# in place of the descriptor-expanding wrapper, the kernel arguments as the C launcher takes them)
 _PREPARED: dict = {}
 
 
@@ -307,11 +312,7 @@ def launch_prepared(jit_fn, grid: tuple, args_fn, kwargs: dict, device: torch.de
         pkey = (id(jit_fn), index, key, ptrs)
         rec = _PREPARED.get(pkey)
         if rec is not None and no_launch_hooks() and torch._C._cuda_getDevice() == index:
-            launcher, function, coop, pdl, packed, final = rec
-            g1 = grid[1] if len(grid) > 1 else 1
-            g2 = grid[2] if len(grid) > 2 else 1
-            launcher(grid[0], g1, g2, raw_stream(index), function, coop, pdl, None, None, packed, None, None, None,
-                     *final)
+            _call_entry(rec[0], grid, index, rec[1], ())
             return
         args = args_fn()
         launch_keyed(jit_fn, grid, args, kwargs, device, key)
@@ -320,8 +321,9 @@ def launch_prepared(jit_fn, grid: tuple, args_fn, kwargs: dict, device: torch.de
         if fn is None or not _pointers_of(args) <= set(ptrs):
             return
         entry, tail = hit
-        if getattr(fn, "finalize", None) is not None and fn.base == 13:  # descriptors: encoded once
-            launcher, final = fn.launcher, fn.finalize((None,) * 13 + tuple(args) + tuple(tail))[13:]
+        if getattr(fn, "finalize", None) is not None and fn.base == _HEAD_ARGS:  # descriptors: encoded once
+            launcher = fn.launcher
+            final = fn.finalize((None,) * _HEAD_ARGS + tuple(args) + tuple(tail))[_HEAD_ARGS:]
         elif not any(getattr(v, "base", None) is not None for v in args):  # the C launcher itself
             launcher, final = fn, list(args) + list(tail)
         else:  # descriptors the launcher expands itself: nothing to keep without keeping tensors
@@ -329,7 +331,7 @@ def launch_prepared(jit_fn, grid: tuple, args_fn, kwargs: dict, device: torch.de
         final = [v.data_ptr() if isinstance(v, torch.Tensor) else v for v in final]
         if len(_PREPARED) >= _MAX_ENTRIES:
             _PREPARED.clear()
-        _PREPARED[pkey] = (launcher, entry[1], entry[2], entry[3], entry[4], final)
+        _PREPARED[pkey] = ((launcher,) + tuple(entry[1:]), final)
         return
     launch_keyed(jit_fn, grid, args_fn(), kwargs, device, key)
 

@@ -801,4 +801,4 @@ def test_prepared_launches_follow_the_pointers():
     assert torch.cuda.memory_allocated() == before
     kept = [rec for key, rec in L._PREPARED.items()
             if key[0] in (id(gg._grouped_gemm_gluon_ws_kernel), id(vk._grouped_gemm_variable_k_gluon_ws_kernel))]
-    assert kept and all(not isinstance(v, torch.Tensor) for rec in kept for v in rec[5])
+    assert kept and all(not isinstance(v, torch.Tensor) for rec in kept for v in rec[1])

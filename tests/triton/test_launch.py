@@ -298,7 +298,7 @@ def test_launch_prepared_keeps_pointer_lists():
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == before
     kept = [v for k, v in L._PREPARED.items() if k[0] == id(_axpy_unspecialized_kernel) and k[2][0] == "prep"]
-    assert kept and all(not isinstance(a, torch.Tensor) for rec in kept for a in rec[5])
+    assert kept and all(not isinstance(a, torch.Tensor) for rec in kept for a in rec[1])
     out = torch.full_like(y, float("nan"))
     args = (y, y, out, 2.0, n)
     L.launch_prepared(_axpy_unspecialized_kernel, (triton.cdiv(n, 128),), lambda: args, kw, y.device,
@@ -350,11 +350,11 @@ def test_launch_prepared_logic_without_a_gpu(monkeypatch):
     L.launch_prepared(jit_fn, (3,), args_fn, {}, dev, "k", ptrs)  # miss: launch_keyed, then kept
     assert len(keyed) == 1 and len(built) == 1
     rec = L._PREPARED[(id(jit_fn), 0, "k", ptrs)]
-    assert rec[5] == [("map", a.data_ptr()), 128, 64, 64, 1, p.data_ptr(), 5, 128]
+    assert rec[1] == [("map", a.data_ptr()), 128, 64, 64, 1, p.data_ptr(), 5, 128]
     L.launch_prepared(jit_fn, (3, 2), args_fn, {}, dev, "k", ptrs)  # hit: no arguments built
     assert len(keyed) == 1 and len(built) == 1
     assert launched[-1] == ("c", (3, 2, 1, 77, "function", False, False, None, None, "packed", None, None, None,
-                                  *rec[5]))
+                                  *rec[1]))
     L.launch_prepared(jit_fn, (3,), args_fn, {}, dev, "k2", (a.data_ptr(),))  # p's pointer missing
     assert len(keyed) == 2 and (id(jit_fn), 0, "k2", (a.data_ptr(),)) not in L._PREPARED
     hooks[0] = True  # a hook installed: launch_keyed every time
