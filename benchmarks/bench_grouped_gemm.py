@@ -495,6 +495,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="do_bench (host time included where it shows) or graph (device time alone, CUDA-graph "
                         "replay with L2 flushed per call; forward+backward with the grads reset in every call)")
     p.add_argument("--warmup-ms", type=float, default=None, help="do_bench warm-up (default 10; 0 with --cpu-smoke)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help=f"interleaved timing rounds per implementation (default {ROUNDS}; 1 with --cpu-smoke)")
     p.add_argument("--rep-ms", type=float, default=None, help="do_bench repetition time per round (default 40; 0 with --cpu-smoke)")
     args, _unknown = p.parse_known_args(argv)
     return args
@@ -507,7 +509,7 @@ def run(args: argparse.Namespace) -> tuple[Path, list[Row]]:
     if args.cpu_smoke and not has_cuda:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels through the interpreter
     global _rounds
-    _rounds = 1 if args.cpu_smoke else ROUNDS
+    _rounds = 1 if args.cpu_smoke else (args.rounds or ROUNDS)
     device = torch.device("cuda" if has_cuda else "cpu")
     models = [x for x in (args.models or (QUICK_MODELS if args.quick else MOE_MODELS)) if x in MODELS]
     eps = list(args.ep or (QUICK_EPS if args.quick else EPS))
