@@ -453,17 +453,17 @@ def test_scaled_default_rule(fake_sm90, monkeypatch):
         monkeypatch.delenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED")
         assert be.gluon_grouped_scaled_enabled() is None
         assert be._default_mgrouped(**kw) == BackendType.GLUON
-    # the rule's vendor band: 2048 < K < 8192 with four experts or more
-    assert [be.gluon_scaled_preferred(G, K) for G, K in ((4, 768), (16, 2048), (1, 2880), (2, 4096), (4, 2880),
-                                                         (32, 7168), (8, 8192), (1, 14336))] == \
-        [True, True, True, True, False, False, True, True]
+    # the rule: the Gluon kernel for every shape, the old vendor band (2048 < K < 8192 with four
+    # experts or more) included since the H200 run of 2026-12-04
+    assert all(be.gluon_scaled_preferred(G, K) for G, K in ((4, 768), (16, 2048), (1, 2880), (2, 4096), (4, 2880),
+                                                            (32, 7168), (8, 8192), (1, 14336)))
     a4, b4, offs4 = _scaled_operands([16, 0, 8, 24], 128, 4096, "cpu")
     kw4 = dict(a_q=a4, a_scale=torch.ones(()), b_q=b4, b_scale=torch.ones(()), mode="TENSORWISE", group_lens=None,
                group_offs=offs4, out_dtype=torch.bfloat16, block_size=128, num_cu=None)
     assert be.GroupedGemmFP8GluonBackend.why_not(**kw4) is None
-    assert be._default_mgrouped(**kw4) != BackendType.GLUON
-    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED", "1")
     assert be._default_mgrouped(**kw4) == BackendType.GLUON
+    monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED", "0")
+    assert be._default_mgrouped(**kw4) != BackendType.GLUON
     monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED", "sometimes")
     with pytest.raises(ValueError, match="PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED"):
         be.gluon_grouped_scaled_enabled()

@@ -24,17 +24,18 @@ after). The variable-K problem is its 2d-2d form, whose per-group K slices must 
 aligned: the FP8 operands are first gathered into a token layout whose group segments are padded
 with zero columns to multiples of 16 (:func:`padded_group_layout`, on the device); a bf16 result is
 added into (or converted to) ``out`` afterwards, so a fused fp32 ``main_grad`` accumulation adds a
-bf16-rounded wgrad (TRITON sums in fp32). It is the default for the M-grouped problem wherever it
-can run (TRITON elsewhere); the variable-K problem defaults to TRITON (no padding copies). Pin it (``GlobalBackendManager.set_grouped_gemm_backend(BackendType.TORCH,
+bf16-rounded wgrad (TRITON sums in fp32). It is the M-grouped default where the Gluon kernel
+cannot run and it can (TRITON elsewhere); the variable-K problem defaults to TRITON (no padding
+copies). Pin it (``GlobalBackendManager.set_grouped_gemm_backend(BackendType.TORCH,
 precision="FP8")``, ``PRIMUS_TURBO_GROUPED_GEMM_BACKEND=FP8:TORCH``) or let autotune pick it. A pin
 on inputs it cannot run (BLOCKWISE, MX, E5M2, CPU, ...) raises ``ValueError`` naming the reason.
 
 GLUON (triton/grouped_gemm/grouped_gemm_fp8_gluon.py, sm_90): the M-grouped BLOCKWISE problem with
 E4M3 operands (forward, E4M3 dgrad), a warp-specialized TMA / wgmma kernel, the default on sm_90
 (``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON=0`` turns it off); see :class:`GroupedGemmFP8GluonBackend`.
-The same kernel runs TENSORWISE / ROWWISE E4M3 with broadcast scales, the default by a measured
-shape rule (:func:`gluon_scaled_preferred`; ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED`` 1 / 0
-forces it on / off).
+The same kernel runs TENSORWISE / ROWWISE E4M3 with broadcast scales, the default for every shape
+it can run (:func:`gluon_scaled_preferred`, measured; ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED``
+0 forces the vendor op).
 The variable-K BLOCKWISE problem (the wgrad, E4M3 or E5M2 operands, accumulation into fp32) has
 its own Gluon kernel (triton/grouped_gemm/grouped_gemm_fp8_variable_k_gluon.py), the variable-K
 default on sm_90 where it can run (``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD=0`` turns it off);
@@ -274,8 +275,8 @@ class GroupedGemmFP8GluonBackend(KernelBackend):
     the forward and the E4M3 dgrad; TENSORWISE / ROWWISE E4M3 on the same kernel with broadcast
     scales (``grouped_gemm_fp8_scaled_gluon``). The BLOCKWISE M-grouped default on sm_90 where it
     can run (``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON=0`` turns it off); the TENSORWISE / ROWWISE
-    default where :func:`gluon_scaled_preferred` says so (``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED``
-    overrides the rule). A GLUON pin reaches it as
+    default wherever it can run (:func:`gluon_scaled_preferred`; ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED``
+    overrides it). A GLUON pin reaches it as
     well; the variable-K dispatcher's GLUON backend (the BLOCKWISE wgrad) raises on the rest. Not
     autotuned."""
 
@@ -353,17 +354,20 @@ def gluon_grouped_scaled_enabled() -> Optional[bool]:
 
 
 def gluon_scaled_preferred(G: int, K: int) -> bool:
-    """The TENSORWISE / ROWWISE default's shape rule: the Gluon kernel unless ``2048 < K < 8192``
-    with four experts or more, where ``torch._scaled_grouped_mm`` is as fast or faster.
+    """The TENSORWISE / ROWWISE default's shape rule: the Gluon kernel for every shape (where its
+    check passes; ``torch._scaled_grouped_mm`` is the fallback, and
+    ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED=0`` forces it).
 
-    H200, 2026-12-01 (``scripts/diag_grouped_launch.py``, device time under CUDA-graph replay,
-    1024-4096 rows per expert): Gluon / vendor op 2.9-3.6x at K 768 (Qwen3-30B-A3B down, G 4-16),
-    3.0-3.4x at K 1536-2048 with 1024 rows per expert, 1.1-1.2x at 4096 rows, 1.4-1.5x for one
-    expert at K 2880 / 14336 (GPT-OSS-20B, Mixtral-8x7B at EP 32 / 8); at K 2880-4096 with G >= 4
-    0.88-1.09x (Qwen3-235B-A22B gate_up, GPT-OSS-20B at EP 8), at K 7168 (DeepSeek-V3) 1.00-1.03x.
-    The vendor op also pays two to four small launches (int32 offsets, expanded scales, the zero
-    tail) that the Gluon kernel does not."""
-    return not (2048 < K < 8192 and G >= 4)
+    H200, 2026-12-04 (``benchmarks/bench_grouped_gemm.py --timing graph --fp8 TENSORWISE ROWWISE``,
+    5 interleaved rounds, 36 balanced registry cases of DeepSeek-V3, Qwen3-235B-A22B and
+    GPT-OSS-20B at 1024 / 4096 rows per expert): the Gluon kernel 1.04-3.27x the vendor op on every
+    case, 1.04-1.36x the old default in the band it used to leave to the vendor op
+    (``2048 < K < 8192`` with four experts or more: K 2880 / 4096 / 7168), where the vendor op also
+    pays two to four small launches (int32 offsets, expanded scales, the zero tail). The band
+    came from session 11's measurement (2026-12-01: 0.88-1.09x there), before later changes to
+    the Gluon kernel. ``G`` and ``K`` stay in the signature for callers that ask per shape."""
+    del G, K
+    return True
 
 
 def _make_key(a_q, a_scale, b_q, b_scale, mode, group_lens, group_offs, out_dtype, block_size=128, num_cu=None,
@@ -375,8 +379,8 @@ def _make_key(a_q, a_scale, b_q, b_scale, mode, group_lens, group_offs, out_dtyp
 def _default_mgrouped(**kwargs) -> BackendType:
     """The M-grouped FP8 default, in one place. TENSORWISE / ROWWISE: the Gluon kernel where
     :func:`gluon_scaled_preferred` (or ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED=1``) picks it and
-    it can run (sm_90, E4M3), else the vendor kernel where it runs (E4M3, bf16 out, aligned: our
-    Triton kernel reaches 0.73-1.00x of it on the H200 forward). BLOCKWISE: unless
+    it can run (sm_90, E4M3; every shape since 2026-12-04), else the vendor kernel where it runs
+    (E4M3, bf16 out, aligned: our Triton kernel reaches 0.73-1.00x of it on the H200 forward). BLOCKWISE: unless
     ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON=0``, the Gluon kernel where its check passes (sm_90,
     E4M3, aligned rows). TRITON everywhere else. TORCH and GLUON are returned only after their own
     check said yes (``default_checked``)."""
