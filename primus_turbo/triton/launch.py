@@ -42,8 +42,8 @@ try:
 except ImportError:  # no triton: nothing here can launch; the modules that import this still load
     knobs = None
 
-__all__ = ["launch", "launch_key", "launch_keyed", "direct_entry", "no_launch_hooks", "raw_stream",
-           "set_direct_launch"]
+__all__ = ["launch", "launch_key", "launch_keyed", "launch_prepared", "direct_entry", "no_launch_hooks", "raw_stream",
+           "set_direct_launch", "tensor_sig"]
 
 # PRIMUS_TURBO_DIRECT_LAUNCH=0 keeps every launch on Triton's own path (read at import)
 _DIRECT = [os.environ.get("PRIMUS_TURBO_DIRECT_LAUNCH", "1").strip() != "0"]
@@ -334,6 +334,12 @@ def launch_prepared(jit_fn, grid: tuple, args_fn, kwargs: dict, device: torch.de
         _PREPARED[pkey] = ((launcher,) + tuple(entry[1:]), final)
         return
     launch_keyed(jit_fn, grid, args_fn(), kwargs, device, key)
+
+
+def tensor_sig(t: torch.Tensor) -> tuple:
+    """What a keyed or prepared launch depends on of a tensor argument besides its data pointer:
+    shape, strides, dtype, device and 16-byte alignment (Triton specializes on the alignment)."""
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
 
 
 def _pointers_of(args) -> set:

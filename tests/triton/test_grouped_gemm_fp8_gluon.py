@@ -532,3 +532,88 @@ def test_scaled_op_with_the_switch(granularity, monkeypatch):
     """grouped_gemm_fp8 forward and backward with the scaled Gluon default on and off."""
     results = _op_with_switch_on_and_off(monkeypatch, "PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED", granularity)
     assert torch.all(results["1"][0][950:] == 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The prepared launch (triton/launch.launch_prepared)
+# ---------------------------------------------------------------------------------------------
+def _launch_operands(form, lens, extra_rows=0, device="cpu", N=256, K=384):
+    """(a, sa, b, sb, offs, out, sc) as the launcher hands them to the kernel: BLOCKWISE operands, or
+    the broadcast scale views of the TENSORWISE / ROWWISE path (``_scaled_views``)."""
+    if form == "blockwise":
+        (a, sa, b, sb, offs), _ = _operands(lens, N, K, device, extra_rows=extra_rows)
+        sc = None
+    else:
+        a, b, offs = _scaled_operands(lens, N, K, device, extra_rows=extra_rows)
+        a_scale, b_scale = _scale_forms(a.shape[0], len(lens), N, device)[form]
+        sa, sb, sc = gg._scaled_views(a, a_scale, b, b_scale)
+    out = torch.empty(a.shape[0], N, dtype=torch.bfloat16, device=device)
+    return a, sa, b, sb, offs, out, sc
+
+
+@needs_gluon
+@pytest.mark.parametrize("form", ["blockwise", "tensorwise", "rowwise"])
+def test_prepared_key_covers_the_launch_arguments(form):
+    """The prepared launch's key and pointers (``_prepared_key``): the pointers cover every tensor
+    and descriptor base among the kernel's arguments (else ``launch_prepared`` keeps nothing and
+    every call pays the full host path); new tensors of the same signature give the same key and
+    their own pointers; another M, a misaligned output or the column-scale switch give another key."""
+    from primus_turbo.triton import launch as L
+
+    cfg = gg.grouped_default_config(0, 0, 0, 0, torch.bfloat16)
+    ops = _launch_operands(form, [64, 0, 100])
+    key, ptrs = gg._prepared_key(*ops[:6], cfg, ops[6])
+    args, kwargs = gg._kernel_args(*ops[:6], cfg, ops[6])
+    assert L._pointers_of(args) and L._pointers_of(args) <= set(ptrs)
+    assert kwargs["COL_SCALE"] == (form == "rowwise") == (ops[6] is not None)
+    hash(key)
+    again = _launch_operands(form, [64, 0, 100])
+    key2, ptrs2 = gg._prepared_key(*again[:6], cfg, again[6])
+    assert key2 == key and ptrs2 != ptrs
+    other = _launch_operands(form, [64, 0, 100], extra_rows=3)
+    assert gg._prepared_key(*other[:6], cfg, other[6])[0] != key
+    a, sa, b, sb, offs, out, sc = ops
+    raw = torch.empty(out.numel() + 8, dtype=out.dtype)
+    shifted = raw[1:1 + out.numel()].view(out.shape)  # 2 bytes past a 16-byte boundary
+    assert gg._prepared_key(a, sa, b, sb, offs, shifted, cfg, sc)[0] != key
+    if form == "rowwise":  # the same operands without the per-column scales: another key
+        assert gg._prepared_key(a, sa, b, sb, offs, out, cfg, None)[0] != key
+
+
+@sm90
+@pytest.mark.gpu
+def test_prepared_launches_follow_the_pointers():
+    """The BLOCKWISE and ROWWISE launches through the prepared path: a signature's first call,
+    repeats on the same tensors (a kept list) and new tensors of the same signature all give the
+    reference and the output of a fresh call; the kept lists hold no tensor (freed operands are
+    freed)."""
+    from primus_turbo.triton import launch as L
+
+    lens, N, K = [200, 0, 384, 77], 512, 1024
+
+    def run_once(check: bool):
+        (a, sa, b, sb, offs), ref = _operands(lens, N, K, "cuda", extra_rows=5)
+        a8, b8, offs8 = _scaled_operands(lens, N, K, "cuda", extra_rows=5)
+        a_scale, b_scale = _scale_forms(a8.shape[0], len(lens), N, "cuda")["rowwise"]
+        ref8 = _scaled_ref(a8, a_scale, b8, b_scale, lens)
+        for _ in range(2):
+            out = torch.full((a.shape[0], N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            gg.grouped_gemm_fp8_blockwise_gluon(a, sa, b, sb, offs, out=out)
+            fresh = gg.grouped_gemm_fp8_blockwise_gluon(a, sa, b, sb, offs)
+            out8 = torch.full((a8.shape[0], N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            gg.grouped_gemm_fp8_scaled_gluon(a8, a_scale, b8, b_scale, offs8, "ROWWISE", out=out8)
+            if check:
+                assert _snr(ref, out) >= MIN_SNR[torch.bfloat16] and torch.equal(fresh, out)
+                assert _snr(ref8, out8) >= MIN_SNR[torch.bfloat16]
+
+    # first: the references' cuBLAS workspace and the scaled path's persistent 1.0 (both kept for
+    # the process by design), so that the count below sees only what the launches keep
+    run_once(check=True)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for _ in range(3):
+        run_once(check=True)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    kept = [rec for key, rec in L._PREPARED.items() if key[0] == id(gg._grouped_gemm_fp8_blockwise_ws_kernel)]
+    assert kept and all(not isinstance(v, torch.Tensor) for rec in kept for v in rec[1])

@@ -49,6 +49,7 @@ from primus_turbo.triton.gemm.gemm_fp8_gluon import (
     GluonBlockwiseConfig,
     gluon_platform_reason,
 )
+from primus_turbo.triton.launch import launch_prepared, tensor_sig
 
 __all__ = [
     "GROUPED_DEFAULT_CONFIG",
@@ -363,9 +364,7 @@ def _kernel_args(a, sa, b, sb, group_offs, out, cfg: GluonBlockwiseConfig, sc: O
     args = (a_desc, b_desc, c_desc, out, sa, sb, group_offs, sa if sc is None else sc, M, N, K, G,
             out.stride(0), sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1), sb.stride(2),
             0 if sc is None else sc.stride(0))
-    kwargs = _dense._launch_kwargs(cfg)
-    kwargs["COL_SCALE"] = sc is not None
-    return args, kwargs
+    return args, _dense._launch_kwargs(cfg, COL_SCALE=sc is not None)
 
 
 def _launch_reason(a, b, group_offs, out, num_programs) -> Optional[str]:
@@ -419,11 +418,33 @@ def _launch(a, sa, b, sb, group_offs, out_dtype, config, out, num_programs, sc, 
     bad = cfg.check(out.element_size())
     if bad is not None:
         raise ValueError(f"{who}: {bad}")
-    args, kwargs = _kernel_args(a, sa, b, sb, group_offs, out, cfg, sc)
     # a static bound on the tiles (every group may add one partial row tile, plus the tail)
     tiles = (-(-M // cfg.BLOCK_M) + G + 1) * -(-N // cfg.block_n)
-    _dense._launch_persistent(_grouped_gemm_fp8_blockwise_ws_kernel, a.device, tiles, num_programs, args, kwargs)
+    dev = a.device
+    if dev.type != "cuda":
+        args, kwargs = _kernel_args(a, sa, b, sb, group_offs, out, cfg, sc)
+        _dense._launch_persistent(_grouped_gemm_fp8_blockwise_ws_kernel, dev, tiles, num_programs, args, kwargs)
+        return out
+    key, ptrs = _prepared_key(a, sa, b, sb, group_offs, out, cfg, sc)
+    kwargs = _dense._launch_kwargs(cfg, COL_SCALE=sc is not None)
+    grid = (min(num_programs or _dense._num_sms(dev), tiles),)
+    launch_prepared(_grouped_gemm_fp8_blockwise_ws_kernel, grid,
+                    lambda: _kernel_args(a, sa, b, sb, group_offs, out, cfg, sc)[0], kwargs, dev, key, ptrs)
     return out
+
+
+def _prepared_key(a, sa, b, sb, group_offs, out, cfg: GluonBlockwiseConfig, sc) -> tuple:
+    """(key, pointers) of :func:`_launch`'s prepared launch (triton/launch.launch_prepared): the key
+    fixes every argument of :func:`_kernel_args` but the data pointers (shapes, strides, dtypes and
+    16-byte alignment of every tensor, the config, the column-scale switch), so the C launcher's
+    argument list is a function of (key, pointers) and a repeat call skips building and encoding
+    the three descriptors; the pointers are those of every tensor and descriptor base among the
+    arguments."""
+    sig = tensor_sig
+    key = ("f8", sig(a), sig(sa), sig(b), sig(sb), sig(group_offs), sig(out), None if sc is None else sig(sc), cfg)
+    ptrs = (a.data_ptr(), sa.data_ptr(), b.data_ptr(), sb.data_ptr(), group_offs.data_ptr(), out.data_ptr(),
+            sa.data_ptr() if sc is None else sc.data_ptr())
+    return key, ptrs
 
 
 # ----------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ import torch
 
 from primus_turbo.triton.gemm import gemm_fp8_gluon as _dense
 from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, gluon_platform_reason
-from primus_turbo.triton.launch import launch, launch_keyed, launch_prepared
+from primus_turbo.triton.launch import launch, launch_keyed, launch_prepared, tensor_sig
 
 __all__ = [
     "GLUON_GROUPED_ENV",
@@ -688,9 +688,7 @@ def planned_launch(kernel, device: torch.device, out, key, make_plan, new_out, l
     return out
 
 
-def _sig(t: torch.Tensor) -> tuple:
-    """What a launch plan depends on of a tensor: shape, strides, dtype, device, 16-byte alignment."""
-    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+_sig = tensor_sig  # what a launch plan depends on of a tensor (also the variable-K launcher's)
 
 
 @dataclasses.dataclass(frozen=True)
