@@ -324,3 +324,59 @@ def test_op_fused_forward_backward_equals_composition(fuse, monkeypatch):
     fused, ref = run(True), run(False)
     for a, b in zip(fused, ref):
         assert torch.equal(a, b)
+
+
+@needs_gluon
+@pytest.mark.parametrize("act", ["swiglu", "geglu"])
+def test_prepared_key_covers_the_launch_arguments(act):
+    """The prepared launch's key and pointers (``_prepared_key``): the pointers cover every tensor
+    and descriptor base among the kernel's arguments, the gate / linear half views' own included
+    (else ``launch_prepared`` keeps nothing); new tensors of the same signature give the same key
+    and their own pointers; another F, a misaligned output or the other activation give another key."""
+    from primus_turbo.triton import launch as L
+
+    def operands(F, seed):
+        x, w, probs, mask, offs = _operands([100, 0, 300], F, 136, "cpu", tail=5, seed=seed)
+        h = torch.empty(x.shape[0], 2 * F, dtype=x.dtype)
+        out = torch.empty(x.shape[0], F, dtype=x.dtype)
+        return x, w, offs, probs, mask.view(torch.uint8), h, out
+
+    code, cfg = gf.GLU_ACTS[act], gf.GLU_DEFAULT_CONFIG
+    ops = operands(200, 0)
+    key, ptrs = gf._prepared_key(*ops, code, cfg)
+    args, kwargs = gf._kernel_args(*ops, code, cfg)
+    assert L._pointers_of(args) and L._pointers_of(args) <= set(ptrs)
+    assert kwargs["ACT"] == code
+    hash(key)
+    again = operands(200, 1)
+    key2, ptrs2 = gf._prepared_key(*again, code, cfg)
+    assert key2 == key and ptrs2 != ptrs
+    assert gf._prepared_key(*operands(208, 0), code, cfg)[0] != key
+    assert gf._prepared_key(*ops, 1 - code, cfg)[0] != key
+    raw = torch.empty(ops[6].numel() + 8, dtype=ops[6].dtype)
+    shifted = raw[1:1 + ops[6].numel()].view(ops[6].shape)  # 2 bytes past a 16-byte boundary
+    assert gf._prepared_key(*ops[:6], shifted, code, cfg)[0] != key
+
+
+@sm90_gpu
+def test_prepared_launches_follow_the_pointers():
+    """Repeated launches through the prepared path: a signature's first call, repeats on the same
+    operands (a kept list: the allocator hands the outputs' blocks back) and new operands of the
+    same signature all equal a fresh launch with the prepared lists cleared, and the kept lists
+    hold no tensor."""
+    from primus_turbo.triton import launch as L
+
+    lens, F, K = [300, 0, 451, 200], 256, 512
+    for seed in range(3):
+        x, w, probs, mask, offs = _operands(lens, F, K, "cuda", tail=7, seed=seed)
+        for _ in range(2):
+            h, out = gf.grouped_gemm_glu_gluon(x, w, offs, probs, mask, "swiglu")
+            saved = dict(L._PREPARED)
+            L._PREPARED.clear()  # the same launch built from scratch
+            h_ref, o_ref = gf.grouped_gemm_glu_gluon(x, w, offs, probs, mask, "swiglu")
+            L._PREPARED.update(saved)
+            assert torch.equal(h, h_ref) and torch.equal(out, o_ref)
+            h64, _ = _ref(x.nan_to_num(0.0), w, probs.nan_to_num(0.0), mask, lens, "swiglu")
+            assert _snr(h64[:sum(lens)], h[:sum(lens)]) >= 40
+    kept = [rec for key, rec in L._PREPARED.items() if key[0] == id(gf._grouped_gemm_glu_gluon_ws_kernel)]
+    assert kept and all(not isinstance(v, torch.Tensor) for rec in kept for v in rec[1])

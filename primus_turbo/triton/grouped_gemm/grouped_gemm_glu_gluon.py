@@ -43,6 +43,7 @@ import torch
 from primus_turbo.triton.gemm import gemm_fp8_gluon as _dense
 from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, gluon_platform_reason
 from primus_turbo.triton.grouped_gemm import grouped_gemm_gluon as _g16
+from primus_turbo.triton.launch import launch_prepared, tensor_sig
 
 __all__ = ["GLU_ACTS", "GLU_DEFAULT_CONFIG", "GluonGLUConfig", "gluon_glu_operand_reason", "gluon_glu_reason",
            "grouped_gemm_glu_gluon"]
@@ -317,9 +318,12 @@ def _kernel_args(x, w, group_offs, probs, mask_u8, h, out, act: int, cfg: GluonG
     hu_desc = _desc(h[:, F:], [_HALF_M, bf])
     o_desc = _desc(out, [_HALF_M, bf])
     args = (a_desc, bg_desc, bu_desc, hg_desc, hu_desc, o_desc, h, out, probs, mask_u8, group_offs, M, F, K, G)
-    kwargs = dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, CONSUMER_REGS=cfg.consumer_regs,
-                  PRODUCER_REGS=cfg.producer_regs, ACT=act, num_warps=4)
-    return args, kwargs
+    return args, _launch_kwargs(act, cfg)
+
+
+def _launch_kwargs(act: int, cfg: GluonGLUConfig) -> dict:
+    return dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, C_BUFS=cfg.c_bufs, CONSUMER_REGS=cfg.consumer_regs,
+                PRODUCER_REGS=cfg.producer_regs, ACT=act, num_warps=4)
 
 
 def grouped_gemm_glu_gluon(x: torch.Tensor, w: torch.Tensor, group_offs: torch.Tensor, probs: torch.Tensor,
@@ -363,7 +367,30 @@ def grouped_gemm_glu_gluon(x: torch.Tensor, w: torch.Tensor, group_offs: torch.T
 
         h.zero_()
         return h, glu_fwd_launch(h, GLU_ACTS[activation], probs, mask_u8)
-    args, kwargs = _kernel_args(x, w, group_offs, probs, mask_u8, h, out, GLU_ACTS[activation], cfg)
+    act = GLU_ACTS[activation]
     tiles = (-(-M // cfg.BLOCK_M) + G + 1) * -(-F // cfg.BLOCK_F)
-    _dense._launch_persistent(_grouped_gemm_glu_gluon_ws_kernel, x.device, tiles, num_programs, args, kwargs)
+    dev = x.device
+    if dev.type != "cuda":
+        args, kwargs = _kernel_args(x, w, group_offs, probs, mask_u8, h, out, act, cfg)
+        _dense._launch_persistent(_grouped_gemm_glu_gluon_ws_kernel, dev, tiles, num_programs, args, kwargs)
+        return h, out
+    key, ptrs = _prepared_key(x, w, group_offs, probs, mask_u8, h, out, act, cfg)
+    grid = (min(num_programs or _dense._num_sms(dev), tiles),)
+    launch_prepared(_grouped_gemm_glu_gluon_ws_kernel, grid,
+                    lambda: _kernel_args(x, w, group_offs, probs, mask_u8, h, out, act, cfg)[0],
+                    _launch_kwargs(act, cfg), dev, key, ptrs)
     return h, out
+
+
+def _prepared_key(x, w, group_offs, probs, mask_u8, h, out, act: int, cfg: GluonGLUConfig) -> tuple:
+    """(key, pointers) of the prepared launch (triton/launch.launch_prepared): the key fixes every
+    argument of :func:`_kernel_args` but the data pointers (shapes, strides, dtypes and 16-byte
+    alignment of every tensor, whence those of the gate / linear half views, the activation and
+    the config), so a repeat call skips building and encoding the six descriptors; the pointers
+    are those of every tensor and descriptor base among the arguments (the half views' own)."""
+    F = w.shape[1] // 2
+    sig = tensor_sig
+    key = ("glu", sig(x), sig(w), sig(group_offs), sig(probs), sig(mask_u8), sig(h), sig(out), act, cfg)
+    ptrs = (x.data_ptr(), w.data_ptr(), w[:, F:].data_ptr(), h.data_ptr(), h[:, F:].data_ptr(), out.data_ptr(),
+            probs.data_ptr(), mask_u8.data_ptr(), group_offs.data_ptr())
+    return key, ptrs
