@@ -42,8 +42,8 @@ try:
 except ImportError:  # no triton: nothing here can launch; the modules that import this still load
     knobs = None
 
-__all__ = ["launch", "launch_key", "launch_keyed", "launch_prepared", "direct_entry", "no_launch_hooks", "raw_stream",
-           "set_direct_launch", "tensor_sig"]
+__all__ = ["launch", "launch_key", "launch_keyed", "launch_prepared", "direct_entry", "no_launch_hooks",
+           "raw_stream", "set_direct_launch", "tensor_sig"]
 
 # PRIMUS_TURBO_DIRECT_LAUNCH=0 keeps every launch on Triton's own path (read at import)
 _DIRECT = [os.environ.get("PRIMUS_TURBO_DIRECT_LAUNCH", "1").strip() != "0"]
