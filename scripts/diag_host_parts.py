@@ -3,8 +3,9 @@
 (the default for 16-bit operands on sm_90), each timed alone without a profiler (cProfile inflates
 Python-heavy paths several-fold): the op's checks and route decision, one output allocation, each
 of the three Gluon launches, a bare ``autograd.Function`` round trip, and the whole step next to
-``torch._grouped_mm`` under torch's own autograd; the forward launch and the step also without the
-prepared launches (``launch.launch_prepared``: each call builds and expands its descriptors).
+``torch._grouped_mm`` under torch's own autograd; the FP8 (BLOCKWISE, ROWWISE) and fused fc1 + SwiGLU
+Gluon launches of the same GEMM; the launches and the step also without the prepared launches
+(``launch.launch_prepared``: each call builds and expands its descriptors).
 Medians over ``--rounds`` interleaved rounds (the host's speed drifts between runs; only
 same-round comparisons hold).
 
@@ -91,19 +92,39 @@ def main(argv=None) -> int:
         _Canned.apply(a, w, out0, ga0, gw0).backward(grad)
 
     gmod = importlib.import_module("primus_turbo.triton.grouped_gemm.grouped_gemm_gluon")
-    prepared = gmod.launch_prepared
+    f8mod = importlib.import_module("primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_gluon")
+    glumod = importlib.import_module("primus_turbo.triton.grouped_gemm.grouped_gemm_glu_gluon")
+    launch_mod = importlib.import_module("primus_turbo.triton.launch")
+    prepared = launch_mod.launch_prepared
 
     def unprepared(jit_fn, grid, args_fn, kwargs, device, key, ptrs):  # launch_keyed, as before
-        gmod.launch_keyed(jit_fn, grid, args_fn(), kwargs, device, key)
+        launch_mod.launch_keyed(jit_fn, grid, args_fn(), kwargs, device, key)
 
     def without_prepared(step):
+        """``step`` with every launcher's prepared launch replaced by the keyed one (the 16-bit
+        launchers before session 35; the FP8 and fused GLU launchers went through the generic
+        ``launch`` before session 36, a little slower still)."""
         def run():
-            gmod.launch_prepared = unprepared
+            for mod in (gmod, f8mod, glumod):
+                mod.launch_prepared = unprepared
             try:
                 step()
             finally:
-                gmod.launch_prepared = prepared
+                for mod in (gmod, f8mod, glumod):
+                    mod.launch_prepared = prepared
         return run
+
+    # FP8 operands of the same GEMM (values do not matter to the host path): BLOCKWISE 1 x 128 /
+    # 128 x 128 scales, and ROWWISE [M] / [G, N] scales on the same kernel
+    e4m3 = torch.float8_e4m3fn
+    a8 = ad.to(e4m3)
+    w8 = wd.to(e4m3)
+    sa8 = torch.rand(M, -(-K // 128), device=dev) + 0.5
+    sw8 = torch.rand(G, -(-N // 128), -(-K // 128), device=dev) + 0.5
+    ra8, rw8 = torch.rand(M, device=dev) + 0.5, torch.rand(G, N, device=dev) + 0.5
+    # the fused fc1 + SwiGLU of w [G, N, K] read as gate / linear halves (F = N / 2)
+    probs = torch.rand(M, device=dev) + 0.25
+    mask = torch.ones(M, dtype=torch.bool, device=dev)
 
     steps = {
         "torch.empty [M, N]": lambda: torch.empty((M, N), dtype=a.dtype, device=dev),
@@ -121,9 +142,15 @@ def main(argv=None) -> int:
         "op fwd+bwd": lambda: (reset(), turbo.ops.grouped_gemm(a, w, lens, offs, trans_b=True).backward(grad)),
         "torch fwd+bwd": lambda: (reset(), torch._grouped_mm(a, w.transpose(-2, -1), offs=offs32).backward(grad)),
         "torch fwd": lambda: torch._grouped_mm(ad, wd.transpose(-2, -1), offs=offs32),
+        "fp8 blockwise gluon launch": lambda: f8mod.grouped_gemm_fp8_blockwise_gluon(a8, sa8, w8, sw8, offs,
+                                                                                     checked=True),
+        "fp8 rowwise gluon launch": lambda: f8mod.grouped_gemm_fp8_scaled_gluon(a8, ra8, w8, rw8, offs, "ROWWISE",
+                                                                                checked=True),
+        "fused glu launch": lambda: glumod.grouped_gemm_glu_gluon(ad, wd, offs, probs, mask, checked=True),
     }
-    steps["gluon forward launch (unprepared)"] = without_prepared(steps["gluon forward launch"])
-    steps["op fwd+bwd (unprepared)"] = without_prepared(steps["op fwd+bwd"])
+    for name in ("gluon forward launch", "op fwd+bwd", "fp8 blockwise gluon launch", "fp8 rowwise gluon launch",
+                 "fused glu launch"):
+        steps[f"{name} (unprepared)"] = without_prepared(steps[name])
     assert op._routed(a, w, True, None, offs) == "gluon", "these shapes should take the Gluon route"
     times = interleaved_host_us(steps, args.rounds, args.n)
     print(f"host us per call, G{G} x {rows} rows x N{N} x K{K}, median (min) of {args.rounds} rounds")
