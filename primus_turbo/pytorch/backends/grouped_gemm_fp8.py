@@ -364,8 +364,10 @@ def gluon_scaled_preferred(G: int, K: int) -> bool:
     case, 1.04-1.36x the old default in the band it used to leave to the vendor op
     (``2048 < K < 8192`` with four experts or more: K 2880 / 4096 / 7168), where the vendor op also
     pays two to four small launches (int32 offsets, expanded scales, the zero tail). The band
-    came from session 11's measurement (2026-12-01: 0.88-1.09x there), before later changes to
-    the Gluon kernel. ``G`` and ``K`` stay in the signature for callers that ask per shape."""
+    came from session 11's measurement (2026-12-01: 0.88-1.09x there), taken before session 20
+    fixed the grouped kernels' tile deal (docs/design.md, "The tile deal": every group's tiles
+    were dealt from program 0). ``G`` and ``K`` stay in the signature for callers that ask per
+    shape."""
     del G, K
     return True
 
