@@ -63,7 +63,7 @@ from typing import Optional
 
 import torch
 
-from primus_turbo.triton.launch import launch
+from primus_turbo.triton.launch import launch, launch_prepared
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -870,6 +870,13 @@ def _launch_persistent(kernel, device: torch.device, tiles: int, num_programs: O
     """Launches ``kernel`` on ``device`` as a persistent grid: one program per SM (at most
     ``num_programs``, when given), no more than ``tiles``."""
     launch(kernel, (min(num_programs or _num_sms(device), tiles),), args, kwargs, device)
+
+
+def _launch_persistent_prepared(kernel, device: torch.device, tiles: int, num_programs: Optional[int], args_fn,
+                                kwargs: dict, key, ptrs) -> None:
+    """:func:`_launch_persistent` through ``launch.launch_prepared``: ``args_fn()`` builds the
+    arguments (on a miss only), ``key`` fixes everything of them but the data pointers ``ptrs``."""
+    launch_prepared(kernel, (min(num_programs or _num_sms(device), tiles),), args_fn, kwargs, device, key, ptrs)
 
 
 def _launch_kwargs(cfg: "GluonBlockwiseConfig", **extra) -> dict:

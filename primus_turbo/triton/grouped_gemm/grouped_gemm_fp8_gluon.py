@@ -49,7 +49,7 @@ from primus_turbo.triton.gemm.gemm_fp8_gluon import (
     GluonBlockwiseConfig,
     gluon_platform_reason,
 )
-from primus_turbo.triton.launch import launch_prepared, tensor_sig
+from primus_turbo.triton.launch import tensor_sig
 
 __all__ = [
     "GROUPED_DEFAULT_CONFIG",
@@ -420,16 +420,10 @@ def _launch(a, sa, b, sb, group_offs, out_dtype, config, out, num_programs, sc, 
         raise ValueError(f"{who}: {bad}")
     # a static bound on the tiles (every group may add one partial row tile, plus the tail)
     tiles = (-(-M // cfg.BLOCK_M) + G + 1) * -(-N // cfg.block_n)
-    dev = a.device
-    if dev.type != "cuda":
-        args, kwargs = _kernel_args(a, sa, b, sb, group_offs, out, cfg, sc)
-        _dense._launch_persistent(_grouped_gemm_fp8_blockwise_ws_kernel, dev, tiles, num_programs, args, kwargs)
-        return out
-    key, ptrs = _prepared_key(a, sa, b, sb, group_offs, out, cfg, sc)
-    kwargs = _dense._launch_kwargs(cfg, COL_SCALE=sc is not None)
-    grid = (min(num_programs or _dense._num_sms(dev), tiles),)
-    launch_prepared(_grouped_gemm_fp8_blockwise_ws_kernel, grid,
-                    lambda: _kernel_args(a, sa, b, sb, group_offs, out, cfg, sc)[0], kwargs, dev, key, ptrs)
+    _dense._launch_persistent_prepared(
+        _grouped_gemm_fp8_blockwise_ws_kernel, a.device, tiles, num_programs,
+        lambda: _kernel_args(a, sa, b, sb, group_offs, out, cfg, sc)[0],
+        _dense._launch_kwargs(cfg, COL_SCALE=sc is not None), *_prepared_key(a, sa, b, sb, group_offs, out, cfg, sc))
     return out
 
 

@@ -43,7 +43,7 @@ import torch
 from primus_turbo.triton.gemm import gemm_fp8_gluon as _dense
 from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, gluon_platform_reason
 from primus_turbo.triton.grouped_gemm import grouped_gemm_gluon as _g16
-from primus_turbo.triton.launch import launch_prepared, tensor_sig
+from primus_turbo.triton.launch import tensor_sig
 
 __all__ = ["GLU_ACTS", "GLU_DEFAULT_CONFIG", "GluonGLUConfig", "gluon_glu_operand_reason", "gluon_glu_reason",
            "grouped_gemm_glu_gluon"]
@@ -369,16 +369,10 @@ def grouped_gemm_glu_gluon(x: torch.Tensor, w: torch.Tensor, group_offs: torch.T
         return h, glu_fwd_launch(h, GLU_ACTS[activation], probs, mask_u8)
     act = GLU_ACTS[activation]
     tiles = (-(-M // cfg.BLOCK_M) + G + 1) * -(-F // cfg.BLOCK_F)
-    dev = x.device
-    if dev.type != "cuda":
-        args, kwargs = _kernel_args(x, w, group_offs, probs, mask_u8, h, out, act, cfg)
-        _dense._launch_persistent(_grouped_gemm_glu_gluon_ws_kernel, dev, tiles, num_programs, args, kwargs)
-        return h, out
-    key, ptrs = _prepared_key(x, w, group_offs, probs, mask_u8, h, out, act, cfg)
-    grid = (min(num_programs or _dense._num_sms(dev), tiles),)
-    launch_prepared(_grouped_gemm_glu_gluon_ws_kernel, grid,
-                    lambda: _kernel_args(x, w, group_offs, probs, mask_u8, h, out, act, cfg)[0],
-                    _launch_kwargs(act, cfg), dev, key, ptrs)
+    _dense._launch_persistent_prepared(
+        _grouped_gemm_glu_gluon_ws_kernel, x.device, tiles, num_programs,
+        lambda: _kernel_args(x, w, group_offs, probs, mask_u8, h, out, act, cfg)[0], _launch_kwargs(act, cfg),
+        *_prepared_key(x, w, group_offs, probs, mask_u8, h, out, act, cfg))
     return h, out
 
 

@@ -647,8 +647,8 @@ def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tenso
         out_dtype = out.dtype
     return planned_launch(
         _grouped_gemm_gluon_ws_kernel, a.device, out,
-        lambda: ("m16", _sig(a), _sig(b), _sig(group_offs), None if out is None else _sig(out), out_dtype, config,
-                 num_programs, checked, _env_raw(PACE_ENV), _env_raw("TRITON_INTERPRET")),
+        lambda: ("m16", tensor_sig(a), tensor_sig(b), tensor_sig(group_offs), None if out is None else tensor_sig(out),
+                 out_dtype, config, num_programs, checked, _env_raw(PACE_ENV), _env_raw("TRITON_INTERPRET")),
         lambda: _plan(a, b, group_offs, out_dtype, config, out, num_programs, checked),
         lambda plan: torch.empty((plan.M, plan.N), dtype=plan.out_dtype, device=a.device),
         lambda plan, o: _launch_args(plan, a, b, group_offs, o),
@@ -686,9 +686,6 @@ def planned_launch(kernel, device: torch.device, out, key, make_plan, new_out, l
     else:
         launch_keyed(kernel, plan.grid, launch_args(plan, out), plan.kwargs, device, k)
     return out
-
-
-_sig = tensor_sig  # what a launch plan depends on of a tensor (also the variable-K launcher's)
 
 
 @dataclasses.dataclass(frozen=True)

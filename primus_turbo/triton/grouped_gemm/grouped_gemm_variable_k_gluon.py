@@ -48,6 +48,7 @@ from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, gluon_platf
 from primus_turbo.triton.grouped_gemm import grouped_gemm_gluon as _m
 from primus_turbo.triton.grouped_gemm.grouped_gemm_fp8_variable_k_gluon import variable_k_out_reason
 from primus_turbo.triton.grouped_gemm.grouped_gemm_gluon import GluonGroupedConfig
+from primus_turbo.triton.launch import tensor_sig
 
 __all__ = [
     "VARIABLE_K16_DEFAULT_CONFIG",
@@ -293,7 +294,7 @@ def grouped_gemm_variable_k_gluon(x: torch.Tensor, y: torch.Tensor, group_offs: 
         out_dtype = out.dtype
     return _m.planned_launch(
         _grouped_gemm_variable_k_gluon_ws_kernel, x.device, out,
-        lambda: ("vk16", _m._sig(x), _m._sig(y), _m._sig(group_offs), None if out is None else _m._sig(out),
+        lambda: ("vk16", tensor_sig(x), tensor_sig(y), tensor_sig(group_offs), None if out is None else tensor_sig(out),
                  bool(accumulate), out_dtype, config, num_programs, _m._env_raw("TRITON_INTERPRET")),
         lambda: _plan(x, y, group_offs, out, accumulate, out_dtype, config, num_programs),
         lambda plan: torch.empty((plan.G, plan.P, plan.Q), dtype=plan.out_dtype, device=x.device),
