@@ -447,6 +447,15 @@ def _check_inputs(a, b, group_lens, group_offs, trans_b, num_cu, fuse_bgrad_accu
         raise ValueError(
             f"{op}: K mismatch, {an}{tuple(a.shape)} has K={a.size(1)}, {bn}{tuple(b.shape)} with "
             f"trans_b={trans_b} has K={k_b}")
+    _check_groups(op, a, b, group_lens, group_offs, num_cu, fuse_bgrad_accum_pattern, names)
+
+
+def _check_groups(op: str, a, b, group_lens, group_offs, num_cu, fuse_bgrad_accum_pattern,
+                  names: tuple = ("a", "b")) -> None:
+    """The checks every grouped op shares once its operands are known tensors (``b`` the ``[G, ...]``
+    expert stack): the group tensors (int64, on ``a``'s device, ``[G]`` / ``[G + 1]``), ``num_cu``,
+    the fused-accumulation pattern and, when it is on, ``b.main_grad``."""
+    an, bn = names
     G = b.size(0)
     for name, t, n in (("group_lens", group_lens, G), ("group_offs", group_offs, G + 1)):
         if t is None and name == "group_offs":

@@ -56,7 +56,7 @@ from ..core.env import env_auto_flag
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingRecipe
 from .gemm import _megatron_dummy_wgrad, check_main_grad
 from .gemm_fp8 import _check_prequantized_fp8, _is_prequantized
-from .grouped_gemm import _offsets
+from .grouped_gemm import _check_groups, _offsets
 
 __all__ = ["grouped_gemm_fp8", "grouped_gemm_fp8_cached_weight", "grouped_weight_copies"]
 
@@ -382,25 +382,7 @@ def _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_
     if gran == "BLOCKWISE" and config.block_size < 32:
         # a K step of the kernels stays inside one scale block, and an FP8 MMA step on sm_90 is 32 deep
         raise ValueError(f"{op}: BLOCKWISE needs block_size >= 32, got {config.block_size}")
-    G = b.size(0)
-    for name, t, n in (("group_lens", group_lens, G), ("group_offs", group_offs, G + 1)):
-        if t is None and name == "group_offs":
-            continue
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != torch.int64:
-            raise TypeError(f"{op}: {name} must be int64, got {t.dtype}")
-        if t.device != a.device:
-            raise ValueError(f"{op}: {name} must be on a's device {a.device}, got {t.device}")
-        if t.dim() != 1 or t.numel() != n:
-            raise ValueError(f"{op}: {name} must be 1-D with {n} entries (b has G={G} experts), "
-                             f"got shape {tuple(t.shape)}")
-    if num_cu is not None and (not isinstance(num_cu, int) or isinstance(num_cu, bool) or num_cu < 1):
-        raise ValueError(f"{op}: num_cu must be None or a positive int, got {num_cu!r}")
-    if fuse_bgrad_accum_pattern not in (None, "megatron"):
-        raise ValueError(f"{op}: fuse_bgrad_accum_pattern must be None or 'megatron', got {fuse_bgrad_accum_pattern!r}")
-    if fuse_bgrad_accum_pattern == "megatron" and b.requires_grad and torch.is_grad_enabled():
-        check_main_grad("grouped_gemm_fp8", b, b.dtype)
+    _check_groups(op, a, b, group_lens, group_offs, num_cu, fuse_bgrad_accum_pattern)
 
 
 def grouped_gemm_fp8(
