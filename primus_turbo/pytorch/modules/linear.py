@@ -205,6 +205,10 @@ class Float8Linear(_FP8WeightCache, torch.nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  config: Optional[Float8QuantConfig] = None, device=None, dtype=None):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self._init_fp8(config)
+
+    def _init_fp8(self, config: Optional[Float8QuantConfig]) -> None:
+        """The FP8 state on top of an ``nn.Linear``'s (the constructor's and an in-place conversion's)."""
         if config is not None and not isinstance(config, Float8QuantConfig):
             raise TypeError(f"Float8Linear: config must be a Float8QuantConfig, got {type(config).__name__}")
         self.config = Float8QuantConfig() if config is None else config
@@ -212,8 +216,27 @@ class Float8Linear(_FP8WeightCache, torch.nn.Linear):
         self._weight_cache_key = None
 
     @classmethod
-    def from_float(cls, mod: torch.nn.Linear, config: Optional[Float8QuantConfig] = None) -> "Float8Linear":
-        """A :class:`Float8Linear` sharing ``mod``'s weight and bias parameters."""
+    def from_float(cls, mod: torch.nn.Linear, config: Optional[Float8QuantConfig] = None,
+                   inplace: bool = True) -> "Float8Linear":
+        """``mod`` as a :class:`Float8Linear` (the reference API's signature).
+
+        ``inplace=True`` (the default) converts ``mod`` itself and returns it: same object, same
+        parameters, hooks and attributes, its class switched (what a model-walking converter
+        expects: the parent module keeps its child). ``inplace=False`` returns a new module that
+        shares ``mod``'s weight and bias parameters and leaves ``mod`` as it was.
+        """
+        if not isinstance(mod, torch.nn.Linear):
+            raise TypeError(f"Float8Linear.from_float: mod must be a torch.nn.Linear, got {type(mod).__name__}")
+        if isinstance(mod, Float8Linear):
+            raise TypeError("Float8Linear.from_float: mod is already a Float8Linear")
+        if type(mod) is not torch.nn.Linear and inplace:
+            # a subclass's own forward / state would be lost to the class switch
+            raise TypeError(f"Float8Linear.from_float: inplace conversion takes a plain torch.nn.Linear, got "
+                            f"{type(mod).__name__} (pass inplace=False for a new module sharing its parameters)")
+        if inplace:
+            mod.__class__ = cls
+            mod._init_fp8(config)
+            return mod
         new = cls(mod.in_features, mod.out_features, bias=False, config=config,
                   device=mod.weight.device, dtype=mod.weight.dtype)
         new.weight = mod.weight

@@ -478,6 +478,15 @@ def _check_groups(op: str, a, b, group_lens, group_offs, num_cu, fuse_bgrad_accu
         check_main_grad(op, b, b.dtype)
 
 
+def _check_schedule(schedule, num_cu, op: str = "grouped_gemm") -> None:
+    """``schedule`` is one of the reference API's two values, and ``"work_steal"`` comes without
+    ``num_cu`` (as there)."""
+    if schedule not in ("static", "work_steal"):
+        raise ValueError(f"{op}: schedule must be 'static' or 'work_steal', got {schedule!r}")
+    if schedule == "work_steal" and num_cu is not None:
+        raise ValueError(f"{op}: schedule='work_steal' needs num_cu=None, got num_cu={num_cu!r}")
+
+
 def grouped_gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -485,6 +494,7 @@ def grouped_gemm(
     group_offs: Optional[torch.Tensor] = None,
     trans_b: bool = False,
     num_cu: Optional[int] = None,
+    schedule: str = "static",
     fuse_bgrad_accum_pattern: Optional[str] = None,
 ) -> torch.Tensor:
     """Grouped GEMM of MoE experts with autograd, without host synchronisation.
@@ -499,6 +509,11 @@ def grouped_gemm(
         trans_b: ``b`` holds ``[N, K]`` matrices (the ``nn.Linear`` layout).
         num_cu: cap on the SMs (persistent programs) the TRITON kernels use, e.g. to leave SMs to
             communication kernels; the TORCH backend does not support it (TRITON then runs).
+        schedule: ``"static"`` or ``"work_steal"`` (the reference API's persistent-kernel tile
+            claiming; it needs ``num_cu=None``). Both run the same kernels: ours deal the tiles of
+            every group to the persistent programs on the device in equal shares (balanced by
+            tiles, whatever the group sizes), so no claiming pass exists to switch on; the results
+            are the same either way. Other values raise ValueError.
         fuse_bgrad_accum_pattern: ``None`` or ``"megatron"``: the weight gradient is added into
             ``b.main_grad`` (fp32 or ``b.dtype``) in the kernel epilogue and a placeholder is returned.
 
@@ -519,6 +534,8 @@ def grouped_gemm(
     ``torch._grouped_mm``'s output with torch's own backward (see ``_native_vendor``).
     """
     _check_inputs(a, b, group_lens, group_offs, trans_b, num_cu, fuse_bgrad_accum_pattern)
+    if schedule != "static":
+        _check_schedule(schedule, num_cu)
     if group_offs is None:
         group_offs = _offsets(group_lens)
     if a.device.type == "cpu" and not torch.compiler.is_compiling():

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import primus_turbo.pytorch as turbo
-from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
+from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, ScalingGranularity
 from primus_turbo.pytorch.modules import linear as linear_mod
 from primus_turbo.testing import snr_db
 
@@ -197,7 +197,8 @@ def test_float8_linear_cache_main_grad_and_refresh(name, monkeypatch):
 def test_float8_linear_from_float_and_no_grad_cache():
     torch.manual_seed(5)
     base = torch.nn.Linear(64, 32, dtype=torch.bfloat16)
-    lin = turbo.modules.Float8Linear.from_float(base)
+    lin = turbo.modules.Float8Linear.from_float(base, inplace=False)
+    assert lin is not base and type(base) is torch.nn.Linear
     assert lin.weight is base.weight and lin.bias is base.bias
     x = torch.randn(8, 64, dtype=torch.bfloat16)
     with torch.no_grad():
@@ -205,6 +206,44 @@ def test_float8_linear_from_float_and_no_grad_cache():
         y2 = lin(x, is_first_microbatch=False)
     torch.testing.assert_close(y, y2, rtol=0, atol=0)
     _assert(base(x).detach(), y, FP8_DB, "y")
+
+
+def test_float8_linear_from_float_in_place():
+    """The reference default (``inplace=True``): the module itself becomes a Float8Linear (the parent
+    keeps its child, parameters and hooks stay), its forward and gradients are FP8's; the
+    ``modules.linear_fp8`` import path names the same class; bad modules are refused by name."""
+    from primus_turbo.pytorch.modules.linear_fp8 import Float8Linear
+
+    assert Float8Linear is turbo.modules.Float8Linear
+    torch.manual_seed(15)
+    parent = torch.nn.Sequential(torch.nn.Linear(64, 48, dtype=torch.bfloat16))
+    base = parent[0]
+    w, b = base.weight, base.bias
+    x = torch.randn(16, 64, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(16, 48, dtype=torch.bfloat16)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = x64 @ w64.t() + b.detach().double()
+    ref.backward(dy.double())
+    cfg = Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE, block_size=32)
+    out = Float8Linear.from_float(base, cfg)
+    assert out is base and parent[0] is base and type(base) is Float8Linear
+    assert base.weight is w and base.bias is b and base.config is cfg and base._weight_cache is None
+    y = parent(x)
+    y.backward(dy)
+    _assert(ref.detach(), y, FP8_DB, "y")
+    _assert(x64.grad, x.grad, FP8_DB, "dx")
+    _assert(w64.grad, w.grad, FP8_DB, "dw")
+    with pytest.raises(TypeError, match="already a Float8Linear"):
+        Float8Linear.from_float(base)
+    with pytest.raises(TypeError, match="Conv1d"):
+        Float8Linear.from_float(torch.nn.Conv1d(4, 4, 1))
+
+    class MyLinear(torch.nn.Linear):
+        pass
+
+    with pytest.raises(TypeError, match="MyLinear.*inplace=False"):
+        Float8Linear.from_float(MyLinear(8, 8))
+    assert type(Float8Linear.from_float(MyLinear(8, 8), inplace=False)) is Float8Linear
 
 
 # ----------------------------------------------------------------------------------------------
@@ -584,6 +623,50 @@ def test_turbo_attention_fp8_matches_op(causal, use_sink):
 # ----------------------------------------------------------------------------------------------
 # RMSNorm
 # ----------------------------------------------------------------------------------------------
+def test_rmsnorm_reference_constructor():
+    """The reference API's constructor ``(normalized_shape, eps=None, elementwise_affine=True,
+    zero_centered_gamma=False, device, dtype)``, positionally and by keyword, against an fp64
+    reference; the earlier keyword names still work; bad arguments name themselves."""
+    torch.manual_seed(9)
+    x = torch.randn(4, 3, 48, requires_grad=True)
+    dy = torch.randn(4, 3, 48)
+    x64 = x.detach().double()
+    rms = torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5)
+
+    norm = turbo.modules.RMSNorm(48, 1e-5, True, True)  # positional: elementwise_affine, zero_centered_gamma
+    assert norm.zero_centered_gamma and norm.elementwise_affine and norm.normalized_shape == (48,)
+    assert torch.equal(norm.weight.detach(), torch.zeros(48))
+    with torch.no_grad():
+        norm.weight.copy_(0.2 * torch.randn(48))
+    y = norm(x)
+    _assert(x64 * rms * (1 + norm.weight.detach().double()), y, _db(torch.float32), "zero-centred y")
+
+    plain = turbo.modules.RMSNorm([48], elementwise_affine=False)  # no gain: y = x * rsqrt(ms + 1e-6)
+    assert plain.weight is None and plain.eps == 1e-6 and len(list(plain.parameters())) == 0
+    assert "_unit_gain" not in plain.state_dict()
+    x.grad = None
+    y = plain(x)
+    y.backward(dy)
+    ref_x = x64.clone().requires_grad_()
+    ref = ref_x * torch.rsqrt(ref_x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    ref.backward(dy.double())
+    _assert(ref.detach(), y, _db(torch.float32), "no-affine y")
+    _assert(ref_x.grad, x.grad, _db(torch.float32), "no-affine dx")
+
+    old = turbo.modules.RMSNorm(hidden=48, zero_centered=True)  # the earlier keyword names
+    assert old.hidden == 48 and old.zero_centered_gamma
+    for kwargs, exc, match in (
+            (dict(normalized_shape=(8, 48)), ValueError, r"normalized_shape .*\(8, 48\)"),
+            (dict(normalized_shape=0), ValueError, "positive, got 0"),
+            (dict(normalized_shape=48, hidden=48), ValueError, "not both"),
+            (dict(normalized_shape=48, eps=-1.0), ValueError, "eps must be >= 0, got -1.0"),
+            (dict(normalized_shape=48, elementwise_affine=False, zero_centered_gamma=True), ValueError,
+             "elementwise_affine"),
+            (dict(), TypeError, "normalized_shape")):
+        with pytest.raises(exc, match=match):
+            turbo.modules.RMSNorm(**kwargs)
+
+
 @pytest.mark.parametrize("dtype,zero_centered", [(torch.float32, False), (torch.float32, True),
                                                  (torch.bfloat16, False)])
 def test_rmsnorm(dtype, zero_centered):

@@ -190,6 +190,27 @@ def test_errors(device):
             grouped_gemm(a[:6], b.detach(), gl)
 
 
+def test_schedule_matches_the_reference_signature(device):
+    """``schedule`` sits where the reference API has it (before ``fuse_bgrad_accum_pattern``), both
+    of its values give the same product with gradients, and bad values name themselves."""
+    a, b, gl = _make([5, 0, 11], 24, 16, torch.float32, True, device, extra_rows=3)
+    dc = torch.randn(a.size(0), 24, device=device)
+    outs = []
+    for schedule in ("static", "work_steal"):
+        x, w = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+        out = grouped_gemm(x, w, gl, None, True, None, schedule)
+        out.backward(dc)
+        outs.append((out.detach(), x.grad, w.grad))
+    assert snr_db(grouped_gemm_ref(a[:16], b, gl, trans_b=True), outs[0][0][:16]) >= MIN_SNR[torch.float32]
+    assert torch.equal(outs[0][0][16:], torch.zeros_like(outs[0][0][16:]))
+    for got, want in zip(outs[1], outs[0]):
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="'dynamic'"):
+        grouped_gemm(a, b, gl, trans_b=True, schedule="dynamic")
+    with pytest.raises(ValueError, match="num_cu=4"):
+        grouped_gemm(a, b, gl, trans_b=True, num_cu=4, schedule="work_steal")
+
+
 def test_torch_backend_reason_on_cpu():
     if ON_GPU:
         pytest.skip("CPU-only behaviour")
