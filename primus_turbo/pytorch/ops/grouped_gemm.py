@@ -62,6 +62,25 @@ def _offsets(group_lens: torch.Tensor) -> torch.Tensor:
     return offs
 
 
+def _group_offsets(op: str, group_lens: torch.Tensor, group_offs: Optional[torch.Tensor],
+                   a: torch.Tensor) -> torch.Tensor:
+    """``group_offs`` (made on the device when None). On CPU, where it costs no sync, async asserts
+    check what the device alone knows: no group length is negative, the groups fit ``a``'s rows
+    and a given ``group_offs`` is ``group_lens``' exclusive prefix sum. (On CUDA the same checks
+    would need a host sync or a fatal device-side assert; the kernels clamp every group to ``a``'s
+    rows there, so bad values never reach memory out of bounds.)"""
+    given = group_offs is not None
+    if not given:
+        group_offs = _offsets(group_lens)
+    if a.device.type == "cpu" and not torch.compiler.is_compiling():
+        torch._assert_async(torch.all(group_lens >= 0), f"{op}: group_lens has a negative entry")
+        torch._assert_async(group_offs[-1] <= a.size(0), f"{op}: sum(group_lens) exceeds a.shape[0]")
+        if given:
+            torch._assert_async(torch.all(group_offs[1:] - group_offs[:-1] == group_lens) & (group_offs[0] == 0),
+                                f"{op}: group_offs is not the exclusive prefix sum of group_lens")
+    return group_offs
+
+
 @functools.lru_cache(maxsize=None)
 def _offsets_kernel_fn():
     try:
@@ -536,11 +555,7 @@ def grouped_gemm(
     _check_inputs(a, b, group_lens, group_offs, trans_b, num_cu, fuse_bgrad_accum_pattern)
     if schedule != "static":
         _check_schedule(schedule, num_cu)
-    if group_offs is None:
-        group_offs = _offsets(group_lens)
-    if a.device.type == "cpu" and not torch.compiler.is_compiling():
-        # on CPU this costs nothing like a GPU sync; on CUDA it would be a fatal device-side assert
-        torch._assert_async(group_offs[-1] <= a.size(0), "grouped_gemm: sum(group_lens) exceeds a.shape[0]")
+    group_offs = _group_offsets("grouped_gemm", group_lens, group_offs, a)
     fuse = fuse_bgrad_accum_pattern == "megatron"
     trans_b = bool(trans_b)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):

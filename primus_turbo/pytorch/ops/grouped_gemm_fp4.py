@@ -45,7 +45,7 @@ from ..backends.grouped_gemm_fp8 import padded_group_layout
 from ..core.backend import PrecisionType
 from ..core.low_precision import Float4QuantConfig, ScalingRecipe
 from .gemm import _megatron_dummy_wgrad
-from .grouped_gemm import _offsets
+from .grouped_gemm import _group_offsets
 from .grouped_gemm_fp8 import _NoGradCtx, _check_inputs as _check_fp8_inputs, _mx_token_copy, _mx_weight_copies
 
 __all__ = ["grouped_gemm_fp4"]
@@ -177,10 +177,7 @@ def grouped_gemm_fp4(
     """
     config = Float4QuantConfig() if config is None else config
     _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern)
-    if group_offs is None:
-        group_offs = _offsets(group_lens)
-    if a.device.type == "cpu" and not torch.compiler.is_compiling():
-        torch._assert_async(group_offs[-1] <= a.size(0), "grouped_gemm_fp4: sum(group_lens) exceeds a.shape[0]")
+    group_offs = _group_offsets("grouped_gemm_fp4", group_lens, group_offs, a)
     out_dtype = a.dtype if out_dtype is None else out_dtype
     fuse = fuse_bgrad_accum_pattern == "megatron"
     M, K = a.shape

@@ -56,7 +56,7 @@ from ..core.env import env_auto_flag
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingRecipe
 from .gemm import _megatron_dummy_wgrad, check_main_grad
 from .gemm_fp8 import _check_prequantized_fp8, _is_prequantized
-from .grouped_gemm import _check_groups, _offsets
+from .grouped_gemm import _check_groups, _group_offsets
 
 __all__ = ["grouped_gemm_fp8", "grouped_gemm_fp8_cached_weight", "grouped_weight_copies"]
 
@@ -545,7 +545,7 @@ def _run_prequantized(a, b, group_lens, group_offs, trans_b, out_dtype, config, 
         return _run(a, copies[0][0], group_lens, group_offs, True, out_dtype, config, num_cu,
                     fuse_bgrad_accum_pattern, copies)
     # pre-quantized a: no gradient anywhere (b pre-quantized, or b not needing one): the forward GEMM
-    group_offs = _group_offsets(group_lens, group_offs, a_data)
+    group_offs = _group_offsets("grouped_gemm_fp8", group_lens, group_offs, a_data)
     a_row = _prequantized_rows(a, gran, bs, dtype)
     if not b_pre:
         copies = _weight_copies(b.detach(), trans_b, dtype, gran, bs, True, False)
@@ -601,19 +601,9 @@ def grouped_gemm_fp8_cached_weight(
     return _run(a, b, group_lens, group_offs, trans_b, None, config, None, fuse_bgrad_accum_pattern, w_copies)
 
 
-def _group_offsets(group_lens, group_offs, a: torch.Tensor) -> torch.Tensor:
-    """``group_offs`` (made on the device when None); on CPU an async assert that the groups fit
-    ``a``'s rows (free there; on CUDA it would be a fatal device-side assert)."""
-    if group_offs is None:
-        group_offs = _offsets(group_lens)
-    if a.device.type == "cpu" and not torch.compiler.is_compiling():
-        torch._assert_async(group_offs[-1] <= a.size(0), "grouped_gemm_fp8: sum(group_lens) exceeds a.shape[0]")
-    return group_offs
-
-
 def _run(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern, w_copies):
     """The op after its checks; ``w_copies``: the weight's FP8 copies when already made."""
-    group_offs = _group_offsets(group_lens, group_offs, a)
+    group_offs = _group_offsets("grouped_gemm_fp8", group_lens, group_offs, a)
     out_dtype = a.dtype if out_dtype is None else out_dtype
     fuse = fuse_bgrad_accum_pattern == "megatron"
     gran = config.granularity.name

@@ -30,7 +30,7 @@ from ..backends.grouped_gemm import gluon16_preferred, grouped_gemm_dispatcher
 from ..core.backend import BackendType, PrecisionType
 from ..core.env import env_auto_flag
 from . import activation as _act
-from .grouped_gemm import _check_inputs, _offsets, grouped_gemm, grouped_gemm_backward
+from .grouped_gemm import _check_inputs, _group_offsets, grouped_gemm, grouped_gemm_backward
 
 __all__ = ["grouped_gemm_glu"]
 
@@ -124,8 +124,7 @@ def grouped_gemm_glu(x: torch.Tensor, w: torch.Tensor, group_lens: torch.Tensor,
     if probs is None:
         probs = torch.ones(m, dtype=torch.float32, device=x.device)
     _act._check_row_args("grouped_gemm_glu", x, probs, row_mask)
-    if group_offs is None:
-        group_offs = _offsets(group_lens)
+    group_offs = _group_offsets("grouped_gemm_glu", group_lens, group_offs, x)
     if glu_fusion_requested(x, w):
         mask = _act._mask_arg(row_mask) if row_mask is not None else torch.ones(m, dtype=torch.uint8, device=x.device)
         mod = _fused_module(x, w, group_offs, probs, mask)

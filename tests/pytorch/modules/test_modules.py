@@ -13,7 +13,10 @@ from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, ScalingGr
 from primus_turbo.pytorch.modules import linear as linear_mod
 from primus_turbo.testing import snr_db
 
-BF16_DB, FP32_DB, FP8_DB = 41.0, 80.0, 20.0
+# the standard's bars: bf16 45 dB (41 on CPU, where the Triton interpreter truncates fp32 -> bf16
+# instead of rounding), fp32 80, FP8 E4M3 25 (every FP8 config here is E4M3)
+BF16_DB = 45.0 if torch.cuda.is_available() else 41.0
+FP32_DB, FP8_DB = 80.0, 25.0
 
 
 @pytest.fixture(autouse=True)
@@ -296,6 +299,7 @@ def test_grouped_linear_fp8_weight_cache(name, monkeypatch):
 
     torch.manual_seed(7)
     cfg = _GROUPED_F8[name]
+    gbar = 20.0 if name.startswith("hybrid") else FP8_DB  # HYBRID's gradients are E5M2: the standard's 20 dB
     calls = []
     real = gl_mod.grouped_weight_copies
 
@@ -319,7 +323,7 @@ def test_grouped_linear_fp8_weight_cache(name, monkeypatch):
         ry, rx, rw = _grouped_ref(x[:110], mod.weight, lens, dy[:110])
         ref_sum += rw
         _assert(ry, y[:110], FP8_DB, "y")
-        _assert(rx, x.grad[:110], FP8_DB, "dx")
+        _assert(rx, x.grad[:110], gbar, "dx")
         assert torch.all(y[110:] == 0) and torch.all(x.grad[110:] == 0)
         x2 = x.detach().clone().requires_grad_()
         y2 = plain(x2, lens)
@@ -328,7 +332,7 @@ def test_grouped_linear_fp8_weight_cache(name, monkeypatch):
         torch.testing.assert_close(x.grad, x2.grad, rtol=0, atol=0)
     assert calls == [True]  # one quantization (with the grad_input copy) for three micro-batches
     assert mod.weight.grad_added_to_main_grad is True
-    _assert(ref_sum, mod.weight.main_grad, FP8_DB, "main_grad")
+    _assert(ref_sum, mod.weight.main_grad, gbar, "main_grad")
     torch.testing.assert_close(mod.weight.main_grad, plain.weight.main_grad, rtol=0, atol=0)
 
     # optimizer step (in place: _version bumps) -> the next reuse call re-quantizes

@@ -190,6 +190,35 @@ def test_errors(device):
             grouped_gemm(a[:6], b.detach(), gl)
 
 
+@pytest.mark.parametrize("op", ["grouped_gemm", "grouped_gemm_fp8", "grouped_gemm_fp4", "grouped_gemm_glu"])
+def test_cpu_reports_inconsistent_group_tensors(op):
+    """On CPU (no sync to pay) every grouped op reports group tensors only the device could check:
+    a negative length (whose rows would otherwise come out as zeros), a group_offs that is not
+    group_lens' prefix sum (which the kernels would follow, ignoring group_lens), a sum past a."""
+    if ON_GPU:
+        pytest.skip("CPU-only behaviour (on CUDA these need a host sync)")
+    from primus_turbo.pytorch.ops.grouped_gemm_fp4 import grouped_gemm_fp4
+    from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_gemm_fp8
+    from primus_turbo.pytorch.ops.grouped_gemm_glu import grouped_gemm_glu
+
+    a = torch.randn(64, 64, dtype=torch.bfloat16)
+    b = torch.randn(2, 64, 64, dtype=torch.bfloat16)  # [G, N, K], trans_b=True
+    call = {"grouped_gemm": lambda gl, go: grouped_gemm(a, b, gl, go, trans_b=True),
+            "grouped_gemm_fp8": lambda gl, go: grouped_gemm_fp8(a, b, gl, go),
+            "grouped_gemm_fp4": lambda gl, go: grouped_gemm_fp4(a, b, gl, go),
+            "grouped_gemm_glu": lambda gl, go: grouped_gemm_glu(a, b, gl, go)}[op]
+    lens = lambda *v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    call(lens(40, 24), lens(0, 40, 64))  # consistent: runs
+    with pytest.raises(RuntimeError, match=f"{op}: group_lens has a negative entry"):
+        call(lens(70, -6), None)
+    with pytest.raises(RuntimeError, match=f"{op}: group_offs is not the exclusive prefix sum"):
+        call(lens(32, 32), lens(0, 16, 64))
+    with pytest.raises(RuntimeError, match=f"{op}: group_offs is not the exclusive prefix sum"):
+        call(lens(24, 24), lens(8, 32, 56))  # right differences, shifted start
+    with pytest.raises(RuntimeError, match=f"{op}: sum\\(group_lens\\) exceeds"):
+        call(lens(40, 40), None)
+
+
 def test_schedule_matches_the_reference_signature(device):
     """``schedule`` sits where the reference API has it (before ``fuse_bgrad_accum_pattern``), both
     of its values give the same product with gradients, and bad values name themselves."""
