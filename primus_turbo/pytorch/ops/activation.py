@@ -4,13 +4,16 @@ Semantics (fp32 math whatever the storage dtype), for ``x = [a | b]`` split in h
 dim (``a = x[..., :F]`` is the gate, ``b = x[..., F:]``)::
 
     swiglu(x)                         = silu(a) * b
-    swiglu_with_probs(x, p, mask)     = silu(a) * b * p[:, None]       (0 on rows with mask == 0)
-    geglu_with_probs(x, p, mask)      = gelu_tanh(a) * b * p[:, None]  (0 on rows with mask == 0)
+    swiglu_with_probs(x, p, mask)     = silu(a) * b * p[..., None]       (0 on rows with mask == 0)
+    geglu_with_probs(x, p, mask)      = gelu_tanh(a) * b * p[..., None]  (0 on rows with mask == 0)
 
 ``gelu_tanh`` is the tanh approximation, ``0.5 a (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3)))``
 (``F.gelu(approximate="tanh")``). ``x``: bf16 / fp16 / fp32, last dim even; the probs variants take
-``x [T, 2F]``, ``probs [T]`` float32 (the MoE router weights of each token-expert row) and an
-optional ``row_mask [T]`` (bool or integer; 0 = padding row). Outputs have x's dtype. Backward:
+``x [..., 2F]``, ``probs [...]`` float32 (the MoE router weights of each token-expert row) and an
+optional ``row_mask [...]`` (bool or any integer dtype, e.g. Primus-Turbo's int64; 0 = padding row),
+where ``[...]`` is ``x.shape[:-1]`` or its flattened ``[T]`` (T = the product of x's leading dims):
+the leading dims are flattened (a view when the input is contiguous) and the output is
+``[..., F]``, ``dx`` x's shape, ``dprobs`` probs' shape. Outputs have x's dtype. Backward:
 ``dx`` (x's dtype) and ``dprobs`` (fp32, reduced over the row in a fixed order); masked rows get
 exact zeros in the output, ``dx`` and ``dprobs`` whatever ``x`` / ``probs`` hold there.
 
@@ -142,14 +145,20 @@ def _bwd(dout, x, act, probs, mask):
 
 
 class GLUFunction(torch.autograd.Function):
+    """``x [..., 2F]`` -> ``[..., F]``; ``probs`` / ``mask`` (validated) hold one entry per row of the
+    flattened ``x`` in any shape; the 2-D kernels see ``x [T, 2F]``, ``probs [T]``, ``mask [T]``
+    (reshape: views when contiguous) and the gradients come back in x's and probs' shapes."""
+
     @staticmethod
     def forward(ctx, x, probs, mask, act):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).contiguous()
-        p = probs.contiguous() if probs is not None else None
-        out = _fwd(x2, act, p, mask)
+        p = probs.reshape(-1).contiguous() if probs is not None else None
+        m = mask.reshape(-1).contiguous() if mask is not None else None
+        out = _fwd(x2, act, p, m)
         ctx.act, ctx.shape, ctx.has_p = act, shape, p is not None
-        ctx.save_for_backward(x2, p, mask)
+        ctx.p_shape = probs.shape if probs is not None else None
+        ctx.save_for_backward(x2, p, m)
         return out.view(*shape[:-1], shape[-1] // 2)
 
     @staticmethod
@@ -158,7 +167,7 @@ class GLUFunction(torch.autograd.Function):
         do2 = dout.reshape(x2.shape[0], x2.shape[1] // 2).contiguous()
         dx, dp = _bwd(do2, x2, ctx.act, p, mask)
         return (dx.view(ctx.shape) if ctx.needs_input_grad[0] else None,
-                dp if (ctx.has_p and ctx.needs_input_grad[1]) else None, None, None)
+                dp.view(ctx.p_shape) if (ctx.has_p and ctx.needs_input_grad[1]) else None, None, None)
 
 
 def _check_x(op: str, x) -> None:
@@ -171,10 +180,33 @@ def _check_x(op: str, x) -> None:
 
 
 def _check_probs(op: str, x, probs, row_mask):
+    """``x [..., 2F]``; ``probs`` float32 and ``row_mask`` (bool / integer or None) each either
+    ``x.shape[:-1]`` or its flattened ``[T]`` (Primus-Turbo flattens ``probs`` and takes a 1-D mask)."""
     _check_x(op, x)
-    if x.dim() != 2:
-        raise ValueError(f"{op}: x must be 2-D [T, 2F], got shape {tuple(x.shape)}")
-    _check_row_args(op, x, probs, row_mask)
+    lead = tuple(x.shape[:-1])
+    rows = math.prod(lead)
+    ok = {lead, (rows,)}
+    want = (f"[T] = [{rows}] (x's rows)" if len(lead) == 1 else
+            f"x.shape[:-1] = {list(lead)} or its flattened [T] = [{rows}]")
+    if not isinstance(probs, torch.Tensor):
+        raise TypeError(f"{op}: probs must be a torch.Tensor, got {type(probs).__name__}")
+    if probs.dtype != torch.float32:
+        raise TypeError(f"{op}: probs.dtype must be float32, got {probs.dtype}")
+    if tuple(probs.shape) not in ok:
+        raise ValueError(f"{op}: probs must be {want}, got shape {tuple(probs.shape)} "
+                         f"(x is {tuple(x.shape)})")
+    if probs.device != x.device:
+        raise ValueError(f"{op}: x and probs must be on the same device, got {x.device} and {probs.device}")
+    if row_mask is not None:
+        if not isinstance(row_mask, torch.Tensor):
+            raise TypeError(f"{op}: row_mask must be a torch.Tensor or None, got {type(row_mask).__name__}")
+        if row_mask.dtype.is_floating_point or row_mask.is_complex():
+            raise TypeError(f"{op}: row_mask.dtype must be bool or an integer dtype, got {row_mask.dtype}")
+        if tuple(row_mask.shape) not in ok:
+            raise ValueError(f"{op}: row_mask must be {want}, got shape {tuple(row_mask.shape)} "
+                             f"(x is {tuple(x.shape)})")
+        if row_mask.device != x.device:
+            raise ValueError(f"{op}: x and row_mask must be on the same device, got {x.device} and {row_mask.device}")
 
 
 def _check_row_args(op: str, x, probs, row_mask):
@@ -200,6 +232,8 @@ def _check_row_args(op: str, x, probs, row_mask):
 
 
 def _mask_arg(row_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The mask the kernels read: contiguous, bool viewed as uint8, any integer dtype as is (the
+    kernels and the torch fallback test ``!= 0``)."""
     if row_mask is None:
         return None
     m = row_mask.contiguous()
@@ -220,17 +254,23 @@ def swiglu(x: torch.Tensor) -> torch.Tensor:
 
 
 def swiglu_with_probs(x: torch.Tensor, probs: torch.Tensor, row_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """MoE SwiGLU: ``silu(a) * b * probs[:, None]``, rows with ``row_mask == 0`` exactly 0.
+    """MoE SwiGLU: ``silu(a) * b * probs[..., None]``, rows with ``row_mask == 0`` exactly 0.
 
-    ``x [T, 2F]`` (bf16/fp16/fp32), ``probs [T]`` float32, ``row_mask [T]`` bool/int or None.
-    Gradients flow to ``x`` and ``probs`` (masked rows get zero gradients).
+    ``x [..., 2F]`` (bf16/fp16/fp32; typically ``[T, 2F]``), ``probs [...]`` float32, ``row_mask [...]``
+    bool / int32 / int64 (any integer dtype) or None, where ``[...]`` is ``x.shape[:-1]`` or its
+    flattened ``[T]``. Returns ``[..., F]`` in x's dtype. Gradients flow to ``x`` and ``probs`` (in
+    their shapes; masked rows get zero gradients).
+
+    Raises:
+        ValueError: odd last dim, or probs / row_mask shapes that are neither ``x.shape[:-1]`` nor
+            ``[T]``; TypeError: dtypes (probs not float32, row_mask floating point).
     """
     _check_probs("swiglu_with_probs", x, probs, row_mask)
     return GLUFunction.apply(x, probs, _mask_arg(row_mask), _ACTS["silu"])
 
 
 def geglu_with_probs(x: torch.Tensor, probs: torch.Tensor, row_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """MoE GeGLU with the **tanh approximation** of GELU: ``gelu_tanh(a) * b * probs[:, None]``.
+    """MoE GeGLU with the **tanh approximation** of GELU: ``gelu_tanh(a) * b * probs[..., None]``.
 
     Arguments as :func:`swiglu_with_probs`.
     """

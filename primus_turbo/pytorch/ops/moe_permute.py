@@ -69,6 +69,9 @@ moe_unpermute(permuted_tokens, row_id_map, num_dispatched_tokens_tensor=None, *,
               num_local_experts, permuted_probs=None, probs_topk_stride=0, pad_multiple=0)
     -> (out, unpermuted_probs)
 
+``num_dispatched_tokens_tensor`` may also be passed by keyword (Primus-Turbo's name), only in this form
+(with ``num_local_experts``) and not together with a third positional argument (TypeError otherwise).
+
 ``out[t]`` is the plain (unweighted) sum of token ``t``'s rows (fp32 accumulation), reshaped to
 ``restore_shape``; a token with no row gets zeros. ``unpermuted_probs`` (when ``permuted_probs`` is given)
 puts each row's value back at its pair: ``[T, E]`` with ``probs_topk_stride=0``, ``[T, k]`` (the permute's
@@ -77,12 +80,14 @@ of padding and dropped rows is zero (so ``pad_multiple`` is accepted and not nee
 ``num_dispatched_tokens_tensor`` is accepted for the call's shape and not read (``restore_shape`` gives
 ``T``).
 
-token_permute(tokens, num_out_tokens=None, probs=None, routing_map=None, topk_indices=None,
+token_permute(inp, num_out_tokens=None, probs=None, routing_map=None, topk_indices=None,
               drop_and_pad=False, fused=False, return_tokens_per_expert=False)
     -> (permuted_tokens, permuted_probs, sorted_indices, tokens_per_expert)
-token_unpermute(permuted_tokens, sorted_indices, merging_probs=None, restore_shape=None, routing_map=None,
+token_unpermute(inp, sorted_indices, merging_probs=None, restore_shape=None, routing_map=None,
                 fused=False, drop_and_pad=False) -> tokens
-    Megatron's mask-based ``moe_utils.permute`` / ``unpermute`` in Primus-Turbo's call form.
+    Megatron's mask-based ``moe_utils.permute`` / ``unpermute`` in Primus-Turbo's call form (argument
+    names included: ``inp`` is the tokens ``[T, H]`` for ``token_permute``, the permuted tokens for
+    ``token_unpermute``).
     ``routing_map`` ``[T, E]`` (bool, or integers with nonzero = routed) is required (``topk_indices``:
     NotImplementedError, no expert count; ``moe_permute`` takes indices). The rows are ``moe_permute``'s
     (expert-major, token order, no padding); ``num_out_tokens`` sizes the output (rows past the routed
@@ -523,11 +528,19 @@ def moe_unpermute(permuted_tokens: torch.Tensor, row_id_map: torch.Tensor,
                   merging_probs: Optional[torch.Tensor] = None,
                   restore_shape: Optional[Sequence[int]] = None, *, num_local_experts: Optional[int] = None,
                   permuted_probs: Optional[torch.Tensor] = None, probs_topk_stride: int = 0,
-                  pad_multiple: int = 0):
+                  pad_multiple: int = 0, num_dispatched_tokens_tensor: Optional[torch.Tensor] = None):
     """Merge each token's expert rows back (see the module docstring). Passing ``num_local_experts``
-    selects the Primus-Turbo form: the third argument is then ``num_dispatched_tokens_tensor`` and the
-    result ``(out, unpermuted_probs)``."""
+    selects the Primus-Turbo form: the third argument is then ``num_dispatched_tokens_tensor`` (also
+    accepted by that keyword, valid only in this form) and the result ``(out, unpermuted_probs)``."""
     op = "moe_unpermute"
+    if num_dispatched_tokens_tensor is not None:
+        if num_local_experts is None:
+            raise TypeError(f"{op}: num_dispatched_tokens_tensor belongs to the Primus-Turbo form, which needs "
+                            f"num_local_experts (without it the third argument is merging_probs)")
+        if merging_probs is not None:
+            raise TypeError(f"{op}: got num_dispatched_tokens_tensor both as the third positional argument and "
+                            f"by keyword; pass it once")
+        merging_probs = num_dispatched_tokens_tensor
     if num_local_experts is not None:
         return _moe_unpermute_primus(permuted_tokens, row_id_map, merging_probs, restore_shape,
                                      num_local_experts, permuted_probs, probs_topk_stride)
@@ -587,11 +600,14 @@ def _drop_and_pad_rows(mask: torch.Tensor, capacity: int) -> torch.Tensor:
     return order[:, :capacity].reshape(-1)
 
 
-def token_permute(tokens: torch.Tensor, num_out_tokens: Optional[int] = None, probs: Optional[torch.Tensor] = None,
+def token_permute(inp: torch.Tensor, num_out_tokens: Optional[int] = None, probs: Optional[torch.Tensor] = None,
                   routing_map: Optional[torch.Tensor] = None, topk_indices: Optional[torch.Tensor] = None,
                   drop_and_pad: bool = False, fused: bool = False, return_tokens_per_expert: bool = False):
-    """Megatron's mask-based ``permute`` (Primus-Turbo's ``token_permute``); see the module docstring."""
+    """Megatron's mask-based ``permute`` (Primus-Turbo's ``token_permute``); see the module docstring.
+
+    ``inp``: the tokens ``[T, H]`` (Primus-Turbo's parameter name; error messages call it ``tokens``)."""
     op = "token_permute"
+    tokens = inp
     _check_tokens(tokens, op)
     _check_token_dtype(tokens, op)
     if isinstance(num_out_tokens, torch.Tensor):
@@ -639,12 +655,16 @@ def token_permute(tokens: torch.Tensor, num_out_tokens: Optional[int] = None, pr
     return permuted, pprobs, src[:n_out], tpe
 
 
-def token_unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor,
+def token_unpermute(inp: torch.Tensor, sorted_indices: torch.Tensor,
                     merging_probs: Optional[torch.Tensor] = None, restore_shape: Optional[Sequence[int]] = None,
                     routing_map: Optional[torch.Tensor] = None, fused: bool = False,
                     drop_and_pad: bool = False) -> torch.Tensor:
-    """Megatron's mask-based ``unpermute`` (Primus-Turbo's ``token_unpermute``); see the module docstring."""
+    """Megatron's mask-based ``unpermute`` (Primus-Turbo's ``token_unpermute``); see the module docstring.
+
+    ``inp``: the permuted tokens ``[N, H]`` (Primus-Turbo's parameter name; error messages call it
+    ``permuted_tokens``)."""
     op = "token_unpermute"
+    permuted_tokens = inp
     _check_tokens(permuted_tokens, op, "permuted_tokens")
     if permuted_tokens.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"{op}: permuted_tokens must be bf16/fp16/fp32, got {permuted_tokens.dtype}")

@@ -113,8 +113,8 @@ def _select_experts(scores: torch.Tensor, topk: int, groups: int, selected_group
 def fused_group_topk_routing_with_aux_score(
     logits: torch.Tensor,
     topk: int,
-    groups: int = 1,
-    selected_groups: int = 1,
+    groups: Optional[int] = 1,
+    selected_groups: Optional[int] = 1,
     score_function: str = "sigmoid",
     scaling_factor: Optional[float] = 1.0,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -123,8 +123,10 @@ def fused_group_topk_routing_with_aux_score(
     Args:
         logits: ``[T, E]`` float32 / bfloat16 / float16 router logits.
         topk: experts per token; ``topk <= selected_groups * E // groups``.
-        groups: number of expert groups (``E % groups == 0``); 1 = no grouping.
-        selected_groups: groups kept per token (``1 <= selected_groups <= groups``).
+        groups: number of expert groups (``E % groups == 0``); 1 or ``None`` = no grouping
+            (Megatron passes its ``num_groups``, ``None`` when unset).
+        selected_groups: groups kept per token (``1 <= selected_groups <= groups``); ``None`` = 1
+            (Megatron's ``group_topk`` unset), as in Primus-Turbo.
         score_function: ``"sigmoid"`` or ``"softmax"``.
         scaling_factor: multiplier of the routing probs (``None`` = 1.0).
 
@@ -139,6 +141,11 @@ def fused_group_topk_routing_with_aux_score(
     """
     if scaling_factor is None:
         scaling_factor = 1.0
+    # Primus-Turbo maps None (Megatron's unset num_groups / group_topk) to 1, each on its own
+    if groups is None:
+        groups = 1
+    if selected_groups is None:
+        selected_groups = 1
     _check_router_args(logits, topk, groups, selected_groups, score_function, scaling_factor)
     x = logits.float()
     if score_function == "softmax":

@@ -210,9 +210,128 @@ def test_errors():
         swiglu_with_probs(x, torch.rand(3))
     with pytest.raises(TypeError, match="probs.dtype must be float32, got torch.bfloat16"):
         geglu_with_probs(x, p.bfloat16())
-    with pytest.raises(ValueError, match="x must be 2-D"):
-        swiglu_with_probs(x[None], p)
+    with pytest.raises(ValueError, match=r"probs must be x.shape\[:-1\] = \[1, 4\] or its flattened \[T\] = \[4\], "
+                                         r"got shape \(4, 1\)"):
+        swiglu_with_probs(x[None], p[:, None])
     with pytest.raises(TypeError, match="row_mask.dtype must be bool or an integer dtype"):
         swiglu_with_probs(x, p, torch.ones(4))
     with pytest.raises(ValueError, match=r"row_mask must be \[T\] = \[4\]"):
         swiglu_with_probs(x, p, torch.ones(5, dtype=torch.bool))
+
+
+def _poison_rows(t: torch.Tensor, keep: torch.Tensor) -> None:
+    with torch.no_grad():
+        t[~keep] = float("nan")
+
+
+@pytest.mark.parametrize("kind", ["swiglu", "geglu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=IDS)
+@pytest.mark.parametrize("flat", [False, True], ids=["lead_shape", "flat_probs_mask"])
+def test_glu_with_probs_nd(device, kind, dtype, flat):
+    """x [..., 2F] with probs / row_mask [...] (or flattened [T], Primus-Turbo's 1-D mask): the same
+    values and gradients as the 2-D call on the flattened inputs, output [..., F], gradients in the
+    inputs' shapes, and the fp64 reference."""
+    fn, ref = (swiglu_with_probs, swiglu_with_probs_ref) if kind == "swiglu" else (geglu_with_probs, geglu_with_probs_ref)
+    lead, f = (2, 3, 5), 48
+    g = torch.Generator().manual_seed(21)
+    x0 = torch.randn(*lead, 2 * f, generator=g).to(device, dtype)
+    p0 = torch.rand(*lead, generator=g).to(device) + 0.1
+    m0 = torch.randint(1, 4, lead, generator=g, dtype=torch.int64).to(device)
+    m0.view(-1)[::4] = 0                                   # padding rows (int64 0)
+    keep = m0 != 0
+    _poison_rows(x0, keep)
+    _poison_rows(p0, keep)
+    dout = torch.randn(*lead, f, generator=g).to(device, dtype)
+
+    x, p = x0.clone().requires_grad_(True), (p0.reshape(-1) if flat else p0).clone().requires_grad_(True)
+    y = fn(x, p, m0.reshape(-1) if flat else m0)
+    assert y.shape == (*lead, f) and y.dtype == dtype
+    y.backward(dout)
+    assert x.grad.shape == x.shape and p.grad.shape == p.shape and p.grad.dtype == torch.float32
+
+    x2, p2 = x0.reshape(-1, 2 * f).clone().requires_grad_(True), p0.reshape(-1).clone().requires_grad_(True)
+    y2 = fn(x2, p2, m0.reshape(-1))
+    y2.backward(dout.reshape(-1, f))
+    assert torch.equal(y.reshape(-1, f), y2)
+    assert torch.equal(x.grad.reshape(-1, 2 * f), x2.grad) and torch.equal(p.grad.reshape(-1), p2.grad)
+
+    xs = torch.where(keep[..., None], x0, 0.0).reshape(-1, 2 * f)
+    ps = torch.where(keep, p0, 0.0).reshape(-1)
+    yr, dxr, dpr = _ref(ref, xs, dout.reshape(-1, f), ps, keep.reshape(-1))
+    _close(yr, y.reshape(-1, f), dtype, "out")
+    _close(dxr, x.grad.reshape(-1, 2 * f), dtype, "dx")
+    if dtype == torch.float32:
+        assert rel_err(dpr, p.grad.reshape(-1)) < 1e-5
+    else:
+        assert snr_db(dpr, p.grad.reshape(-1)) >= MIN_SNR[dtype]
+    assert (y[~keep] == 0).all() and (x.grad[~keep] == 0).all() and (p.grad.reshape(lead)[~keep] == 0).all()
+
+
+def test_glu_with_probs_nd_no_copy(device, monkeypatch):
+    """Contiguous N-D inputs reach the kernels as views (no copy); a non-contiguous x still works."""
+    seen = {}
+    real = A._fwd
+
+    def spy(x2, act, p, m):
+        seen.update(x=x2.data_ptr(), p=p.data_ptr(), m=m.data_ptr())
+        return real(x2, act, p, m)
+
+    monkeypatch.setattr(A, "_fwd", spy)
+    x = torch.randn(3, 4, 64, device=device)
+    p = torch.rand(3, 4, device=device)
+    m = torch.ones(3, 4, dtype=torch.int64, device=device)
+    swiglu_with_probs(x, p, m)
+    assert seen == dict(x=x.data_ptr(), p=p.data_ptr(), m=m.data_ptr())
+    xt = torch.randn(4, 3, 64, device=device).transpose(0, 1)   # [3, 4, 64], not contiguous
+    y = swiglu_with_probs(xt, p, m)
+    assert seen["x"] != xt.data_ptr()
+    assert torch.equal(y, swiglu_with_probs(xt.contiguous(), p, m))
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("mdtype", [torch.bool, torch.int32, torch.int64], ids=IDS)
+def test_row_mask_dtypes(device, monkeypatch, backend, mdtype):
+    """row_mask as bool, int32 or int64 (Primus-Turbo's dtype): 0 masks the row, any other value
+    keeps it (int64 2**32 included: its low 32 bits are 0), on both backends."""
+    if backend == "torch":
+        monkeypatch.setattr(A, "act_backend", lambda t: "torch")
+    elif A.act_backend(torch.empty(0, device=device)) != "triton":
+        pytest.skip("no Triton backend here")
+    g = torch.Generator().manual_seed(31)
+    x0 = torch.randn(8, 64, generator=g).to(device)
+    p0 = torch.rand(8, generator=g).to(device)
+    vals = [1, 0, 2, 0, 2 ** 32 if mdtype == torch.int64 else 7, 1, 0, -1 if mdtype != torch.bool else 1]
+    m = torch.tensor(vals, dtype=torch.int64).to(mdtype).to(device)
+    keep = torch.tensor([v != 0 for v in vals], device=device)
+    for fn, ref in ((swiglu_with_probs, swiglu_with_probs_ref), (geglu_with_probs, geglu_with_probs_ref)):
+        x, p = x0.clone().requires_grad_(True), p0.clone().requires_grad_(True)
+        y = fn(x, p, m)
+        dout = torch.randn(y.shape, generator=g).to(device)
+        y.backward(dout)
+        yr, dxr, dpr = _ref(ref, x0, dout, p0, keep)
+        _close(yr, y, torch.float32, "out")
+        _close(dxr, x.grad, torch.float32, "dx")
+        assert rel_err(dpr, p.grad) < 1e-5
+        assert (y[~keep] == 0).all() and (x.grad[~keep] == 0).all() and (p.grad[~keep] == 0).all()
+        assert (y[keep] != 0).all()
+
+
+def test_nd_shape_errors():
+    x = torch.randn(2, 3, 64)
+    p = torch.rand(2, 3)
+    with pytest.raises(ValueError, match=r"swiglu_with_probs: probs must be x.shape\[:-1\] = \[2, 3\] or its "
+                                         r"flattened \[T\] = \[6\], got shape \(3, 2\) \(x is \(2, 3, 64\)\)"):
+        swiglu_with_probs(x, torch.rand(3, 2))
+    with pytest.raises(ValueError, match=r"geglu_with_probs: probs must be .*got shape \(2, 3, 1\)"):
+        geglu_with_probs(x, torch.rand(2, 3, 1))
+    with pytest.raises(ValueError, match=r"probs must be .*\[T\] = \[6\], got shape \(5,\)"):
+        swiglu_with_probs(x, torch.rand(5))
+    with pytest.raises(ValueError, match=r"row_mask must be x.shape\[:-1\] = \[2, 3\] or its flattened \[T\] = "
+                                         r"\[6\], got shape \(3, 2\)"):
+        swiglu_with_probs(x, p, torch.ones(3, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"row_mask must be .*got shape \(6, 1\)"):
+        geglu_with_probs(x, p, torch.ones(6, 1, dtype=torch.bool))
+    with pytest.raises(TypeError, match="row_mask.dtype must be bool or an integer dtype, got torch.float32"):
+        swiglu_with_probs(x, p, torch.ones(2, 3))
+    with pytest.raises(ValueError, match=r"even last dim, got shape \(2, 3, 63\)"):
+        swiglu_with_probs(torch.randn(2, 3, 63), p)

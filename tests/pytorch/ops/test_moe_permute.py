@@ -361,6 +361,39 @@ def test_token_permute_megatron(topk, num_out, fused, device):
         assert torch.equal(back.cpu(), x.cpu())
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_token_permute_inp_keyword(fused, device):
+    """Primus-Turbo names the first parameter ``inp`` in both token_permute and token_unpermute:
+    keyword calls give what the positional calls (and the references) give, gradients included."""
+    rmap, mprobs = _routing(2, "map", device, seed=6)
+    x = torch.randn(T, 96, device=device)
+    outs = []
+    for by_kw in (False, True):
+        xt, pt = x.clone().requires_grad_(True), mprobs.clone().requires_grad_(True)
+        if by_kw:
+            perm, pprobs, sidx, tpe = token_permute(inp=xt, num_out_tokens=150, probs=pt, routing_map=rmap,
+                                                    fused=fused)
+            back = token_unpermute(inp=perm, sorted_indices=sidx, merging_probs=pt, restore_shape=(T, 96),
+                                   routing_map=rmap, fused=fused)
+        else:
+            perm, pprobs, sidx, tpe = token_permute(xt, 150, pt, rmap, fused=fused)
+            back = token_unpermute(perm, sidx, pt, (T, 96), rmap, fused=fused)
+        back.backward(torch.randn(T, 96, generator=torch.Generator().manual_seed(2)).to(device))
+        outs.append((perm.detach(), pprobs.detach(), sidx, tpe, back.detach(), xt.grad, pt.grad))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    perm_r, pprobs_r, _, tpe_r = token_permute_ref(x.cpu(), rmap.cpu(), mprobs.cpu(), 150)
+    perm, pprobs, sidx, tpe, back = outs[1][:5]
+    assert torch.equal(perm.cpu(), perm_r) and torch.equal(pprobs.cpu(), pprobs_r) and torch.equal(tpe.cpu(), tpe_r)
+    torch.testing.assert_close(back.cpu(), token_unpermute_ref(perm_r, rmap.cpu(), mprobs.cpu(), T),
+                               rtol=1e-5, atol=1e-5)
+    # the old parameter names are gone
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tokens'"):
+        token_permute(tokens=x, num_out_tokens=150, routing_map=rmap)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'permuted_tokens'"):
+        token_unpermute(permuted_tokens=perm, sorted_indices=sidx, restore_shape=(T, 96), routing_map=rmap)
+
+
 @pytest.mark.gpu
 def test_no_host_sync_cuda():
     dev = "cuda"

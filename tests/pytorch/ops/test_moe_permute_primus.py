@@ -261,6 +261,54 @@ def test_errors(device):
             fn()
 
 
+@pytest.mark.parametrize("form,stride", [("int64", 0), ("int64", 3), ("map", 0)])
+def test_unpermute_num_dispatched_tokens_keyword(form, stride, device):
+    """``num_dispatched_tokens_tensor=`` by keyword (Primus-Turbo's name) gives what the third
+    positional argument gives (outputs and gradients), and matches an fp64 sum of the layout."""
+    topk = 3
+    emap, mask, idx, probs_k, dense_probs = _routing(topk, form, device, seed=9, minus_one=form != "map")
+    x = torch.randn(T, H, device=device)
+    probs = probs_k if form != "map" else dense_probs
+    perm, rid, _, _, nd, _, pp = moe_permute(x, emap, num_local_experts=E, pad_multiple=8, probs=probs.to(device),
+                                             probs_layout="topk" if form != "map" else "routing_map")
+    y = torch.randn(perm.shape, generator=torch.Generator().manual_seed(3)).to(device)
+    gq = torch.rand(pp.shape, generator=torch.Generator().manual_seed(4)).to(device)
+    res = []
+    for by_kw in (False, True):
+        yt, qt = y.clone().requires_grad_(True), gq.clone().requires_grad_(True)
+        kw = dict(restore_shape=(T, H), num_local_experts=E, permuted_probs=qt, probs_topk_stride=stride)
+        if by_kw:
+            out, up = moe_unpermute(yt, rid, num_dispatched_tokens_tensor=nd, **kw)
+        else:
+            out, up = moe_unpermute(yt, rid, nd, **kw)
+        g = torch.Generator().manual_seed(5)
+        torch.autograd.backward([out, up], [torch.randn(out.shape, generator=g).to(device),
+                                            torch.randn(up.shape, generator=g).to(device)])
+        res.append((out.detach(), up.detach(), yt.grad, qt.grad))
+    for a, b in zip(*res):
+        assert torch.equal(a, b)
+    # fp64 reference of the merge: each token sums its rows
+    src_t, _, _ = _layout(mask, 8)
+    want = torch.zeros(T, H, dtype=torch.float64)
+    ok = src_t >= 0
+    want.index_add_(0, src_t[ok], y.cpu().double()[ok])
+    torch.testing.assert_close(res[1][0].cpu().double(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_unpermute_num_dispatched_tokens_keyword_errors(device):
+    x = torch.randn(T, H, device=device)
+    emap, mask, idx, probs_k, dense = _routing(2, "int64", device)
+    perm, rid, _, _, nd, _, pp = moe_permute(x, emap, num_local_experts=E, num_topk=2)
+    with pytest.raises(TypeError, match="got num_dispatched_tokens_tensor both as the third positional argument "
+                                        "and by keyword"):
+        moe_unpermute(perm, rid, nd, restore_shape=(T, H), num_local_experts=E, num_dispatched_tokens_tensor=nd)
+    with pytest.raises(TypeError, match="num_dispatched_tokens_tensor belongs to the Primus-Turbo form, which needs "
+                                        "num_local_experts"):
+        moe_unpermute(perm, rid, restore_shape=(T, H), num_dispatched_tokens_tensor=nd)
+    with pytest.raises(TypeError, match="num_dispatched_tokens_tensor must be the tensor moe_permute returned"):
+        moe_unpermute(perm, rid, restore_shape=(T, H), num_local_experts=E, num_dispatched_tokens_tensor=T)
+
+
 @pytest.mark.gpu
 def test_no_host_sync_with_capacity():
     dev = "cuda"

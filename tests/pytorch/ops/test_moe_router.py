@@ -266,3 +266,47 @@ def test_group_limit_is_effective(device):
     assert not torch.equal(grouped, plain)
     # every selected expert lies in at most 4 of the 8 groups
     assert (grouped.view(128, 8, 32).any(-1).sum(-1) <= 4).all()
+
+
+@pytest.mark.parametrize("score_function", ["sigmoid", "softmax"])
+def test_router_none_groups_mean_one(device, score_function):
+    """Megatron passes num_groups / group_topk, None when unset: Primus-Turbo maps each None to 1."""
+    g = torch.Generator().manual_seed(11)
+    logits = (torch.randn(16, 32, generator=g) * 2.0).to(device)
+
+    def run(groups, selected):
+        x = logits.clone().requires_grad_(True)
+        outs = fused_group_topk_routing_with_aux_score(x, 4, groups, selected, score_function, 1.5)
+        gp = torch.randn(outs[1].shape, generator=torch.Generator().manual_seed(5)).to(device)
+        ((outs[0] * gp).sum() + (outs[1] * gp).sum()).backward()
+        return outs, x.grad
+
+    for groups, selected, same_as in ((None, None, (1, 1)), (4, None, (4, 1)), (None, 1, (1, 1))):
+        (aux, probs, rmap), grad = run(groups, selected)
+        (aux_r, probs_r, rmap_r), grad_r = run(*same_as)
+        assert torch.equal(rmap, rmap_r) and torch.equal(probs, probs_r) and torch.equal(aux, aux_r)
+        assert torch.equal(grad, grad_r)
+    # keyword form, as Primus-Turbo's signature names them
+    _, probs_kw, _ = fused_group_topk_routing_with_aux_score(logits, 4, groups=None, selected_groups=None,
+                                                            score_function=score_function, scaling_factor=1.5)
+    assert torch.equal(probs_kw, run(1, 1)[0][1].detach())
+    # group-limited for real with selected_groups None (= 1): every pick in one group of 8
+    _, _, rmap = fused_group_topk_routing_with_aux_score(logits, 4, 4, None, score_function, 1.0)
+    picked_groups = rmap.view(16, 4, 8).any(-1).sum(-1)
+    assert (picked_groups == 1).all()
+
+
+def test_router_none_groups_validation():
+    x = torch.randn(4, 24)
+    # None is 1 for the checks too: selected_groups 2 > groups 1, topk past one group of 6
+    with pytest.raises(ValueError, match=r"selected_groups \(2\) must be <= groups \(1\)"):
+        fused_group_topk_routing_with_aux_score(x, 2, None, 2)
+    with pytest.raises(ValueError, match=r"topk \(7\).*selected_groups 1 x experts per group 6 = 6"):
+        fused_group_topk_routing_with_aux_score(x, 7, 4, None)
+    # other values keep their checks
+    with pytest.raises(ValueError, match="groups must be a positive int, got 0"):
+        fused_group_topk_routing_with_aux_score(x, 2, 0, None)
+    with pytest.raises(ValueError, match="selected_groups must be a positive int, got 1.0"):
+        fused_group_topk_routing_with_aux_score(x, 2, None, 1.0)
+    with pytest.raises(ValueError, match="groups must be a positive int, got True"):
+        fused_group_topk_routing_with_aux_score(x, 2, True, None)
