@@ -21,9 +21,9 @@ except Exception:  # pragma: no cover - torch is a hard requirement of the tests
     _HAS_CUDA = False
 
 if not _HAS_CUDA:
-    # forced, not defaulted: with TRITON_INTERPRET=0 on a CPU machine the ops would fall back to the
-    # reference quantizers and the bit-exactness tests would compare the references with themselves
-    os.environ["TRITON_INTERPRET"] = "1"
+    # defaulted, not forced: the sm_90 compile checks run this suite in a child process with an
+    # explicit TRITON_INTERPRET=0 (tests/triton/gluon_compile_child.py), which must stay as given
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 if os.environ.get("TRITON_INTERPRET") == "1":
