@@ -75,10 +75,39 @@ class ScalingRecipe(NamedTuple):
     use_2d_block: bool = False  # 2-D (block x block) scaling, used for weights
     use_sr: bool = False  # stochastic rounding (MXFP4 gradients)
     use_rht: bool = False  # random Hadamard transform before MXFP4 quantization
+    #: AMD AITER/hipBLASLt preshuffled scale layout: accepted for API compatibility, but every op
+    #: that takes a recipe raises ``ValueError`` when it is True (see :func:`check_scaling_recipe`)
+    shuffle_scale: bool = False
+    #: AMD AITER/hipBLASLt preshuffled data layout: likewise rejected when True
+    shuffle_out: bool = False
 
 
 #: the name older Primus-Turbo builds (and code written against them) use for :class:`ScalingRecipe`
 MXScalingRecipe = ScalingRecipe
+
+
+_PRESHUFFLE_FIELDS = (("shuffle_scale", "scale"), ("shuffle_out", "data"))
+
+
+def check_scaling_recipe(recipe, op: str) -> Optional[ScalingRecipe]:
+    """Validate a ``scaling_recipe`` argument of ``op``; return it (None stays None).
+
+    ``TypeError`` unless it is a :class:`ScalingRecipe` or None. ``ValueError`` when it asks for
+    an AMD AITER/hipBLASLt preshuffled layout (``shuffle_scale`` / ``shuffle_out``): the kernels
+    here read and write plain row-major data and scales only, so the request cannot be honoured.
+    The recipe's other fields are each op's to interpret."""
+    if recipe is None:
+        return None
+    if not isinstance(recipe, ScalingRecipe):
+        raise TypeError(f"{op}: scaling_recipe must be a ScalingRecipe or None, got {type(recipe).__name__}")
+    for field, what in _PRESHUFFLE_FIELDS:
+        if getattr(recipe, field):
+            raise ValueError(
+                f"{op}: ScalingRecipe.{field}=True (AMD AITER/hipBLASLt preshuffled {what} layout) is not "
+                f"supported on this platform: the Hopper kernels use plain row-major data and scales; pass "
+                f"{field}=False"
+            )
+    return recipe
 
 
 def is_fp8_dtype(dtype: torch.dtype) -> bool:
@@ -157,7 +186,11 @@ class Float8QuantConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Float4QuantConfig:
-    """MXFP4: E2M1 values packed two per byte, one E8M0 scale per 32 elements."""
+    """MXFP4: E2M1 values packed two per byte, one E8M0 scale per 32 elements.
+
+    ``use_preshuffle`` (the reference API's AITER preshuffled layout) must be False: True raises
+    ``ValueError``. ``use_rht`` (an extension here, after the reference fields) runs the
+    grad_weight GEMM on randomly Hadamard-transformed operands (see :func:`turbo.ops.gemm_fp4`)."""
 
     format: Format = Format.E2M1_X2
     granularity: ScalingGranularity = ScalingGranularity.MX_BLOCKWISE
@@ -165,6 +198,8 @@ class Float4QuantConfig:
     scale_dtype: ScaleDtype = ScaleDtype.E8M0
     block_size: int = MXFP4_BLOCK_SIZE
     use_gradient_sr: bool = False
+    #: AMD AITER preshuffled weight/scale layout: must be False here (``ValueError`` otherwise)
+    use_preshuffle: bool = False
     use_rht: bool = False
 
     def __post_init__(self):
@@ -180,6 +215,12 @@ class Float4QuantConfig:
             raise ValueError(f"Float4QuantConfig: scale_dtype must be E8M0, got {self.scale_dtype.name}")
         if self.block_size != MXFP4_BLOCK_SIZE:
             raise ValueError(f"Float4QuantConfig: block_size must be 32, got {self.block_size!r}")
+        if self.use_preshuffle:
+            raise ValueError(
+                f"Float4QuantConfig: use_preshuffle={self.use_preshuffle!r} (AMD AITER preshuffled FP4 weight and "
+                f"scale layout) is not supported on this platform: the Hopper MXFP4 GEMMs read plain row-major "
+                f"packed FP4 data and E8M0 scales; use use_preshuffle=False"
+            )
 
 
 def _device_capability(device=None) -> Optional[tuple[int, int]]:

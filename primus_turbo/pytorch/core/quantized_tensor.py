@@ -18,6 +18,7 @@ from .low_precision import (
     Float8QuantConfig,
     ScalingGranularity,
     ScalingRecipe,
+    check_scaling_recipe,
     is_fp4_dtype,
 )
 
@@ -65,6 +66,7 @@ class QuantizedTensor:
         orig_dtype: torch.dtype = torch.bfloat16,
         scaling_recipe: Optional[ScalingRecipe] = None,
     ):
+        check_scaling_recipe(scaling_recipe, "QuantizedTensor")
         self.data = data
         self.scale_inv = scale_inv
         self.granularity = granularity
@@ -92,7 +94,9 @@ class QuantizedTensor:
         as :func:`turbo.ops.gemm_fp4` quantizes weights, so ``quantize(...).dequantize()`` is the
         QDQ of this library's MXFP4 forward. ``use_rht`` raises ``NotImplementedError``
         (``dequantize()`` could not undo the transform). The result is for ``dequantize()`` and
-        storage: the GEMM ops take FP8 ``QuantizedTensor`` inputs only."""
+        storage: the GEMM ops take FP8 ``QuantizedTensor`` inputs only. ``shuffle_scale`` /
+        ``shuffle_out`` (AMD preshuffled layouts) raise ``ValueError``."""
+        check_scaling_recipe(scaling_recipe, "QuantizedTensor.quantize")
         g = _ops()._granularity(granularity, "QuantizedTensor.quantize")
         if is_fp4_dtype(dest_dtype):
             return cls._quantize_fp4(x, g, axis, block_size, scaling_recipe)
@@ -125,8 +129,9 @@ class QuantizedTensor:
     def dequantize(self, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """``data * scale_inv`` per block, in ``out_dtype`` (default: ``orig_dtype``)."""
         if _packed_fp4(self.data.dtype):
-            return _ops().dequantize_fp4(self.data, out_dtype or self.orig_dtype, scale_inv=self.scale_inv,
-                                         axis=self.axis)
+            return _ops().dequantize_fp4(self.data, out_dtype or self.orig_dtype, self.granularity,
+                                         block_size=self.block_size, axis=self.axis, scale_inv=self.scale_inv,
+                                         scaling_recipe=self.scaling_recipe)
         if self.data.dim() == 3:
             return _dequantize_experts(self, out_dtype or self.orig_dtype)
         return _ops().dequantize_fp8(
@@ -179,7 +184,7 @@ class QuantizedTensorPair(NamedTuple):
     """A quantized weight and, when asked for, its transposed copy (``None`` otherwise)."""
 
     data: QuantizedTensor
-    data_t: Optional[QuantizedTensor]
+    data_t: Optional[QuantizedTensor] = None
 
 
 def _weight_scheme(config: Float8QuantConfig) -> tuple[ScalingGranularity, Optional[int], Optional[ScalingRecipe]]:
@@ -194,13 +199,18 @@ def _weight_scheme(config: Float8QuantConfig) -> tuple[ScalingGranularity, Optio
 def create_quantized_weight(
     weight: torch.Tensor,
     dest_dtype: torch.dtype,
-    config: Float8QuantConfig,
+    quant_config: Optional[Float8QuantConfig] = None,
     need_weight_transpose_cache: bool = False,
+    *,
+    config: Optional[Float8QuantConfig] = None,
 ) -> QuantizedTensorPair:
     """Quantize a ``[N, K]`` weight for the FP8 GEMMs (groups along K), or a ``[G, N, K]`` stack of
     expert weights for ``grouped_gemm_fp8`` (each expert quantized on its own).
 
-    BLOCKWISE weights use ``b x b`` 2-D blocks (``config.block_size``, 128 by default), MX weights
+    ``quant_config`` (the reference API's name; ``config=`` is accepted as a keyword alias, not
+    both) is the GEMM's ``Float8QuantConfig``.
+
+    BLOCKWISE weights use ``b x b`` 2-D blocks (``quant_config.block_size``, 128 by default), MX weights
     1 x 32 along K, TENSORWISE/ROWWISE as configured (ROWWISE: one scale per output row). With
     ``need_weight_transpose_cache`` the transposed copy ``[K, N]`` (groups along N, for dgrad) is
     built in the same pass by ``quantize_fp8_with_trans``.
@@ -215,8 +225,16 @@ def create_quantized_weight(
     Returns:
         ``QuantizedTensorPair(data, data_t)``; ``data_t`` is None unless asked for.
     """
+    if config is not None:
+        if quant_config is not None:
+            raise TypeError("create_quantized_weight: got both quant_config and config (its alias); pass one")
+        quant_config = config
+    if quant_config is None:
+        raise TypeError("create_quantized_weight: missing the quant_config argument (a Float8QuantConfig)")
+    config = quant_config
     if not isinstance(config, Float8QuantConfig):
-        raise TypeError(f"create_quantized_weight: config must be a Float8QuantConfig, got {type(config).__name__}")
+        raise TypeError(f"create_quantized_weight: quant_config must be a Float8QuantConfig, got "
+                        f"{type(config).__name__}")
     if not isinstance(weight, torch.Tensor) or weight.dim() not in (2, 3):
         raise ValueError(f"create_quantized_weight: weight must be 2-D [N, K] or 3-D [G, N, K] (experts), got shape "
                          f"{tuple(getattr(weight, 'shape', ()))}")
@@ -238,9 +256,17 @@ def create_quantized_weight(
     return QuantizedTensorPair(mk(q, s), mk(qt, st))
 
 
-def check_quantized_tensor(qt: QuantizedTensor, config: Float8QuantConfig, axis: Optional[int] = None) -> None:
+def check_quantized_tensor(qt: QuantizedTensor, config: Float8QuantConfig, axis: Optional[int] = None,
+                           scaling_recipe: Optional[ScalingRecipe] = None) -> None:
     """Raise ``ValueError`` unless ``qt`` was quantized as ``config`` says (granularity, block
-    size, scale dtype and shape) and, when given, along ``axis``."""
+    size, scale dtype and shape) and, when given, along ``axis`` and with ``scaling_recipe``.
+
+    ``scaling_recipe`` is compared with the recipe ``qt`` records (None meaning the default
+    ``ScalingRecipe()``) field by field, as far as a field changes the quantization of ``qt``:
+    ``use_2d_block`` for BLOCKWISE (``b x b`` vs ``1 x b`` blocks; :func:`turbo.ops.quantize_fp8`
+    ignores it for the other granularities, so it is not compared there), ``use_sr`` and ``use_rht``
+    always. ``shuffle_scale`` / ``shuffle_out`` raise ``ValueError`` (AMD preshuffled layouts are
+    not supported here)."""
     if not isinstance(qt, QuantizedTensor):
         raise TypeError(f"check_quantized_tensor: expected a QuantizedTensor, got {type(qt).__name__}")
     if qt.granularity != config.granularity:
@@ -264,6 +290,17 @@ def check_quantized_tensor(qt: QuantizedTensor, config: Float8QuantConfig, axis:
     if tuple(qt.scale_inv.shape) != tuple(want):
         raise ValueError(f"check_quantized_tensor: scale_inv shape {tuple(qt.scale_inv.shape)} != expected "
                          f"{tuple(want)} for data {tuple(qt.data.shape)}")
+    if scaling_recipe is not None:
+        _check_recipe_matches(qt, check_scaling_recipe(scaling_recipe, "check_quantized_tensor"))
+
+
+def _check_recipe_matches(qt: QuantizedTensor, recipe: ScalingRecipe) -> None:
+    have = qt.scaling_recipe if qt.scaling_recipe is not None else ScalingRecipe()
+    fields = ("use_sr", "use_rht") if qt.granularity != _G.BLOCKWISE else ("use_2d_block", "use_sr", "use_rht")
+    for f in fields:
+        if bool(getattr(recipe, f)) != bool(getattr(have, f)):
+            raise ValueError(f"check_quantized_tensor: scaling_recipe.{f}={getattr(recipe, f)!r} but the tensor was "
+                             f"quantized with {f}={getattr(have, f)!r} (its scaling_recipe: {qt.scaling_recipe})")
 
 
 def _dequantize_experts(qt: QuantizedTensor, out_dtype: torch.dtype) -> torch.Tensor:

@@ -15,7 +15,9 @@ implementations, so the functions work under ``torch.compile(fullgraph=True)``.
 MXFP4 options (docs/low_precision.md): stochastic rounding (``ScalingRecipe(use_sr=True)`` with a
 ``seed`` read on the device) and the random Hadamard transform (``ScalingRecipe(use_rht=True)``
 with ``rht_signs``; :func:`hadamard_transform`, :func:`random_hadamard_signs`). FP8 raises
-``NotImplementedError`` for both.
+``NotImplementedError`` for both. Every op rejects ``ScalingRecipe.shuffle_scale`` /
+``shuffle_out`` (AMD AITER/hipBLASLt preshuffled layouts) with ``ValueError``
+(:func:`~primus_turbo.pytorch.core.low_precision.check_scaling_recipe`).
 
 Inputs: fp32 / bf16 / fp16. 2-D ``[rows, cols]``; inputs of more dims are accepted for
 TENSORWISE and for ``axis=-1`` groupings (leading dims flattened, scales ``[*lead, n_groups]``).
@@ -38,6 +40,7 @@ from ..core.low_precision import (
     MXFP8_BLOCK_SIZE,
     ScalingGranularity,
     ScalingRecipe,
+    check_scaling_recipe,
 )
 
 __all__ = [
@@ -55,6 +58,10 @@ __all__ = [
 _IN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _FP4_DTYPE = getattr(torch, "float4_e2m1fn_x2", None)
+#: what quantize_fp4 returns by default: float4_e2m1fn_x2, or uint8 on a torch without it
+_FP4_PACKED = _FP4_DTYPE if _FP4_DTYPE is not None else torch.uint8
+#: the out_dtype values quantize_fp4 / quantize_fp4_with_trans accept (the same bytes, viewed)
+_FP4_OUT_DTYPES = tuple(d for d in (_FP4_DTYPE, torch.uint8) if d is not None)
 _E8M0 = torch.float8_e8m0fnu
 _G = ScalingGranularity
 
@@ -122,9 +129,7 @@ def _block_size(g: ScalingGranularity, block_size, op: str) -> int:
 
 
 def _use_2d(g: ScalingGranularity, recipe: Optional[ScalingRecipe], op: str) -> bool:
-    if recipe is not None and not isinstance(recipe, ScalingRecipe):
-        raise TypeError(f"{op}: scaling_recipe must be a ScalingRecipe or None, got {type(recipe).__name__}")
-    if recipe is None:
+    if check_scaling_recipe(recipe, op) is None:
         return False
     if recipe.use_sr or recipe.use_rht:
         what = ("ScalingRecipe.use_sr=True (stochastic rounding)" if recipe.use_sr
@@ -136,9 +141,7 @@ def _use_2d(g: ScalingGranularity, recipe: Optional[ScalingRecipe], op: str) -> 
 
 def _fp4_recipe(recipe: Optional[ScalingRecipe], op: str) -> tuple[bool, bool]:
     """(use_sr, use_rht) of an MXFP4 recipe; use_2d_block does not apply to MXFP4 (1 x 32 groups)."""
-    if recipe is not None and not isinstance(recipe, ScalingRecipe):
-        raise TypeError(f"{op}: scaling_recipe must be a ScalingRecipe or None, got {type(recipe).__name__}")
-    if recipe is None:
+    if check_scaling_recipe(recipe, op) is None:
         return False, False
     return bool(recipe.use_sr), bool(recipe.use_rht)
 
@@ -807,7 +810,11 @@ def hadamard_transform(x: torch.Tensor, signs: torch.Tensor, *, axis: int = -1) 
         The transformed tensor, ``[rows, cols]`` contiguous, float32 (float64 for a float64 ``x``),
         computed as a blockwise matmul (torch ops: no host sync, traceable).
     """
-    op = "hadamard_transform"
+    return _hadamard(x, signs, axis, "hadamard_transform", inverse=False)
+
+
+def _hadamard(x: torch.Tensor, signs: torch.Tensor, axis: int, op: str, inverse: bool) -> torch.Tensor:
+    """:func:`hadamard_transform` (``v @ R``), or with ``inverse`` its inverse ``v @ R^T``."""
     if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
         raise TypeError(f"{op}: x must be a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
     if x.dim() != 2:
@@ -820,26 +827,59 @@ def hadamard_transform(x: torch.Tensor, signs: torch.Tensor, *, axis: int = -1) 
                          f"block {n}")
     dt = torch.float64 if x.dtype == torch.float64 else torch.float32
     r = _hadamard_matrix(n, dt, x.device) * signs.to(device=x.device, dtype=dt)[:, None] * (1.0 / math.sqrt(n))
+    if inverse:
+        r = r.t()
     xt = x.t() if ax == 0 else x
     y = (xt.to(dt).reshape(xt.shape[0], xt.shape[1] // n, n) @ r).reshape(xt.shape)
     return y.t().contiguous() if ax == 0 else y
 
 
+def _fp4_mx_args(granularity, block_size, op: str) -> None:
+    """MXFP4 takes MX_BLOCKWISE (the enum or its name) with 32-element blocks only."""
+    g = _granularity(granularity, op)
+    if g != _G.MX_BLOCKWISE:
+        raise ValueError(f"{op}: MXFP4 needs granularity MX_BLOCKWISE, got granularity={g.name}")
+    if block_size is not None and (isinstance(block_size, bool) or block_size != MXFP4_BLOCK_SIZE):
+        raise ValueError(f"{op}: MXFP4 block_size must be {MXFP4_BLOCK_SIZE} (or None), got block_size={block_size!r}")
+
+
+def _fp4_out_dtype(out_dtype, op: str) -> torch.dtype:
+    """The packed dtype a quantizer returns: ``None`` means the default (:data:`_FP4_PACKED`)."""
+    if out_dtype is None:
+        return _FP4_PACKED
+    if out_dtype not in _FP4_OUT_DTYPES:
+        names = " or ".join(f"torch.{str(d).split('.')[-1]}" for d in _FP4_OUT_DTYPES)
+        raise TypeError(f"{op}: out_dtype must be the packed FP4 dtype, {names} (or None for the default "
+                        f"{_FP4_PACKED}), got out_dtype={out_dtype}")
+    return out_dtype
+
+
 def quantize_fp4(
-    x: torch.Tensor, *, axis: Optional[int] = None, scaling_recipe: Optional[ScalingRecipe] = None,
+    x: torch.Tensor, out_dtype: Optional[torch.dtype] = _FP4_PACKED, granularity=_G.MX_BLOCKWISE, *,
+    block_size: Optional[int] = None, axis: Optional[int] = None, scaling_recipe: Optional[ScalingRecipe] = None,
     seed=None, rht_signs: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP4 (E2M1, RNE, saturating to +-6; one E8M0 scale per 32 elements along ``axis``).
 
+    The reference API's form ``quantize_fp4(x, out_dtype, granularity, *, block_size, axis,
+    scaling_recipe)`` and the short form ``quantize_fp4(x, axis=...)`` give the same result.
+
     Args:
         x: ``[rows, cols]`` float32 / bfloat16 / float16; the quantized dim a multiple of 32.
+        out_dtype: the packed dtype of the result: ``torch.float4_e2m1fn_x2`` (the default; on a
+            torch without it ``uint8``) or ``torch.uint8`` (the same bytes, viewed as uint8); None
+            means the default. Anything else raises ``TypeError``.
+        granularity: ``ScalingGranularity.MX_BLOCKWISE`` (or its name), the only one MXFP4 has;
+            anything else raises ``ValueError``.
+        block_size: 32 or None (``ValueError`` otherwise).
         axis: ``-1`` (default) or ``0``: the dim that is blocked and packed.
         scaling_recipe: ``ScalingRecipe(use_sr=True)``: stochastic rounding of the elements
             (unbiased: each rounds to one of its two neighbouring E2M1 values with probability
             proportional to the proximity; scales and saturation as with RNE).
             ``ScalingRecipe(use_rht=True)``: quantize ``hadamard_transform(x, rht_signs, axis=axis)``
             (the other operand of the product must be transformed with the same signs).
-            ``use_2d_block`` does not apply to MXFP4 (ignored).
+            ``use_2d_block`` does not apply to MXFP4 (ignored: the groups are 1 x 32).
+            ``shuffle_scale`` / ``shuffle_out`` (AMD preshuffled layouts) raise ``ValueError``.
         seed: stochastic rounding only: ``None`` (drawn on the device from its default generator,
             so ``torch.manual_seed`` reproduces it), an ``int`` in [0, 2**62), a one-element integer
             tensor on x's device or a ``torch.Generator``. Never read on the host (no sync). A
@@ -856,6 +896,8 @@ def quantize_fp4(
         axis in the low nibble; ``scale_inv`` ``float8_e8m0fnu`` ``[rows, cols/32]`` or ``[rows/32, cols]``.
     """
     op = "quantize_fp4"
+    _fp4_mx_args(granularity, block_size, op)
+    want = _fp4_out_dtype(out_dtype, op)
     ax = _check_fp4_input(x, axis, op)
     sr, rht = _fp4_recipe(scaling_recipe, op)
     if seed is not None and not sr:
@@ -867,18 +909,21 @@ def quantize_fp4(
             raise ValueError(f"{op}: ScalingRecipe(use_rht=True) needs rht_signs (random_hadamard_signs())")
         x = hadamard_transform(x, rht_signs, axis=ax)
     seed_t = _sr_seed(seed, x.device, op) if sr and x.numel() else None
-    return _call(torch.ops.primus_turbo.quantize_fp4_impl, _quantize_fp4_eager, x, ax, seed_t)
+    p, s = _call(torch.ops.primus_turbo.quantize_fp4_impl, _quantize_fp4_eager, x, ax, seed_t)
+    return (p if p.dtype == want else p.view(want)), s
 
 
 def quantize_fp4_with_trans(
-    x: torch.Tensor, *, scaling_recipe: Optional[ScalingRecipe] = None,
+    x: torch.Tensor, out_dtype: Optional[torch.dtype] = _FP4_PACKED, granularity=_G.MX_BLOCKWISE, *,
+    block_size: Optional[int] = None, scaling_recipe: Optional[ScalingRecipe] = None,
     scaling_recipe_for_trans: Optional[ScalingRecipe] = None, seed=None,
     rht_signs: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """MXFP4 row-wise copy ``[rows, cols/2]`` and column-wise copy stored transposed
     ``[cols, rows/2]`` (with scales ``[rows, cols/32]`` and ``[cols, rows/32]``) from one read
     of ``x``; equal to ``quantize_fp4(x)`` and ``quantize_fp4(x.t().contiguous())``. rows and
-    cols must be multiples of 32.
+    cols must be multiples of 32. ``out_dtype``, ``granularity`` and ``block_size`` are validated
+    as in :func:`quantize_fp4` (the reference API's positional form), and so are both recipes.
 
     ``scaling_recipe`` applies to the row-wise copy, ``scaling_recipe_for_trans`` to the
     transposed one (default: the same). With stochastic rounding the row copy equals
@@ -892,6 +937,8 @@ def quantize_fp4_with_trans(
     scales as whole 32-byte sectors that way (bf16 [16384, 7168] on the H200, device time:
     0.620 -> 0.666x the device copy). Same shapes and values; ``.contiguous()`` gives row-major."""
     op = "quantize_fp4_with_trans"
+    _fp4_mx_args(granularity, block_size, op)
+    want = _fp4_out_dtype(out_dtype, op)
     _check_fp4_input(x, -1, op)
     _check_fp4_input(x, 0, op)
     recipe_t = scaling_recipe_for_trans if scaling_recipe_for_trans is not None else scaling_recipe
@@ -909,18 +956,49 @@ def quantize_fp4_with_trans(
                             rht_signs=rht_signs if rht else None)
         pt, st = quantize_fp4(x.t().contiguous(), scaling_recipe=recipe_t, seed=seed_t + 1 if sr_t else None,
                               rht_signs=rht_signs if rht_t else None)
-        return p, _column_major(s), pt, _column_major(st)
-    return _call(torch.ops.primus_turbo.quantize_fp4_with_trans_impl, _quantize_fp4_with_trans_eager,
-                 x, seed_t, sr, sr_t)
+        s, st = _column_major(s), _column_major(st)
+    else:
+        p, s, pt, st = _call(torch.ops.primus_turbo.quantize_fp4_with_trans_impl, _quantize_fp4_with_trans_eager,
+                             x, seed_t, sr, sr_t)
+    if p.dtype != want:
+        p, pt = p.view(want), pt.view(want)
+    return p, s, pt, st
 
 
 def dequantize_fp4(
-    x: torch.Tensor, out_dtype: torch.dtype, *, scale_inv: torch.Tensor, axis: Optional[int] = None
+    x: torch.Tensor, out_dtype: torch.dtype, granularity=_G.MX_BLOCKWISE, *, block_size: Optional[int] = None,
+    axis: Optional[int] = None, scale_inv: torch.Tensor, scaling_recipe: Optional[ScalingRecipe] = None,
+    rht_signs: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Unpack MXFP4 ``x`` (as :func:`quantize_fp4` returned it) times its E8M0 ``scale_inv``.
 
-    Returns ``[rows, cols]`` in ``out_dtype`` (float32 / bfloat16 / float16)."""
+    Args:
+        x: packed ``float4_e2m1fn_x2`` (or ``uint8``) codes, ``[rows, cols/2]`` (axis=-1) or
+            ``[rows/2, cols]`` (axis=0).
+        out_dtype: float32 / bfloat16 / float16.
+        granularity: ``MX_BLOCKWISE`` (or its name); ``block_size``: 32 or None (``ValueError``
+            otherwise), as :func:`quantize_fp4` takes them.
+        axis: the axis ``x`` was quantized along (-1 or 0).
+        scale_inv: the E8M0 scales :func:`quantize_fp4` returned.
+        scaling_recipe: the recipe ``x`` was quantized with. ``use_sr`` changes only how values were
+            rounded, so it has no effect here; ``use_2d_block`` has none either (MXFP4 groups are
+            1 x 32 here, as :func:`quantize_fp4` forms them; ``scale_inv``'s shape is checked).
+            ``use_rht=True`` needs ``rht_signs`` (the signs ``x`` was transformed with) and undoes
+            the transform: the result is ``hadamard_transform``'s inverse of the dequantized values,
+            an approximation of the original tensor (computed in fp32, then cast). Without
+            ``rht_signs`` it raises ``ValueError`` rather than return transformed-domain values.
+            ``shuffle_scale`` / ``shuffle_out`` raise ``ValueError`` (AMD preshuffled layouts).
+        rht_signs: with ``use_rht`` only (``ValueError`` otherwise).
+
+    Returns ``[rows, cols]`` in ``out_dtype``."""
     op = "dequantize_fp4"
+    _fp4_mx_args(granularity, block_size, op)
+    _, rht = _fp4_recipe(scaling_recipe, op)
+    if rht_signs is not None and not rht:
+        raise ValueError(f"{op}: rht_signs is only used with ScalingRecipe(use_rht=True)")
+    if rht and rht_signs is None:
+        raise ValueError(f"{op}: ScalingRecipe(use_rht=True) needs rht_signs (the signs x was quantized with) to "
+                         f"undo the random Hadamard transform; without them the values would stay transformed")
     if not isinstance(x, torch.Tensor) or x.dtype not in tuple(d for d in (_FP4_DTYPE, torch.uint8) if d is not None):
         raise TypeError(f"{op}: x must be a float4_e2m1fn_x2 (or uint8) packed tensor, got "
                         f"{getattr(x, 'dtype', type(x).__name__)}")
@@ -937,4 +1015,8 @@ def dequantize_fp4(
     if tuple(scale_inv.shape) != want:
         raise ValueError(f"{op}: scale_inv has shape {tuple(scale_inv.shape)}, expected {want} for packed "
                          f"x{tuple(x.shape)} with axis={ax}")
+    if rht:
+        _check_signs(rht_signs, op)
+        d = _call(torch.ops.primus_turbo.dequantize_fp4_impl, _dequantize_fp4_eager, x, scale_inv, torch.float32, ax)
+        return _hadamard(d, rht_signs, ax, op, inverse=True).to(out_dtype)
     return _call(torch.ops.primus_turbo.dequantize_fp4_impl, _dequantize_fp4_eager, x, scale_inv, out_dtype, ax)

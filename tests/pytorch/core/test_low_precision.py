@@ -98,3 +98,41 @@ def test_mx_scaling_recipe_is_the_older_name():
 
     assert MXScalingRecipe is ScalingRecipe
     assert MXScalingRecipe(use_sr=True) == ScalingRecipe(use_sr=True)
+
+
+# ---- reference-API fields: ScalingRecipe.shuffle_*, Float4QuantConfig.use_preshuffle ----------
+def test_scaling_recipe_has_the_reference_fields_in_order():
+    from primus_turbo.pytorch.core.low_precision import ScalingRecipe
+
+    assert ScalingRecipe._fields == ("use_2d_block", "use_sr", "use_rht", "shuffle_scale", "shuffle_out")
+    assert ScalingRecipe() == (False,) * 5
+    r = ScalingRecipe(True, False, False, False, False)  # positional, as the reference allows
+    assert r.use_2d_block and not r.shuffle_scale and not r.shuffle_out
+
+
+@pytest.mark.parametrize("field", ["shuffle_scale", "shuffle_out"])
+def test_check_scaling_recipe_rejects_preshuffle(field):
+    from primus_turbo.pytorch.core.low_precision import ScalingRecipe, check_scaling_recipe
+
+    assert check_scaling_recipe(None, "op") is None
+    ok = ScalingRecipe(use_2d_block=True, use_sr=True, use_rht=True)
+    assert check_scaling_recipe(ok, "op") is ok
+    with pytest.raises(ValueError, match=rf"my_op: ScalingRecipe\.{field}=True \(AMD AITER/hipBLASLt preshuffled .*"
+                                         rf"not supported on this platform"):
+        check_scaling_recipe(ScalingRecipe(**{field: True}), "my_op")
+    with pytest.raises(TypeError, match="my_op: scaling_recipe must be a ScalingRecipe or None, got tuple"):
+        check_scaling_recipe((False, False), "my_op")
+
+
+def test_fp4_config_use_preshuffle():
+    names = [f.name for f in dataclasses.fields(Float4QuantConfig)]
+    assert names == ["format", "granularity", "strategy", "scale_dtype", "block_size", "use_gradient_sr",
+                     "use_preshuffle", "use_rht"]
+    c = Float4QuantConfig(use_preshuffle=False)
+    assert c == Float4QuantConfig() and c.use_preshuffle is False
+    # the reference's positional order: ..., block_size, use_gradient_sr, use_preshuffle
+    assert Float4QuantConfig(Format.E2M1_X2, ScalingGranularity.MX_BLOCKWISE, "DYNAMIC", ScaleDtype.E8M0, 32, True,
+                             False) == Float4QuantConfig(use_gradient_sr=True)
+    with pytest.raises(ValueError, match=r"Float4QuantConfig: use_preshuffle=True \(AMD AITER preshuffled .*"
+                                         r"not supported on this platform"):
+        Float4QuantConfig(use_preshuffle=True)

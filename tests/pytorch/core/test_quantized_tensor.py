@@ -176,3 +176,76 @@ def test_mxfp4_bad_input(device):
         turbo.ops.gemm_fp8(qt, w, trans_b=True, config=mx)
     with pytest.raises(TypeError, match="grouped_gemm_fp8: a pre-quantized a must hold FP8 data"):
         turbo.ops.grouped_gemm_fp8(qt, w.reshape(1, 64, 96), torch.tensor([64], device=device), config=mx)
+
+
+# ---- the reference API's forms --------------------------------------------------------------
+def test_quantized_tensor_pair_data_t_defaults_to_none(device):
+    qt = QuantizedTensor.quantize(_x((32, 64), device), E4M3, G.TENSORWISE)
+    pair = QuantizedTensorPair(qt)
+    assert pair.data is qt and pair.data_t is None and pair == QuantizedTensorPair(qt, None)
+    assert QuantizedTensorPair._field_defaults == {"data_t": None}
+    data, data_t = pair
+    assert data is qt and data_t is None
+
+
+@pytest.mark.parametrize("need_t", [False, True])
+def test_create_quantized_weight_quant_config_name(need_t, device):
+    w = _x((64, 128), device)
+    cfg = Float8QuantConfig(granularity=G.BLOCKWISE)
+    base = create_quantized_weight(w, E4M3, cfg, need_t)
+    for kw in (dict(quant_config=cfg), dict(config=cfg)):
+        got = create_quantized_weight(w, E4M3, need_weight_transpose_cache=need_t, **kw)
+        for a, b in zip(got, base):
+            if b is None:
+                assert a is None
+                continue
+            assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8))
+            assert torch.equal(a.scale_inv, b.scale_inv) and a.scaling_recipe == b.scaling_recipe
+    with pytest.raises(TypeError, match="got both quant_config and config"):
+        create_quantized_weight(w, E4M3, cfg, config=cfg)
+    with pytest.raises(TypeError, match="missing the quant_config argument"):
+        create_quantized_weight(w, E4M3)
+    with pytest.raises(TypeError, match="quant_config must be a Float8QuantConfig, got str"):
+        create_quantized_weight(w, E4M3, config="BLOCKWISE")
+
+
+def test_check_quantized_tensor_scaling_recipe(device):
+    x = _x((64, 128), device)
+    blk = Float8QuantConfig(granularity=G.BLOCKWISE)
+    q2d = QuantizedTensor.quantize(x, E4M3, G.BLOCKWISE, scaling_recipe=ScalingRecipe(use_2d_block=True))
+    q1d = QuantizedTensor.quantize(x, E4M3, G.BLOCKWISE)  # records no recipe: the default one
+    check_quantized_tensor(q2d, blk, scaling_recipe=ScalingRecipe(use_2d_block=True))
+    check_quantized_tensor(q1d, blk, axis=-1, scaling_recipe=ScalingRecipe())
+    with pytest.raises(ValueError, match=r"scaling_recipe.use_2d_block=False but the tensor was quantized with "
+                                         r"use_2d_block=True"):
+        check_quantized_tensor(q2d, blk, scaling_recipe=ScalingRecipe())
+    with pytest.raises(ValueError, match=r"scaling_recipe.use_2d_block=True but the tensor was quantized with "
+                                         r"use_2d_block=False \(its scaling_recipe: None\)"):
+        check_quantized_tensor(q1d, blk, scaling_recipe=ScalingRecipe(use_2d_block=True))
+    with pytest.raises(ValueError, match=r"scaling_recipe.use_sr=True but the tensor was quantized with use_sr=False"):
+        check_quantized_tensor(q1d, blk, scaling_recipe=ScalingRecipe(use_sr=True))
+    # MX weights (create_quantized_weight) are 1 x 32 whatever use_2d_block says: it is not compared there
+    mx = Float8QuantConfig(granularity=G.MX_BLOCKWISE)
+    w = create_quantized_weight(x, E4M3, mx).data
+    check_quantized_tensor(w, mx, scaling_recipe=ScalingRecipe(use_2d_block=True))
+    check_quantized_tensor(w, mx, scaling_recipe=ScalingRecipe())
+    with pytest.raises(ValueError, match=r"scaling_recipe.use_rht=True but the tensor was quantized with "
+                                         r"use_rht=False"):
+        check_quantized_tensor(w, mx, scaling_recipe=ScalingRecipe(use_rht=True))
+    with pytest.raises(ValueError, match=r"check_quantized_tensor: ScalingRecipe.shuffle_scale=True \(AMD AITER"):
+        check_quantized_tensor(w, mx, scaling_recipe=ScalingRecipe(shuffle_scale=True))
+
+
+@pytest.mark.parametrize("field", ["shuffle_scale", "shuffle_out"])
+def test_quantized_tensor_rejects_preshuffle(field, device):
+    x = _x((64, 128), device)
+    rec = ScalingRecipe(use_2d_block=True, **{field: True})
+    msg = rf"ScalingRecipe.{field}=True \(AMD AITER/hipBLASLt preshuffled .* not supported on this platform"
+    with pytest.raises(ValueError, match=rf"QuantizedTensor.quantize: {msg}"):
+        QuantizedTensor.quantize(x, E4M3, G.BLOCKWISE, scaling_recipe=rec)
+    if FP4 is not None:
+        with pytest.raises(ValueError, match=rf"QuantizedTensor.quantize: {msg}"):
+            QuantizedTensor.quantize(x, FP4, G.MX_BLOCKWISE, scaling_recipe=rec)
+    qt = QuantizedTensor.quantize(x, E4M3, G.BLOCKWISE)
+    with pytest.raises(ValueError, match=rf"QuantizedTensor: {msg}"):
+        QuantizedTensor(qt.data, qt.scale_inv, G.BLOCKWISE, block_size=128, scaling_recipe=rec)

@@ -1151,3 +1151,137 @@ def test_with_trans_compile_matches_eager_strides(device, gran):
         assert g_.stride() == r_.stride()
         assert_bits_equal(g_.view(torch.uint8) if g_.dtype == torch.float8_e8m0fnu else g_,
                           r_.view(torch.uint8) if r_.dtype == torch.float8_e8m0fnu else r_)
+
+
+# ---- the reference API's forms: positional out_dtype / granularity, block_size, recipes --------
+FP4_PACKED = getattr(torch, "float4_e2m1fn_x2", None) or torch.uint8
+SHUFFLES = [ScalingRecipe(shuffle_scale=True), ScalingRecipe(shuffle_out=True),
+            ScalingRecipe(use_2d_block=True, shuffle_scale=True, shuffle_out=True)]
+
+
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_fp4_reference_signatures_match_short_forms(axis, device):
+    x = _sample((64, 96), torch.bfloat16, device, seed=21)
+    p, s = Q.quantize_fp4(x, axis=axis)
+    for gran in (G.MX_BLOCKWISE, "MX_BLOCKWISE", "mx_blockwise"):
+        for bs in (None, 32):
+            p2, s2 = Q.quantize_fp4(x, FP4_PACKED, gran, block_size=bs, axis=axis, scaling_recipe=None)
+            assert p2.dtype == p.dtype
+            assert_bits_equal(p2.view(torch.uint8), p.view(torch.uint8), f"{gran} {bs}")
+            assert_bits_equal(s2, s)
+    p3, s3 = Q.quantize_fp4(x, None, G.MX_BLOCKWISE, axis=axis)  # None: the default packed dtype
+    assert p3.dtype == FP4_PACKED and torch.equal(p3.view(torch.uint8), p.view(torch.uint8))
+    pu, su = Q.quantize_fp4(x, torch.uint8, axis=axis)  # the same bytes, viewed as uint8
+    assert pu.dtype == torch.uint8 and torch.equal(pu, p.view(torch.uint8)) and torch.equal(su, s)
+    d = Q.dequantize_fp4(p, torch.float32, scale_inv=s, axis=axis)
+    for args, kw in (((G.MX_BLOCKWISE,), dict(block_size=32)), (("MX_BLOCKWISE",), {}), ((), dict(block_size=None)),
+                     ((G.MX_BLOCKWISE,), dict(block_size=32, scaling_recipe=ScalingRecipe()))):
+        assert_bits_equal(Q.dequantize_fp4(p, torch.float32, *args, axis=axis, scale_inv=s, **kw), d, str(args))
+    assert_bits_equal(Q.dequantize_fp4(pu, torch.float32, G.MX_BLOCKWISE, axis=axis, scale_inv=su), d, "uint8")
+
+
+def test_fp4_with_trans_reference_signature_matches_short_form(device):
+    x = _sample((64, 96), torch.bfloat16, device, seed=22)
+    ref = Q.quantize_fp4_with_trans(x)
+    for out_dtype in (FP4_PACKED, None, torch.uint8):
+        got = Q.quantize_fp4_with_trans(x, out_dtype, G.MX_BLOCKWISE, block_size=32, scaling_recipe=None,
+                                        scaling_recipe_for_trans=None)
+        assert got[0].dtype == got[2].dtype == (out_dtype or FP4_PACKED)
+        for g_, r_ in zip(got, ref):
+            assert g_.stride() == r_.stride()
+            assert_bits_equal(g_.view(torch.uint8), r_.view(torch.uint8), str(out_dtype))
+    # stochastic rounding with a fixed seed, and the RHT path (two reads): the same as the short form
+    sg = Q.random_hadamard_signs(32, device=device, generator=torch.Generator(device).manual_seed(1))
+    for rec, kw in ((ScalingRecipe(use_sr=True), dict(seed=9)), (ScalingRecipe(use_rht=True), dict(rht_signs=sg))):
+        a = Q.quantize_fp4_with_trans(x, scaling_recipe=rec, **kw)
+        b = Q.quantize_fp4_with_trans(x, torch.uint8, "MX_BLOCKWISE", block_size=32, scaling_recipe=rec, **kw)
+        for g_, r_ in zip(b, a):
+            assert_bits_equal(g_.view(torch.uint8), r_.view(torch.uint8), str(rec))
+
+
+def test_fp4_reference_signature_under_compile(device):
+    x = _sample((64, 128), torch.bfloat16, device, seed=23)
+
+    def f(t):
+        p, s = Q.quantize_fp4(t, torch.uint8, G.MX_BLOCKWISE, block_size=32, axis=-1)
+        return p, Q.dequantize_fp4(p, torch.float32, G.MX_BLOCKWISE, block_size=32, axis=-1, scale_inv=s)
+
+    p, d = torch.compile(f, fullgraph=True, backend="aot_eager")(x)
+    p_ref, d_ref = f(x)
+    assert p.dtype == torch.uint8 and torch.equal(p, p_ref)
+    assert_bits_equal(d, d_ref)
+
+
+def test_fp4_reference_signature_errors():
+    x = torch.randn(64, 96)
+    p, s = Q.quantize_fp4(x)
+    for fn in (lambda **k: Q.quantize_fp4(x, **k), lambda **k: Q.quantize_fp4_with_trans(x, **k),
+               lambda **k: Q.dequantize_fp4(p, torch.float32, scale_inv=s, **k)):
+        with pytest.raises(ValueError, match="MXFP4 needs granularity MX_BLOCKWISE, got granularity=BLOCKWISE"):
+            fn(granularity=G.BLOCKWISE)
+        with pytest.raises(ValueError, match="MXFP4 needs granularity MX_BLOCKWISE, got granularity=TENSORWISE"):
+            fn(granularity="tensorwise")
+        with pytest.raises(ValueError, match="granularity='COLWISE' is not a ScalingGranularity"):
+            fn(granularity="COLWISE")
+        with pytest.raises(ValueError, match=r"MXFP4 block_size must be 32 \(or None\), got block_size=16"):
+            fn(block_size=16)
+        with pytest.raises(ValueError, match=r"MXFP4 block_size must be 32 \(or None\), got block_size=True"):
+            fn(block_size=True)
+    for fn, op in ((Q.quantize_fp4, "quantize_fp4"), (Q.quantize_fp4_with_trans, "quantize_fp4_with_trans")):
+        for bad in (E4M3, torch.bfloat16, torch.int8):
+            with pytest.raises(TypeError, match=rf"{op}: out_dtype must be the packed FP4 dtype, "
+                                                rf".*torch.uint8.*got out_dtype={bad}"):
+                fn(x, bad)
+
+
+@pytest.mark.parametrize("recipe", SHUFFLES, ids=["shuffle_scale", "shuffle_out", "both"])
+def test_preshuffle_recipes_are_rejected_by_every_op(recipe):
+    field = "shuffle_scale" if recipe.shuffle_scale else "shuffle_out"
+    msg = rf"ScalingRecipe\.{field}=True \(AMD AITER/hipBLASLt preshuffled .* not supported on this platform"
+    x = torch.randn(64, 128)
+    q, s = Q.quantize_fp8(x, E4M3, G.BLOCKWISE)
+    p, ps = Q.quantize_fp4(x)
+    calls = {
+        "quantize_fp8": lambda: Q.quantize_fp8(x, E4M3, G.BLOCKWISE, scaling_recipe=recipe),
+        "quantize_fp8_with_trans": lambda: Q.quantize_fp8_with_trans(x, E4M3, G.MX_BLOCKWISE, scaling_recipe=recipe),
+        "quantize_fp8_with_trans ": lambda: Q.quantize_fp8_with_trans(x, E4M3, G.BLOCKWISE,
+                                                                      scaling_recipe_for_trans=recipe),
+        "dequantize_fp8": lambda: Q.dequantize_fp8(q, torch.float32, G.BLOCKWISE, scale_inv=s, scaling_recipe=recipe),
+        "quantize_fp4": lambda: Q.quantize_fp4(x, scaling_recipe=recipe),
+        "quantize_fp4_with_trans": lambda: Q.quantize_fp4_with_trans(x, scaling_recipe=recipe),
+        "quantize_fp4_with_trans  ": lambda: Q.quantize_fp4_with_trans(x, scaling_recipe_for_trans=recipe),
+        "dequantize_fp4": lambda: Q.dequantize_fp4(p, torch.float32, scale_inv=ps, scaling_recipe=recipe),
+    }
+    for op, call in calls.items():
+        with pytest.raises(ValueError, match=rf"{op.strip()}: {msg}"):
+            call()
+
+
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_dequantize_fp4_scaling_recipe(axis, device):
+    x = torch.randn((64, 96), generator=torch.Generator().manual_seed(24)).to(device)
+    p, s = Q.quantize_fp4(x, axis=axis)
+    d = Q.dequantize_fp4(p, torch.bfloat16, scale_inv=s, axis=axis)
+    # use_sr (rounding only) and use_2d_block (MXFP4 groups are 1 x 32 here) change nothing in the dequantization
+    for rec in (ScalingRecipe(use_sr=True), ScalingRecipe(use_2d_block=True)):
+        got = Q.dequantize_fp4(p, torch.bfloat16, G.MX_BLOCKWISE, block_size=32, axis=axis, scale_inv=s,
+                               scaling_recipe=rec)
+        assert_bits_equal(got, d, str(rec))
+    # use_rht with the signs: the transform is undone (the inverse of hadamard_transform, in fp32)
+    sg = Q.random_hadamard_signs(32, device=device, generator=torch.Generator(device).manual_seed(2))
+    pr, sr = Q.quantize_fp4(x, axis=axis, scaling_recipe=RHT, rht_signs=sg)
+    got = Q.dequantize_fp4(pr, torch.float32, G.MX_BLOCKWISE, axis=axis, scale_inv=sr, scaling_recipe=RHT,
+                           rht_signs=sg)
+    plain = Q.dequantize_fp4(pr, torch.float32, axis=axis, scale_inv=sr)  # the transformed-domain values
+    torch.testing.assert_close(Q.hadamard_transform(got, sg, axis=axis), plain, rtol=1e-5, atol=1e-5)
+    err_rht = (got.double() - x.double()).norm() / x.double().norm()
+    err_transformed = (plain.double() - x.double()).norm() / x.double().norm()
+    assert err_rht < 0.2 and err_transformed > 0.9, (err_rht, err_transformed)
+    assert Q.dequantize_fp4(pr, torch.bfloat16, axis=axis, scale_inv=sr, scaling_recipe=RHT,
+                            rht_signs=sg).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match=r"dequantize_fp4: ScalingRecipe\(use_rht=True\) needs rht_signs"):
+        Q.dequantize_fp4(pr, torch.float32, axis=axis, scale_inv=sr, scaling_recipe=RHT)
+    with pytest.raises(ValueError, match=r"dequantize_fp4: rht_signs is only used with ScalingRecipe\(use_rht=True\)"):
+        Q.dequantize_fp4(pr, torch.float32, axis=axis, scale_inv=sr, rht_signs=sg)
+    with pytest.raises(TypeError, match="dequantize_fp4: scaling_recipe must be a ScalingRecipe or None, got dict"):
+        Q.dequantize_fp4(pr, torch.float32, axis=axis, scale_inv=sr, scaling_recipe={})
