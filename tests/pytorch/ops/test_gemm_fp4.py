@@ -84,19 +84,46 @@ def test_input_and_out_dtypes(dtype, device):
 
 
 def test_no_grad_and_partial_grads(device):
-    a, b, _, _ = _make(32, 48, 64, "NN", device=device, requires_grad=False)
+    a, b, _, _ = _make(32, 48, 64, "NN", device=device, requires_grad=False, seed=1)
     with torch.no_grad():
         out = gemm_fp4(a, b)
-    assert out.shape == (32, 48)
-    # no gradient wanted: only K must be a multiple of 32 (M = 40, N = 48 are fine)
-    a2, b2, _, _ = _make(40, 40, 64, "NN", device=device, requires_grad=False)
-    assert gemm_fp4(a2, b2).shape == (40, 40)
+    assert out.shape == (32, 48) and not out.requires_grad
+    assert snr_db(a.double() @ b.double(), out) >= MIN_SNR
+    # no gradient wanted: only K must be a multiple of 32 (M = 40, N = 40 are fine)
+    a2, b2, _, _ = _make(40, 40, 64, "NN", device=device, requires_grad=False, seed=2)
+    out = gemm_fp4(a2, b2)
+    assert out.shape == (40, 40) and snr_db(a2.double() @ b2.double(), out) >= MIN_SNR
     # only b needs a gradient: N need not be a multiple of 32
-    a3, b3, _, _ = _make(32, 40, 64, "NN", device=device, requires_grad=False)
+    a3, b3, ta, tb = _make(32, 40, 64, "NN", device=device, requires_grad=False, seed=3)
     b3.requires_grad_()
     out = gemm_fp4(a3, b3)
-    out.sum().backward()
+    grad = torch.randn_like(out)
+    out.backward(grad)
     assert a3.grad is None and b3.grad.shape == b3.shape
+    assert snr_db(_reference(a3, b3, ta, tb, grad)[2].cpu(), b3.grad.double().cpu()) >= MIN_SNR
+
+
+@pytest.mark.parametrize("which", ["a", "b"])
+@pytest.mark.parametrize("layout", ["NT", "TN"])
+def test_single_operand_grad(layout, which, device):
+    """Only a (frozen weight) or only b (first layer) requires grad: that gradient against the fp64
+    reference at the MXFP4 bar and bit-identical to the one computed when both require grad."""
+    m, n, k = 64, 96, 128
+    a, b, ta, tb = _make(m, n, k, layout, device=device, requires_grad=False, seed=7)
+    grad = torch.randn(m, n, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16).to(device)
+    x, w = a.clone().requires_grad_(which == "a"), b.clone().requires_grad_(which == "b")
+    gemm_fp4(x, w, trans_a=ta, trans_b=tb).backward(grad)
+    x2, w2 = a.clone().requires_grad_(), b.clone().requires_grad_()
+    gemm_fp4(x2, w2, trans_a=ta, trans_b=tb).backward(grad)
+    _, ga, gb = _reference(a, b, ta, tb, grad)
+    if which == "a":
+        assert w.grad is None and x.grad.shape == a.shape and x.grad.dtype == a.dtype
+        assert snr_db(ga.cpu(), x.grad.double().cpu()) >= MIN_SNR
+        assert torch.equal(x.grad, x2.grad)
+    else:
+        assert x.grad is None and w.grad.shape == b.shape and w.grad.dtype == b.dtype
+        assert snr_db(gb.cpu(), w.grad.double().cpu()) >= MIN_SNR
+        assert torch.equal(w.grad, w2.grad)
 
 
 @pytest.mark.parametrize("layout, main_grad_dtype", [("NT", torch.float32), ("NN", torch.bfloat16)])
@@ -107,13 +134,18 @@ def test_megatron_fused_wgrad_accumulation(layout, main_grad_dtype, device):
     b.main_grad = start.clone()
     b.grad_added_to_main_grad = False
     expected = start.double().cpu()
-    for i in range(3):  # three micro-batches
-        a, _, _, _ = _make(m, n, k, layout, device=device, seed=10 + i)
+    for i in range(3):  # three micro-batches; the second with a gradient for b only
+        a, _, _, _ = _make(m, n, k, layout, device=device, requires_grad=i != 1, seed=10 + i)
         out = gemm_fp4(a, b, trans_a=ta, trans_b=tb, fuse_bgrad_accum_pattern="megatron")
         grad = torch.randn_like(out)
         out.backward(grad)
-        expected += _reference(a, b, ta, tb, grad)[2].cpu()
+        _, ga, gb = _reference(a, b, ta, tb, grad)
+        expected += gb.cpu()
         assert b.grad_added_to_main_grad is True
+        if i == 1:
+            assert a.grad is None
+        else:  # grad_input unaffected by the fusion
+            assert snr_db(ga.cpu(), a.grad.double().cpu()) >= MIN_SNR
     assert b.main_grad.dtype == main_grad_dtype and b.main_grad.shape == b.shape
     delta = b.main_grad.double().cpu() - start.double().cpu()
     assert snr_db(expected - start.double().cpu(), delta) >= MIN_SNR

@@ -112,6 +112,83 @@ def test_bad_inputs(device):
         turbo.ops.grouped_gemm_fp4(a, [b], gl)
 
 
+@pytest.mark.parametrize("which", ["a", "b"])
+@pytest.mark.parametrize("trans_b", [True, False], ids=["NT", "NN"])
+def test_single_operand_grad(trans_b, which, device):
+    """Only a (frozen weight) or only b (first layer) requires grad: that gradient against the fp64
+    reference at the grouped MXFP4 bar, bit-identical to the one computed when both require grad;
+    the tail rows of dA and the empty group's dB exactly zero; the no-grad forward against fp64."""
+    lens, extra = [20, 0, 41], 5
+    a, b, gl = _make(lens, 64, 128, trans_b, device, extra_rows=extra)
+    routed = sum(lens)
+    with torch.no_grad():
+        out = turbo.ops.grouped_gemm_fp4(a, b, gl, trans_b=trans_b)
+    assert not out.requires_grad and not out[routed:].any()
+    assert snr_db(grouped_gemm_ref(a, b, gl, trans_b), out) >= MIN_SNR
+    dc = torch.randn_like(out)
+    x, w = a.clone().requires_grad_(which == "a"), b.clone().requires_grad_(which == "b")
+    y = turbo.ops.grouped_gemm_fp4(x, w, gl, trans_b=trans_b)
+    assert torch.equal(y.detach(), out)
+    y.backward(dc)
+    x2, w2 = a.clone().requires_grad_(), b.clone().requires_grad_()
+    turbo.ops.grouped_gemm_fp4(x2, w2, gl, trans_b=trans_b).backward(dc)
+    if which == "a":
+        assert w.grad is None and x.grad.shape == a.shape and x.grad.dtype == a.dtype
+        assert snr_db(grouped_gemm_ref(dc, b, gl, trans_b=not trans_b), x.grad) >= MIN_SNR
+        assert torch.equal(x.grad[routed:], torch.zeros_like(x.grad[routed:]))
+        assert torch.equal(x.grad, x2.grad)
+    else:
+        assert x.grad is None and w.grad.shape == b.shape and w.grad.dtype == b.dtype
+        ref_db = grouped_gemm_variable_k_ref(dc, a, gl) if trans_b else grouped_gemm_variable_k_ref(a, dc, gl)
+        assert snr_db(ref_db, w.grad) >= MIN_SNR
+        assert torch.equal(w.grad[1], torch.zeros_like(w.grad[1]))  # the empty group
+        assert torch.equal(w.grad, w2.grad)
+
+
+def test_bad_shapes_dtypes_groups_and_options(device):
+    op = turbo.ops.grouped_gemm_fp4
+    a, b, gl = _make([3, 4], 64, 64, True, device)
+    with pytest.raises(ValueError, match=r"grouped_gemm_fp4: a must be 2-D, got shape \(448,\)"):
+        op(a.reshape(-1), b, gl)
+    with pytest.raises(ValueError, match=r"grouped_gemm_fp4: b must be 3-D, got shape \(128, 64\)"):
+        op(a, b.reshape(-1, 64), gl)
+    with pytest.raises(TypeError, match=r"grouped_gemm_fp4: a and b must have the same dtype, got a=torch.bfloat16, "
+                                        r"b=torch.float32"):
+        op(a, b.float(), gl)
+    with pytest.raises(TypeError, match=r"grouped_gemm_fp4: out_dtype must be .* got torch.int32"):
+        op(a, b, gl, out_dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"grouped_gemm_fp4: num_cu must be None or a positive int, got 0"):
+        op(a, b, gl, num_cu=0)
+    other = "cpu" if device == "cuda" else "meta"
+    with pytest.raises(ValueError, match=rf"grouped_gemm_fp4: group_lens must be on a's device .*, got {other}"):
+        op(a, b, gl.to(other))
+    with pytest.raises(ValueError, match=r"grouped_gemm_fp4: group_lens must be 1-D with 2 entries \(b has G=2 "
+                                         r"experts\), got shape \(3,\)"):
+        op(a, b, torch.tensor([3, 4, 0], dtype=torch.int64, device=device))
+    with pytest.raises(ValueError, match=r"grouped_gemm_fp4: group_offs must be 1-D with 3 entries \(b has G=2 "
+                                         r"experts\), got shape \(2,\)"):
+        op(a, b, gl, group_offs=torch.tensor([0, 3], dtype=torch.int64, device=device))
+    with pytest.raises(ValueError, match=r"grouped_gemm_fp4: fuse_bgrad_accum_pattern must be None or 'megatron', "
+                                         r"got 'deepspeed'"):
+        op(a, b, gl, fuse_bgrad_accum_pattern="deepspeed")
+
+
+@pytest.mark.parametrize("trans_b", [True, False], ids=["NT", "NN"])
+def test_zero_experts(trans_b, device):
+    """G = 0 (no expert, group_lens empty): an all-zero [M, N] output, zero dA, an empty dB."""
+    a = torch.randn(7, 64, dtype=torch.bfloat16, device=device)
+    b = torch.randn((0, 32, 64) if trans_b else (0, 64, 32), dtype=torch.bfloat16, device=device)
+    gl = torch.zeros(0, dtype=torch.int64, device=device)
+    with torch.no_grad():
+        out = turbo.ops.grouped_gemm_fp4(a, b, gl, trans_b=trans_b, out_dtype=torch.float32)
+    assert torch.equal(out, torch.zeros(7, 32, dtype=torch.float32, device=device))
+    x, w = a.clone().requires_grad_(), b.clone().requires_grad_()
+    out = turbo.ops.grouped_gemm_fp4(x, w, gl, trans_b=trans_b)
+    assert torch.equal(out, torch.zeros(7, 32, dtype=torch.bfloat16, device=device))
+    out.backward(torch.randn_like(out))
+    assert torch.equal(x.grad, torch.zeros_like(a)) and w.grad.shape == b.shape
+
+
 def test_backend_pin(device):
     from primus_turbo.pytorch.core.backend import BackendType, GlobalBackendManager
 
