@@ -1,7 +1,8 @@
 """Plain-PyTorch references for MoE token permutation (per-expert loops; differentiable).
 
 ``moe_permute_ref`` returns ``(permuted_tokens, permuted_probs, row_id_map, tokens_per_expert)``
-(plus ``permuted_scales`` through ``scales=``) with the semantics of ``turbo.ops.moe_permute``;
+(plus ``permuted_scales`` through ``scales=``) with the semantics of ``turbo.ops.moe_permute`` (top-k
+index ``-1``: the slot is not routed, ``row_id_map`` ``-1``);
 ``moe_unpermute_ref`` accumulates in fp32 in ascending column order of ``row_id_map``;
 ``token_permute_ref`` / ``token_unpermute_ref`` follow Megatron's mask-based ``moe_utils.permute/unpermute``.
 """
@@ -16,12 +17,16 @@ __all__ = ["moe_permute_ref", "moe_unpermute_ref", "token_permute_ref", "token_u
 
 
 def _mask(routing_map: torch.Tensor, num_experts: Optional[int]) -> torch.Tensor:
+    """The bool ``[T, E]`` map; top-k indices outside ``[0, E)`` (``-1``: the slot is not routed) set
+    nothing (not Python's negative indexing, which would route ``-1`` to the last expert)."""
     if routing_map.dtype == torch.bool:
         return routing_map
     t, k = routing_map.shape
     mask = torch.zeros(t, num_experts, dtype=torch.bool, device=routing_map.device)
     for j in range(k):
-        mask[torch.arange(t), routing_map[:, j].long()] = True
+        idx = routing_map[:, j].long()
+        ok = (idx >= 0) & (idx < num_experts)
+        mask[torch.arange(t, device=idx.device)[ok], idx[ok]] = True
     return mask
 
 
@@ -54,8 +59,10 @@ def moe_permute_ref(tokens, routing_map, probs=None, num_out_tokens=None, pad_mu
     dest_te[dest_te >= n_out] = -1
     if is_map:
         row_id_map = dest_te
-    else:
-        row_id_map = dest_te.gather(1, routing_map.cpu().long())
+    else:  # slots outside [0, E) read the spare column E (-1: no row)
+        idx = routing_map.cpu().long()
+        idx = torch.where((idx >= 0) & (idx < e), idx, e)
+        row_id_map = torch.cat([dest_te, dest_te.new_full((t, 1), -1)], 1).gather(1, idx)
     zero_row = torch.zeros(1, h, dtype=tokens.dtype, device=tokens.device)
     rows = [tokens[tok:tok + 1] if tok >= 0 else zero_row for tok, _ in src_pairs]
     permuted = torch.cat(rows, 0) if rows else tokens[:0]

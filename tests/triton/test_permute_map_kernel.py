@@ -279,3 +279,45 @@ def test_scatter_rows_errors(device):
                     (dict(block_c=8), "block_c must be"), (dict(block_c=96), "block_c must be")):
         with pytest.raises(ValueError, match=msg):
             scatter_rows_launch(x, rid.to(device), src.to(device), out=out, **kw)
+
+
+@pytest.mark.parametrize("k,compact", [(2, None), (20, None), (4, True)])
+def test_merge_and_scatter_mask_rows_past_the_buffer(k, compact, device):
+    """A row map built for a larger buffer (entries >= the rows given, e.g. ``permuted[:4]`` with a map of
+    8 rows) never reaches memory out of bounds: merge_rows treats those entries as unrouted (reads
+    nothing past ``src``), scatter_rows skips them (writes nothing past ``out``). The buffers are views
+    of a larger tensor, so an unmasked access would read / overwrite the rows behind them."""
+    t, h, n_src = 6, 40, 4
+    g = torch.Generator().manual_seed(11 + k)
+    big = torch.randn(n_src + 8, h, generator=g)
+    row_map = torch.full((t, k), -1, dtype=torch.int32)
+    row_map[:, 0] = torch.arange(t) % n_src
+    row_map[1, -1] = n_src + 2          # past the buffer
+    row_map[4, k // 2] = n_src + 7
+    if k > 2:
+        row_map[2, 1] = 10 ** 6         # far past it
+    w = torch.rand(t, k, generator=g)
+    ok = (row_map >= 0) & (row_map < n_src)
+    good = torch.where(ok, row_map, -1)
+    d = lambda a: a.to(device)  # noqa: E731
+    src = d(big)[:n_src]
+    for weights in (None, w):
+        out = torch.full((t, h), float("nan"), device=device)
+        pk.merge_rows_launch(src, out, d(row_map), None if weights is None else d(weights), compact=compact)
+        ref = torch.zeros(t, h, device=device)
+        pk.merge_rows_launch(src, ref, d(good), None if weights is None else d(weights), compact=compact)
+        assert torch.equal(out, ref)
+    # scatter (unpermute's backward): out is a view of a larger buffer, its rows behind must stay untouched
+    x = torch.randn(t, h, generator=g)
+    src_idx = torch.full((n_src,), -1, dtype=torch.int64)
+    flat = torch.arange(t * k).view(t, k)
+    src_idx[good[ok].long()] = flat[ok]
+    back = torch.full((n_src + 8, h), 7.0, device=device)
+    out = back[:n_src]
+    pout = torch.full((n_src + 8,), 7.0, device=device)
+    scatter_rows_launch(d(x), d(row_map), d(src_idx), out=out, weights=d(w), scale_by_weights=True,
+                        probs_out=pout[:n_src], compact=compact)
+    assert bool((back[n_src:] == 7.0).all()) and bool((pout[n_src:] == 7.0).all())
+    want = torch.zeros(n_src, h)
+    want[good[ok].long()] = x[ok.nonzero()[:, 0]] * w[ok][:, None]
+    torch.testing.assert_close(out.cpu(), want, rtol=1e-6, atol=1e-6)

@@ -13,7 +13,8 @@ dim (``a = x[..., :F]`` is the gate, ``b = x[..., F:]``)::
 optional ``row_mask [...]`` (bool or any integer dtype, e.g. Primus-Turbo's int64; 0 = padding row),
 where ``[...]`` is ``x.shape[:-1]`` or its flattened ``[T]`` (T = the product of x's leading dims):
 the leading dims are flattened (a view when the input is contiguous) and the output is
-``[..., F]``, ``dx`` x's shape, ``dprobs`` probs' shape. Outputs have x's dtype. Backward:
+``[..., F]``, ``dx`` x's shape, ``dprobs`` probs' shape (an empty last dim, F = 0, gives ``[..., 0]``,
+zero gradients). Outputs have x's dtype. Backward:
 ``dx`` (x's dtype) and ``dprobs`` (fp32, reduced over the row in a fixed order); masked rows get
 exact zeros in the output, ``dx`` and ``dprobs`` whatever ``x`` / ``probs`` hold there.
 
@@ -152,7 +153,8 @@ class GLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, probs, mask, act):
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).contiguous()
+        # explicit row count: reshape(-1, 0) of an empty last dim is ambiguous
+        x2 = x.reshape(math.prod(shape[:-1]), shape[-1]).contiguous()
         p = probs.reshape(-1).contiguous() if probs is not None else None
         m = mask.reshape(-1).contiguous() if mask is not None else None
         out = _fwd(x2, act, p, m)

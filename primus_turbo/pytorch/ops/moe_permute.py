@@ -6,7 +6,11 @@ moe_permute(tokens, routing_map, probs=None, num_out_tokens=None, pad_multiple=N
     -> (permuted_tokens, permuted_probs, row_id_map[, permuted_scales][, tokens_per_expert])
 
 ``routing_map`` is either the bool multi-hot map ``[T, E]`` or top-k expert indices ``[T, k]``
-(int32 / int64, values in ``[0, E)``, distinct within a row; ``num_experts=E`` is then required).
+(int32 / int64, values in ``[0, E)`` or ``-1`` for a slot routed to no expert (as Primus-Turbo's
+``indices_to_multihot`` masks it: no row, ``row_id_map`` entry ``-1``, its prob unused), distinct within
+a row; ``num_experts=E`` is then required). Other values are an error: an async assert on CPU; on CUDA
+(no host sync) they are treated as ``-1``. ``num_experts``, ``num_out_tokens`` and ``pad_multiple`` are
+ints (a float or bool raises TypeError, nothing is rounded).
 Let ``K`` be ``E`` (map form) or ``k`` (indices form). The output groups the routed (token, expert)
 pairs expert-major: expert 0's tokens first, then expert 1's, ...; within an expert the tokens keep
 their order (stable). With ``pad_multiple=p`` each expert's segment is padded with zero rows up to
@@ -36,7 +40,11 @@ moe_unpermute(permuted_tokens, row_id_map, merging_probs=None, restore_shape=Non
     ``row_id_map[t, j] >= 0`` (weights 1 without probs), fp32 accumulation in ascending ``j``, cast to
     ``permuted_tokens``' dtype; ``out`` is ``[T, H]`` or reshaped to ``restore_shape``.
     ``merging_probs`` has ``row_id_map``'s shape. Differentiable in ``permuted_tokens`` and
-    ``merging_probs``.
+    ``merging_probs``. ``restore_shape`` must be ``[..., H]`` holding the ``T`` tokens (ValueError).
+    A ``row_id_map`` entry ``>= permuted_tokens.shape[0]`` (a map built for a larger buffer) is an
+    error on CPU (async assert); on CUDA (no host sync) the kernels mask it: the entry counts as not
+    routed, nothing is read or written out of bounds, and its probs gradient is 0. The same holds for
+    both ``moe_unpermute`` forms and ``token_unpermute``.
 
 Backward: permute's token grad is unpermute of the output grad without probs; the probs grad is
 the output-probs grad gathered back. Unpermute's grad is the (probs-weighted) permute of the output
@@ -104,6 +112,11 @@ token_unpermute(inp, sorted_indices, merging_probs=None, restore_shape=None, rou
     or ``sorted_indices`` and ``routing_map``, it is the same merge kernel as ``moe_unpermute``
     (deterministic); ``sorted_indices`` without ``routing_map`` (no probs then) and drop-and-pad rows
     are summed by token id with fp32 atomic adds on CUDA. Both differentiable (tokens and probs).
+    ``token_unpermute`` checks what the shapes tell: a ``routing_map`` whose ``[T, E]`` differs from the
+    fused row map's, or from ``merging_probs``', or (drop-and-pad) whose ``E`` does not divide the rows,
+    raises ValueError. On CPU async asserts also check the data: the row map's rows fit ``inp``,
+    ``sorted_indices`` are the rows ``routing_map`` places (same map), token ids are below ``T``; on
+    CUDA such entries are dropped (never indexed).
 
 Backend: Triton kernels (primus_turbo/triton/moe) on CUDA and on CPU under the Triton interpreter;
 plain PyTorch indexing elsewhere. On the Triton backend ``moe_permute`` can build the row map, its
@@ -119,6 +132,8 @@ reference of the kernel tests). Neither reads anything back to the host except t
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Optional, Sequence
 
 import torch
@@ -214,10 +229,11 @@ def _merge_rows(src: torch.Tensor, row_id_map: torch.Tensor, weights: Optional[t
     acc = torch.zeros(t, h, dtype=torch.float32, device=src.device)
     if src.shape[0] == 0:
         return acc.to(src.dtype)
+    n_src = src.shape[0]
     for j in range(k):
         r = row_id_map[:, j].long()
-        ok = r >= 0
-        x = src[r.clamp(min=0)].float()
+        ok = (r >= 0) & (r < n_src)  # a row past src (a bad map) is not routed, as in the kernel
+        x = src[torch.where(ok, r, 0)].float()
         if weights is not None:
             x = x * weights[:, j].float()[:, None]
         acc += torch.where(ok[:, None], x, torch.zeros((), device=src.device))
@@ -229,8 +245,9 @@ def _inverse(row_id_map: torch.Tensor, n_out: int) -> torch.Tensor:
     flat = row_id_map.reshape(-1).long()
     pos = torch.arange(flat.numel(), device=flat.device)
     # unrouted pairs (-1) go to distinct slots past n_out: one shared dump slot would make
-    # every such write (most of a [T, E] map) collide on one address
-    dest = torch.where(flat >= 0, flat, n_out + pos)
+    # every such write (most of a [T, E] map) collide on one address. Entries >= n_out (a bad map:
+    # the merge skips them) too, so the scatter never indexes out of bounds.
+    dest = torch.where((flat >= 0) & (flat < n_out), flat, n_out + pos)
     src_idx = torch.full((n_out + flat.numel(),), -1, dtype=torch.int64, device=flat.device)
     src_idx.scatter_(0, dest, pos)
     return src_idx[:n_out]
@@ -243,12 +260,13 @@ def _gather_flat(values: torch.Tensor, src_idx: torch.Tensor) -> torch.Tensor:
 
 
 def _scatter_back(per_row: torch.Tensor, row_id_map: torch.Tensor) -> torch.Tensor:
-    """``out[t, j] = per_row[row_id_map[t, j]]``, 0 where the entry is ``-1``."""
+    """``out[t, j] = per_row[row_id_map[t, j]]``, 0 where the entry is ``-1`` (or past ``per_row``)."""
     r = row_id_map.long()
     if per_row.numel() == 0:
         return torch.zeros(r.shape, dtype=per_row.dtype, device=per_row.device)
-    v = per_row[r.clamp(min=0)]
-    return torch.where(r >= 0, v, torch.zeros((), dtype=v.dtype, device=v.device))
+    ok = (r >= 0) & (r < per_row.shape[0])  # rows past per_row (a bad map): 0, as the merge skips them
+    v = per_row[torch.where(ok, r, 0)]
+    return torch.where(ok, v, torch.zeros((), dtype=v.dtype, device=v.device))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -372,6 +390,52 @@ def _check_device(t: Optional[torch.Tensor], name: str, ref: torch.Tensor, ref_n
         raise ValueError(f"{op}: {name} is on {t.device}, {ref_name} on {ref.device}; they must share a device")
 
 
+def _cpu_assert(x: torch.Tensor, cond, msg: str) -> None:
+    """Checks that need the data: run on CPU only, where an async assert costs no device sync (the
+    project's rule: no host sync on CUDA paths). On CUDA the kernels mask the bad entries instead
+    (documented per op)."""
+    if x.device.type == "cpu" and not torch.compiler.is_compiling():
+        torch._assert_async(cond() if callable(cond) else cond, msg)
+
+
+def _check_rows_fit(row_id_map: torch.Tensor, n_rows: int, op: str, name: str = "row_id_map") -> None:
+    """CPU: every row index of ``row_id_map`` is a row of the ``n_rows`` permuted tokens given."""
+    if row_id_map.numel():
+        _cpu_assert(row_id_map, lambda: row_id_map.max() < n_rows,
+                    f"{op}: {name} holds a row index >= permuted_tokens.shape[0] = {n_rows}: it was built for a "
+                    f"larger permuted buffer than the {n_rows} rows given")
+
+
+def _int_arg(v, name: str, op: str, lo: int) -> int:
+    """A Python (or NumPy) int ``>= lo``; bool and float are rejected (TypeError), not coerced."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{op}: {name} must be an int, got {v!r} ({type(v).__name__})")
+    v = int(v)
+    if v < lo:
+        raise ValueError(f"{op}: {name} must be >= {lo}, got {v}")
+    return v
+
+
+def _shape_arg(restore_shape, op: str) -> tuple:
+    """``restore_shape`` as a tuple of ints ``>= 0`` (TypeError / ValueError naming it otherwise)."""
+    try:
+        dims = tuple(restore_shape)
+    except TypeError:
+        raise TypeError(f"{op}: restore_shape must be a sequence of ints, got {restore_shape!r}") from None
+    if any(isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 0 for d in dims):
+        raise ValueError(f"{op}: restore_shape must be a sequence of ints >= 0, got {restore_shape!r}")
+    return tuple(int(d) for d in dims)
+
+
+def _restore_shape(restore_shape, t: int, h: int, op: str) -> tuple:
+    """``restore_shape`` checked to hold the ``[t, h]`` merged tokens: ``[..., h]`` with ``t`` rows."""
+    dims = _shape_arg(restore_shape, op)
+    if not dims or dims[-1] != h or math.prod(dims[:-1]) != t:
+        raise ValueError(f"{op}: restore_shape {list(dims)} does not hold {t} tokens of hidden {h} (the "
+                         f"merged output is [{t}, {h}])")
+    return dims
+
+
 def _build_row_id_map(routing_map, num_experts, pad_multiple, num_out_tokens, return_total=False):
     """Device-only map building; returns (row_id_map int32 [T, K], segment lengths [E], rows in the
     buffer[, the padded total before any cut: int32 [1] on device, with ``return_total``]).
@@ -448,6 +512,8 @@ def moe_permute(tokens: torch.Tensor, routing_map: Optional[torch.Tensor] = None
         raise ValueError(f"{op}: routing_map has {routing_map.shape[0]} rows, tokens has {t}")
     _check_device(routing_map, "routing_map", tokens, "tokens", op)
     is_map = routing_map.dtype == torch.bool
+    if num_experts is not None:
+        num_experts = _int_arg(num_experts, "num_experts", op, 0)
     if is_map:
         e = routing_map.shape[1]
         if num_experts is not None and num_experts != e:
@@ -458,17 +524,19 @@ def moe_permute(tokens: torch.Tensor, routing_map: Optional[torch.Tensor] = None
         e = num_experts
         if routing_map.shape[1] > e:
             raise ValueError(f"{op}: top-k {routing_map.shape[1]} exceeds num_experts {e}")
+        # -1 = the slot is not routed (as Primus-Turbo's indices_to_multihot); other values outside
+        # [0, E) are a caller's bug: checked on CPU, treated as -1 by the map builders on CUDA
+        if routing_map.numel():
+            _cpu_assert(routing_map, lambda: ((routing_map >= -1) & (routing_map < e)).all(),
+                        f"{op}: top-k indices must be in [-1, num_experts={e}) (-1: the slot is not routed)")
     else:
         raise TypeError(f"{op}: routing_map must be bool or int32/int64, got {routing_map.dtype}")
     k = routing_map.shape[1]
     if pad_multiple is not None:
-        if int(pad_multiple) < 1:
-            raise ValueError(f"{op}: pad_multiple must be >= 1, got {pad_multiple}")
-        pad_multiple = int(pad_multiple) if int(pad_multiple) > 1 else None
+        pad_multiple = _int_arg(pad_multiple, "pad_multiple", op, 1)
+        pad_multiple = pad_multiple if pad_multiple > 1 else None
     if num_out_tokens is not None:
-        num_out_tokens = int(num_out_tokens)
-        if num_out_tokens < 0:
-            raise ValueError(f"{op}: num_out_tokens must be >= 0, got {num_out_tokens}")
+        num_out_tokens = _int_arg(num_out_tokens, "num_out_tokens", op, 0)
         if not is_map and num_out_tokens < t * k:
             raise ValueError(f"{op}: num_out_tokens={num_out_tokens} < T*k={t * k}: every top-k pair needs a row")
     elif not is_map and pad_multiple is None:
@@ -557,6 +625,9 @@ def moe_unpermute(permuted_tokens: torch.Tensor, row_id_map: torch.Tensor,
                          f"{_shape_or_type(row_id_map)}{dtype}")
     _check_device(row_id_map, "row_id_map", permuted_tokens, "permuted_tokens", op)
     row_id_map = row_id_map.to(torch.int32).contiguous()
+    _check_rows_fit(row_id_map, permuted_tokens.shape[0], op)
+    if restore_shape is not None:
+        restore_shape = _restore_shape(restore_shape, row_id_map.shape[0], permuted_tokens.shape[1], op)
     if merging_probs is not None:
         if merging_probs.shape != row_id_map.shape:
             raise ValueError(f"{op}: merging_probs shape {tuple(merging_probs.shape)} must match row_id_map "
@@ -567,7 +638,7 @@ def moe_unpermute(permuted_tokens: torch.Tensor, row_id_map: torch.Tensor,
         merging_probs = merging_probs.contiguous()
     out = _UnpermuteFn.apply(permuted_tokens, row_id_map, merging_probs)
     if restore_shape is not None:
-        out = out.reshape(tuple(restore_shape))
+        out = out.reshape(restore_shape)
     return out
 
 
@@ -679,10 +750,8 @@ def token_unpermute(inp: torch.Tensor, sorted_indices: torch.Tensor,
     if is_map and drop_and_pad:
         raise ValueError(f"{op}: drop_and_pad rows come as token ids (1-D sorted_indices), got the [T, E] row map")
     if restore_shape is not None:
-        restore_shape = tuple(int(d) for d in restore_shape)
-        t = 1
-        for d in restore_shape[:-1]:
-            t *= d
+        restore_shape = _shape_arg(restore_shape, op)
+        t = math.prod(restore_shape[:-1])
         if not restore_shape or restore_shape[-1] != h:
             raise ValueError(f"{op}: restore_shape {list(restore_shape)} must end in hidden {h}")
     elif is_map:
@@ -702,29 +771,55 @@ def token_unpermute(inp: torch.Tensor, sorted_indices: torch.Tensor,
         _check_device(merging_probs, "merging_probs", permuted_tokens, "permuted_tokens", op)
         if not is_map and mask is None:
             raise ValueError(f"{op}: merging_probs needs routing_map (which expert each row belongs to)")
+    if mask is not None:
+        # what the shapes tell without reading data: the routing map must be the one the rows were
+        # permuted with (same expert count)
+        e = mask.shape[1]
+        if is_map and tuple(mask.shape) != tuple(sorted_indices.shape):
+            raise ValueError(f"{op}: routing_map {list(mask.shape)} does not match the row map "
+                             f"{list(sorted_indices.shape)} token_permute(fused=True) returned: unpermute with "
+                             f"the routing map (expert count) the tokens were permuted with")
+        if merging_probs is not None and merging_probs.shape[1] != e:
+            raise ValueError(f"{op}: merging_probs has {merging_probs.shape[1]} experts, routing_map {e}")
+        if drop_and_pad and n % e:
+            raise ValueError(f"{op}: drop_and_pad rows ({n}) must be num_experts ({e}, routing_map's columns) x "
+                             f"capacity: the rows were permuted with another expert count")
     if is_map:
         if merging_probs is not None and merging_probs.shape != sorted_indices.shape:
             raise ValueError(f"{op}: merging_probs {list(merging_probs.shape)} must match the row map "
                              f"{list(sorted_indices.shape)}")
         rid = sorted_indices.to(torch.int32).contiguous()
+        _check_rows_fit(rid, n, op, "the row map (sorted_indices)")
     elif mask is not None and not drop_and_pad:
-        e = mask.shape[1]
-        if merging_probs is not None and merging_probs.shape[1] != e:
-            raise ValueError(f"{op}: merging_probs has {merging_probs.shape[1]} experts, routing_map {e}")
         rid = _map_rows(mask, n)
+        if n:
+            # CPU: the rows routing_map places must be the rows sorted_indices names (same map, same
+            # expert count); on CUDA this would need a sync, and a different map merges other rows
+            def same_rows():
+                r = rid.long()
+                ok = r >= 0
+                tok = torch.arange(t, device=r.device).unsqueeze(1)
+                hit = torch.where(ok, sorted_indices.long()[torch.where(ok, r, 0)] == tok, True)
+                return hit.all() & (ok.sum() == (sorted_indices >= 0).sum())
+            _cpu_assert(rid, same_rows, f"{op}: sorted_indices do not match routing_map [{t}, {e}]: the tokens were "
+                                        f"permuted with another routing map (expert count)")
     else:
         # token ids alone (no map) or drop-and-pad rows: fp32 sums by token id (atomic adds on CUDA)
+        ids = sorted_indices.long()
+        if n:
+            _cpu_assert(ids, lambda: ids.max() < t, f"{op}: sorted_indices holds a token id >= {t}, the tokens of "
+                                                    f"restore_shape {list(restore_shape or (t, h))}")
+        ok = (ids >= 0) & (ids < t)   # CUDA: ids past the tokens are dropped, never indexed
+        ids = torch.where(ok, ids, 0)
         rows = permuted_tokens.float()
         if drop_and_pad and merging_probs is not None:
             e = merging_probs.shape[1]
             if n % e:
                 raise ValueError(f"{op}: drop_and_pad rows ({n}) must be num_experts ({e}) x capacity")
             expert = torch.arange(e, device=rows.device).repeat_interleave(n // e)
-            rows = rows * merging_probs[sorted_indices, expert].float().unsqueeze(1)
-        ids = sorted_indices.long()
-        ok = ids >= 0
+            rows = rows * merging_probs[ids, expert].float().unsqueeze(1)
         out = torch.zeros(t, h, dtype=torch.float32, device=rows.device)
-        out = out.index_add(0, torch.where(ok, ids, 0), torch.where(ok.unsqueeze(1), rows, 0.0))
+        out = out.index_add(0, ids, torch.where(ok.unsqueeze(1), rows, 0.0))
         out = out.to(permuted_tokens.dtype)
         return out.reshape(restore_shape) if restore_shape is not None else out
     out = _UnpermuteFn.apply(permuted_tokens, rid,
@@ -757,6 +852,8 @@ def _moe_permute_primus(tokens, routing_map, expert_map, topk_indices, e, num_to
     # expert_map: a bool map or top-k indices, told apart by dtype
     name = "topk_indices" if name == "topk_indices" else "expert_map"
     e = _positive_int(e, "num_local_experts", op)
+    num_topk = _int_arg(num_topk, "num_topk", op, 0)
+    cap = _int_arg(num_permuted_tokens, "num_permuted_tokens", op, -1)
     if probs_layout not in ("topk", "routing_map"):
         raise ValueError(f"{op}: probs_layout must be 'topk' or 'routing_map', got {probs_layout!r}")
     t = tokens.shape[0]
@@ -779,7 +876,6 @@ def _moe_permute_primus(tokens, routing_map, expert_map, topk_indices, e, num_to
     if isinstance(pad_multiple, bool) or not isinstance(pad_multiple, (int, type(None))) or (pad_multiple or 0) < 0:
         raise ValueError(f"{op}: pad_multiple must be an int >= 0, got {pad_multiple!r}")
     pad = int(pad_multiple) if pad_multiple and pad_multiple > 1 else None
-    cap = int(num_permuted_tokens)
     if probs is not None:
         if not isinstance(probs, torch.Tensor) or not probs.dtype.is_floating_point:
             raise TypeError(f"{op}: probs must be a floating-point tensor, got "
@@ -856,12 +952,7 @@ def _moe_unpermute_primus(permuted_tokens, row_id_map, num_dispatched_tokens_ten
     h = permuted_tokens.shape[1]
     if restore_shape is None:
         raise ValueError(f"{op}: restore_shape (the dispatched tokens' shape) is required with num_local_experts")
-    restore_shape = tuple(int(d) for d in restore_shape)
-    rows = 1
-    for d in restore_shape[:-1]:
-        rows *= d
-    if not restore_shape or restore_shape[-1] != h or rows != t:
-        raise ValueError(f"{op}: restore_shape {list(restore_shape)} does not hold {t} tokens of hidden {h}")
+    restore_shape = _restore_shape(restore_shape, t, h, op)
     if permuted_probs is not None:
         if not isinstance(permuted_probs, torch.Tensor) or permuted_probs.dim() != 1 \
                 or permuted_probs.shape[0] != permuted_tokens.shape[0]:
@@ -871,13 +962,23 @@ def _moe_unpermute_primus(permuted_tokens, row_id_map, num_dispatched_tokens_ten
         if probs_topk_stride and probs_topk_stride != k:
             raise ValueError(f"{op}: probs_topk_stride={probs_topk_stride} but row_id_map holds "
                              f"{'no top-k indices (a routing-map permute)' if k == 0 else f'top-{k} indices'}")
+    # a map built for more rows than permuted_tokens holds (CPU: checked; CUDA: those entries are not
+    # routed, the merge never reads past the rows)
+    _check_rows_fit(row_id_map[:, :e + 1], permuted_tokens.shape[0], op)
     # the map the merge walks: each slot's row (top-k form) or each local expert's (routing map)
-    slots = row_id_map.gather(1, row_id_map[:, e + 1:].long()) if k else row_id_map
+    if k:
+        cols = row_id_map[:, e + 1:].long()
+        col_ok = (cols >= 0) & (cols <= e)
+        _cpu_assert(cols, lambda: col_ok.all(), f"{op}: row_id_map's slot columns (after column {e}) must be in "
+                    f"[0, num_local_experts={e}]: not a map moe_permute returned")
+        slots = row_id_map.gather(1, torch.where(col_ok, cols, e))   # CUDA: a bad column reads the spare -1
+    else:
+        slots = row_id_map
     out = _UnpermuteFn.apply(permuted_tokens, slots, None).reshape(restore_shape)
     if permuted_probs is None:
         return out, None
     r = slots if probs_topk_stride else row_id_map[:, :e]
-    # differentiable, also with no permuted rows: entries -1 read a zero appended past the rows
+    # differentiable, also with no permuted rows: entries -1 (or past the rows) read a zero appended
     n = permuted_probs.shape[0]
     padded = torch.cat([permuted_probs, permuted_probs.new_zeros(1)])
-    return out, padded[torch.where(r >= 0, r.long(), n)]
+    return out, padded[torch.where((r >= 0) & (r < n), r.long(), n)]

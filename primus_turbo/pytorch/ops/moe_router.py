@@ -31,6 +31,7 @@ NaN logits give unspecified routing.
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -87,6 +88,9 @@ def _check_router_args(logits, topk, groups, selected_groups, score_function, sc
         raise ValueError(f"{op}: score_function must be 'sigmoid' or 'softmax', got {score_function!r}")
     if not isinstance(scaling_factor, (int, float)) or isinstance(scaling_factor, bool):
         raise ValueError(f"{op}: scaling_factor must be a float or None, got {scaling_factor!r}")
+    if not math.isfinite(scaling_factor):
+        raise ValueError(f"{op}: scaling_factor must be finite, got {scaling_factor!r} (the probs would be "
+                         f"NaN / inf)")
 
 
 def _stable_topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -137,7 +141,8 @@ def fused_group_topk_routing_with_aux_score(
 
     Raises:
         ValueError: bad rank / dtype, ``E % groups != 0``, ``selected_groups > groups``,
-            ``topk`` larger than the experts of the selected groups, unknown ``score_function``.
+            ``topk`` larger than the experts of the selected groups, unknown ``score_function``,
+            a non-finite ``scaling_factor`` (NaN / inf).
     """
     if scaling_factor is None:
         scaling_factor = 1.0
@@ -264,6 +269,9 @@ def tokens_per_expert_to_mask(tokens_per_expert: torch.Tensor, num_tokens: int) 
     Returns:
         ``[num_tokens]`` bool mask on ``tokens_per_expert``'s device (counts beyond
         ``num_tokens`` saturate: every row is True).
+
+    Counts must be non-negative: on CPU an async assert checks it (RuntimeError naming the op); on
+    CUDA it is not checked (that would need a host sync) and a negative count lowers the sum.
     """
     op = "tokens_per_expert_to_mask"
     if not isinstance(tokens_per_expert, torch.Tensor):
@@ -278,6 +286,10 @@ def tokens_per_expert_to_mask(tokens_per_expert: torch.Tensor, num_tokens: int) 
         raise ValueError(f"{op}: tokens_per_expert.dtype must be an integer dtype, got {tokens_per_expert.dtype}")
     if not _is_int(num_tokens) or num_tokens < 0:
         raise ValueError(f"{op}: num_tokens must be a non-negative int, got {num_tokens!r}")
+    if tokens_per_expert.device.type == "cpu" and not torch.compiler.is_compiling() and tokens_per_expert.numel():
+        # free on CPU (no device sync); on CUDA see the docstring
+        torch._assert_async(tokens_per_expert.min() >= 0,
+                            f"{op}: tokens_per_expert has a negative count (counts of tokens per expert are >= 0)")
     total = tokens_per_expert.sum(dtype=torch.int64)
     rows = torch.arange(num_tokens, device=tokens_per_expert.device, dtype=torch.int64)
     return rows < total

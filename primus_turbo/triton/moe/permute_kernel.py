@@ -6,13 +6,15 @@
 integer view), so FP8 data, NaNs and signed zeros are copied exactly.
 
 ``merge_rows``:  ``out[t, :] = sum_j w[t, j] * src[row_id_map[t, j], :]`` over the entries with
-``row_id_map[t, j] >= 0``, accumulated in fp32 in ascending ``j`` order, then cast to ``out``'s
-dtype. One program per block of ``BLOCK_T`` tokens; up to 16 columns the terms are unrolled, a wider
+``0 <= row_id_map[t, j] < src.shape[0]`` (an index past ``src``'s rows, from a map built for a larger
+buffer, counts as unrouted: it is never read), accumulated in fp32 in ascending ``j`` order, then cast
+to ``out``'s dtype. One program per block of ``BLOCK_T`` tokens; up to 16 columns the terms are unrolled, a wider
 map (one column per expert) is packed per token first (``compact_map``) and merged in unrolled
 chunks up to each token's count.
 
 ``scatter_rows`` (the token-major direction, ``moe_permute``'s forward and ``moe_unpermute``'s plain
-backward): each token row ``g[t]`` is read once and written to its rows ``row_id_map[t, j] >= 0``
+backward): each token row ``g[t]`` is read once and written to its rows ``0 <= row_id_map[t, j] < n_out``
+(an index past the output's rows is skipped, never written)
 (as raw bits, or times ``w[t, j]``), the weights copied alongside; rows no pair fills get zeros from
 extra programs of the same launch. The row-major gather reads a token's row once per routed expert
 and those reads sit in different expert segments, so they come from DRAM: at GPT-OSS-20B's top-4
@@ -87,9 +89,9 @@ def _gather_rows_kernel(src_ptr, out_ptr, src_row_ptr, scale_ptr, probs_ptr, pou
 
 
 @triton.jit
-def _merge_term(acc, src_ptr, map_base, w_base, j, tmask, cols, cmask, stride_src, HAS_W: tl.constexpr):
+def _merge_term(acc, src_ptr, map_base, w_base, j, tmask, cols, cmask, stride_src, n_src, HAS_W: tl.constexpr):
     r = tl.load(map_base + j, mask=tmask, other=-1).to(tl.int64)
-    ok = r >= 0
+    ok = (r >= 0) & (r < n_src)  # an index past src's rows (a bad map) is not routed: never read out of bounds
     r = tl.where(ok, r, 0)
     x = tl.load(src_ptr + r[:, None] * stride_src + cols[None, :],
                 mask=ok[:, None] & cmask[None, :], other=0.0).to(tl.float32)
@@ -100,7 +102,7 @@ def _merge_term(acc, src_ptr, map_base, w_base, j, tmask, cols, cmask, stride_sr
 
 
 @triton.jit
-def _merge_rows_kernel(src_ptr, out_ptr, map_ptr, w_ptr, n_ptr, T, K, H, stride_src, stride_out,
+def _merge_rows_kernel(src_ptr, out_ptr, map_ptr, w_ptr, n_ptr, T, K, H, stride_src, stride_out, n_src,
                        HAS_W: tl.constexpr, K_STATIC: tl.constexpr, COUNTED: tl.constexpr,
                        BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     """``K_STATIC > 0`` (= K, the usual top-k of 1..16): the K terms are unrolled, so the K row
@@ -128,13 +130,13 @@ def _merge_rows_kernel(src_ptr, out_ptr, map_ptr, w_ptr, n_ptr, T, K, H, stride_
             for j0 in range(0, n_hi, K_STATIC):
                 for i in tl.static_range(K_STATIC):  # ascending j across and within chunks
                     acc = _merge_term(acc, src_ptr, map_base, w_base, j0 + i, tmask & (j0 + i < n), cols, cmask,
-                                      stride_src, HAS_W)
+                                      stride_src, n_src, HAS_W)
         elif K_STATIC > 0:
             for j in tl.static_range(K_STATIC):  # ascending j: the fp32 sum order is fixed
-                acc = _merge_term(acc, src_ptr, map_base, w_base, j, tmask, cols, cmask, stride_src, HAS_W)
+                acc = _merge_term(acc, src_ptr, map_base, w_base, j, tmask, cols, cmask, stride_src, n_src, HAS_W)
         else:
             for j in range(0, K):
-                acc = _merge_term(acc, src_ptr, map_base, w_base, j, tmask, cols, cmask, stride_src, HAS_W)
+                acc = _merge_term(acc, src_ptr, map_base, w_base, j, tmask, cols, cmask, stride_src, n_src, HAS_W)
         tl.store(out_base + cols[None, :], acc.to(out_ptr.dtype.element_ty),
                  mask=tmask[:, None] & cmask[None, :])
 
@@ -200,9 +202,9 @@ def _unpermute_bwd_kernel(g_ptr, perm_ptr, src_ptr, probs_ptr, gp_ptr, dot_ptr, 
 
 @triton.jit
 def _scatter_term(g, out_ptr, perm_ptr, map_base, w_base, j, tmask, cols, cmask, stride_out, stride_p, acc, jv,
-                  SCALE_W: tl.constexpr, NEED_OUT: tl.constexpr, NEED_DOT: tl.constexpr):
+                  n_out, SCALE_W: tl.constexpr, NEED_OUT: tl.constexpr, NEED_DOT: tl.constexpr):
     r = tl.load(map_base + j, mask=tmask, other=-1).to(tl.int64)
-    ok = r >= 0
+    ok = (r >= 0) & (r < n_out)  # an index past out's rows (a bad map) is not routed: never written
     r = tl.where(ok, r, 0)
     m = ok[:, None] & cmask[None, :]
     if NEED_OUT:
@@ -259,19 +261,19 @@ def _scatter_rows_kernel(g_ptr, map_ptr, w_ptr, n_ptr, src_ptr, out_ptr, pout_pt
                     for j0 in range(0, n_hi, K_STATIC):
                         for i in tl.static_range(K_STATIC):
                             acc = _scatter_term(g, out_ptr, perm_ptr, map_base, w_base, j0 + i, tmask & (j0 + i < n),
-                                                cols, cmask, stride_out, stride_p, acc, jv, SCALE_W, NEED_OUT,
+                                                cols, cmask, stride_out, stride_p, acc, jv, n_out, SCALE_W, NEED_OUT,
                                                 NEED_DOT)
                 elif K_STATIC > 0:
                     for j in tl.static_range(K_STATIC):
                         acc = _scatter_term(g, out_ptr, perm_ptr, map_base, w_base, j, tmask, cols, cmask,
-                                            stride_out, stride_p, acc, jv, SCALE_W, NEED_OUT, NEED_DOT)
+                                            stride_out, stride_p, acc, jv, n_out, SCALE_W, NEED_OUT, NEED_DOT)
                 else:
                     for j in range(0, K):
                         acc = _scatter_term(g, out_ptr, perm_ptr, map_base, w_base, j, tmask, cols, cmask,
-                                            stride_out, stride_p, acc, jv, SCALE_W, NEED_OUT, NEED_DOT)
+                                            stride_out, stride_p, acc, jv, n_out, SCALE_W, NEED_OUT, NEED_DOT)
         if STORE_W or NEED_DOT:
             rr = tl.load(map_base[:, None] + jv[None, :], mask=jmask, other=-1).to(tl.int64)
-            ok = rr >= 0
+            ok = (rr >= 0) & (rr < n_out)
             rr = tl.where(ok, rr, 0)
             if STORE_W:
                 w = tl.load(w_base[:, None] + jv[None, :], mask=jmask & ok, other=0)
@@ -473,7 +475,7 @@ def merge_rows_launch(src: torch.Tensor, out: torch.Tensor, row_id_map: torch.Te
         k_static = k if k <= MERGE_UNROLL_MAX else 0
     _merge_rows_kernel[grid](
         src, out, row_id_map, weights if weights is not None else row_id_map, counts, t, k, h,
-        src.stride(0), out.stride(0), HAS_W=weights is not None, K_STATIC=k_static, COUNTED=compact,
+        src.stride(0), out.stride(0), src.shape[0], HAS_W=weights is not None, K_STATIC=k_static, COUNTED=compact,
         BLOCK_T=block_t, BLOCK_C=bc, num_warps=num_warps)
     return out
 

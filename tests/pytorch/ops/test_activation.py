@@ -335,3 +335,20 @@ def test_nd_shape_errors():
         swiglu_with_probs(x, p, torch.ones(2, 3))
     with pytest.raises(ValueError, match=r"even last dim, got shape \(2, 3, 63\)"):
         swiglu_with_probs(torch.randn(2, 3, 63), p)
+
+
+@pytest.mark.parametrize("shape", [(4, 0), (2, 3, 0), (0, 0), (0,)])
+def test_empty_last_dim(device, shape):
+    # F = 0 is well defined: [..., 0] out, zero gradients (it used to fail in a reshape)
+    x = torch.randn(shape, device=device, requires_grad=True)
+    y = swiglu(x)
+    assert y.shape == shape
+    y.sum().backward()
+    assert x.grad.shape == shape
+    p = torch.rand(shape[:-1], device=device, requires_grad=True)
+    for fn in (swiglu_with_probs, geglu_with_probs):
+        x.grad = p.grad = None
+        y = fn(x, p)
+        assert y.shape == shape
+        y.sum().backward()
+        assert x.grad.shape == shape and bool((p.grad == 0).all())

@@ -504,3 +504,185 @@ def test_auto_fused_map_rule():
     assert auto_fused_map(True, True, 10**7)
     assert auto_fused_map(True, False, FUSED_MAP_MAX_INDEX_ROWS)
     assert not auto_fused_map(True, False, FUSED_MAP_MAX_INDEX_ROWS + 1)
+
+
+def _no_cpu_asserts(monkeypatch):
+    """The CUDA behaviour on CPU: the data checks that run on CPU only (async asserts) switched off."""
+    import sys
+
+    monkeypatch.setattr(sys.modules[moe_permute.__module__], "_cpu_assert", lambda *a, **k: None)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_unpermute_row_map_past_the_buffer(weighted, device, monkeypatch):
+    # a row map built for 8+ rows given fewer permuted rows: on CPU a clear error (moe_unpermute and
+    # token_unpermute with the fused row map); on CUDA (no sync) the entries past the rows count as not
+    # routed: never read (forward) or written (backward), zero probs gradient
+    rmap, probs = _routing(2, "int64", device, seed=5)
+    x = torch.randn(T, 32, device=device)
+    perm, _, rid = moe_permute(x, rmap, num_experts=E)
+    n = 40
+    short = perm[:n]  # a view: an unmasked read past it would see the real rows behind
+    w = probs if weighted else None
+    if device == "cpu":
+        with pytest.raises(RuntimeError, match=rf"moe_unpermute: row_id_map holds a row index >= "
+                                               rf"permuted_tokens.shape\[0\] = {n}"):
+            moe_unpermute(short, rid, w)
+        rm, mp = _routing(2, "map", device, seed=5)
+        p2, _, rid2, _ = token_permute(x, routing_map=rm, fused=True)
+        with pytest.raises(RuntimeError, match=rf"token_unpermute: the row map \(sorted_indices\) holds a row "
+                                               rf"index >= permuted_tokens.shape\[0\] = {n}"):
+            token_unpermute(p2[:n], rid2, mp if weighted else None, fused=True)
+        big = rid.clone()
+        big[0, 0] = 10 ** 6
+        with pytest.raises(RuntimeError, match="moe_unpermute: row_id_map holds a row index"):
+            moe_unpermute(perm, big, w)
+        _no_cpu_asserts(monkeypatch)
+    bad = rid.clone()
+    bad[0, 0] = 10 ** 6
+    good = torch.where(bad < n, bad, -1)
+    y = short.clone().requires_grad_()
+    y_ref = short.clone().requires_grad_()
+    wp = w.clone().requires_grad_() if weighted else None
+    wp_ref = w.clone().requires_grad_() if weighted else None
+    out = moe_unpermute(y, bad, wp)
+    ref = moe_unpermute(y_ref, good, wp_ref)
+    assert torch.equal(out, ref)
+    go = torch.randn(out.shape, device=device)
+    out.backward(go)
+    ref.backward(go)
+    assert torch.equal(y.grad, y_ref.grad)
+    if weighted:
+        assert torch.equal(wp.grad, wp_ref.grad) and bool((wp.grad[bad >= n] == 0).all())
+
+
+def test_permute_int_args_not_coerced(device):
+    # floats and bools are rejected, not rounded (pad_multiple=2.5 used to pad to 2, num_out_tokens=4.7 to 4)
+    x = torch.randn(T, 16, device=device)
+    rmap, _ = _routing(2, "map", device)
+    idx, _ = _routing(2, "int64", device)
+    cases = [(dict(pad_multiple=2.5), "pad_multiple must be an int, got 2.5"),
+             (dict(pad_multiple=True), "pad_multiple must be an int, got True"),
+             (dict(num_out_tokens=4.7), "num_out_tokens must be an int, got 4.7"),
+             (dict(num_out_tokens=False), "num_out_tokens must be an int, got False"),
+             (dict(num_experts=16.0), "num_experts must be an int, got 16.0")]
+    for kw, msg in cases:
+        with pytest.raises(TypeError, match=f"moe_permute: {msg}"):
+            moe_permute(x, rmap, **kw)
+    with pytest.raises(TypeError, match="moe_permute: num_experts must be an int, got 16.0"):
+        moe_permute(x, idx, num_experts=16.0)
+    with pytest.raises(TypeError, match="moe_permute: num_experts must be an int, got True"):
+        moe_permute(x, idx, num_experts=True)
+    with pytest.raises(ValueError, match="moe_permute: num_out_tokens must be >= 0, got -3"):
+        moe_permute(x, rmap, num_out_tokens=-3)
+    # NumPy ints are ints
+    np = pytest.importorskip("numpy")
+    a = moe_permute(x, idx, num_experts=np.int64(E), pad_multiple=np.int32(8), num_out_tokens=np.int64(T * 2 + E * 7))
+    b = moe_permute(x, idx, num_experts=E, pad_multiple=8, num_out_tokens=T * 2 + E * 7)
+    assert all(torch.equal(u, v) for u, v in zip(a, b) if u is not None)
+
+
+def test_unpermute_restore_shape_errors(device):
+    x = torch.randn(T, 16, device=device)
+    rmap, probs = _routing(2, "map", device)
+    perm, _, rid = moe_permute(x, rmap)
+    for shape in ((T + 1, 16), (T, 8), (16, T), ()):
+        with pytest.raises(ValueError, match=rf"moe_unpermute: restore_shape \[.*\] does not hold {T} tokens of "
+                                             rf"hidden 16"):
+            moe_unpermute(perm, rid, restore_shape=shape)
+    with pytest.raises(ValueError, match=r"moe_unpermute: restore_shape must be a sequence of ints >= 0, got "
+                                         r"\(64.0, 16\)"):
+        moe_unpermute(perm, rid, restore_shape=(64.0, 16))
+    assert moe_unpermute(perm, rid, restore_shape=(2, T // 2, 16)).shape == (2, T // 2, 16)
+    # token ids past restore_shape's tokens: a clear error on CPU (no IndexError), dropped on CUDA
+    p2, _, sidx, _ = token_permute(x, routing_map=rmap)
+    if device == "cpu":
+        with pytest.raises(RuntimeError, match=r"token_unpermute: sorted_indices holds a token id >= 10, the "
+                                               r"tokens of restore_shape \[10, 16\]"):
+            token_unpermute(p2, sidx, restore_shape=(10, 16))
+    with pytest.raises(ValueError, match=r"token_unpermute: restore_shape must be a sequence of ints"):
+        token_unpermute(p2, sidx, restore_shape=(T, 16.0))
+
+
+def test_unpermute_drops_ids_past_restore_shape_without_asserts(device, monkeypatch):
+    # the CUDA behaviour (no sync): token ids >= T are dropped, never indexed
+    if device == "cpu":
+        _no_cpu_asserts(monkeypatch)
+    x = torch.randn(T, 16, device=device)
+    rmap, _ = _routing(2, "map", device)
+    p2, _, sidx, _ = token_permute(x, routing_map=rmap)
+    t = 10
+    out = token_unpermute(p2, sidx, restore_shape=(t, 16))
+    keep = (sidx >= 0) & (sidx < t)
+    ref = torch.zeros(t, 16, device=device).index_add(0, sidx[keep], p2[keep])
+    torch.testing.assert_close(out, ref)
+
+
+def test_token_unpermute_routing_map_of_other_expert_count(device):
+    x = torch.randn(T, 16, device=device)
+    rmap, mprobs = _routing(2, "map", device)
+    wider = torch.cat([rmap, torch.zeros(T, 4, dtype=torch.bool, device=device)], 1)
+    # fused row map [T, E] with a routing map [T, E + 4]
+    p2, _, rid, _ = token_permute(x, routing_map=rmap, fused=True)
+    with pytest.raises(ValueError, match=rf"token_unpermute: routing_map \[{T}, {E + 4}\] does not match the row "
+                                         rf"map \[{T}, {E}\]"):
+        token_unpermute(p2, rid, routing_map=wider, fused=True)
+    # sorted_indices: merging_probs of E experts with a routing map of E + 4
+    p1, _, sidx, _ = token_permute(x, routing_map=rmap)
+    with pytest.raises(ValueError, match=rf"token_unpermute: merging_probs has {E} experts, routing_map {E + 4}"):
+        token_unpermute(p1, sidx, mprobs, routing_map=wider)
+    # drop-and-pad rows (E x capacity) with a routing map whose expert count does not divide them
+    pd, _, sd, _ = token_permute(x, E * 3, routing_map=rmap, drop_and_pad=True)
+    with pytest.raises(ValueError, match=rf"token_unpermute: drop_and_pad rows \({E * 3}\) must be num_experts "
+                                         rf"\({E + 4}, routing_map's columns\)"):
+        token_unpermute(pd, sd, routing_map=wider, drop_and_pad=True)
+    if device == "cpu":
+        # the same rows grouped by another map (8 experts: pairs of the 16 folded): the merge would
+        # add other rows; on CPU the data check catches it
+        folded = rmap.view(T, E // 2, 2).any(-1)
+        with pytest.raises(RuntimeError, match=rf"token_unpermute: sorted_indices do not match routing_map "
+                                               rf"\[{T}, {E // 2}\]"):
+            token_unpermute(p1, sidx, routing_map=folded)
+        # the matching map still merges
+        token_unpermute(p1, sidx, routing_map=rmap)
+
+
+@pytest.mark.parametrize("fused_map", ["1", "0"])
+@pytest.mark.parametrize("pad", [None, 8])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_topk_minus_one_is_not_routed(dtype, pad, fused_map, device, monkeypatch):
+    # -1 in top-k indices = the slot routed to no expert (Primus-Turbo's indices_to_multihot masks it):
+    # no row, row_id_map -1, its prob unused (0 gradient); the reference agrees (it once sent -1 to the
+    # last expert through negative indexing)
+    monkeypatch.setenv("PRIMUS_TURBO_PERMUTE_FUSED_MAP", fused_map)
+    idx, probs = _routing(4, "int64", device, seed=2)
+    idx = idx.clone()
+    idx[::3, 1] = -1
+    idx[5] = -1                 # a token with no expert at all
+    idx = idx.to(dtype)
+    x = torch.randn(T, 24, device=device)
+    ref = moe_permute_ref(x.cpu(), idx.cpu(), probs.cpu(), pad_multiple=pad, num_experts=E)
+    n_out = max(ref[0].shape[0], T * 4)  # the indices form sizes for every slot: spare rows past the routed ones
+    xt = x.clone().requires_grad_()
+    pt = probs.clone().requires_grad_()
+    perm, pprobs, rid, tpe = moe_permute(xt, idx, pt, num_out_tokens=n_out, pad_multiple=pad, num_experts=E,
+                                         return_tokens_per_expert=True)
+    assert torch.equal(rid.cpu(), ref[2]) and bool((rid[idx < 0] == -1).all())
+    assert torch.equal(perm[:ref[0].shape[0]].cpu(), ref[0]) and not perm[ref[0].shape[0]:].any()
+    assert torch.equal(pprobs[:ref[0].shape[0]].cpu(), ref[1])
+    assert torch.equal(tpe.cpu(), ref[3])
+    if not pad:
+        assert int(tpe.sum()) == int((idx >= 0).sum())
+    (perm.sum() + (pprobs * 2).sum()).backward()
+    assert bool((pt.grad[idx < 0] == 0).all()) and bool((pt.grad[idx >= 0] == 2).all())
+    assert torch.equal(xt.grad.cpu(), (idx >= 0).sum(1, keepdim=True).float().cpu().expand(T, 24))
+    # unpermute merges only the routed slots
+    out = moe_unpermute(perm, rid, probs)
+    torch.testing.assert_close(out.cpu(), moe_unpermute_ref(ref[0], ref[2], probs.cpu()))
+    # other values outside [0, E) are an error (on CPU; on CUDA treated as -1)
+    if device == "cpu":
+        for v in (E, -2):
+            bad = idx.clone()
+            bad[0, 0] = v
+            with pytest.raises(RuntimeError, match=rf"moe_permute: top-k indices must be in \[-1, num_experts={E}\)"):
+                moe_permute(x, bad, num_experts=E)

@@ -329,3 +329,50 @@ def test_no_host_sync_with_capacity():
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
+
+
+def test_unpermute_row_map_past_the_buffer(device, monkeypatch):
+    """A row map built for more rows than permuted_tokens holds: on CPU a clear error; on CUDA (no sync)
+    those entries are not routed (the merge never reads past the rows; unpermuted probs 0 there). A slot
+    column outside [0, E] (not a map moe_permute returns) likewise."""
+    import sys
+
+    x = torch.randn(T, H, device=device)
+    emap, mask, idx, probs_k, _ = _routing(2, "int64", device, minus_one=True)
+    perm, rid, _, _, nd, _, pp = moe_permute(x, emap, num_local_experts=E, num_topk=2, probs=probs_k.to(device))
+    n = 30
+    short, pshort = perm[:n], pp[:n]
+    kw = dict(restore_shape=(T, H), num_local_experts=E, permuted_probs=pshort, probs_topk_stride=2)
+    badcol = rid.clone()
+    badcol[0, E + 1] = E + 5
+    if device == "cpu":
+        with pytest.raises(RuntimeError, match=rf"moe_unpermute: row_id_map holds a row index >= "
+                                               rf"permuted_tokens.shape\[0\] = {n}"):
+            moe_unpermute(short, rid, nd, **kw)
+        with pytest.raises(RuntimeError, match=rf"moe_unpermute: row_id_map's slot columns \(after column {E}\) must "
+                                               rf"be in \[0, num_local_experts={E}\]"):
+            moe_unpermute(perm, badcol, nd, restore_shape=(T, H), num_local_experts=E)
+        monkeypatch.setattr(sys.modules[moe_unpermute.__module__], "_cpu_assert", lambda *a, **k: None)
+    good = torch.where(rid < n, rid, -1)
+    for stride in (0, 2):
+        kw["probs_topk_stride"] = stride
+        out, up = moe_unpermute(short, rid, nd, **kw)
+        out_r, up_r = moe_unpermute(short, good, nd, **kw)
+        assert torch.equal(out, out_r) and torch.equal(up, up_r)
+    out, _ = moe_unpermute(perm, badcol, nd, restore_shape=(T, H), num_local_experts=E)
+    fixed = rid.clone()
+    fixed[0, E + 1] = E           # the spare column: no row
+    assert torch.equal(out, moe_unpermute(perm, fixed, nd, restore_shape=(T, H), num_local_experts=E)[0])
+
+
+def test_int_args_not_coerced(device):
+    x = torch.randn(T, H, device=device)
+    emap = _routing(2, "int64", device)[0]
+    with pytest.raises(TypeError, match=r"moe_permute: num_permuted_tokens must be an int, got 100.5"):
+        moe_permute(x, emap, num_local_experts=E, num_permuted_tokens=100.5)
+    with pytest.raises(TypeError, match=r"moe_permute: num_topk must be an int, got 2.0"):
+        moe_permute(x, emap, num_local_experts=E, num_topk=2.0)
+    with pytest.raises(ValueError, match=r"moe_permute: num_permuted_tokens must be >= -1, got -5"):
+        moe_permute(x, emap, num_local_experts=E, num_permuted_tokens=-5)
+    with pytest.raises(ValueError, match=r"moe_permute: pad_multiple must be an int >= 0, got 2.5"):
+        moe_permute(x, emap, num_local_experts=E, pad_multiple=2.5)

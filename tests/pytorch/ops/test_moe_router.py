@@ -310,3 +310,18 @@ def test_router_none_groups_validation():
         fused_group_topk_routing_with_aux_score(x, 2, None, 1.0)
     with pytest.raises(ValueError, match="groups must be a positive int, got True"):
         fused_group_topk_routing_with_aux_score(x, 2, True, None)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_router_scaling_factor_must_be_finite(bad):
+    # a NaN / inf scaling factor used to give NaN / inf probabilities silently
+    with pytest.raises(ValueError, match=rf"fused_group_topk_routing_with_aux_score: scaling_factor must be finite, "
+                                         rf"got {bad!r}"):
+        fused_group_topk_routing_with_aux_score(torch.randn(4, 8), 2, scaling_factor=bad)
+
+
+def test_tokens_per_expert_to_mask_negative_count():
+    # [5, -3] used to give 2 True rows silently; on CPU (where it costs no sync) it is an error
+    with pytest.raises(RuntimeError, match="tokens_per_expert_to_mask: tokens_per_expert has a negative count"):
+        tokens_per_expert_to_mask(torch.tensor([5, -3]), 8)
+    assert tokens_per_expert_to_mask(torch.zeros(0, dtype=torch.int64), 3).tolist() == [False] * 3
