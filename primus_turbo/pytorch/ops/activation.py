@@ -187,39 +187,26 @@ def _check_probs(op: str, x, probs, row_mask):
     _check_x(op, x)
     lead = tuple(x.shape[:-1])
     rows = math.prod(lead)
-    ok = {lead, (rows,)}
     want = (f"[T] = [{rows}] (x's rows)" if len(lead) == 1 else
             f"x.shape[:-1] = {list(lead)} or its flattened [T] = [{rows}]")
-    if not isinstance(probs, torch.Tensor):
-        raise TypeError(f"{op}: probs must be a torch.Tensor, got {type(probs).__name__}")
-    if probs.dtype != torch.float32:
-        raise TypeError(f"{op}: probs.dtype must be float32, got {probs.dtype}")
-    if tuple(probs.shape) not in ok:
-        raise ValueError(f"{op}: probs must be {want}, got shape {tuple(probs.shape)} "
-                         f"(x is {tuple(x.shape)})")
-    if probs.device != x.device:
-        raise ValueError(f"{op}: x and probs must be on the same device, got {x.device} and {probs.device}")
-    if row_mask is not None:
-        if not isinstance(row_mask, torch.Tensor):
-            raise TypeError(f"{op}: row_mask must be a torch.Tensor or None, got {type(row_mask).__name__}")
-        if row_mask.dtype.is_floating_point or row_mask.is_complex():
-            raise TypeError(f"{op}: row_mask.dtype must be bool or an integer dtype, got {row_mask.dtype}")
-        if tuple(row_mask.shape) not in ok:
-            raise ValueError(f"{op}: row_mask must be {want}, got shape {tuple(row_mask.shape)} "
-                             f"(x is {tuple(x.shape)})")
-        if row_mask.device != x.device:
-            raise ValueError(f"{op}: x and row_mask must be on the same device, got {x.device} and {row_mask.device}")
+    _check_row_tensors(op, x, probs, row_mask, {lead, (rows,)}, want)
 
 
 def _check_row_args(op: str, x, probs, row_mask):
     """``probs`` float32 ``[T]`` and ``row_mask`` (bool / integer ``[T]`` or None) for the rows of the
     2-D ``x`` on its device (shared with ``grouped_gemm_glu``, whose ``x`` is the GEMM's input)."""
+    _check_row_tensors(op, x, probs, row_mask, {(x.shape[0],)}, f"[T] = [{x.shape[0]}] (x's rows)")
+
+
+def _check_row_tensors(op: str, x, probs, row_mask, shapes: set, want: str) -> None:
+    """``probs`` float32 and ``row_mask`` (bool / integer or None), each of one of ``shapes`` (said
+    as ``want``), on ``x``'s device."""
     if not isinstance(probs, torch.Tensor):
         raise TypeError(f"{op}: probs must be a torch.Tensor, got {type(probs).__name__}")
     if probs.dtype != torch.float32:
         raise TypeError(f"{op}: probs.dtype must be float32, got {probs.dtype}")
-    if tuple(probs.shape) != (x.shape[0],):
-        raise ValueError(f"{op}: probs must be [T] = [{x.shape[0]}] (x's rows), got shape {tuple(probs.shape)}")
+    if tuple(probs.shape) not in shapes:
+        raise ValueError(f"{op}: probs must be {want}, got shape {tuple(probs.shape)} (x is {tuple(x.shape)})")
     if probs.device != x.device:
         raise ValueError(f"{op}: x and probs must be on the same device, got {x.device} and {probs.device}")
     if row_mask is not None:
@@ -227,8 +214,9 @@ def _check_row_args(op: str, x, probs, row_mask):
             raise TypeError(f"{op}: row_mask must be a torch.Tensor or None, got {type(row_mask).__name__}")
         if row_mask.dtype.is_floating_point or row_mask.is_complex():
             raise TypeError(f"{op}: row_mask.dtype must be bool or an integer dtype, got {row_mask.dtype}")
-        if tuple(row_mask.shape) != (x.shape[0],):
-            raise ValueError(f"{op}: row_mask must be [T] = [{x.shape[0]}], got shape {tuple(row_mask.shape)}")
+        if tuple(row_mask.shape) not in shapes:
+            raise ValueError(f"{op}: row_mask must be {want}, got shape {tuple(row_mask.shape)} "
+                             f"(x is {tuple(x.shape)})")
         if row_mask.device != x.device:
             raise ValueError(f"{op}: x and row_mask must be on the same device, got {x.device} and {row_mask.device}")
 
