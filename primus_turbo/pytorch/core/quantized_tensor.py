@@ -48,7 +48,8 @@ class QuantizedTensor:
         scale_inv: dequantization multiplier per block (fp32; ``float8_e8m0fnu`` for MX).
         granularity: ``ScalingGranularity``.
         block_size: BLOCKWISE / MX block (None otherwise).
-        axis: -1 or 0 (the axis the groups run along; -1 for TENSORWISE and 2-D blocks).
+        axis: the dim the groups run along: -1 (the last dim; always for TENSORWISE) or the dim's
+            non-negative index (0 for a 2-D tensor's columns, 1 for the M dim of ``[G, M, N]``).
         orig_dtype: dtype of the tensor that was quantized (``dequantize()`` returns it).
         scaling_recipe: ``ScalingRecipe`` (``use_2d_block`` for BLOCKWISE weights) or None.
     """
@@ -86,7 +87,9 @@ class QuantizedTensor:
         block_size: Optional[int] = None,
         scaling_recipe: Optional[ScalingRecipe] = None,
     ) -> "QuantizedTensor":
-        """Quantize ``x`` with :func:`turbo.ops.quantize_fp8` (same arguments and defaults).
+        """Quantize ``x`` with :func:`turbo.ops.quantize_fp8` (same arguments and defaults; N-D
+        inputs as there: e.g. ``[G, N, K]`` expert weights with ``axis=-2``, each matrix's column-wise
+        groups, for MX / BLOCKWISE / ROWWISE, or ``b x b`` tiles per matrix with ``use_2d_block``).
 
         ``dest_dtype=float4_e2m1fn_x2``: MXFP4 of a 2-D ``x`` with :func:`turbo.ops.quantize_fp4`
         (``MX_BLOCKWISE``, ``block_size`` 32 or None, ``axis`` -1 or 0; ``ScalingRecipe(use_sr=True)``
@@ -107,7 +110,7 @@ class QuantizedTensor:
         data, scale_inv = _ops().quantize_fp8(
             x, dest_dtype, g, block_size=block_size, axis=axis, scaling_recipe=scaling_recipe
         )
-        ax = -1 if axis is None or g == _G.TENSORWISE else (0 if axis in (0, -x.dim()) and x.dim() == 2 else -1)
+        ax = -1 if g == _G.TENSORWISE else _ops()._norm_axis(axis, x.dim(), "QuantizedTensor.quantize")
         return cls(data, scale_inv, g, block_size=block_size, axis=ax, orig_dtype=x.dtype,
                    scaling_recipe=scaling_recipe)
 
@@ -132,12 +135,16 @@ class QuantizedTensor:
             return _ops().dequantize_fp4(self.data, out_dtype or self.orig_dtype, self.granularity,
                                          block_size=self.block_size, axis=self.axis, scale_inv=self.scale_inv,
                                          scaling_recipe=self.scaling_recipe)
-        if self.data.dim() == 3:
+        if self.data.dim() == 3 and self.axis == -1 and not (self.granularity == _G.BLOCKWISE and not self._use_2d()):
+            # the per-expert scale forms of create_quantized_weight too (TENSORWISE [G], ROWWISE [G, N])
             return _dequantize_experts(self, out_dtype or self.orig_dtype)
         return _ops().dequantize_fp8(
             self.data, out_dtype or self.orig_dtype, self.granularity, block_size=self.block_size,
             axis=self.axis, scale_inv=self.scale_inv, scaling_recipe=self.scaling_recipe,
         )
+
+    def _use_2d(self) -> bool:
+        return self.scaling_recipe is not None and bool(self.scaling_recipe.use_2d_block)
 
     @property
     def shape(self) -> torch.Size:
@@ -280,18 +287,29 @@ def check_quantized_tensor(qt: QuantizedTensor, config: Float8QuantConfig, axis:
                          f"{config.granularity.name}")
     if qt.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
         raise ValueError(f"check_quantized_tensor: data.dtype must be an FP8 dtype, got {qt.dtype}")
-    if axis is not None:
-        ax = -1 if axis in (-1, qt.data.dim() - 1) else axis
-        if qt.granularity != _G.TENSORWISE and qt.axis != ax:
+    if axis is not None and qt.granularity != _G.TENSORWISE:
+        ax = _ops()._norm_axis(axis, qt.data.dim(), "check_quantized_tensor")
+        if qt.axis != ax:
             raise ValueError(f"check_quantized_tensor: quantized along axis={qt.axis}, expected axis={ax}")
-    from primus_turbo.testing.quant_ref import scale_inv_shape
-
-    want = scale_inv_shape(tuple(qt.data.shape), qt.granularity, qt.block_size, qt.axis, qt.scaling_recipe)
-    if tuple(qt.scale_inv.shape) != tuple(want):
+    want = [_scale_shape(qt)]
+    if qt.data.dim() == 3 and qt.axis == -1 and qt.granularity in (_G.TENSORWISE, _G.ROWWISE):
+        want.append(tuple(qt.data.shape[:1 if qt.granularity == _G.TENSORWISE else 2]))  # per expert
+    if tuple(qt.scale_inv.shape) not in want:
         raise ValueError(f"check_quantized_tensor: scale_inv shape {tuple(qt.scale_inv.shape)} != expected "
-                         f"{tuple(want)} for data {tuple(qt.data.shape)}")
+                         f"{want[0]} for data {tuple(qt.data.shape)}")
     if scaling_recipe is not None:
         _check_recipe_matches(qt, check_scaling_recipe(scaling_recipe, "check_quantized_tensor"))
+
+
+def _scale_shape(qt: QuantizedTensor) -> tuple:
+    """The scale shape :func:`turbo.ops.quantize_fp8` gives ``qt.data``'s shape with ``qt``'s parameters."""
+    ops = _ops()
+    g = qt.granularity
+    b = qt.block_size if g in (_G.BLOCKWISE, _G.MX_BLOCKWISE) else 0
+    if g == _G.BLOCKWISE and not b:
+        b = DEFAULT_BLOCK_SIZE
+    use_2d = g == _G.BLOCKWISE and qt._use_2d()
+    return tuple(ops._fp8_scale_shape(tuple(qt.data.shape), g, b, qt.axis, use_2d, "check_quantized_tensor"))
 
 
 def _check_recipe_matches(qt: QuantizedTensor, recipe: ScalingRecipe) -> None:

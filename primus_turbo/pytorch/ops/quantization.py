@@ -20,7 +20,9 @@ with ``rht_signs``; :func:`hadamard_transform`, :func:`random_hadamard_signs`). 
 (:func:`~primus_turbo.pytorch.core.low_precision.check_scaling_recipe`).
 
 Inputs: fp32 / bf16 / fp16. 2-D ``[rows, cols]``; inputs of more dims are accepted for
-TENSORWISE and for ``axis=-1`` groupings (leading dims flattened, scales ``[*lead, n_groups]``).
+TENSORWISE and for ``axis=-1`` groupings (leading dims flattened, scales ``[*lead, n_groups]``),
+for 1-D groups along any other axis, for BLOCKWISE ``b x b`` tiles per matrix and for MX
+``quantize_fp8_with_trans`` per matrix (docs/low_precision.md, "API notes").
 Non-contiguous inputs are copied to a contiguous tensor first. Empty inputs launch nothing and
 return empty outputs with correctly shaped scales (a TENSORWISE scale of 1).
 """
@@ -98,17 +100,18 @@ def _check_out_dtype(out_dtype, op: str) -> None:
 
 
 def _norm_axis(axis, ndim: int, op: str) -> int:
-    """-1 for the last dim, 0 for the first (2-D only); None means -1."""
+    """-1 for the last dim, else the dim's non-negative index (0 for a 2-D input's first dim);
+    None means -1. Out-of-range axes raise ``ValueError``."""
     if axis is None:
         return -1
     if not isinstance(axis, int) or isinstance(axis, bool):
         raise TypeError(f"{op}: axis must be an int or None, got {type(axis).__name__}")
     if axis in (-1, ndim - 1):
         return -1
-    if axis in (0, -ndim) and ndim == 2:
-        return 0
-    raise ValueError(f"{op}: axis must be -1 (the last dim) or 0 (2-D inputs only), got axis={axis} for a "
-                     f"{ndim}-D input")
+    if -ndim <= axis < ndim:
+        return axis % ndim
+    raise ValueError(f"{op}: axis={axis} is out of range for a {ndim}-D input (a dim in [{-ndim}, {ndim - 1}]; "
+                     f"-1 is the last)")
 
 
 def _block_size(g: ScalingGranularity, block_size, op: str) -> int:
@@ -178,6 +181,39 @@ def _scale_shape(shape: tuple, g, rows, cols, br, bc) -> tuple:
     if len(shape) > 2:
         return (*shape[:-1], sc)
     return (sr, sc)
+
+
+def _nd_form(ndim: int, g: ScalingGranularity, axis: int, use_2d: bool) -> Optional[str]:
+    """Which N-D form (ndim > 2) an input takes, beyond the flattened-view forms of
+    :func:`_view_2d`: ``"tiles"`` (BLOCKWISE ``b x b`` tiles of each matrix over the last two dims),
+    ``"along"`` (1-D groups along a non-last ``axis``), or None."""
+    if ndim <= 2 or g == _G.TENSORWISE:
+        return None
+    if use_2d:
+        return "tiles"
+    return "along" if axis != -1 else None
+
+
+def _check_nd_form(shape: tuple, g: ScalingGranularity, axis: int, form: Optional[str], op: str) -> None:
+    if form == "tiles" and axis not in (-1, len(shape) - 2):
+        raise ValueError(f"{op}: BLOCKWISE b x b blocks (use_2d_block) tile the last two dims of each matrix; "
+                         f"axis={axis} of a {len(shape)}-D input is a batch dim (use axis -1 or -2, or None)")
+    if form == "along" and g == _G.MX_BLOCKWISE and shape[axis] % MXFP8_BLOCK_SIZE:
+        raise ValueError(f"{op}: MX_BLOCKWISE needs the quantized dim to be a multiple of 32, got "
+                         f"{shape[axis]} (axis={axis}, shape {tuple(shape)})")
+
+
+def _fp8_scale_shape(shape: tuple, g: ScalingGranularity, b: int, axis: int, use_2d: bool, op: str) -> tuple:
+    """The ``scale_inv`` shape :func:`quantize_fp8` returns for an input of ``shape``."""
+    form = _nd_form(len(shape), g, axis, use_2d)
+    if form == "tiles":  # [*lead, ceil(M/b), ceil(N/b)]
+        return (*shape[:-2], -(-shape[-2] // b), -(-shape[-1] // b))
+    if form == "along":  # shape with dim `axis` replaced by its number of groups
+        n = shape[axis]
+        return (*shape[:axis], -(-n // (max(n, 1) if g == _G.ROWWISE else b)), *shape[axis + 1:])
+    rows, cols = _view_2d(shape, g, axis, use_2d, op)
+    br, bc = _block(g, b, axis, use_2d, rows, cols)
+    return _scale_shape(shape, g, rows, cols, br, bc)
 
 
 def _check_mx_dim(g, axis, rows, cols, op: str) -> None:
@@ -577,6 +613,126 @@ def _transpose_bytes(t: torch.Tensor, row_align: int = 1) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------
+# N-D forms, built from the 2-D ops by reshapes, byte transposes and the batched launch
+# ----------------------------------------------------------------------------------------------
+def _along_dims(shape: tuple, axis: int) -> tuple[int, int, int]:
+    """``x`` seen as ``[a, l, c]``: the dims before ``axis``, ``axis`` itself, the dims after it."""
+    return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+
+
+def _along_view(g: ScalingGranularity, b: int, a: int, l: int, c: int) -> Optional[int]:
+    """Which 2-D view of ``[a, l, c]`` forms each ``[l, c]`` matrix's groups along ``l`` exactly as
+    alone: ``-1``: ``[a, l]`` grouped along its rows (``c == 1``); ``0``: ``[a * l, c]`` grouped
+    down its columns (one matrix, or blocks of ``b`` dividing ``l``: none straddles two matrices);
+    None: neither (a ROWWISE column or a block would span matrices)."""
+    if c == 1:
+        return -1
+    if a == 1 or (g != _G.ROWWISE and l % b == 0):
+        return 0
+    return None
+
+
+def _quantize_fp8_along(x: torch.Tensor, out_dtype: torch.dtype, g: ScalingGranularity, b: int, axis: int
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """ROWWISE / 1-D BLOCKWISE / MX groups along a non-last ``axis`` of an N-D ``x``: equal to the
+    quantization of ``x.movedim(axis, -1)`` along its last dim, moved back (data in x's shape,
+    scales shaped like x with dim ``axis`` holding the groups)."""
+    shape = tuple(x.shape)
+    s_shape = _fp8_scale_shape(shape, g, b, axis, False, "quantize_fp8")
+    if x.numel() == 0:
+        return torch.empty(shape, dtype=out_dtype, device=x.device), _empty_scale(s_shape, g, x.device)
+    a, l, c = _along_dims(shape, axis)
+    view = _along_view(g, b, a, l, c)
+    op = torch.ops.primus_turbo.quantize_fp8_impl
+    if view == -1:
+        q, s = _call(op, _quantize_fp8_eager, x.reshape(a, l), out_dtype, g.name, b, -1, False)
+    elif view == 0:
+        q, s = _call(op, _quantize_fp8_eager, x.reshape(a * l, c), out_dtype, g.name, b, 0, False)
+    else:  # the moved axis as rows of [a * c, l] (a copy of x), the codes transposed back
+        xt = x.reshape(a, l, c).transpose(1, 2).reshape(a * c, l)
+        qt, st = _call(op, _quantize_fp8_eager, xt, out_dtype, g.name, b, -1, False)
+        q = _transpose_bytes(qt.view(a, c, l))
+        s = st.view(a, c, -1).transpose(1, 2).contiguous()
+    return q.view(shape), s.view(s_shape)
+
+
+def _dequantize_fp8_along(x: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype, g: ScalingGranularity,
+                          b: int, axis: int) -> torch.Tensor:
+    """The inverse of :func:`_quantize_fp8_along` (the same views)."""
+    shape = tuple(x.shape)
+    if x.numel() == 0:
+        return torch.empty(shape, dtype=out_dtype, device=x.device)
+    a, l, c = _along_dims(shape, axis)
+    n = _fp8_scale_shape(shape, g, b, axis, False, "dequantize_fp8")[axis]
+    view = _along_view(g, b, a, l, c)
+    op = torch.ops.primus_turbo.dequantize_fp8_impl
+    if view == -1:
+        out = _call(op, _dequantize_fp8_eager, x.reshape(a, l), scale_inv.reshape(a, n), out_dtype, g.name, b, -1,
+                    False)
+    elif view == 0:
+        out = _call(op, _dequantize_fp8_eager, x.reshape(a * l, c), scale_inv.reshape(a * n, c), out_dtype, g.name,
+                    b, 0, False)
+    else:
+        xt = _transpose_bytes(x.reshape(a, l, c)).view(a * c, l)
+        st = scale_inv.reshape(a, n, c).transpose(1, 2).reshape(a * c, n)
+        out = _call(op, _dequantize_fp8_eager, xt, st, out_dtype, g.name, b, -1, False)
+        out = out.view(a, c, l).transpose(1, 2)
+    return out.reshape(shape)
+
+
+def _quantize_fp8_tiles(x: torch.Tensor, out_dtype: torch.dtype, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """BLOCKWISE ``b x b`` tiles of every matrix of ``x [*lead, M, N]``: ``(q [*lead, M, N],
+    scale_inv [*lead, ceil(M/b), ceil(N/b)])``, each matrix quantized as alone."""
+    shape = tuple(x.shape)
+    *lead, m, n = shape
+    p = math.prod(lead)
+    s_shape = (*lead, -(-m // b), -(-n // b))
+    if x.numel() == 0:
+        return torch.empty(shape, dtype=out_dtype, device=x.device), _empty_scale(s_shape, _G.BLOCKWISE, x.device)
+    if p == 1 or m % b == 0:  # the tiles of [p * m, n] never straddle two matrices
+        q, s = _call(torch.ops.primus_turbo.quantize_fp8_impl, _quantize_fp8_eager, x.reshape(p * m, n), out_dtype,
+                     _G.BLOCKWISE.name, b, -1, True)
+    else:  # each matrix's last tile row covers m % b rows: the batched launch
+        q, s = _quantize_fp8_blocks_batched(x.reshape(p, m, n), out_dtype, b)
+    return q.view(shape), s.view(s_shape)
+
+
+def _dequantize_fp8_tiles(x: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype, b: int) -> torch.Tensor:
+    """The inverse of :func:`_quantize_fp8_tiles`."""
+    shape = tuple(x.shape)
+    if x.numel() == 0:
+        return torch.empty(shape, dtype=out_dtype, device=x.device)
+    *lead, m, n = shape
+    p, nr, nc = math.prod(lead), -(-m // b), -(-n // b)
+    s = scale_inv.reshape(p, nr, nc)
+    op = torch.ops.primus_turbo.dequantize_fp8_impl
+    if p == 1 or m % b == 0:
+        out = _call(op, _dequantize_fp8_eager, x.reshape(p * m, n), s.reshape(p * nr, nc), out_dtype,
+                    _G.BLOCKWISE.name, b, -1, True)
+    else:  # every row takes its tile row's scales: 1 x b blocks of [p * m, n], the same products
+        rows = s.repeat_interleave(b, dim=1)[:, :m].reshape(p * m, nc)
+        out = _call(op, _dequantize_fp8_eager, x.reshape(p * m, n), rows, out_dtype, _G.BLOCKWISE.name, b, -1,
+                    False)
+    return out.view(shape)
+
+
+def _quantize_fp8_with_trans_mx_nd(x: torch.Tensor, out_dtype: torch.dtype
+                                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`quantize_fp8_with_trans` MX of every matrix of ``x [*lead, M, N]`` (M, N % 32 == 0):
+    the one-read 2-D op on ``[p * M, N]``, whose 32 x 1 column blocks never straddle two matrices;
+    the transposed copies ``[p, N, M]`` are its ``[N, p * M]`` copy with the matrices' columns
+    regrouped (a byte copy), and each matrix's scales are column-major as the 2-D op's."""
+    *lead, m, n = x.shape
+    p, k = math.prod(lead), MXFP8_BLOCK_SIZE
+    q, s, qt, st = _call(torch.ops.primus_turbo.quantize_fp8_with_trans_impl, _quantize_fp8_with_trans_eager,
+                         x.reshape(p * m, n), out_dtype, _G.MX_BLOCKWISE.name, k, False, False)
+    s = s.t().reshape(n // k, p, m).permute(1, 0, 2).contiguous().transpose(1, 2).reshape(*lead, m, n // k)
+    qt = qt.view(n, p, m).permute(1, 0, 2).contiguous().view(*lead, n, m)
+    st = st.reshape(n, p, m // k).permute(1, 0, 2).reshape(*lead, n, m // k)
+    return q.view(x.shape), s, qt, st
+
+
+# ----------------------------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------------------------
 def quantize_fp8(
@@ -591,13 +747,21 @@ def quantize_fp8(
     """Quantize ``x`` to FP8 with dynamic scales (docs/low_precision.md).
 
     Args:
-        x: ``[rows, cols]`` float32, bfloat16 or float16 (N-D for TENSORWISE and ``axis=-1``).
+        x: ``[rows, cols]`` float32, bfloat16 or float16, or N-D (see below).
         out_dtype: ``torch.float8_e4m3fn`` or ``torch.float8_e5m2``.
         granularity: ``ScalingGranularity`` (or its name): TENSORWISE, ROWWISE, BLOCKWISE, MX_BLOCKWISE.
         block_size: BLOCKWISE block, a power of two in [16, 128] (default 128); MX_BLOCKWISE: 32 or None.
-        axis: ``-1`` (default; groups along the last dim) or ``0`` (groups down the columns, 2-D only).
-            Ignored by TENSORWISE and by 2-D blocks.
+        axis: ``-1`` (default; groups along the last dim) or any other dim (``0``: groups down the
+            columns of a 2-D ``x``). Ignored by TENSORWISE; ``b x b`` tiles accept -1 / -2 (of an
+            N-D ``x``, a batch axis raises).
         scaling_recipe: ``ScalingRecipe(use_2d_block=True)`` gives BLOCKWISE ``b x b`` tiles (weights).
+
+    N-D ``x``: TENSORWISE has one scale; ``axis=-1`` groups flatten the leading dims (scales
+    ``[*lead, n_groups]``); groups along another dim ``k`` equal those of ``x.movedim(k, -1)``
+    moved back: scales shaped like ``x`` with dim ``k`` holding the groups (ROWWISE ``1``, BLOCKWISE
+    ``ceil(n/b)``, MX ``n/32``), e.g. MX ``[G, M, N]`` with ``axis=-2``: ``[G, M/32, N]``, each
+    matrix as the 2-D ``axis=0`` op. ``b x b`` tiles of ``[*lead, M, N]``: each matrix on its own,
+    scales ``[*lead, ceil(M/b), ceil(N/b)]``.
 
     Returns:
         ``(x_fp8, scale_inv)``: ``x_fp8`` shaped like ``x``; ``scale_inv`` the dequantization
@@ -623,6 +787,10 @@ def quantize_fp8(
     ax = _norm_axis(axis, x.dim(), op) if g != _G.TENSORWISE else -1
     b = _block_size(g, block_size, op)
     use_2d = _use_2d(g, scaling_recipe, op)
+    form = _nd_form(x.dim(), g, ax, use_2d)
+    if form is not None:
+        _check_nd_form(tuple(x.shape), g, ax, form, op)
+        return _quantize_fp8_tiles(x, out_dtype, b) if form == "tiles" else _quantize_fp8_along(x, out_dtype, g, b, ax)
     rows, cols = _view_2d(tuple(x.shape), g, ax, use_2d, op)
     _check_mx_dim(g, ax, rows, cols, op)
     return _call(torch.ops.primus_turbo.quantize_fp8_impl, _quantize_fp8_eager, x, out_dtype, g.name, b, ax, use_2d)
@@ -646,7 +814,10 @@ def quantize_fp8_with_trans(
     it reads ``x`` twice (two launches); the other granularities read it once.
 
     Args:
-        x: ``[rows, cols]`` float32 / bfloat16 / float16 (2-D only).
+        x: ``[rows, cols]`` float32 / bfloat16 / float16; MX_BLOCKWISE also takes ``[*lead, rows,
+            cols]``: every matrix's four outputs as the 2-D op gives them (``[*lead, rows, cols]``,
+            ``[*lead, rows, cols/32]``, ``[*lead, cols, rows]``, ``[*lead, cols, rows/32]``; each
+            matrix's scales column-major as the 2-D op's).
         out_dtype, granularity, block_size: as :func:`quantize_fp8`. MX needs rows and cols % 32 == 0.
         scaling_recipe: recipe of the row-wise copy; ``scaling_recipe_for_trans`` of the column-wise
             copy (default: the same as ``scaling_recipe``).
@@ -664,14 +835,17 @@ def quantize_fp8_with_trans(
     _check_x(x, op)
     _check_out_dtype(out_dtype, op)
     g = _granularity(granularity, op)
-    if x.dim() != 2:
-        raise ValueError(f"{op}: x must be 2-D, got shape {tuple(x.shape)}")
+    if x.dim() < 2 or (x.dim() > 2 and g != _G.MX_BLOCKWISE):
+        raise ValueError(f"{op}: x must be 2-D (N-D [..., rows, cols] for MX_BLOCKWISE only), got shape "
+                         f"{tuple(x.shape)} with {g.name}")
     b = _block_size(g, block_size, op)
     use_2d = _use_2d(g, scaling_recipe, op)
     use_2d_t = _use_2d(g, scaling_recipe_for_trans if scaling_recipe_for_trans is not None else scaling_recipe, op)
-    rows, cols = x.shape
+    rows, cols = x.shape[-2:]
     _check_mx_dim(g, -1, rows, cols, op)
     _check_mx_dim(g, 0, rows, cols, op)
+    if x.dim() > 2:
+        return _quantize_fp8_with_trans_mx_nd(x, out_dtype)
     return _call(torch.ops.primus_turbo.quantize_fp8_with_trans_impl, _quantize_fp8_with_trans_eager,
                  x, out_dtype, g.name, b, use_2d, use_2d_t)
 
@@ -689,7 +863,7 @@ def dequantize_fp8(
     """``x * scale_inv`` over each block (fp32 product, then cast to ``out_dtype``).
 
     Args:
-        x: FP8 tensor as :func:`quantize_fp8` returned it.
+        x: FP8 tensor as :func:`quantize_fp8` returned it (any of its forms, N-D included).
         out_dtype: float32, bfloat16 or float16.
         granularity, block_size, axis, scaling_recipe: those ``x`` was quantized with.
         scale_inv: the dequantization multipliers :func:`quantize_fp8` returned (E8M0 for MX;
@@ -708,19 +882,26 @@ def dequantize_fp8(
     ax = _norm_axis(axis, x.dim(), op) if g != _G.TENSORWISE else -1
     b = _block_size(g, block_size, op)
     use_2d = _use_2d(g, scaling_recipe, op)
-    rows, cols = _view_2d(tuple(x.shape), g, ax, use_2d, op)
-    _check_mx_dim(g, ax, rows, cols, op)
+    form = _nd_form(x.dim(), g, ax, use_2d)
+    if form is not None:
+        _check_nd_form(tuple(x.shape), g, ax, form, op)
+    else:
+        rows, cols = _view_2d(tuple(x.shape), g, ax, use_2d, op)
+        _check_mx_dim(g, ax, rows, cols, op)
     if not isinstance(scale_inv, torch.Tensor):
         raise TypeError(f"{op}: scale_inv must be a torch.Tensor, got {type(scale_inv).__name__}")
     if scale_inv.device != x.device:
         raise ValueError(f"{op}: scale_inv is on {scale_inv.device}, x on {x.device}")
-    br, bc = _block(g, b, ax, use_2d, rows, cols)
-    want = _scale_shape(tuple(x.shape), g, rows, cols, br, bc)
+    want = _fp8_scale_shape(tuple(x.shape), g, b, ax, use_2d, op)
     if tuple(scale_inv.shape) != tuple(want) and scale_inv.numel() != math.prod(want):
         raise ValueError(f"{op}: scale_inv has shape {tuple(scale_inv.shape)}, expected {tuple(want)} for "
                          f"{g.name} of x{tuple(x.shape)}")
     if scale_inv.dtype != _scale_dtype(g):
         raise TypeError(f"{op}: scale_inv.dtype must be {_scale_dtype(g)} for {g.name}, got {scale_inv.dtype}")
+    if form == "tiles":
+        return _dequantize_fp8_tiles(x, scale_inv, out_dtype, b)
+    if form == "along":
+        return _dequantize_fp8_along(x, scale_inv, out_dtype, g, b, ax)
     return _call(torch.ops.primus_turbo.dequantize_fp8_impl, _dequantize_fp8_eager,
                  x, scale_inv, out_dtype, g.name, b, ax, use_2d)
 

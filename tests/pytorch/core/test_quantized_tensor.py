@@ -249,3 +249,62 @@ def test_quantized_tensor_rejects_preshuffle(field, device):
     qt = QuantizedTensor.quantize(x, E4M3, G.BLOCKWISE)
     with pytest.raises(ValueError, match=rf"QuantizedTensor: {msg}"):
         QuantizedTensor(qt.data, qt.scale_inv, G.BLOCKWISE, block_size=128, scaling_recipe=rec)
+
+
+# ---- 3-D weights: the column-wise copy of [G, N, K] expert weights ---------------------------
+def _snr_db(x, d):
+    x, d = x.double(), d.double()
+    return 10 * torch.log10((x * x).sum() / ((x - d) ** 2).sum()).item()
+
+
+COLWISE_3D = [
+    ("mx", G.MX_BLOCKWISE, {}),
+    ("block128_ragged", G.BLOCKWISE, {}),
+    ("block32", G.BLOCKWISE, {"block_size": 32}),
+    ("rowwise", G.ROWWISE, {}),
+    ("block64_2d", G.BLOCKWISE, {"block_size": 64, "scaling_recipe": ScalingRecipe(use_2d_block=True)}),
+]
+
+
+@pytest.mark.parametrize("gran, kw", [c[1:] for c in COLWISE_3D], ids=[c[0] for c in COLWISE_3D])
+def test_quantize_3d_weights_along_axis_minus_2(gran, kw, device):
+    """``QuantizedTensor.quantize(w [G, N, K], ..., axis=-2)`` (Megatron's column-wise copy for MX /
+    BLOCKWISE, ROWWISE's re-quantization along -2): every expert as the 2-D ``axis=0`` quantization
+    of its matrix (``b x b`` tiles: axis ignored), bit for bit; dequantize() inverts it per expert."""
+    w = _x((3, 160, 96), device)
+    qt = QuantizedTensor.quantize(w, E4M3, gran, axis=-2, **kw)
+    assert qt.shape == w.shape and qt.axis == 1 and qt.orig_dtype == torch.bfloat16
+    per = [QuantizedTensor.quantize(w[i], E4M3, gran, axis=0, **kw) for i in range(3)]
+    u8 = lambda t: t.view(torch.uint8) if t.element_size() == 1 else t  # noqa: E731  (bytes of FP8 / E8M0)
+    assert torch.equal(u8(qt.data), torch.stack([u8(p.data) for p in per]))
+    s_ref = torch.stack([u8(p.scale_inv) for p in per])
+    assert qt.scale_inv.shape == s_ref.shape and torch.equal(u8(qt.scale_inv), s_ref)
+    d = qt.dequantize()
+    assert d.dtype == torch.bfloat16 and torch.equal(d, torch.stack([p.dequantize() for p in per]))
+    assert _snr_db(w, qt.dequantize(torch.float32)) >= 25
+    cfg = Float8QuantConfig(granularity=gran, block_size=qt.block_size if gran != G.ROWWISE else None)
+    check_quantized_tensor(qt, cfg, axis=-2)
+    check_quantized_tensor(qt, cfg, axis=1)
+    with pytest.raises(ValueError, match="quantized along axis=1, expected axis=-1"):
+        check_quantized_tensor(qt, cfg, axis=-1)
+
+
+def test_quantize_3d_weights_other_forms(device):
+    """3-D BLOCKWISE 1 x b along the last dim dequantizes per row (not as b x b tiles); the expert
+    stacks of create_quantized_weight pass check_quantized_tensor; bad axes are named."""
+    w = _x((2, 64, 96), device)
+    qt = QuantizedTensor.quantize(w, E4M3, G.BLOCKWISE, block_size=32)
+    assert qt.scale_inv.shape == (2, 64, 3)
+    want = torch.stack([QuantizedTensor.quantize(m, E4M3, G.BLOCKWISE, block_size=32).dequantize() for m in w])
+    assert torch.equal(qt.dequantize(), want)
+    for cfg in (Float8QuantConfig(granularity=G.TENSORWISE), Float8QuantConfig(granularity=G.ROWWISE),
+                Float8QuantConfig(granularity=G.BLOCKWISE), Float8QuantConfig(granularity=G.MX_BLOCKWISE)):
+        pair = create_quantized_weight(w, E4M3, cfg, need_weight_transpose_cache=True)
+        check_quantized_tensor(pair.data, cfg, axis=-1)
+        check_quantized_tensor(pair.data_t, cfg)
+    with pytest.raises(ValueError, match="axis=3 is out of range for a 3-D input"):
+        QuantizedTensor.quantize(w, E4M3, G.MX_BLOCKWISE, axis=3)
+    with pytest.raises(ValueError, match="batch dim"):
+        QuantizedTensor.quantize(w, E4M3, G.BLOCKWISE, axis=0, scaling_recipe=ScalingRecipe(use_2d_block=True))
+    with pytest.raises(ValueError, match="multiple of 32, got 48"):
+        QuantizedTensor.quantize(w[:, :48], E4M3, G.MX_BLOCKWISE, axis=-2)

@@ -488,8 +488,8 @@ def test_errors():
         Q.quantize_fp8(x, E4M3, G.BLOCKWISE, block_size=100)
     with pytest.raises(ValueError, match="block_size is only for"):
         Q.quantize_fp8(x, E4M3, G.ROWWISE, block_size=128)
-    with pytest.raises(ValueError, match="axis=1 for a 3-D input"):
-        Q.quantize_fp8(x.reshape(2, 4, 64), E4M3, G.ROWWISE, axis=1)
+    with pytest.raises(ValueError, match="axis=3 is out of range for a 3-D input"):
+        Q.quantize_fp8(x.reshape(2, 4, 64), E4M3, G.ROWWISE, axis=3)
     with pytest.raises(ValueError, match="axis=2"):
         Q.quantize_fp8(x, E4M3, G.ROWWISE, axis=2)
     with pytest.raises(ValueError, match="expected a 2-D tensor"):
@@ -532,6 +532,230 @@ def test_torch_compile_fullgraph(device):
     d_ref, s_ref = f(x)
     assert_bits_equal(d, d_ref)
     assert_bits_equal(s, s_ref)
+
+
+# ---- N-D forms: groups along a non-last axis, b x b tiles per matrix, MX copies per matrix ----
+def _sample_nd(shape, dtype, device, seed=0):
+    """:func:`_sample` of the rows of ``shape`` (magnitudes spread per last-dim row), reshaped."""
+    rows = math.prod(shape[:-1])
+    return _sample((rows, shape[-1]), dtype, device, seed=seed).reshape(shape)
+
+
+def _snr_db(x: torch.Tensor, d: torch.Tensor) -> float:
+    x, d = x.double(), d.double()
+    return 10 * math.log10((x * x).sum().item() / max(((x - d) ** 2).sum().item(), 1e-300))
+
+
+def _per_matrix(x, fn):
+    """``fn`` on every ``[M, N]`` matrix of ``x [*lead, M, N]``, each output stacked back to ``[*lead, ...]``."""
+    lead = x.shape[:-2]
+    outs = [fn(m) for m in x.reshape(-1, *x.shape[-2:])]
+
+    def stack(ts):  # 1-byte dtypes through uint8 (CUDA has no cat of strided E8M0)
+        one = ts[0].element_size() == 1
+        out = torch.stack([t.view(torch.uint8) if one else t for t in ts]).reshape(*lead, *ts[0].shape)
+        return out.view(ts[0].dtype) if one else out
+
+    if isinstance(outs[0], torch.Tensor):
+        return stack(outs)
+    return tuple(stack(o) for o in zip(*outs))
+
+
+# (shape, axis): each of the three routes: [a, l] rows (only size-1 dims after the axis),
+# [a * l, c] columns (one matrix before the axis), the moved axis (a copy, then a byte transpose)
+ROWWISE_ND = [((2, 3, 40, 5), 0), ((2, 3, 40, 5), 1), ((2, 3, 40, 5), -2), ((3, 40, 1), 1), ((1, 40, 7), -2),
+              ((2, 300, 3), 1)]
+
+
+@pytest.mark.parametrize("shape, axis", ROWWISE_ND, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple)
+                         else f"ax{v}")
+def test_rowwise_any_axis_nd(shape, axis, device):
+    """ROWWISE along any axis of an N-D tensor: the moved-axis quantization (``movedim(axis, -1)``,
+    groups along the last dim) moved back, bit for bit; scales keep the axis as a 1."""
+    for i, (in_dtype, out_dtype) in enumerate([(torch.bfloat16, E4M3), (torch.float32, E5M2)]):
+        x = _sample_nd(shape, in_dtype, device, seed=10 + i)
+        q, s = Q.quantize_fp8(x, out_dtype, G.ROWWISE, axis=axis)
+        want_s = list(shape)
+        want_s[axis] = 1
+        assert q.shape == x.shape and q.is_contiguous() and tuple(s.shape) == tuple(want_s) and s.is_contiguous()
+        qm, sm = Q.quantize_fp8(x.movedim(axis, -1).contiguous(), out_dtype, G.ROWWISE, axis=-1)
+        assert_bits_equal(q, qm.movedim(-1, axis).contiguous(), "data")
+        assert_bits_equal(s, sm.movedim(-1, axis).contiguous(), "scale")
+        for od in (torch.float32, torch.bfloat16):
+            d = Q.dequantize_fp8(q, od, G.ROWWISE, axis=axis, scale_inv=s)
+            dm = Q.dequantize_fp8(qm, od, G.ROWWISE, axis=-1, scale_inv=sm)
+            assert_bits_equal(d, dm.movedim(-1, axis).contiguous(), "dequant")
+        if out_dtype == E4M3:
+            assert _snr_db(x, Q.dequantize_fp8(q, torch.float32, G.ROWWISE, axis=axis, scale_inv=s)) >= 25
+
+
+# (granularity, block_size, shape, axis): MX and 1-D BLOCKWISE down each matrix's columns; blocks
+# dividing M (the [G * M, N] view) and a ragged last block (the moved axis), 3-D and 4-D
+BLOCKS_ALONG = [
+    ("mx_3d", G.MX_BLOCKWISE, None, (3, 64, 96), 1),
+    ("mx_3d_neg", G.MX_BLOCKWISE, None, (2, 32, 40), -2),
+    ("mx_4d", G.MX_BLOCKWISE, None, (2, 2, 64, 32), 2),
+    ("mx_4d_ax1", G.MX_BLOCKWISE, None, (2, 32, 3, 16), 1),
+    ("block32_3d", G.BLOCKWISE, 32, (3, 64, 40), -2),
+    ("block32_ragged", G.BLOCKWISE, 32, (3, 48, 40), 1),
+    ("block128_ragged", G.BLOCKWISE, None, (2, 130, 24), 1),
+]
+
+
+@pytest.mark.parametrize("case", BLOCKS_ALONG, ids=[c[0] for c in BLOCKS_ALONG])
+def test_blocks_along_non_last_axis_nd(case, device):
+    """MX / 1-D BLOCKWISE along a non-last axis of an N-D tensor: for ``axis = -2``, each matrix
+    quantized by the 2-D op with ``axis=0`` (scales ``[*lead, ceil(M/b), N]``); any axis equals
+    the moved-axis quantization moved back. Dequantization inverts it bit for bit."""
+    _, gran, bs, shape, axis = case
+    b = bs or (32 if gran == G.MX_BLOCKWISE else 128)
+    for i, (in_dtype, out_dtype) in enumerate([(torch.bfloat16, E4M3), (torch.float32, E5M2)]):
+        x = _sample_nd(shape, in_dtype, device, seed=20 + i)
+        q, s = Q.quantize_fp8(x, out_dtype, gran, block_size=bs, axis=axis)
+        want_s = list(shape)
+        want_s[axis] = -(-shape[axis] // b)
+        assert q.shape == x.shape and q.is_contiguous() and tuple(s.shape) == tuple(want_s) and s.is_contiguous()
+        if axis in (-2, len(shape) - 2):  # the 2-D op on every matrix
+            q_ref, s_ref = _per_matrix(x, lambda m: Q.quantize_fp8(m, out_dtype, gran, block_size=bs, axis=0))
+        else:
+            qm, sm = Q.quantize_fp8(x.movedim(axis, -1).contiguous(), out_dtype, gran, block_size=bs, axis=-1)
+            q_ref, s_ref = qm.movedim(-1, axis).contiguous(), sm.movedim(-1, axis).contiguous()
+        assert_bits_equal(q, q_ref, "data")
+        assert_bits_equal(s, s_ref, "scale")
+        d = Q.dequantize_fp8(q, torch.bfloat16, gran, block_size=bs, axis=axis, scale_inv=s)
+        if axis in (-2, len(shape) - 2):
+            d_ref = torch.stack([Q.dequantize_fp8(qi, torch.bfloat16, gran, block_size=bs, axis=0, scale_inv=si)
+                                 for qi, si in zip(q.reshape(-1, *shape[-2:]), s.reshape(-1, *s.shape[-2:]))])
+            assert_bits_equal(d, d_ref.reshape(shape), "dequant")
+        else:
+            d_ref = Q.dequantize_fp8(qm, torch.bfloat16, gran, block_size=bs, axis=-1, scale_inv=sm)
+            assert_bits_equal(d, d_ref.movedim(-1, axis).contiguous(), "dequant")
+        if out_dtype == E4M3:
+            assert _snr_db(x, Q.dequantize_fp8(q, torch.float32, gran, block_size=bs, axis=axis, scale_inv=s)) >= 25
+
+
+@pytest.mark.parametrize("shape, bs", [((3, 64, 96), 32), ((3, 48, 80), 32), ((2, 2, 40, 136), 16),
+                                       ((1, 200, 64), None), ((2, 130, 40), None)],
+                         ids=["aligned", "ragged", "4d", "one", "ragged128"])
+def test_2d_tiles_batched_nd(shape, bs, device):
+    """BLOCKWISE ``b x b`` tiles (use_2d_block) of every matrix of ``[*lead, M, N]``: the 2-D op on
+    each matrix, scales ``[*lead, ceil(M/b), ceil(N/b)]`` (M % b == 0: one launch on ``[G * M,
+    N]``; otherwise the batched launch). axis None / -1 / -2 are the same; dequantize inverts."""
+    b = bs or 128
+    for i, (in_dtype, out_dtype) in enumerate([(torch.bfloat16, E4M3), (torch.float16, E5M2)]):
+        x = _sample_nd(shape, in_dtype, device, seed=30 + i)
+        q, s = Q.quantize_fp8(x, out_dtype, G.BLOCKWISE, block_size=bs, scaling_recipe=R2D)
+        assert q.shape == x.shape and tuple(s.shape) == (*shape[:-2], -(-shape[-2] // b), -(-shape[-1] // b))
+        q_ref, s_ref = _per_matrix(x, lambda m: Q.quantize_fp8(m, out_dtype, G.BLOCKWISE, block_size=bs,
+                                                               scaling_recipe=R2D))
+        assert_bits_equal(q, q_ref, "data")
+        assert_bits_equal(s, s_ref, "scale")
+        q2, s2 = Q.quantize_fp8(x, out_dtype, G.BLOCKWISE, block_size=bs, scaling_recipe=R2D, axis=-2)
+        assert_bits_equal(q2, q)
+        assert_bits_equal(s2, s)
+        for od in (torch.float32, torch.bfloat16):
+            d = Q.dequantize_fp8(q, od, G.BLOCKWISE, block_size=bs, scaling_recipe=R2D, scale_inv=s)
+            d_ref = torch.stack([Q.dequantize_fp8(qi, od, G.BLOCKWISE, block_size=bs, scaling_recipe=R2D, scale_inv=si)
+                                 for qi, si in zip(q.reshape(-1, *shape[-2:]), s.reshape(-1, *s.shape[-2:]))])
+            assert_bits_equal(d, d_ref.reshape(shape), "dequant")
+        if out_dtype == E4M3:
+            d = Q.dequantize_fp8(q, torch.float32, G.BLOCKWISE, block_size=bs, scaling_recipe=R2D, scale_inv=s)
+            assert _snr_db(x, d) >= 25
+
+
+@pytest.mark.parametrize("shape", [(3, 64, 96), (2, 2, 32, 64), (1, 32, 32)], ids=["3d", "4d", "one"])
+def test_with_trans_mx_nd(shape, device):
+    """quantize_fp8_with_trans MX of ``[*lead, M, N]``: every matrix's four outputs as the 2-D op
+    gives them (``[*lead, M, N]``, ``[*lead, M, N/32]``, ``[*lead, N, M]``, ``[*lead, N, M/32]``),
+    bit for bit, each matrix's scales column-major like the 2-D op's."""
+    for i, (in_dtype, out_dtype) in enumerate([(torch.bfloat16, E4M3), (torch.float32, E5M2)]):
+        x = _sample_nd(shape, in_dtype, device, seed=40 + i)
+        got = Q.quantize_fp8_with_trans(x, out_dtype, G.MX_BLOCKWISE)
+        *lead, m, n = shape
+        assert [tuple(t.shape) for t in got] == [(*lead, m, n), (*lead, m, n // 32), (*lead, n, m), (*lead, n, m // 32)]
+        assert got[0].is_contiguous() and got[2].is_contiguous()
+        ref = _per_matrix(x, lambda mat: Q.quantize_fp8_with_trans(mat, out_dtype, G.MX_BLOCKWISE))
+        for k, (g_, r_) in enumerate(zip(got, ref)):
+            assert_bits_equal(g_, r_, f"output {k}")
+        for k in (1, 3):  # each matrix's scales column-major, as the 2-D op returns them
+            assert all(blk.t().is_contiguous() for blk in got[k].reshape(-1, *got[k].shape[-2:])), got[k].stride()
+        if out_dtype == E4M3:
+            q, s, qt, st = got
+            assert _snr_db(x, Q.dequantize_fp8(q, torch.float32, G.MX_BLOCKWISE, scale_inv=s)) >= 25
+            assert _snr_db(x.transpose(-1, -2), Q.dequantize_fp8(qt, torch.float32, G.MX_BLOCKWISE, scale_inv=st)) >= 25
+
+
+def test_nd_forms_empty(device):
+    for shape in ((2, 0, 64), (0, 64, 32), (2, 64, 0)):
+        x = torch.empty(shape, dtype=torch.bfloat16, device=device)
+        for gran, kw, s_shape in ((G.ROWWISE, {"axis": 1}, (shape[0], min(shape[1], 1), shape[2])),
+                                  (G.MX_BLOCKWISE, {"axis": -2}, (shape[0], shape[1] // 32, shape[2])),
+                                  (G.BLOCKWISE, {"block_size": 32, "scaling_recipe": R2D},
+                                   (shape[0], -(-shape[1] // 32), -(-shape[2] // 32)))):
+            q, s = Q.quantize_fp8(x, E4M3, gran, **kw)
+            assert q.shape == shape and tuple(s.shape) == s_shape, (gran, shape, s.shape)
+            assert Q.dequantize_fp8(q, torch.float32, gran, scale_inv=s, **kw).shape == shape
+        q, s, qt, st = Q.quantize_fp8_with_trans(x, E4M3, G.MX_BLOCKWISE)
+        assert q.shape == shape and qt.shape == (shape[0], shape[2], shape[1])
+        assert s.shape == (shape[0], shape[1], shape[2] // 32) and st.shape == (shape[0], shape[2], shape[1] // 32)
+
+
+def test_nd_forms_errors():
+    x = _sample_nd((2, 48, 64), torch.float32, "cpu", seed=50)
+    with pytest.raises(ValueError, match="axis=-4 is out of range for a 3-D input"):
+        Q.quantize_fp8(x, E4M3, G.MX_BLOCKWISE, axis=-4)
+    with pytest.raises(ValueError, match=r"multiple of 32, got 48 \(axis=1"):
+        Q.quantize_fp8(x, E4M3, G.MX_BLOCKWISE, axis=1)
+    with pytest.raises(ValueError, match="tile the last two dims of each matrix; axis=0 of a 3-D input is a batch dim"):
+        Q.quantize_fp8(x, E4M3, G.BLOCKWISE, axis=0, scaling_recipe=R2D)
+    with pytest.raises(ValueError, match="MX_BLOCKWISE only"):
+        Q.quantize_fp8_with_trans(x, E4M3, G.BLOCKWISE)
+    with pytest.raises(ValueError, match="multiple of 32, got 48"):
+        Q.quantize_fp8_with_trans(x, E4M3, G.MX_BLOCKWISE)
+    q, s = Q.quantize_fp8(x, E4M3, G.ROWWISE, axis=1)
+    assert s.shape == (2, 1, 64)
+    with pytest.raises(ValueError, match=r"scale_inv has shape \(2, 1, 64\), expected \(1, 48, 64\)"):
+        Q.dequantize_fp8(q, torch.float32, G.ROWWISE, axis=0, scale_inv=s)
+    with pytest.raises(ValueError, match="batch dim"):
+        Q.dequantize_fp8(q, torch.float32, G.BLOCKWISE, axis=0, scale_inv=s, scaling_recipe=R2D)
+    with pytest.raises(ValueError, match="x must be 2-D"):
+        Q.quantize_fp4(x)  # MXFP4 stays 2-D
+
+
+def test_nd_forms_torch_compile(device):
+    x = _sample_nd((2, 64, 40), torch.bfloat16, device, seed=60)
+
+    def f(t):
+        q, s = Q.quantize_fp8(t, E4M3, G.ROWWISE, axis=1)  # the moved-axis route (byte transposes)
+        q2, s2 = Q.quantize_fp8(t, E4M3, G.BLOCKWISE, block_size=32, axis=-2)
+        q3, s3 = Q.quantize_fp8(t[:, :48], E4M3, G.BLOCKWISE, block_size=32, scaling_recipe=R2D)
+        return (Q.dequantize_fp8(q, torch.float32, G.ROWWISE, axis=1, scale_inv=s),
+                Q.dequantize_fp8(q2, torch.float32, G.BLOCKWISE, block_size=32, axis=-2, scale_inv=s2),
+                Q.dequantize_fp8(q3, torch.float32, G.BLOCKWISE, block_size=32, scaling_recipe=R2D, scale_inv=s3),
+                s, s2, s3, *Q.quantize_fp8_with_trans(t[..., :32], E4M3, G.MX_BLOCKWISE))
+
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(x)
+    for k, (g_, r_) in enumerate(zip(got, f(x))):
+        assert g_.shape == r_.shape and g_.stride() == r_.stride(), (k, g_.stride(), r_.stride())
+        assert_bits_equal(g_, r_, f"output {k}")
+
+
+def test_nd_forms_reference_backend(monkeypatch):
+    """Without the interpreter (plain CPU: the reference quantizer) the N-D forms give the same bytes."""
+    x = _sample_nd((2, 48, 64), torch.bfloat16, "cpu", seed=70)
+    calls = [lambda t: Q.quantize_fp8(t, E4M3, G.ROWWISE, axis=1),
+             lambda t: Q.quantize_fp8(t, E4M3, G.MX_BLOCKWISE, axis=-1),
+             lambda t: Q.quantize_fp8(t[:, :32], E4M3, G.MX_BLOCKWISE, axis=1),
+             lambda t: Q.quantize_fp8(t, E4M3, G.BLOCKWISE, block_size=32, scaling_recipe=R2D),
+             lambda t: Q.quantize_fp8_with_trans(t[:, :32], E4M3, G.MX_BLOCKWISE)]
+    want = [c(x) for c in calls]
+    if torch.cuda.is_available():
+        return  # the interpreter cannot be switched off here once Triton runs on the GPU
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert Q.quant_backend(x) == "reference"
+    for k, c in enumerate(calls):
+        for g_, r_ in zip(c(x), want[k]):
+            assert_bits_equal(g_, r_, f"call {k}")
 
 
 # ---- MXFP4 stochastic rounding and the random Hadamard transform ---------------------------
