@@ -1,13 +1,14 @@
 """``QuantizedTensor``: FP8 (or MXFP4) data with its dequantization scales and how they were formed.
 
-A plain Python container (not a ``torch.Tensor`` subclass), so it is simple to reason about and
-to trace: it holds ``data`` (FP8), ``scale_inv`` (the dequantization multiplier, shapes as in
-docs/low_precision.md) and the quantization parameters needed to interpret them.
+A ``torch.Tensor`` wrapper subclass whose shape and dtype are the original tensor's: it holds
+``data`` (FP8 / packed MXFP4), ``scale_inv`` (the dequantization multiplier, shapes as in
+docs/low_precision.md) and the quantization parameters needed to interpret them, and autograd
+carries a gradient for it (the GEMM ops compute one when it ``requires_grad``).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
@@ -38,26 +39,37 @@ def _packed_fp4(dtype: torch.dtype) -> bool:
     return dtype == torch.uint8 or is_fp4_dtype(dtype)
 
 
-class QuantizedTensor:
-    """FP8 (or MXFP4) ``data`` + ``scale_inv`` + the parameters they were quantized with.
+class QuantizedTensor(torch.Tensor):
+    """FP8 (or MXFP4) ``data`` + ``scale_inv`` + the parameters they were quantized with, as a
+    ``torch.Tensor`` wrapper subclass: its ``shape`` and ``dtype`` are the original tensor's (the
+    logical tensor it stands for; ``real_dtype`` is the stored FP8 / FP4 dtype), so autograd can
+    carry a gradient for it. The GEMM ops take it as an operand and, when it ``requires_grad``,
+    return that operand's gradient (in ``dtype``, shaped ``shape``), so a framework can route the
+    weight gradient of a cached quantized weight through its own autograd bridge.
+
+    It supports the ops autograd needs (``detach``, ``alias``, a ``view`` of its own shape), ``t()``
+    / ``transpose`` of a 2-D TENSORWISE tensor, ``clone()``, ``.to(device)`` and ``.to(dtype)`` /
+    ``.float()`` (which dequantize); every other torch op raises ``NotImplementedError`` naming
+    the op (call :meth:`dequantize` first), never computing on the raw codes.
 
     Attributes:
         data: FP8 tensor (``float8_e4m3fn`` / ``float8_e5m2``) shaped like the original; for MXFP4
             the packed ``float4_e2m1fn_x2`` codes of :func:`turbo.ops.quantize_fp4` (two per byte
-            along ``axis``: ``[rows, cols/2]`` or ``[rows/2, cols]``).
+            along ``axis``: ``[rows, cols/2]`` or ``[rows/2, cols]``). Also ``_data`` / ``qdata``.
         scale_inv: dequantization multiplier per block (fp32; ``float8_e8m0fnu`` for MX).
         granularity: ``ScalingGranularity``.
         block_size: BLOCKWISE / MX block (None otherwise).
         axis: the dim the groups run along: -1 (the last dim; always for TENSORWISE) or the dim's
-            non-negative index (0 for a 2-D tensor's columns, 1 for the M dim of ``[G, M, N]``).
-        orig_dtype: dtype of the tensor that was quantized (``dequantize()`` returns it).
+            non-negative index (0 for a 2-D tensor's columns, 1 for the M dim of ``[G, M, N]``);
+            ``quantized_axis`` is the same dim, non-negative.
+        orig_dtype: dtype of the tensor that was quantized (= ``dtype``; ``dequantize()`` returns it).
+        real_dtype: ``data.dtype``.
         scaling_recipe: ``ScalingRecipe`` (``use_2d_block`` for BLOCKWISE weights) or None.
     """
 
-    __slots__ = ("data", "scale_inv", "granularity", "block_size", "axis", "orig_dtype", "scaling_recipe")
-
-    def __init__(
-        self,
+    @staticmethod
+    def __new__(
+        cls,
         data: torch.Tensor,
         scale_inv: torch.Tensor,
         granularity: ScalingGranularity,
@@ -66,15 +78,76 @@ class QuantizedTensor:
         axis: int = -1,
         orig_dtype: torch.dtype = torch.bfloat16,
         scaling_recipe: Optional[ScalingRecipe] = None,
+        shape: Optional[Sequence[int]] = None,
+        requires_grad: bool = False,
     ):
         check_scaling_recipe(scaling_recipe, "QuantizedTensor")
-        self.data = data
-        self.scale_inv = scale_inv
-        self.granularity = granularity
-        self.block_size = block_size
-        self.axis = axis
-        self.orig_dtype = orig_dtype
-        self.scaling_recipe = scaling_recipe
+        for name, t in (("data", data), ("scale_inv", scale_inv)):
+            if not isinstance(t, torch.Tensor) or isinstance(t, QuantizedTensor):
+                raise TypeError(f"QuantizedTensor: {name} must be a plain torch.Tensor, got {type(t).__name__}")
+        if not isinstance(granularity, ScalingGranularity):
+            raise TypeError(f"QuantizedTensor: granularity must be a ScalingGranularity, got {granularity!r}")
+        if orig_dtype not in _HP_DTYPES:
+            raise TypeError(f"QuantizedTensor: orig_dtype must be float32, float16 or bfloat16, got {orig_dtype}")
+        if shape is None:
+            shape = _logical_shape(data, axis)
+        self = torch.Tensor._make_wrapper_subclass(
+            cls, tuple(shape), dtype=orig_dtype, device=data.device, requires_grad=requires_grad
+        )
+        self._data = data
+        self._scale_inv = scale_inv
+        self._granularity = granularity
+        self._block_size = block_size
+        self._axis = axis
+        self._scaling_recipe = scaling_recipe
+        return self
+
+    # the stored pieces and the parameters (read-only: a new tensor is made for new values)
+    @property
+    def data(self) -> torch.Tensor:  # type: ignore[override]
+        return self._data
+
+    @property
+    def qdata(self) -> torch.Tensor:
+        return self._data
+
+    @property
+    def scale_inv(self) -> torch.Tensor:
+        return self._scale_inv
+
+    @property
+    def granularity(self) -> ScalingGranularity:
+        return self._granularity
+
+    @property
+    def block_size(self) -> Optional[int]:
+        return self._block_size
+
+    @property
+    def axis(self) -> int:
+        return self._axis
+
+    @property
+    def quantized_axis(self) -> int:
+        return self._axis % self._data.dim() if self._data.dim() else 0
+
+    @property
+    def orig_dtype(self) -> torch.dtype:
+        return self.dtype
+
+    @property
+    def real_dtype(self) -> torch.dtype:
+        return self._data.dtype
+
+    @property
+    def scaling_recipe(self) -> Optional[ScalingRecipe]:
+        return self._scaling_recipe
+
+    def _like(self, data: torch.Tensor, scale_inv: torch.Tensor, shape=None) -> "QuantizedTensor":
+        """A QuantizedTensor with this one's parameters and new storage (no autograd history)."""
+        return QuantizedTensor(data, scale_inv, self._granularity, block_size=self._block_size, axis=self._axis,
+                               orig_dtype=self.dtype, scaling_recipe=self._scaling_recipe,
+                               shape=tuple(self.shape) if shape is None else shape)
 
     @classmethod
     def quantize(
@@ -90,6 +163,8 @@ class QuantizedTensor:
         """Quantize ``x`` with :func:`turbo.ops.quantize_fp8` (same arguments and defaults; N-D
         inputs as there: e.g. ``[G, N, K]`` expert weights with ``axis=-2``, each matrix's column-wise
         groups, for MX / BLOCKWISE / ROWWISE, or ``b x b`` tiles per matrix with ``use_2d_block``).
+        Computed without autograd; the result ``requires_grad`` as ``x`` does (it is a new leaf: a
+        gradient the GEMMs give it lands in its ``.grad``, not ``x``'s).
 
         ``dest_dtype=float4_e2m1fn_x2``: MXFP4 of a 2-D ``x`` with :func:`turbo.ops.quantize_fp4`
         (``MX_BLOCKWISE``, ``block_size`` 32 or None, ``axis`` -1 or 0; ``ScalingRecipe(use_sr=True)``
@@ -100,19 +175,22 @@ class QuantizedTensor:
         storage: the GEMM ops take FP8 ``QuantizedTensor`` inputs only. ``shuffle_scale`` /
         ``shuffle_out`` (AMD preshuffled layouts) raise ``ValueError``."""
         check_scaling_recipe(scaling_recipe, "QuantizedTensor.quantize")
+        if isinstance(x, QuantizedTensor):
+            raise TypeError("QuantizedTensor.quantize: x is already a QuantizedTensor; dequantize() it first")
         g = _ops()._granularity(granularity, "QuantizedTensor.quantize")
-        if is_fp4_dtype(dest_dtype):
-            return cls._quantize_fp4(x, g, axis, block_size, scaling_recipe)
-        if g == _G.BLOCKWISE and block_size is None:
-            block_size = DEFAULT_BLOCK_SIZE
-        if g == _G.MX_BLOCKWISE and block_size is None:
-            block_size = MXFP8_BLOCK_SIZE
-        data, scale_inv = _ops().quantize_fp8(
-            x, dest_dtype, g, block_size=block_size, axis=axis, scaling_recipe=scaling_recipe
-        )
+        with torch.no_grad():
+            if is_fp4_dtype(dest_dtype):
+                return cls._quantize_fp4(x, g, axis, block_size, scaling_recipe)
+            if g == _G.BLOCKWISE and block_size is None:
+                block_size = DEFAULT_BLOCK_SIZE
+            if g == _G.MX_BLOCKWISE and block_size is None:
+                block_size = MXFP8_BLOCK_SIZE
+            data, scale_inv = _ops().quantize_fp8(
+                x, dest_dtype, g, block_size=block_size, axis=axis, scaling_recipe=scaling_recipe
+            )
         ax = -1 if g == _G.TENSORWISE else _ops()._norm_axis(axis, x.dim(), "QuantizedTensor.quantize")
         return cls(data, scale_inv, g, block_size=block_size, axis=ax, orig_dtype=x.dtype,
-                   scaling_recipe=scaling_recipe)
+                   scaling_recipe=scaling_recipe, shape=tuple(x.shape), requires_grad=x.requires_grad)
 
     @classmethod
     def _quantize_fp4(cls, x, g, axis, block_size, recipe) -> "QuantizedTensor":
@@ -127,64 +205,147 @@ class QuantizedTensor:
         data, scale_inv = _ops().quantize_fp4(x, axis=axis, scaling_recipe=recipe)
         ax = 0 if axis in (0, -2) else -1  # quantize_fp4 checked x is 2-D and the axis valid
         return cls(data, scale_inv, g, block_size=MXFP4_BLOCK_SIZE, axis=ax, orig_dtype=x.dtype,
-                   scaling_recipe=recipe)
+                   scaling_recipe=recipe, shape=tuple(x.shape), requires_grad=x.requires_grad)
 
     def dequantize(self, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        """``data * scale_inv`` per block, in ``out_dtype`` (default: ``orig_dtype``)."""
-        if _packed_fp4(self.data.dtype):
-            return _ops().dequantize_fp4(self.data, out_dtype or self.orig_dtype, self.granularity,
-                                         block_size=self.block_size, axis=self.axis, scale_inv=self.scale_inv,
-                                         scaling_recipe=self.scaling_recipe)
-        if self.data.dim() == 3 and self.axis == -1 and not (self.granularity == _G.BLOCKWISE and not self._use_2d()):
+        """``data * scale_inv`` per block, in ``out_dtype`` (default: ``orig_dtype``); a plain
+        tensor without autograd history."""
+        with torch.no_grad():
+            return self._dequantize(out_dtype or self.dtype)
+
+    def _dequantize(self, out_dtype: torch.dtype) -> torch.Tensor:
+        if _packed_fp4(self._data.dtype):
+            return _ops().dequantize_fp4(self._data, out_dtype, self._granularity, block_size=self._block_size,
+                                         axis=self._axis, scale_inv=self._scale_inv,
+                                         scaling_recipe=self._scaling_recipe)
+        if self._data.dim() == 3 and self._axis == -1 and not (self._granularity == _G.BLOCKWISE
+                                                                and not self._use_2d()):
             # the per-expert scale forms of create_quantized_weight too (TENSORWISE [G], ROWWISE [G, N])
-            return _dequantize_experts(self, out_dtype or self.orig_dtype)
+            return _dequantize_experts(self, out_dtype)
         return _ops().dequantize_fp8(
-            self.data, out_dtype or self.orig_dtype, self.granularity, block_size=self.block_size,
-            axis=self.axis, scale_inv=self.scale_inv, scaling_recipe=self.scaling_recipe,
+            self._data, out_dtype, self._granularity, block_size=self._block_size,
+            axis=self._axis, scale_inv=self._scale_inv, scaling_recipe=self._scaling_recipe,
         )
 
     def _use_2d(self) -> bool:
-        return self.scaling_recipe is not None and bool(self.scaling_recipe.use_2d_block)
+        return self._scaling_recipe is not None and bool(self._scaling_recipe.use_2d_block)
 
-    @property
-    def shape(self) -> torch.Size:
-        return self.data.shape
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype of ``data`` (FP8, or ``float4_e2m1fn_x2`` for MXFP4)."""
-        return self.data.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.data.device
-
-    def t(self) -> "QuantizedTensor":
-        """Transpose of a 2-D TENSORWISE tensor (a view of ``data``, the same scale).
-
-        Other granularities group along one axis, so the transposed tensor needs different groups
-        (a re-quantization): use ``turbo.ops.quantize_fp8_with_trans`` to get both copies at once.
-        """
-        if self.granularity != _G.TENSORWISE:
-            raise NotImplementedError(
-                f"QuantizedTensor.t(): {self.granularity.name} scales are grouped along one axis, so the transpose "
-                f"needs re-quantized data; use turbo.ops.quantize_fp8_with_trans to get both copies from one read"
-            )
-        if self.data.dim() != 2:
-            raise ValueError(f"QuantizedTensor.t(): needs a 2-D tensor, got shape {tuple(self.data.shape)}")
-        return QuantizedTensor(self.data.t(), self.scale_inv, self.granularity, block_size=self.block_size,
-                               axis=self.axis, orig_dtype=self.orig_dtype, scaling_recipe=self.scaling_recipe)
-
-    def __repr__(self) -> str:
-        extra = f", block_size={self.block_size}" if self.block_size else ""
-        if self.scaling_recipe is not None and self.scaling_recipe.use_2d_block:
+    def __repr__(self, *, tensor_contents=None) -> str:
+        extra = f", block_size={self._block_size}" if self._block_size else ""
+        if self._use_2d():
             extra += ", 2d_block"
+        grad = ", requires_grad=True" if self.requires_grad else ""
         return (
-            f"QuantizedTensor(shape={tuple(self.data.shape)}, dtype={self.data.dtype}, "
-            f"granularity={self.granularity.name}{extra}, axis={self.axis}, "
-            f"scale_inv={tuple(self.scale_inv.shape)} {self.scale_inv.dtype}, orig_dtype={self.orig_dtype}, "
-            f"device={self.data.device})"
+            f"QuantizedTensor(shape={tuple(self.shape)}, dtype={self.dtype}, real_dtype={self._data.dtype}, "
+            f"granularity={self._granularity.name}{extra}, axis={self._axis}, "
+            f"scale_inv={tuple(self._scale_inv.shape)} {self._scale_inv.dtype}, device={self._data.device}{grad})"
         )
+
+    # --- torch.compile / serialisation of the wrapper ---------------------------------------
+    def __tensor_flatten__(self):
+        meta = {"granularity": self._granularity, "block_size": self._block_size, "axis": self._axis,
+                "orig_dtype": self.dtype, "scaling_recipe": self._scaling_recipe}
+        return ["_data", "_scale_inv"], meta
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        return QuantizedTensor(inner["_data"], inner["_scale_inv"], meta["granularity"], block_size=meta["block_size"],
+                               axis=meta["axis"], orig_dtype=meta["orig_dtype"],
+                               scaling_recipe=meta["scaling_recipe"], shape=tuple(outer_size))
+
+    # Python-level torch functions go straight to the dispatcher (autograd included), where
+    # __torch_dispatch__ below decides what a quantized tensor can do.
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = _DISPATCH.get(func)
+        if handler is not None:
+            return handler(func, *args, **kwargs)
+        raise NotImplementedError(
+            f"QuantizedTensor does not support {func} (it holds quantized codes): call .dequantize() for a "
+            f"high-precision tensor, or pass it to a turbo GEMM op")
+
+
+_HP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _logical_shape(data: torch.Tensor, axis: int) -> tuple:
+    """The shape of the tensor ``data`` stands for: packed MXFP4 holds two values per byte along ``axis``."""
+    shape = list(data.shape)
+    if _packed_fp4(data.dtype) and shape:
+        shape[axis] *= 2
+    return tuple(shape)
+
+
+def _alias(func, t, *args, **kwargs):
+    return t._like(t._data, t._scale_inv)
+
+
+def _view(func, t, size, *args, **kwargs):
+    size = list(size)
+    if -1 in size and t.numel() and size.count(-1) == 1:
+        known = 1
+        for d in size:
+            known *= d if d != -1 else 1
+        size[size.index(-1)] = t.numel() // known if known else 0
+    if tuple(size) != tuple(t.shape):
+        raise NotImplementedError(
+            f"QuantizedTensor: view / reshape from {tuple(t.shape)} to {tuple(size)} would regroup the scales; "
+            f"quantize the reshaped high-precision tensor instead")
+    return _alias(func, t)
+
+
+def _transpose2d(func, t, *args, **kwargs):
+    if t.dim() != 2:
+        raise NotImplementedError(f"QuantizedTensor: {func} of a {t.dim()}-D tensor (only 2-D transposes)")
+    if func is torch.ops.aten.transpose.int and sorted(d % 2 for d in args[:2]) != [0, 1]:
+        return _alias(func, t)
+    if func is torch.ops.aten.permute.default and [d % 2 for d in args[0]] == [0, 1]:
+        return _alias(func, t)
+    if t._granularity != _G.TENSORWISE:
+        raise NotImplementedError(
+            f"QuantizedTensor.t(): {t._granularity.name} scales are grouped along one axis, so the transpose needs "
+            f"re-quantized data; use turbo.ops.quantize_fp8_with_trans to get both copies from one read")
+    r, c = t.shape
+    return t._like(t._data.t(), t._scale_inv, shape=(c, r))
+
+
+def _clone(func, t, *args, **kwargs):
+    return t._like(t._data.clone(), t._scale_inv.clone())
+
+
+def _to_copy(func, t, *args, dtype=None, device=None, layout=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    if dtype is not None:  # a high-precision tensor of the values: .float(), .to(torch.bfloat16)
+        out = t._dequantize(dtype if dtype in _HP_DTYPES else torch.float32)
+        out = out.to(dtype) if out.dtype != dtype else out
+        return out.to(device, non_blocking=non_blocking) if device is not None else out
+    if device is None:
+        return _clone(func, t)
+    return t._like(t._data.to(device, non_blocking=non_blocking), t._scale_inv.to(device, non_blocking=non_blocking))
+
+
+def _refuse_inplace(func, t, *args, **kwargs):
+    raise NotImplementedError(
+        f"QuantizedTensor: {func} would write into quantized codes; quantize a new tensor instead")
+
+
+_aten = torch.ops.aten
+_DISPATCH = {
+    _aten.detach.default: _alias,
+    _aten.alias.default: _alias,
+    _aten.view.default: _view,
+    _aten._unsafe_view.default: _view,
+    _aten.reshape.default: _view,
+    _aten.t.default: _transpose2d,
+    _aten.transpose.int: _transpose2d,
+    _aten.permute.default: _transpose2d,
+    _aten.clone.default: _clone,
+    _aten._to_copy.default: _to_copy,
+    _aten.copy_.default: _refuse_inplace,
+}
 
 
 class QuantizedTensorPair(NamedTuple):
@@ -227,7 +388,11 @@ def create_quantized_weight(
     BLOCKWISE ``[G, ceil(N/b), ceil(K/b)]``, MX ``[G, N, K/32]``; the transposed copy is ``[G, K, N]``
     with ``[G]``, ``[G, K]``, ``[G, ceil(K/b), ceil(N/b)]`` (a transposed view of the same blocks) or
     ``[G, K, N/32]``. Pass the pair to ``grouped_gemm_fp8`` as ``b`` to skip the weight's
-    quantization (the weight then gets no gradient).
+    quantization.
+
+    The copies ``requires_grad`` as ``weight`` does (new leaves, as ``QuantizedTensor.quantize``
+    makes them): a GEMM then gives ``data`` the weight gradient, which a framework's autograd bridge
+    routes to the parameter (or its ``main_grad``); ``data_t`` gets none.
 
     Returns:
         ``QuantizedTensorPair(data, data_t)``; ``data_t`` is None unless asked for.
@@ -251,7 +416,7 @@ def create_quantized_weight(
 
         fwd, dgr = _grouped_copies(weight, dest_dtype, g.name, b or DEFAULT_BLOCK_SIZE, need_weight_transpose_cache)
         mk = lambda c: QuantizedTensor(c[0], c[1], g, block_size=b, axis=-1, orig_dtype=weight.dtype,  # noqa: E731
-                                       scaling_recipe=recipe)
+                                       scaling_recipe=recipe, requires_grad=weight.requires_grad)
         return QuantizedTensorPair(mk(fwd), mk(dgr) if dgr is not None else None)
     ops = _ops()
     if not need_weight_transpose_cache:
@@ -259,7 +424,7 @@ def create_quantized_weight(
         return QuantizedTensorPair(q, None)
     q, s, qt, st = ops.quantize_fp8_with_trans(weight, dest_dtype, g, block_size=b, scaling_recipe=recipe)
     mk = lambda d, sc: QuantizedTensor(d, sc, g, block_size=b, axis=-1, orig_dtype=weight.dtype,  # noqa: E731
-                                       scaling_recipe=recipe)
+                                       scaling_recipe=recipe, requires_grad=weight.requires_grad)
     return QuantizedTensorPair(mk(q, s), mk(qt, st))
 
 
@@ -285,8 +450,8 @@ def check_quantized_tensor(qt: QuantizedTensor, config: Float8QuantConfig, axis:
     if qt.scale_inv.dtype != want_sd:
         raise ValueError(f"check_quantized_tensor: scale_inv.dtype {qt.scale_inv.dtype} != {want_sd} for "
                          f"{config.granularity.name}")
-    if qt.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
-        raise ValueError(f"check_quantized_tensor: data.dtype must be an FP8 dtype, got {qt.dtype}")
+    if qt.data.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise ValueError(f"check_quantized_tensor: data.dtype must be an FP8 dtype, got {qt.data.dtype}")
     if axis is not None and qt.granularity != _G.TENSORWISE:
         ax = _ops()._norm_axis(axis, qt.data.dim(), "check_quantized_tensor")
         if qt.axis != ax:

@@ -96,7 +96,7 @@ class _CachedWeightGemmFP8(torch.autograd.Function):
     """``x @ W^T`` in FP8 with ``W`` taken from a cached :class:`QuantizedTensorPair`, while the
     weight gradient still reaches the high-precision parameter ``weight`` (or its ``main_grad``).
 
-    ``turbo.ops.gemm_fp8`` gives a pre-quantized operand no gradient; this bridge runs the same
+    The module keeps its cache internal (the pair is not an autograd input); this bridge runs the same
     three FP8 GEMMs (forward with the cached copy, grad_input with the cached transposed copy,
     grad_weight from the activation's and the output gradient's FP8 copies, which never read the
     weight) and returns the weight gradient for ``weight``.

@@ -22,6 +22,7 @@ import torch
 
 from ..backends.gemm import GEMM_DTYPES, all_gemms_on_torch, gemm_dispatcher, torch_autograd_mm
 from ..core.backend import PrecisionType
+from ..core.quantized_tensor import QuantizedTensor
 
 __all__ = ["gemm"]
 
@@ -166,6 +167,8 @@ def _check_inputs(a, b, trans_a, trans_b, out_dtype, fuse_bgrad_accum_pattern):
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if isinstance(t, QuantizedTensor):
+            raise TypeError(f"gemm: {name} is a QuantizedTensor; pass it to gemm_fp8, or its dequantize()")
         if t.dim() != 2:
             raise ValueError(f"gemm: {name} must be 2-D, got {name}.dim()={t.dim()} with shape {tuple(t.shape)}")
         if t.dtype not in GEMM_DTYPES:

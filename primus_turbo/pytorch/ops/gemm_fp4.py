@@ -53,6 +53,7 @@ import torch
 from ..backends.gemm_fp4 import gemm_fp4_dispatcher
 from ..core.backend import PrecisionType
 from ..core.low_precision import Float4QuantConfig, ScalingRecipe
+from ..core.quantized_tensor import QuantizedTensor
 from .gemm import _FUSE_PATTERNS, _megatron_dummy_wgrad, check_main_grad
 from .gemm_fp8 import _empty_result
 
@@ -241,7 +242,7 @@ def _check_inputs(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pa
     if not isinstance(config, Float4QuantConfig):
         raise TypeError(f"gemm_fp4: config must be a Float4QuantConfig or None, got {type(config).__name__}")
     for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor):
+        if not isinstance(t, torch.Tensor) or isinstance(t, QuantizedTensor):
             raise TypeError(f"gemm_fp4: {name} must be a torch.Tensor (bf16/fp16/fp32, quantized on the fly; "
                             f"QuantizedTensor operands are FP8-only: the FP8 GEMMs take them), got {type(t).__name__}")
         if t.dim() != 2:

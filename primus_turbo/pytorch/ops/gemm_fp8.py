@@ -33,6 +33,7 @@ import torch
 from ..backends.gemm_fp8 import gemm_fp8_dispatcher
 from ..core.backend import PrecisionType
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingRecipe
+from ..core.quantized_tensor import QuantizedTensor, QuantizedTensorPair
 from .gemm import _FUSE_PATTERNS, _megatron_dummy_wgrad, check_main_grad
 from .quantization import _transpose_bytes  # FP8 transposes at copy speed (torch's strided copy is not)
 
@@ -157,14 +158,14 @@ def _quantize(x: torch.Tensor, dtype: torch.dtype, granularity: str, block_size:
 # Autograd
 # ----------------------------------------------------------------------------------------------
 def _is_prequantized(x) -> bool:
-    return type(x).__name__ in ("QuantizedTensor", "QuantizedTensorPair") and not isinstance(x, torch.Tensor)
+    return isinstance(x, (QuantizedTensor, QuantizedTensorPair))
 
 
 def _prequantized_copies(x, name: str, granularity: str, block_size: int, need_row: bool, need_col: bool):
     """(row-wise copy, column-wise copy) of a pre-quantized operand stored ``[r, c]`` (as
     :func:`_quantize` returns them), from a ``QuantizedTensor`` or a ``QuantizedTensorPair``."""
     pair_t = None
-    if type(x).__name__ == "QuantizedTensorPair":
+    if isinstance(x, QuantizedTensorPair):
         x, pair_t = x.data, x.data_t
     if x.granularity.name != granularity:
         raise ValueError(f"gemm_fp8: {name} was quantized {x.granularity.name}, config says {granularity}")
@@ -195,9 +196,9 @@ def _prequantized_copies(x, name: str, granularity: str, block_size: int, need_r
 
 
 def _copies(x, name, dtype, granularity, block_size, weight, need_row, need_col):
-    if isinstance(x, torch.Tensor):
-        return _quantize(x, dtype, granularity, block_size, weight, need_row, need_col)
-    return _prequantized_copies(x, name, granularity, block_size, need_row, need_col)
+    if _is_prequantized(x):
+        return _prequantized_copies(x, name, granularity, block_size, need_row, need_col)
+    return _quantize(x, dtype, granularity, block_size, weight, need_row, need_col)
 
 
 def _forward(a, b, trans_a, trans_b, out_dtype, granularity, fwd_dtype, block_size, need_ga, need_gb):
@@ -218,16 +219,21 @@ def _forward(a, b, trans_a, trans_b, out_dtype, granularity, fwd_dtype, block_si
 
 
 class GemmFP8Function(torch.autograd.Function):
-    """The three FP8 GEMMs of ``C = op(A) @ op(B)``; see the module docstring for the copies used."""
+    """The three FP8 GEMMs of ``C = op(A) @ op(B)``; see the module docstring for the copies used.
+
+    ``a`` / ``b`` are tensors or ``QuantizedTensor`` s (a pre-quantized operand gets its gradient,
+    in its logical dtype, like a high-precision one); ``b_t`` is a ``QuantizedTensorPair``'s
+    transposed copy, passed on its own so that autograd sees the pair's ``data`` as ``b``."""
 
     @staticmethod
-    def forward(ctx, a, b, trans_a, trans_b, out_dtype, granularity, fwd_dtype, bwd_dtype, block_size, fuse_accum):
+    def forward(ctx, a, b, b_t, trans_a, trans_b, out_dtype, granularity, fwd_dtype, bwd_dtype, block_size,
+                fuse_accum):
         need_ga, need_gb = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.trans_a, ctx.trans_b, ctx.fuse_accum = trans_a, trans_b, fuse_accum
         ctx.granularity, ctx.bwd_dtype, ctx.block_size = granularity, bwd_dtype, block_size
-        ctx.a_dtype = a.dtype if isinstance(a, torch.Tensor) else None
-        ctx.b_dtype = b.dtype if isinstance(b, torch.Tensor) else None
-        out, b_for_dgrad, a_for_wgrad = _forward(a, b, trans_a, trans_b, out_dtype, granularity, fwd_dtype,
+        ctx.a_dtype, ctx.b_dtype = a.dtype, b.dtype  # a QuantizedTensor's dtype is its original one
+        b_op = QuantizedTensorPair(b, b_t) if b_t is not None else b
+        out, b_for_dgrad, a_for_wgrad = _forward(a, b_op, trans_a, trans_b, out_dtype, granularity, fwd_dtype,
                                                  block_size, need_ga, need_gb)
         # only FP8 copies (and their scales) are kept for backward; b itself only for main_grad
         ctx.save_for_backward(*b_for_dgrad, *a_for_wgrad, b if (fuse_accum and need_gb) else None)
@@ -257,7 +263,7 @@ class GemmFP8Function(torch.autograd.Function):
                 grad_b = _megatron_dummy_wgrad(b)
             else:
                 grad_b = _mm(P, Q, g, ctx.b_dtype, bsz)
-        return grad_a, grad_b, None, None, None, None, None, None, None, None
+        return grad_a, grad_b, None, None, None, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -265,12 +271,18 @@ class GemmFP8Function(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 def _data_of(x) -> torch.Tensor:
     """The tensor holding x's values (a QuantizedTensor's / pair's FP8 data)."""
-    if type(x).__name__ == "QuantizedTensorPair":
+    if isinstance(x, QuantizedTensorPair):
         return x.data.data
-    return x.data if type(x).__name__ == "QuantizedTensor" else x
+    return x.data if isinstance(x, QuantizedTensor) else x
+
+
+def _grad_operand(x):
+    """The tensor autograd tracks for operand ``x``: a pair's ``data`` (its ``data_t`` gets no gradient)."""
+    return x.data if isinstance(x, QuantizedTensorPair) else x
 
 
 def _requires_grad(x) -> bool:
+    x = _grad_operand(x)
     return isinstance(x, torch.Tensor) and x.requires_grad
 
 
@@ -301,12 +313,10 @@ def _check_inputs(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pa
         hp.append(t)
     if len(hp) == 2 and a.dtype != b.dtype:
         raise TypeError(f"gemm_fp8: a and b must have the same dtype, got a={a.dtype}, b={b.dtype}")
-    if _is_prequantized(a) and type(a).__name__ != "QuantizedTensor":
+    if isinstance(a, QuantizedTensorPair):
         raise TypeError("gemm_fp8: a pre-quantized a must be a QuantizedTensor (a QuantizedTensorPair is for b)")
-    if _is_prequantized(a) or _is_prequantized(b):
-        if fuse_bgrad_accum_pattern is not None and _is_prequantized(b):
-            raise ValueError("gemm_fp8: fuse_bgrad_accum_pattern needs b as the high-precision weight (it has "
-                             "main_grad); a pre-quantized b gets no gradient")
+    if isinstance(b, QuantizedTensorPair) and b.data is None:
+        raise TypeError("gemm_fp8: b is a QuantizedTensorPair with data=None")
     a_t = _data_of(a)
     b_t = _data_of(b)
     if a_t.device != b_t.device:
@@ -338,12 +348,10 @@ def _check_inputs(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pa
                 raise ValueError(f"gemm_fp8: MX_BLOCKWISE needs {name} to be a multiple of 32, got {name}={dim} "
                                  f"(m, n, k = {m}, {n}, {k})")
     if fuse_bgrad_accum_pattern == "megatron" and b_rg and grads:
-        check_main_grad("gemm_fp8", b, torch.bfloat16, "bfloat16")
+        # a pre-quantized b carries main_grad itself (or its pair's data does), as a framework's
+        # weight-gradient bridge sets it on the cached buffer
+        check_main_grad("gemm_fp8", _grad_operand(b_in), torch.bfloat16, "bfloat16")
     return m, n, k
-
-
-def _orig_dtype(x) -> torch.dtype:
-    return (x.data if type(x).__name__ == "QuantizedTensorPair" else x).orig_dtype
 
 
 def _empty_result(a, b, trans_a, trans_b, out_dtype, fuse):
@@ -351,9 +359,8 @@ def _empty_result(a, b, trans_a, trans_b, out_dtype, fuse):
     gradients of the right shapes (zeros), and the fusion flag is set as a real wgrad would."""
     if fuse and b.requires_grad and torch.is_grad_enabled():
         b.grad_added_to_main_grad = True
-    A = a.t() if trans_a else a
-    B = b.t() if trans_b else b
-    return A.to(out_dtype) @ B.to(out_dtype)
+    A, B = a.to(out_dtype), b.to(out_dtype)
+    return (A.t() if trans_a else A) @ (B.t() if trans_b else B)
 
 
 def gemm_fp8(
@@ -382,6 +389,12 @@ def gemm_fp8(
             ``b.main_grad`` (fp32 or bf16) in the GEMM epilogue, ``b.grad_added_to_main_grad`` is
             set and ``b``'s returned gradient is a placeholder (as :func:`turbo.ops.gemm`).
 
+    Pre-quantized operands: ``a`` may be a ``QuantizedTensor`` and ``b`` a ``QuantizedTensor`` or
+    ``QuantizedTensorPair`` (``create_quantized_weight``), quantized as ``config`` says; the results
+    are bit-identical to quantizing on the fly. One that requires grad gets its gradient in its
+    original dtype (a pair's ``data``; fused accumulation reads ``main_grad`` off it), as long as
+    the copies that gradient needs are at hand (else ``ValueError`` at the forward).
+
     Returns:
         ``C`` of shape ``[M, N]``, dtype ``out_dtype``.
 
@@ -394,15 +407,14 @@ def gemm_fp8(
     config = Float8QuantConfig() if config is None else config
     m, n, k = _check_inputs(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pattern)
     if out_dtype is None:
-        out_dtype = a.dtype if isinstance(a, torch.Tensor) else (b.dtype if isinstance(b, torch.Tensor) else
-                                                                 _orig_dtype(a))
+        out_dtype = a.dtype  # a QuantizedTensor's dtype is its original one
     fuse = fuse_bgrad_accum_pattern == "megatron"
     if m == 0 or n == 0 or k == 0:
-        a_e = a if isinstance(a, torch.Tensor) else _data_of(a).float()
-        b_e = b if isinstance(b, torch.Tensor) else _data_of(b).float()
-        return _empty_result(a_e, b_e, trans_a, trans_b, out_dtype, fuse)
+        # a QuantizedTensor's .to() dequantizes, so its (zero) gradient still reaches it
+        return _empty_result(a, _grad_operand(b), trans_a, trans_b, out_dtype, fuse)
     args = (bool(trans_a), bool(trans_b), out_dtype, config.granularity.name, config.fwd_dtype())
     block_size = int(config.block_size or 128)
     if torch.is_grad_enabled() and (_requires_grad(a) or _requires_grad(b)):
-        return GemmFP8Function.apply(a, b, *args, config.bwd_dtype(), block_size, fuse)
+        b_t = b.data_t if isinstance(b, QuantizedTensorPair) else None
+        return GemmFP8Function.apply(a, _grad_operand(b), b_t, *args, config.bwd_dtype(), block_size, fuse)
     return _forward(a, b, *args, block_size, False, False)[0]

@@ -41,6 +41,7 @@ from ..backends.grouped_gemm import (
 )
 from ..core.backend import BackendType, GlobalBackendManager, PrecisionType
 from ..core.env import env_raw
+from ..core.quantized_tensor import QuantizedTensor
 from .gemm import _FUSE_PATTERNS, _megatron_dummy_wgrad, check_main_grad
 
 __all__ = ["grouped_gemm"]
@@ -453,6 +454,8 @@ def _check_inputs(a, b, group_lens, group_offs, trans_b, num_cu, fuse_bgrad_accu
     for name, t, nd in ((an, a, 2), (bn, b, 3)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if isinstance(t, QuantizedTensor):
+            raise TypeError(f"{op}: {name} is a QuantizedTensor; pass it to grouped_gemm_fp8, or its dequantize()")
         if t.dim() != nd:
             raise ValueError(f"{op}: {name} must be {nd}-D, got {name}.dim()={t.dim()} with shape {tuple(t.shape)}")
         if t.dtype not in GROUPED_GEMM_DTYPES:

@@ -44,6 +44,7 @@ from ..backends.grouped_gemm_fp4 import grouped_gemm_fp4_dispatcher, grouped_gem
 from ..backends.grouped_gemm_fp8 import padded_group_layout
 from ..core.backend import PrecisionType
 from ..core.low_precision import Float4QuantConfig, ScalingRecipe
+from ..core.quantized_tensor import QuantizedTensor
 from .gemm import _megatron_dummy_wgrad
 from .grouped_gemm import _group_offsets
 from .grouped_gemm_fp8 import _NoGradCtx, _check_inputs as _check_fp8_inputs, _mx_token_copy, _mx_weight_copies
@@ -129,7 +130,7 @@ def _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_
     if not isinstance(config, Float4QuantConfig):
         raise TypeError(f"{op}: config must be a Float4QuantConfig or None, got {type(config).__name__}")
     for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor):  # the shared checks below would take FP8 QuantizedTensors
+        if not isinstance(t, torch.Tensor) or isinstance(t, QuantizedTensor):  # FP8 ones would pass below
             raise TypeError(f"{op}: {name} must be a torch.Tensor (bf16/fp16/fp32, quantized on the fly; "
                             f"QuantizedTensor operands are FP8-only: grouped_gemm_fp8 takes them), got "
                             f"{type(t).__name__}")

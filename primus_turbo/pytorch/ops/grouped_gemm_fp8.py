@@ -55,7 +55,8 @@ from ..core.backend import PrecisionType
 from ..core.env import env_auto_flag
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingRecipe
 from .gemm import _megatron_dummy_wgrad, check_main_grad
-from .gemm_fp8 import _check_prequantized_fp8, _is_prequantized
+from ..core.quantized_tensor import QuantizedTensor, QuantizedTensorPair
+from .gemm_fp8 import _check_prequantized_fp8, _grad_operand, _is_prequantized
 from .grouped_gemm import _check_groups, _group_offsets
 
 __all__ = ["grouped_gemm_fp8", "grouped_gemm_fp8_cached_weight", "grouped_weight_copies"]
@@ -249,11 +250,19 @@ def _vk_fp8(X, Y, gran, group_lens, group_offs, out_dtype, num_cu, out=None, bs=
 class GroupedGemmFP8Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, gran, fwd_dtype, bwd_dtype, bs, num_cu,
-                fuse_accum, w_copies=None):
+                fuse_accum, w_copies=None, a_row=None):
+        """``a`` / ``b``: tensors or ``QuantizedTensor`` s (their dtype is the original one); ``w_copies``
+        the weight's FP8 copies when made already (a cache or a pre-quantized ``b``), ``a_row`` the
+        forward copy of a pre-quantized ``a`` (whose column-wise copy, for ``b``'s gradient, does
+        not exist: the caller refuses that case)."""
         need_ga, need_gb = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.trans_b, ctx.gran, ctx.bwd_dtype, ctx.bs, ctx.num_cu = trans_b, gran, bwd_dtype, bs, num_cu
         ctx.fuse_accum, ctx.a_dtype, ctx.b_dtype = fuse_accum, a.dtype, b.dtype
-        a_row = _quant_rows(a, fwd_dtype, gran, bs)
+        if a_row is None:
+            a_row = _quant_rows(a, fwd_dtype, gran, bs)
+        elif need_gb:
+            raise RuntimeError("grouped_gemm_fp8: b's gradient needs a's column-wise copy, which a pre-quantized a "
+                               "lacks")
         if w_copies is None:
             w_fwd, w_dgrad = _weight_copies(b, trans_b, fwd_dtype, gran, bs, True, need_ga)
         else:  # the weight's copies quantized earlier (GroupedLinear's micro-batch cache)
@@ -312,7 +321,7 @@ class GroupedGemmFP8Function(torch.autograd.Function):
             if fuse:
                 b.grad_added_to_main_grad = True
                 grad_b = _megatron_dummy_wgrad(b)
-        return grad_a, grad_b, None, None, None, None, None, None, None, None, None, None, None
+        return grad_a, grad_b, None, None, None, None, None, None, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -340,19 +349,23 @@ def _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_
     hp = {}
     for name, t, nd in (("a", a, 2), ("b", b, 3)):
         if _is_prequantized(t):
-            if name == "a" and type(t).__name__ != "QuantizedTensor":
+            if name == "a" and not isinstance(t, QuantizedTensor):
                 raise TypeError(f"{op}: a pre-quantized a must be a QuantizedTensor (a QuantizedTensorPair is for b)")
+            if isinstance(t, QuantizedTensorPair) and not isinstance(t.data, QuantizedTensor):
+                raise TypeError(f"{op}: b is a QuantizedTensorPair whose data is {type(t.data).__name__}, "
+                                f"not a QuantizedTensor")
             _check_prequantized_fp8(t, name, op)
-            data = (t.data.data if type(t).__name__ == "QuantizedTensorPair" else t.data)
-            if not isinstance(data, torch.Tensor) or data.dim() != nd:
-                raise ValueError(f"{op}: a pre-quantized {name} must hold {nd}-D data, got shape "
-                                 f"{tuple(getattr(data, 'shape', ()))}")
+            data = _grad_operand(t).data
+            if data.dim() != nd:
+                raise ValueError(f"{op}: a pre-quantized {name} must hold {nd}-D data, got shape {tuple(data.shape)}")
+            # the QuantizedTensor (shaped like its data, FP8) stands for the operand from here on:
+            # its requires_grad and main_grad are the ones the gradient checks below read
             if name == "a":
-                a = data
+                a = t
             else:
                 if not trans_b:
                     raise ValueError(f"{op}: a pre-quantized b must be the [G, N, K] expert stack (trans_b=True)")
-                b = data
+                b = _grad_operand(t)
             continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor or a QuantizedTensor, got {type(t).__name__}")
@@ -420,9 +433,10 @@ def grouped_gemm_fp8(
     need_weight_transpose_cache=...)``, with ``trans_b=True``) and ``a`` a ``QuantizedTensor`` of
     ``[M_total, K]`` quantized along K (``QuantizedTensor.quantize(x, dtype, granularity, axis=-1,
     block_size=...)``), in ``config``'s granularity, block size and forward dtype. A pre-quantized
-    operand gets no gradient; a high-precision ``a`` with a pre-quantized ``b`` still gets its
-    gradient (ROWWISE / MX need ``b``'s transposed copy for it); a pre-quantized ``a`` cannot feed
-    a gradient of ``b`` (that needs the high-precision tokens), which raises ValueError.
+    operand that requires grad gets its gradient in its original dtype (a pair's ``data`` does;
+    fused accumulation reads ``main_grad`` off it); ``a``'s gradient needs ``b``'s transposed copy
+    for ROWWISE / MX; a pre-quantized ``a`` cannot feed a gradient of ``b`` (that needs the
+    high-precision tokens), which raises ValueError.
 
     Forward, grad_input and grad_weight run in FP8 (BLOCKWISE and MX grad_weight on a token layout
     padded per group to whole token blocks: see the module docstring). Backends: TRITON (persistent
@@ -519,37 +533,42 @@ def _prequantized_rows(a, gran: str, bs: int, dtype):
 
 
 def _run_prequantized(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern):
-    """grouped_gemm_fp8 with a pre-quantized ``a`` and / or ``b``: those operands get no gradient;
-    a high-precision operand still does, where its gradient can be formed."""
+    """grouped_gemm_fp8 with a pre-quantized ``a`` and / or ``b``. Each operand that requires a
+    gradient gets one (a ``QuantizedTensor``'s in its original dtype), except ``b``'s when ``a`` is
+    pre-quantized: that gradient needs the tokens' column-wise copy, which the high-precision ``a``
+    gives and a quantized one does not."""
     gran, bs, dtype = config.granularity.name, int(config.block_size or 128), config.fwd_dtype()
     a_pre, b_pre = _is_prequantized(a), _is_prequantized(b)  # b pre-quantized: trans_b checked already
+    bt = _grad_operand(b)  # the tensor autograd tracks for b (a pair's data)
     grad = torch.is_grad_enabled()
-    if a_pre and not b_pre and grad and b.requires_grad:
+    a_grad, b_grad = grad and a.requires_grad, grad and bt.requires_grad
+    if a_pre and b_grad:
         raise ValueError("grouped_gemm_fp8: b's gradient needs the high-precision a (its column-wise copy over the "
-                         "tokens); pass a as a tensor, or b without requires_grad")
-    a_data = a.data if a_pre else a
-    out_dtype = out_dtype or (a.orig_dtype if a_pre else a.dtype)
+                         "tokens); pass a as a tensor, or b without requires_grad (b.detach() / torch.no_grad())")
+    out_dtype = out_dtype or a.dtype  # a QuantizedTensor's dtype is its original one
+    copies = None
     if b_pre:
-        need_dgrad = (not a_pre) and grad and a.requires_grad
-        copies = _prequantized_weight(b, gran, bs, dtype, need_dgrad)
+        copies = _prequantized_weight(b, gran, bs, dtype, a_grad)
         G, N = copies[0][0].shape[:2]
     else:
         G, N = b.size(0), (b.size(1) if trans_b else b.size(2))
-    M, K = a_data.shape
+    M, K = a.shape
     if M == 0 or N == 0 or K == 0 or G == 0:
-        out = a_data.new_zeros((M, N), dtype=out_dtype)
-        if not a_pre and grad and a.requires_grad:
-            out = out + a.reshape(-1)[:0].sum().to(out_dtype)
+        out = torch.zeros((M, N), dtype=out_dtype, device=a.device)
+        for t, needed in ((a, a_grad), (bt, b_grad)):
+            if needed:  # zero gradients of the right shapes (a QuantizedTensor's .to() dequantizes)
+                out = out + t.to(out_dtype).reshape(-1)[:0].sum()
         return out
-    if not a_pre:  # high-precision a: the op with b's copies given (its FP8 data stands in for b)
-        return _run(a, copies[0][0], group_lens, group_offs, True, out_dtype, config, num_cu,
-                    fuse_bgrad_accum_pattern, copies)
-    # pre-quantized a: no gradient anywhere (b pre-quantized, or b not needing one): the forward GEMM
-    group_offs = _group_offsets("grouped_gemm_fp8", group_lens, group_offs, a_data)
-    a_row = _prequantized_rows(a, gran, bs, dtype)
-    if not b_pre:
-        copies = _weight_copies(b.detach(), trans_b, dtype, gran, bs, True, False)
-    return _mm(a_row, copies[0], gran, group_lens, group_offs, out_dtype, bs, num_cu)
+    a_row = _prequantized_rows(a, gran, bs, dtype) if a_pre else None
+    if not (a_grad or b_grad):  # the forward GEMM alone
+        group_offs = _group_offsets("grouped_gemm_fp8", group_lens, group_offs, a)
+        if a_row is None:
+            a_row = _quant_rows(a, dtype, gran, bs)
+        if copies is None:
+            copies = _weight_copies(b.detach(), trans_b, dtype, gran, bs, True, False)
+        return _mm(a_row, copies[0], gran, group_lens, group_offs, out_dtype, bs, num_cu)
+    return _run(a, bt, group_lens, group_offs, trans_b if not b_pre else True, out_dtype, config, num_cu,
+                fuse_bgrad_accum_pattern, copies, a_row)
 
 
 def grouped_weight_copies(b: torch.Tensor, config: Float8QuantConfig, need_dgrad: bool, trans_b: bool = True):
@@ -601,8 +620,10 @@ def grouped_gemm_fp8_cached_weight(
     return _run(a, b, group_lens, group_offs, trans_b, None, config, None, fuse_bgrad_accum_pattern, w_copies)
 
 
-def _run(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern, w_copies):
-    """The op after its checks; ``w_copies``: the weight's FP8 copies when already made."""
+def _run(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern, w_copies,
+         a_row=None):
+    """The op after its checks; ``w_copies``: the weight's FP8 copies when already made, ``a_row``
+    a pre-quantized ``a``'s forward copy."""
     group_offs = _group_offsets("grouped_gemm_fp8", group_lens, group_offs, a)
     out_dtype = a.dtype if out_dtype is None else out_dtype
     fuse = fuse_bgrad_accum_pattern == "megatron"
@@ -621,7 +642,7 @@ def _run(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_
             out = out + (a.reshape(-1)[:0].sum() + b.reshape(-1)[:0].sum()).to(out_dtype)
         return out
     args = (group_lens, group_offs, bool(trans_b), out_dtype, gran, config.fwd_dtype(), config.bwd_dtype(), bs,
-            num_cu, fuse, w_copies)
+            num_cu, fuse, w_copies, a_row)
     if grads:
         return GroupedGemmFP8Function.apply(a, b, *args)
     with torch.no_grad():

@@ -30,7 +30,8 @@ def _x(shape, device, dtype=torch.bfloat16):
 def test_round_trip(gran, kw, device):
     x = _x((64, 160), device)
     qt = QuantizedTensor.quantize(x, E4M3, gran, **kw)
-    assert qt.shape == x.shape and qt.dtype == E4M3 and qt.device == x.device
+    assert qt.shape == x.shape and qt.real_dtype == qt.data.dtype == E4M3 and qt.device == x.device
+    assert qt.dtype == qt.orig_dtype == x.dtype  # the logical dtype: the tensor it stands for
     assert qt.orig_dtype == torch.bfloat16
     q_ref, s_ref = quantize_fp8_ref(x, E4M3, gran, **kw)
     assert torch.equal(qt.data.view(torch.uint8), q_ref.view(torch.uint8))
@@ -126,7 +127,7 @@ def test_mxfp4_round_trip(axis, device):
     x = _x((64, 96), device)
     qt = QuantizedTensor.quantize(x, FP4, G.MX_BLOCKWISE, axis=axis)
     q, s = quantize_fp4(x, axis=axis)
-    assert qt.dtype == FP4 and qt.granularity == G.MX_BLOCKWISE and qt.block_size == 32 and qt.axis == axis
+    assert qt.real_dtype == FP4 and qt.dtype == x.dtype and qt.shape == x.shape and qt.granularity == G.MX_BLOCKWISE and qt.block_size == 32 and qt.axis == axis
     assert torch.equal(qt.data.view(torch.uint8), q.view(torch.uint8)) and torch.equal(qt.scale_inv, s)
     d = qt.dequantize()
     assert d.dtype == torch.bfloat16 and d.shape == x.shape
@@ -308,3 +309,181 @@ def test_quantize_3d_weights_other_forms(device):
         QuantizedTensor.quantize(w, E4M3, G.BLOCKWISE, axis=0, scaling_recipe=ScalingRecipe(use_2d_block=True))
     with pytest.raises(ValueError, match="multiple of 32, got 48"):
         QuantizedTensor.quantize(w[:, :48], E4M3, G.MX_BLOCKWISE, axis=-2)
+
+
+# ---------------------------------------------------------------------------------------------
+# A torch.Tensor wrapper subclass: logical shape / dtype, the ops it allows, autograd
+# ---------------------------------------------------------------------------------------------
+def test_tensor_subclass_semantics(device):
+    x = _x((64, 96), device).requires_grad_()
+    qt = QuantizedTensor.quantize(x, E4M3, G.ROWWISE, axis=-1)
+    assert isinstance(qt, torch.Tensor) and qt.requires_grad and qt.is_leaf and qt.grad_fn is None
+    assert qt.shape == x.shape and qt.dtype == torch.bfloat16 and qt.real_dtype == E4M3 and qt.dim() == 2
+    assert qt.quantized_axis == 1 and qt.qdata is qt.data and qt.numel() == x.numel()
+    # detach / alias keep the storage and the parameters
+    d = qt.detach()
+    assert isinstance(d, QuantizedTensor) and not d.requires_grad and d.data is qt.data
+    assert d.scale_inv is qt.scale_inv and d.granularity == qt.granularity and d.axis == qt.axis
+    assert isinstance(qt.view(64, 96), QuantizedTensor) and isinstance(qt.view(-1, 96), QuantizedTensor)
+    # high-precision copies dequantize; a device move stays quantized; clone owns its storage
+    ref = qt.dequantize(torch.float32)
+    assert torch.equal(qt.float(), ref) and torch.equal(qt.to(torch.float32), ref)
+    moved = qt.to(device)
+    assert isinstance(moved, QuantizedTensor) and torch.equal(moved.data.view(torch.uint8), qt.data.view(torch.uint8))
+    c = qt.detach().clone()
+    assert isinstance(c, QuantizedTensor) and c.data.data_ptr() != qt.data.data_ptr()
+    assert torch.equal(c.dequantize(), qt.dequantize())
+    # nothing computes on the codes: every other op names itself and points at dequantize()
+    for bad in (lambda t: t + 1, lambda t: t.sum(), lambda t: torch.matmul(t, t.t() if False else t.T),
+                lambda t: t.view(96, 64), lambda t: t.reshape(32, 192), lambda t: t[0]):
+        with pytest.raises(NotImplementedError, match="QuantizedTensor"):
+            bad(qt.detach())
+    with pytest.raises(NotImplementedError, match="write into quantized codes"):
+        qt.detach().copy_(x.detach())
+    # TENSORWISE transposes share the scale; the grouped ones need re-quantized data
+    tw = QuantizedTensor.quantize(x.detach(), E4M3, G.TENSORWISE)
+    assert tw.T.shape == (96, 64) and torch.equal(tw.T.dequantize(), tw.dequantize().t())
+    # gradients through the allowed ops reach the leaf in its logical dtype
+    qt.float().sum().backward()
+    assert qt.grad is not None and qt.grad.dtype == torch.bfloat16 and torch.equal(qt.grad, torch.ones_like(x))
+    assert x.grad is None  # quantize() made a new leaf
+
+
+def test_constructor_checks(device):
+    x = _x((32, 64), device)
+    q, s = torch.zeros(32, 64, device=device).to(E4M3), torch.ones((), device=device)
+    qt = QuantizedTensor(q, s, G.TENSORWISE, orig_dtype=torch.float16)
+    assert qt.dtype == torch.float16 and qt.shape == (32, 64) and not qt.requires_grad
+    with pytest.raises(TypeError, match="granularity must be a ScalingGranularity"):
+        QuantizedTensor(q, s, "TENSORWISE")
+    with pytest.raises(TypeError, match="orig_dtype must be"):
+        QuantizedTensor(q, s, G.TENSORWISE, orig_dtype=E4M3)
+    with pytest.raises(TypeError, match="data must be a plain torch.Tensor"):
+        QuantizedTensor(qt, s, G.TENSORWISE)
+    with pytest.raises(TypeError, match="already a QuantizedTensor"):
+        QuantizedTensor.quantize(qt, E4M3, G.TENSORWISE)
+    assert "real_dtype=torch.float8_e4m3fn" in repr(QuantizedTensor.quantize(x, E4M3, G.TENSORWISE))
+
+
+def test_flatten_unflatten_round_trip(device):
+    qt = QuantizedTensor.quantize(_x((64, 256), device), E4M3, G.BLOCKWISE,
+                                  scaling_recipe=ScalingRecipe(use_2d_block=True))
+    names, meta = qt.__tensor_flatten__()
+    back = QuantizedTensor.__tensor_unflatten__({n: getattr(qt, n) for n in names}, meta, qt.shape, qt.stride())
+    assert isinstance(back, QuantizedTensor) and back.shape == qt.shape and back.dtype == qt.dtype
+    assert back.scaling_recipe == qt.scaling_recipe and torch.equal(back.dequantize(), qt.dequantize())
+
+
+_BRIDGE_CFGS = {
+    "tensorwise": Float8QuantConfig(),
+    "rowwise": Float8QuantConfig(granularity=G.ROWWISE),
+    "blockwise": Float8QuantConfig(granularity=G.BLOCKWISE, block_size=128),
+    "mx": Float8QuantConfig(granularity=G.MX_BLOCKWISE, block_size=32),
+}
+
+
+class _WeightGradBridge(torch.autograd.Function):
+    """A framework's bridge, as Primus's Megatron integration writes it: the GEMM runs on the
+    cached quantized weight, whose gradient this function adds into the parameter's main_grad
+    (every micro-batch) and answers with a placeholder gradient for the parameter itself."""
+
+    @staticmethod
+    def forward(ctx, x, weight, qw, qw_t):
+        ctx.weight = weight
+        return x, qw, qw_t
+
+    @staticmethod
+    def backward(ctx, grad_x, grad_qw, grad_qw_t):
+        w = ctx.weight
+        if grad_qw is not None:
+            w.main_grad.add_(grad_qw)
+        w.grad_added_to_main_grad = True
+        return grad_x, torch.zeros_like(w), None, None
+
+
+@pytest.mark.parametrize("name", list(_BRIDGE_CFGS))
+def test_cached_weight_bridge_matches_the_weight_path(name, device):
+    """gemm_fp8 with a cached QuantizedTensorPair that requires grad gives that buffer the weight
+    gradient (bit-identical to the high-precision weight's); a bridge routes it into main_grad over
+    three micro-batches, equal to the sum of the on-the-fly gradients."""
+    from primus_turbo.pytorch.ops import gemm_fp8
+
+    cfg = _BRIDGE_CFGS[name]
+    w = torch.nn.Parameter(_x((64, 128), device))
+    w.main_grad = torch.zeros(64, 128, device=device)
+    w.grad_added_to_main_grad = False
+    xs = [_x((96, 128), device) for _ in range(3)]
+    dys = [_x((96, 64), device) for _ in range(3)]
+    want_main = torch.zeros(64, 128, device=device)
+    want = []
+    for x, dy in zip(xs, dys):
+        xi = x.clone().requires_grad_()
+        wi = w.detach().clone().requires_grad_()
+        y = gemm_fp8(xi, wi, trans_b=True, config=cfg)
+        y.backward(dy)
+        want.append((y.detach(), xi.grad))
+        want_main += wi.grad.float()
+    pair = create_quantized_weight(w, cfg.fwd_dtype(), cfg, need_weight_transpose_cache=True)
+    assert pair.data.requires_grad and pair.data.dtype == w.dtype and pair.data.shape == w.shape
+    for (x, dy), (y_ref, gx_ref) in zip(zip(xs, dys), want):
+        xi = x.clone().requires_grad_()
+        xb, qw, qw_t = _WeightGradBridge.apply(xi, w, pair.data, pair.data_t)
+        assert isinstance(qw, QuantizedTensor) and qw.grad_fn is not None
+        y = gemm_fp8(xb, QuantizedTensorPair(qw, qw_t), trans_b=True, config=cfg)
+        y.backward(dy)
+        assert torch.equal(y.detach(), y_ref) and torch.equal(xi.grad, gx_ref)
+    assert w.grad_added_to_main_grad and torch.equal(w.main_grad, want_main)
+
+
+@pytest.mark.parametrize("name", ["tensorwise", "rowwise", "blockwise"])
+def test_fused_accumulation_into_cached_weight_main_grad(name, device):
+    """fuse_bgrad_accum_pattern='megatron' with a pre-quantized b: the GEMM reads main_grad off
+    the quantized buffer (where a bridge copies it) and adds the gradient there."""
+    from primus_turbo.pytorch.ops import gemm_fp8
+
+    cfg = _BRIDGE_CFGS[name]
+    w = _x((64, 128), device)
+    x, dy = _x((96, 128), device), _x((96, 64), device)
+    wi = w.clone().requires_grad_()  # the high-precision weight's fused path is the reference
+    wi.main_grad = torch.full((64, 128), 0.5, device=device)
+    wi.grad_added_to_main_grad = False
+    gemm_fp8(x.clone().requires_grad_(), wi, trans_b=True, config=cfg,
+             fuse_bgrad_accum_pattern="megatron").backward(dy)
+    pair = create_quantized_weight(w.clone().requires_grad_(), cfg.fwd_dtype(), cfg,
+                                   need_weight_transpose_cache=True)
+    pair.data.main_grad = torch.full((64, 128), 0.5, device=device)
+    pair.data.grad_added_to_main_grad = False
+    gemm_fp8(x.clone().requires_grad_(), pair, trans_b=True, config=cfg,
+             fuse_bgrad_accum_pattern="megatron").backward(dy)
+    assert pair.data.grad_added_to_main_grad and not torch.equal(pair.data.main_grad, torch.full_like(wi.main_grad, 0.5))
+    assert torch.equal(pair.data.main_grad, wi.main_grad)
+    bad = create_quantized_weight(w.clone().requires_grad_(), cfg.fwd_dtype(), cfg)
+    with pytest.raises(ValueError, match="main_grad"):
+        gemm_fp8(x, bad, trans_b=True, config=cfg, fuse_bgrad_accum_pattern="megatron")
+
+
+def test_quantized_activation_gets_its_gradient(device):
+    """A QuantizedTensor a that requires grad gets dA, bit-identical to the high-precision path."""
+    from primus_turbo.pytorch.ops import gemm_fp8
+
+    cfg = _BRIDGE_CFGS["blockwise"]
+    x, w, dy = _x((96, 128), device), _x((64, 128), device), _x((96, 64), device)
+    xi = x.clone().requires_grad_()
+    gemm_fp8(xi, w, trans_b=True, config=cfg).backward(dy)
+    qa = QuantizedTensor.quantize(x.clone().requires_grad_(), E4M3, G.BLOCKWISE, axis=-1, block_size=128)
+    gemm_fp8(qa, w, trans_b=True, config=cfg).backward(dy)
+    assert qa.grad.dtype == torch.bfloat16 and torch.equal(qa.grad, xi.grad)
+
+
+def test_other_gemms_refuse_quantized_tensors(device):
+    from primus_turbo.pytorch.ops import gemm, gemm_fp4, grouped_gemm
+
+    qt = QuantizedTensor.quantize(_x((64, 128), device), E4M3, G.TENSORWISE)
+    b = _x((128, 64), device)
+    with pytest.raises(TypeError, match="QuantizedTensor; pass it to gemm_fp8"):
+        gemm(qt, b)
+    with pytest.raises(TypeError, match="FP8-only"):
+        gemm_fp4(qt, b)
+    gl = torch.tensor([32, 32], device=device)
+    with pytest.raises(TypeError, match="pass it to grouped_gemm_fp8"):
+        grouped_gemm(qt, _x((2, 128, 64), device), gl)

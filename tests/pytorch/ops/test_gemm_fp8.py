@@ -340,8 +340,15 @@ def test_quantized_tensor_inputs(gran, device):
     with pytest.raises(ValueError, match="config says"):
         gemm_fp8(x, pair, trans_b=True, config=Float8QuantConfig(granularity="ROWWISE" if gran != "ROWWISE"
                                                                  else "TENSORWISE"))
-    with pytest.raises(ValueError, match="pre-quantized b gets no gradient"):
-        gemm_fp8(x, pair, trans_b=True, config=cfg, fuse_bgrad_accum_pattern="megatron")
+    # a cached weight that requires grad gets the weight gradient, bit-identical to w's
+    pair_g = qt_mod.create_quantized_weight(w.detach().clone().requires_grad_(), torch.float8_e4m3fn, cfg,
+                                            need_weight_transpose_cache=True)
+    x.grad = None
+    gemm_fp8(x, pair_g, trans_b=True, config=cfg).backward(grad)
+    assert torch.equal(pair_g.data.grad, ref_gw) and torch.equal(x.grad, ref_gx) and pair_g.data_t.grad is None
+    # fused accumulation reads main_grad off the quantized buffer, which needs one
+    with pytest.raises(ValueError, match="main_grad"):
+        gemm_fp8(x, pair_g, trans_b=True, config=cfg, fuse_bgrad_accum_pattern="megatron")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -560,8 +560,8 @@ _PRE_CFGS = {
 
 @pytest.mark.parametrize("name", list(_PRE_CFGS))
 def test_prequantized_weight_matches_on_the_fly(name, device):
-    """b = create_quantized_weight(expert stack): out and dx bit-identical to quantizing b on the
-    fly; b gets no gradient; dequantize() of the stack matches the per-expert reference."""
+    """b = create_quantized_weight(expert stack without grad): out and dx bit-identical to
+    quantizing b on the fly; dequantize() of the stack matches the per-expert reference."""
     from primus_turbo.pytorch.core.quantized_tensor import create_quantized_weight
 
     cfg = _PRE_CFGS[name]
@@ -598,10 +598,42 @@ def test_prequantized_weight_matches_on_the_fly(name, device):
         torch.testing.assert_close(ai.grad, res["pre"][1], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name", list(_PRE_CFGS))
+def test_prequantized_operands_get_their_gradients(name, device):
+    """QuantizedTensor operands are torch.Tensor subclasses: a cached expert stack that requires
+    grad gets the weight gradient, and a quantized activation that requires grad gets dA, each
+    bit-identical to the high-precision operand's; b's gradient with a quantized a is refused."""
+    from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor, create_quantized_weight
+
+    cfg = _PRE_CFGS[name]
+    a, b, gl = _make([20, 0, 41], 96, 128, True, device, extra_rows=5)
+    dy = torch.randn(a.shape[0], 96, dtype=torch.bfloat16, device=device)
+    ai, bi = a.clone().requires_grad_(), b.clone().requires_grad_()
+    y_ref = grouped_gemm_fp8(ai, bi, gl, config=cfg)
+    y_ref.backward(dy)
+    pair = create_quantized_weight(b.clone().requires_grad_(), cfg.fwd_dtype(), cfg, need_weight_transpose_cache=True)
+    assert pair.data.requires_grad and pair.data.dtype == b.dtype and pair.data.shape == b.shape
+    a2 = a.clone().requires_grad_()
+    y = grouped_gemm_fp8(a2, pair, gl, config=cfg)
+    y.backward(dy)
+    assert torch.equal(y, y_ref.detach()) and torch.equal(a2.grad, ai.grad)
+    assert pair.data.grad.dtype == b.dtype and torch.equal(pair.data.grad, bi.grad) and pair.data_t.grad is None
+    if name in ("tensorwise", "rowwise", "blockwise"):  # activations quantized along K (MX: 1 x 32 too)
+        bs = cfg.block_size if name == "blockwise" else None
+        qa = QuantizedTensor.quantize(a.clone().requires_grad_(), cfg.fwd_dtype(), cfg.granularity, axis=-1,
+                                      block_size=bs)
+        grouped_gemm_fp8(qa, b, gl, config=cfg).backward(dy)
+        assert qa.grad.dtype == a.dtype and torch.equal(qa.grad, ai.grad)
+        with pytest.raises(ValueError, match="needs the high-precision a"):
+            grouped_gemm_fp8(qa, pair, gl, config=cfg)
+        with torch.no_grad():
+            assert torch.equal(grouped_gemm_fp8(qa, pair, gl, config=cfg), y_ref.detach())
+
+
 @pytest.mark.parametrize("name", ["tensorwise", "rowwise", "blockwise", "mx"])
 def test_prequantized_activation_forward(name, device):
-    """a = QuantizedTensor.quantize(x, along K): the forward bit-identical to on-the-fly
-    quantization (no gradient anywhere); b's gradient from a pre-quantized a raises."""
+    """a = QuantizedTensor.quantize(x, along K) of an x without grad: the forward bit-identical to
+    on-the-fly quantization; b's gradient from a pre-quantized a raises."""
     from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor, create_quantized_weight
 
     cfg = _PRE_CFGS[name]
