@@ -372,6 +372,23 @@ def test_flatten_unflatten_round_trip(device):
     back = QuantizedTensor.__tensor_unflatten__({n: getattr(qt, n) for n in names}, meta, qt.shape, qt.stride())
     assert isinstance(back, QuantizedTensor) and back.shape == qt.shape and back.dtype == qt.dtype
     assert back.scaling_recipe == qt.scaling_recipe and torch.equal(back.dequantize(), qt.dequantize())
+    # deepcopy and torch.save / load keep the codes, scales and parameters
+    import copy
+
+    for other in (copy.deepcopy(qt), _saved_and_loaded(qt)):
+        assert isinstance(other, QuantizedTensor) and other.granularity == qt.granularity
+        assert other.scaling_recipe == qt.scaling_recipe and other.shape == qt.shape
+        assert torch.equal(other.data.view(torch.uint8), qt.data.view(torch.uint8))
+        assert torch.equal(other.dequantize(), qt.dequantize())
+
+
+def _saved_and_loaded(t):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
 
 
 _BRIDGE_CFGS = {
