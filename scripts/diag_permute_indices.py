@@ -32,7 +32,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import triton
 
-    from primus_turbo.pytorch.ops import moe_permute as P
+    import primus_turbo.pytorch as turbo
+
+    P = turbo.ops
 
     t, h, k, e = args.t, args.h, args.k, args.e
     dev = torch.device("cuda")
