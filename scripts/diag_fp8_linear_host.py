@@ -25,6 +25,7 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, default=4096)
     p.add_argument("--k", type=int, default=4096)
     p.add_argument("--gran", default="TENSORWISE")
+    p.add_argument("--cprofile", action="store_true", help="also a cProfile of 20 steps (Python functions by own time)")
     args = p.parse_args(argv)
     from torch.profiler import ProfilerActivity, profile
 
@@ -60,6 +61,19 @@ def main(argv=None) -> int:
             step()
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70))
+    if args.cprofile:
+        import cProfile
+        import pstats
+
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(20):
+            step()
+        pr.disable()
+        torch.cuda.synchronize()
+        st = pstats.Stats(pr)
+        st.sort_stats("tottime").print_stats(45)
+        st.sort_stats("cumulative").print_stats(45)
     return 0
 
 
