@@ -52,6 +52,7 @@ import triton
 import triton.language as tl
 
 from primus_turbo.triton import cdiv, next_pow2, is_interpreter
+from primus_turbo.triton.launch import launch
 
 __all__ = [
     "GROUP_TENSOR",
@@ -740,8 +741,11 @@ def transpose_bytes(src: torch.Tensor, dst: torch.Tensor, tile: "tuple[int, int]
                          f"1, 2, 4, 8, 16, got {tuple(tile)}")
     n_tr, n_tc = cdiv(rows, t), cdiv(cols, t)
     s3, d3 = s3.view(torch.uint8), d3.view(torch.uint8)
-    _transpose_bytes_kernel[(G * n_tr * n_tc,)](
-        s3, d3, rows, cols, n_tr, n_tc, *s3.stride(), *d3.stride(), T=t, num_warps=nw)
+    launch(_transpose_bytes_kernel, (G * n_tr * n_tc,), (
+        s3, d3, rows, cols, n_tr, n_tc, *s3.stride(), *d3.stride(),
+    ), dict(
+        T=t, num_warps=nw
+    ), s3.device)
     return dst
 
 
@@ -879,7 +883,11 @@ def _amax_bits(x: torch.Tensor) -> torch.Tensor:
     else:
         progs = min(cdiv(n, block), 8)
     progs = max(progs, 1)
-    _amax_kernel[(progs,)](x, amax, n, cdiv(cdiv(n, block), progs), BLOCK=block, NUM_PROGS=progs, num_warps=8)
+    launch(_amax_kernel, (progs,), (
+        x, amax, n, cdiv(cdiv(n, block), progs),
+    ), dict(
+        BLOCK=block, NUM_PROGS=progs, num_warps=8
+    ), x.device)
     return amax
 
 
@@ -904,11 +912,13 @@ def _long_rowwise(x: torch.Tensor, out: torch.Tensor, out_strides, scale: torch.
     else:
         tr, tc = 64, 64
         grid = (cdiv(cols, tc),)
-    _quant_fp8_long_kernel[grid](
-        x, out.view(torch.uint8), scale, rows, cols, x.stride(0), x.stride(1), out_strides[0], out_strides[1], 1,
-        FP8_MAX=fmax, ALONG_COLS=along_cols, TR=tr, TC=tc,
-        IS_E4M3=out.dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=8,
-    )
+    launch(_quant_fp8_long_kernel, grid, (
+        x, out.view(torch.uint8), scale, rows, cols, x.stride(0), x.stride(1), out_strides[0], out_strides[1],
+        1,
+    ), dict(
+        FP8_MAX=fmax, ALONG_COLS=along_cols, TR=tr, TC=tc, IS_E4M3=out.dtype == torch.float8_e4m3fn,
+        SOFT=is_interpreter(), num_warps=8
+    ), x.device)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -935,12 +945,12 @@ def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGro
         n = flat.shape[1]
         tr, tc, nw = 1, 8192, 8
         n_tc = cdiv(n, tc)
-        _quant_fp8_tile_kernel[(n_tc,)](
-            flat, q.view(torch.uint8), s, q, s, amax, 1, n, n_tc,
-            n, 1, n, 1, 0, 0, n, 1, 0, 0, 1, 1, 1, 1,
-            FP8_MAX=fmax, EMAX=0, MODE=_MODE_TENSOR, GR=1, GC=1, HAS_T=False, MODE_T=_MODE_TENSOR, GR_T=1, GC_T=1,
-            TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
-        )
+        launch(_quant_fp8_tile_kernel, (n_tc,), (
+            flat, q.view(torch.uint8), s, q, s, amax, 1, n, n_tc, n, 1, n, 1, 0, 0, n, 1, 0, 0, 1, 1, 1, 1,
+        ), dict(
+            FP8_MAX=fmax, EMAX=0, MODE=_MODE_TENSOR, GR=1, GC=1, HAS_T=False, MODE_T=_MODE_TENSOR, GR_T=1,
+            GC_T=1, TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw
+        ), flat.device)
         return q, s
     if not _fits_tile(grouping):
         s, _, _ = _scale_tensor(grouping, rows, cols, False, x.device)
@@ -955,14 +965,14 @@ def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGro
         n_tc = cdiv(cols, tc)
         n_prog = cdiv(rows, tr) * n_tc
     s = torch.empty((n_sr, n_sc), dtype=torch.uint8 if grouping.mode == _MODE_MX else torch.float32, device=x.device)
-    _quant_fp8_tile_kernel[(n_prog,)](
-        x, q.view(torch.uint8), s, q, s, s, rows, cols, n_tc,
-        x.stride(0), x.stride(1), cols, 1, n_sc, 1, 0, 0, 0, 0,
-        n_sr, n_sc, 1, 1,
-        FP8_MAX=fmax, EMAX=mx_emax_of(out_dtype), MODE=grouping.mode, GR=gr, GC=gc,
-        HAS_T=False, MODE_T=grouping.mode, GR_T=gr, GC_T=gc,
-        TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
-    )
+    launch(_quant_fp8_tile_kernel, (n_prog,), (
+        x, q.view(torch.uint8), s, q, s, s, rows, cols, n_tc, x.stride(0), x.stride(1), cols, 1, n_sc, 1, 0, 0,
+        0, 0, n_sr, n_sc, 1, 1,
+    ), dict(
+        FP8_MAX=fmax, EMAX=mx_emax_of(out_dtype), MODE=grouping.mode, GR=gr, GC=gc, HAS_T=False,
+        MODE_T=grouping.mode, GR_T=gr, GC_T=gc, TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn,
+        SOFT=is_interpreter(), num_warps=nw
+    ), x.device)
     return q, s
 
 
@@ -1100,15 +1110,15 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
         tr = tc = max(tile[0], gr, gc, gr_t, gc_t)
         nw = tile[1]
     n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
-    _quant_fp8_tile_kernel[(n_tr * n_tc,)](
+    launch(_quant_fp8_tile_kernel, (n_tr * n_tc,), (
         x, q.view(torch.uint8), s, qt.view(torch.uint8), st, amax if amax is not None else s, rows, cols, n_tc,
-        x.stride(0), x.stride(1), cols, 1, s_strides[0], s_strides[1],
-        1, rows, st_strides[0], st_strides[1],
+        x.stride(0), x.stride(1), cols, 1, s_strides[0], s_strides[1], 1, rows, st_strides[0], st_strides[1],
         n_sr, n_sc, n_str, n_stc,
-        FP8_MAX=fmax, EMAX=mx_emax_of(out_dtype), MODE=row.mode, GR=gr, GC=gc,
-        HAS_T=True, MODE_T=col.mode, GR_T=gr_t, GC_T=gc_t,
-        TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
-    )
+    ), dict(
+        FP8_MAX=fmax, EMAX=mx_emax_of(out_dtype), MODE=row.mode, GR=gr, GC=gc, HAS_T=True, MODE_T=col.mode,
+        GR_T=gr_t, GC_T=gc_t, TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(),
+        num_warps=nw
+    ), x.device)
     return q, s, qt, st
 
 
@@ -1244,20 +1254,21 @@ def _dual_launch(x, q, qt, out_dtype, row: QuantGrouping, col: QuantGrouping, cf
     if len(cfg) > 4 and cfg[4] == "staged" and row.mode == _MODE_FP32:
         n_scr = tr * (tc // row.gc) + (tr // col.gr) * tc
         scr = torch.empty((n_tr * n_tc, n_scr), dtype=torch.float32, device=x.device)
-        _quant_fp8_dual_staged_kernel[(n_tr * n_tc,)](
-            x, q.view(torch.uint8), s, qt_words, st, scr, rows, cols, n_tc,
-            x.stride(0), cols, n_sc, rows // 4, n_str,
-            FP8_MAX=fp8_max_of(out_dtype), GC=row.gc, GR_T=col.gr, TR=tr, TC=tc, EVEN=even,
-            IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw, **extra,
-        )
+        launch(_quant_fp8_dual_staged_kernel, (n_tr * n_tc,), (
+            x, q.view(torch.uint8), s, qt_words, st, scr, rows, cols, n_tc, x.stride(0), cols, n_sc, rows // 4,
+            n_str,
+        ), dict(
+            FP8_MAX=fp8_max_of(out_dtype), GC=row.gc, GR_T=col.gr, TR=tr, TC=tc, EVEN=even, IS_E4M3=out_dtype ==
+            torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw, **extra
+        ), x.device)
         return q, s, qt, st
-    _quant_fp8_dual_kernel[(n_tr * n_tc,)](
-        x, q.view(torch.uint8), s, qt_words, st, rows, cols, n_tc,
-        x.stride(0), cols, n_sc, rows // 4, n_str,
-        FP8_MAX=fp8_max_of(out_dtype), EMAX=mx_emax_of(out_dtype), MODE=row.mode, GC=row.gc, GR_T=col.gr,
-        TR=tr, TC=tc, EVEN=even, RECONVERT=tr * tc >= 128 * 32 * nw,  # >= 128 elements per thread: save registers
-        IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw, **extra,
-    )
+    launch(_quant_fp8_dual_kernel, (n_tr * n_tc,), (
+        x, q.view(torch.uint8), s, qt_words, st, rows, cols, n_tc, x.stride(0), cols, n_sc, rows // 4, n_str,
+    ), dict(
+        FP8_MAX=fp8_max_of(out_dtype), EMAX=mx_emax_of(out_dtype), MODE=row.mode, GC=row.gc, GR_T=col.gr, TR=tr,
+        TC=tc, EVEN=even, RECONVERT=tr * tc >= 128 * 32 * nw, IS_E4M3=out_dtype == torch.float8_e4m3fn,
+        SOFT=is_interpreter(), num_warps=nw, **extra
+    ), x.device)
     return q, s, qt, st
 
 
@@ -1272,14 +1283,14 @@ def _transposed_single(x: torch.Tensor, qt: torch.Tensor, col: QuantGrouping, ou
     gr, gc = col.padded()
     tr, tc, nw = tile_config(rows, cols, ((gr, gc),))
     n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
-    _quant_fp8_tile_kernel[(n_tr * n_tc,)](
-        x, qt.view(torch.uint8), st, qt, st, st, rows, cols, n_tc,
-        x.stride(0), x.stride(1), 1, rows, st_strides[0], st_strides[1], 0, 0, 0, 0,
-        n_str, n_stc, 1, 1,
-        FP8_MAX=fmax, EMAX=mx_emax_of(out_dtype), MODE=col.mode, GR=gr, GC=gc,
-        HAS_T=False, MODE_T=col.mode, GR_T=gr, GC_T=gc,
-        TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
-    )
+    launch(_quant_fp8_tile_kernel, (n_tr * n_tc,), (
+        x, qt.view(torch.uint8), st, qt, st, st, rows, cols, n_tc, x.stride(0), x.stride(1), 1, rows,
+        st_strides[0], st_strides[1], 0, 0, 0, 0, n_str, n_stc, 1, 1,
+    ), dict(
+        FP8_MAX=fmax, EMAX=mx_emax_of(out_dtype), MODE=col.mode, GR=gr, GC=gc, HAS_T=False, MODE_T=col.mode,
+        GR_T=gr, GC_T=gc, TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(),
+        num_warps=nw
+    ), x.device)
     return st
 
 
@@ -1299,8 +1310,11 @@ def fp8_dequant_launch(q: torch.Tensor, scale: torch.Tensor, grouping: QuantGrou
         s_strides = (scale.stride(0), scale.stride(1))
     tr, tc, nw = tile_config(rows, cols, ((1, 1),))
     n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
-    _dequant_fp8_kernel[(n_tr * n_tc,)](
-        q.view(torch.uint8), scale, out, rows, cols, n_tc, q.stride(0), out.stride(0), s_strides[0], s_strides[1],
-        MODE=grouping.mode, GR=gr, GC=gc, TR=tr, TC=tc, IS_E4M3=q.dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw,
-    )
+    launch(_dequant_fp8_kernel, (n_tr * n_tc,), (
+        q.view(torch.uint8), scale, out, rows, cols, n_tc, q.stride(0), out.stride(0), s_strides[0],
+        s_strides[1],
+    ), dict(
+        MODE=grouping.mode, GR=gr, GC=gc, TR=tr, TC=tc, IS_E4M3=q.dtype == torch.float8_e4m3fn,
+        SOFT=is_interpreter(), num_warps=nw
+    ), q.device)
     return out

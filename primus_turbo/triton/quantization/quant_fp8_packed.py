@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from primus_turbo.triton import cdiv, is_interpreter
+from primus_turbo.triton.launch import launch
 
 from .quant_fp8_kernel import (
     _block_scales,
@@ -569,15 +570,14 @@ def fp8_packed_with_trans_launch(x: torch.Tensor, out_dtype, row, col, cfg) -> t
         scr = torch.empty((n_prog, tr * (tc // g) + (tr // g) * tc), dtype=torch.int32, device=dev)
     else:
         scr = s_arg  # unused
-    _quant_fp8_packed_dual_kernel[(n_prog,)](
+    launch(_quant_fp8_packed_dual_kernel, (n_prog,), (
         xp, q.view(torch.uint8).view(torch.int32), s_arg, qt.view(torch.uint8).view(torch.int32), st_arg, scr,
-        rows, cols // 2, n_tc,
-        xp.stride(0), cols // 4, s_rs, rows // 4, st_rs,
-        MODE=row.mode, FP8_MAX=fp8_max_of(out_dtype), EMAX=mx_emax_of(out_dtype), G=g,
-        TR=tr, TC=tc, EVEN=rows % tr == 0 and cols % tc == 0, SOFT=is_interpreter(), V2=cfg[3] in ("packed2", "packed3"),
-        V3=cfg[3] == "packed3", INREG=inreg, DIAG=diag, TS=ts,
-        num_warps=nw, **extra,
-    )
+        rows, cols // 2, n_tc, xp.stride(0), cols // 4, s_rs, rows // 4, st_rs,
+    ), dict(
+        MODE=row.mode, FP8_MAX=fp8_max_of(out_dtype), EMAX=mx_emax_of(out_dtype), G=g, TR=tr, TC=tc,
+        EVEN=rows % tr == 0 and cols % tc == 0, SOFT=is_interpreter(), V2=cfg[3] in ("packed2", "packed3"),
+        V3=cfg[3] == "packed3", INREG=inreg, DIAG=diag, TS=ts, num_warps=nw, **extra
+    ), xp.device)
     return q, s, qt, st
 
 
