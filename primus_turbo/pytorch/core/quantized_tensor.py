@@ -8,6 +8,7 @@ carries a gradient for it (the GEMM ops compute one when it ``requires_grad``).
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional, Sequence
 
 import torch
@@ -284,17 +285,34 @@ def _alias(func, t, *args, **kwargs):
 
 
 def _view(func, t, size, *args, **kwargs):
+    """``view`` / ``reshape`` that keeps every scale group whole: any shape for a one-scale
+    TENSORWISE tensor; otherwise new leading dims over an unchanged last dim when the groups run
+    along the last dim (ROWWISE, 1 x b BLOCKWISE, MX), e.g. ``[B, S, H] -> [B * S, H]``. The scales
+    are reshaped alongside (a view where the data allows one)."""
     size = list(size)
-    if -1 in size and t.numel() and size.count(-1) == 1:
+    if size.count(-1) == 1:
         known = 1
         for d in size:
             known *= d if d != -1 else 1
         size[size.index(-1)] = t.numel() // known if known else 0
-    if tuple(size) != tuple(t.shape):
-        raise NotImplementedError(
-            f"QuantizedTensor: view / reshape from {tuple(t.shape)} to {tuple(size)} would regroup the scales; "
-            f"quantize the reshaped high-precision tensor instead")
-    return _alias(func, t)
+    size = tuple(size)
+    if size == tuple(t.shape):
+        return _alias(func, t)
+    d, s = t._data, t._scale_inv
+    op = torch.Tensor.view if func is not torch.ops.aten.reshape.default else torch.Tensor.reshape
+    fp8 = not _packed_fp4(d.dtype)
+    if fp8 and math.prod(size) == t.numel() and t._granularity == _G.TENSORWISE and s.numel() == 1:
+        return QuantizedTensor(op(d, size), s, t._granularity, axis=-1, orig_dtype=t.dtype, shape=size)
+    along_last = d.dim() >= 1 and t.quantized_axis == d.dim() - 1 and not t._use_2d()
+    if (fp8 and along_last and t._granularity != _G.TENSORWISE and size and size[-1] == t.shape[-1]
+            and math.prod(size) == t.numel() and tuple(s.shape[:-1]) == tuple(d.shape[:-1])):
+        return QuantizedTensor(op(d, size), op(s, (*size[:-1], s.shape[-1])), t._granularity,
+                               block_size=t._block_size, axis=-1, orig_dtype=t.dtype,
+                               scaling_recipe=t._scaling_recipe, shape=size)
+    raise NotImplementedError(
+        f"QuantizedTensor: view / reshape from {tuple(t.shape)} to {size} would regroup the scales "
+        f"({t._granularity.name}, axis={t._axis}); only new leading dims over the quantized last dim (or any shape "
+        f"of a one-scale TENSORWISE tensor) keep them whole: quantize the reshaped high-precision tensor instead")
 
 
 def _transpose2d(func, t, *args, **kwargs):

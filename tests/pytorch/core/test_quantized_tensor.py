@@ -504,3 +504,30 @@ def test_other_gemms_refuse_quantized_tensors(device):
     gl = torch.tensor([32, 32], device=device)
     with pytest.raises(TypeError, match="pass it to grouped_gemm_fp8"):
         grouped_gemm(qt, _x((2, 128, 64), device), gl)
+
+
+@pytest.mark.parametrize("gran, kw", [(G.TENSORWISE, {}), (G.ROWWISE, {}), (G.BLOCKWISE, {"block_size": 128}),
+                                      (G.MX_BLOCKWISE, {"block_size": 32})])
+def test_leading_dim_reshape_keeps_groups(gran, kw, device):
+    """[B, S, H] -> [B * S, H] of an activation quantized along H: a view of data and scales, the
+    same values, and gemm_fp8 on it gives the 3-D leaf the gradient of the flattened tensor."""
+    from primus_turbo.pytorch.ops import gemm_fp8
+
+    x = _x((2, 48, 256), device).requires_grad_()
+    axis = None if gran == G.TENSORWISE else -1
+    qt = QuantizedTensor.quantize(x, E4M3, gran, axis=axis, **kw)
+    flat = qt.view(96, 256)
+    assert isinstance(flat, QuantizedTensor) and flat.shape == (96, 256) and flat.data.data_ptr() == qt.data.data_ptr()
+    assert torch.equal(flat.dequantize(), qt.dequantize().view(96, 256))
+    assert torch.equal(qt.reshape(-1, 256).dequantize(), flat.dequantize())
+    cfg = Float8QuantConfig(granularity=gran, block_size=kw.get("block_size"))
+    w, dy = _x((64, 256), device), _x((96, 64), device)
+    gemm_fp8(flat, w, trans_b=True, config=cfg).backward(dy)
+    xr = x.detach().view(96, 256).requires_grad_()
+    gemm_fp8(xr, w, trans_b=True, config=cfg).backward(dy)
+    assert qt.grad.shape == x.shape and torch.equal(qt.grad.view(96, 256), xr.grad)
+    if gran != G.TENSORWISE:  # regrouping the scales is refused
+        with pytest.raises(NotImplementedError, match="regroup the scales"):
+            qt.view(96, 2, 128)
+    with pytest.raises(NotImplementedError, match="regroup the scales"):
+        QuantizedTensor.quantize(x.detach()[0], E4M3, G.ROWWISE, axis=0).view(24, 512)
