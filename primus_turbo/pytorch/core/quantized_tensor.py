@@ -48,10 +48,12 @@ class QuantizedTensor(torch.Tensor):
     return that operand's gradient (in ``dtype``, shaped ``shape``), so a framework can route the
     weight gradient of a cached quantized weight through its own autograd bridge.
 
-    It supports the ops autograd needs (``detach``, ``alias``, a ``view`` of its own shape), ``t()``
-    / ``transpose`` of a 2-D TENSORWISE tensor, ``clone()``, ``.to(device)`` and ``.to(dtype)`` /
-    ``.float()`` (which dequantize); every other torch op raises ``NotImplementedError`` naming
-    the op (call :meth:`dequantize` first), never computing on the raw codes.
+    It supports the ops autograd needs (``detach``, ``alias``), ``view`` / ``reshape`` that keep
+    the scale groups whole (new leading dims over the quantized last dim, any shape of a one-scale
+    TENSORWISE tensor; autograd reshapes the gradient back), ``t()`` / ``transpose`` of a 2-D
+    TENSORWISE tensor, ``clone()``, ``.to(device)`` and ``.to(dtype)`` / ``.float()`` (which
+    dequantize); every other torch op raises ``NotImplementedError`` naming the op (call
+    :meth:`dequantize` first), never computing on the raw codes.
 
     Attributes:
         data: FP8 tensor (``float8_e4m3fn`` / ``float8_e5m2``) shaped like the original; for MXFP4
