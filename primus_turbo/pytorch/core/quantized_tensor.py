@@ -146,10 +146,11 @@ class QuantizedTensor(torch.Tensor):
     def scaling_recipe(self) -> Optional[ScalingRecipe]:
         return self._scaling_recipe
 
-    def _like(self, data: torch.Tensor, scale_inv: torch.Tensor, shape=None) -> "QuantizedTensor":
+    def _like(self, data: torch.Tensor, scale_inv: torch.Tensor, shape=None, axis=None) -> "QuantizedTensor":
         """A QuantizedTensor with this one's parameters and new storage (no autograd history)."""
-        return QuantizedTensor(data, scale_inv, self._granularity, block_size=self._block_size, axis=self._axis,
-                               orig_dtype=self.dtype, scaling_recipe=self._scaling_recipe,
+        return QuantizedTensor(data, scale_inv, self._granularity, block_size=self._block_size,
+                               axis=self._axis if axis is None else axis, orig_dtype=self.dtype,
+                               scaling_recipe=self._scaling_recipe,
                                shape=tuple(self.shape) if shape is None else shape)
 
     @classmethod
@@ -304,13 +305,11 @@ def _view(func, t, size, *args, **kwargs):
     op = torch.Tensor.view if func is not torch.ops.aten.reshape.default else torch.Tensor.reshape
     fp8 = not _packed_fp4(d.dtype)
     if fp8 and math.prod(size) == t.numel() and t._granularity == _G.TENSORWISE and s.numel() == 1:
-        return QuantizedTensor(op(d, size), s, t._granularity, axis=-1, orig_dtype=t.dtype, shape=size)
+        return t._like(op(d, size), s, shape=size)
     along_last = d.dim() >= 1 and t.quantized_axis == d.dim() - 1 and not t._use_2d()
     if (fp8 and along_last and t._granularity != _G.TENSORWISE and size and size[-1] == t.shape[-1]
             and math.prod(size) == t.numel() and tuple(s.shape[:-1]) == tuple(d.shape[:-1])):
-        return QuantizedTensor(op(d, size), op(s, (*size[:-1], s.shape[-1])), t._granularity,
-                               block_size=t._block_size, axis=-1, orig_dtype=t.dtype,
-                               scaling_recipe=t._scaling_recipe, shape=size)
+        return t._like(op(d, size), op(s, (*size[:-1], s.shape[-1])), shape=size, axis=-1)
     raise NotImplementedError(
         f"QuantizedTensor: view / reshape from {tuple(t.shape)} to {size} would regroup the scales "
         f"({t._granularity.name}, axis={t._axis}); only new leading dims over the quantized last dim (or any shape "

@@ -567,7 +567,7 @@ def _run_prequantized(a, b, group_lens, group_offs, trans_b, out_dtype, config, 
         if copies is None:
             copies = _weight_copies(b.detach(), trans_b, dtype, gran, bs, True, False)
         return _mm(a_row, copies[0], gran, group_lens, group_offs, out_dtype, bs, num_cu)
-    return _run(a, bt, group_lens, group_offs, trans_b if not b_pre else True, out_dtype, config, num_cu,
+    return _run(a, bt, group_lens, group_offs, trans_b, out_dtype, config, num_cu,
                 fuse_bgrad_accum_pattern, copies, a_row)
 
 
