@@ -1,6 +1,7 @@
 """Where the time of ``moe_permute`` from top-k indices goes at the benchmark's large case (16384 x 7168,
 top-8 of 32): per-kernel GPU time (torch.profiler) of the indices form with the torch row-map builder
-and with the fused Triton map kernels (``PRIMUS_TURBO_PERMUTE_FUSED_MAP``), next to the bool-map form.
+and with the fused Triton map kernels (``PRIMUS_TURBO_PERMUTE_FUSED_MAP``), next to the bool-map form,
+and the Primus-Turbo form (``num_local_experts``) both ways. Every variant's tokens must equal the first's.
 
     PYTHONPATH=. python scripts/diag_permute_indices.py [--t 16384 --h 7168 --k 8 --e 32]
 
@@ -49,6 +50,11 @@ def main(argv=None) -> int:
         "indices, torch map builder": ("0", lambda: P.moe_permute(x, idx, probs, num_out_tokens=n, num_experts=e)),
         "indices, fused map kernels": ("1", lambda: P.moe_permute(x, idx, probs, num_out_tokens=n, num_experts=e)),
         "bool map (auto)": (None, lambda: P.moe_permute(x, rmap, mprobs, num_out_tokens=n)),
+        # Primus-Turbo's form returns the [T, E + 1 + k] map (written by the assign kernel when fused)
+        "Primus form, indices, torch map builder": ("0", lambda: P.moe_permute(
+            x, idx, num_local_experts=e, num_topk=k, num_permuted_tokens=n, probs=probs)[:1]),
+        "Primus form, indices, fused map kernels": ("1", lambda: P.moe_permute(
+            x, idx, num_local_experts=e, num_topk=k, num_permuted_tokens=n, probs=probs)[:1]),
     }
     ref = None
     for name, (flag, fn) in variants.items():

@@ -25,11 +25,11 @@ from primus_turbo.triton.moe.permute_kernel import (  # noqa: E402
 # the package re-exports a function named moe_permute: take the module itself
 M = sys.modules[_op.__module__]
 
-SMALL_BLOCKS = (16, 4, 16)  # (BLOCK_T, BLOCK_E, BLOCK_P): many blocks / expert tiles on small inputs
+SMALL_BLOCKS = (16, 4)  # (BLOCK_T, BLOCK_E): many blocks / expert tiles on small inputs
 
 
 def _small_blocks(e):
-    return SMALL_BLOCKS if e <= 8 else (16, 64, 16)  # the interpreter pays per expert tile
+    return SMALL_BLOCKS if e <= 8 else (16, 64)  # the interpreter pays per expert tile
 
 
 def _routing(t, e, k, form, mode, seed):
@@ -43,7 +43,10 @@ def _routing(t, e, k, form, mode, seed):
     if form == "map":
         return torch.zeros(t, e, dtype=torch.bool).scatter_(1, idx, True)
     perm = torch.randperm(k, generator=g)  # random slot order within a row
-    return idx[:, perm].to(torch.int32 if form == "int32" else torch.int64)
+    idx = idx[:, perm]
+    if mode == "dead" and k > 1:  # some slots routed nowhere (-1: another rank's expert)
+        idx[torch.rand(t, k, generator=g) < 0.2] = -1
+    return idx.to(torch.int32 if form == "int32" else torch.int64)
 
 
 def _reference(rmap, e, pad, n_out):
@@ -88,8 +91,8 @@ def test_map_block_sizes(form, device, monkeypatch):
         mp.setattr(pk, "_interp", lambda: False)
         gpu = {permute_map_blocks(form == "map", ee, tt, kk) for ee, tt, kk in
                ((e, t, k), (256, 65536, 8), (8, 4096, 2), (256, 16384, 8))}
-    assert (512, 16, 256) in gpu
-    for blocks in [(4, 8, 2), (8, 4, 8), (32, 16, 64), (128, 32, 256), permute_map_blocks(form == "map", e)] + sorted(gpu):
+    assert ((512, 16) if form == "map" else (512, 8)) in gpu
+    for blocks in [(4, 8), (8, 4), (32, 16), (128, 32), (1, 1), permute_map_blocks(form == "map", e)] + sorted(gpu):
         for pad in (None, 8):
             _check(rmap, e, pad, None, blocks)
             _check(rmap, e, pad, 150, blocks)
@@ -102,7 +105,60 @@ def test_map_torch_scan_fallback(form, device):
     rmap = _routing(t, e, k, form, "dead", seed=3).to(device)
     for pad in (None, 4):
         for n_out in (None, 100, 500):
-            _check(rmap, e, pad, n_out, (16, 8, 32), scan_max=0)
+            _check(rmap, e, pad, n_out, (16, 8), scan_max=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_indices_out_of_range_slots_route_nowhere(dtype, device):
+    # values outside [0, E) other than -1 break the contract (checked by moe_permute on CPU); the
+    # kernels, like the torch builder, give such slots no row
+    t, e, k = 40, 6, 3
+    g = torch.Generator().manual_seed(8)
+    idx = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    bad = torch.rand(t, k, generator=g) < 0.3
+    idx[bad] = torch.tensor([-1, -7, e, e + 5, 2 ** 30])[torch.randint(0, 5, (int(bad.sum()),), generator=g)]
+    rmap = idx.to(dtype).to(device)
+    for blocks in (None, SMALL_BLOCKS, (8, 2)):
+        for pad in (None, 4):
+            for n_out in (None, 50):
+                _check(rmap, e, pad, n_out, blocks)
+
+
+def _full_reference(rmap, e, rid):
+    # the [T, E + 1 + k] map as built with torch ops from the [T, k] row map
+    t, k = rmap.shape
+    full = rid.new_full((t, e + 1 + k), -1)
+    col = torch.where(rid >= 0, rmap.to(rid.dtype), e)
+    full[:, e + 1:] = col
+    full.scatter_(1, col.long(), rid)
+    return full
+
+
+@pytest.mark.parametrize("t,e,k", [(50, 3, 2), (70, 64, 8), (33, 7, 7), (0, 4, 2)])
+def test_full_map_of_the_assign_launch(t, e, k, device):
+    rmap = _routing(t, e, k, "int64", "dead", seed=t + e).to(device) if t else \
+        torch.zeros(0, k, dtype=torch.int64, device=device)
+    for blocks in (None, (16, 4)):
+        for pad, n_out in ((None, None), (4, 20), (None, t * k + 5)):
+            state = pk.permute_map_scan_launch(rmap, e, pad, n_out, blocks)
+            n = int(state[0][-1]) if n_out is None else n_out
+            poison = torch.full((t, e + 1 + k), 12345, dtype=torch.int32, device=device)
+            rid, src, full = pk.permute_map_assign_launch(rmap, e, state, n, full_map=True)
+            assert full.shape == poison.shape and full.dtype == torch.int32
+            rid2, src2 = pk.permute_map_assign_launch(rmap, e, state, n)
+            assert torch.equal(rid, rid2) and torch.equal(src, src2)
+            assert torch.equal(full, _full_reference(rmap, e, rid))
+
+
+def test_map_launch_argument_errors(device):
+    rmap = torch.zeros(4, 3, dtype=torch.bool, device=device)
+    with pytest.raises(ValueError, match="blocks must be"):
+        pk.permute_map_scan_launch(rmap, 3, None, None, (16, 4, 16))
+    with pytest.raises(ValueError, match="blocks must be"):
+        pk.permute_map_scan_launch(rmap, 3, None, None, (12, 4))
+    state = pk.permute_map_scan_launch(rmap, 3, None, 4)
+    with pytest.raises(ValueError, match="full_map"):
+        pk.permute_map_assign_launch(rmap, 3, state, 4, full_map=True)
 
 
 def test_map_no_experts(device):

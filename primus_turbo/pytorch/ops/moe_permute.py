@@ -565,12 +565,14 @@ def moe_permute(tokens: torch.Tensor, routing_map: Optional[torch.Tensor] = None
     return tuple(result)
 
 
-def _permute_core(tokens, routing_map, probs, e, num_out_tokens, pad_multiple, scales):
+def _permute_core(tokens, routing_map, probs, e, num_out_tokens, pad_multiple, scales, full_map=False):
     """The checked permutation: ``(permuted, permuted_probs, row_id_map, permuted_scales, tokens_per_expert,
     padded total before any cut (int32 [1] on device))``. ``num_out_tokens=None`` reads the total back
-    (the documented sync)."""
+    (the documented sync). ``full_map`` (top-k indices): ``row_id_map`` is Primus-Turbo's
+    ``[T, E + 1 + k]`` map instead of ``[T, k]``."""
     t, k = routing_map.shape
     is_map = routing_map.dtype == torch.bool
+    full = None
     if _fused_map(tokens, is_map, t * k):
         from primus_turbo.triton.moe import permute_kernel as pk
 
@@ -578,18 +580,35 @@ def _permute_core(tokens, routing_map, probs, e, num_out_tokens, pad_multiple, s
         state = pk.permute_map_scan_launch(routing_map, e, pad_multiple, num_out_tokens)
         seg, total = state[1], state[0][-1:]
         n_out = int(total) if num_out_tokens is None else num_out_tokens  # host sync (documented)
-        row_id_map, src_idx = pk.permute_map_assign_launch(routing_map, e, state, n_out)
+        maps = pk.permute_map_assign_launch(routing_map, e, state, n_out, full_map=full_map)
+        row_id_map, src_idx = maps[:2]
+        full = maps[2] if full_map else None
     else:
         row_id_map, seg, n_out, total = _build_row_id_map(routing_map, e, pad_multiple, num_out_tokens,
                                                           return_total=True)
         src_idx = _inverse(row_id_map, n_out)
+        if full_map:
+            full = _full_map_torch(routing_map, row_id_map, e)
     permuted, pprobs = _PermuteFn.apply(tokens, probs, row_id_map, src_idx, k)
     pscales = None
     if scales is not None:
         s2 = scales.detach().reshape(t, -1)
         ps = _gather_rows(s2, src_idx, row_div=k)
         pscales = ps.reshape(n_out) if scales.dim() == 1 else ps
-    return permuted, pprobs, row_id_map, pscales, seg, total
+    return permuted, pprobs, row_id_map if full is None else full, pscales, seg, total
+
+
+def _full_map_torch(indices, rid, e):
+    """Primus-Turbo's ``[T, E + 1 + k]`` map from the ``[T, k]`` row map (the assign kernel writes it
+    directly): the row of each (token, local expert) pair, a spare column ``E`` (``-1``), then each
+    slot's column (``E`` when the slot has no row), so ``moe_unpermute`` reads the slots' rows with one
+    gather and can restore the probs in either layout."""
+    t, k = rid.shape
+    full = rid.new_full((t, e + 1 + k), -1)
+    col = torch.where(rid >= 0, indices.to(rid.dtype), e)   # a slot has a row only if its expert is local
+    full[:, e + 1:] = col
+    full.scatter_(1, col.long(), rid)      # no-row slots write their -1 into the spare column
+    return full
 
 
 def moe_unpermute(permuted_tokens: torch.Tensor, row_id_map: torch.Tensor,
@@ -908,22 +927,13 @@ def _moe_permute_primus(tokens, routing_map, expert_map, topk_indices, e, num_to
     if use_fp8 and probs is not None and probs.requires_grad:
         raise TypeError(f"{op}: use_fp8=True moves FP8 tokens as data only; probs cannot require grad there")
     permuted, pprobs, rid, pscales, seg, total = _permute_core(tokens, emap, probs, e, cap if cap > 0 else None,
-                                                               pad, scales)
+                                                               pad, scales, full_map=not is_map)
     dev = tokens.device
     if cap > 0:
         overflow = (total > cap).to(torch.int32)
     else:
         overflow = torch.zeros(1, dtype=torch.int32, device=dev)
     num_dispatched = torch.full((1,), t, dtype=torch.int32, device=dev)
-    if not is_map:
-        # [T, E + 1 + k]: the row of each (token, local expert) pair, a spare column E (-1), then each
-        # slot's column (E when the slot has no row): moe_unpermute reads the slots' rows with one
-        # gather and can restore the probs in either layout. A few small launches, no sync.
-        full = rid.new_full((t, e + 1 + k), -1)
-        col = torch.where(rid >= 0, emap, e)            # a slot has a row only if its expert is local
-        full[:, e + 1:] = col
-        full.scatter_(1, col.long(), rid)
-        rid = full
     return permuted, rid, seg, overflow, num_dispatched, pscales, pprobs
 
 
