@@ -68,6 +68,11 @@ class QuantizedTensor(torch.Tensor):
         orig_dtype: dtype of the tensor that was quantized (= ``dtype``; ``dequantize()`` returns it).
         real_dtype: ``data.dtype``.
         scaling_recipe: ``ScalingRecipe`` (``use_2d_block`` for BLOCKWISE weights) or None.
+        group_lens, group_offs: a *grouped* tensor (``quantize(..., group_lens=...)``, as Primus-Turbo
+            makes MoE activations): the ``[G]`` rows per group of a 2-D ``[M, K]`` tensor whose rows
+            are sorted by expert, and their ``[G + 1]`` int64 exclusive prefix sum (computed on the
+            device, no sync). ``grouped_gemm_fp8`` takes the offsets from such an ``a``. None for a
+            tensor that is not grouped; ``is_grouped_tensor`` (also ``_is_grouped_tensor``) tells.
     """
 
     @staticmethod
@@ -83,6 +88,9 @@ class QuantizedTensor(torch.Tensor):
         scaling_recipe: Optional[ScalingRecipe] = None,
         shape: Optional[Sequence[int]] = None,
         requires_grad: bool = False,
+        group_lens: Optional[torch.Tensor] = None,
+        group_offs: Optional[torch.Tensor] = None,
+        is_grouped_tensor: Optional[bool] = None,
     ):
         check_scaling_recipe(scaling_recipe, "QuantizedTensor")
         for name, t in (("data", data), ("scale_inv", scale_inv)):
@@ -94,6 +102,14 @@ class QuantizedTensor(torch.Tensor):
             raise TypeError(f"QuantizedTensor: orig_dtype must be float32, float16 or bfloat16, got {orig_dtype}")
         if shape is None:
             shape = _logical_shape(data, axis)
+        if is_grouped_tensor and group_lens is None:
+            raise ValueError("QuantizedTensor: is_grouped_tensor=True needs group_lens")
+        if is_grouped_tensor is False and group_lens is not None:
+            raise ValueError("QuantizedTensor: group_lens given with is_grouped_tensor=False")
+        if group_lens is not None:
+            group_offs = _check_groups(data, tuple(shape), granularity, axis, scaling_recipe, group_lens, group_offs)
+        elif group_offs is not None:
+            raise ValueError("QuantizedTensor: group_offs needs group_lens")
         self = torch.Tensor._make_wrapper_subclass(
             cls, tuple(shape), dtype=orig_dtype, device=data.device, requires_grad=requires_grad
         )
@@ -103,6 +119,9 @@ class QuantizedTensor(torch.Tensor):
         self._block_size = block_size
         self._axis = axis
         self._scaling_recipe = scaling_recipe
+        self._group_lens = group_lens
+        self._group_offs = group_offs
+        self._is_grouped_tensor = group_lens is not None  # the reference API's attribute name
         return self
 
     # the stored pieces and the parameters (read-only: a new tensor is made for new values)
@@ -146,12 +165,29 @@ class QuantizedTensor(torch.Tensor):
     def scaling_recipe(self) -> Optional[ScalingRecipe]:
         return self._scaling_recipe
 
-    def _like(self, data: torch.Tensor, scale_inv: torch.Tensor, shape=None, axis=None) -> "QuantizedTensor":
-        """A QuantizedTensor with this one's parameters and new storage (no autograd history)."""
+    @property
+    def group_lens(self) -> Optional[torch.Tensor]:
+        return self._group_lens
+
+    @property
+    def group_offs(self) -> Optional[torch.Tensor]:
+        return self._group_offs
+
+    @property
+    def is_grouped_tensor(self) -> bool:
+        return self._is_grouped_tensor
+
+    def _like(self, data: torch.Tensor, scale_inv: torch.Tensor, shape=None, axis=None,
+              groups: bool = True) -> "QuantizedTensor":
+        """A QuantizedTensor with this one's parameters and new storage (no autograd history); the
+        group lengths and offsets go along (moved to ``data``'s device) unless ``groups`` is False."""
+        gl = go = None
+        if groups and self._group_lens is not None:
+            gl, go = self._group_lens.to(data.device), self._group_offs.to(data.device)
         return QuantizedTensor(data, scale_inv, self._granularity, block_size=self._block_size,
                                axis=self._axis if axis is None else axis, orig_dtype=self.dtype,
                                scaling_recipe=self._scaling_recipe,
-                               shape=tuple(self.shape) if shape is None else shape)
+                               shape=tuple(self.shape) if shape is None else shape, group_lens=gl, group_offs=go)
 
     @classmethod
     def quantize(
@@ -161,6 +197,7 @@ class QuantizedTensor(torch.Tensor):
         granularity: ScalingGranularity,
         *,
         axis: Optional[int] = None,
+        group_lens: Optional[torch.Tensor] = None,
         block_size: Optional[int] = None,
         scaling_recipe: Optional[ScalingRecipe] = None,
     ) -> "QuantizedTensor":
@@ -177,11 +214,30 @@ class QuantizedTensor(torch.Tensor):
         QDQ of this library's MXFP4 forward. ``use_rht`` raises ``NotImplementedError``
         (``dequantize()`` could not undo the transform). The result is for ``dequantize()`` and
         storage: the GEMM ops take FP8 ``QuantizedTensor`` inputs only. ``shuffle_scale`` /
-        ``shuffle_out`` (AMD preshuffled layouts) raise ``ValueError``."""
+        ``shuffle_out`` (AMD preshuffled layouts) raise ``ValueError``.
+
+        ``group_lens`` (``[G]`` int32 / int64 on ``x``'s device) makes a grouped tensor of a 2-D ``[M, K]``
+        ``x`` whose rows are sorted by group (MoE tokens; ``sum(group_lens) <= M``, rows past the groups
+        allowed): the codes and scales are exactly the ungrouped ones, as only scale groups that never
+        cross a group boundary are allowed: TENSORWISE, and ROWWISE / BLOCKWISE (1 x b) / MX along the
+        last dim (``axis=-1``, each row on its own), and ROWWISE along the rows (``axis=0``: one scale per
+        column over all rows, constant along every group's reduction). Blocks along the rows, 2-D blocks
+        and MXFP4 raise ``ValueError``. The tensor carries ``group_lens`` and their offsets (computed on
+        the device); ``grouped_gemm_fp8`` takes the offsets from it."""
         check_scaling_recipe(scaling_recipe, "QuantizedTensor.quantize")
         if isinstance(x, QuantizedTensor):
             raise TypeError("QuantizedTensor.quantize: x is already a QuantizedTensor; dequantize() it first")
         g = _ops()._granularity(granularity, "QuantizedTensor.quantize")
+        if group_lens is not None:
+            if is_fp4_dtype(dest_dtype):
+                raise ValueError("QuantizedTensor.quantize: group_lens (a grouped tensor) is for FP8 activations; "
+                                 "MXFP4 tensors cannot be grouped")
+            if not isinstance(x, torch.Tensor) or x.dim() != 2:
+                raise ValueError(f"QuantizedTensor.quantize: a grouped tensor (group_lens) is a 2-D [M, K] tensor "
+                                 f"of rows sorted by group, got shape {tuple(getattr(x, 'shape', ()))}")
+            # the checks that do not need the codes, before any work
+            ax0 = -1 if g == _G.TENSORWISE else _ops()._norm_axis(axis, 2, "QuantizedTensor.quantize")
+            _check_group_scheme(g, ax0, scaling_recipe)
         with torch.no_grad():
             if is_fp4_dtype(dest_dtype):
                 return cls._quantize_fp4(x, g, axis, block_size, scaling_recipe)
@@ -194,7 +250,8 @@ class QuantizedTensor(torch.Tensor):
             )
         ax = -1 if g == _G.TENSORWISE else _ops()._norm_axis(axis, x.dim(), "QuantizedTensor.quantize")
         return cls(data, scale_inv, g, block_size=block_size, axis=ax, orig_dtype=x.dtype,
-                   scaling_recipe=scaling_recipe, shape=tuple(x.shape), requires_grad=x.requires_grad)
+                   scaling_recipe=scaling_recipe, shape=tuple(x.shape), requires_grad=x.requires_grad,
+                   group_lens=group_lens)
 
     @classmethod
     def _quantize_fp4(cls, x, g, axis, block_size, recipe) -> "QuantizedTensor":
@@ -238,6 +295,8 @@ class QuantizedTensor(torch.Tensor):
         extra = f", block_size={self._block_size}" if self._block_size else ""
         if self._use_2d():
             extra += ", 2d_block"
+        if self._group_lens is not None:
+            extra += f", groups={self._group_lens.numel()}"
         grad = ", requires_grad=True" if self.requires_grad else ""
         return (
             f"QuantizedTensor(shape={tuple(self.shape)}, dtype={self.dtype}, real_dtype={self._data.dtype}, "
@@ -249,13 +308,17 @@ class QuantizedTensor(torch.Tensor):
     def __tensor_flatten__(self):
         meta = {"granularity": self._granularity, "block_size": self._block_size, "axis": self._axis,
                 "orig_dtype": self.dtype, "scaling_recipe": self._scaling_recipe}
-        return ["_data", "_scale_inv"], meta
+        inner = ["_data", "_scale_inv"]
+        if self._group_lens is not None:
+            inner += ["_group_lens", "_group_offs"]
+        return inner, meta
 
     @staticmethod
     def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
         return QuantizedTensor(inner["_data"], inner["_scale_inv"], meta["granularity"], block_size=meta["block_size"],
                                axis=meta["axis"], orig_dtype=meta["orig_dtype"],
-                               scaling_recipe=meta["scaling_recipe"], shape=tuple(outer_size))
+                               scaling_recipe=meta["scaling_recipe"], shape=tuple(outer_size),
+                               group_lens=inner.get("_group_lens"), group_offs=inner.get("_group_offs"))
 
     # Python-level torch functions go straight to the dispatcher (autograd included), where
     # __torch_dispatch__ below decides what a quantized tensor can do.
@@ -273,6 +336,51 @@ class QuantizedTensor(torch.Tensor):
 
 
 _HP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_group_scheme(g: ScalingGranularity, axis: int, recipe: Optional[ScalingRecipe]) -> None:
+    """A grouped tensor's scale groups must never cross a group boundary (rows are the groups')."""
+    if g == _G.TENSORWISE or (g == _G.ROWWISE and axis in (0, 1, -1)):
+        return
+    if axis in (1, -1) and not (g == _G.BLOCKWISE and recipe is not None and recipe.use_2d_block):
+        return
+    where = "in 2-D blocks" if axis in (1, -1) else f"in blocks along axis={axis} (the rows)"
+    raise ValueError(f"QuantizedTensor: a grouped tensor (group_lens) cannot hold {g.name} scales {where}: "
+                     f"their blocks would cross group boundaries; quantize in 1 x b blocks along the last dim (axis=-1)")
+
+
+def _check_groups(data, shape, g, axis, recipe, group_lens, group_offs) -> torch.Tensor:
+    """Checks a grouped tensor's metadata (shapes, dtypes, devices: no device values are read) and
+    returns its ``group_offs`` (made on the device from ``group_lens`` when None)."""
+    op = "QuantizedTensor"
+    if len(shape) != 2 or data.dim() != 2:
+        raise ValueError(f"{op}: a grouped tensor (group_lens) must be 2-D [M, K], got shape {list(shape)}")
+    if _packed_fp4(data.dtype):
+        raise ValueError(f"{op}: MXFP4 tensors cannot be grouped (group_lens is for FP8 activations)")
+    _check_group_scheme(g, axis, recipe)
+    if not isinstance(group_lens, torch.Tensor) or group_lens.dim() != 1 or \
+            group_lens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{op}: group_lens must be a 1-D int32 / int64 tensor, got "
+                         f"{type(group_lens).__name__ if not isinstance(group_lens, torch.Tensor) else f'{group_lens.dtype} {list(group_lens.shape)}'}")
+    if group_lens.device != data.device:
+        raise ValueError(f"{op}: group_lens is on {group_lens.device}, the data on {data.device}")
+    if group_offs is None:
+        from ..ops.grouped_gemm import _offsets  # lazy: ops imports core
+
+        group_offs = _offsets(group_lens.long())
+    elif not isinstance(group_offs, torch.Tensor) or group_offs.dim() != 1 or \
+            group_offs.numel() != group_lens.numel() + 1 or group_offs.dtype not in (torch.int32, torch.int64) or \
+            group_offs.device != data.device:
+        raise ValueError(f"{op}: group_offs must be the [G + 1] = [{group_lens.numel() + 1}] int32 / int64 exclusive "
+                         f"prefix sum of group_lens on {data.device}, got "
+                         f"{f'{group_offs.dtype} {list(group_offs.shape)} on {group_offs.device}' if isinstance(group_offs, torch.Tensor) else type(group_offs).__name__}")
+    else:
+        group_offs = group_offs.long()  # the grouped kernels' offsets dtype
+    if data.device.type == "cpu" and group_lens.numel() and not torch.compiler.is_compiling():
+        # where it costs no sync, the values too (on CUDA the GEMMs clamp groups to the rows)
+        torch._assert_async(torch.all(group_lens >= 0), f"{op}: group_lens has a negative entry")
+        torch._assert_async(group_offs[-1] <= shape[0], f"{op}: sum(group_lens) exceeds the {shape[0]} rows")
+    return group_offs
 
 
 def _logical_shape(data: torch.Tensor, axis: int) -> tuple:
@@ -301,6 +409,10 @@ def _view(func, t, size, *args, **kwargs):
     size = tuple(size)
     if size == tuple(t.shape):
         return _alias(func, t)
+    if t._group_lens is not None:
+        raise NotImplementedError(
+            f"QuantizedTensor: view / reshape of a grouped tensor from {tuple(t.shape)} to {size}: its group_lens "
+            f"count rows of the 2-D [M, K] tensor")
     d, s = t._data, t._scale_inv
     op = torch.Tensor.view if func is not torch.ops.aten.reshape.default else torch.Tensor.reshape
     fp8 = not _packed_fp4(d.dtype)
@@ -323,6 +435,9 @@ def _transpose2d(func, t, *args, **kwargs):
         return _alias(func, t)
     if func is torch.ops.aten.permute.default and [d % 2 for d in args[0]] == [0, 1]:
         return _alias(func, t)
+    if t._group_lens is not None:
+        raise NotImplementedError("QuantizedTensor.t() of a grouped tensor: its group_lens count rows, which a "
+                                  "transpose makes columns")
     if t._granularity != _G.TENSORWISE:
         raise NotImplementedError(
             f"QuantizedTensor.t(): {t._granularity.name} scales are grouped along one axis, so the transpose needs "

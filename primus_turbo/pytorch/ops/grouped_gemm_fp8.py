@@ -432,7 +432,8 @@ def grouped_gemm_fp8(
     ``[G, N, K]`` expert stack (``create_quantized_weight(w, dtype, config,
     need_weight_transpose_cache=...)``, with ``trans_b=True``) and ``a`` a ``QuantizedTensor`` of
     ``[M_total, K]`` quantized along K (``QuantizedTensor.quantize(x, dtype, granularity, axis=-1,
-    block_size=...)``), in ``config``'s granularity, block size and forward dtype. A pre-quantized
+    block_size=...)``, optionally ``group_lens=`` to make it a grouped tensor, whose group offsets
+    the call then reuses), in ``config``'s granularity, block size and forward dtype. A pre-quantized
     operand that requires grad gets its gradient in its original dtype (a pair's ``data`` does;
     fused accumulation reads ``main_grad`` off it); ``a``'s gradient needs ``b``'s transposed copy
     for ROWWISE / MX; a pre-quantized ``a`` cannot feed a gradient of ``b`` (that needs the
@@ -449,6 +450,8 @@ def grouped_gemm_fp8(
     """
     config = Float8QuantConfig() if config is None else config
     _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern)
+    if isinstance(a, QuantizedTensor) and a.is_grouped_tensor:
+        group_offs = _grouped_a_offsets(a, group_lens, group_offs)
     if _is_prequantized(a) or _is_prequantized(b):
         return _run_prequantized(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu,
                                  fuse_bgrad_accum_pattern)
@@ -530,6 +533,20 @@ def _prequantized_rows(a, gran: str, bs: int, dtype):
                              f"{list(s.shape)}")
         return a.data, s
     return a.data, _scale_as(op, "a", s, shape, gran == _MX)
+
+
+def _grouped_a_offsets(a, group_lens: torch.Tensor, group_offs: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A grouped ``a`` (``QuantizedTensor.quantize(..., group_lens=...)``) brings its group offsets, so none
+    are computed again; its group count must match ``group_lens`` (the values too, on CPU, where
+    checking costs no sync). ``group_offs`` given to the call wins."""
+    op = "grouped_gemm_fp8"
+    if a.group_lens.numel() != group_lens.numel():
+        raise ValueError(f"{op}: a is a grouped tensor of {a.group_lens.numel()} groups, group_lens has "
+                         f"{group_lens.numel()}")
+    if a.device.type == "cpu" and group_lens.numel() and not torch.compiler.is_compiling():
+        torch._assert_async(torch.all(a.group_lens.long() == group_lens.long()),
+                            f"{op}: a's group_lens differ from the group_lens argument")
+    return a.group_offs if group_offs is None else group_offs
 
 
 def _run_prequantized(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern):
