@@ -8,8 +8,9 @@
 #
 #   bash scripts/gpu_fp8_linear_check.sh OUT
 #
-# Stages (FL_STAGES, default all): linear fwd. Each has its own time limit (FL_LINEAR_S, FL_FWD_S)
-# and prints its table; full results under OUT/linear and OUT/fwd.
+# Stages (FL_STAGES, default "linear fwd"; also "lgraph": the linear steps in device time, each step
+# captured whole in a CUDA graph, to separate host-bound rows from slow kernels). Each has its own
+# time limit (FL_LINEAR_S, FL_FWD_S, FL_LGRAPH_S) and prints its table; full results under OUT/<stage>.
 set -uo pipefail
 OUT=${1:?usage: gpu_fp8_linear_check.sh OUT}
 mkdir -p "$OUT"
@@ -22,6 +23,12 @@ if [[ $STAGES == *" linear "* ]]; then
       --modes fwd_bwd --cases qkv attn_out gate_up down --impls cublas turbo-default turbo-triton \
       --linear-granularities TENSORWISE BLOCKWISE > "$OUT/linear.log" 2>&1
   echo "linear rc=$?"; $PY scripts/summarize_bench.py "$OUT/linear/gemm_fp8.json"
+fi
+if [[ $STAGES == *" lgraph "* ]]; then
+  timeout "${FL_LGRAPH_S:-240}" $PY benchmarks/bench_gemm_fp8.py --out "$OUT/lgraph" --models Llama-3.1-8B \
+      --modes fwd_bwd --cases qkv attn_out gate_up down --impls cublas turbo-default \
+      --linear-granularities TENSORWISE BLOCKWISE --timing graph > "$OUT/lgraph.log" 2>&1
+  echo "lgraph rc=$?"; $PY scripts/summarize_bench.py "$OUT/lgraph/gemm_fp8.json"
 fi
 if [[ $STAGES == *" fwd "* ]]; then
   timeout "${FL_FWD_S:-240}" $PY benchmarks/bench_gemm_fp8.py --out "$OUT/fwd" --models Llama-3.1-8B Llama-3.1-70B \
