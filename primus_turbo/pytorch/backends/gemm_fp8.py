@@ -114,7 +114,9 @@ class GemmFP8TorchBackend(KernelBackend):
         g = _granularity(mode)
         want = out.dtype if out is not None else (out_dtype or torch.bfloat16)
         if g == _G.TENSORWISE:
-            sa, sb = a_scale.reshape(()), b_scale.reshape(())
+            # the quantizers' scales are 0-dim already: no reshape op per call then
+            sa = a_scale if a_scale.dim() == 0 else a_scale.reshape(())
+            sb = b_scale if b_scale.dim() == 0 else b_scale.reshape(())
             # accumulate: fp32 result, then one add (the epilogue of _scaled_mm cannot add into C)
             res_dtype = torch.float32 if accumulate else want
         else:
@@ -201,9 +203,10 @@ class GemmFP8GluonBackend(KernelBackend):
     @classmethod
     def execute(cls, a_q=None, a_scale=None, b_q=None, b_scale=None, mode=None, out=None, out_dtype=None,
                 accumulate=False, block_size=128, **_) -> torch.Tensor:
-        from primus_turbo.triton.gemm.gemm_fp8_gluon import gemm_fp8_blockwise_gluon
-
-        return gemm_fp8_blockwise_gluon(a_q, a_scale, b_q, b_scale, out=out, out_dtype=out_dtype or torch.bfloat16)
+        # the dispatcher calls execute only after this backend's check accepted these arguments
+        # (default rule or pin), so the kernel's own copy of that check is skipped
+        return _gluon_module().gemm_fp8_blockwise_gluon_prechecked(a_q, a_scale, b_q, b_scale, out=out,
+                                                                   out_dtype=out_dtype or torch.bfloat16)
 
 
 _GLUON_MODULE: list = []

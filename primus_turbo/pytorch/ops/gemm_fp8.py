@@ -35,6 +35,7 @@ from ..core.backend import PrecisionType
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingRecipe
 from ..core.quantized_tensor import QuantizedTensor, QuantizedTensorPair
 from .gemm import _FUSE_PATTERNS, _megatron_dummy_wgrad, check_main_grad
+from . import quantization as _quantization
 from .quantization import _transpose_bytes  # FP8 transposes at copy speed (torch's strided copy is not)
 
 __all__ = ["gemm_fp8"]
@@ -42,6 +43,8 @@ __all__ = ["gemm_fp8"]
 _HP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _G = ScalingGranularity
 _MX = "MX_BLOCKWISE"
+#: the weight's BLOCKWISE recipe (b x b tiles), built once rather than per quantization
+_RECIPE_2D = ScalingRecipe(use_2d_block=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -105,10 +108,9 @@ def _mm_accum(A, B, granularity, block_size, c):
 # Quantized copies
 # ----------------------------------------------------------------------------------------------
 def _quant_api():
-    """(quantize_fp8, quantize_fp8_with_trans) of turbo.ops (imported late: a sibling module)."""
-    from . import quantization
-
-    return quantization.quantize_fp8, quantization.quantize_fp8_with_trans
+    """(quantize_fp8, quantize_fp8_with_trans) of turbo.ops, looked up per call (a patched
+    module attribute is seen) without a function-level import on the hot path."""
+    return _quantization.quantize_fp8, _quantization.quantize_fp8_with_trans
 
 
 def _orient(s: torch.Tensor, rows: int, k: int, granularity: str, block_size: int, weight: bool) -> torch.Tensor:
@@ -138,7 +140,7 @@ def _quantize(x: torch.Tensor, dtype: torch.dtype, granularity: str, block_size:
     quantize_fp8, quantize_fp8_with_trans = _quant_api()
     g = _G[granularity]
     bs = block_size if granularity == "BLOCKWISE" else None
-    recipe = ScalingRecipe(use_2d_block=True) if (weight and granularity == "BLOCKWISE") else None
+    recipe = _RECIPE_2D if (weight and granularity == "BLOCKWISE") else None
     r, c = x.shape
     if not need_col:
         q, s = quantize_fp8(x, dtype, g, block_size=bs, axis=-1, scaling_recipe=recipe)

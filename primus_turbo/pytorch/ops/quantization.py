@@ -29,6 +29,7 @@ return empty outputs with correctly shaped scales (a TENSORWISE scale of 1).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -225,11 +226,35 @@ def _check_mx_dim(g, axis, rows, cols, op: str) -> None:
                          f"{n} (axis={axis}, 2-D view {rows}x{cols})")
 
 
-def _grouping(g, br, bc):
-    from primus_turbo.triton.quantization import QuantGrouping
+_TRITON_QUANT: list = []
 
+
+def _tq():
+    """primus_turbo.triton.quantization (imported on first use: triton is optional). A function-level
+    ``from ... import`` costs a few microseconds of import machinery per call on the hot path;
+    attributes are still looked up at call time, so patching the module's launchers still works."""
+    if not _TRITON_QUANT:
+        import primus_turbo.triton.quantization as mod
+
+        _TRITON_QUANT.append(mod)
+    return _TRITON_QUANT[0]
+
+
+def _grouping_uncached(g, br, bc):
     mode = {_G.TENSORWISE: 2, _G.MX_BLOCKWISE: 1}.get(g, 0)
-    return QuantGrouping(mode, br, bc)
+    return _tq().QuantGrouping(mode, br, bc)
+
+
+_grouping_cached = functools.lru_cache(maxsize=1024)(_grouping_uncached)
+
+
+def _grouping(g, br, bc):
+    """The kernels' QuantGrouping of (granularity, block rows, block cols), cached per value (two
+    per quantization on the hot path); symbolic sizes (unhashable) are built each time."""
+    try:
+        return _grouping_cached(g, br, bc)
+    except TypeError:
+        return _grouping_uncached(g, br, bc)
 
 
 def _scale_dtype(g) -> torch.dtype:
@@ -259,9 +284,7 @@ def _quantize_fp8_eager(x: torch.Tensor, out_dtype: torch.dtype, granularity: st
 
         return quantize_fp8_ref(x, out_dtype, g, block_size=block_size or None, axis=axis,
                                 scaling_recipe=ScalingRecipe(use_2d_block=use_2d_block))
-    from primus_turbo.triton.quantization import fp8_quant_launch
-
-    q, s = fp8_quant_launch(x.contiguous().view(rows, cols), out_dtype, _grouping(g, br, bc))
+    q, s = _tq().fp8_quant_launch(x.contiguous().view(rows, cols), out_dtype, _grouping(g, br, bc))
     if g == _G.MX_BLOCKWISE:
         s = s.view(_E8M0)
     return q.view(shape), s.view(s_shape)
@@ -356,6 +379,15 @@ def _quantize_fp8_blocks_batched_t(x: torch.Tensor, out_dtype: torch.dtype, bloc
 
 
 def _with_trans_shapes(rows, cols, g, b, use_2d, use_2d_t):
+    """(row blocks, column blocks, scale shape, transposed scale shape), cached per value (the
+    per-call shape arithmetic of the hot path); symbolic sizes (unhashable) are computed each time."""
+    try:
+        return _with_trans_shapes_cached(rows, cols, g, b, use_2d, use_2d_t)
+    except TypeError:
+        return _with_trans_shapes_uncached(rows, cols, g, b, use_2d, use_2d_t)
+
+
+def _with_trans_shapes_uncached(rows, cols, g, b, use_2d, use_2d_t):
     br, bc = _block(g, b, -1, use_2d, rows, cols)
     tbr, tbc = _block(g, b, 0, use_2d_t, rows, cols)  # column copy's blocks, in x's coordinates
     if g == _G.TENSORWISE:
@@ -365,15 +397,27 @@ def _with_trans_shapes(rows, cols, g, b, use_2d, use_2d_t):
     return (br, bc), (tbr, tbc), s_shape, st_shape
 
 
+_with_trans_shapes_cached = functools.lru_cache(maxsize=1024)(_with_trans_shapes_uncached)
+
+
 def _col_major_scales(g, use_2d: bool) -> bool:
     """Whether :func:`quantize_fp8_with_trans` returns a copy's scales column-major: MX and 1-D
     BLOCKWISE blocks (see its docstring)."""
     return g == _G.MX_BLOCKWISE or (g == _G.BLOCKWISE and not use_2d)
 
 
+def _is_column_major(s: torch.Tensor) -> bool:
+    """``s.t().is_contiguous()`` of a 2-D ``s``, from its sizes and strides (no ``t`` op per call)."""
+    r, c = s.shape
+    if r == 0 or c == 0:
+        return True
+    s0, s1 = s.stride()
+    return (r == 1 or s0 == 1) and (c == 1 or s1 == r)
+
+
 def _column_major(s: torch.Tensor) -> torch.Tensor:
     """``s`` (2-D) with the same shape and values, stored column-major (a copy only where it is not)."""
-    return s if s.t().is_contiguous() else s.t().contiguous().t()
+    return s if _is_column_major(s) else s.t().contiguous().t()
 
 
 def _quantize_fp8_with_trans_eager(x: torch.Tensor, out_dtype: torch.dtype, granularity: str, block_size: int,
@@ -408,10 +452,8 @@ def _quantize_fp8_with_trans_any_layout(x: torch.Tensor, out_dtype: torch.dtype,
         qt, st = quantize_fp8_ref(x.t().contiguous(), out_dtype, g, block_size=block_size or None, axis=-1,
                                   scaling_recipe=ScalingRecipe(use_2d_block=use_2d_block_t))
         return q, s, qt, st
-    from primus_turbo.triton.quantization import fp8_quant_with_trans_launch
-
-    q, s, qt, st = fp8_quant_with_trans_launch(x.contiguous(), out_dtype, _grouping(g, br, bc),
-                                               _grouping(g, tbr, tbc))
+    q, s, qt, st = _tq().fp8_quant_with_trans_launch(x.contiguous(), out_dtype, _grouping(g, br, bc),
+                                                     _grouping(g, tbr, tbc))
     if g == _G.MX_BLOCKWISE:
         s, st = s.view(_E8M0), st.view(_E8M0)
     return q, s, qt, st
@@ -606,9 +648,7 @@ def _transpose_bytes(t: torch.Tensor, row_align: int = 1) -> torch.Tensor:
     if torch.compiler.is_compiling() or quant_backend(t) != "triton":
         out.copy_(src.transpose(-2, -1))
     else:
-        from primus_turbo.triton.quantization import transpose_bytes
-
-        transpose_bytes(src, out)
+        _tq().transpose_bytes(src, out)
     return out.view(t.dtype)
 
 
@@ -833,14 +873,11 @@ def quantize_fp8_with_trans(
     """
     op = "quantize_fp8_with_trans"
     _check_x(x, op)
-    _check_out_dtype(out_dtype, op)
-    g = _granularity(granularity, op)
+    g, b, use_2d, use_2d_t = _with_trans_args(out_dtype, granularity, block_size, scaling_recipe,
+                                              scaling_recipe_for_trans)
     if x.dim() < 2 or (x.dim() > 2 and g != _G.MX_BLOCKWISE):
         raise ValueError(f"{op}: x must be 2-D (N-D [..., rows, cols] for MX_BLOCKWISE only), got shape "
                          f"{tuple(x.shape)} with {g.name}")
-    b = _block_size(g, block_size, op)
-    use_2d = _use_2d(g, scaling_recipe, op)
-    use_2d_t = _use_2d(g, scaling_recipe_for_trans if scaling_recipe_for_trans is not None else scaling_recipe, op)
     rows, cols = x.shape[-2:]
     _check_mx_dim(g, -1, rows, cols, op)
     _check_mx_dim(g, 0, rows, cols, op)
@@ -848,6 +885,32 @@ def quantize_fp8_with_trans(
         return _quantize_fp8_with_trans_mx_nd(x, out_dtype)
     return _call(torch.ops.primus_turbo.quantize_fp8_with_trans_impl, _quantize_fp8_with_trans_eager,
                  x, out_dtype, g.name, b, use_2d, use_2d_t)
+
+
+def _with_trans_args_uncached(out_dtype, granularity, block_size, scaling_recipe, scaling_recipe_for_trans):
+    op = "quantize_fp8_with_trans"
+    _check_out_dtype(out_dtype, op)
+    g = _granularity(granularity, op)
+    b = _block_size(g, block_size, op)
+    use_2d = _use_2d(g, scaling_recipe, op)
+    use_2d_t = _use_2d(g, scaling_recipe_for_trans if scaling_recipe_for_trans is not None else scaling_recipe, op)
+    return g, b, use_2d, use_2d_t
+
+
+_with_trans_args_cached = functools.lru_cache(maxsize=256)(_with_trans_args_uncached)
+
+
+def _with_trans_args(out_dtype, granularity, block_size, scaling_recipe, scaling_recipe_for_trans):
+    """The validated (granularity, block size, use_2d, use_2d_t) of :func:`quantize_fp8_with_trans`'s
+    non-tensor arguments, cached per value: the same few combinations repeat every training step.
+    Invalid values raise on every call (exceptions are not cached); an unhashable argument is
+    validated uncached, which raises the argument's own error."""
+    key = (out_dtype, granularity, block_size, scaling_recipe, scaling_recipe_for_trans)
+    try:
+        hash(key)
+    except TypeError:  # validated as given: the argument's own error, not a hashing one
+        return _with_trans_args_uncached(*key)
+    return _with_trans_args_cached(*key)
 
 
 def dequantize_fp8(

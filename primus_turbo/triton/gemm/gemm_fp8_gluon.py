@@ -925,6 +925,19 @@ def gemm_fp8_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor,
     reason = gluon_blockwise_reason(a, sa, b, sb, out, out_dtype, allow_b_row_scales)
     if reason is not None:
         raise ValueError(f"gemm_fp8_blockwise_gluon: {reason}")
+    return _gemm_checked(a, sa, b, sb, out, out_dtype, config)
+
+
+def gemm_fp8_blockwise_gluon_prechecked(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor,
+                                        out: Optional[torch.Tensor] = None,
+                                        out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """:func:`gemm_fp8_blockwise_gluon` with the default config and per-row B scales as the
+    environment says, for a caller that has just run :func:`gluon_blockwise_reason` on these very
+    arguments and got None (the FP8 dispatcher's check): the check is not repeated per call."""
+    return _gemm_checked(a, sa, b, sb, out, out.dtype if out is not None else out_dtype, None)
+
+
+def _gemm_checked(a, sa, b, sb, out, out_dtype, config) -> torch.Tensor:
     M, K = a.shape
     N = b.shape[0]
     if out is None:
@@ -938,8 +951,9 @@ def gemm_fp8_blockwise_gluon(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor,
     bad = cfg.check(out.element_size(), rows)
     if bad is not None:
         raise ValueError(f"gemm_fp8_blockwise_gluon: {bad}")
-    with torch.cuda.device(a.device):
-        _launch(a, sa, b, sb, out, cfg)
+    # no torch.cuda.device() context: launch() launches on a.device's index itself (a context
+    # switch per call was host time)
+    _launch(a, sa, b, sb, out, cfg)
     return out
 
 

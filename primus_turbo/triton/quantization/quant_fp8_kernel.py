@@ -12,8 +12,11 @@ MX ``(1, 32)`` / ``(32, 1)``. The kernels:
   read once (16-byte vector loads), viewed as ``[TR/GR, GR, TC/GC, GC]`` to reduce each block's
   amax, scaled, cast and written once. With ``HAS_T`` it also forms a second grouping of the same
   registers (e.g. ``(b, 1)`` next to ``(1, b)``) and writes it through the transposed strides:
-  ``quantize_fp8_with_trans`` reads x once. ``MODE`` 2 (TENSORWISE) takes the amax from the
-  one-int buffer the amax kernel filled and forms the scale on the device (no host sync).
+  ``quantize_fp8_with_trans`` reads x once. ``MODE`` 2 (TENSORWISE) reduces the amax kernel's
+  per-program partial maxima (``n_amax`` ints) and forms the scale on the device (no host sync).
+  ``S_TWICE`` (one grouping) also stores the scales through the second scale pointer and strides:
+  the transposed copy's scales of a grouping that transposes with the tensor (TENSORWISE, b x b),
+  without a separate copy launch.
 * ``_quant_fp8_tile_batched_kernel``: the one-grouping tile kernel over a batch ``x [B, rows,
   cols]`` (grid axis 1 = the matrix): every matrix quantized exactly as alone, blocks never
   straddling two of them, in one launch (``fp8_quant_batched_launch``; grouped-GEMM weights
@@ -29,9 +32,11 @@ MX ``(1, 32)`` / ``(32, 1)``. The kernels:
   (the one place the default is set; ``WITH_TRANS_CANDIDATES`` for scripts/tune_quant.py).
 * ``_quant_fp8_long_kernel``: ROWWISE whose row (or column) does not fit a tile: two passes over
   the strip (amax, then scale + cast); the second pass mostly hits L2.
-* ``_amax_kernel``: TENSORWISE first pass, ``atomic_max`` of ``|x|`` bit patterns into one int32.
-  For non-negative floats the int32 order of the bit patterns is the value order and every NaN
-  lies above +inf, so the result is deterministic and a NaN anywhere wins.
+* ``_amax_kernel``: TENSORWISE first pass, the max of ``|x|`` bit patterns per program, one int32
+  per program (no atomics, so the buffer needs no zero fill: that was a fill launch and an
+  allocation per call on the host-bound path); the tile kernel reduces the partials. For
+  non-negative floats the int32 order of the bit patterns is the value order and every NaN lies
+  above +inf, so the result is deterministic and a NaN anywhere wins.
 * ``_dequant_fp8_kernel``: ``x = q * scale_inv`` gathered per element's block.
 
 Scale arithmetic is the contract's, bit for bit: ``tl.math.div_rn`` (IEEE-rounded division, not
@@ -198,16 +203,20 @@ def _round_for_store(x, out_ptr, SOFT: tl.constexpr):
 
 @triton.jit
 def _quantize_groups(
-    x, amax_ptr,
+    x, amax_ptr, n_amax,
     MODE: tl.constexpr, FP8_MAX: tl.constexpr, EMAX: tl.constexpr,
-    TR: tl.constexpr, TC: tl.constexpr, GR: tl.constexpr, GC: tl.constexpr,
+    TR: tl.constexpr, TC: tl.constexpr, GR: tl.constexpr, GC: tl.constexpr, AMAX_SLOTS: tl.constexpr,
 ):
     """Quantize an fp32 tile [TR, TC] whose blocks are GR x GC (zeros outside the tensor).
+    TENSORWISE (MODE 2): the amax is the max of the ``n_amax <= AMAX_SLOTS`` partials at amax_ptr.
 
     Returns (y, s): y the scaled, clamped fp32 tile (cast by the caller), s the per-block scale
     to store ([TR/GR, TC/GC] fp32 scale_inv or int32 E8M0 bytes; a scalar for TENSORWISE)."""
     if MODE == 2:
-        amax_bits = tl.load(amax_ptr)
+        # every program reduces the amax kernel's partials (a few KiB from L2): the same max
+        # as one atomic word, with no zero-filled buffer to launch first
+        slots = tl.arange(0, AMAX_SLOTS)
+        amax_bits = tl.max(tl.load(amax_ptr + slots, mask=slots < n_amax, other=0), axis=0)
         scale, s = _fp32_scales(amax_bits, FP8_MAX)
         y = x * scale
     else:
@@ -232,6 +241,15 @@ def _store_tile(
     """Write the cast tile through its strides and the tile's block scales."""
     q_ptrs = q_ptr + offs_r.to(tl.int64)[:, None] * stride_qr + offs_c.to(tl.int64)[None, :] * stride_qc
     tl.store(q_ptrs, _fp8_bits(y, IS_E4M3, SOFT), mask=mask)
+    _store_scales(s_ptr, s, pid, stride_sr, stride_sc, n_sr, n_sc, MODE, TR, TC, GR, GC, pid_r, pid_c)
+
+
+@triton.jit
+def _store_scales(
+    s_ptr, s, pid, stride_sr, stride_sc, n_sr, n_sc,
+    MODE: tl.constexpr, TR: tl.constexpr, TC: tl.constexpr, GR: tl.constexpr, GC: tl.constexpr, pid_r, pid_c,
+):
+    """Write the tile's block scales ``s`` (a scalar for TENSORWISE: program 0 writes it)."""
     if MODE == 2:
         if pid == 0:
             tl.store(s_ptr, s)
@@ -255,22 +273,25 @@ def _amax_kernel(
     # meta-parameters
     BLOCK: tl.constexpr, NUM_PROGS: tl.constexpr,
 ):
-    """amax_ptr[0] = max over x of |x| as int32 bits (amax_ptr zeroed by the caller)."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    """amax_ptr[pid] = max of |x| as int32 bits over this program's blocks (0 where it has none);
+    every one of the NUM_PROGS slots is written, so the buffer needs no initialization."""
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     acc = tl.zeros((BLOCK,), dtype=tl.int32)
     for _ in range(0, n_iters):
         x = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
         acc = tl.maximum(acc, _abs_bits(x))
         offs += NUM_PROGS * BLOCK
-    tl.atomic_max(amax_ptr, tl.max(acc, axis=0))
+    tl.store(amax_ptr + pid, tl.max(acc, axis=0))
 
 
 @triton.jit
 def _quant_fp8_tile_kernel(
-    # pointers: input, row-wise output + scales, transposed output + scales, TENSORWISE amax bits
+    # pointers: input, row-wise output + scales, transposed output + scales, TENSORWISE amax
+    # partials (n_amax of them)
     x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, amax_ptr,
     # sizes
-    rows, cols, n_tiles_c,
+    rows, cols, n_tiles_c, n_amax,
     # strides, all in x's (row, col) coordinates
     stride_xr, stride_xc,
     stride_qr, stride_qc, stride_sr, stride_sc,
@@ -282,8 +303,11 @@ def _quant_fp8_tile_kernel(
     MODE: tl.constexpr, GR: tl.constexpr, GC: tl.constexpr,  # first grouping
     HAS_T: tl.constexpr, MODE_T: tl.constexpr, GR_T: tl.constexpr, GC_T: tl.constexpr,  # second
     TR: tl.constexpr, TC: tl.constexpr, IS_E4M3: tl.constexpr, SOFT: tl.constexpr,
+    AMAX_SLOTS: tl.constexpr, S_TWICE: tl.constexpr,
 ):
-    """q = quant(x) with GR x GC blocks (and, with HAS_T, qt = quant(x) with GR_T x GC_T blocks)."""
+    """q = quant(x) with GR x GC blocks (and, with HAS_T, qt = quant(x) with GR_T x GC_T blocks;
+    with S_TWICE instead, the same scales also into st_ptr through strides stride_str /
+    stride_stc, in x's block coordinates)."""
     pid = tl.program_id(0)
     pid_r = pid // n_tiles_c
     pid_c = pid % n_tiles_c
@@ -293,15 +317,19 @@ def _quant_fp8_tile_kernel(
     x_ptrs = x_ptr + offs_r.to(tl.int64)[:, None] * stride_xr + offs_c.to(tl.int64)[None, :] * stride_xc
     x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
 
-    y, s = _quantize_groups(x, amax_ptr, MODE, FP8_MAX, EMAX, TR, TC, GR, GC)
+    y, s = _quantize_groups(x, amax_ptr, n_amax, MODE, FP8_MAX, EMAX, TR, TC, GR, GC, AMAX_SLOTS)
     _store_tile(q_ptr, s_ptr, y, s, pid, offs_r, offs_c, mask, rows, cols,
                 stride_qr, stride_qc, stride_sr, stride_sc, n_sr, n_sc, MODE, TR, TC, GR, GC, pid_r, pid_c, IS_E4M3, SOFT)
+    if S_TWICE:
+        tl.static_assert(not HAS_T, "S_TWICE is for one grouping")
+        _store_scales(st_ptr, s, pid, stride_str, stride_stc, n_sr, n_sc, MODE, TR, TC, GR, GC, pid_r, pid_c)
     if HAS_T:
         # The second copy is stored transposed. It is quantized from the tile transposed in
         # registers, with its blocks in the copy's own coordinates, and written in the copy's
         # row-major order: every stored row is contiguous (coalesced, no byte stores strided by
         # `rows`). Arguments below are in the copy's coordinates: its rows are x's columns.
-        yt, st = _quantize_groups(tl.trans(x), amax_ptr, MODE_T, FP8_MAX, EMAX, TC, TR, GC_T, GR_T)
+        yt, st = _quantize_groups(tl.trans(x), amax_ptr, n_amax, MODE_T, FP8_MAX, EMAX, TC, TR, GC_T, GR_T,
+                                  AMAX_SLOTS)
         mask_t = (offs_c < cols)[:, None] & (offs_r < rows)[None, :]
         _store_tile(qt_ptr, st_ptr, yt, st, pid, offs_c, offs_r, mask_t, cols, rows,
                     stride_qtc, stride_qtr, stride_stc, stride_str, n_stc, n_str,
@@ -349,7 +377,7 @@ def _quant_fp8_tile_batched_kernel(
     x_ptrs = (x_ptr + b * stride_xb + offs_r.to(tl.int64)[:, None] * stride_xr
               + offs_c.to(tl.int64)[None, :] * stride_xc)
     x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
-    y, s = _quantize_groups(x, s_ptr, MODE, FP8_MAX, EMAX, TR, TC, GR, GC)
+    y, s = _quantize_groups(x, s_ptr, 1, MODE, FP8_MAX, EMAX, TR, TC, GR, GC, 1)
     _store_tile(q_ptr + b * stride_qb, s_ptr + b * stride_sb, y, s, pid, offs_r, offs_c, mask, rows, cols,
                 cols, 1, n_sc, 1, n_sr, n_sc, MODE, TR, TC, GR, GC, pid_r, pid_c, IS_E4M3, SOFT)
     if HAS_T:
@@ -872,23 +900,46 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _amax_bits(x: torch.Tensor) -> torch.Tensor:
-    """One int32 holding max |x| as fp32 bits (TENSORWISE first pass), computed on x's device."""
+#: the most partial maxima the amax kernel leaves (its programs); the tile kernel reduces them
+#: all in every program (AMAX_SLOTS), so this stays small: 1024 ints, 4 KiB read from L2
+AMAX_SLOTS = 1024
+_AMAX_BLOCK = 4096
+
+
+def amax_programs(x: torch.Tensor) -> int:
+    """How many programs (and partial maxima) the TENSORWISE amax pass of ``x`` uses."""
     n = x.numel()
-    amax = torch.zeros(1, dtype=torch.int32, device=x.device)
-    block = 4096
     if x.is_cuda:
         n_sm = _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
-        progs = min(cdiv(n, block), 4 * n_sm)
+        progs = min(cdiv(n, _AMAX_BLOCK), 4 * n_sm, AMAX_SLOTS)
     else:
-        progs = min(cdiv(n, block), 8)
-    progs = max(progs, 1)
+        progs = min(cdiv(n, _AMAX_BLOCK), 8)
+    return max(progs, 1)
+
+
+def amax_launch(x: torch.Tensor, partials: torch.Tensor) -> None:
+    """The amax pass of a contiguous ``x`` into ``partials`` (int32, ``amax_programs(x)`` of them,
+    any prior contents: every one is written): slot p holds the max |x| bits over program p's
+    blocks (p, p + P, p + 2P, ... of 4096 elements), 0 for a program without elements."""
+    progs = amax_programs(x)
+    if partials.dtype != torch.int32 or partials.numel() != progs:
+        raise ValueError(f"amax_launch: partials must be {progs} int32 values for x of {x.numel()} elements, got "
+                         f"{partials.numel()} {partials.dtype}")
+    n = x.numel()
     launch(_amax_kernel, (progs,), (
-        x, amax, n, cdiv(cdiv(n, block), progs),
+        x, partials, n, cdiv(cdiv(n, _AMAX_BLOCK), progs),
     ), dict(
-        BLOCK=block, NUM_PROGS=progs, num_warps=8
+        BLOCK=_AMAX_BLOCK, NUM_PROGS=progs, num_warps=8
     ), x.device)
-    return amax
+
+
+def _amax_bits(x: torch.Tensor) -> "tuple[torch.Tensor, int]":
+    """(partials, n): max |x| as fp32 bits is the max of the ``n`` int32 partials (TENSORWISE
+    first pass, on x's device). Every partial is written by the kernel: no zero fill."""
+    progs = amax_programs(x)
+    amax = torch.empty(progs, dtype=torch.int32, device=x.device)
+    amax_launch(x, amax)
+    return amax, progs
 
 
 def _scale_tensor(grouping: QuantGrouping, rows: int, cols: int, transposed: bool, device) -> tuple:
@@ -930,29 +981,41 @@ def _fits_tile(g: QuantGrouping) -> bool:
     return not (g.gc == 1 and pr > 256)
 
 
-def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGrouping, tile: "tuple | None" = None):
+def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGrouping, tile: "tuple | None" = None,
+                     st: "torch.Tensor | None" = None):
     """Quantize a contiguous 2-D ``x`` with one grouping. Returns ``(q [rows, cols], scale)``;
     ``scale`` is ``[n_sr, n_sc]`` (fp32, or uint8 E8M0 bytes for MX) or 0-dim for TENSORWISE.
     ``tile=(TR, TC, num_warps)`` overrides :func:`tile_config` for blocks that fit a tile (for
-    tuning, scripts/tune_gptoss_memory.py): a tile holds whole blocks, so the bytes are the same."""
+    tuning, scripts/tune_gptoss_memory.py): a tile holds whole blocks, so the bytes are the same.
+    ``st``: also write the scales, transposed, into this ``[n_sc, n_sr]`` tensor (0-dim for
+    TENSORWISE) in the same launch: the transposed copy's scales of a grouping that transposes
+    with the tensor (:func:`fp8_quant_with_trans_launch`)."""
     rows, cols = x.shape
     fmax = fp8_max_of(out_dtype)
     q = torch.empty((rows, cols), dtype=out_dtype, device=x.device)
+    twice = st is not None
     if grouping.mode == _MODE_TENSOR:
-        amax = _amax_bits(x)
+        if not x.is_contiguous():  # read as one flat row below
+            raise ValueError(f"fp8_quant_launch: TENSORWISE needs a contiguous x, got strides {tuple(x.stride())}")
+        amax, n_amax = _amax_bits(x)
         s = torch.empty((), dtype=torch.float32, device=x.device)
-        flat = x.view(1, -1)
-        n = flat.shape[1]
+        n = rows * cols
         tr, tc, nw = 1, 8192, 8
         n_tc = cdiv(n, tc)
+        # x is contiguous: its [1, n] view's strides are (n, 1), passed as numbers (no view op)
         launch(_quant_fp8_tile_kernel, (n_tc,), (
-            flat, q.view(torch.uint8), s, q, s, amax, 1, n, n_tc, n, 1, n, 1, 0, 0, n, 1, 0, 0, 1, 1, 1, 1,
+            x, q.view(torch.uint8), s, q, st if twice else s, amax, 1, n, n_tc, n_amax, n, 1, n, 1, 0, 0, n, 1,
+            0, 0, 1, 1, 1, 1,
         ), dict(
             FP8_MAX=fmax, EMAX=0, MODE=_MODE_TENSOR, GR=1, GC=1, HAS_T=False, MODE_T=_MODE_TENSOR, GR_T=1,
-            GC_T=1, TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(), num_warps=nw
-        ), flat.device)
+            GC_T=1, TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(),
+            AMAX_SLOTS=AMAX_SLOTS, S_TWICE=twice, num_warps=nw
+        ), x.device)
         return q, s
     if not _fits_tile(grouping):
+        if twice:
+            raise ValueError(f"fp8_quant_launch: st (the scales written twice) needs blocks that fit a tile, got "
+                             f"{grouping}")
         s, _, _ = _scale_tensor(grouping, rows, cols, False, x.device)
         _long_rowwise(x, q, (cols, 1), s.view(-1), grouping.gr == 1, fmax)
         return q, s
@@ -965,13 +1028,14 @@ def fp8_quant_launch(x: torch.Tensor, out_dtype: torch.dtype, grouping: QuantGro
         n_tc = cdiv(cols, tc)
         n_prog = cdiv(rows, tr) * n_tc
     s = torch.empty((n_sr, n_sc), dtype=torch.uint8 if grouping.mode == _MODE_MX else torch.float32, device=x.device)
+    # st [n_sc, n_sr] contiguous: element (block row r, block col c) of x's grid at c * n_sr + r
     launch(_quant_fp8_tile_kernel, (n_prog,), (
-        x, q.view(torch.uint8), s, q, s, s, rows, cols, n_tc, x.stride(0), x.stride(1), cols, 1, n_sc, 1, 0, 0,
-        0, 0, n_sr, n_sc, 1, 1,
+        x, q.view(torch.uint8), s, q, st if twice else s, s, rows, cols, n_tc, 1, x.stride(0), x.stride(1), cols,
+        1, n_sc, 1, 0, 0, 1 if twice else 0, n_sr if twice else 0, n_sr, n_sc, 1, 1,
     ), dict(
         FP8_MAX=fmax, EMAX=mx_emax_of(out_dtype), MODE=grouping.mode, GR=gr, GC=gc, HAS_T=False,
         MODE_T=grouping.mode, GR_T=gr, GC_T=gc, TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn,
-        SOFT=is_interpreter(), num_warps=nw
+        SOFT=is_interpreter(), AMAX_SLOTS=1, S_TWICE=twice, num_warps=nw
     ), x.device)
     return q, s
 
@@ -1066,10 +1130,16 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
         # (Forming it in the same kernel from the quantized tile, or from the transposed input
         # tile that the compiler then shares with the first copy, miscompiled on sm_90 with
         # Triton 3.6: wrong bytes in both copies.)
-        q, s = fp8_quant_launch(x, out_dtype, row)
+        # The transposed copy's scales are written by the same launch (S_TWICE): custom ops may not
+        # return aliasing outputs, and a clone / transposed copy of the scales was one more launch.
+        if row.mode == _MODE_TENSOR:
+            st = torch.empty((), dtype=torch.float32, device=dev)
+        else:
+            n_sr, n_sc = row.scale_grid(rows, cols)
+            st = torch.empty((n_sc, n_sr), dtype=torch.uint8 if row.mode == _MODE_MX else torch.float32, device=dev)
+        q, s = fp8_quant_launch(x, out_dtype, row, st=st)
         qt = torch.empty((cols, rows), dtype=out_dtype, device=dev)
         transpose_bytes(q, qt)
-        st = s.clone() if row.mode == _MODE_TENSOR else s.t().contiguous()  # custom ops may not alias outputs
         return q, s, qt, st
     # one [<=128, <=128] tile must hold whole blocks of both groupings
     one_tile = max(*row.padded(), *col.padded()) <= 128
@@ -1100,7 +1170,7 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
         cfg = with_trans_config(rows, cols, row, col)
     if cfg is not None and x.stride(1) == 1 and _dual_ok(rows, cols, row, col, cfg):
         return _dual_launch(x, q, qt, out_dtype, row, col, cfg)
-    amax = _amax_bits(x) if tensorwise else None
+    amax, n_amax = _amax_bits(x) if tensorwise else (None, 1)
     s, s_strides, (n_sr, n_sc) = _scale_tensor(row, rows, cols, False, dev)
     st, st_strides, (n_str, n_stc) = _scale_tensor(col, rows, cols, True, dev)
     gr, gc = row.padded()
@@ -1112,12 +1182,12 @@ def fp8_quant_with_trans_launch(x: torch.Tensor, out_dtype: torch.dtype, row: Qu
     n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
     launch(_quant_fp8_tile_kernel, (n_tr * n_tc,), (
         x, q.view(torch.uint8), s, qt.view(torch.uint8), st, amax if amax is not None else s, rows, cols, n_tc,
-        x.stride(0), x.stride(1), cols, 1, s_strides[0], s_strides[1], 1, rows, st_strides[0], st_strides[1],
-        n_sr, n_sc, n_str, n_stc,
+        n_amax, x.stride(0), x.stride(1), cols, 1, s_strides[0], s_strides[1], 1, rows, st_strides[0],
+        st_strides[1], n_sr, n_sc, n_str, n_stc,
     ), dict(
         FP8_MAX=fmax, EMAX=mx_emax_of(out_dtype), MODE=row.mode, GR=gr, GC=gc, HAS_T=True, MODE_T=col.mode,
         GR_T=gr_t, GC_T=gc_t, TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(),
-        num_warps=nw
+        AMAX_SLOTS=AMAX_SLOTS if tensorwise else 1, S_TWICE=False, num_warps=nw
     ), x.device)
     return q, s, qt, st
 
@@ -1284,12 +1354,12 @@ def _transposed_single(x: torch.Tensor, qt: torch.Tensor, col: QuantGrouping, ou
     tr, tc, nw = tile_config(rows, cols, ((gr, gc),))
     n_tr, n_tc = cdiv(rows, tr), cdiv(cols, tc)
     launch(_quant_fp8_tile_kernel, (n_tr * n_tc,), (
-        x, qt.view(torch.uint8), st, qt, st, st, rows, cols, n_tc, x.stride(0), x.stride(1), 1, rows,
+        x, qt.view(torch.uint8), st, qt, st, st, rows, cols, n_tc, 1, x.stride(0), x.stride(1), 1, rows,
         st_strides[0], st_strides[1], 0, 0, 0, 0, n_str, n_stc, 1, 1,
     ), dict(
         FP8_MAX=fmax, EMAX=mx_emax_of(out_dtype), MODE=col.mode, GR=gr, GC=gc, HAS_T=False, MODE_T=col.mode,
         GR_T=gr, GC_T=gc, TR=tr, TC=tc, IS_E4M3=out_dtype == torch.float8_e4m3fn, SOFT=is_interpreter(),
-        num_warps=nw
+        AMAX_SLOTS=1, S_TWICE=False, num_warps=nw
     ), x.device)
     return st
 

@@ -1509,3 +1509,100 @@ def test_dequantize_fp4_scaling_recipe(axis, device):
         Q.dequantize_fp4(pr, torch.float32, axis=axis, scale_inv=sr, rht_signs=sg)
     with pytest.raises(TypeError, match="dequantize_fp4: scaling_recipe must be a ScalingRecipe or None, got dict"):
         Q.dequantize_fp4(pr, torch.float32, axis=axis, scale_inv=sr, scaling_recipe={})
+
+
+# ---- TENSORWISE amax without a zero-filled buffer; scales written twice (S_TWICE) -------------
+def _amax_partials_ref(x: torch.Tensor, progs: int, block: int = 4096) -> torch.Tensor:
+    """Slot p: max |x| bits over blocks p, p + progs, ... (the amax kernel's split), 0 if none."""
+    bits = x.float().contiguous().view(-1).view(torch.int32) & 0x7FFFFFFF
+    n_iters = -(-(-(-bits.numel() // block)) // progs)
+    pad = torch.zeros(n_iters * progs * block, dtype=torch.int32, device=bits.device)
+    pad[:bits.numel()] = bits
+    return pad.view(n_iters, progs, block).amax(dim=(0, 2))
+
+
+# (rows, cols): one program, several, and more blocks than programs (a loop per program on CPU)
+AMAX_SHAPES = [(3, 50), (64, 300), (200, 260)]
+
+
+@pytest.mark.parametrize("special", ["random", "negative", "inf", "nan", "zeros"])
+@pytest.mark.parametrize("shape", AMAX_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_amax_partials_overwrite_poisoned_buffer(shape, special, device):
+    from primus_turbo.triton.quantization import quant_fp8_kernel as K
+
+    x = _sample(shape, torch.bfloat16, device, seed=sum(shape))
+    n = x.numel()
+    if special == "negative":  # the largest magnitude is negative, in the last program's range
+        x.view(-1)[n - 1] = -3.0e4
+    elif special == "inf":
+        x.view(-1)[n // 2] = float("-inf")
+    elif special == "nan":  # NaN beats +inf (its bits lie above)
+        x.view(-1)[0] = float("inf")
+        x.view(-1)[n - 1] = float("nan")
+    elif special == "zeros":
+        x.zero_()
+    progs = K.amax_programs(x)
+    # poison: every slot must be written (0x7FFFFFFF is above every |x| bit pattern, NaNs included)
+    partials = torch.full((progs,), 0x7FFFFFFF, dtype=torch.int32, device=device)
+    K.amax_launch(x, partials)
+    assert torch.equal(partials.cpu(), _amax_partials_ref(x, progs).cpu())
+    with pytest.raises(ValueError, match="partials must be"):
+        K.amax_launch(x, torch.zeros(progs + 1, dtype=torch.int32, device=device))
+
+
+@pytest.mark.parametrize("special", ["random", "negative", "inf", "nan"])
+@pytest.mark.parametrize("out_dtype", FP8, ids=["e4m3", "e5m2"])
+def test_tensorwise_multi_partial_amax_matches_reference(out_dtype, special, device):
+    """Inputs large enough for several amax partials (the tile kernel reduces them all): both the
+    one-copy and the with_trans op match the reference bit for bit, and the copies share a scale."""
+    x = _sample((200, 260), torch.float32, device, seed=5)
+    if special == "negative":
+        x[-1, -1] = -1.0e6
+    elif special == "inf":
+        x[100, 3] = float("inf")
+    elif special == "nan":
+        x[0, 0] = float("-inf")
+        x[-1, -1] = float("nan")
+    q, s = Q.quantize_fp8(x, out_dtype, G.TENSORWISE)
+    q_ref, s_ref = quantize_fp8_ref(x, out_dtype, G.TENSORWISE)
+    assert_bits_equal(q, q_ref, "data")
+    assert_bits_equal(s, s_ref, "scale")
+    q2, s2, qt, st = Q.quantize_fp8_with_trans(x, out_dtype, G.TENSORWISE)
+    assert_bits_equal(q2, q_ref, "row copy")
+    assert_bits_equal(s2, s_ref, "row scale")
+    assert_bits_equal(qt, q_ref.t().contiguous(), "column copy")
+    assert_bits_equal(st, s_ref, "column scale")
+    assert st.data_ptr() != s2.data_ptr()  # custom-op outputs never alias
+
+
+@pytest.mark.parametrize("case", [("tensorwise", G.TENSORWISE, 0), ("block128x128", G.BLOCKWISE, 128),
+                                  ("block32x32", G.BLOCKWISE, 32)], ids=lambda c: c[0])
+def test_fp8_quant_launch_scales_twice(case, device):
+    """``st``: the same scales, transposed, written by the same launch into a poisoned buffer."""
+    from primus_turbo.triton.quantization import quant_fp8_kernel as K
+
+    _, gran, b = case
+    x = _sample((96, 200), torch.bfloat16, device, seed=11)
+    grouping = K.QuantGrouping(2, 96, 200) if gran == G.TENSORWISE else K.QuantGrouping(0, b, b)
+    n_sr, n_sc = grouping.scale_grid(96, 200)
+    shape = () if gran == G.TENSORWISE else (n_sc, n_sr)
+    st = torch.full(shape, float("nan"), dtype=torch.float32, device=device)
+    q, s = K.fp8_quant_launch(x, E4M3, grouping, st=st)
+    q1, s1 = K.fp8_quant_launch(x, E4M3, grouping)
+    assert_bits_equal(q, q1, "data")
+    assert_bits_equal(s, s1, "scale")
+    assert_bits_equal(st, s1 if gran == G.TENSORWISE else s1.t().contiguous(), "scale written twice")
+    q_ref, s_ref = quantize_fp8_ref(x, E4M3, gran, **({} if gran == G.TENSORWISE else
+                                                     {"block_size": b, "scaling_recipe": R2D}))
+    assert_bits_equal(s, s_ref, "scale vs reference")
+
+
+def test_fp8_quant_launch_scales_twice_errors(device):
+    from primus_turbo.triton.quantization import quant_fp8_kernel as K
+
+    x = _sample((8, 64), torch.float32, device)
+    with pytest.raises(ValueError, match="TENSORWISE needs a contiguous x"):
+        K.fp8_quant_launch(x.t(), E4M3, K.QuantGrouping(2, 64, 8))
+    long_row = K.QuantGrouping(0, 1, 1 << 20)  # a ROWWISE row past one tile: the two-pass kernel
+    with pytest.raises(ValueError, match="st .* needs blocks that fit a tile"):
+        K.fp8_quant_launch(x, E4M3, long_row, st=torch.empty(1, 8, device=device))
