@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Optional
 
@@ -71,6 +72,14 @@ class TurboAttention(torch.nn.Module):
                               if g is not None)
             raise NotImplementedError(f"{name}: context parallelism (Ulysses / ring attention) is not implemented; "
                                       f"{given} must be None")
+        if softmax_scale is not None and (not isinstance(softmax_scale, numbers.Real) or isinstance(softmax_scale, bool)
+                                          or not math.isfinite(softmax_scale)):
+            raise ValueError(f"{name}: softmax_scale must be a finite float or None, got {softmax_scale!r}")
+        if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+                or not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and w >= -1
+                           for w in window_size)):
+            raise ValueError(f"{name}: window_size must be (left, right) ints >= -1 (-1 = unbounded), "
+                             f"got {window_size!r}")
         if fp8_config is not None:
             if not isinstance(fp8_config, Float8QuantConfig):
                 raise TypeError(f"{name}: fp8_config must be a Float8QuantConfig or None, got "

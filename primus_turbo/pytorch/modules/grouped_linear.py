@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional
 
 import torch
@@ -76,6 +77,9 @@ class GroupedLinear(_FP8WeightCache, torch.nn.Module):
         if isinstance(device, torch.dtype) or not (dtype is None or isinstance(dtype, torch.dtype)):
             raise TypeError(f"GroupedLinear: got device={device!r}, dtype={dtype!r}; the positional order is "
                             "(num_groups, in_features, out_features, device, dtype), as Primus-Turbo's")
+        for arg, val in (("num_groups", num_groups), ("in_features", in_features), ("out_features", out_features)):
+            if not isinstance(val, numbers.Integral) or isinstance(val, bool):
+                raise TypeError(f"GroupedLinear: {arg} must be an int, got {val!r}")
         if num_groups <= 0 or in_features <= 0 or out_features <= 0:
             raise ValueError(f"GroupedLinear: sizes must be positive, got num_groups={num_groups}, "
                              f"in_features={in_features}, out_features={out_features}")
@@ -103,6 +107,8 @@ class GroupedLinear(_FP8WeightCache, torch.nn.Module):
 
     def forward(self, x: torch.Tensor, group_lens: torch.Tensor, group_offs: Optional[torch.Tensor] = None,
                 is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"GroupedLinear: x must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 2 or x.shape[-1] != self.in_features:
             raise ValueError(f"GroupedLinear: x must be [M_total, {self.in_features}], got {tuple(x.shape)}")
         if is_first_microbatch is not None and not isinstance(is_first_microbatch, bool):

@@ -14,6 +14,8 @@ the parameter on every call. The bias gradient always goes through ordinary auto
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Optional
 
 import torch
@@ -38,7 +40,23 @@ def _fuse_pattern(weight: torch.Tensor) -> Optional[str]:
     return None
 
 
+def _check_features(name: str, in_features, out_features) -> None:
+    """Sizes as ``torch.nn.Linear`` takes them (non-negative ints), checked before its ``torch.empty``
+    would fail on a negative one."""
+    for arg, v in (("in_features", in_features), ("out_features", out_features)):
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"{name}: {arg} must be a non-negative int, got {v!r}")
+
+
+def _rows(x: torch.Tensor, in_features: int) -> torch.Tensor:
+    """``x [..., in_features]`` as ``[rows, in_features]`` (explicit row count: ``reshape(-1, 0)`` of
+    an empty last dim is ambiguous)."""
+    return x.reshape(math.prod(x.shape[:-1]), in_features)
+
+
 def _check_x(x: torch.Tensor, in_features: int, name: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: input must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() < 1 or x.shape[-1] != in_features:
         raise ValueError(f"{name}: input's last dim must be in_features={in_features}, got shape {tuple(x.shape)}")
 
@@ -52,10 +70,14 @@ class Linear(torch.nn.Linear):
     Works under ``torch.compile(fullgraph=True)``.
     """
 
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
+        _check_features(type(self).__name__, in_features, out_features)
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_x(x, self.in_features, "Linear")
         lead = x.shape[:-1]
-        y = gemm(x.reshape(-1, self.in_features), self.weight, trans_b=True,
+        y = gemm(_rows(x, self.in_features), self.weight, trans_b=True,
                  fuse_bgrad_accum_pattern=_fuse_pattern(self.weight))
         if self.bias is not None:
             y = y + self.bias
@@ -204,6 +226,7 @@ class Float8Linear(_FP8WeightCache, torch.nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  config: Optional[Float8QuantConfig] = None, device=None, dtype=None):
+        _check_features("Float8Linear", in_features, out_features)
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self._init_fp8(config)
 
@@ -256,8 +279,11 @@ class Float8Linear(_FP8WeightCache, torch.nn.Linear):
 
     def forward(self, x: torch.Tensor, is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
         _check_x(x, self.in_features, "Float8Linear")
+        if is_first_microbatch is not None and not isinstance(is_first_microbatch, bool):
+            raise TypeError(f"Float8Linear: is_first_microbatch must be None, True or False, got "
+                            f"{is_first_microbatch!r}")
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
+        x2 = _rows(x, self.in_features)
         w, cfg = self.weight, self.config
         fuse = _fuse_pattern(w)
         if is_first_microbatch is None or x2.shape[0] == 0:

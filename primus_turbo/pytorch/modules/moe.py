@@ -24,6 +24,7 @@ capacity removes the only possible device->host sync (with ``pad_multiple``).
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -235,6 +236,14 @@ class MoELayer(torch.nn.Module):
         if scaling_factor is not None and (isinstance(scaling_factor, bool)
                                            or not isinstance(scaling_factor, (int, float))):
             raise ValueError(f"{op}: scaling_factor must be a float or None, got {scaling_factor!r}")
+        if scaling_factor is not None and not math.isfinite(scaling_factor):
+            raise ValueError(f"{op}: scaling_factor must be finite, got {scaling_factor!r} (the routing probs would "
+                             f"be NaN / inf)")
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"{op}: activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+        if config is not None and not isinstance(config, (Float8QuantConfig, Float4QuantConfig)):
+            raise ValueError(f"{op}: config must be a Float8QuantConfig, a Float4QuantConfig or None, got "
+                             f"{type(config).__name__}")
         if pad_multiple is not None and (not _is_int(pad_multiple) or pad_multiple < 1):
             raise ValueError(f"{op}: pad_multiple must be a positive int or None, got {pad_multiple!r}")
         if isinstance(aux_loss_coeff, bool) or not isinstance(aux_loss_coeff, (int, float)) or aux_loss_coeff < 0:
@@ -298,6 +307,10 @@ class MoELayer(torch.nn.Module):
         w = self.experts.linear_fc1.weight
         if hidden_states.dtype != w.dtype:
             raise ValueError(f"{op}: hidden_states dtype {hidden_states.dtype} must match the experts' dtype {w.dtype}")
+        if hidden_states.device != w.device:
+            raise ValueError(f"{op}: hidden_states on {hidden_states.device}, the layer's parameters on {w.device}")
+        if is_first_microbatch is not None and not isinstance(is_first_microbatch, bool):
+            raise TypeError(f"{op}: is_first_microbatch must be None, True or False, got {is_first_microbatch!r}")
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, self.hidden_size)
         t, k, e = x.shape[0], self.topk, self.num_experts

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence, Union
 
 import torch
@@ -15,7 +16,12 @@ _DEFAULT_EPS = 1e-6
 
 def _hidden_of(normalized_shape) -> int:
     """The one normalized dim of ``normalized_shape`` (an int or a one-entry sequence)."""
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if isinstance(normalized_shape, int):
+        shape = (normalized_shape,)
+    elif isinstance(normalized_shape, (tuple, list, torch.Size)):
+        shape = tuple(normalized_shape)
+    else:
+        raise ValueError(f"RMSNorm: normalized_shape must be one int (the last dim), got {normalized_shape!r}")
     if len(shape) != 1 or isinstance(shape[0], bool) or not isinstance(shape[0], int):
         raise ValueError(f"RMSNorm: normalized_shape must be one int (the last dim; the norm is over one "
                          f"dim only), got {normalized_shape!r}")
@@ -62,9 +68,11 @@ class RMSNorm(torch.nn.Module):
             zero_centered_gamma = zero_centered
         self.hidden = _hidden_of(normalized_shape)
         self.normalized_shape = (self.hidden,)
+        if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float))):
+            raise ValueError(f"RMSNorm: eps must be a float >= 0 or None, got {eps!r}")
         self.eps = _DEFAULT_EPS if eps is None else float(eps)
-        if not self.eps >= 0:
-            raise ValueError(f"RMSNorm: eps must be >= 0, got {eps!r}")
+        if not 0 <= self.eps < math.inf:
+            raise ValueError(f"RMSNorm: eps must be >= 0, got {eps!r} (a finite float)")
         self.elementwise_affine = bool(elementwise_affine)
         self.zero_centered = self.zero_centered_gamma = bool(zero_centered_gamma)
         if self.zero_centered and not self.elementwise_affine:
@@ -89,6 +97,8 @@ class RMSNorm(torch.nn.Module):
                 f"zero_centered_gamma={self.zero_centered}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"RMSNorm: input must be a torch.Tensor, got {type(x).__name__}")
         if x.shape[-1:] != (self.hidden,):
             raise ValueError(f"RMSNorm: input's last dim must be {self.hidden}, got shape {tuple(x.shape)}")
         gain = self.weight if self.weight is not None else self._unit_gain

@@ -237,10 +237,14 @@ def _check_inputs(q, k, v, dropout_p, softmax_scale, window_size, bias, alibi_sl
         raise ValueError(f"{fn}: k and v must have the same seq_kv, got k={sk}, v={sv}")
     if hk != hv:
         raise ValueError(f"{fn}: k and v must have the same heads_kv, got k={hk}, v={hv}")
-    if hk == 0 or hq % hk != 0:
+    if hk == 0:
+        raise ValueError(f"{fn}: k and v need at least one head, got heads_kv=0 (k shape {tuple(k.shape)})")
+    if hq % hk != 0:
         raise ValueError(f"{fn}: heads_q={hq} must be a multiple of heads_kv={hk} (GQA/MQA)")
     if dq != dk:
         raise ValueError(f"{fn}: q and k must have the same head_dim, got q={dq}, k={dk}")
+    if dq == 0:  # the default scale 1/sqrt(head_dim) and the kernels' tiles need a non-empty head dim
+        raise ValueError(f"{fn}: head_dim_qk must be >= 1, got q shape {tuple(q.shape)}, k shape {tuple(k.shape)}")
     if softmax_scale is not None and (
         not isinstance(softmax_scale, numbers.Real) or isinstance(softmax_scale, bool) or not math.isfinite(softmax_scale)
     ):
@@ -340,6 +344,8 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
             raise ValueError(f"{fn}: {name} must be 3-D [total_tokens, heads, head_dim], got shape {tuple(t.shape)}")
     if k.size(0) != v.size(0):
         raise ValueError(f"{fn}: k and v must have the same total_k, got k={k.size(0)}, v={v.size(0)}")
+    if q.size(2) == 0 or k.size(2) == 0:
+        raise ValueError(f"{fn}: head_dim_qk must be >= 1, got q shape {tuple(q.shape)}, k shape {tuple(k.shape)}")
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):
             raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(cu).__name__}")

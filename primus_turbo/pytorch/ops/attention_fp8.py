@@ -40,6 +40,7 @@ __all__ = ["flash_attn_fp8_func"]
 _FN = "flash_attn_fp8_func"
 _DTYPES = (torch.bfloat16, torch.float16)
 DEFAULT_FP8_ATTN_BLOCK = 128
+_MAX_HEAD_DIM = 256  # = flash_attn_fwd.MAX_HEAD_DIM (kept here: no triton import)
 _BLOCK_SIZES = (32, 64, 128, 256)  # = flash_attn_fp8.FP8_ATTN_BLOCK_SIZES (kept here: no triton import)
 #: internal switch, read at each forward call: True runs the FP8 backward kernels
 #: (flash_attn_fp8_bwd.py); False the bf16/fp16 backward on the dequantized FP8 q, k, v (for
@@ -278,6 +279,9 @@ def flash_attn_fp8_func(
     _check_inputs(q, k, v, dropout_p, softmax_scale, window_size, bias, alibi_slopes, return_attn_probs, sink, fn=_FN)
     if q.dtype not in _DTYPES:
         raise TypeError(f"{_FN}: q, k, v must be bfloat16 or float16, got {q.dtype}")
+    if q.size(-1) > _MAX_HEAD_DIM or v.size(-1) > _MAX_HEAD_DIM:
+        raise NotImplementedError(f"{_FN}: head dims above {_MAX_HEAD_DIM} are not supported, got "
+                                  f"head_dim_qk={q.size(-1)}, head_dim_v={v.size(-1)}")
     blk = _block_size(fp8_config)
     _check_device(q, k, v, sink)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.size(-1))

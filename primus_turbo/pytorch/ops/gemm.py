@@ -29,18 +29,21 @@ __all__ = ["gemm"]
 _FUSE_PATTERNS = (None, "megatron")
 
 
-def check_main_grad(op: str, b: torch.Tensor, alt_dtype: torch.dtype, alt_name: Optional[str] = None) -> None:
+def check_main_grad(op: str, b: torch.Tensor, alt_dtype: torch.dtype, alt_name: Optional[str] = None,
+                    name: str = "b") -> None:
     """The Megatron fused-accumulation contract (``fuse_bgrad_accum_pattern='megatron'`` with a weight
     gradient to produce): ``b.main_grad`` exists, matches ``b``'s shape and device, and is float32 or
-    ``alt_dtype`` (named ``alt_name`` in the message, ``alt_dtype`` itself by default)."""
+    ``alt_dtype`` (named ``alt_name`` in the message, ``alt_dtype`` itself by default). ``name``: the
+    weight operand's name in the messages."""
     mg = getattr(b, "main_grad", None)
     if not isinstance(mg, torch.Tensor):
-        raise ValueError(f"{op}: fuse_bgrad_accum_pattern='megatron' needs b.main_grad (a tensor shaped like b)")
+        raise ValueError(f"{op}: fuse_bgrad_accum_pattern='megatron' needs {name}.main_grad (a tensor shaped like "
+                         f"{name})")
     if mg.shape != b.shape or mg.device != b.device:
-        raise ValueError(f"{op}: b.main_grad must match b, got main_grad {tuple(mg.shape)} on {mg.device}, "
-                         f"b {tuple(b.shape)} on {b.device}")
+        raise ValueError(f"{op}: {name}.main_grad must match {name}, got main_grad {tuple(mg.shape)} on {mg.device}, "
+                         f"{name} {tuple(b.shape)} on {b.device}")
     if mg.dtype not in (torch.float32, alt_dtype):
-        raise TypeError(f"{op}: b.main_grad must be float32 or {alt_name or alt_dtype}, got {mg.dtype}")
+        raise TypeError(f"{op}: {name}.main_grad must be float32 or {alt_name or alt_dtype}, got {mg.dtype}")
 
 
 def _logical(x: torch.Tensor, trans: bool) -> torch.Tensor:

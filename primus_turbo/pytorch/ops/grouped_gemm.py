@@ -497,7 +497,7 @@ def _check_groups(op: str, a, b, group_lens, group_offs, num_cu, fuse_bgrad_accu
         raise ValueError(
             f"{op}: fuse_bgrad_accum_pattern must be None or 'megatron', got {fuse_bgrad_accum_pattern!r}")
     if fuse_bgrad_accum_pattern == "megatron" and b.requires_grad and torch.is_grad_enabled():
-        check_main_grad(op, b, b.dtype)
+        check_main_grad(op, b, b.dtype, name=bn)
 
 
 def _check_schedule(schedule, num_cu, op: str = "grouped_gemm") -> None:

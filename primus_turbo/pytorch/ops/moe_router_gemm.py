@@ -36,7 +36,7 @@ import torch
 
 from primus_turbo.triton import is_interpreter, triton_available
 
-from .gemm import _megatron_dummy_wgrad
+from .gemm import _megatron_dummy_wgrad, check_main_grad
 
 __all__ = ["router_gating_linear", "router_gemm_backend"]
 
@@ -91,6 +91,10 @@ def _check(x, weight, bias, router_dtype, fuse):
         raise ValueError(f"{op}: fuse_bgrad_accum_pattern must be None or 'megatron', got {fuse!r}")
     if fuse == "megatron" and getattr(weight, "main_grad", None) is None:
         raise ValueError(f"{op}: fuse_bgrad_accum_pattern='megatron' needs weight.main_grad")
+    if fuse == "megatron" and weight.requires_grad and torch.is_grad_enabled():
+        # shape, device and dtype now, not as a broadcasting error (or a silent no-op on another
+        # device) in the backward's main_grad.add_
+        check_main_grad(op, weight, weight.dtype, name="weight")
 
 
 class _RouterGatingLinear(torch.autograd.Function):

@@ -20,6 +20,7 @@ works; eager calls skip the dispatcher. Non-contiguous inputs are copied first.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -168,8 +169,9 @@ def _check(op, x, gamma, eps, zero_centered, residual=None):
         raise TypeError(f"{op}: gamma.dtype must be x.dtype ({x.dtype}) or float32, got {gamma.dtype}")
     if gamma.device != x.device:
         raise ValueError(f"{op}: x and gamma must be on the same device, got x on {x.device}, gamma on {gamma.device}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"{op}: eps must be a non-negative float, got {eps!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
+        # inf would silently give y = 0 (and zero gradients), NaN NaNs
+        raise ValueError(f"{op}: eps must be a non-negative float (finite), got {eps!r}")
     if not isinstance(zero_centered, bool):
         raise TypeError(f"{op}: zero_centered must be a bool, got {type(zero_centered).__name__}")
     if residual is not None:
