@@ -177,12 +177,11 @@ class QuantizedTensor(torch.Tensor):
     def is_grouped_tensor(self) -> bool:
         return self._is_grouped_tensor
 
-    def _like(self, data: torch.Tensor, scale_inv: torch.Tensor, shape=None, axis=None,
-              groups: bool = True) -> "QuantizedTensor":
+    def _like(self, data: torch.Tensor, scale_inv: torch.Tensor, shape=None, axis=None) -> "QuantizedTensor":
         """A QuantizedTensor with this one's parameters and new storage (no autograd history); the
-        group lengths and offsets go along (moved to ``data``'s device) unless ``groups`` is False."""
+        group lengths and offsets go along (moved to ``data``'s device)."""
         gl = go = None
-        if groups and self._group_lens is not None:
+        if self._group_lens is not None:
             gl, go = self._group_lens.to(data.device), self._group_offs.to(data.device)
         return QuantizedTensor(data, scale_inv, self._granularity, block_size=self._block_size,
                                axis=self._axis if axis is None else axis, orig_dtype=self.dtype,
@@ -364,23 +363,16 @@ def _check_groups(data, shape, g, axis, recipe, group_lens, group_offs) -> torch
                          f"{type(group_lens).__name__ if not isinstance(group_lens, torch.Tensor) else f'{group_lens.dtype} {list(group_lens.shape)}'}")
     if group_lens.device != data.device:
         raise ValueError(f"{op}: group_lens is on {group_lens.device}, the data on {data.device}")
-    if group_offs is None:
-        from ..ops.grouped_gemm import _offsets  # lazy: ops imports core
-
-        group_offs = _offsets(group_lens.long())
-    elif not isinstance(group_offs, torch.Tensor) or group_offs.dim() != 1 or \
-            group_offs.numel() != group_lens.numel() + 1 or group_offs.dtype not in (torch.int32, torch.int64) or \
-            group_offs.device != data.device:
+    if group_offs is not None and (not isinstance(group_offs, torch.Tensor) or group_offs.dim() != 1 or
+                                   group_offs.numel() != group_lens.numel() + 1 or
+                                   group_offs.dtype not in (torch.int32, torch.int64) or group_offs.device != data.device):
         raise ValueError(f"{op}: group_offs must be the [G + 1] = [{group_lens.numel() + 1}] int32 / int64 exclusive "
                          f"prefix sum of group_lens on {data.device}, got "
                          f"{f'{group_offs.dtype} {list(group_offs.shape)} on {group_offs.device}' if isinstance(group_offs, torch.Tensor) else type(group_offs).__name__}")
-    else:
-        group_offs = group_offs.long()  # the grouped kernels' offsets dtype
-    if data.device.type == "cpu" and group_lens.numel() and not torch.compiler.is_compiling():
-        # where it costs no sync, the values too (on CUDA the GEMMs clamp groups to the rows)
-        torch._assert_async(torch.all(group_lens >= 0), f"{op}: group_lens has a negative entry")
-        torch._assert_async(group_offs[-1] <= shape[0], f"{op}: sum(group_lens) exceeds the {shape[0]} rows")
-    return group_offs
+    from ..ops.grouped_gemm import _group_offsets  # lazy: ops imports core
+
+    # made on the device when None; on CPU (no sync there) the values are checked as the grouped GEMMs do
+    return _group_offsets(op, group_lens.long(), group_offs, data).long()
 
 
 def _logical_shape(data: torch.Tensor, axis: int) -> tuple:

@@ -100,7 +100,7 @@ def test_grouped_value_checks_on_cpu():
     x, _ = _rows([3, 5], 64, "cpu")
     with pytest.raises(RuntimeError, match="negative"):
         QuantizedTensor.quantize(x, E4M3, G.ROWWISE, group_lens=torch.tensor([9, -1]))
-    with pytest.raises(RuntimeError, match="exceeds the 8 rows"):
+    with pytest.raises(RuntimeError, match="exceeds"):
         QuantizedTensor.quantize(x, E4M3, G.ROWWISE, group_lens=torch.tensor([4, 5]))
 
 
