@@ -625,3 +625,92 @@ def test_row_scales_linear_wgrad_through_dispatch(monkeypatch):
         grads[value] = wv.grad.float()
         assert chosen[-1] == (BackendType.GLUON if value == "1" else BackendType.TRITON), (value, chosen)
     assert _snr(grads["0"], grads["1"]) >= 40.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The prepared launch (triton/launch.launch_prepared)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.skipif(not gg.GLUON_AVAILABLE, reason="triton.experimental.gluon not importable")
+def test_prepared_key_covers_the_launch_arguments():
+    """``_prepared_key``: the pointers cover every tensor and descriptor base among the kernel's
+    arguments (else launch_prepared keeps nothing); new tensors of the same signature give the same
+    key and their own pointers; another M or a misaligned output give another key; per-row B scales
+    that ``_kernel_args`` would copy or stage through a keyword descriptor take the plain launch."""
+    from primus_turbo.triton import launch as L
+
+    M, N, K = 200, 256, 384
+    cfg = gg.default_config(M, N, K, torch.bfloat16)
+    (a, sa, b, sb), _ = _operands(M, N, K, "cpu")
+    out = torch.empty(M, N, dtype=torch.bfloat16)
+    key, ptrs = gg._prepared_key(a, sa, b, sb, out, cfg)
+    args, kwargs = gg._kernel_args(a, sa, b, sb, out, cfg)
+    assert L._pointers_of(args) and L._pointers_of(args) <= set(ptrs) and "sb_desc" not in kwargs
+    hash(key)
+    (a2, sa2, b2, sb2), _ = _operands(M, N, K, "cpu")
+    out2 = torch.empty(M, N, dtype=torch.bfloat16)
+    key2, ptrs2 = gg._prepared_key(a2, sa2, b2, sb2, out2, cfg)
+    assert key2 == key and ptrs2 != ptrs
+    (a3, sa3, b3, sb3), _ = _operands(M + 8, N, K, "cpu")
+    assert gg._prepared_key(a3, sa3, b3, sb3, torch.empty(M + 8, N, dtype=torch.bfloat16), cfg)[0] != key
+    raw = torch.empty(out.numel() + 8, dtype=out.dtype)
+    shifted = raw[1:1 + out.numel()].view(out.shape)  # 2 bytes past a 16-byte boundary
+    assert gg._prepared_key(a, sa, b, sb, shifted, cfg)[0] != key
+    assert gg._prepared_key(a, sa, b, sb, out, gg.GluonBlockwiseConfig.parse("n128s5"))[0] != key
+    # per-row B scales (the wgrad): column-major with N % 128 == 0, read from registers: prepared
+    (ar, sar, br, sbr), _ = _operands_rows(M, N, K, "cpu")
+    regs = gg.GluonBlockwiseConfig.parse("n128s6")
+    col = sbr.t().contiguous().t()  # [N, kb], unit stride along N
+    key_r, ptrs_r = gg._prepared_key(ar, sar, br, col, out, regs)
+    args_r, kwargs_r = gg._kernel_args(ar, sar, br, col, out, regs)
+    assert kwargs_r["B_ROW_SCALES"] and "sb_desc" not in kwargs_r and args_r[4] is col
+    assert L._pointers_of(args_r) <= set(ptrs_r) and key_r != key
+    # ... row-major (copied by _kernel_args), staged through shared memory, or N not whole blocks: not
+    assert gg._prepared_key(ar, sar, br, sbr, out, regs) is None
+    assert gg._prepared_key(ar, sar, br, col, out, gg.GluonBlockwiseConfig.parse("n256s3c2")) is None
+    (ao, sao, bo, sbo), _ = _operands_rows(M, 200, K, "cpu")
+    assert gg._prepared_key(ao, sao, bo, sbo.t().contiguous().t(), torch.empty(M, 200, dtype=torch.bfloat16),
+                            regs) is None
+
+
+@sm90
+@pytest.mark.gpu
+def test_prepared_launches_follow_the_pointers():
+    """Block scales and register-read per-row scales through the prepared path: a signature's first
+    call, repeats on the same tensors (a kept list) and new tensors of the same signature all match
+    the reference and a launch with the kept lists cleared; the kept lists hold no tensor (freed
+    operands are freed)."""
+    from primus_turbo.triton import launch as L
+
+    M, N, K = 384, 512, 1024
+    regs = gg.GluonBlockwiseConfig.parse("n128s6")
+
+    def run_once(check: bool):
+        (a, sa, b, sb), ref = _operands(M, N, K, "cuda")
+        (ar, sar, br, sbr), ref_r = _operands_rows(M, N, K, "cuda")
+        col = sbr.t().contiguous().t()
+        assert gg._prepared_key(a, sa, b, sb, torch.empty(M, N, dtype=torch.bfloat16, device="cuda"),
+                                gg.default_config(M, N, K, torch.bfloat16)) is not None
+        for _ in range(2):
+            out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            gg.gemm_fp8_blockwise_gluon(a, sa, b, sb, out=out)
+            out_r = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            gg.gemm_fp8_blockwise_gluon(ar, sar, br, col, out=out_r, config=regs, allow_b_row_scales=True)
+            if check:
+                saved = dict(L._PREPARED)
+                L._PREPARED.clear()
+                fresh = gg.gemm_fp8_blockwise_gluon(a, sa, b, sb)
+                fresh_r = gg.gemm_fp8_blockwise_gluon(ar, sar, br, col, config=regs, allow_b_row_scales=True)
+                L._PREPARED.update(saved)
+                assert _snr(ref, out) >= MIN_SNR[torch.bfloat16] and torch.equal(fresh, out)
+                assert _snr(ref_r, out_r) >= MIN_SNR[torch.bfloat16] and torch.equal(fresh_r, out_r)
+
+    run_once(check=True)  # the references' cuBLAS workspace, kept for the process
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for _ in range(3):
+        run_once(check=False)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    run_once(check=True)
+    kept = [rec for key, rec in L._PREPARED.items() if key[0] == id(gg._gemm_fp8_blockwise_ws_kernel)]
+    assert kept and all(not isinstance(v, torch.Tensor) for rec in kept for v in rec[1])
