@@ -146,16 +146,15 @@ _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-#: auto on CUDA: top-k indices with at most this many routed rows take the map kernels (H200: the
-#: 4096x4096 top-2 case runs ~2x faster with them; 16384 tokens top-8 (131072 rows) 1.35x slower)
-FUSED_MAP_MAX_INDEX_ROWS = 32768
-
-
 def auto_fused_map(on_cuda: bool, is_map: bool, routed_rows: int) -> bool:
-    """The ``auto`` choice of :func:`_fused_map`: always on CPU (the interpreter, so CI runs the
-    kernels); on CUDA for a bool routing map (faster at both measured sizes) and for top-k indices
-    up to :data:`FUSED_MAP_MAX_INDEX_ROWS` routed rows."""
-    return (not on_cuda) or is_map or routed_rows <= FUSED_MAP_MAX_INDEX_ROWS
+    """The ``auto`` choice of :func:`_fused_map`: the map kernels everywhere (on CPU through the
+    interpreter, so CI runs them). H200, 16384 tokens top-8 (131072 routed rows), do_bench of the
+    whole permute (2026-12-05): top-k indices 0.606 ms with the kernels against 1.088 with the torch
+    builder at 32 experts, 0.796 against 0.834 at 256; the Primus-Turbo form 0.616 / 0.794 against
+    1.660 / 1.494. (Before the indices kernels built one-hot tiles, they lost at this size and the
+    torch builder took indices problems over 32768 rows.) ``PRIMUS_TURBO_PERMUTE_FUSED_MAP=0``
+    still selects the torch builder."""
+    return True
 
 
 def _fused_map(x: torch.Tensor, is_map: bool, routed_rows: int) -> bool:

@@ -906,6 +906,8 @@ def _with_trans_args(out_dtype, granularity, block_size, scaling_recipe, scaling
     Invalid values raise on every call (exceptions are not cached); an unhashable argument is
     validated uncached, which raises the argument's own error."""
     key = (out_dtype, granularity, block_size, scaling_recipe, scaling_recipe_for_trans)
+    if torch.compiler.is_compiling():  # dynamo traces neither hash() nor the cache: validate as given
+        return _with_trans_args_uncached(*key)
     try:
         hash(key)
     except TypeError:  # validated as given: the argument's own error, not a hashing one
