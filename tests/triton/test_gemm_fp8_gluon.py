@@ -642,34 +642,36 @@ def test_prepared_key_covers_the_launch_arguments():
     cfg = gg.default_config(M, N, K, torch.bfloat16)
     (a, sa, b, sb), _ = _operands(M, N, K, "cpu")
     out = torch.empty(M, N, dtype=torch.bfloat16)
-    key, ptrs = gg._prepared_key(a, sa, b, sb, out, cfg)
+    assert not gg._is_b_row_scales(sb, N, K)  # block scales: the flag _launch passes
+    key, ptrs = gg._prepared_key(a, sa, b, sb, out, cfg, False)
     args, kwargs = gg._kernel_args(a, sa, b, sb, out, cfg)
     assert L._pointers_of(args) and L._pointers_of(args) <= set(ptrs) and "sb_desc" not in kwargs
     hash(key)
     (a2, sa2, b2, sb2), _ = _operands(M, N, K, "cpu")
     out2 = torch.empty(M, N, dtype=torch.bfloat16)
-    key2, ptrs2 = gg._prepared_key(a2, sa2, b2, sb2, out2, cfg)
+    key2, ptrs2 = gg._prepared_key(a2, sa2, b2, sb2, out2, cfg, False)
     assert key2 == key and ptrs2 != ptrs
     (a3, sa3, b3, sb3), _ = _operands(M + 8, N, K, "cpu")
-    assert gg._prepared_key(a3, sa3, b3, sb3, torch.empty(M + 8, N, dtype=torch.bfloat16), cfg)[0] != key
+    assert gg._prepared_key(a3, sa3, b3, sb3, torch.empty(M + 8, N, dtype=torch.bfloat16), cfg, False)[0] != key
     raw = torch.empty(out.numel() + 8, dtype=out.dtype)
     shifted = raw[1:1 + out.numel()].view(out.shape)  # 2 bytes past a 16-byte boundary
-    assert gg._prepared_key(a, sa, b, sb, shifted, cfg)[0] != key
-    assert gg._prepared_key(a, sa, b, sb, out, gg.GluonBlockwiseConfig.parse("n128s5"))[0] != key
+    assert gg._prepared_key(a, sa, b, sb, shifted, cfg, False)[0] != key
+    assert gg._prepared_key(a, sa, b, sb, out, gg.GluonBlockwiseConfig.parse("n128s5"), False)[0] != key
     # per-row B scales (the wgrad): column-major with N % 128 == 0, read from registers: prepared
     (ar, sar, br, sbr), _ = _operands_rows(M, N, K, "cpu")
     regs = gg.GluonBlockwiseConfig.parse("n128s6")
     col = sbr.t().contiguous().t()  # [N, kb], unit stride along N
-    key_r, ptrs_r = gg._prepared_key(ar, sar, br, col, out, regs)
+    assert gg._is_b_row_scales(col, N, K) and gg._is_b_row_scales(sbr, N, K)
+    key_r, ptrs_r = gg._prepared_key(ar, sar, br, col, out, regs, True)
     args_r, kwargs_r = gg._kernel_args(ar, sar, br, col, out, regs)
     assert kwargs_r["B_ROW_SCALES"] and "sb_desc" not in kwargs_r and args_r[4] is col
     assert L._pointers_of(args_r) <= set(ptrs_r) and key_r != key
     # ... row-major (copied by _kernel_args), staged through shared memory, or N not whole blocks: not
-    assert gg._prepared_key(ar, sar, br, sbr, out, regs) is None
-    assert gg._prepared_key(ar, sar, br, col, out, gg.GluonBlockwiseConfig.parse("n256s3c2")) is None
+    assert gg._prepared_key(ar, sar, br, sbr, out, regs, True) is None
+    assert gg._prepared_key(ar, sar, br, col, out, gg.GluonBlockwiseConfig.parse("n256s3c2"), True) is None
     (ao, sao, bo, sbo), _ = _operands_rows(M, 200, K, "cpu")
     assert gg._prepared_key(ao, sao, bo, sbo.t().contiguous().t(), torch.empty(M, 200, dtype=torch.bfloat16),
-                            regs) is None
+                            regs, True) is None
 
 
 @sm90
@@ -689,7 +691,7 @@ def test_prepared_launches_follow_the_pointers():
         (ar, sar, br, sbr), ref_r = _operands_rows(M, N, K, "cuda")
         col = sbr.t().contiguous().t()
         assert gg._prepared_key(a, sa, b, sb, torch.empty(M, N, dtype=torch.bfloat16, device="cuda"),
-                                gg.default_config(M, N, K, torch.bfloat16)) is not None
+                                gg.default_config(M, N, K, torch.bfloat16), False) is not None
         for _ in range(2):
             out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
             gg.gemm_fp8_blockwise_gluon(a, sa, b, sb, out=out)

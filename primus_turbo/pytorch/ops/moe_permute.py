@@ -123,7 +123,7 @@ plain PyTorch indexing elsewhere. On the Triton backend ``moe_permute`` can buil
 inverse and ``tokens_per_expert`` with three kernels (count, scan, assign: see
 ``primus_turbo/triton/moe/permute_kernel.py``): a handful of allocations and four launches per call
 instead of ~35 small torch ops, so small problems are not host-bound. ``PRIMUS_TURBO_PERMUTE_FUSED_MAP``
-chooses (default: :func:`auto_fused_map`, from H200 measurements). Token rows and probs move in
+chooses (default: the kernels, from H200 measurements; see :func:`_fused_map`). Token rows and probs move in
 one gather launch either way.
 The torch backend builds the map with torch ops (``_build_row_id_map`` / ``_inverse``, also the
 reference of the kernel tests). Neither reads anything back to the host except the documented
@@ -146,25 +146,21 @@ _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def auto_fused_map(on_cuda: bool, is_map: bool, routed_rows: int) -> bool:
-    """The ``auto`` choice of :func:`_fused_map`: the map kernels everywhere (on CPU through the
-    interpreter, so CI runs them). H200, 16384 tokens top-8 (131072 routed rows), do_bench of the
-    whole permute (2026-12-05): top-k indices 0.606 ms with the kernels against 1.088 with the torch
-    builder at 32 experts, 0.796 against 0.834 at 256; the Primus-Turbo form 0.616 / 0.794 against
-    1.660 / 1.494. (Before the indices kernels built one-hot tiles, they lost at this size and the
-    torch builder took indices problems over 32768 rows.) ``PRIMUS_TURBO_PERMUTE_FUSED_MAP=0``
-    still selects the torch builder."""
-    return True
-
-
-def _fused_map(x: torch.Tensor, is_map: bool, routed_rows: int) -> bool:
-    """Build the row map with the Triton kernels? (PRIMUS_TURBO_PERMUTE_FUSED_MAP, docs/env_vars.md)"""
+def _fused_map(x: torch.Tensor) -> bool:
+    """Build the row map with the Triton kernels? (PRIMUS_TURBO_PERMUTE_FUSED_MAP, docs/env_vars.md)
+    ``auto``: yes, wherever the Triton backend runs (on CPU through the interpreter, so CI runs the
+    kernels), for a bool map and top-k indices of any size. H200, 16384 tokens top-8 (131072 routed
+    rows), do_bench of the whole permute (2026-12-05): top-k indices 0.606 ms with the kernels
+    against 1.088 with the torch builder at 32 experts, 0.796 against 0.834 at 256; the
+    Primus-Turbo form 0.616 / 0.794 against 1.660 / 1.494. (Before the indices kernels built
+    one-hot tiles they lost at this size, and indices problems over 32768 rows took the torch
+    builder.)"""
     if permute_backend(x) != "triton":
         return False
     from ..core.env import env_auto_flag
 
     choice = env_auto_flag("PRIMUS_TURBO_PERMUTE_FUSED_MAP")
-    return auto_fused_map(x.is_cuda, is_map, routed_rows) if choice is None else choice
+    return True if choice is None else choice
 
 
 def permute_backend(x: torch.Tensor) -> str:
@@ -572,7 +568,7 @@ def _permute_core(tokens, routing_map, probs, e, num_out_tokens, pad_multiple, s
     t, k = routing_map.shape
     is_map = routing_map.dtype == torch.bool
     full = None
-    if _fused_map(tokens, is_map, t * k):
+    if _fused_map(tokens):
         from primus_turbo.triton.moe import permute_kernel as pk
 
         routing_map = routing_map.contiguous()
@@ -673,7 +669,7 @@ def _routing_mask(routing_map, t: int, op: str, ref: torch.Tensor, ref_name: str
 def _map_rows(routing_mask: torch.Tensor, n_out: int) -> torch.Tensor:
     """The row map ``moe_permute`` builds for a bool ``[T, E]`` map and ``n_out`` rows (int32 ``[T, E]``)."""
     t, e = routing_mask.shape
-    if _fused_map(routing_mask, True, t * e):
+    if _fused_map(routing_mask):
         from primus_turbo.triton.moe import permute_kernel as pk
 
         routing_mask = routing_mask.contiguous()

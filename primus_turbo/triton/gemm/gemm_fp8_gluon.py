@@ -1043,7 +1043,7 @@ def _column_major_padded(sb: torch.Tensor) -> torch.Tensor:
     return buf.t()[:N]
 
 
-def _prepared_key(a, sa, b, sb, out, cfg: GluonBlockwiseConfig) -> "Optional[tuple]":
+def _prepared_key(a, sa, b, sb, out, cfg: GluonBlockwiseConfig, rows: bool) -> "Optional[tuple]":
     """(key, pointers) of :func:`_launch`'s prepared launch (triton/launch.launch_prepared), or
     None where :func:`_kernel_args` would copy a scale tensor or pass the keyword descriptor
     ``sb_desc`` (per-row B scales not yet column-major, or staged through shared memory): there
@@ -1051,9 +1051,9 @@ def _prepared_key(a, sa, b, sb, out, cfg: GluonBlockwiseConfig) -> "Optional[tup
     dtypes and 16-byte alignment of every tensor and the config; the pointers are those of every
     tensor and descriptor base among the arguments. Block scales (the forward and dgrad) always
     qualify; per-row scales (the wgrad) when column-major, N a multiple of 128 and read from
-    registers."""
-    N, K = b.shape
-    if _is_b_row_scales(sb, N, K) and (row_scales_via_smem(cfg) or sb.stride(0) != 1 or N % SCALE_BLOCK):
+    registers. ``rows``: :func:`_is_b_row_scales` of these operands."""
+    N = b.shape[0]
+    if rows and (row_scales_via_smem(cfg) or sb.stride(0) != 1 or N % SCALE_BLOCK):
         return None
     sig = tensor_sig
     key = ("f8dense", sig(a), sig(sa), sig(b), sig(sb), sig(out), cfg)
@@ -1063,13 +1063,14 @@ def _prepared_key(a, sa, b, sb, out, cfg: GluonBlockwiseConfig) -> "Optional[tup
 def _launch(a, sa, b, sb, out, cfg: GluonBlockwiseConfig) -> None:
     M, N = out.shape
     tiles = -(-M // cfg.BLOCK_M) * -(-N // cfg.block_n)
-    prepared = _prepared_key(a, sa, b, sb, out, cfg)
+    rows = _is_b_row_scales(sb, N, a.shape[1])
+    prepared = _prepared_key(a, sa, b, sb, out, cfg, rows)
     if prepared is not None:
         # a repeat call with the same shapes and pointers (a steady training step) skips building
         # the three descriptors, re-keying the launch and encoding the TMA maps
         _launch_persistent_prepared(_gemm_fp8_blockwise_ws_kernel, a.device, tiles, None,
                                     lambda: _kernel_args(a, sa, b, sb, out, cfg)[0],
-                                    _launch_kwargs(cfg, B_ROW_SCALES=_is_b_row_scales(sb, N, a.shape[1])),
+                                    _launch_kwargs(cfg, B_ROW_SCALES=rows),
                                     *prepared)
         return
     args, kwargs = _kernel_args(a, sa, b, sb, out, cfg)

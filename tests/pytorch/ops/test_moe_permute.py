@@ -495,14 +495,23 @@ def test_wide_map_backward_vs_fp64(device):
     assert bool((w.grad[~rmap.to(device)] == 0).all())
 
 
-def test_auto_fused_map_rule():
-    """PRIMUS_TURBO_PERMUTE_FUSED_MAP=auto: the map kernels on CPU (CI runs them) and on CUDA, for a
-    bool routing map and for top-k indices of any size (H200: faster at 131072 routed rows too)."""
-    from primus_turbo.pytorch.ops.moe_permute import auto_fused_map
+def test_fused_map_choice(monkeypatch):
+    """PRIMUS_TURBO_PERMUTE_FUSED_MAP: ``auto`` (unset) and ``1`` take the map kernels wherever the
+    Triton backend runs (bool maps and top-k indices of any size), ``0`` the torch builder."""
+    import importlib
 
-    for on_cuda in (False, True):
-        for is_map in (False, True):
-            assert auto_fused_map(on_cuda, is_map, 10**7) and auto_fused_map(on_cuda, is_map, 1)
+    mp = importlib.import_module("primus_turbo.pytorch.ops.moe_permute")  # the module, not the op
+    x = torch.empty(4, 8)
+    monkeypatch.setattr(mp, "permute_backend", lambda t: "triton")
+    for value, want in ((None, True), ("auto", True), ("1", True), ("0", False)):
+        if value is None:
+            monkeypatch.delenv("PRIMUS_TURBO_PERMUTE_FUSED_MAP", raising=False)
+        else:
+            monkeypatch.setenv("PRIMUS_TURBO_PERMUTE_FUSED_MAP", value)
+        assert mp._fused_map(x) is want, value
+    monkeypatch.setattr(mp, "permute_backend", lambda t: "torch")
+    monkeypatch.setenv("PRIMUS_TURBO_PERMUTE_FUSED_MAP", "1")
+    assert mp._fused_map(x) is False
 
 
 def _no_cpu_asserts(monkeypatch):
