@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# H200 pass of session 41, one call: (1) the BLOCKWISE FP8 forward GEMM against BF16 cuBLAS over the
+# dense registry (Llama-3.1-8B and -70B, every case, M 4096 and 16384) in device time, one run
+# (issue 3's 1.5x geomean had only partial runs: s4 five shapes, s6 the 70B rows at M 4096);
+# (2) the grouped GEMM launchers' GPU tests and host parts (scripts/gpu_grouped_check.sh's tests and
+# host stages). Few files under OUT.
+#
+#   bash scripts/gpu_s41_check.sh OUT
+set -uo pipefail
+OUT=${1:?usage: gpu_s41_check.sh OUT}
+mkdir -p "$OUT"
+source "$(dirname "$0")/gpu_env.sh"
+gpu_run_header "$OUT/header.log"; cat "$OUT/header.log"
+STAGES=" ${S41_STAGES:-blockwise grouped} "
+if [[ $STAGES == *" blockwise "* ]]; then
+  timeout "${S41_BW_S:-240}" $PY benchmarks/bench_gemm_fp8.py --out "$OUT/bw" --modes fwd --timing graph \
+      --granularities BLOCKWISE --impls cublas turbo-default --rounds "${S41_BW_ROUNDS:-3}" > "$OUT/bw.log" 2>&1
+  echo "blockwise rc=$?"; grep -E "^\| fp8_fwd_blockwise" "$OUT/bw.log" | grep turbo | cut -c1-160 | head -24
+  $PY scripts/summarize_bench.py "$OUT/bw/gemm_fp8.json"
+fi
+if [[ $STAGES == *" grouped "* ]]; then
+  GG_STAGES="${S41_GG_STAGES:-tests host}" bash "$(dirname "$0")/gpu_grouped_check.sh" "$OUT/gg"
+fi
