@@ -2,7 +2,7 @@
 # H200 pass of session 41, one call: (1) the BLOCKWISE FP8 forward GEMM against BF16 cuBLAS over the
 # dense registry (Llama-3.1-8B and -70B, every case, M 4096 and 16384) in device time, one run
 # (issue 3's 1.5x geomean had only partial runs: s4 five shapes, s6 the 70B rows at M 4096);
-# (2) the grouped GEMM launchers' GPU tests and host parts (scripts/gpu_grouped_check.sh's tests and
+# (0) the input-validation audit's tests (the empty-input ones on CUDA tensors); (2) the grouped GEMM launchers' GPU tests and host parts (scripts/gpu_grouped_check.sh's tests and
 # host stages). Few files under OUT.
 #
 #   bash scripts/gpu_s41_check.sh OUT
@@ -11,7 +11,12 @@ OUT=${1:?usage: gpu_s41_check.sh OUT}
 mkdir -p "$OUT"
 source "$(dirname "$0")/gpu_env.sh"
 gpu_run_header "$OUT/header.log"; cat "$OUT/header.log"
-STAGES=" ${S41_STAGES:-blockwise grouped} "
+STAGES=" ${S41_STAGES:-audit blockwise grouped} "
+if [[ $STAGES == *" audit "* ]]; then  # the empty-input tests, now on CUDA tensors too
+  timeout "${S41_AUDIT_S:-120}" $PY -m pytest -q -n 8 -p no:cacheprovider --tb=short -rfE \
+      tests/pytorch/test_input_validation_audit.py > "$OUT/audit.log" 2>&1
+  echo "audit rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/audit.log" | cut -c1-220 | head -20; tail -1 "$OUT/audit.log"
+fi
 if [[ $STAGES == *" blockwise "* ]]; then
   timeout "${S41_BW_S:-240}" $PY benchmarks/bench_gemm_fp8.py --out "$OUT/bw" --modes fwd --timing graph \
       --granularities BLOCKWISE --impls cublas turbo-default --rounds "${S41_BW_ROUNDS:-3}" > "$OUT/bw.log" 2>&1

@@ -13,6 +13,8 @@ Small shapes throughout: on CPU the Triton kernels run in the interpreter.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -24,6 +26,14 @@ ops = turbo.ops
 M = turbo.modules
 bf16 = torch.bfloat16
 needs_triton = pytest.mark.skipif(not triton_available(), reason="needs triton")
+#: the devices whose Triton paths can run here: CPU through the interpreter, CUDA where present (the
+#: empty-input tests run on both, so the GPU kernels' empty-input handling is tested too)
+_KERNEL_DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                                 reason="CPU kernels need TRITON_INTERPRET=1")),
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+]
+kernel_devices = pytest.mark.parametrize("dev", _KERNEL_DEVICES)
 
 
 def _dev() -> str:
@@ -321,42 +331,49 @@ def test_gemm_empty(op, m, n, k):
 @needs_triton
 @pytest.mark.parametrize("op", ["grouped_gemm", "grouped_gemm_fp4"])
 @pytest.mark.parametrize("m,g,lens", [(0, 2, [0, 0]), (8, 0, []), (8, 2, [0, 0])], ids=["m0", "g0", "lens0"])
-def test_grouped_gemm_empty(op, m, g, lens):
+@kernel_devices
+def test_grouped_gemm_empty(op, m, g, lens, dev):
     """No tokens, no experts, or experts without rows: zero output rows, zero gradients."""
     trans_b = op == "grouped_gemm_fp4"
-    a = torch.randn(m, 32, requires_grad=True)
-    b = torch.randn(g, 32, 32, requires_grad=True)
-    out = getattr(ops, op)(a, b, torch.tensor(lens, dtype=torch.int64), trans_b=trans_b)
+    dt = bf16 if dev == "cuda" else torch.float32  # bf16: what every CUDA path takes
+    a = torch.randn(m, 32, dtype=dt, device=dev, requires_grad=True)
+    b = torch.randn(g, 32, 32, dtype=dt, device=dev, requires_grad=True)
+    out = getattr(ops, op)(a, b, torch.tensor(lens, dtype=torch.int64, device=dev), trans_b=trans_b)
     assert out.shape == (m, 32) and _zeros(out)
-    out.backward(torch.randn(m, 32))
+    out.backward(torch.randn(m, 32, dtype=dt, device=dev))
     assert a.grad.shape == a.shape and b.grad.shape == b.shape
     assert _zeros(a.grad) and _zeros(b.grad)
 
 
 @needs_triton
-def test_grouped_gemm_one_group_empty_matches_reference():
-    """An empty group next to a full one: the full one is the dense product, gradients too."""
+@kernel_devices
+def test_grouped_gemm_one_group_empty_matches_reference(dev):
+    """An empty group next to a full one: the full one is the dense product (fp64 reference of
+    the same values), gradients too."""
     torch.manual_seed(1)
-    a = torch.randn(8, 32, requires_grad=True)
-    b = torch.randn(2, 32, 16, requires_grad=True)
-    out = ops.grouped_gemm(a, b, torch.tensor([0, 8]))
-    g = torch.randn(8, 16)
+    dt, tol = (bf16, 2e-2) if dev == "cuda" else (torch.float32, 1e-4)
+    a = torch.randn(8, 32, dtype=dt, device=dev, requires_grad=True)
+    b = torch.randn(2, 32, 16, dtype=dt, device=dev, requires_grad=True)
+    out = ops.grouped_gemm(a, b, torch.tensor([0, 8], device=dev))
+    g = torch.randn(8, 16, dtype=dt, device=dev)
     out.backward(g)
-    ref_a, ref_b = a.detach().requires_grad_(), b.detach().requires_grad_()
+    ref_a, ref_b = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
     ref = ref_a @ ref_b[1]
-    ref.backward(g)
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(a.grad, ref_a.grad, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(b.grad[1], ref_b.grad[1], rtol=1e-4, atol=1e-4)
+    ref.backward(g.double())
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(a.grad.double(), ref_a.grad, rtol=tol, atol=tol)
+    torch.testing.assert_close(b.grad[1].double(), ref_b.grad[1], rtol=tol, atol=tol)
     assert _zeros(b.grad[0])
 
 
 @needs_triton
-def test_grouped_gemm_glu_empty_tokens():
-    x = torch.randn(0, 32, requires_grad=True)
-    w = torch.randn(2, 8, 32, requires_grad=True)
-    p = torch.rand(0, requires_grad=True)
-    out = ops.grouped_gemm_glu(x, w, torch.zeros(2, dtype=torch.int64), probs=p)
+@kernel_devices
+def test_grouped_gemm_glu_empty_tokens(dev):
+    dt = bf16 if dev == "cuda" else torch.float32
+    x = torch.randn(0, 32, dtype=dt, device=dev, requires_grad=True)
+    w = torch.randn(2, 8, 32, dtype=dt, device=dev, requires_grad=True)
+    p = torch.rand(0, device=dev, requires_grad=True)
+    out = ops.grouped_gemm_glu(x, w, torch.zeros(2, dtype=torch.int64, device=dev), probs=p)
     assert out.shape == (0, 4)
     out.sum().backward()
     assert x.grad.shape == (0, 32) and p.grad.shape == (0,) and _zeros(w.grad) and w.grad.shape == w.shape
@@ -366,11 +383,12 @@ def test_grouped_gemm_glu_empty_tokens():
 @needs_triton
 @pytest.mark.parametrize("fn_name", ["flash_attn_func", "flash_attn_fp8_func"])
 @pytest.mark.parametrize("b,sq,sk", [(0, 4, 4), (1, 0, 4), (1, 4, 0)], ids=["batch0", "sq0", "sk0"])
-def test_attention_empty(fn_name, b, sq, sk):
+@kernel_devices
+def test_attention_empty(fn_name, b, sq, sk, dev):
     """Rows that see no key give zeros (LSE +inf) and zero gradients; empty query rows give zero dK, dV."""
-    q = torch.randn(b, sq, 2, 16, dtype=bf16, requires_grad=True)
-    k = torch.randn(b, sk, 2, 16, dtype=bf16, requires_grad=True)
-    v = torch.randn(b, sk, 2, 16, dtype=bf16, requires_grad=True)
+    q = torch.randn(b, sq, 2, 16, dtype=bf16, device=dev, requires_grad=True)
+    k = torch.randn(b, sk, 2, 16, dtype=bf16, device=dev, requires_grad=True)
+    v = torch.randn(b, sk, 2, 16, dtype=bf16, device=dev, requires_grad=True)
     out, lse = getattr(ops, fn_name)(q, k, v, return_lse=True)
     assert out.shape == (b, sq, 2, 16) and lse.shape == (b, 2, sq)
     assert _zeros(out)
@@ -382,13 +400,14 @@ def test_attention_empty(fn_name, b, sq, sk):
 
 
 @needs_triton
-def test_attention_varlen_empty_sequences():
+@kernel_devices
+def test_attention_varlen_empty_sequences(dev):
     """A zero-length sequence between two others: its neighbours are dense attention of their own rows."""
     torch.manual_seed(2)
-    q = torch.randn(6, 2, 16, dtype=bf16, requires_grad=True)
-    k = torch.randn(6, 2, 16, dtype=bf16, requires_grad=True)
-    v = torch.randn(6, 2, 16, dtype=bf16, requires_grad=True)
-    cu = torch.tensor([0, 2, 2, 6], dtype=torch.int32)
+    q = torch.randn(6, 2, 16, dtype=bf16, device=dev, requires_grad=True)
+    k = torch.randn(6, 2, 16, dtype=bf16, device=dev, requires_grad=True)
+    v = torch.randn(6, 2, 16, dtype=bf16, device=dev, requires_grad=True)
+    cu = torch.tensor([0, 2, 2, 6], dtype=torch.int32, device=dev)
     out = ops.flash_attn_varlen_func(q, k, v, cu, cu, 4, 4)
     assert out.shape == (6, 2, 16)
     ref = torch.cat([torch.nn.functional.scaled_dot_product_attention(
@@ -448,10 +467,11 @@ def test_rmsnorm_empty_rows(shape):
 # ---- modules -----------------------------------------------------------------------------------
 @needs_triton
 @pytest.mark.parametrize("config", [None, Float4QuantConfig()], ids=["bf16-path", "mxfp4"])
-def test_moe_layer_empty_tokens(config):
+@kernel_devices
+def test_moe_layer_empty_tokens(config, dev):
     torch.manual_seed(3)
-    layer = M.MoELayer(32, 32, 4, 2, config=config, aux_loss_coeff=0.1)
-    x = torch.randn(2, 0, 32, requires_grad=True)
+    layer = M.MoELayer(32, 32, 4, 2, config=config, aux_loss_coeff=0.1).to(dev)
+    x = torch.randn(2, 0, 32, device=dev, requires_grad=True)
     y = layer(x)
     assert y.shape == (2, 0, 32)
     (y.sum() + layer.aux_loss).backward()
