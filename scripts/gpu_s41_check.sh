@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# H200 pass of session 41, one call: (1) the BLOCKWISE FP8 forward GEMM against BF16 cuBLAS over the
-# dense registry (Llama-3.1-8B and -70B, every case, M 4096 and 16384) in device time, one run
-# (issue 3's 1.5x geomean had only partial runs: s4 five shapes, s6 the 70B rows at M 4096);
-# (0) the input-validation audit's tests (the empty-input ones on CUDA tensors); (2) the grouped GEMM launchers' GPU tests and host parts (scripts/gpu_grouped_check.sh's tests and
-# host stages). Few files under OUT.
+# H200 pass of session 41, one call (few files under OUT), stages in this order (S41_STAGES):
+# audit: the input-validation audit's tests (the empty-input ones on CUDA tensors too);
+# blockwise: the BLOCKWISE FP8 forward GEMM against BF16 cuBLAS over the dense registry (Llama-3.1-8B
+#   and -70B, every case, M 4096 and 16384) in device time (issue 3's 1.5x geomean had only partial
+#   H200 runs: s4 five shapes, s6 the 70B rows at M 4096);
+# grouped: the grouped GEMM launchers' GPU tests and host parts (scripts/gpu_grouped_check.sh's tests
+#   and host stages).
 #
 #   bash scripts/gpu_s41_check.sh OUT
 set -uo pipefail

@@ -36,6 +36,11 @@ _KERNEL_DEVICES = [
 kernel_devices = pytest.mark.parametrize("dev", _KERNEL_DEVICES)
 
 
+def _kernel_dtype(dev: str) -> torch.dtype:
+    """The GEMM tests' operand dtype: bf16 on CUDA (what every CUDA path takes), fp32 on CPU."""
+    return bf16 if dev == "cuda" else torch.float32
+
+
 def _dev() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -335,7 +340,7 @@ def test_gemm_empty(op, m, n, k):
 def test_grouped_gemm_empty(op, m, g, lens, dev):
     """No tokens, no experts, or experts without rows: zero output rows, zero gradients."""
     trans_b = op == "grouped_gemm_fp4"
-    dt = bf16 if dev == "cuda" else torch.float32  # bf16: what every CUDA path takes
+    dt = _kernel_dtype(dev)
     a = torch.randn(m, 32, dtype=dt, device=dev, requires_grad=True)
     b = torch.randn(g, 32, 32, dtype=dt, device=dev, requires_grad=True)
     out = getattr(ops, op)(a, b, torch.tensor(lens, dtype=torch.int64, device=dev), trans_b=trans_b)
@@ -351,7 +356,8 @@ def test_grouped_gemm_one_group_empty_matches_reference(dev):
     """An empty group next to a full one: the full one is the dense product (fp64 reference of
     the same values), gradients too."""
     torch.manual_seed(1)
-    dt, tol = (bf16, 2e-2) if dev == "cuda" else (torch.float32, 1e-4)
+    dt = _kernel_dtype(dev)
+    tol = 2e-2 if dt == bf16 else 1e-4
     a = torch.randn(8, 32, dtype=dt, device=dev, requires_grad=True)
     b = torch.randn(2, 32, 16, dtype=dt, device=dev, requires_grad=True)
     out = ops.grouped_gemm(a, b, torch.tensor([0, 8], device=dev))
@@ -369,7 +375,7 @@ def test_grouped_gemm_one_group_empty_matches_reference(dev):
 @needs_triton
 @kernel_devices
 def test_grouped_gemm_glu_empty_tokens(dev):
-    dt = bf16 if dev == "cuda" else torch.float32
+    dt = _kernel_dtype(dev)
     x = torch.randn(0, 32, dtype=dt, device=dev, requires_grad=True)
     w = torch.randn(2, 8, 32, dtype=dt, device=dev, requires_grad=True)
     p = torch.rand(0, device=dev, requires_grad=True)
