@@ -1,8 +1,8 @@
 """The three GEMMs of an FP8 linear step timed one by one: records the (quantized) operands of the
-forward, dgrad and wgrad GEMMs of one ``turbo.ops.gemm_fp8`` forward + backward, then replays each
-GEMM alone under a CUDA graph (device time, median of rounds) next to the BF16 cuBLAS GEMM of the
-same role. Shows which of the three holds a step back (the BLOCKWISE wgrad reads per-row scales on
-both operands, a second promotion multiply per K block).
+forward, dgrad and wgrad GEMMs of one ``turbo.ops.gemm_fp8`` forward + backward, then times each
+GEMM alone in device time (``benchmarks.common.graph_ms``: CUDA graph, L2 flushed) next to the
+BF16 cuBLAS GEMM of the same role. Shows which of the three holds a step back (the BLOCKWISE
+wgrad reads per-row scales on both operands, a second promotion multiply per K block).
 
     PYTHONPATH=. python scripts/diag_fp8_linear_gemms.py [--m 16384] [--nk 6144,4096 4096,4096]
 """
@@ -10,7 +10,7 @@ both operands, a second promotion multiply per K block).
 from __future__ import annotations
 
 import argparse
-import statistics
+import importlib
 import sys
 from pathlib import Path
 
@@ -21,25 +21,6 @@ if str(_ROOT) not in sys.path:
 import torch  # noqa: E402
 
 
-def _graph_ms(fn, reps: int = 20, rounds: int = 5) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    times = []
-    for _ in range(rounds):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) / reps)
-    return statistics.median(times)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--m", type=int, default=16384)
@@ -47,8 +28,8 @@ def main(argv=None) -> int:
     p.add_argument("--granularities", nargs="+", default=["BLOCKWISE", "TENSORWISE"])
     args = p.parse_args(argv)
     import primus_turbo.pytorch as turbo
+    from benchmarks.common import graph_ms
     from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
-    import importlib
 
     mod = importlib.import_module("primus_turbo.pytorch.ops.gemm_fp8")  # the module, not the op
 
@@ -63,7 +44,7 @@ def main(argv=None) -> int:
         dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
         xd, wd = x.detach(), w.detach()
         bf16 = {"fwd": lambda: xd @ wd.t(), "dgrad": lambda: dy @ wd, "wgrad": lambda: dy.t() @ xd}
-        bf16_ms = {r: _graph_ms(f) for r, f in bf16.items()}
+        bf16_ms = {r: graph_ms(f) for r, f in bf16.items()}
         flops = 2.0 * m * n * k
         for gran in args.granularities:
             calls = []
@@ -81,7 +62,7 @@ def main(argv=None) -> int:
                 mod._mm = orig
             torch.cuda.synchronize()
             for role, (A, B, g, od, bs) in zip(("fwd", "dgrad", "wgrad"), calls):
-                ms = _graph_ms(lambda: orig(A, B, g, od, bs))
+                ms = graph_ms(lambda: orig(A, B, g, od, bs))
                 print(f"{m}x{n}x{k:>6d} {gran:>10s} {role:>6s} {ms:8.4f} {flops / ms / 1e9:8.1f} "
                       f"{bf16_ms[role]:8.4f} {bf16_ms[role] / ms:7.3f}   A{list(A[0].shape)} B{list(B[0].shape)}")
     return 0

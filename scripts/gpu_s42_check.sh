@@ -20,10 +20,10 @@ source "$HERE/gpu_env.sh"
 gpu_run_header "$OUT/header.log"; cat "$OUT/header.log"
 STAGES=" ${S42_STAGES:-blockwise linear ggfp8 moe} "
 if [[ $STAGES == *" blockwise "* ]]; then
-  S41_STAGES=blockwise S41_BW_S="${S42_BW_S:-230}" bash "$HERE/gpu_s41_check.sh" "$OUT/bw" | grep -v "^torch\|^name\|^NVIDIA\|UTC"
+  S41_STAGES=blockwise S41_BW_S="${S42_BW_S:-230}" bash "$HERE/gpu_s41_check.sh" "$OUT/bw"
 fi
 if [[ $STAGES == *" linear "* ]]; then
-  S40_STAGES=linear S40_LINEAR_S="${S42_LINEAR_S:-230}" bash "$HERE/gpu_s40_check.sh" "$OUT/lin" | grep -v "^torch\|^name\|^NVIDIA\|UTC"
+  S40_STAGES=linear S40_LINEAR_S="${S42_LINEAR_S:-230}" bash "$HERE/gpu_s40_check.sh" "$OUT/lin"
 fi
 if [[ $STAGES == *" ggfp8 "* ]]; then
   GG_STAGES=fp8 GG_FP8_S="${S42_GG_S:-240}" bash "$HERE/gpu_grouped_check.sh" "$OUT/gg"
