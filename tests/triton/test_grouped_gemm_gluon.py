@@ -776,6 +776,107 @@ def test_op_triton_backend_runs_gluon(trans_b, fuse, monkeypatch):
         GlobalBackendManager.reset()
 
 
+def test_flat_signature_bookkeeping_without_a_gpu(monkeypatch):
+    """``fast_hit`` / ``fast_miss`` with the CUDA side mocked (CPU CI): an output address without a
+    kept record launches nothing; the prepared launch of a miss is kept under the output's address
+    and the next hit calls its C entry with the plan's grid; a launch hook, direct launches off or
+    another current device decline the hit; at most ``_MAX_OUTS`` addresses are kept."""
+    from types import SimpleNamespace
+
+    from primus_turbo.triton import launch as L
+
+    calls, prepared = [], []
+    monkeypatch.setattr(L, "_call_entry", lambda entry, grid, index, args, tail: calls.append((entry, grid, index,
+                                                                                                args)))
+    monkeypatch.setattr(L, "_DIRECT", [True])
+    hooks, current = [False], [0]
+    monkeypatch.setattr(L, "no_launch_hooks", lambda: not hooks[0])
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: current[0], raising=False)  # absent from CPU builds
+    kernel = object()
+
+    def fake_prepared(k, grid, args_fn, kwargs, device, key, ptrs):
+        prepared.append(ptrs)
+        L._PREPARED[(id(k), device.index, key, ptrs)] = (("launcher",), [7, ptrs[2]])
+
+    monkeypatch.setattr(gg, "launch_prepared", fake_prepared)
+
+    class Out:  # a tensor stand-in: its data pointer and device
+        def __init__(self, ptr):
+            self.ptr, self.device = ptr, SimpleNamespace(type="cuda", index=0)
+
+        def data_ptr(self):
+            return self.ptr
+
+    hit = (SimpleNamespace(grid=(5,), kwargs={}), "key", {})
+    try:
+        o = Out(1000)
+        assert not gg.fast_hit(kernel, hit, o) and not calls
+        gg.fast_miss(kernel, hit, o, lambda: None, (1, 2, 1000, 3))
+        assert prepared == [(1, 2, 1000, 3)] and list(hit[2]) == [1000]
+        assert gg.fast_hit(kernel, hit, o) and calls == [(("launcher",), (5,), 0, [7, 1000])]
+        assert not gg.fast_hit(kernel, hit, Out(1001))
+        hooks[0] = True
+        assert not gg.fast_hit(kernel, hit, o)
+        hooks[0] = False
+        current[0] = 1
+        assert not gg.fast_hit(kernel, hit, o)
+        current[0] = 0
+        monkeypatch.setattr(L, "_DIRECT", [False])
+        assert not gg.fast_hit(kernel, hit, o) and len(calls) == 1
+        for ptr in range(2000, 2000 + gg._MAX_OUTS + 3):
+            gg.fast_miss(kernel, hit, Out(ptr), lambda: None, (1, 2, ptr, 3))
+        assert 0 < len(hit[2]) <= gg._MAX_OUTS
+    finally:
+        for k in [k for k in L._PREPARED if k[0] == id(kernel)]:
+            del L._PREPARED[k]
+
+
+@sm90_gpu
+def test_flat_signature_launches_follow_new_tensors(monkeypatch):
+    """Both 16-bit launchers' flat-signature path (``gg._FAST``: calls that allocate their output):
+    new operands of one signature, fresh outputs whose blocks held NaN, and launches with the
+    direct path switched off all give the reference, tail rows zero; a repeat on the same tensors
+    whose output lands on a kept address takes neither the plan nor the prepared launch."""
+    from primus_turbo.triton import launch as L
+
+    lens = [300, 0, 451, 200]
+    gg._FAST.clear()
+    prepared = []
+    real = gg.launch_prepared
+    monkeypatch.setattr(gg, "launch_prepared", lambda *args: prepared.append(1) or real(*args))
+
+    def poisoned_fresh(shape, dtype):  # the next block of this size held NaN
+        torch.full(shape, float("nan"), device="cuda", dtype=dtype)
+
+    for rep in range(3):
+        a, B, dy, offs = _operands(lens, 384, 256, "cuda", tail=7, kmajor=True)
+        y = dy[:, :128].contiguous()
+        ref_o, ref_w = _ref_fwd(a, B, lens), _ref_wgrad(a, y, lens)
+        for _ in range(3):
+            poisoned_fresh((a.shape[0], 384), a.dtype)
+            o = gg.grouped_gemm_gluon(a, B, offs)
+            assert torch.isfinite(o).all() and (o[-7:] == 0).all() and _snr(ref_o, o) >= MIN_SNR[torch.bfloat16]
+            poisoned_fresh((len(lens), 256, 128), a.dtype)
+            w = vk.grouped_gemm_variable_k_gluon(a, y, offs)
+            assert torch.isfinite(w).all() and (w[1] == 0).all() and _snr(ref_w, w) >= MIN_SNR[torch.bfloat16]
+            del o, w
+    tags = {k[0] for k in gg._FAST}
+    assert tags == {"m16", "vk16"}, tags
+    assert all(not isinstance(v, torch.Tensor) for _p, _k, recs in gg._FAST.values() for rec in recs.values()
+               for v in rec[1])
+    o = gg.grouped_gemm_gluon(a, B, offs)
+    del o
+    n, planned = len(prepared), []
+    monkeypatch.setattr(gg, "_plan", lambda *args: planned.append(1))
+    o = gg.grouped_gemm_gluon(a, B, offs)  # the block just freed: a kept record
+    assert len(prepared) == n and not planned
+    assert _snr(ref_o, o) >= MIN_SNR[torch.bfloat16]
+    monkeypatch.setattr(L, "_DIRECT", [False])  # Triton's own launch path, same results
+    o2 = gg.grouped_gemm_gluon(a, B, offs)
+    w2 = vk.grouped_gemm_variable_k_gluon(a, y, offs)
+    assert torch.equal(o2, o) and _snr(ref_w, w2) >= MIN_SNR[torch.bfloat16]
+
+
 @sm90_gpu
 def test_prepared_launches_follow_the_pointers():
     """Both 16-bit launchers through their prepared launches (launch.launch_prepared): a signature's

@@ -41,6 +41,7 @@ import torch
 
 from primus_turbo.triton.gemm import gemm_fp8_gluon as _dense
 from primus_turbo.triton.gemm.gemm_fp8_gluon import GLUON_AVAILABLE, gluon_platform_reason
+from primus_turbo.triton import launch as _launch
 from primus_turbo.triton.launch import launch, launch_keyed, launch_prepared, tensor_sig
 
 __all__ = [
@@ -643,8 +644,25 @@ def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tenso
     call builds its three descriptors and calls the compiled kernel's entry (small expert GEMMs
     take tens of microseconds on the device, as much as the generic path's Python).
     """
+    fk = None
     if out is not None:
         out_dtype = out.dtype
+    elif getattr(a, "is_cuda", False):
+        try:  # the flat signature of _FAST (a non-tensor argument: the checked path raises)
+            fk = ("m16", a.data_ptr(), b.data_ptr(), group_offs.data_ptr(), a.shape, a.stride(), b.shape, b.stride(),
+                  group_offs.shape, group_offs.stride(), a.dtype, b.dtype, group_offs.dtype, a.device, b.device,
+                  group_offs.device, out_dtype, config, num_programs, checked, _env_raw(PACE_ENV),
+                  _env_raw("TRITON_INTERPRET"))
+            hit = _FAST.get(fk)
+        except (AttributeError, TypeError):
+            fk = hit = None
+        if hit is not None:
+            plan = hit[0]
+            o = torch.empty((plan.M, plan.N), dtype=plan.out_dtype, device=a.device)
+            if not fast_hit(_grouped_gemm_gluon_ws_kernel, hit, o):
+                fast_miss(_grouped_gemm_gluon_ws_kernel, hit, o, lambda: _launch_args(plan, a, b, group_offs, o),
+                          (a.data_ptr(), b.data_ptr(), o.data_ptr(), group_offs.data_ptr()))
+            return o
     return planned_launch(
         _grouped_gemm_gluon_ws_kernel, a.device, out,
         lambda: ("m16", tensor_sig(a), tensor_sig(b), tensor_sig(group_offs), None if out is None else tensor_sig(out),
@@ -652,17 +670,20 @@ def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tenso
         lambda: _plan(a, b, group_offs, out_dtype, config, out, num_programs, checked),
         lambda plan: torch.empty((plan.M, plan.N), dtype=plan.out_dtype, device=a.device),
         lambda plan, o: _launch_args(plan, a, b, group_offs, o),
-        lambda plan, o: None if plan.cfg.pace else (a.data_ptr(), b.data_ptr(), o.data_ptr(), group_offs.data_ptr()))
+        lambda plan, o: None if plan.cfg.pace else (a.data_ptr(), b.data_ptr(), o.data_ptr(), group_offs.data_ptr()),
+        fk)
 
 
-def planned_launch(kernel, device: torch.device, out, key, make_plan, new_out, launch_args, ptrs=None):
+def planned_launch(kernel, device: torch.device, out, key, make_plan, new_out, launch_args, ptrs=None, fk=None):
     """The launch of a 16-bit grouped Gluon kernel through its plan: ``key()`` (the call signature;
     an AttributeError / TypeError, as from a non-tensor argument, skips the cache), ``make_plan()``
     (validates, raising ValueError, and plans: its ``empty`` verdict, ``grid`` and ``kwargs``) on a
     miss, ``new_out(plan)`` when ``out`` is None, ``launch_args(plan, out)``; keyed by the signature,
     which fixes every fact the kernel specializes on (a fresh output is 16-byte aligned).
     ``ptrs(plan, out)``: the data pointers of every tensor the launch arguments hold (or None),
-    with which the launch is prepared once per signature and pointers (:func:`launch_prepared`)."""
+    with which the launch is prepared once per signature and pointers (:func:`launch_prepared`).
+    ``fk``: the call's flat signature when it allocates its output on CUDA (see :func:`fast_hit`);
+    a prepared launch is then also kept under it."""
     try:
         k = key()
         plan = _PLANS.get(k)
@@ -681,11 +702,61 @@ def planned_launch(kernel, device: torch.device, out, key, make_plan, new_out, l
     p = ptrs(plan, out) if (ptrs is not None and k is not None and device.type == "cuda") else None
     if p is not None:
         launch_prepared(kernel, plan.grid, lambda: launch_args(plan, out), plan.kwargs, device, k, p)
+        if fk is not None:
+            if len(_FAST) >= _MAX_FAST:
+                _FAST.clear()
+            hit = _FAST[fk] = (plan, k, {})
+            _keep(hit, kernel, out, p)
     elif k is None:
         launch(kernel, plan.grid, launch_args(plan, out), plan.kwargs, device)
     else:
         launch_keyed(kernel, plan.grid, launch_args(plan, out), plan.kwargs, device, k)
     return out
+
+
+# A call's flat signature -> (plan, plan key, {output data pointer: prepared launch record}), for the
+# calls that allocate their output on CUDA. The flat signature holds every input tensor's data
+# pointer, shape, strides, dtype and device and the call's other arguments: it fixes the plan key
+# (which holds the same facts, alignment for the pointer) and, with the new output's pointer, the
+# prepared launch's (key, pointers), so a repeat call is the tuple, one lookup, the allocation and
+# the C launcher (the generic path builds the plan key, looks up the plan, builds the prepared key
+# and looks it up again: ~10 us more per launch on the H100 machine's host, 2026-12-05,
+# scripts/diag_host_layers.py). Records are immutable and hold no tensor.
+_FAST: dict = {}
+_MAX_FAST = 1024
+_MAX_OUTS = 8  # output addresses kept per signature (the caching allocator cycles through a few)
+
+
+def fast_hit(kernel, hit, out: torch.Tensor) -> bool:
+    """Launches ``kernel`` from ``hit`` (a :data:`_FAST` entry) into ``out`` through the C launcher
+    when the output's address has a kept record and nothing asks for Triton's path (direct launches
+    off, a launch hook, another current device); False otherwise (nothing launched)."""
+    rec = hit[2].get(out.data_ptr())
+    if rec is None or not _launch._DIRECT[0] or not _launch.no_launch_hooks():
+        return False
+    index = out.device.index
+    if torch._C._cuda_getDevice() != index:
+        return False
+    _launch._call_entry(rec[0], hit[0].grid, index, rec[1], ())
+    return True
+
+
+def fast_miss(kernel, hit, out: torch.Tensor, args_fn, ptrs: tuple) -> None:
+    """The launch of a :data:`_FAST` hit that :func:`fast_hit` declined: the prepared launch
+    (``ptrs``: every tensor's data pointer among ``args_fn()``), whose record is then kept for the
+    output's address."""
+    plan = hit[0]
+    launch_prepared(kernel, plan.grid, args_fn, plan.kwargs, out.device, hit[1], ptrs)
+    _keep(hit, kernel, out, ptrs)
+
+
+def _keep(hit, kernel, out: torch.Tensor, ptrs: tuple) -> None:
+    rec = _launch._PREPARED.get((id(kernel), out.device.index, hit[1], ptrs))
+    if rec is not None:
+        recs = hit[2]
+        if len(recs) >= _MAX_OUTS:
+            recs.clear()
+        recs[out.data_ptr()] = rec
 
 
 @dataclasses.dataclass(frozen=True)

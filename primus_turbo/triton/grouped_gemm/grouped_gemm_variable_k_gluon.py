@@ -290,8 +290,25 @@ def grouped_gemm_variable_k_gluon(x: torch.Tensor, y: torch.Tensor, group_offs: 
 
     Raises ValueError with :func:`gluon_variable_k_reason`'s text on inputs it cannot run.
     """
+    fk = None
     if out is not None:
         out_dtype = out.dtype
+    elif getattr(x, "is_cuda", False):
+        try:  # the flat signature of _m._FAST (a non-tensor argument: the checked path raises)
+            fk = ("vk16", x.data_ptr(), y.data_ptr(), group_offs.data_ptr(), x.shape, x.stride(), y.shape, y.stride(),
+                  group_offs.shape, group_offs.stride(), x.dtype, y.dtype, group_offs.dtype, x.device, y.device,
+                  group_offs.device, bool(accumulate), out_dtype, config, num_programs, _m._env_raw("TRITON_INTERPRET"))
+            hit = _m._FAST.get(fk)
+        except (AttributeError, TypeError):
+            fk = hit = None
+        if hit is not None:
+            plan = hit[0]
+            o = torch.empty((plan.G, plan.P, plan.Q), dtype=plan.out_dtype, device=x.device)
+            if not _m.fast_hit(_grouped_gemm_variable_k_gluon_ws_kernel, hit, o):
+                _m.fast_miss(_grouped_gemm_variable_k_gluon_ws_kernel, hit, o,
+                             lambda: _launch_args(plan, x, y, group_offs, o),
+                             (x.data_ptr(), y.data_ptr(), o.data_ptr(), group_offs.data_ptr()))
+            return o
     return _m.planned_launch(
         _grouped_gemm_variable_k_gluon_ws_kernel, x.device, out,
         lambda: ("vk16", tensor_sig(x), tensor_sig(y), tensor_sig(group_offs), None if out is None else tensor_sig(out),
@@ -299,7 +316,8 @@ def grouped_gemm_variable_k_gluon(x: torch.Tensor, y: torch.Tensor, group_offs: 
         lambda: _plan(x, y, group_offs, out, accumulate, out_dtype, config, num_programs),
         lambda plan: torch.empty((plan.G, plan.P, plan.Q), dtype=plan.out_dtype, device=x.device),
         lambda plan, o: _launch_args(plan, x, y, group_offs, o),
-        lambda plan, o: (x.data_ptr(), y.data_ptr(), o.data_ptr(), group_offs.data_ptr()))
+        lambda plan, o: (x.data_ptr(), y.data_ptr(), o.data_ptr(), group_offs.data_ptr()),
+        fk)
 
 
 @dataclasses.dataclass(frozen=True)
