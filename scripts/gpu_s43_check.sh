@@ -7,7 +7,7 @@
 # host: scripts/diag_host_layers.py (host time per layer, and a labelled trace of one step), BASE
 #   (a copy of the tree before the change, PYTHONPATH=$BASE) and this tree, interleaved twice;
 # eager: bench_grouped_gemm.py forward+backward, do_bench, on the host-bound small rows (Qwen3-30B-A3B
-#   and GPT-OSS-20B at EP 16 / 32, 1024 tokens per expert), BASE then this tree then BASE.
+#   and GPT-OSS-20B at EP 16 / 32, 1024 tokens per expert), BASE and this tree, alternating twice.
 #
 #   BASE=out/base bash scripts/gpu_s43_check.sh OUT
 set -uo pipefail
@@ -23,7 +23,7 @@ if [[ $STAGES == *" tests "* ]]; then
   timeout "${S43_TEST_S:-300}" $PY -m pytest -q -x -p no:cacheprovider -n 8 \
     tests/triton/test_grouped_gemm_gluon.py tests/pytorch/ops/test_grouped_gemm.py tests/triton/test_launch.py \
     tests/pytorch/test_no_host_sync.py tests/pytorch/modules/test_moe.py > "$OUT/pytest.log" 2>&1
-  echo "tests rc=$?"; tail -3 "$OUT/pytest.log"
+  echo "tests rc=$?"; grep -E "passed|failed|error" "$OUT/pytest.log" | tail -5
 fi
 if [[ $STAGES == *" host "* ]]; then
   for round in 1 2; do
@@ -38,9 +38,8 @@ if [[ $STAGES == *" host "* ]]; then
 fi
 if [[ $STAGES == *" eager "* ]]; then
   [ -n "$BASE" ] && cp -r benchmarks "$R/$BASE/"
-  for tree in base new base2; do
-    [ $tree != new ] && [ -z "$BASE" ] && continue
-    root=$R; [ $tree != new ] && root=$R/$BASE
+  for tree in base new base2 new2; do
+    case $tree in new*) root=$R ;; *) [ -z "$BASE" ] && continue; root=$R/$BASE ;; esac
     PYTHONPATH=$root timeout 200 $PY $root/benchmarks/bench_grouped_gemm.py --out "$OUT/eager_$tree" \
       --models Qwen3-30B-A3B GPT-OSS-20B --ep 16 32 --tokens 1024 --modes fwd_bwd \
       --impls torch_grouped_mm turbo-default --fp8 --rounds 3 > "$OUT/eager_$tree.log" 2>&1

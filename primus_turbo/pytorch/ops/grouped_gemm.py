@@ -559,8 +559,9 @@ def grouped_gemm(
     if (group_offs is not None and num_cu is None and fuse_bgrad_accum_pattern is None and schedule == "static"
             and torch.is_grad_enabled()):
         fk = _fast_key(a, b, group_lens, group_offs, trans_b)
-        if fk is not None and _FAST_ROUTES.get(fk) is not None:
-            return GroupedGemmFunction.apply(a, b, group_lens, group_offs, bool(trans_b), None, False, "gluon")
+        step = _FAST_ROUTES.get(fk) if fk is not None else None
+        if step is not None:
+            return _GluonStepFunction.apply(a, b, group_offs, step)
     _check_inputs(a, b, group_lens, group_offs, trans_b, num_cu, fuse_bgrad_accum_pattern)
     if schedule != "static":
         _check_schedule(schedule, num_cu)
@@ -572,13 +573,78 @@ def grouped_gemm(
         if _native_ok(a, b, trans_b, vendor, fuse):
             return _native_vendor(a, b, group_offs, trans_b)
         if fk is not None and vendor == "gluon":
-            _remember(_FAST_ROUTES, fk, vendor)
+            _remember(_FAST_ROUTES, fk, _GluonStep(a, b, trans_b))
         return GroupedGemmFunction.apply(a, b, group_lens, group_offs, trans_b, num_cu, fuse, vendor)
     return _gmm(a, b, group_lens, group_offs, trans_b, num_cu)
 
 
-# _fast_key(...) -> "gluon": calls under autograd that passed the checks and took the Gluon route
+# _fast_key(...) -> _GluonStep: calls under autograd that passed the checks and took the Gluon route
 _FAST_ROUTES: dict = {}
+
+
+class _GluonStep:
+    """The Gluon route of one call signature (see :func:`_fast_key`): the three GEMMs' sizes and,
+    per GEMM, the C launch records of the operand and output addresses seen (``grouped_gemm_gluon
+    .fire``; at most a few per GEMM, as the caching allocator cycles through its blocks). The
+    backward's operands follow from the signature: the output gradient is made contiguous,
+    16-byte aligned and of ``a``'s dtype, ``[M, N]``, as :func:`grouped_gemm_backward` does."""
+
+    __slots__ = ("tb", "M", "N", "K", "G", "dtype", "device", "fwd", "dgrad", "wgrad")
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, trans_b: bool):
+        self.tb = trans_b
+        self.M, self.K = a.shape
+        self.G = b.size(0)
+        self.N = b.size(1) if trans_b else b.size(2)
+        self.dtype, self.device = a.dtype, a.device
+        self.fwd, self.dgrad, self.wgrad = {}, {}, {}
+
+
+class _GluonStepFunction(torch.autograd.Function):
+    """:class:`GroupedGemmFunction` on the Gluon route for a signature seen before: the same three
+    kernels with the same arguments, each launched from its kept C record when its operand and
+    output addresses repeat (else through the launcher, which keeps the record). Host time per
+    step is what a small expert GEMM's eager step costs."""
+
+    @staticmethod
+    def forward(ctx, a, b, group_offs, step):
+        ctx.step = step
+        need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        ctx.save_for_backward(a if need_b else None, b if need_a else None, group_offs)
+        out = torch.empty((step.M, step.N), dtype=step.dtype, device=step.device)
+        key = (a.data_ptr(), b.data_ptr(), group_offs.data_ptr(), out.data_ptr())
+        gg = _gluon_module("grouped_gemm_gluon")
+        if not gg.fire(step.fwd.get(key), step.device.index):
+            gg.grouped_gemm_gluon(a, b.transpose(1, 2) if step.tb else b, group_offs, out=out, checked=True,
+                                  keep=(step.fwd, key))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        a, b, group_offs = ctx.saved_tensors
+        step = ctx.step
+        g = grad_out if grad_out.dtype == step.dtype else grad_out.to(step.dtype)
+        if not g.is_contiguous():
+            g = g.contiguous()
+        if g.data_ptr() % 16:  # TMA needs a 16-byte aligned base (a slice's gradient may not have one)
+            g = g.clone()
+        gg = _gluon_module("grouped_gemm_gluon")
+        index = step.device.index
+        grad_a = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_a = torch.empty((step.M, step.K), dtype=step.dtype, device=step.device)
+            key = (g.data_ptr(), b.data_ptr(), group_offs.data_ptr(), grad_a.data_ptr())
+            if not gg.fire(step.dgrad.get(key), index):
+                gg.grouped_gemm_gluon(g, b if step.tb else b.transpose(1, 2), group_offs, out=grad_a, checked=True,
+                                      keep=(step.dgrad, key))
+        if ctx.needs_input_grad[1]:
+            x, y = (g, a) if step.tb else (a, g)
+            grad_b = torch.empty((step.G, x.size(1), y.size(1)), dtype=step.dtype, device=step.device)
+            key = (x.data_ptr(), y.data_ptr(), group_offs.data_ptr(), grad_b.data_ptr())
+            if not gg.fire(step.wgrad.get(key), index):
+                _gluon_module("grouped_gemm_variable_k_gluon").grouped_gemm_variable_k_gluon(
+                    x, y, group_offs, out=grad_b, keep=(step.wgrad, key))
+        return grad_a, grad_b, None, None
 
 
 def _fast_key(a, b, group_lens, group_offs, trans_b):
@@ -586,9 +652,9 @@ def _fast_key(a, b, group_lens, group_offs, trans_b):
     ``num_cu``, no fused accumulation and the static schedule under grad mode: the backend settings
     (dispatcher plan, version, the Gluon switch), the four arguments' types, shapes, strides,
     dtypes, devices and 16-byte alignment, ``trans_b`` and which operands need grads. A call whose
-    key was seen taking the Gluon route goes straight to the Function (the checks and the route
-    cost ~20 us of host per call in a step on the H100 machine's host, 2026-12-05, against a
-    ~40 us GPU step for a small expert GEMM). None when compiling or for non-tensor arguments
+    key was seen taking the Gluon route goes straight to :class:`_GluonStepFunction` (the checks,
+    the route and the generic launch path cost ~70 us of host per forward+backward on the H100
+    machine's host, 2026-12-05, against a ~40 us GPU step for a small expert GEMM). None when compiling or for non-tensor arguments
     (the checks then raise) and for a ``trans_b`` other than a bool or int."""
     if torch.compiler.is_compiling() or type(trans_b) not in (bool, int):
         return None

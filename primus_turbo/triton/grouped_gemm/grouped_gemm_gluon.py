@@ -622,7 +622,7 @@ def _config_problem(cfg: GluonGroupedConfig, out_bytes: int) -> Optional[str]:
 def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tensor,
                        out_dtype: Optional[torch.dtype] = None, config: Optional[GluonGroupedConfig] = None,
                        out: Optional[torch.Tensor] = None, num_programs: Optional[int] = None,
-                       checked: bool = False) -> torch.Tensor:
+                       checked: bool = False, keep=None) -> torch.Tensor:
     """``out[rows of g] = a[rows of g] @ b[g]``, rows past ``group_offs[G]`` zero (16-bit operands).
 
     Args:
@@ -636,6 +636,8 @@ def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tenso
         num_programs: cap on the persistent grid (the op's ``num_cu``); all SMs when None.
         checked: the caller has just had :func:`gluon_grouped_reason` accept these inputs (with this
             ``out_dtype``): only the launcher's own checks run again.
+        keep: optional ``(dict, key)``: a prepared launch's record and grid are kept there under
+            ``key`` (the caller's own repeat path, :func:`fire`).
 
     Raises ValueError with :func:`gluon_grouped_reason`'s text on inputs it cannot run.
 
@@ -671,10 +673,11 @@ def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tenso
         lambda plan: torch.empty((plan.M, plan.N), dtype=plan.out_dtype, device=a.device),
         lambda plan, o: _launch_args(plan, a, b, group_offs, o),
         lambda plan, o: None if plan.cfg.pace else (a.data_ptr(), b.data_ptr(), o.data_ptr(), group_offs.data_ptr()),
-        fk)
+        fk, keep)
 
 
-def planned_launch(kernel, device: torch.device, out, key, make_plan, new_out, launch_args, ptrs=None, fk=None):
+def planned_launch(kernel, device: torch.device, out, key, make_plan, new_out, launch_args, ptrs=None, fk=None,
+                   keep=None):
     """The launch of a 16-bit grouped Gluon kernel through its plan: ``key()`` (the call signature;
     an AttributeError / TypeError, as from a non-tensor argument, skips the cache), ``make_plan()``
     (validates, raising ValueError, and plans: its ``empty`` verdict, ``grid`` and ``kwargs``) on a
@@ -683,7 +686,8 @@ def planned_launch(kernel, device: torch.device, out, key, make_plan, new_out, l
     ``ptrs(plan, out)``: the data pointers of every tensor the launch arguments hold (or None),
     with which the launch is prepared once per signature and pointers (:func:`launch_prepared`).
     ``fk``: the call's flat signature when it allocates its output on CUDA (see :func:`fast_hit`);
-    a prepared launch is then also kept under it."""
+    a prepared launch is then also kept under it. ``keep``: ``(dict, key)``, where a prepared
+    launch's record and grid are also kept for the caller (see :func:`fire`)."""
     try:
         k = key()
         plan = _PLANS.get(k)
@@ -707,6 +711,13 @@ def planned_launch(kernel, device: torch.device, out, key, make_plan, new_out, l
                 _FAST.clear()
             hit = _FAST[fk] = (plan, k, {})
             _keep(hit, kernel, out, p)
+        if keep is not None:
+            rec = _launch._PREPARED.get((id(kernel), device.index, k, p))
+            if rec is not None:
+                kept, kk = keep
+                if len(kept) >= _MAX_OUTS:
+                    kept.clear()
+                kept[kk] = (rec, plan.grid)
     elif k is None:
         launch(kernel, plan.grid, launch_args(plan, out), plan.kwargs, device)
     else:
@@ -725,6 +736,19 @@ def planned_launch(kernel, device: torch.device, out, key, make_plan, new_out, l
 _FAST: dict = {}
 _MAX_FAST = 1024
 _MAX_OUTS = 8  # output addresses kept per signature (the caching allocator cycles through a few)
+
+
+def fire(kept, index: int) -> bool:
+    """Calls the C launcher of ``kept`` (a ``(record, grid)`` pair that :func:`planned_launch` kept
+    for a caller's ``keep``) on device ``index``'s current stream; False (nothing launched) when
+    ``kept`` is None or something asks for Triton's path (direct launches off, a launch hook,
+    another current device)."""
+    if kept is None or not _launch._DIRECT[0] or not _launch.no_launch_hooks() \
+            or torch._C._cuda_getDevice() != index:
+        return False
+    rec, grid = kept
+    _launch._call_entry(rec[0], grid, index, rec[1], ())
+    return True
 
 
 def fast_hit(kernel, hit, out: torch.Tensor) -> bool:

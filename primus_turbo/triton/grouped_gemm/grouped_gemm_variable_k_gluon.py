@@ -273,7 +273,7 @@ def grouped_gemm_variable_k_gluon(x: torch.Tensor, y: torch.Tensor, group_offs: 
                                   out: Optional[torch.Tensor] = None, accumulate: bool = False,
                                   out_dtype: Optional[torch.dtype] = None,
                                   config: Optional[GluonGroupedConfig] = None,
-                                  num_programs: Optional[int] = None) -> torch.Tensor:
+                                  num_programs: Optional[int] = None, keep=None) -> torch.Tensor:
     """``out[g] (+)= x[rows of g]^T @ y[rows of g]``: the MoE wgrad with 16-bit operands.
 
     Args:
@@ -287,6 +287,8 @@ def grouped_gemm_variable_k_gluon(x: torch.Tensor, y: torch.Tensor, group_offs: 
         out_dtype: dtype of the allocated ``out`` (x's dtype by default, or float32).
         config: :class:`GluonGroupedConfig` (VARIABLE_K16_DEFAULT_CONFIG fitted when None).
         num_programs: cap on the persistent grid (the op's ``num_cu``); all SMs when None.
+        keep: optional ``(dict, key)``: a prepared launch's record and grid are kept there under
+            ``key`` (the caller's own repeat path, ``grouped_gemm_gluon.fire``).
 
     Raises ValueError with :func:`gluon_variable_k_reason`'s text on inputs it cannot run.
     """
@@ -317,7 +319,7 @@ def grouped_gemm_variable_k_gluon(x: torch.Tensor, y: torch.Tensor, group_offs: 
         lambda plan: torch.empty((plan.G, plan.P, plan.Q), dtype=plan.out_dtype, device=x.device),
         lambda plan, o: _launch_args(plan, x, y, group_offs, o),
         lambda plan, o: (x.data_ptr(), y.data_ptr(), o.data_ptr(), group_offs.data_ptr()),
-        fk)
+        fk, keep)
 
 
 @dataclasses.dataclass(frozen=True)
