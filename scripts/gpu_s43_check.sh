@@ -44,7 +44,7 @@ if [[ $STAGES == *" eager "* ]]; then
       --models Qwen3-30B-A3B GPT-OSS-20B --ep 16 32 --tokens 1024 --modes fwd_bwd \
       --impls torch_grouped_mm turbo-default --fp8 --rounds 3 > "$OUT/eager_$tree.log" 2>&1
     echo "== eager $tree rc=$?"
-    grep -E "turbo-default" "$OUT/eager_$tree.log" | cut -c1-150
+    grep -E "^\| grouped_gemm_fwd_bwd \| turbo-default \|" "$OUT/eager_$tree.log"
   done
 fi
 find "$OUT" -name "*.md" -delete
