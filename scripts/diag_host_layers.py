@@ -77,7 +77,7 @@ def _trace(op, gmod, turbo, a, w, lens, offs, grad, reset, xs, ws, gs, n: int) -
 
     planned, prepared = gmod.planned_launch, gmod.launch_prepared
 
-    def planned_launch(kernel, device, out, key, make_plan, new_out, launch_args, ptrs=None):
+    def planned_launch(kernel, device, out, key, make_plan, new_out, launch_args, *rest):
         mark("launcher entry")
 
         def new_out2(plan):
@@ -86,7 +86,7 @@ def _trace(op, gmod, turbo, a, w, lens, offs, grad, reset, xs, ws, gs, n: int) -
             mark("allocated")
             return o
 
-        r = planned(kernel, device, out, key, make_plan, new_out2, launch_args, ptrs)
+        r = planned(kernel, device, out, key, make_plan, new_out2, launch_args, *rest)
         mark("launcher exit")
         return r
 

@@ -20,7 +20,7 @@ BASE=${BASE:-}
 gpu_run_header "$OUT/header.log"; cat "$OUT/header.log"
 STAGES=" ${S43_STAGES:-tests host eager} "
 if [[ $STAGES == *" tests "* ]]; then
-  timeout "${S43_TEST_S:-300}" $PY -m pytest -q -x -p no:cacheprovider -n 8 \
+  timeout "${S43_TEST_S:-300}" $PY -m pytest -q -p no:cacheprovider -n 8 \
     tests/triton/test_grouped_gemm_gluon.py tests/pytorch/ops/test_grouped_gemm.py tests/triton/test_launch.py \
     tests/pytorch/test_no_host_sync.py tests/pytorch/modules/test_moe.py > "$OUT/pytest.log" 2>&1
   echo "tests rc=$?"; grep -E "passed|failed|error" "$OUT/pytest.log" | tail -5

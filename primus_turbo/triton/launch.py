@@ -43,7 +43,7 @@ except ImportError:  # no triton: nothing here can launch; the modules that impo
     knobs = None
 
 __all__ = ["launch", "launch_key", "launch_keyed", "launch_prepared", "direct_entry", "no_launch_hooks",
-           "raw_stream", "set_direct_launch", "tensor_sig"]
+           "raw_stream", "set_direct_launch", "tensor_sig", "with_current_context"]
 
 # PRIMUS_TURBO_DIRECT_LAUNCH=0 keeps every launch on Triton's own path (read at import)
 _DIRECT = [os.environ.get("PRIMUS_TURBO_DIRECT_LAUNCH", "1").strip() != "0"]
@@ -155,6 +155,44 @@ def no_launch_hooks() -> bool:
         not getattr(rt.launch_exit_hook, "calls", rt.launch_exit_hook)
 
 
+def with_current_context(fn, device):
+    """``fn()``, retried once after making ``device``'s primary context current on this thread when
+    it fails for want of one. Encoding a TMA descriptor (``cuTensorMapEncodeTiled``, a driver call)
+    needs a current context, and a thread that has made no CUDA runtime call needing one may have
+    none: the autograd engine's device thread, when every allocation of a backward comes from the
+    caching allocator's pool and every launch before went through a kept C launcher. The failure
+    happens before anything is enqueued, so the retry launches once."""
+    try:
+        return fn()
+    except RuntimeError as exc:
+        if "invalid device context" not in str(exc) or not _bind_primary_context(device):
+            raise
+    return fn()
+
+
+def _bind_primary_context(device) -> bool:
+    """Makes ``device``'s primary context current on this thread when none is (the driver API,
+    through ctypes: no sync, nothing enqueued); True when one was bound."""
+    if getattr(device, "type", None) != "cuda":
+        return False
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    ctx = ctypes.c_void_p()
+    if cuda.cuCtxGetCurrent(ctypes.byref(ctx)) != 0 or ctx.value:
+        return False  # a context is current: the failure is something else
+    dev = ctypes.c_int()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if cuda.cuDeviceGet(ctypes.byref(dev), index) != 0:
+        return False
+    if cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) != 0:
+        return False
+    return cuda.cuCtxSetCurrent(ctx) == 0
+
+
 def raw_stream(index: int) -> int:
     return torch._C._cuda_getCurrentRawStream(index)
 
@@ -215,7 +253,7 @@ def _cached_descriptors(entry):
             key = (tag, i, arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), arg.padding)
             parts = _TMAPS.get(key)
             if parts is None:
-                parts = expand(arg, meta)
+                parts = with_current_context(lambda: expand(arg, meta), arg.base.device)
                 if len(_TMAPS) >= _MAX_TMAPS:
                     _TMAPS.clear()
                 _TMAPS[key] = parts
@@ -270,7 +308,7 @@ def launch(jit_fn, grid: tuple, args: tuple, kwargs: dict, device: torch.device)
             _call_entry(entry, grid, index, args, _tail(names, defaults, kwargs))
             return
     with torch.cuda.device(index):
-        kernel = jit_fn[grid](*args, **kwargs)
+        kernel = with_current_context(lambda: jit_fn[grid](*args, **kwargs), device)
     if hasattr(kernel, "result"):  # an asynchronous compilation's future
         kernel = kernel.result()
     if key is not None and kernel is not None:

@@ -364,3 +364,34 @@ def test_launch_prepared_logic_without_a_gpu(monkeypatch):
         del L._PREPARED[k]
     for k in [k for k in L._KEYED if k[0] == id(jit_fn)]:
         del L._KEYED[k]
+
+
+def test_with_current_context_retries_once_after_binding(monkeypatch):
+    """A launch that fails for want of a current CUDA context (a TMA encode on a thread that made
+    no runtime call) is retried once after the primary context is bound; other errors, and the
+    same error when no context could be bound, propagate unchanged."""
+    from types import SimpleNamespace
+
+    from primus_turbo.triton import launch as L
+
+    bound, calls = [], []
+    monkeypatch.setattr(L, "_bind_primary_context", lambda device: bound.append(device) or ok[0])
+    ok = [True]
+    dev = SimpleNamespace(type="cuda", index=0)
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("Triton Error [CUDA]: Failed to create tensor map descriptor: invalid device context")
+        return "launched"
+
+    assert L.with_current_context(flaky, dev) == "launched" and len(calls) == 2 and bound == [dev]
+    with pytest.raises(RuntimeError, match="out of memory"):
+        L.with_current_context(lambda: (_ for _ in ()).throw(RuntimeError("out of memory")), dev)
+    assert len(bound) == 1
+    ok[0] = False
+    calls.clear()
+    with pytest.raises(RuntimeError, match="invalid device context"):
+        L.with_current_context(flaky, dev)
+    assert len(calls) == 1 and len(bound) == 2
+    assert L._bind_primary_context(SimpleNamespace(type="cpu", index=None)) is False
