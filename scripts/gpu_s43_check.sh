@@ -6,6 +6,8 @@
 #   the MoE modules;
 # host: scripts/diag_host_layers.py (host time per layer, and a labelled trace of one step), BASE
 #   (a copy of the tree before the change, PYTHONPATH=$BASE) and this tree, interleaved twice;
+# registry: bench_grouped_gemm.py over the default registry grid (96 rows, forward and forward+backward),
+#   do_bench, this tree only: issue 4's eager rows (the s35 run read 0.970 geomean, 18 under 0.98);
 # eager: bench_grouped_gemm.py forward+backward, do_bench, on the host-bound small rows (Qwen3-30B-A3B
 #   and GPT-OSS-20B at EP 16 / 32, 1024 tokens per expert), BASE and this tree, alternating twice.
 #
@@ -19,10 +21,10 @@ R=$(pwd)
 BASE=${BASE:-}
 gpu_run_header "$OUT/header.log"; cat "$OUT/header.log"
 STAGES=" ${S43_STAGES:-tests host eager} "
+TESTS=${S43_TESTS:-tests/triton/test_grouped_gemm_gluon.py tests/pytorch/ops/test_grouped_gemm.py tests/triton/test_launch.py tests/pytorch/test_no_host_sync.py tests/pytorch/modules/test_moe.py}
 if [[ $STAGES == *" tests "* ]]; then
   timeout "${S43_TEST_S:-300}" $PY -m pytest -q -p no:cacheprovider -n 8 \
-    tests/triton/test_grouped_gemm_gluon.py tests/pytorch/ops/test_grouped_gemm.py tests/triton/test_launch.py \
-    tests/pytorch/test_no_host_sync.py tests/pytorch/modules/test_moe.py > "$OUT/pytest.log" 2>&1
+    $TESTS > "$OUT/pytest.log" 2>&1
   echo "tests rc=$?"; grep -E "passed|failed|error" "$OUT/pytest.log" | tail -5
 fi
 if [[ $STAGES == *" host "* ]]; then
@@ -46,5 +48,12 @@ if [[ $STAGES == *" eager "* ]]; then
     echo "== eager $tree rc=$?"
     grep -E "^\| grouped_gemm_fwd_bwd \| turbo-default \|" "$OUT/eager_$tree.log"
   done
+fi
+if [[ $STAGES == *" registry "* ]]; then
+  timeout "${S43_REG_S:-300}" $PY benchmarks/bench_grouped_gemm.py --out "$OUT/registry" --impls torch_grouped_mm \
+    turbo-default --fp8 --rounds 3 > "$OUT/registry.log" 2>&1
+  echo "== registry rc=$?"
+  grep -E "^\| grouped_gemm_fwd(_bwd)? \| turbo-default \|" "$OUT/registry.log"
+  grep -E "^\| grouped_gemm_fwd" "$OUT/registry.log" | awk -F'|' '$5 ~ /turbo-default/ && $9+0 < 0.98' | cut -c1-160
 fi
 find "$OUT" -name "*.md" -delete

@@ -589,15 +589,17 @@ class _GluonStep:
     backward's operands follow from the signature: the output gradient is made contiguous,
     16-byte aligned and of ``a``'s dtype, ``[M, N]``, as :func:`grouped_gemm_backward` does."""
 
-    __slots__ = ("tb", "M", "N", "K", "G", "dtype", "device", "fwd", "dgrad", "wgrad")
+    __slots__ = ("tb", "M", "N", "K", "G", "dtype", "device", "index", "fwd", "dgrad", "wgrad", "m16", "vk16")
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, trans_b: bool):
         self.tb = trans_b
         self.M, self.K = a.shape
         self.G = b.size(0)
         self.N = b.size(1) if trans_b else b.size(2)
-        self.dtype, self.device = a.dtype, a.device
+        self.dtype, self.device, self.index = a.dtype, a.device, a.device.index
         self.fwd, self.dgrad, self.wgrad = {}, {}, {}
+        self.m16 = _gluon_module("grouped_gemm_gluon")
+        self.vk16 = _gluon_module("grouped_gemm_variable_k_gluon")
 
 
 class _GluonStepFunction(torch.autograd.Function):
@@ -613,8 +615,8 @@ class _GluonStepFunction(torch.autograd.Function):
         ctx.save_for_backward(a if need_b else None, b if need_a else None, group_offs)
         out = torch.empty((step.M, step.N), dtype=step.dtype, device=step.device)
         key = (a.data_ptr(), b.data_ptr(), group_offs.data_ptr(), out.data_ptr())
-        gg = _gluon_module("grouped_gemm_gluon")
-        if not gg.fire(step.fwd.get(key), step.device.index):
+        gg = step.m16
+        if not gg.fire(step.fwd.get(key), step.index):
             gg.grouped_gemm_gluon(a, b.transpose(1, 2) if step.tb else b, group_offs, out=out, checked=True,
                                   keep=(step.fwd, key))
         return out
@@ -628,8 +630,8 @@ class _GluonStepFunction(torch.autograd.Function):
             g = g.contiguous()
         if g.data_ptr() % 16:  # TMA needs a 16-byte aligned base (a slice's gradient may not have one)
             g = g.clone()
-        gg = _gluon_module("grouped_gemm_gluon")
-        index = step.device.index
+        gg = step.m16
+        index = step.index
         grad_a = grad_b = None
         if ctx.needs_input_grad[0]:
             grad_a = torch.empty((step.M, step.K), dtype=step.dtype, device=step.device)
@@ -642,8 +644,7 @@ class _GluonStepFunction(torch.autograd.Function):
             grad_b = torch.empty((step.G, x.size(1), y.size(1)), dtype=step.dtype, device=step.device)
             key = (x.data_ptr(), y.data_ptr(), group_offs.data_ptr(), grad_b.data_ptr())
             if not gg.fire(step.wgrad.get(key), index):
-                _gluon_module("grouped_gemm_variable_k_gluon").grouped_gemm_variable_k_gluon(
-                    x, y, group_offs, out=grad_b, keep=(step.wgrad, key))
+                step.vk16.grouped_gemm_variable_k_gluon(x, y, group_offs, out=grad_b, keep=(step.wgrad, key))
         return grad_a, grad_b, None, None
 
 
