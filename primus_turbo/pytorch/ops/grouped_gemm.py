@@ -48,6 +48,7 @@ __all__ = ["grouped_gemm"]
 
 _BF16 = PrecisionType.BF16_FP16_FP32
 _GLUON_ENV = "PRIMUS_TURBO_GROUPED_GEMM_GLUON"
+_PACE_ENV = "PRIMUS_TURBO_GROUPED_GEMM_PACE"  # the Gluon launchers' pacing switch (part of their plan)
 
 
 def _offsets(group_lens: torch.Tensor) -> torch.Tensor:
@@ -651,7 +652,7 @@ class _GluonStepFunction(torch.autograd.Function):
 def _fast_key(a, b, group_lens, group_offs, trans_b):
     """The facts that :func:`_check_inputs` and :func:`_routed` read of a call with given offsets, no
     ``num_cu``, no fused accumulation and the static schedule under grad mode: the backend settings
-    (dispatcher plan, version, the Gluon switch), the four arguments' types, shapes, strides,
+    (dispatcher plan, version, the Gluon, pacing and interpreter switches), the four arguments' types, shapes, strides,
     dtypes, devices and 16-byte alignment, ``trans_b`` and which operands need grads. A call whose
     key was seen taking the Gluon route goes straight to :class:`_GluonStepFunction` (the checks,
     the route and the generic launch path cost ~70 us of host per forward+backward on the H100
@@ -661,7 +662,8 @@ def _fast_key(a, b, group_lens, group_offs, trans_b):
         return None
     try:
         backend, _source, tune = grouped_gemm_dispatcher.plan(_BF16)
-        return (backend, tune, GlobalBackendManager._version, env_raw(_GLUON_ENV), bool(trans_b), type(a), type(b),
+        return (backend, tune, GlobalBackendManager._version, env_raw(_GLUON_ENV), env_raw(_PACE_ENV),
+                env_raw("TRITON_INTERPRET"), bool(trans_b), type(a), type(b),
                 type(group_lens), type(group_offs), _tensor_key(a), _tensor_key(b), _tensor_key(group_lens),
                 _tensor_key(group_offs), a.requires_grad, b.requires_grad)
     except (AttributeError, TypeError):

@@ -720,3 +720,39 @@ def test_flat_key_route_repeats_and_follows_the_settings(trans_b, monkeypatch):
         assert snr_db(grouped_gemm_ref(a, b, gl, trans_b), out) >= MIN_SNR[torch.bfloat16]
     finally:
         GlobalBackendManager.reset()
+
+
+def test_fast_key_covers_what_the_checks_and_route_read(monkeypatch):
+    """``_fast_key`` (the cache key of the Gluon step route) changes with every fact the checks and
+    the route read: ``trans_b``, dtypes, which operands need grads, the backend pin, the Gluon and
+    pacing switches; it is None for non-tensor arguments and odd ``trans_b`` values (the checked
+    path then raises). On CPU nothing is kept (the route there is never the Gluon one)."""
+    import importlib
+
+    from primus_turbo.triton.grouped_gemm import grouped_gemm_gluon as gg
+
+    mod = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm")
+    assert mod._PACE_ENV == gg.PACE_ENV
+    a, b, gl = _make([3, 5], 16, 32, torch.bfloat16, True, "cpu")
+    offs = torch.tensor([0, 3, 8])
+    k = mod._fast_key(a, b, gl, offs, True)
+    assert k is not None and k == mod._fast_key(a, b, gl, offs, True) and hash(k) == hash(mod._fast_key(a, b, gl, offs, 1))
+    assert mod._fast_key(a, b, gl, offs, False) != k
+    assert mod._fast_key(a, b, gl.to(torch.int32), offs, True) != k
+    assert mod._fast_key(a.half(), b.half(), gl, offs, True) != k
+    assert mod._fast_key(a.detach().requires_grad_(), b, gl, offs, True) != k
+    for env in (mod._PACE_ENV, mod._GLUON_ENV):
+        monkeypatch.setenv(env, "2")
+        assert mod._fast_key(a, b, gl, offs, True) != k
+        monkeypatch.delenv(env)
+    try:
+        GlobalBackendManager.set_grouped_gemm_backend(BackendType.TRITON)
+        assert mod._fast_key(a, b, gl, offs, True) != k
+    finally:
+        GlobalBackendManager.reset()
+    assert mod._fast_key(a, b, [3, 5], offs, True) is None
+    assert mod._fast_key(a, b, gl, offs, "yes") is None
+    mod._FAST_ROUTES.clear()
+    out = grouped_gemm(a.detach().requires_grad_(), b, gl, offs, trans_b=True)
+    out.sum().backward()
+    assert not mod._FAST_ROUTES
