@@ -657,7 +657,8 @@ def _fast_key(a, b, group_lens, group_offs, trans_b):
     key was seen taking the Gluon route goes straight to :class:`_GluonStepFunction` (the checks,
     the route and the generic launch path cost ~70 us of host per forward+backward on the H100
     machine's host, 2026-12-05, against a ~40 us GPU step for a small expert GEMM). None when compiling or for non-tensor arguments
-    (the checks then raise) and for a ``trans_b`` other than a bool or int."""
+    (the checks then raise), tensors without strides or storage, and a ``trans_b`` other than a bool
+    or int."""
     if torch.compiler.is_compiling() or type(trans_b) not in (bool, int):
         return None
     try:
@@ -666,5 +667,5 @@ def _fast_key(a, b, group_lens, group_offs, trans_b):
                 env_raw("TRITON_INTERPRET"), bool(trans_b), type(a), type(b),
                 type(group_lens), type(group_offs), _tensor_key(a), _tensor_key(b), _tensor_key(group_lens),
                 _tensor_key(group_offs), a.requires_grad, b.requires_grad)
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, or tensors without strides
         return None
