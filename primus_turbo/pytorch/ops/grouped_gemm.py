@@ -557,11 +557,12 @@ def grouped_gemm(
     ``torch._grouped_mm``'s output with torch's own backward (see ``_native_vendor``).
     """
     fk = None
-    if (group_offs is not None and num_cu is None and fuse_bgrad_accum_pattern is None and schedule == "static"
-            and torch.is_grad_enabled()):
+    if num_cu is None and fuse_bgrad_accum_pattern is None and schedule == "static" and torch.is_grad_enabled():
         fk = _fast_key(a, b, group_lens, group_offs, trans_b)
         step = _FAST_ROUTES.get(fk) if fk is not None else None
         if step is not None:
+            if group_offs is None:  # derived as the checked path does (one keyed launch, no sync)
+                group_offs = _offsets(group_lens)
             return _GluonStepFunction.apply(a, b, group_offs, step)
     _check_inputs(a, b, group_lens, group_offs, trans_b, num_cu, fuse_bgrad_accum_pattern)
     if schedule != "static":
@@ -573,7 +574,7 @@ def grouped_gemm(
         vendor = _routed(a, b, trans_b, num_cu, group_offs)
         if _native_ok(a, b, trans_b, vendor, fuse):
             return _native_vendor(a, b, group_offs, trans_b)
-        if fk is not None and vendor == "gluon":
+        if fk is not None and vendor == "gluon" and a.is_cuda:  # the step launches C entries: CUDA only
             _remember(_FAST_ROUTES, fk, _GluonStep(a, b, trans_b))
         return GroupedGemmFunction.apply(a, b, group_lens, group_offs, trans_b, num_cu, fuse, vendor)
     return _gmm(a, b, group_lens, group_offs, trans_b, num_cu)
@@ -650,8 +651,9 @@ class _GluonStepFunction(torch.autograd.Function):
 
 
 def _fast_key(a, b, group_lens, group_offs, trans_b):
-    """The facts that :func:`_check_inputs` and :func:`_routed` read of a call with given offsets, no
-    ``num_cu``, no fused accumulation and the static schedule under grad mode: the backend settings
+    """The facts that :func:`_check_inputs` and :func:`_routed` read of a call with no ``num_cu``, no
+    fused accumulation and the static schedule under grad mode (offsets given, or None: derived on
+    the device, a fresh contiguous ``[G+1]`` int64 tensor either way): the backend settings
     (dispatcher plan, version, the Gluon, pacing and interpreter switches), the four arguments' types, shapes, strides,
     dtypes, devices and 16-byte alignment, ``trans_b`` and which operands need grads. A call whose
     key was seen taking the Gluon route goes straight to :class:`_GluonStepFunction` (the checks,

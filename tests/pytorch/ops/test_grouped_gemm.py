@@ -672,8 +672,8 @@ def test_flat_key_route_repeats_and_follows_the_settings(trans_b, monkeypatch):
     """Calls with given offsets under autograd (the form the benchmarks and MoE layers use): the
     first call of a signature takes the checked path, later ones the kept Gluon step
     (``_GluonStepFunction``); new tensors of one signature, fresh output and gradient blocks,
-    repeats, and a call where only the weight needs its gradient all give the references (tail
-    rows zero); a TORCH pin reroutes at once; an input the checks reject still raises."""
+    repeats, a call where only the weight needs its gradient and calls with derived offsets all
+    give the references (tail rows zero); a TORCH pin reroutes at once; an input the checks reject still raises."""
     import importlib
 
     mod = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm")
@@ -712,11 +712,14 @@ def test_flat_key_route_repeats_and_follows_the_settings(trans_b, monkeypatch):
         for _ in range(2):
             step(a0, b0, gl, offs, need_a=False)
         assert slow == ["gluon", "gluon"] and len(fast) == 6
+        for _ in range(2):  # offsets derived on the device (the reference API's default form)
+            step(a0, b0, gl, None)
+        assert slow == ["gluon"] * 3 and len(fast) == 7
         with pytest.raises(TypeError, match="group_lens must be int64"):
             grouped_gemm(a, b, gl.to(torch.int32), offs, trans_b=trans_b)
         GlobalBackendManager.set_grouped_gemm_backend(BackendType.TORCH)
         out = grouped_gemm(a, b, gl, offs, trans_b=trans_b)
-        assert len(fast) == 6 and slow[-1] != "gluon" if len(slow) > 2 else len(fast) == 6
+        assert len(fast) == 7 and "gluon" not in slow[3:]
         assert snr_db(grouped_gemm_ref(a, b, gl, trans_b), out) >= MIN_SNR[torch.bfloat16]
     finally:
         GlobalBackendManager.reset()
@@ -738,6 +741,7 @@ def test_fast_key_covers_what_the_checks_and_route_read(monkeypatch):
     k = mod._fast_key(a, b, gl, offs, True)
     assert k is not None and k == mod._fast_key(a, b, gl, offs, True) and hash(k) == hash(mod._fast_key(a, b, gl, offs, 1))
     assert mod._fast_key(a, b, gl, offs, False) != k
+    assert mod._fast_key(a, b, gl, None, True) not in (None, k)  # offsets derived on the device
     assert mod._fast_key(a, b, gl.to(torch.int32), offs, True) != k
     assert mod._fast_key(a.half(), b.half(), gl, offs, True) != k
     assert mod._fast_key(a.detach().requires_grad_(), b, gl, offs, True) != k
