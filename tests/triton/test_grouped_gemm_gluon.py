@@ -777,9 +777,9 @@ def test_op_triton_backend_runs_gluon(trans_b, fuse, monkeypatch):
 
 
 def test_flat_signature_bookkeeping_without_a_gpu(monkeypatch):
-    """``fast_hit`` / ``fast_miss`` with the CUDA side mocked (CPU CI): an output address without a
-    kept record launches nothing; the prepared launch of a miss is kept under the output's address
-    and the next hit calls its C entry with the plan's grid; a launch hook, direct launches off or
+    """``fire`` / ``fast_miss`` with the CUDA side mocked (CPU CI): an output address without a
+    kept launch launches nothing; the prepared launch of a miss is kept under the output's address
+    with the plan's grid, and firing it calls its C entry with that grid; a launch hook, direct launches off or
     another current device decline the hit; at most ``_MAX_OUTS`` addresses are kept."""
     from types import SimpleNamespace
 
@@ -808,21 +808,25 @@ def test_flat_signature_bookkeeping_without_a_gpu(monkeypatch):
             return self.ptr
 
     hit = (SimpleNamespace(grid=(5,), kwargs={}), "key", {})
+
+    def fire(out):  # what the launchers do on a _FAST hit
+        return gg.fire(hit[2].get(out.data_ptr()), out.device.index)
+
     try:
         o = Out(1000)
-        assert not gg.fast_hit(kernel, hit, o) and not calls
+        assert not fire(o) and not calls
         gg.fast_miss(kernel, hit, o, lambda: None, (1, 2, 1000, 3))
         assert prepared == [(1, 2, 1000, 3)] and list(hit[2]) == [1000]
-        assert gg.fast_hit(kernel, hit, o) and calls == [(("launcher",), (5,), 0, [7, 1000])]
-        assert not gg.fast_hit(kernel, hit, Out(1001))
+        assert fire(o) and calls == [(("launcher",), (5,), 0, [7, 1000])]
+        assert not fire(Out(1001))
         hooks[0] = True
-        assert not gg.fast_hit(kernel, hit, o)
+        assert not fire(o)
         hooks[0] = False
         current[0] = 1
-        assert not gg.fast_hit(kernel, hit, o)
+        assert not fire(o)
         current[0] = 0
         monkeypatch.setattr(L, "_DIRECT", [False])
-        assert not gg.fast_hit(kernel, hit, o) and len(calls) == 1
+        assert not fire(o) and len(calls) == 1
         for ptr in range(2000, 2000 + gg._MAX_OUTS + 3):
             gg.fast_miss(kernel, hit, Out(ptr), lambda: None, (1, 2, ptr, 3))
         assert 0 < len(hit[2]) <= gg._MAX_OUTS
@@ -862,7 +866,7 @@ def test_flat_signature_launches_follow_new_tensors(monkeypatch):
             del o, w
     tags = {k[0] for k in gg._FAST}
     assert tags == {"m16", "vk16"}, tags
-    assert all(not isinstance(v, torch.Tensor) for _p, _k, recs in gg._FAST.values() for rec in recs.values()
+    assert all(not isinstance(v, torch.Tensor) for _p, _k, recs in gg._FAST.values() for rec, _grid in recs.values()
                for v in rec[1])
     o = gg.grouped_gemm_gluon(a, B, offs)
     del o

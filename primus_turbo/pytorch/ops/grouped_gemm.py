@@ -654,13 +654,13 @@ def _fast_key(a, b, group_lens, group_offs, trans_b):
     """The facts that :func:`_check_inputs` and :func:`_routed` read of a call with no ``num_cu``, no
     fused accumulation and the static schedule under grad mode (offsets given, or None: derived on
     the device, a fresh contiguous ``[G+1]`` int64 tensor either way): the backend settings
-    (dispatcher plan, version, the Gluon, pacing and interpreter switches), the four arguments' types, shapes, strides,
-    dtypes, devices and 16-byte alignment, ``trans_b`` and which operands need grads. A call whose
-    key was seen taking the Gluon route goes straight to :class:`_GluonStepFunction` (the checks,
-    the route and the generic launch path cost ~70 us of host per forward+backward on the H100
-    machine's host, 2026-12-05, against a ~40 us GPU step for a small expert GEMM). None when compiling or for non-tensor arguments
-    (the checks then raise), tensors without strides or storage, and a ``trans_b`` other than a bool
-    or int."""
+    (dispatcher plan, version, the Gluon, pacing and interpreter switches), the four arguments'
+    types, shapes, strides, dtypes, devices and 16-byte alignment, ``trans_b`` and which operands
+    need grads. A call whose key was seen taking the Gluon route goes straight to
+    :class:`_GluonStepFunction` (the checks, the route and the generic launch path cost ~70 us of
+    host per forward+backward on the H100 machine's host, 2026-12-05, against a ~40 us GPU step for
+    a small expert GEMM). None when compiling, for non-tensor arguments (the checks then raise),
+    tensors without strides and a ``trans_b`` other than a bool or int."""
     if torch.compiler.is_compiling() or type(trans_b) not in (bool, int):
         return None
     try:

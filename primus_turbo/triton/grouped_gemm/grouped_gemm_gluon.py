@@ -661,7 +661,7 @@ def grouped_gemm_gluon(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tenso
         if hit is not None:
             plan = hit[0]
             o = torch.empty((plan.M, plan.N), dtype=plan.out_dtype, device=a.device)
-            if not fast_hit(_grouped_gemm_gluon_ws_kernel, hit, o):
+            if not fire(hit[2].get(o.data_ptr()), o.device.index):
                 fast_miss(_grouped_gemm_gluon_ws_kernel, hit, o, lambda: _launch_args(plan, a, b, group_offs, o),
                           (a.data_ptr(), b.data_ptr(), o.data_ptr(), group_offs.data_ptr()))
             return o
@@ -685,7 +685,7 @@ def planned_launch(kernel, device: torch.device, out, key, make_plan, new_out, l
     which fixes every fact the kernel specializes on (a fresh output is 16-byte aligned).
     ``ptrs(plan, out)``: the data pointers of every tensor the launch arguments hold (or None),
     with which the launch is prepared once per signature and pointers (:func:`launch_prepared`).
-    ``fk``: the call's flat signature when it allocates its output on CUDA (see :func:`fast_hit`);
+    ``fk``: the call's flat signature when it allocates its output on CUDA (see :data:`_FAST`);
     a prepared launch is then also kept under it. ``keep``: ``(dict, key)``, where a prepared
     launch's record and grid are also kept for the caller (see :func:`fire`)."""
     try:
@@ -706,18 +706,15 @@ def planned_launch(kernel, device: torch.device, out, key, make_plan, new_out, l
     p = ptrs(plan, out) if (ptrs is not None and k is not None and device.type == "cuda") else None
     if p is not None:
         launch_prepared(kernel, plan.grid, lambda: launch_args(plan, out), plan.kwargs, device, k, p)
-        if fk is not None:
-            if len(_FAST) >= _MAX_FAST:
-                _FAST.clear()
-            hit = _FAST[fk] = (plan, k, {})
-            _keep(hit, kernel, out, p)
-        if keep is not None:
-            rec = _launch._PREPARED.get((id(kernel), device.index, k, p))
-            if rec is not None:
-                kept, kk = keep
-                if len(kept) >= _MAX_OUTS:
-                    kept.clear()
-                kept[kk] = (rec, plan.grid)
+        if fk is not None or keep is not None:
+            kept = _kept(kernel, device, k, p, plan.grid)
+            if fk is not None:
+                if len(_FAST) >= _MAX_FAST:
+                    _FAST.clear()
+                hit = _FAST[fk] = (plan, k, {})
+                _store(hit[2], out.data_ptr(), kept)
+            if keep is not None:
+                _store(keep[0], keep[1], kept)
     elif k is None:
         launch(kernel, plan.grid, launch_args(plan, out), plan.kwargs, device)
     else:
@@ -725,24 +722,24 @@ def planned_launch(kernel, device: torch.device, out, key, make_plan, new_out, l
     return out
 
 
-# A call's flat signature -> (plan, plan key, {output data pointer: prepared launch record}), for the
-# calls that allocate their output on CUDA. The flat signature holds every input tensor's data
-# pointer, shape, strides, dtype and device and the call's other arguments: it fixes the plan key
-# (which holds the same facts, alignment for the pointer) and, with the new output's pointer, the
-# prepared launch's (key, pointers), so a repeat call is the tuple, one lookup, the allocation and
-# the C launcher (the generic path builds the plan key, looks up the plan, builds the prepared key
-# and looks it up again: ~10 us more per launch on the H100 machine's host, 2026-12-05,
-# scripts/diag_host_layers.py). Records are immutable and hold no tensor.
+# A call's flat signature -> (plan, plan key, {output data pointer: kept launch}), for the calls that
+# allocate their output on CUDA. The flat signature holds every input tensor's data pointer, shape,
+# strides, dtype and device and the call's other arguments: it fixes the plan key (which holds the
+# same facts, alignment for the pointer) and, with the new output's pointer, the prepared launch's
+# (key, pointers), so a repeat call is the tuple, one lookup, the allocation and the C launcher (the
+# generic path builds the plan key, looks up the plan, builds the prepared key and looks it up again:
+# ~10 us more per launch on the H100 machine's host, 2026-12-05, scripts/diag_host_layers.py). A kept
+# launch is ``(prepared record, grid)``: immutable, no tensor in it.
 _FAST: dict = {}
 _MAX_FAST = 1024
-_MAX_OUTS = 8  # output addresses kept per signature (the caching allocator cycles through a few)
+_MAX_OUTS = 8  # addresses kept per signature (the caching allocator cycles through a few blocks)
 
 
 def fire(kept, index: int) -> bool:
-    """Calls the C launcher of ``kept`` (a ``(record, grid)`` pair that :func:`planned_launch` kept
-    for a caller's ``keep``) on device ``index``'s current stream; False (nothing launched) when
-    ``kept`` is None or something asks for Triton's path (direct launches off, a launch hook,
-    another current device)."""
+    """Calls the C launcher of ``kept`` (a ``(record, grid)`` pair kept by :func:`planned_launch`,
+    under a caller's ``keep`` or a :data:`_FAST` entry) on device ``index``'s current stream; False
+    (nothing launched) when ``kept`` is None or something asks for Triton's path (direct launches
+    off, a launch hook, another current device)."""
     if kept is None or not _launch._DIRECT[0] or not _launch.no_launch_hooks() \
             or torch._C._cuda_getDevice() != index:
         return False
@@ -751,36 +748,28 @@ def fire(kept, index: int) -> bool:
     return True
 
 
-def fast_hit(kernel, hit, out: torch.Tensor) -> bool:
-    """Launches ``kernel`` from ``hit`` (a :data:`_FAST` entry) into ``out`` through the C launcher
-    when the output's address has a kept record and nothing asks for Triton's path (direct launches
-    off, a launch hook, another current device); False otherwise (nothing launched)."""
-    rec = hit[2].get(out.data_ptr())
-    if rec is None or not _launch._DIRECT[0] or not _launch.no_launch_hooks():
-        return False
-    index = out.device.index
-    if torch._C._cuda_getDevice() != index:
-        return False
-    _launch._call_entry(rec[0], hit[0].grid, index, rec[1], ())
-    return True
-
-
 def fast_miss(kernel, hit, out: torch.Tensor, args_fn, ptrs: tuple) -> None:
-    """The launch of a :data:`_FAST` hit that :func:`fast_hit` declined: the prepared launch
-    (``ptrs``: every tensor's data pointer among ``args_fn()``), whose record is then kept for the
+    """The launch of a :data:`_FAST` hit whose output address :func:`fire` could not launch: the
+    prepared launch (``ptrs``: every tensor's data pointer among ``args_fn()``), kept then for the
     output's address."""
     plan = hit[0]
     launch_prepared(kernel, plan.grid, args_fn, plan.kwargs, out.device, hit[1], ptrs)
-    _keep(hit, kernel, out, ptrs)
+    _store(hit[2], out.data_ptr(), _kept(kernel, out.device, hit[1], ptrs, plan.grid))
 
 
-def _keep(hit, kernel, out: torch.Tensor, ptrs: tuple) -> None:
-    rec = _launch._PREPARED.get((id(kernel), out.device.index, hit[1], ptrs))
-    if rec is not None:
-        recs = hit[2]
-        if len(recs) >= _MAX_OUTS:
-            recs.clear()
-        recs[out.data_ptr()] = rec
+def _kept(kernel, device: torch.device, k, ptrs: tuple, grid: tuple):
+    """``(record, grid)`` of the prepared launch of ``kernel`` under (``k``, ``ptrs``), or None when
+    none was kept (direct launches off, a hook, another current device)."""
+    rec = _launch._PREPARED.get((id(kernel), device.index, k, ptrs))
+    return None if rec is None else (rec, grid)
+
+
+def _store(kept: dict, key, value) -> None:
+    """``kept[key] = value`` unless value is None, emptied first at :data:`_MAX_OUTS` entries."""
+    if value is not None:
+        if len(kept) >= _MAX_OUTS:
+            kept.clear()
+        kept[key] = value
 
 
 @dataclasses.dataclass(frozen=True)

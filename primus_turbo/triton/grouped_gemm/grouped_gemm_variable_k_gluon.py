@@ -306,7 +306,7 @@ def grouped_gemm_variable_k_gluon(x: torch.Tensor, y: torch.Tensor, group_offs: 
         if hit is not None:
             plan = hit[0]
             o = torch.empty((plan.G, plan.P, plan.Q), dtype=plan.out_dtype, device=x.device)
-            if not _m.fast_hit(_grouped_gemm_variable_k_gluon_ws_kernel, hit, o):
+            if not _m.fire(hit[2].get(o.data_ptr()), o.device.index):
                 _m.fast_miss(_grouped_gemm_variable_k_gluon_ws_kernel, hit, o,
                              lambda: _launch_args(plan, x, y, group_offs, o),
                              (x.data_ptr(), y.data_ptr(), o.data_ptr(), group_offs.data_ptr()))
