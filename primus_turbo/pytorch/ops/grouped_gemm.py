@@ -557,8 +557,9 @@ def grouped_gemm(
     ``torch._grouped_mm``'s output with torch's own backward (see ``_native_vendor``).
     """
     fk = None
-    if num_cu is None and fuse_bgrad_accum_pattern is None and schedule == "static" and torch.is_grad_enabled():
-        fk = _fast_key(a, b, group_lens, group_offs, trans_b)
+    if (num_cu is None and schedule == "static" and torch.is_grad_enabled()
+            and (fuse_bgrad_accum_pattern is None or fuse_bgrad_accum_pattern == "megatron")):
+        fk = _fast_key(a, b, group_lens, group_offs, trans_b, fuse_bgrad_accum_pattern is not None)
         step = _FAST_ROUTES.get(fk) if fk is not None else None
         if step is not None:
             if group_offs is None:  # derived as the checked path does (one keyed launch, no sync)
@@ -574,8 +575,9 @@ def grouped_gemm(
         vendor = _routed(a, b, trans_b, num_cu, group_offs)
         if _native_ok(a, b, trans_b, vendor, fuse):
             return _native_vendor(a, b, group_offs, trans_b)
-        if fk is not None and vendor == "gluon" and a.is_cuda:  # the step launches C entries: CUDA only
-            _remember(_FAST_ROUTES, fk, _GluonStep(a, b, trans_b))
+        if (fk is not None and vendor == "gluon" and a.is_cuda  # the step launches C entries: CUDA only
+                and (not fuse or not b.requires_grad or _gluon_accum_ok(a, b, trans_b, group_offs))):
+            _remember(_FAST_ROUTES, fk, _GluonStep(a, b, trans_b, fuse))
         return GroupedGemmFunction.apply(a, b, group_lens, group_offs, trans_b, num_cu, fuse, vendor)
     return _gmm(a, b, group_lens, group_offs, trans_b, num_cu)
 
@@ -589,12 +591,15 @@ class _GluonStep:
     per GEMM, the C launch records of the operand and output addresses seen (``grouped_gemm_gluon
     .fire``; at most a few per GEMM, as the caching allocator cycles through its blocks). The
     backward's operands follow from the signature: the output gradient is made contiguous,
-    16-byte aligned and of ``a``'s dtype, ``[M, N]``, as :func:`grouped_gemm_backward` does."""
+    16-byte aligned and of ``a``'s dtype, ``[M, N]``, as :func:`grouped_gemm_backward` does.
+    ``fuse``: Megatron's form (``fuse_bgrad_accum_pattern="megatron"``), whose grad_weight the
+    variable-K kernel adds into ``b.main_grad`` (fp32; kept only where :func:`_gluon_accum_ok`)."""
 
-    __slots__ = ("tb", "M", "N", "K", "G", "dtype", "device", "index", "fwd", "dgrad", "wgrad", "m16", "vk16")
+    __slots__ = ("tb", "fuse", "M", "N", "K", "G", "dtype", "device", "index", "fwd", "dgrad", "wgrad", "m16",
+                 "vk16")
 
-    def __init__(self, a: torch.Tensor, b: torch.Tensor, trans_b: bool):
-        self.tb = trans_b
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, trans_b: bool, fuse: bool = False):
+        self.tb, self.fuse = trans_b, fuse
         self.M, self.K = a.shape
         self.G = b.size(0)
         self.N = b.size(1) if trans_b else b.size(2)
@@ -614,7 +619,9 @@ class _GluonStepFunction(torch.autograd.Function):
     def forward(ctx, a, b, group_offs, step):
         ctx.step = step
         need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        ctx.save_for_backward(a if need_b else None, b if need_a else None, group_offs)
+        ctx.save_for_backward(a if need_b else None, b if (need_a or (need_b and step.fuse)) else None, group_offs)
+        if need_b and step.fuse:
+            b.grad_added_to_main_grad = True
         out = torch.empty((step.M, step.N), dtype=step.dtype, device=step.device)
         key = (a.data_ptr(), b.data_ptr(), group_offs.data_ptr(), out.data_ptr())
         gg = step.m16
@@ -641,7 +648,17 @@ class _GluonStepFunction(torch.autograd.Function):
             if not gg.fire(step.dgrad.get(key), index):
                 gg.grouped_gemm_gluon(g, b if step.tb else b.transpose(1, 2), group_offs, out=grad_a, checked=True,
                                       keep=(step.dgrad, key))
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1] and step.fuse:  # main_grad += the grad_weight, in the kernel epilogue
+            x, y = (g, a) if step.tb else (a, g)
+            mg = b.main_grad
+            # its address and layout: the kept record holds the address, the plan the layout
+            key = (x.data_ptr(), y.data_ptr(), group_offs.data_ptr(), mg.data_ptr(), mg.shape, mg.stride(), mg.dtype)
+            if not gg.fire(step.wgrad.get(key), index):
+                step.vk16.grouped_gemm_variable_k_gluon(x, y, group_offs, out=mg, accumulate=True,
+                                                        keep=(step.wgrad, key))
+            b.grad_added_to_main_grad = True
+            grad_b = _megatron_dummy_wgrad(b)
+        elif ctx.needs_input_grad[1]:
             x, y = (g, a) if step.tb else (a, g)
             grad_b = torch.empty((step.G, x.size(1), y.size(1)), dtype=step.dtype, device=step.device)
             key = (x.data_ptr(), y.data_ptr(), group_offs.data_ptr(), grad_b.data_ptr())
@@ -650,24 +667,46 @@ class _GluonStepFunction(torch.autograd.Function):
         return grad_a, grad_b, None, None
 
 
-def _fast_key(a, b, group_lens, group_offs, trans_b):
+def _gluon_accum_ok(a: torch.Tensor, b: torch.Tensor, trans_b: bool, group_offs: torch.Tensor) -> bool:
+    """Whether the checked path's fused accumulation (``_vk_accum`` into ``b.main_grad``) of a call
+    on the Gluon route runs the 16-bit variable-K kernel, as :class:`_GluonStepFunction` does: the
+    default's :func:`gluon_wgrad`, a TRITON pin's backend and a GLUON pin's all give it the problem
+    exactly when the kernel takes these operands (a bf16 ``main_grad`` takes the vendor GEMM and an
+    ``add_``: such calls stay on the checked path). Shapes only; one probe allocation per signature."""
+    mg = getattr(b, "main_grad", None)
+    if not isinstance(mg, torch.Tensor) or mg.dtype != torch.float32:
+        return False
+    n = b.size(1) if trans_b else b.size(2)
+    g = torch.empty((a.size(0), n), dtype=a.dtype, device=a.device)  # the backward's output gradient
+    x, y = (g, a) if trans_b else (a, g)
+    return _gluon_module("grouped_gemm_variable_k_gluon").gluon_variable_k_reason(
+        x, y, group_offs, out=mg, accumulate=True) is None
+
+
+def _fast_key(a, b, group_lens, group_offs, trans_b, fuse: bool = False):
     """The facts that :func:`_check_inputs` and :func:`_routed` read of a call with no ``num_cu``, no
-    fused accumulation and the static schedule under grad mode (offsets given, or None: derived on
+    fused accumulation or Megatron's (``fuse``), and the static schedule under grad mode (offsets given, or None: derived on
     the device, a fresh contiguous ``[G+1]`` int64 tensor either way): the backend settings
     (dispatcher plan, version, the Gluon, pacing and interpreter switches), the four arguments'
     types, shapes, strides, dtypes, devices and 16-byte alignment, ``trans_b`` and which operands
-    need grads. A call whose key was seen taking the Gluon route goes straight to
+    need grads, and with ``fuse`` (Megatron's form) ``b.main_grad``'s facts (the checks read them).
+    A call whose key was seen taking the Gluon route goes straight to
     :class:`_GluonStepFunction` (the checks, the route and the generic launch path cost ~70 us of
     host per forward+backward on the H100 machine's host, 2026-12-05, against a ~40 us GPU step for
     a small expert GEMM). None when compiling, for non-tensor arguments (the checks then raise),
-    tensors without strides and a ``trans_b`` other than a bool or int."""
+    tensors without strides, a ``trans_b`` other than a bool or int, and with ``fuse`` a weight
+    without ``main_grad``."""
     if torch.compiler.is_compiling() or type(trans_b) not in (bool, int):
         return None
     try:
         backend, _source, tune = grouped_gemm_dispatcher.plan(_BF16)
+        mg = None
+        if fuse:
+            mg = b.main_grad  # (an AttributeError without one: the checked path raises or ignores it)
+            mg = (type(mg), _tensor_key(mg))
         return (backend, tune, GlobalBackendManager._version, env_raw(_GLUON_ENV), env_raw(_PACE_ENV),
                 env_raw("TRITON_INTERPRET"), bool(trans_b), type(a), type(b),
                 type(group_lens), type(group_offs), _tensor_key(a), _tensor_key(b), _tensor_key(group_lens),
-                _tensor_key(group_offs), a.requires_grad, b.requires_grad)
+                _tensor_key(group_offs), a.requires_grad, b.requires_grad, fuse, mg)
     except (AttributeError, TypeError, RuntimeError):  # not tensors, or tensors without strides
         return None

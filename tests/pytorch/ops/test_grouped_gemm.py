@@ -725,6 +725,63 @@ def test_flat_key_route_repeats_and_follows_the_settings(trans_b, monkeypatch):
         GlobalBackendManager.reset()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_flat_key_route_megatron_form(trans_b, monkeypatch):
+    """Megatron's calling form (``fuse_bgrad_accum_pattern="megatron"``, given offsets, an fp32
+    ``main_grad``) takes the kept Gluon step from the second call of a signature: over several
+    micro-batches ``main_grad`` holds the sum of the wgrads, ``grad_added_to_main_grad`` is set and
+    ``b.grad`` is the placeholder; a new ``main_grad`` tensor of the same facts is accumulated into
+    (not the old one); a bf16 ``main_grad`` (the vendor GEMM + ``add_``) never takes the step."""
+    import importlib
+
+    mod = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm")
+    lens = [300, 0, 451, 200]
+    mod._FAST_ROUTES.clear()
+    slow, fast = [], []
+    real_slow, real_fast = mod.GroupedGemmFunction.apply, mod._GluonStepFunction.apply
+    monkeypatch.setattr(mod.GroupedGemmFunction, "apply", lambda *args: slow.append(args[-1]) or real_slow(*args))
+    monkeypatch.setattr(mod._GluonStepFunction, "apply", lambda *args: fast.append(1) or real_fast(*args))
+
+    def micro_batches(b, gl, offs, expected, steps):
+        for _ in range(steps):
+            a = torch.randn(gl.sum().item() + 7, b.size(2) if trans_b else b.size(1), dtype=torch.bfloat16,
+                            device="cuda", requires_grad=True)
+            out = grouped_gemm(a, b, gl, offs, trans_b=trans_b, fuse_bgrad_accum_pattern="megatron")
+            dc = torch.randn_like(out)
+            out.backward(dc)
+            assert snr_db(grouped_gemm_ref(a, b, gl, trans_b), out) >= MIN_SNR[torch.bfloat16]
+            assert snr_db(grouped_gemm_ref(dc, b, gl, trans_b=not trans_b), a.grad) >= MIN_SNR[torch.bfloat16]
+            assert torch.equal(a.grad[951:], torch.zeros_like(a.grad[951:]))
+            expected += grouped_gemm_variable_k_ref(dc, a, gl) if trans_b else grouped_gemm_variable_k_ref(a, dc, gl)
+            assert b.grad_added_to_main_grad is True and b.grad is not None and b.grad.shape == b.shape
+            b.grad = None
+            b.grad_added_to_main_grad = False
+        return expected
+
+    try:
+        _, b, gl = _make(lens, 384, 256, torch.bfloat16, trans_b, "cuda")
+        b.requires_grad_()
+        offs = torch.zeros(len(lens) + 1, dtype=torch.int64, device="cuda")
+        offs[1:] = torch.cumsum(gl, 0)
+        b.main_grad = torch.randn(b.shape, dtype=torch.float32, device="cuda")
+        expected = micro_batches(b, gl, offs, b.main_grad.double().clone(), 4)
+        assert snr_db(expected, b.main_grad) >= MIN_SNR[torch.bfloat16]
+        assert slow == ["gluon"] and len(fast) == 3
+        first, snapshot = b.main_grad, b.main_grad.clone()
+        b.main_grad = torch.randn(b.shape, dtype=torch.float32, device="cuda")  # a new buffer, same facts
+        expected = micro_batches(b, gl, offs, b.main_grad.double().clone(), 2)
+        assert snr_db(expected, b.main_grad) >= MIN_SNR[torch.bfloat16]
+        assert len(fast) == 5 and len(slow) == 1
+        assert torch.equal(first, snapshot)  # the replaced buffer is left alone
+        b.main_grad = torch.randn(b.shape, dtype=torch.bfloat16, device="cuda")
+        expected = micro_batches(b, gl, offs, b.main_grad.double().clone(), 2)
+        assert snr_db(expected, b.main_grad) >= 41.0
+        assert len(fast) == 5 and len(slow) == 3
+    finally:
+        GlobalBackendManager.reset()
+
+
 def test_fast_key_covers_what_the_checks_and_route_read(monkeypatch):
     """``_fast_key`` (the cache key of the Gluon step route) changes with every fact the checks and
     the route read: ``trans_b``, dtypes, which operands need grads, the backend pin, the Gluon and
@@ -754,10 +811,27 @@ def test_fast_key_covers_what_the_checks_and_route_read(monkeypatch):
         assert mod._fast_key(a, b, gl, offs, True) != k
     finally:
         GlobalBackendManager.reset()
+    with pytest.raises(AttributeError):
+        b.main_grad
+    k = mod._fast_key(a, b, gl, offs, True)  # (the pin and reset above moved the settings version)
+    assert mod._fast_key(a, b, gl, offs, True, True) is None  # Megatron's form without main_grad
+    b.main_grad = torch.zeros(b.shape, dtype=torch.float32)
+    km = mod._fast_key(a, b, gl, offs, True, True)
+    assert km not in (None, k) and km == mod._fast_key(a, b, gl, offs, True, True)
+    b.main_grad = torch.zeros(b.shape, dtype=torch.bfloat16)
+    assert mod._fast_key(a, b, gl, offs, True, True) not in (None, k, km)
+    b.main_grad = torch.zeros(b.shape, dtype=torch.float32)
+    assert mod._fast_key(a, b, gl, offs, True, True) == km
+    assert mod._fast_key(a, b, gl, offs, True) == k  # main_grad is read in Megatron's form only
+    del b.main_grad
     assert mod._fast_key(a, b, [3, 5], offs, True) is None
     assert mod._fast_key(a, b, gl, offs, "yes") is None
     assert mod._fast_key(a.float().to_sparse(), b.float(), gl, offs, True) is None  # no strides
     mod._FAST_ROUTES.clear()
     out = grouped_gemm(a.detach().requires_grad_(), b, gl, offs, trans_b=True)
     out.sum().backward()
+    w = b.detach().requires_grad_()
+    w.main_grad = torch.zeros(w.shape, dtype=torch.float32)
+    grouped_gemm(a, w, gl, offs, trans_b=True, fuse_bgrad_accum_pattern="megatron").sum().backward()
+    assert w.grad_added_to_main_grad is True
     assert not mod._FAST_ROUTES
