@@ -617,3 +617,58 @@ def test_prepared_launches_follow_the_pointers():
     assert torch.cuda.memory_allocated() == before
     kept = [rec for key, rec in L._PREPARED.items() if key[0] == id(gg._grouped_gemm_fp8_blockwise_ws_kernel)]
     assert kept and all(not isinstance(v, torch.Tensor) for rec in kept for v in rec[1])
+
+
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["blockwise", "tensorwise", "per_expert", "rowwise", "rowwise_strided",
+                                  "rowwise_bf16"])
+def test_flat_signature_repeats(form, monkeypatch):
+    """Calls that allocate their output (the dispatcher's form): the first call of a flat signature
+    keeps its launch (``_FAST``), repeats fire it and give the first call's output bitwise; new
+    tensors of the same facts make their own entry and give their own reference. Scales the
+    launcher copies every call (a strided ``[G, N]`` ROWWISE weight scale, a bf16 one) keep nothing:
+    the kept launch would hold the freed copy's address."""
+    lens, N, K = [200, 0, 384, 77], 512, 1024
+    gg._FAST.clear()
+    fired = []
+    real_fire = gg._gg.fire
+    monkeypatch.setattr(gg._gg, "fire", lambda kept, index: fired.append(real_fire(kept, index)) or fired[-1])
+
+    def operands():
+        if form == "blockwise":
+            (a, sa, b, sb, offs), ref = _operands(lens, N, K, "cuda", extra_rows=5)
+            return (lambda: gg.grouped_gemm_fp8_blockwise_gluon(a, sa, b, sb, offs)), ref, (a, sa, b, sb, offs)
+        a, b, offs = _scaled_operands(lens, N, K, "cuda", extra_rows=5)
+        a_scale, b_scale = _scale_forms(a.shape[0], len(lens), N, "cuda")[form.split("_")[0]
+                                                                           if form.startswith("rowwise") else form]
+        if form == "rowwise_strided":
+            b_scale = torch.empty(len(lens), 2 * N, device="cuda")[:, ::2].copy_(b_scale)
+        elif form == "rowwise_bf16":
+            b_scale = b_scale.bfloat16()
+        ref = _scaled_ref(a, a_scale.float(), b, b_scale.float(), lens)
+        mode = "ROWWISE" if form.startswith("rowwise") else "TENSORWISE"
+        return ((lambda: gg.grouped_gemm_fp8_scaled_gluon(a, a_scale, b, b_scale, offs, mode)), ref,
+                (a, a_scale, b, b_scale, offs))
+
+    copies = form in ("rowwise_strided", "rowwise_bf16")
+    for _ in range(2):  # two sets of tensors of one signature
+        call, ref, keep_alive = operands()
+        first = call()
+        torch.cuda.synchronize()
+        assert _snr(ref, first) >= MIN_SNR[torch.bfloat16] and torch.all(first[661:] == 0)
+        entries = len(gg._FAST)
+        for _ in range(3):
+            again = call()
+            assert torch.equal(again, first)
+            del again
+        assert len(gg._FAST) == entries
+        if copies:
+            assert not gg._FAST
+        else:
+            assert entries >= 1 and all(isinstance(v, tuple) and not any(isinstance(x, torch.Tensor) for x in v[3])
+                                        for v in gg._FAST.values())
+    assert len(gg._FAST) == (0 if copies else 2)
+    # repeats whose output lands on a kept address (the caching allocator cycles through a few
+    # blocks: the first repeat's is new, later ones reuse it) launch from the kept record
+    assert (fired.count(True) >= 2) if not copies else not fired

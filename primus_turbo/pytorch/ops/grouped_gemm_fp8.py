@@ -51,13 +51,13 @@ from ..backends.grouped_gemm_fp8 import (
     grouped_gemm_fp8_variable_k_dispatcher,
     padded_group_layout,
 )
-from ..core.backend import PrecisionType
-from ..core.env import env_auto_flag
+from ..core.backend import GlobalBackendManager, PrecisionType
+from ..core.env import env_auto_flag, env_raw
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingRecipe
 from .gemm import _megatron_dummy_wgrad, check_main_grad
 from ..core.quantized_tensor import QuantizedTensor, QuantizedTensorPair
 from .gemm_fp8 import _check_prequantized_fp8, _grad_operand, _is_prequantized
-from .grouped_gemm import _check_groups, _group_offsets
+from .grouped_gemm import _check_groups, _group_offsets, _remember, _tensor_key
 
 __all__ = ["grouped_gemm_fp8", "grouped_gemm_fp8_cached_weight", "grouped_weight_copies"]
 
@@ -232,9 +232,38 @@ def _weight_copies(b: torch.Tensor, trans_b: bool, dtype, gran: str, bs: int, ne
 
 
 def _mm(A, B, gran, group_lens, group_offs, out_dtype, bs, num_cu):
-    return grouped_gemm_fp8_dispatcher.dispatch(
-        PrecisionType.FP8, a_q=A[0], a_scale=A[1], b_q=B[0], b_scale=B[1], mode=gran, group_lens=group_lens,
-        group_offs=group_offs, out_dtype=out_dtype, block_size=bs, num_cu=num_cu)
+    kw = dict(a_q=A[0], a_scale=A[1], b_q=B[0], b_scale=B[1], mode=gran, group_lens=group_lens,
+              group_offs=group_offs, out_dtype=out_dtype, block_size=bs, num_cu=num_cu)
+    return _resolved(kw).execute(**kw)
+
+
+_DEFAULTS: dict = {}  # _resolved's cache
+_FP8_ENVS = ("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON", "PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED", "TRITON_INTERPRET")
+
+
+def _resolved(kw: dict):
+    """The M-grouped FP8 dispatcher's backend for these arguments: its own resolution under a pin or
+    autotuning; the default's answer cached per call signature otherwise, keyed by what the default
+    and the backends' checks read (the settings version, the FP8 Gluon switches, the interpreter
+    switch, the mode, every tensor's shape, strides, dtype, device and 16-byte alignment, the
+    output dtype, block size and ``num_cu``). The default's checks (the Gluon kernel's operand and
+    platform reasons, then the vendor's) cost tens of microseconds of host a call, as much as a
+    small expert GEMM's device time; a repeat call then goes straight to the backend, whose Gluon
+    launcher keeps its launch per flat signature (``grouped_gemm_fp8_gluon._FAST``)."""
+    backend, _source, tune = grouped_gemm_fp8_dispatcher.plan(PrecisionType.FP8)
+    if backend is not None or tune:
+        return grouped_gemm_fp8_dispatcher.resolve(PrecisionType.FP8, **kw)
+    try:
+        key = (GlobalBackendManager._version, *map(env_raw, _FP8_ENVS), kw["mode"], _tensor_key(kw["a_q"]),
+               _tensor_key(kw["a_scale"]), _tensor_key(kw["b_q"]), _tensor_key(kw["b_scale"]),
+               _tensor_key(kw["group_lens"]), _tensor_key(kw["group_offs"]), kw["out_dtype"], kw["block_size"],
+               kw["num_cu"])
+    except (AttributeError, TypeError, RuntimeError):  # not tensors: the dispatcher's own path
+        return grouped_gemm_fp8_dispatcher.resolve(PrecisionType.FP8, **kw)
+    impl = _DEFAULTS.get(key)
+    if impl is None:
+        impl = _remember(_DEFAULTS, key, grouped_gemm_fp8_dispatcher.resolve(PrecisionType.FP8, **kw))
+    return impl
 
 
 def _vk_fp8(X, Y, gran, group_lens, group_offs, out_dtype, num_cu, out=None, bs=128):
