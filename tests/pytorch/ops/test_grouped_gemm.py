@@ -666,6 +666,20 @@ def test_default_vk_picks_gluon_for_fp32_accumulation_and_large_wgrad(monkeypatc
     assert be._default_vk(**kw, accumulate=True) == BackendType.TORCH
 
 
+def _count_routes(monkeypatch):
+    """(slow, fast): the routes taken from here on, the checked path's Function (its route
+    appended) and the kept Gluon step's (1 appended); the step cache starts empty."""
+    import importlib
+
+    mod = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm")
+    mod._FAST_ROUTES.clear()
+    slow, fast = [], []
+    real_slow, real_fast = mod.GroupedGemmFunction.apply, mod._GluonStepFunction.apply
+    monkeypatch.setattr(mod.GroupedGemmFunction, "apply", lambda *args: slow.append(args[-1]) or real_slow(*args))
+    monkeypatch.setattr(mod._GluonStepFunction, "apply", lambda *args: fast.append(1) or real_fast(*args))
+    return slow, fast
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_flat_key_route_repeats_and_follows_the_settings(trans_b, monkeypatch):
@@ -674,15 +688,8 @@ def test_flat_key_route_repeats_and_follows_the_settings(trans_b, monkeypatch):
     (``_GluonStepFunction``); new tensors of one signature, fresh output and gradient blocks,
     repeats, a call where only the weight needs its gradient and calls with derived offsets all
     give the references (tail rows zero); a TORCH pin reroutes at once; an input the checks reject still raises."""
-    import importlib
-
-    mod = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm")
     lens = [300, 0, 451, 200]
-    mod._FAST_ROUTES.clear()
-    slow, fast = [], []
-    real_slow, real_fast = mod.GroupedGemmFunction.apply, mod._GluonStepFunction.apply
-    monkeypatch.setattr(mod.GroupedGemmFunction, "apply", lambda *args: slow.append(args[-1]) or real_slow(*args))
-    monkeypatch.setattr(mod._GluonStepFunction, "apply", lambda *args: fast.append(1) or real_fast(*args))
+    slow, fast = _count_routes(monkeypatch)
 
     def step(a0, b0, gl, offs, need_a=True):
         a = a0.detach().requires_grad_(need_a)
@@ -733,15 +740,8 @@ def test_flat_key_route_megatron_form(trans_b, monkeypatch):
     micro-batches ``main_grad`` holds the sum of the wgrads, ``grad_added_to_main_grad`` is set and
     ``b.grad`` is the placeholder; a new ``main_grad`` tensor of the same facts is accumulated into
     (not the old one); a bf16 ``main_grad`` (the vendor GEMM + ``add_``) never takes the step."""
-    import importlib
-
-    mod = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm")
     lens = [300, 0, 451, 200]
-    mod._FAST_ROUTES.clear()
-    slow, fast = [], []
-    real_slow, real_fast = mod.GroupedGemmFunction.apply, mod._GluonStepFunction.apply
-    monkeypatch.setattr(mod.GroupedGemmFunction, "apply", lambda *args: slow.append(args[-1]) or real_slow(*args))
-    monkeypatch.setattr(mod._GluonStepFunction, "apply", lambda *args: fast.append(1) or real_fast(*args))
+    slow, fast = _count_routes(monkeypatch)
 
     def micro_batches(b, gl, offs, expected, steps):
         for _ in range(steps):
