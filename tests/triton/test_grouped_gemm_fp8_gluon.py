@@ -672,3 +672,72 @@ def test_flat_signature_repeats(form, monkeypatch):
     # repeats whose output lands on a kept address (the caching allocator cycles through a few
     # blocks: the first repeat's is new, later ones reuse it) launch from the kept record
     assert (fired.count(True) >= 2) if not copies else not fired
+
+
+@needs_gluon
+@pytest.mark.parametrize("form", ["blockwise", "tensorwise", "rowwise", "rowwise_strided", "rowwise_bf16"])
+def test_flat_signature_bookkeeping_without_a_gpu(form, monkeypatch):
+    """``_launch``'s keeping and ``_fast``'s firing with the CUDA side mocked (CPU CI): a launch
+    whose prepared pointers are all the inputs', the output's or the persistent 1.0 is kept under
+    the flat signature and the output's address, with the plan's grid; firing it launches that
+    record; a launch through a per-call scale copy (a strided or bf16 ROWWISE weight scale) keeps
+    nothing; another output address or a declined fire falls back (None)."""
+    from primus_turbo.triton import launch as L
+
+    prepared, calls = [], []
+
+    def fake_prepared(kernel, grid, args_fn, kwargs, device, key, ptrs):
+        args_fn()  # the argument list must build
+        prepared.append(ptrs)
+        L._PREPARED[(id(kernel), device.index, key, ptrs)] = (("launcher",), list(ptrs))
+
+    monkeypatch.setattr(gg, "launch_prepared", fake_prepared)
+    monkeypatch.setattr(dense, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(L, "_call_entry", lambda entry, grid, index, args, tail: calls.append((grid, args)))
+    monkeypatch.setattr(L, "_DIRECT", [True])
+    monkeypatch.setattr(L, "no_launch_hooks", lambda: True)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: None, raising=False)  # CPU tensors: index None
+    gg._FAST.clear()
+    lens, N, K = [64, 0, 100], 256, 384
+    if form == "blockwise":
+        (a, sa, b, sb, offs), _ = _operands(lens, N, K, "cpu", extra_rows=3)
+        inputs, tag, a_s, b_s = (a, sa, b, sb, offs), "bw", sa, sb
+        views = (sa, sb, None)
+    else:
+        a, b, offs = _scaled_operands(lens, N, K, "cpu", extra_rows=3)
+        a_s, b_s = _scale_forms(a.shape[0], len(lens), N, "cpu")[form.split("_")[0]]
+        if form == "rowwise_strided":
+            b_s = torch.empty(len(lens), 2 * N)[:, ::2].copy_(b_s)
+        elif form == "rowwise_bf16":
+            b_s = b_s.bfloat16()
+        inputs, tag = (a, a_s, b, b_s, offs), ("sc", "ROWWISE" if form.startswith("rowwise") else "TENSORWISE")
+        views = gg._scaled_views(a, a_s, b, b_s)
+    fk = gg._flat_key(tag, a, a_s, b, b_s, offs, torch.bfloat16, None, None)
+    assert fk is not None and gg._fast(fk) is None  # nothing kept yet
+    try:
+        out = gg._launch(a, views[0], b, views[1], offs, torch.bfloat16, None, None, None, views[2], "t", fk, inputs)
+        assert len(prepared) == 1 and out.shape == (a.shape[0], N)
+        if form in ("rowwise_strided", "rowwise_bf16"):
+            assert fk not in gg._FAST and gg._fast(fk) is None
+            return
+        shape, dtype, device, kept = gg._FAST[fk]
+        assert (shape, dtype, device) == ((a.shape[0], N), torch.bfloat16, a.device)
+        rec, grid = kept[out.data_ptr()]
+        assert rec == (("launcher",), list(prepared[0])) and grid[0] <= 132
+        other = torch.empty_like(out)
+        real_empty = torch.empty
+        block = [out]  # the block the next output takes (the caching allocator's reuse, made certain)
+        monkeypatch.setattr(torch, "empty", lambda *args, **kw: block[0] if args == (shape,) else real_empty(*args,
+                                                                                                             **kw))
+        assert gg._fast(fk) is out and calls == [(grid, list(prepared[0]))]
+        block[0] = other  # an address without a kept launch
+        assert gg._fast(fk) is None and len(calls) == 1
+        block[0] = out
+        monkeypatch.setattr(L, "_DIRECT", [False])
+        assert gg._fast(fk) is None and len(calls) == 1
+        assert gg._flat_key(tag, a, a_s, b, b_s, offs[:-1], torch.bfloat16, None, None) != fk
+        assert gg._flat_key(tag, a, a_s, b, b_s, [0, 1], torch.bfloat16, None, None) is None
+    finally:
+        for k in [k for k in L._PREPARED if k[0] == id(gg._grouped_gemm_fp8_blockwise_ws_kernel)]:
+            del L._PREPARED[k]
+        gg._FAST.clear()

@@ -437,7 +437,8 @@ def _launch(a, sa, b, sb, group_offs, out_dtype, config, out, num_programs, sc, 
                     _dense._launch_kwargs(cfg, COL_SCALE=sc is not None), a.device, key, ptrs)
     if fk is not None:
         own = {t.data_ptr() for t in inputs}
-        own.update((out.data_ptr(), _one(a.device).data_ptr()))
+        own.add(out.data_ptr())
+        own.update(t.data_ptr() for t in _ONES.values())  # persistent (allocated by _scaled_views)
         if own.issuperset(ptrs):
             kept = _gg._kept(_grouped_gemm_fp8_blockwise_ws_kernel, a.device, key, ptrs, grid)
             if kept is not None:

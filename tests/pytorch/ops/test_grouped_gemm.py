@@ -835,3 +835,33 @@ def test_fast_key_covers_what_the_checks_and_route_read(monkeypatch):
     grouped_gemm(a, w, gl, offs, trans_b=True, fuse_bgrad_accum_pattern="megatron").sum().backward()
     assert w.grad_added_to_main_grad is True
     assert not mod._FAST_ROUTES
+
+
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_gluon_accum_ok_follows_the_checked_paths_accumulation(trans_b, monkeypatch):
+    """``_gluon_accum_ok`` (may Megatron's form take the kept step?) says yes exactly where the
+    checked path's fused accumulation runs the Gluon variable-K kernel: an fp32 ``main_grad`` the
+    kernel takes (platform mocked as sm_90); no for a bf16 ``main_grad`` (vendor GEMM + add_), a
+    missing one, one of another shape, or a platform the kernel cannot run on."""
+    import importlib
+
+    pytest.importorskip("triton")
+    from tests.triton.gluon_gemm_helpers import fake_platform
+
+    mod = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm")
+    vk = mod._gluon_module("grouped_gemm_variable_k_gluon")
+    if not vk.GLUON_AVAILABLE:
+        pytest.skip("Gluon is not importable here")
+    state = fake_platform(monkeypatch, vk)
+    a, b, gl = _make([3, 5], 128, 64, torch.bfloat16, trans_b, "cpu")
+    offs = torch.tensor([0, 3, 8])
+    assert not mod._gluon_accum_ok(a, b, trans_b, offs)  # no main_grad
+    b.main_grad = torch.zeros(b.shape, dtype=torch.float32)
+    assert mod._gluon_accum_ok(a, b, trans_b, offs)
+    b.main_grad = torch.zeros(b.shape, dtype=torch.bfloat16)
+    assert not mod._gluon_accum_ok(a, b, trans_b, offs)
+    b.main_grad = torch.zeros((2, 64, 64), dtype=torch.float32)
+    assert not mod._gluon_accum_ok(a, b, trans_b, offs)
+    b.main_grad = torch.zeros(b.shape, dtype=torch.float32)
+    state["reason"] = "not an sm_90 GPU"
+    assert not mod._gluon_accum_ok(a, b, trans_b, offs)
