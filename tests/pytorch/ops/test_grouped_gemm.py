@@ -865,3 +865,91 @@ def test_gluon_accum_ok_follows_the_checked_paths_accumulation(trans_b, monkeypa
     b.main_grad = torch.zeros(b.shape, dtype=torch.float32)
     state["reason"] = "not an sm_90 GPU"
     assert not mod._gluon_accum_ok(a, b, trans_b, offs)
+
+
+class _FakeLaunchers:
+    """CPU stand-ins for the 16-bit Gluon launcher modules a ``_GluonStep`` holds (``m16`` / ``vk16``):
+    the same contracts (``out`` written, rows past the groups zero, ``accumulate`` adds), computed in
+    float64, recording each call's ``keep`` slot; ``fire`` declines (nothing kept runs here)."""
+
+    def __init__(self):
+        self.calls = []
+
+    @staticmethod
+    def _spans(offs):
+        o = offs.tolist()
+        return list(zip(o[:-1], o[1:]))
+
+    def grouped_gemm_gluon(self, a, B, offs, out=None, checked=False, keep=None):
+        self.calls.append(("m", keep))
+        res = torch.zeros(out.shape, dtype=torch.float64)
+        for g, (s, e) in enumerate(self._spans(offs)):
+            res[s:e] = a[s:e].double() @ B[g].double()
+        out.copy_(res)
+        return out
+
+    def grouped_gemm_variable_k_gluon(self, x, y, offs, out=None, accumulate=False, keep=None):
+        self.calls.append(("vk", keep, accumulate))
+        res = torch.stack([x[s:e].double().T @ y[s:e].double() for s, e in self._spans(offs)])
+        if accumulate:
+            out.add_(res.to(out.dtype))
+        else:
+            out.copy_(res)
+        return out
+
+    def fire(self, kept, index):
+        return False
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("need", ["both", "a", "b"])
+def test_step_function_plumbing_without_a_gpu(fuse, trans_b, need):
+    """``_GluonStepFunction`` (the kept Gluon step) with CPU stand-ins for the launchers: the
+    forward, grad_input and grad_weight GEMMs get the operands ``GroupedGemmFunction`` gives them
+    (``b`` transposed or not, the output gradient made contiguous), each with its own ``keep`` slot;
+    gradients match the references for every combination of operands needing grads; Megatron's form
+    accumulates into ``main_grad`` (fp32, ``accumulate=True``) over micro-batches, sets
+    ``grad_added_to_main_grad`` and returns the placeholder."""
+    import importlib
+
+    mod = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm")
+    lens = [5, 0, 9, 3]
+    a0, b0, gl = _make(lens, 64, 32, torch.float32, trans_b, "cpu", extra_rows=2)
+    offs = torch.tensor([0, 5, 5, 14, 17])
+    step = mod._GluonStep(a0, b0, trans_b, fuse)
+    fake = step.m16 = step.vk16 = _FakeLaunchers()
+    b = b0.detach().requires_grad_(need in ("both", "b"))
+    if fuse:
+        b.main_grad = torch.randn(b.shape)
+    expected = b.main_grad.double().clone() if fuse else None
+    for _ in range(2):  # micro-batches
+        a = a0.detach().requires_grad_(need in ("both", "a"))
+        out = mod._GluonStepFunction.apply(a, b, offs, step)
+        assert snr_db(grouped_gemm_ref(a, b, gl, trans_b), out) >= 130 and torch.equal(out[17:], torch.zeros(2, 64))
+        dc = torch.randn(out.shape).t().contiguous().t()  # a non-contiguous output gradient
+        out.backward(dc)
+        if need in ("both", "a"):
+            assert snr_db(grouped_gemm_ref(dc, b, gl, trans_b=not trans_b), a.grad) >= 130
+        else:
+            assert a.grad is None
+        ref_db = grouped_gemm_variable_k_ref(dc, a, gl) if trans_b else grouped_gemm_variable_k_ref(a, dc, gl)
+        if need == "a":
+            assert b.grad is None
+        elif fuse:
+            expected += ref_db
+            assert b.grad_added_to_main_grad is True and b.grad is not None
+            b.grad = None
+        else:
+            assert snr_db(ref_db, b.grad) >= 130
+            b.grad = None
+    if fuse and need != "a":
+        assert snr_db(expected, b.main_grad) >= 120
+    kinds = [c[0] for c in fake.calls]
+    per_step = 1 + (need != "b") + (need != "a")
+    assert len(kinds) == 2 * per_step and kinds.count("vk") == 2 * (need != "a")
+    for c in fake.calls:  # every launch names its GEMM's keep slot
+        slot = {"m": (step.fwd, step.dgrad), "vk": (step.wgrad,)}[c[0]]
+        assert c[1] is not None and any(c[1][0] is s for s in slot)
+        if c[0] == "vk":
+            assert c[2] is fuse
