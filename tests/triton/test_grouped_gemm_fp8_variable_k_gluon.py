@@ -11,6 +11,7 @@ balanced, unbalanced and empty groups, accumulation, P / Q tails, E5M2 x E4M3, t
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -126,15 +127,17 @@ def test_op_wgrad_operands_are_gluon_shaped(fmt, trans_b, monkeypatch):
     from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
 
     seen = []
-    real = be.grouped_gemm_fp8_variable_k_dispatcher.dispatch
+    ops_mod = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm_fp8")
+    real = ops_mod._dispatch
 
-    def spy(precision, **kw):
-        seen.append(vk.gluon_variable_k_operand_reason(
-            kw["x_t"], kw["x_scale"], kw["y_t"], kw["y_scale"], kw["group_offs"], out=kw["out"],
-            accumulate=kw["accumulate"], out_dtype=kw["out_dtype"], block_size=kw["block_size"]))
-        return real(precision, **kw)
+    def spy(dispatcher, envs, kw):  # every FP8 grouped GEMM of the op goes through _dispatch
+        if dispatcher is be.grouped_gemm_fp8_variable_k_dispatcher:
+            seen.append(vk.gluon_variable_k_operand_reason(
+                kw["x_t"], kw["x_scale"], kw["y_t"], kw["y_scale"], kw["group_offs"], out=kw["out"],
+                accumulate=kw["accumulate"], out_dtype=kw["out_dtype"], block_size=kw["block_size"]))
+        return real(dispatcher, envs, kw)
 
-    monkeypatch.setattr(be.grouped_gemm_fp8_variable_k_dispatcher, "dispatch", spy)
+    monkeypatch.setattr(ops_mod, "_dispatch", spy)
     G, N, K = 3, 128, 64
     lens = torch.tensor([40, 0, 100], dtype=torch.int64)
     a = torch.randn(int(lens.sum()) + 3, K, requires_grad=True)
@@ -378,13 +381,15 @@ def test_backend_and_op_with_the_switch(monkeypatch):
     from primus_turbo.pytorch.core.low_precision import Float8QuantConfig
 
     picked = []
-    real = be.grouped_gemm_fp8_variable_k_dispatcher.dispatch
+    ops_mod = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm_fp8")
+    real = ops_mod._dispatch
 
-    def spy(precision, **kw):
-        picked.append(be._default_vk(**kw))
-        return real(precision, **kw)
+    def spy(dispatcher, envs, kw):  # every FP8 grouped GEMM of the op goes through _dispatch
+        if dispatcher is be.grouped_gemm_fp8_variable_k_dispatcher:
+            picked.append(be._default_vk(**kw))
+        return real(dispatcher, envs, kw)
 
-    monkeypatch.setattr(be.grouped_gemm_fp8_variable_k_dispatcher, "dispatch", spy)
+    monkeypatch.setattr(ops_mod, "_dispatch", spy)
     G, N, K, M = 4, 512, 768, 1000
     lens = torch.tensor([300, 0, 450, 200], dtype=torch.int64, device="cuda")
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)

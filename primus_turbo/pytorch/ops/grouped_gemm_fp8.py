@@ -234,43 +234,49 @@ def _weight_copies(b: torch.Tensor, trans_b: bool, dtype, gran: str, bs: int, ne
 def _mm(A, B, gran, group_lens, group_offs, out_dtype, bs, num_cu):
     kw = dict(a_q=A[0], a_scale=A[1], b_q=B[0], b_scale=B[1], mode=gran, group_lens=group_lens,
               group_offs=group_offs, out_dtype=out_dtype, block_size=bs, num_cu=num_cu)
-    return _resolved(kw).execute(**kw)
-
-
-_DEFAULTS: dict = {}  # _resolved's cache
-_FP8_ENVS = ("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON", "PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED", "TRITON_INTERPRET")
-
-
-def _resolved(kw: dict):
-    """The M-grouped FP8 dispatcher's backend for these arguments: its own resolution under a pin or
-    autotuning; the default's answer cached per call signature otherwise, keyed by what the default
-    and the backends' checks read (the settings version, the FP8 Gluon switches, the interpreter
-    switch, the mode, every tensor's shape, strides, dtype, device and 16-byte alignment, the
-    output dtype, block size and ``num_cu``). The default's checks (the Gluon kernel's operand and
-    platform reasons, then the vendor's) cost tens of microseconds of host a call, as much as a
-    small expert GEMM's device time; a repeat call then goes straight to the backend, whose Gluon
-    launcher keeps its launch per flat signature (``grouped_gemm_fp8_gluon._FAST``)."""
-    backend, _source, tune = grouped_gemm_fp8_dispatcher.plan(PrecisionType.FP8)
-    if backend is not None or tune:
-        return grouped_gemm_fp8_dispatcher.resolve(PrecisionType.FP8, **kw)
-    try:
-        key = (GlobalBackendManager._version, *map(env_raw, _FP8_ENVS), kw["mode"], _tensor_key(kw["a_q"]),
-               _tensor_key(kw["a_scale"]), _tensor_key(kw["b_q"]), _tensor_key(kw["b_scale"]),
-               _tensor_key(kw["group_lens"]), _tensor_key(kw["group_offs"]), kw["out_dtype"], kw["block_size"],
-               kw["num_cu"])
-    except (AttributeError, TypeError, RuntimeError):  # not tensors: the dispatcher's own path
-        return grouped_gemm_fp8_dispatcher.resolve(PrecisionType.FP8, **kw)
-    impl = _DEFAULTS.get(key)
-    if impl is None:
-        impl = _remember(_DEFAULTS, key, grouped_gemm_fp8_dispatcher.resolve(PrecisionType.FP8, **kw))
-    return impl
+    return _dispatch(grouped_gemm_fp8_dispatcher, _MM_ENVS, kw)
 
 
 def _vk_fp8(X, Y, gran, group_lens, group_offs, out_dtype, num_cu, out=None, bs=128):
-    return grouped_gemm_fp8_variable_k_dispatcher.dispatch(
-        PrecisionType.FP8, x_t=X[0], x_scale=X[1], y_t=Y[0], y_scale=Y[1], mode=gran, group_lens=group_lens,
-        group_offs=group_offs, out=out, accumulate=out is not None, out_dtype=out_dtype, num_cu=num_cu,
-        block_size=bs)
+    kw = dict(x_t=X[0], x_scale=X[1], y_t=Y[0], y_scale=Y[1], mode=gran, group_lens=group_lens,
+              group_offs=group_offs, out=out, accumulate=out is not None, out_dtype=out_dtype, num_cu=num_cu,
+              block_size=bs)
+    return _dispatch(grouped_gemm_fp8_variable_k_dispatcher, _VK_ENVS, kw)
+
+
+def _dispatch(dispatcher, envs: tuple, kw: dict):
+    """``dispatcher.dispatch(FP8, **kw)`` through :func:`_resolved` (every FP8 grouped GEMM of the op
+    goes through here)."""
+    return _resolved(dispatcher, envs, kw).execute(**kw)
+
+
+_DEFAULTS: dict = {}  # _resolved's cache
+# the switches the two dispatchers' defaults and their backends' checks read
+_MM_ENVS = ("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON", "PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED", "TRITON_INTERPRET")
+_VK_ENVS = ("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_WGRAD", "TRITON_INTERPRET")
+
+
+def _resolved(dispatcher, envs: tuple, kw: dict):
+    """``dispatcher``'s backend for the arguments ``kw`` (the M-grouped or the variable-K FP8 one):
+    its own resolution under a pin or autotuning; the default's answer cached per call signature
+    otherwise, keyed by what the default and the backends' checks read (the settings version, the
+    switches ``envs``, every tensor argument's shape, strides, dtype, device and 16-byte alignment,
+    the other arguments' values). The default's checks (the Gluon kernels' operand and platform
+    reasons, then the TRITON or vendor backend's) cost tens of microseconds of host a call, as
+    much as a small expert GEMM's device time; a repeat call goes straight to the backend, whose
+    M-grouped Gluon launchers keep their launch per flat signature (``grouped_gemm_fp8_gluon._FAST``)."""
+    backend, _source, tune = dispatcher.plan(PrecisionType.FP8)
+    if backend is not None or tune:
+        return dispatcher.resolve(PrecisionType.FP8, **kw)
+    try:
+        key = (dispatcher.op_name, GlobalBackendManager._version, *map(env_raw, envs),
+               *[_tensor_key(v) if isinstance(v, torch.Tensor) else v for v in kw.values()])
+        impl = _DEFAULTS.get(key)
+    except (AttributeError, TypeError, RuntimeError):  # unhashable or stride-less arguments
+        return dispatcher.resolve(PrecisionType.FP8, **kw)
+    if impl is None:
+        impl = _remember(_DEFAULTS, key, dispatcher.resolve(PrecisionType.FP8, **kw))
+    return impl
 
 
 # ----------------------------------------------------------------------------------------------

@@ -297,18 +297,21 @@ def test_grouped_gemm_fp8_blockwise_wgrad_is_fp8(device, monkeypatch):
     """The BLOCKWISE wgrad runs the FP8 variable-K kernel in BLOCKWISE mode on 128-aligned group
     offsets (E5M2 dC under HYBRID), its result is the product of the per-segment quantized
     operands, and it is no longer the bf16 product (whose SNR against fp64 is far higher)."""
+    import importlib
+
     from primus_turbo.pytorch.backends import grouped_gemm_fp8 as backends
 
+    ops_mod = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm_fp8")
     calls = []
-    disp = backends.grouped_gemm_fp8_variable_k_dispatcher
-    real = disp.dispatch
+    real = ops_mod._dispatch
 
-    def spy(precision, **kw):
-        calls.append(dict(mode=str(kw["mode"]), x=kw["x_t"].dtype, y=kw["y_t"].dtype, bs=kw.get("block_size"),
-                          offs=kw["group_offs"].clone(), sx=kw["x_scale"].shape, m=kw["x_t"].shape[1]))
-        return real(precision, **kw)
+    def spy(dispatcher, envs, kw):
+        if dispatcher is backends.grouped_gemm_fp8_variable_k_dispatcher:
+            calls.append(dict(mode=str(kw["mode"]), x=kw["x_t"].dtype, y=kw["y_t"].dtype, bs=kw.get("block_size"),
+                              offs=kw["group_offs"].clone(), sx=kw["x_scale"].shape, m=kw["x_t"].shape[1]))
+        return real(dispatcher, envs, kw)
 
-    monkeypatch.setattr(disp, "dispatch", spy)
+    monkeypatch.setattr(ops_mod, "_dispatch", spy)
     lens = [150, 0, 40]
     a, b, gl = _make(lens, 64, 128, True, device, extra_rows=3)
     a.requires_grad_()
