@@ -266,7 +266,7 @@ def _resolved(dispatcher, envs: tuple, kw: dict):
     much as a small expert GEMM's device time; a repeat call goes straight to the backend, whose
     M-grouped Gluon launchers keep their launch per flat signature (``grouped_gemm_fp8_gluon._FAST``)."""
     backend, _source, tune = dispatcher.plan(PrecisionType.FP8)
-    if backend is not None or tune:
+    if backend is not None or tune or torch.compiler.is_compiling():  # (traced: no data pointers)
         return dispatcher.resolve(PrecisionType.FP8, **kw)
     try:
         key = (dispatcher.op_name, GlobalBackendManager._version, *map(env_raw, envs),
