@@ -12,7 +12,9 @@
 #   GPT-OSS-20B at EP 16 / 32, 1024 tokens) against torch._scaled_grouped_mm, BASE and this tree
 #   alternating twice;
 # registry: bench_grouped_gemm.py over the default registry grid (96 rows, BF16 forward and
-#   forward+backward, do_bench), this tree only (issue 4's eager target on this card).
+#   forward+backward, do_bench), this tree only (issue 4's eager target on this card);
+# sweep: scripts/diag_grouped16_configs.py on the large DeepSeek-V3 forward shapes that trailed
+#   cuBLAS on the H100 in session 43 (device time, per config).
 #
 #   BASE=out/base bash scripts/gpu_s44_check.sh OUT
 set -uo pipefail
@@ -58,5 +60,12 @@ if [[ $STAGES == *" registry "* ]]; then
   echo "== registry rc=$?"
   grep -E "^\| grouped_gemm_fwd(_bwd)? \| turbo-default \|" "$OUT/registry.log"
   grep -E "^\| grouped_gemm_fwd" "$OUT/registry.log" | awk -F'|' '$5 ~ /turbo-default/ && $9+0 < 0.98' | cut -c1-160
+fi
+if [[ $STAGES == *" sweep "* ]]; then
+  # the forward shapes of session 43's H100 rows under 0.98 in device time (DeepSeek-V3 gate_up EP8 1024
+  # tokens, EP32 4096 tokens; down EP16 1024 tokens), every listed config against torch._grouped_mm
+  timeout "${S44_SWEEP_S:-300}" $PY scripts/diag_grouped16_configs.py --shape 32 1024 4096 7168 \
+    --shape 8 4096 4096 7168 --shape 16 1024 7168 2048 > "$OUT/sweep.log" 2>&1
+  echo "== sweep rc=$?"; tail -25 "$OUT/sweep.log"
 fi
 find "$OUT" -name "*.md" -delete
