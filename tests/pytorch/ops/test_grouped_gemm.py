@@ -827,6 +827,8 @@ def test_fast_key_covers_what_the_checks_and_route_read(monkeypatch):
     assert mod._fast_key(a, b, [3, 5], offs, True) is None
     assert mod._fast_key(a, b, gl, offs, "yes") is None
     assert mod._fast_key(a.float().to_sparse(), b.float(), gl, offs, True) is None  # no strides
+    if torch.cuda.is_available():  # CPU tensors run only through the interpreter (the CPU machines)
+        return
     mod._FAST_ROUTES.clear()
     out = grouped_gemm(a.detach().requires_grad_(), b, gl, offs, trans_b=True)
     out.sum().backward()

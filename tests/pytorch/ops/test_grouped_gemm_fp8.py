@@ -719,7 +719,7 @@ def test_cached_weight_entry_errors(device):
         grouped_gemm_fp8_cached_weight(a.clone().requires_grad_(), b, copies, gl, config=cfg)
 
 
-def test_forward_gemm_resolution_is_kept_per_signature(monkeypatch):
+def test_forward_gemm_resolution_is_kept_per_signature(monkeypatch, device):
     """The M-grouped FP8 GEMMs' backend (``_resolved``): the default's answer is asked once per
     call signature and reused (the results stay the op's); another shape, an FP8 Gluon switch or the
     settings version asks again; a pin or autotuning resolves on every call."""
@@ -734,12 +734,12 @@ def test_forward_gemm_resolution_is_kept_per_signature(monkeypatch):
     monkeypatch.setattr(disp, "resolve", lambda *a, **kw: asked.append(1) or real(*a, **kw))
     mod._DEFAULTS.clear()
     cfg = _cfg(ScalingGranularity.ROWWISE)
-    a, b, gl = _make([7, 0, 12], 32, 64, True, "cpu")
+    a, b, gl = _make([7, 0, 12], 32, 64, True, device)
     ref = grouped_gemm_ref(a, b, gl, trans_b=True)
     outs = [grouped_gemm_fp8(a, b, gl, trans_b=True, config=cfg) for _ in range(3)]
     assert len(asked) == 1 and all(torch.equal(o, outs[0]) for o in outs)
     assert snr_db(ref, outs[0]) >= 25.0
-    a2, b2, gl2 = _make([7, 0, 13], 32, 64, True, "cpu")
+    a2, b2, gl2 = _make([7, 0, 13], 32, 64, True, device)
     grouped_gemm_fp8(a2, b2, gl2, trans_b=True, config=cfg)
     assert len(asked) == 2
     monkeypatch.setenv("PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED", "0")
