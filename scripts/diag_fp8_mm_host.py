@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Host time per call of the FP8 grouped op's M-grouped GEMM (``grouped_gemm_fp8``'s ``_mm``: the
 dispatcher's resolution, the backend and the Gluon launcher) on a problem whose GPU work is a few
-microseconds, so that calls enqueued back to back measure the host path: wall time of N calls
-divided by N, medians over interleaved rounds, next to ``torch._scaled_grouped_mm`` on the same FP8
+microseconds, so that calls enqueued back to back measure the host path (``interleaved_host_us``:
+the enqueue time of N calls divided by N, rounds interleaved; medians and minima), next to ``torch._scaled_grouped_mm`` on the same FP8
 operands (TENSORWISE / ROWWISE). Run it with ``PYTHONPATH`` on the tree to measure.
 
     PYTHONPATH=. python scripts/diag_fp8_mm_host.py [--n 2000] [--rounds 5]
@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import statistics
 import sys
-import time
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parents[1]
@@ -23,14 +21,7 @@ if str(_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-
-def _per_call_us(fn, n: int) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
+from scripts.diag_host_autograd import balanced_operands, interleaved_host_us  # noqa: E402
 
 
 def main() -> int:
@@ -44,11 +35,8 @@ def main() -> int:
     mod = importlib.import_module("primus_turbo.pytorch.ops.grouped_gemm_fp8")
     G, rows, N, K = args.shape
     dev = torch.device("cuda")
-    a = torch.randn(G * rows, K, device=dev, dtype=torch.bfloat16)
-    w = (torch.randn(G, N, K, device=dev) / K ** 0.5).to(torch.bfloat16)
-    lens = torch.full((G,), rows, dtype=torch.int64, device=dev)
-    offs = torch.arange(G + 1, dtype=torch.int64, device=dev) * rows
-    offs32 = offs[1:].to(torch.int32)
+    lens, offs, offs32, a, w, _grad = balanced_operands(G, rows, N, K, dev)
+    a, w = a.detach(), w.detach()
     fp8 = torch.float8_e4m3fn
     steps = {}
     for gran in ("TENSORWISE", "ROWWISE", "BLOCKWISE"):
@@ -64,16 +52,10 @@ def main() -> int:
             steps[f"torch {gran}"] = (lambda A=A, B=B, sa=sa, sb=sb:
                                       torch._scaled_grouped_mm(A[0], B[0].transpose(-2, -1), sa, sb, offs=offs32,
                                                                out_dtype=torch.bfloat16))
-    for fn in steps.values():  # compile, plan, keep
-        for _ in range(20):
-            fn()
-    times = {k: [] for k in steps}
-    for _ in range(args.rounds):
-        for k, fn in steps.items():
-            times[k].append(_per_call_us(fn, args.n))
+    times = interleaved_host_us(steps, args.rounds, args.n)  # sorted per step
     print(f"shape G{G} rows{rows} N{N} K{K}, {args.n} calls back to back, {args.rounds} rounds (us per call)")
     for k, ts in times.items():
-        print(f"{k:22s} median {statistics.median(ts):7.2f}  min {min(ts):7.2f}")
+        print(f"{k:22s} median {ts[len(ts) // 2]:7.2f}  min {ts[0]:7.2f}")
     return 0
 
 

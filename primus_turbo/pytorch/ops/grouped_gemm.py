@@ -648,18 +648,18 @@ class _GluonStepFunction(torch.autograd.Function):
             if not gg.fire(step.dgrad.get(key), index):
                 gg.grouped_gemm_gluon(g, b if step.tb else b.transpose(1, 2), group_offs, out=grad_a, checked=True,
                                       keep=(step.dgrad, key))
-        if ctx.needs_input_grad[1] and step.fuse:  # main_grad += the grad_weight, in the kernel epilogue
+        if ctx.needs_input_grad[1]:
             x, y = (g, a) if step.tb else (a, g)
-            mg = b.main_grad
-            # its address and layout: the kept record holds the address, the plan the layout
-            key = (x.data_ptr(), y.data_ptr(), group_offs.data_ptr(), mg.data_ptr(), mg.shape, mg.stride(), mg.dtype)
-            if not gg.fire(step.wgrad.get(key), index):
-                step.vk16.grouped_gemm_variable_k_gluon(x, y, group_offs, out=mg, accumulate=True,
-                                                        keep=(step.wgrad, key))
-            b.grad_added_to_main_grad = True
-            grad_b = _megatron_dummy_wgrad(b)
-        elif ctx.needs_input_grad[1]:
-            x, y = (g, a) if step.tb else (a, g)
+            if step.fuse:  # main_grad += the grad_weight, in the kernel epilogue
+                mg = b.main_grad
+                # its address and layout: the kept record holds the address, the plan the layout
+                key = (x.data_ptr(), y.data_ptr(), group_offs.data_ptr(), mg.data_ptr(), mg.shape, mg.stride(),
+                       mg.dtype)
+                if not gg.fire(step.wgrad.get(key), index):
+                    step.vk16.grouped_gemm_variable_k_gluon(x, y, group_offs, out=mg, accumulate=True,
+                                                            keep=(step.wgrad, key))
+                b.grad_added_to_main_grad = True
+                return grad_a, _megatron_dummy_wgrad(b), None, None
             grad_b = torch.empty((step.G, x.size(1), y.size(1)), dtype=step.dtype, device=step.device)
             key = (x.data_ptr(), y.data_ptr(), group_offs.data_ptr(), grad_b.data_ptr())
             if not gg.fire(step.wgrad.get(key), index):
