@@ -31,7 +31,8 @@ def group_topk_router_ref(
     """Reference of ``fused_group_topk_routing_with_aux_score`` in float64.
 
     Returns ``(scores_for_aux_loss, probs, routing_map)``: float64, float64, bool, all ``[T, E]``.
-    Rules: sigmoid or softmax scores; group score = sum of the group's 2 best scores; keep the
+    Rules: sigmoid or softmax scores; group score = sum of the group's ``topk // selected_groups``
+    best scores (Megatron's ``group_limited_topk``; clamped to [1, E // groups]); keep the
     ``selected_groups`` best groups; top-k experts among them; sigmoid probs normalized over the
     top-k (when topk > 1), softmax probs are the softmax scores; both times ``scaling_factor``.
     Aux scores: softmax, or sigmoid divided by its row sum.
@@ -47,12 +48,13 @@ def group_topk_router_ref(
         raise ValueError(score_function)
 
     routing_map = torch.zeros(num_tokens, num_experts, dtype=torch.bool)
+    per_pick = min(max(topk // selected_groups, 1), per_group)  # Megatron: topk // group_topk
     for t in range(num_tokens):
         row = scores[t].tolist()
         group_scores = []
         for g in range(groups):
             members = row[g * per_group : (g + 1) * per_group]
-            group_scores.append(sum(sorted(members, reverse=True)[:2]))
+            group_scores.append(sum(sorted(members, reverse=True)[:per_pick]))
         kept_groups = _best(group_scores, selected_groups)
         candidates = [e for g in sorted(kept_groups) for e in range(g * per_group, (g + 1) * per_group)]
         cand_scores = [row[e] for e in candidates]

@@ -10,9 +10,10 @@ and DeepSeek-V3 group-limited routing), for ``logits [T, E]``, all math in float
     score  = sigmoid(logits)                   score_function == "sigmoid"
            = softmax(logits, dim=-1)           score_function == "softmax"
     E is split into ``groups`` contiguous groups of E // groups experts;
-    group_score[g] = sum of the top-2 expert scores of group g     (top-1 when a group has 1 expert)
-      (Megatron's ``group_limited_topk`` rule, used for both score functions; DeepSeek-V3 uses
-      the same top-2 sum; ``groups == 1`` is plain top-k)
+    group_score[g] = sum of the top-j expert scores of group g, j = topk // selected_groups
+      (Megatron's ``group_limited_topk`` rule, used for both score functions; DeepSeek-V3's
+      top-2 sum is the case topk 8 / 4 groups; j is at least 1 and at most E // groups, where
+      Megatron's own formula would sum nothing or fail; ``groups == 1`` is plain top-k)
     keep the ``selected_groups`` best groups, then the ``topk`` best experts inside them.
     probs[t, e] = score[t, e] / (sum of the top-k scores of t + 1e-20) * scaling_factor
                                                sigmoid and topk > 1 (Megatron normalizes)
@@ -105,7 +106,10 @@ def _select_experts(scores: torch.Tensor, topk: int, groups: int, selected_group
     if groups > 1 and selected_groups < groups:
         per_group = num_experts // groups
         grouped = scores.view(num_tokens, groups, per_group)
-        group_scores = grouped.topk(min(2, per_group), dim=-1).values.sum(dim=-1)  # [T, G]
+        # Megatron scores a group by its best topk // selected_groups experts: a group holding that
+        # token's share of the top-k on its own outranks one with a single strong expert
+        per_pick = min(max(topk // selected_groups, 1), per_group)
+        group_scores = grouped.topk(per_pick, dim=-1).values.sum(dim=-1)  # [T, G]
         group_idx = _stable_topk_indices(group_scores, selected_groups)  # [T, Gs]
         group_mask = torch.zeros(num_tokens, groups, dtype=torch.bool, device=scores.device)
         group_mask.scatter_(1, group_idx, True)

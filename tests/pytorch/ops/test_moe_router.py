@@ -268,6 +268,34 @@ def test_group_limit_is_effective(device):
     assert (grouped.view(128, 8, 32).any(-1).sum(-1) <= 4).all()
 
 
+def _megatron_group_limited_map(scores, topk, groups, selected):
+    """Megatron-LM's ``group_limited_topk`` restated with torch ops, as the routing map: a group's
+    score is the sum of its best ``topk // selected`` scores."""
+    t, e = scores.shape
+    group_scores = scores.view(t, groups, -1).topk(topk // selected, dim=-1).values.sum(-1)
+    keep = torch.zeros(t, groups, dtype=torch.bool).scatter_(1, group_scores.topk(selected, dim=-1).indices, True)
+    masked = scores.masked_fill(~keep.repeat_interleave(e // groups, dim=1), float("-inf"))
+    return torch.zeros(t, e, dtype=torch.bool).scatter_(1, masked.topk(topk, dim=-1).indices, True)
+
+
+@pytest.mark.parametrize("score_function", ["sigmoid", "softmax"])
+def test_group_score_is_megatrons_topk_share(device, score_function):
+    """A group is scored by its best topk // selected_groups experts (Megatron), not its best two:
+    two strong experts (group 0) lose to four even ones (group 1) when each token takes 4 of 8."""
+    strong, weak, even = 1.0, -4.0, 0.6
+    logits = torch.tensor([[strong, strong, weak, weak, even, even, even, even]])
+    _, _, rmap = fused_group_topk_routing_with_aux_score(logits.to(device), 4, 2, 1, score_function)
+    assert rmap.cpu().tolist() == [[False] * 4 + [True] * 4]
+    # and on random data, at shapes where the two rules part (Primus-Turbo's own router test cases)
+    g = torch.Generator().manual_seed(23)
+    for experts, groups, selected, topk in ((64, 4, 2, 8), (256, 8, 4, 16), (112, 8, 3, 21)):
+        logits = torch.randn(256, experts, generator=g)
+        scores = torch.sigmoid(logits) if score_function == "sigmoid" else torch.softmax(logits, -1)
+        _, _, rmap = fused_group_topk_routing_with_aux_score(logits.to(device), topk, groups, selected,
+                                                             score_function)
+        assert torch.equal(rmap.cpu(), _megatron_group_limited_map(scores, topk, groups, selected))
+
+
 @pytest.mark.parametrize("score_function", ["sigmoid", "softmax"])
 def test_router_none_groups_mean_one(device, score_function):
     """Megatron passes num_groups / group_topk, None when unset: Primus-Turbo maps each None to 1."""
