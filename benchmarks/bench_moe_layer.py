@@ -23,10 +23,13 @@ the same parameter tensors, so outputs are comparable):
 
 - ``torch-baseline`` (the peer; what TorchTitan does): ``logits = x.float() @ Wr.T``, softmax,
   ``torch.topk``; ``torch.argsort`` (stable) of the flattened expert ids, ``index_select`` of the
-  token rows and probs; int32 cumulative offsets from ``bincount``; ``torch._grouped_mm(xp,
-  w1.transpose(-2, -1), offs=offs)``; ``F.silu(gate) * up * probs`` (bf16);
-  ``torch._grouped_mm`` for fc2; ``zeros.index_add_(0, token_ids, y)`` (bf16) back to ``[T, H]``.
-  No host sync. Off CUDA (``--cpu-smoke``) the grouped GEMMs are a per-expert matmul loop.
+  token rows and probs; int32 cumulative offsets of the tokens per expert, counted with a
+  ``scatter_add_`` of ones into an int64 ``[E]`` (exact integer counts, the same as ``bincount``'s;
+  ``bincount`` is not used because on CUDA it reads the ids' min / max back to the host, TorchTitan's
+  ``histc`` gives float counts); ``torch._grouped_mm(xp, w1.transpose(-2, -1), offs=offs)``;
+  ``F.silu(gate) * up * probs`` (bf16); ``torch._grouped_mm`` for fc2; ``zeros.index_add_(0,
+  token_ids, y)`` (bf16) back to ``[T, H]``. No host sync on CUDA. Off CUDA (``--cpu-smoke``) the
+  grouped GEMMs are a per-expert matmul loop, which reads the counts to the host.
 - ``turbo-bf16``: ``turbo.modules.MoELayer(H, F, E, topk, score_function="softmax",
   router_dtype=fp32)`` called with ``num_out_tokens = T * topk`` (no host sync).
 - ``turbo-fp8-blockwise``: the same layer with ``config=Float8QuantConfig(granularity="BLOCKWISE",
@@ -148,6 +151,17 @@ def expert_flops(t: int, topk: int, h: int, f: int) -> int:
 
 
 # ---- the PyTorch baseline -------------------------------------------------------------------
+def expert_counts(flat_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Tokens per expert, int64 ``[E]``, from the flattened expert ids, with no host sync.
+
+    ``torch.bincount`` gives the same counts, but on CUDA it reads the ids' min and max back to the
+    host to size its output; a scatter-add of ones into a buffer of known size needs nothing from
+    the device. Integer atomics make the counts exact and deterministic. Ids must be in ``[0, E)``
+    (``torch.topk`` indices are)."""
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat_ids.device)
+    return counts.scatter_add_(0, flat_ids, torch.ones_like(flat_ids, dtype=torch.int64))
+
+
 def _grouped(a: torch.Tensor, w: torch.Tensor, offs32: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """``a [M, K]`` rows grouped by expert times ``w [E, N, K]`` (trans_b) -> ``[M, N]``."""
     if a.is_cuda:
@@ -177,7 +191,7 @@ def torch_moe_layer(x: torch.Tensor, wr: torch.Tensor, w1: torch.Tensor, w2: tor
     token_ids = order // topk
     xp = x.index_select(0, token_ids)                                      # [M, H]
     pp = probs.reshape(-1).index_select(0, order)                          # [M]
-    counts = torch.bincount(flat, minlength=e)
+    counts = expert_counts(flat, e)                                        # [E] int64, no sync
     offs32 = torch.cumsum(counts, 0).to(torch.int32)
     hdn = _grouped(xp, w1, offs32, counts)                                 # [M, 2F]
     act = F.silu(hdn[:, :ffn]) * hdn[:, ffn:] * pp.to(hdn.dtype).unsqueeze(-1)

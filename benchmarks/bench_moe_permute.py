@@ -4,7 +4,8 @@ For bf16 tokens ``x [T, H]`` routed top-k over E experts (random distinct expert
 probs) the following are timed, for each case (default ``16384x7168 top-8 / 32 experts`` and
 ``4096x4096 top-2 / 8 experts``):
 
-- ``device-copy``: ``y.copy_(x)`` (the peer; GB/s = 2 * bytes of x),
+- ``device-copy``: ``y.copy_(x)`` (the peer; its bytes are ``T`` rows read plus ``T`` rows written,
+  ``2 * T * H * 2``: the same read + write count as the ops below),
 - ``moe_permute``: ``turbo.ops.moe_permute`` with int64 top-k indices, probs, ``num_out_tokens=T*k``,
 - ``moe_permute_map``: the same from the bool ``[T, E]`` routing map (``num_out_tokens`` given: no sync),
 - ``moe_permute_pad128``: indices form with ``pad_multiple=128`` and ``num_out_tokens=T*k + 127*E``,
@@ -13,11 +14,38 @@ probs) the following are timed, for each case (default ``16384x7168 top-8 / 32 e
   indices, ``num_permuted_tokens``; the plain merge plus the probs restored per slot),
 - ``token_permute`` / ``token_unpermute``: Megatron's mask-based ops (``fused=True``; unpermute with probs).
 
-GB/s counts the bytes each call must move: permuted rows read or written (``T*k`` rows each way
-for permute; ``T*k`` rows read and ``T`` rows written for unpermute), the output rows and the probs.
-The map/index building (a few small torch ops) is inside the timed call. ``speedup`` is the ratio
-of an op's GB/s to the copy's GB/s. Correctness: each op on the first 256 tokens is compared with
-``primus_turbo.testing.permute_ref`` (``snr_db`` = inf when exact; ``extra["mismatches"]``).
+Byte model (``extra["bytes"]``; GB/s = bytes / time): the compulsory traffic of the call, every
+tensor it takes read once and every tensor it returns written once, at full size (computed from the
+actual arguments and outputs). Temporaries are not counted, nor are re-reads: permute reads each
+token row once, however many experts it goes to (a kernel can load the row once and store it k
+times), so with ``R = 2 * H`` bytes per bf16 row, ``n = T * k`` routed pairs and ``N`` output rows
+(``n``, or ``T*k + 127*E`` for pad128):
+
+- ``moe_permute``        ``(T + n) R`` + indices int64 ``8n`` + probs ``4n`` + permuted probs ``4n`` +
+  row_id_map int32 ``[T, k]`` ``4n``,
+- ``moe_permute_map``    ``(T + n) R`` + bool map ``TE`` + dense probs ``4TE`` + permuted probs ``4n`` +
+  row_id_map int32 ``[T, E]`` ``4TE``,
+- ``moe_permute_pad128`` ``(T + N) R`` + ``8n + 4n`` (indices, probs) + ``4N`` (permuted probs, zero on
+  padding) + ``4n`` (row_id_map): every output row is written, padding rows as zeros,
+- ``moe_unpermute``      ``(n + T) R`` + row_id_map ``4n`` + probs ``4n`` (the mirror of permute),
+- ``primus_moe_permute`` ``(T + n) R`` + ``8n + 4n`` + row_id_map int32 ``[T, E + 1 + k]`` + permuted probs
+  ``4n`` + tokens_per_expert int64 ``[E]`` + two int32 ``[1]`` (overflow flag, dispatched count),
+- ``primus_moe_unpermute`` ``(n + T) R`` + row_id_map ``[T, E + 1 + k]`` + the ``[1]`` count + permuted
+  probs ``4n`` + restored probs ``[T, k]`` ``4n``,
+- ``token_permute``      ``(T + n) R`` + bool map ``TE`` + dense probs ``4TE`` + permuted probs ``4n`` +
+  row map int32 ``[T, E]`` ``4TE`` + tokens_per_expert ``8E``,
+- ``token_unpermute``    ``(n + T) R`` + row map ``4TE`` + dense probs ``4TE``.
+
+The token rows dominate: the rest is under 1 % of the bytes at the default shapes (dense ``[T, E]``
+probs are counted whole though only ``k`` per token are needed: about 0.1 % over the minimum). The
+copy moves ``2 T R``: an op at the copy's bandwidth shows ``speedup`` 1.0, so permute's ratio is
+an achieved-bandwidth ratio, not inflated by counting the token row ``k`` times (which the script
+did before: ``2n`` rows for permute, e.g. 1.55x the copy, above HBM peak). The map/index building
+(a few small torch ops) is inside the timed call. ``speedup`` is the ratio of an op's GB/s to the
+copy's GB/s. Forward calls only: permute's backward is an unpermute without probs and unpermute's
+a permute (plus the probs gradients), which move the same token rows as the calls above.
+Correctness: each op on the first 256 tokens is compared with ``primus_turbo.testing.permute_ref``
+(``snr_db`` = inf when exact; ``extra["mismatches"]``).
 
     python benchmarks/bench_moe_permute.py --out benchmarks/results/h200
     python benchmarks/bench_moe_permute.py --out /tmp/b --quick             # 4096x4096 top-2 only
@@ -66,15 +94,39 @@ def _routing(t: int, e: int, k: int, device: torch.device, seed: int):
     return idx, probs, rmap, mprobs
 
 
-def _make(name: str, x, idx, probs, rmap, mprobs, e: int) -> tuple[Callable, Callable, int]:
-    """(fn() -> outputs, check() -> (mismatches, snr_db), bytes moved) for one op."""
+def _tensors(obj) -> list[torch.Tensor]:
+    """The tensors in an op's arguments or outputs (a tensor, or nested tuples / lists; None and ints skipped)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [t for o in obj for t in _tensors(o)]
+    return []
+
+
+def io_bytes(reads, outputs) -> int:
+    """The byte model (module docstring): each distinct input tensor read once, each distinct output
+    written once, at full size. An output that is an input handed back (the same memory) moves
+    nothing more, so each (address, size) is counted once."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for t in _tensors(reads) + _tensors(outputs):
+        key = (t.data_ptr(), t.numel() * t.element_size())
+        if t.numel() == 0 or key in seen:
+            continue
+        seen.add(key)
+        total += t.numel() * t.element_size()
+    return total
+
+
+def _make(name: str, x, idx, probs, rmap, mprobs, e: int) -> tuple[Callable, Callable, tuple]:
+    """(fn() -> outputs, check() -> (mismatches, snr_db), the tensors fn reads) for one op; the bytes
+    moved are :func:`io_bytes` of those and fn's outputs."""
     P = importlib.import_module("primus_turbo.pytorch.ops.moe_permute")  # the module: turbo.ops re-exports a function of that name
     from primus_turbo.testing import permute_ref as R
     from primus_turbo.testing.numerics import snr_db
 
-    t, h = x.shape
+    t = x.shape[0]
     k = idx.shape[1]
-    es = x.element_size()
     n = t * k
     c = min(CHECK_TOKENS, t)
     xs, ids, ps, rms, mps = x[:c], idx[:c], probs[:c], rmap[:c], mprobs[:c]
@@ -93,12 +145,12 @@ def _make(name: str, x, idx, probs, rmap, mprobs, e: int) -> tuple[Callable, Cal
         fn = lambda: P.moe_permute(x, idx, probs, num_out_tokens=n, num_experts=e)  # noqa: E731
         chk = lambda: exact(P.moe_permute(xs, ids, ps, num_out_tokens=c * k, num_experts=e),  # noqa: E731
                             R.moe_permute_ref(xs, ids, ps, num_experts=e)[:3])
-        return fn, chk, 2 * n * h * es + n * 4 + n * 4 + n * 8
+        return fn, chk, (x, idx, probs)
     if name == "moe_permute_map":
         fn = lambda: P.moe_permute(x, rmap, mprobs, num_out_tokens=n)  # noqa: E731
         chk = lambda: exact(P.moe_permute(xs, rms, mps, num_out_tokens=c * k),  # noqa: E731
                             R.moe_permute_ref(xs, rms, mps)[:3])
-        return fn, chk, 2 * n * h * es + n * 4 + t * e * 5
+        return fn, chk, (x, rmap, mprobs)
     if name == "moe_permute_pad128":
         npad = n + (PAD - 1) * e
         fn = lambda: P.moe_permute(x, idx, probs, num_out_tokens=npad, pad_multiple=PAD, num_experts=e)  # noqa: E731
@@ -107,7 +159,7 @@ def _make(name: str, x, idx, probs, rmap, mprobs, e: int) -> tuple[Callable, Cal
             ref = R.moe_permute_ref(xs, ids, ps, pad_multiple=PAD, num_experts=e)
             out = P.moe_permute(xs, ids, ps, num_out_tokens=ref[0].shape[0], pad_multiple=PAD, num_experts=e)
             return exact(out[:3], ref[:3])
-        return fn, chk, n * h * es + npad * h * es + npad * 4 + n * 12
+        return fn, chk, (x, idx, probs)
     if name == "moe_unpermute":
         perm, _, rid = P.moe_permute(x, idx, probs, num_out_tokens=n, num_experts=e)
         fn = lambda: P.moe_unpermute(perm, rid, probs)  # noqa: E731
@@ -118,7 +170,7 @@ def _make(name: str, x, idx, probs, rmap, mprobs, e: int) -> tuple[Callable, Cal
             ref = R.moe_unpermute_ref(pp, rr, ps)
             bad = int((out.float() != ref.float()).sum())
             return bad, snr_db(ref.float(), out.float())
-        return fn, chk, n * h * es + t * h * es + n * 8
+        return fn, chk, (perm, rid, probs)
     if name == "primus_moe_permute":  # Primus-Turbo's call form: checked against the routing_map form's rows
         kw = dict(num_local_experts=e, num_topk=k, num_permuted_tokens=n)
         fn = lambda: P.moe_permute(x, idx, probs=probs, **kw)  # noqa: E731
@@ -127,7 +179,7 @@ def _make(name: str, x, idx, probs, rmap, mprobs, e: int) -> tuple[Callable, Cal
             out = P.moe_permute(xs, ids, probs=ps, num_local_experts=e, num_topk=k, num_permuted_tokens=c * k)
             ref = R.moe_permute_ref(xs, ids, ps, num_experts=e)
             return exact([out[0], out[6]], ref[:2])
-        return fn, chk, 2 * n * h * es + n * 4 + t * e * 4 + n * 8
+        return fn, chk, (x, idx, probs)
     if name == "primus_moe_unpermute":  # plain sum plus the probs restored per top-k slot
         perm, rid, _, _, nd, _, pp = P.moe_permute(x, idx, probs=probs, num_local_experts=e, num_topk=k,
                                                    num_permuted_tokens=n)
@@ -142,12 +194,12 @@ def _make(name: str, x, idx, probs, rmap, mprobs, e: int) -> tuple[Callable, Cal
             ref = R.moe_unpermute_ref(pq, rq[:, :e], None)
             bad = int((out.float() != ref.float()).sum()) + int((up != ps).sum())
             return bad, snr_db(ref.float(), out.float())
-        return fn, chk, n * h * es + t * h * es + t * e * 4 + n * 8
+        return fn, chk, (perm, rid, nd, pp)
     if name == "token_permute":  # Megatron's mask-based permute, fused=True (the row map, no token ids)
         fn = lambda: P.token_permute(x, n, mprobs, rmap, fused=True)  # noqa: E731
         chk = lambda: exact(P.token_permute(xs, c * k, mps, rms, fused=True)[:2],  # noqa: E731
                             R.token_permute_ref(xs, rms, mps, c * k)[:2])
-        return fn, chk, 2 * n * h * es + n * 4 + t * e * 9
+        return fn, chk, (x, mprobs, rmap)
     if name == "token_unpermute":
         perm, _, rid, _ = P.token_permute(x, n, mprobs, rmap, fused=True)
         fn = lambda: P.token_unpermute(perm, rid, mprobs, x.shape, fused=True)  # noqa: E731
@@ -158,7 +210,7 @@ def _make(name: str, x, idx, probs, rmap, mprobs, e: int) -> tuple[Callable, Cal
             ref = R.token_unpermute_ref(pp, rms, mps, c)
             bad = int((out.float() != ref.float()).sum())
             return bad, snr_db(ref.float(), out.float())
-        return fn, chk, n * h * es + t * h * es + t * e * 8
+        return fn, chk, (perm, rid, mprobs)
     raise KeyError(name)
 
 
@@ -173,7 +225,7 @@ def run_case(case_t: tuple[int, int, int, int], impls: Sequence[str], device: to
     case = f"{t}x{h}_top{k}_e{e}"
     extra_base: dict[str, Any] = {"shape": f"{t}x{h}", "topk": k, "experts": e, "dtype": "bf16"}
     steps: dict[str, Callable[[], Any]] = {PEER: lambda: y.copy_(x)}
-    moved: dict[str, int] = {PEER: 2 * x_bytes}
+    moved: dict[str, int] = {PEER: 2 * x_bytes}  # T rows read + T rows written
     out_rows: dict[str, Row] = {PEER: Row("moe_permute", case, PEER, PEER, snr_db=float("inf"), extra=dict(extra_base))}
     for name in impls:
         if name == PEER:
@@ -181,9 +233,8 @@ def run_case(case_t: tuple[int, int, int, int], impls: Sequence[str], device: to
         row = Row("moe_permute", case, name, PEER, extra=dict(extra_base))
         out_rows[name] = row
         try:
-            fn, chk, nbytes = _make(name, x, idx, probs, rmap, mprobs, e)
-            fn()
-            moved[name] = nbytes
+            fn, chk, reads = _make(name, x, idx, probs, rmap, mprobs, e)
+            moved[name] = io_bytes(reads, fn())
             bad, snr = chk()
             row.extra["mismatches"] = bad
             row.snr_db = snr

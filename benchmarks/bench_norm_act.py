@@ -1,17 +1,20 @@
-"""RMSNorm / SwiGLU benchmark: achieved memory bandwidth, forward and backward, against a device copy.
+"""RMSNorm / SwiGLU / GeGLU benchmark: achieved memory bandwidth, forward and backward, against a device copy.
 
-Cases (bf16): RMSNorm on ``[16384, 4096]`` and ``[16384, 7168]``; SwiGLU on ``x [32768, 2 x 2048]``.
+Cases (bf16): RMSNorm on ``[16384, 4096]`` and ``[16384, 7168]``; SwiGLU and GeGLU on ``x [32768, 2 x 2048]``.
 Timed per case, interleaved in the same run:
 
 - ``device-copy``: ``y.copy_(x)`` of the case's input (the peer; GB/s = 2 * bytes of x),
 - RMSNorm cases: ``rmsnorm_fwd``, ``rmsnorm_bwd``, ``rmsnorm_residual_fwd``, ``rmsnorm_residual_bwd``,
 - SwiGLU case: ``swiglu_fwd``, ``swiglu_bwd``, ``swiglu_probs_fwd``, ``swiglu_probs_bwd`` (probs and a
-  row mask with 10 % padding rows).
+  row mask with 10 % padding rows), and ``geglu_probs_fwd``, ``geglu_probs_bwd``
+  (``geglu_with_probs``: tanh-approximated GELU, the same probs and mask; these rows have ``op``
+  ``"geglu"``). There is no plain ``geglu`` op (only ``swiglu`` has a variant without probs).
 
 Backward rows time the backward kernel entry alone (the saved tensors are made once). GB/s counts
 the bytes each call must move (every tensor read once and written once: RMSNorm fwd x, gamma -> y,
 rstd; bwd dy, x, gamma, rstd -> dx (+ the dgamma partials); the residual variants add residual / s
-and ds; SwiGLU fwd x -> out, bwd dout, x -> dx, plus probs / mask / dprobs). ``speedup`` is the
+and ds; SwiGLU / GeGLU fwd x -> out, bwd dout, x -> dx, plus probs / mask / dprobs: the GeGLU rows
+count exactly what the ``swiglu_probs`` rows do). ``speedup`` is the
 GB/s ratio to the copy. Correctness: each op on the first 256 rows against the float64 reference
 of primus_turbo.testing (``snr_db``; bwd: the SNR of dx).
 
@@ -47,7 +50,8 @@ SMOKE_DIV = 64  # --cpu-smoke divides each dim by this (at least 64)
 CHECK_ROWS = 256
 PEER = "device-copy"
 NORM_IMPLS = ("rmsnorm_fwd", "rmsnorm_bwd", "rmsnorm_residual_fwd", "rmsnorm_residual_bwd")
-ACT_IMPLS = ("swiglu_fwd", "swiglu_bwd", "swiglu_probs_fwd", "swiglu_probs_bwd")
+ACT_IMPLS = ("swiglu_fwd", "swiglu_bwd", "swiglu_probs_fwd", "swiglu_probs_bwd", "geglu_probs_fwd",
+             "geglu_probs_bwd")
 IMPLS = (PEER, *NORM_IMPLS, *ACT_IMPLS)
 ROUNDS = 3
 EPS = 1e-6
@@ -108,8 +112,12 @@ def _norm_impl(name: str, x: torch.Tensor, gen: torch.Generator):
 
 def _act_impl(name: str, x: torch.Tensor, gen: torch.Generator):
     from primus_turbo.pytorch.ops import activation as A
-    from primus_turbo.testing import swiglu_with_probs_ref
+    from primus_turbo.testing import geglu_with_probs_ref, swiglu_with_probs_ref
 
+    # the activation code the kernels take (A._ACTS: silu 0, gelu_tanh 1) and its float64 reference
+    geglu = name.startswith("geglu")
+    act = A._ACTS["gelu_tanh" if geglu else "silu"]
+    ref_fn = geglu_with_probs_ref if geglu else swiglu_with_probs_ref
     rows = x.shape[0]
     probs = mask = None
     if "probs" in name:
@@ -121,27 +129,27 @@ def _act_impl(name: str, x: torch.Tensor, gen: torch.Generator):
     xs = x[:CHECK_ROWS]
     if name.endswith("_fwd"):
         def step():
-            return A._fwd_eager(x, 0, probs, mask)
+            return A._fwd_eager(x, act, probs, mask)
 
         out = step()
         moved = _nbytes(x, probs, mask, out)
 
         def check():
-            return _snr_of(lambda: A._fwd_eager(xs, 0, pc, mc),
-                           lambda: swiglu_with_probs_ref(xs, pc if pc is not None else ones, mc))
+            return _snr_of(lambda: A._fwd_eager(xs, act, pc, mc),
+                           lambda: ref_fn(xs, pc if pc is not None else ones, mc))
         return step, moved, check
     dout = torch.randn(rows, x.shape[1] // 2, device=x.device, dtype=x.dtype, generator=gen)
 
     def step():
-        return A._bwd_eager(dout, x, 0, probs, mask)
+        return A._bwd_eager(dout, x, act, probs, mask)
 
     dx, dp = step()
     moved = _nbytes(dout, x, probs, mask, dx, dp)
 
     def check():
         x64 = xs.double().requires_grad_()
-        swiglu_with_probs_ref(x64, pc if pc is not None else ones, mc).backward(dout[:CHECK_ROWS].double())
-        return _snr_of(lambda: A._bwd_eager(dout[:CHECK_ROWS].contiguous(), xs, 0, pc, mc)[0], lambda: x64.grad)
+        ref_fn(x64, pc if pc is not None else ones, mc).backward(dout[:CHECK_ROWS].double())
+        return _snr_of(lambda: A._bwd_eager(dout[:CHECK_ROWS].contiguous(), xs, act, pc, mc)[0], lambda: x64.grad)
     return step, moved, check
 
 
@@ -158,7 +166,8 @@ def run_case(case: tuple[str, int, int], device: torch.device, warmup_ms: float,
     out_rows: dict[str, Row] = {PEER: Row(op, name, PEER, PEER, snr_db=float("inf"), extra=dict(extra_base))}
     mine = [i for i in (NORM_IMPLS if op == "rmsnorm" else ACT_IMPLS) if i in impls]
     for impl in mine:
-        row = Row(op, name, impl, PEER, extra=dict(extra_base))
+        row_op = "geglu" if impl.startswith("geglu") else op  # GeGLU rows ride on the SwiGLU case's shape
+        row = Row(row_op, name, impl, PEER, extra=dict(extra_base, op=row_op))
         out_rows[impl] = row
         try:
             make = _norm_impl if op == "rmsnorm" else _act_impl
@@ -184,7 +193,7 @@ def _print_row(row: Row) -> None:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None, help="result directory (default: benchmarks/results/<gpu-slug>)")
-    p.add_argument("--quick", action="store_true", help="one RMSNorm and one SwiGLU case")
+    p.add_argument("--quick", action="store_true", help="one RMSNorm and one SwiGLU/GeGLU case")
     p.add_argument("--cpu-smoke", action="store_true", help=f"tiny shapes (dims / {SMOKE_DIV}); runs without a GPU")
     p.add_argument("--norm-act-impls", nargs="+", default=list(IMPLS), choices=IMPLS, help="which to time")
     p.add_argument("--warmup-ms", type=float, default=None, help="do_bench warm-up (default 25; 0 with --cpu-smoke)")

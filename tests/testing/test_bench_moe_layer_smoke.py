@@ -116,3 +116,39 @@ def test_bench_moe_layer_microbatch_impl(tmp_path):
     mb = by["turbo-fp8-blockwise-mb"]
     assert mb["error"] is None and mb["ms"] > 0 and "cached" in mb["extra"]["weights"]
     assert float(mb["snr_db"]) > 15
+
+
+def test_baseline_expert_counts_match_bincount():
+    """The baseline's sync-free tokens-per-expert count is bincount's, exactly (int64, empty experts 0)."""
+    import torch
+
+    bench = importlib.import_module("benchmarks.bench_moe_layer")
+    g = torch.Generator().manual_seed(0)
+    for e, m in ((8, 4096), (32, 131), (5, 0), (1, 17)):
+        ids = torch.randint(0, max(e - 2, 1), (m,), generator=g)  # the top experts get no rows
+        got = bench.expert_counts(ids, e)
+        assert got.dtype == torch.int64 and got.shape == (e,)
+        assert torch.equal(got, torch.bincount(ids, minlength=e)), (e, m)
+
+
+def test_baseline_issues_no_host_sync():
+    """torch_moe_layer forward + backward under the host-sync guard: no bincount / histc / item etc.
+
+    On CPU the grouped GEMM is a per-expert loop that reads the counts with ``.tolist()``; the guard
+    flags such reads only from the library's own files, so this checks the ATen ops the baseline
+    issues, which are the same on CUDA (where ``torch._grouped_mm`` replaces the loop)."""
+    import torch
+
+    from primus_turbo.testing.host_sync import forbid_host_sync
+
+    bench = importlib.import_module("benchmarks.bench_moe_layer")
+    g = torch.Generator().manual_seed(1)
+    t, h, f, e, k = 32, 16, 16, 4, 2
+    x = torch.randn(t, h, generator=g, dtype=torch.bfloat16).requires_grad_()
+    wr = torch.randn(e, h, generator=g).requires_grad_()
+    w1 = (torch.randn(e, 2 * f, h, generator=g) * 0.1).to(torch.bfloat16).requires_grad_()
+    w2 = (torch.randn(e, h, f, generator=g) * 0.1).to(torch.bfloat16).requires_grad_()
+    with forbid_host_sync("torch-baseline"):
+        y = bench.torch_moe_layer(x, wr, w1, w2, k)
+        y.backward(torch.ones_like(y))
+    assert y.shape == (t, h) and x.grad is not None and w1.grad is not None
