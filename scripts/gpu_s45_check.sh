@@ -12,7 +12,10 @@
 #       TorchTitan-style baseline (gpu_s42_check.sh's "moe" stage);
 # lin:  the FP8 linear step (TENSORWISE, BLOCKWISE) fwd+bwd against BF16 cuBLAS, Llama-3.1-8B M 16384
 #       (gpu_s40_check.sh's "linear" stage);
-# quant: bench_quantization.py in device time (x the device copy measured in the same run).
+# quant: bench_quantization.py in device time (x the device copy measured in the same run);
+# mem:  bench_norm_act.py (RMSNorm, SwiGLU / GeGLU with probs, forward and backward) and
+#       bench_moe_permute.py (the permute / unpermute forms; bytes moved, token rows read once), x the
+#       device copy in the same run (issue 6's memory-bound targets).
 #
 #   S45_STAGES="t36 moe" bash scripts/gpu_s45_check.sh OUT
 set -uo pipefail
@@ -52,5 +55,11 @@ if [[ $STAGES == *" quant "* ]]; then
     > "$OUT/quant.log" 2>&1
   echo "quant rc=$?"
   grep "^| quantize" "$OUT/quant.log" | awk -F'|' '$4 ~ /16384x7168|8192x14336/' | cut -c1-170
+fi
+if [[ $STAGES == *" mem "* ]]; then
+  timeout "${S45_MEM_S:-200}" $PY benchmarks/bench_norm_act.py --out "$OUT/normact" > "$OUT/normact.log" 2>&1
+  echo "normact rc=$?"; grep -E "^\| " "$OUT/normact.log" | grep -v device-copy | cut -c1-150 | tail -24
+  timeout "${S45_MEM_S:-200}" $PY benchmarks/bench_moe_permute.py --out "$OUT/permute" > "$OUT/permute.log" 2>&1
+  echo "permute rc=$?"; grep -E "^\| " "$OUT/permute.log" | cut -c1-150 | tail -24
 fi
 find "$OUT" -name "*.md" -delete
