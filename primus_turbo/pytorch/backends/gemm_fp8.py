@@ -1,4 +1,4 @@
-"""FP8 GEMM backends: TORCH (``torch._scaled_mm``, cuBLASLt / CUTLASS), TRITON and GLUON.
+"""FP8 GEMM backends: TORCH (``torch._scaled_mm``: cuBLASLt / CUTLASS, or CPU), TRITON and GLUON.
 
 Every backend computes the canonical problem of docs/low_precision.md on pre-quantized K-major
 operands: ``C[M, N] = (a_q[M, K] * a_scale) @ (b_q[N, K] * b_scale)^T``, or ``out += C`` when
@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+
+from primus_turbo.triton import is_interpreter, triton_available
 
 from ..core.backend import (
     AutoKernelDispatcher, BackendType, KernelBackend, cuda_capability, scratch_out_tune_kwargs,
@@ -63,8 +65,89 @@ def _row_major_16(t: torch.Tensor) -> bool:
     return t.stride(1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0
 
 
+# ----------------------------------------------------------------------------------------------
+# What torch._scaled_mm runs, found by running it once
+# ----------------------------------------------------------------------------------------------
+# Its coverage depends on the torch build as well as the device: CPU support for row-wise scales
+# and for E5M2 came in later torch releases than tensor-wise E4M3, and on sm_90 row-wise scaling
+# writes fp32 (and fp16) only where torch routes it to cuBLASLt >= 12.9; older builds run a
+# CUTLASS kernel that writes bf16 only. The tests run one torch here and another on the GPU
+# machine, so the backend asks torch itself: one tiny _scaled_mm per combination, cached.
+_UNPROBED = object()
+_PROBES: dict = {}
+
+
+def _probe_operands(rowwise: bool, m: int, n: int, k: int, device: torch.device):
+    """fp32 (a [m, k], b [n, k], scale_a, scale_b, a @ b.T dequantized) on ``device``: small
+    integers (exact in both FP8 formats) and power-of-two scales, so every product, sum and
+    scaling is exact in bf16, fp16 and fp32 and a result can be compared bit for bit. Built on
+    the device (no host-to-device copy, which would synchronize on a first call under
+    ``torch.cuda.set_sync_debug_mode``)."""
+    a = (torch.arange(m * k, device=device) % 5 - 2).float().reshape(m, k)
+    b = (torch.arange(n * k, device=device) * 3 % 7 - 3).float().reshape(n, k)
+    if not rowwise:
+        sa, sb = torch.full((), 2.0, device=device), torch.full((), 0.25, device=device)
+        return a, b, sa, sb, (a @ b.t()) * 0.5
+    # a different scale per row of A and of B: one applied along the wrong dim shows in the values
+    sa = torch.exp2(torch.arange(m, device=device) % 3 - 1.0).reshape(m, 1)
+    sb = torch.exp2(1.0 - torch.arange(n, device=device) % 4).reshape(1, n)
+    return a, b, sa, sb, (a * sa) @ (b * sb.reshape(n, 1)).t()
+
+
+def _probe(device: torch.device, rowwise: bool, a_dtype, b_dtype, out_dtype) -> Optional[str]:
+    what = (f"{'row-wise' if rowwise else 'tensor-wise'} scaling, {str(a_dtype)[6:]} x {str(b_dtype)[6:]} -> "
+            f"{str(out_dtype)[6:]}")
+    # CPU: odd sizes, so that a size rule would show; CUDA: the sizes cuBLASLt takes (check() has them)
+    m, n, k = (3, 5, 7) if device.type == "cpu" else (16, 16, 32)
+    try:
+        a, b, sa, sb, ref = _probe_operands(rowwise, m, n, k, device)
+        res = torch._scaled_mm(a.to(a_dtype), b.to(b_dtype).t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+    except Exception as exc:  # noqa: BLE001 - any failure means "cannot", with torch's reason
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"torch._scaled_mm on {device.type} cannot run {what} in torch {torch.__version__} ({msg})"
+    if device.type != "cpu":
+        return None  # comparing values would sync the device; the GPU tests compare them
+    if res.dtype != out_dtype or tuple(res.shape) != (m, n) or not torch.equal(res, ref.to(out_dtype)):
+        return f"torch._scaled_mm on cpu gives wrong values for {what} in torch {torch.__version__}"
+    return None
+
+
+def _scaled_mm_reason(device: torch.device, g, a_dtype, b_dtype, out_dtype) -> Optional[str]:
+    """None if ``torch._scaled_mm`` runs ``g`` (TENSORWISE / ROWWISE) with these dtypes on
+    ``device`` (probed once, cached), else why not. On CUDA only what varies with the build is
+    probed (row-wise scaling writing fp32 / fp16); the rest is check()'s fixed rules."""
+    rowwise = g is _G.ROWWISE
+    key = (device.type, device.index, rowwise, a_dtype, b_dtype, out_dtype)
+    reason = _PROBES.get(key, _UNPROBED)
+    if reason is _UNPROBED:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # a probe would be recorded into the graph: answer "no" for now, without caching it
+            return "torch._scaled_mm is not probed during CUDA graph capture (run the op once before capturing)"
+        reason = _PROBES[key] = _probe(device, rowwise, a_dtype, b_dtype, out_dtype)
+    return reason
+
+
+def _result_dtype(g, device: torch.device, a_dtype, b_dtype, want, accumulate) -> torch.dtype:
+    """The dtype ``torch._scaled_mm`` writes. Accumulation (``out += C``): fp32, so that ``C`` is
+    rounded only once, by the add into ``out``; bf16 where _scaled_mm cannot write fp32 (row-wise
+    scaling through CUTLASS), so each addend is then rounded to bf16 before the add."""
+    if not accumulate:
+        return want
+    if g is _G.TENSORWISE and device.type == "cuda":
+        return torch.float32  # cuBLASLt's tensor-wise FP8 GEMM writes fp32 in every build
+    if _scaled_mm_reason(device, g, a_dtype, b_dtype, torch.float32) is None:
+        return torch.float32
+    return torch.bfloat16
+
+
 class GemmFP8TorchBackend(KernelBackend):
-    """``torch._scaled_mm``: TENSORWISE (cuBLASLt) and ROWWISE (sm_90 CUTLASS) on CUDA sm_89+."""
+    """``torch._scaled_mm``: TENSORWISE and ROWWISE, on CUDA sm_89+ (cuBLASLt; row-wise on sm_90
+    through cuBLASLt or CUTLASS, as torch chooses) and on CPU where this torch's ``_scaled_mm``
+    runs the combination (probed once, see ``_scaled_mm_reason``).
+
+    Accumulation (``out += C``, Megatron's fused wgrad): ``_scaled_mm`` cannot add into ``out``,
+    so it writes ``C`` in fp32 and one ``out.add_`` follows (one rounding, into ``out``'s dtype);
+    where row-wise scaling cannot write fp32 (CUTLASS: bf16 only), ``C`` is bf16 before the add."""
 
     backend_type = BackendType.TORCH
 
@@ -76,36 +159,45 @@ class GemmFP8TorchBackend(KernelBackend):
             return reason
         g = _granularity(mode)
         if g not in (_G.TENSORWISE, _G.ROWWISE):
-            return f"torch._scaled_mm has no {g.name} scaling on this GPU (TENSORWISE and ROWWISE only)"
-        if not a_q.is_cuda:
-            return f"torch._scaled_mm needs CUDA tensors, got {a_q.device}"
+            return f"torch._scaled_mm has no {g.name} scaling here (TENSORWISE and ROWWISE only)"
         if not hasattr(torch, "_scaled_mm"):
             return "this torch has no torch._scaled_mm"
-        cap = cuda_capability(a_q.device)
-        if cap < (8, 9):
-            return f"sm_{cap[0]}{cap[1]} has no FP8 tensor cores"
+        dev = a_q.device
+        if dev.type not in ("cuda", "cpu"):
+            return f"torch._scaled_mm runs CUDA and CPU tensors, got {dev}"
         M, K = a_q.shape
         N = b_q.shape[0]
+        if g == _G.TENSORWISE:
+            if a_scale.numel() != 1 or b_scale.numel() != 1 or a_scale.dtype != torch.float32 \
+                    or b_scale.dtype != torch.float32:
+                return "TENSORWISE scales must be one fp32 value each"
+        elif a_scale.numel() != M or b_scale.numel() != N or a_scale.dtype != torch.float32 \
+                or b_scale.dtype != torch.float32:
+            return f"ROWWISE scales must be fp32 [M, 1] and [N, 1], got {tuple(a_scale.shape)}, {tuple(b_scale.shape)}"
+        want = out.dtype if out is not None else (out_dtype or torch.bfloat16)
+        if dev.type == "cpu":
+            # accumulation needs the fp32 result or, failing that, the bf16 one (_result_dtype)
+            res = _result_dtype(g, dev, a_q.dtype, b_q.dtype, want, accumulate)
+            return _scaled_mm_reason(dev, g, a_q.dtype, b_q.dtype, res)
+        cap = cuda_capability(dev)
+        if cap < (8, 9):
+            return f"sm_{cap[0]}{cap[1]} has no FP8 tensor cores"
         if K % 16 or N % 16:
-            return f"torch._scaled_mm needs K and N to be multiples of 16, got K={K}, N={N}"
+            return f"torch._scaled_mm needs K and N to be multiples of 16 on CUDA, got K={K}, N={N}"
         if not (_row_major_16(a_q) and _row_major_16(b_q)):
-            return "torch._scaled_mm needs K-contiguous, 16-byte aligned operands"
+            return "torch._scaled_mm needs K-contiguous, 16-byte aligned operands on CUDA"
         if a_q.dtype == torch.float8_e5m2 and b_q.dtype == torch.float8_e5m2:
             return "cuBLASLt has no E5M2 x E5M2 FP8 GEMM"
-        want = out.dtype if out is not None else (out_dtype or torch.bfloat16)
         if g == _G.TENSORWISE:
-            if a_scale.numel() != 1 or b_scale.numel() != 1 or a_scale.dtype != torch.float32:
-                return "TENSORWISE scales must be one fp32 value each"
             return None
-        # ROWWISE: the CUTLASS kernel behind _scaled_mm takes E4M3 x E4M3 and writes bf16 only
         if cap < (9, 0):
             return f"torch._scaled_mm row-wise scaling needs sm_90, got sm_{cap[0]}{cap[1]}"
         if a_q.dtype != torch.float8_e4m3fn or b_q.dtype != torch.float8_e4m3fn:
             return "torch._scaled_mm row-wise scaling takes E4M3 x E4M3 only"
-        if a_scale.numel() != M or b_scale.numel() != N or a_scale.dtype != torch.float32:
-            return f"ROWWISE scales must be fp32 [M, 1] and [N, 1], got {tuple(a_scale.shape)}, {tuple(b_scale.shape)}"
-        if want != torch.bfloat16 and not accumulate:
-            return f"torch._scaled_mm row-wise scaling writes bf16 only, {want} asked"
+        if not accumulate and want != torch.bfloat16:
+            reason = _scaled_mm_reason(dev, g, a_q.dtype, b_q.dtype, want)
+            if reason is not None:
+                return f"row-wise scaling writes bf16 only in this build: {reason}"
         return None
 
     @classmethod
@@ -113,18 +205,17 @@ class GemmFP8TorchBackend(KernelBackend):
                 accumulate=False, block_size=128, **_) -> torch.Tensor:
         g = _granularity(mode)
         want = out.dtype if out is not None else (out_dtype or torch.bfloat16)
+        res_dtype = _result_dtype(g, a_q.device, a_q.dtype, b_q.dtype, want, accumulate)
         if g == _G.TENSORWISE:
             # the quantizers' scales are 0-dim already: no reshape op per call then
             sa = a_scale if a_scale.dim() == 0 else a_scale.reshape(())
             sb = b_scale if b_scale.dim() == 0 else b_scale.reshape(())
-            # accumulate: fp32 result, then one add (the epilogue of _scaled_mm cannot add into C)
-            res_dtype = torch.float32 if accumulate else want
         else:
             sa = a_scale.reshape(-1, 1).contiguous()
             sb = b_scale.reshape(1, -1).contiguous()
-            res_dtype = torch.bfloat16
         res = torch._scaled_mm(a_q, b_q.t(), scale_a=sa, scale_b=sb, out_dtype=res_dtype)
         if accumulate:
+            # _scaled_mm's epilogue cannot add into out: a separate add, in out's dtype
             out.add_(res)
             return out
         if res.dtype != want:
@@ -237,21 +328,26 @@ def _default(**kwargs) -> BackendType:
     """The FP8 GEMM default, in one place:
 
     * TENSORWISE / ROWWISE: TORCH (cuBLASLt / CUTLASS) where ``_scaled_mm`` can run the inputs;
+      on CPU only without the Triton interpreter (``TRITON_INTERPRET=1`` asks for the Triton kernels
+      on CPU, and the test suite runs them so);
     * BLOCKWISE: GLUON where its check passes (sm_90, E4M3 x E4M3, 1x128 x 128x128 scales, no
       accumulation, TMA-aligned rows: the forward GEMM, the E4M3 dgrad and, unless
       ``PRIMUS_TURBO_GEMM_FP8_GLUON_WGRAD=0``, the 1x128 x 1x128 wgrad without accumulation);
-    * TRITON for the rest (MX, CPU / interpreter, E5M2, accumulation,
+    * TRITON for the rest (MX, CPU under the interpreter, E5M2, accumulation,
       unaligned operands, ...), without the dispatcher's fallback warning.
 
     Both TORCH and GLUON are returned only after their own check said yes (``default_checked``).
-    The checks read dtypes, shapes, strides and a cached device capability: no host sync."""
+    The checks read dtypes, shapes, strides, a cached device capability and cached ``_scaled_mm``
+    probes (each run once, on tiny tensors): no host sync per call."""
     mode = kwargs.get("mode")
     try:
         g = _granularity(mode)
     except KeyError:
         return BackendType.TRITON
     if g in (_G.TENSORWISE, _G.ROWWISE):
-        if GemmFP8TorchBackend.can_handle(**kwargs):
+        a_q = kwargs.get("a_q")
+        on_cpu = isinstance(a_q, torch.Tensor) and a_q.device.type == "cpu"
+        if not (on_cpu and triton_available() and is_interpreter()) and GemmFP8TorchBackend.can_handle(**kwargs):
             return BackendType.TORCH
     elif g == _G.BLOCKWISE and GemmFP8GluonBackend.can_handle(**kwargs):
         return BackendType.GLUON

@@ -248,15 +248,22 @@ def check_fp8_ocp_support(device=None) -> tuple[bool, str]:
 
 
 def check_mxfp8_support(device=None) -> tuple[bool, str]:
-    """MXFP8: native on sm_100+; on Hopper it runs as exact emulation on the FP8 units."""
+    """MXFP8: native on sm_100+; on Hopper an exact emulation on BF16 tensor cores.
+
+    Hopper has no block-scaled MMA, so the MX path of the Triton FP8 GEMM widens each FP8 tile to
+    bf16 with its power-of-two E8M0 scales folded in (exact) and runs a bf16 MMA with fp32
+    accumulation (primus_turbo/triton/gemm/gemm_fp8_kernel.py). That kernel serves every FP8
+    mode and takes sm_89+ only, hence the same floor here."""
     cap = _device_capability(device)
     if cap is None:
         return False, "no CUDA device"
     if cap >= (10, 0):
         return True, f"native MX block-scaled tensor cores on sm_{cap[0]}{cap[1]}"
     if cap >= (8, 9):
-        return True, f"emulated on sm_{cap[0]}{cap[1]}: E8M0 block scales applied in-kernel on FP8 tensor cores"
-    return False, f"sm_{cap[0]}{cap[1]} has no FP8 tensor cores to emulate MXFP8 on"
+        return True, (f"emulated on sm_{cap[0]}{cap[1]}: FP8 operands widened in-kernel to bf16 with their E8M0 "
+                      f"block scales folded in (exact), then a bf16 MMA with fp32 accumulation")
+    return False, (f"sm_{cap[0]}{cap[1]} is below sm_89, which the FP8 GEMM kernel (MX emulation included) "
+                   f"needs")
 
 
 def check_mxfp4_support(device=None) -> tuple[bool, str]:

@@ -73,7 +73,9 @@ def _gemm_fp8_impl_fake(a_q, a_scale, b_q, b_scale, granularity, out_dtype, bloc
 
 def _gemm_fp8_accum_eager(a_q: torch.Tensor, a_scale: torch.Tensor, b_q: torch.Tensor, b_scale: torch.Tensor,
                           granularity: str, block_size: int, c: torch.Tensor) -> None:
-    """``c += (a_q * a_scale) @ (b_q * b_scale).T``, summed in fp32 in the GEMM epilogue."""
+    """``c += (a_q * a_scale) @ (b_q * b_scale).T``: TRITON adds in its GEMM epilogue (fp32 sum,
+    one rounding into ``c``); TORCH has ``_scaled_mm`` write the product (fp32 where it can) and adds
+    it with one ``add_`` (see ``GemmFP8TorchBackend``)."""
     if a_q.shape[0] == 0 or b_q.shape[0] == 0 or a_q.shape[1] == 0:
         return
     gemm_fp8_dispatcher.dispatch(
@@ -388,8 +390,18 @@ def gemm_fp8(
             MX_BLOCKWISE (1 x 32 E8M0, emulated exactly on Hopper; needs K, and for gradients N
             and M, to be multiples of 32).
         fuse_bgrad_accum_pattern: ``None`` or ``"megatron"``: grad_weight is added into
-            ``b.main_grad`` (fp32 or bf16) in the GEMM epilogue, ``b.grad_added_to_main_grad`` is
-            set and ``b``'s returned gradient is a placeholder (as :func:`turbo.ops.gemm`).
+            ``b.main_grad`` (fp32 or bf16), ``b.grad_added_to_main_grad`` is set and ``b``'s
+            returned gradient is a placeholder (as :func:`turbo.ops.gemm`). How the add is done
+            depends on the wgrad GEMM's backend. TRITON adds in its GEMM epilogue: its fp32
+            accumulator plus ``main_grad``, one rounding into ``main_grad``'s dtype. TORCH
+            (``torch._scaled_mm``, the TENSORWISE / ROWWISE default on GPU where it runs the
+            wgrad) cannot add into its output: it writes ``dB`` to an fp32 temporary and one
+            ``main_grad.add_`` follows, so each micro-batch is still rounded once. The exception
+            is ROWWISE where this torch build's ``_scaled_mm`` cannot write fp32 row-wise (its
+            CUTLASS kernel writes bf16 only; torch uses cuBLASLt instead on sm_90 from cuBLASLt
+            12.9): there each micro-batch's ``dB`` is rounded to bf16 before the add (pin
+            ``FP8:TRITON`` to avoid it). The backend finds out which by running ``_scaled_mm``
+            once on tiny tensors.
 
     Pre-quantized operands: ``a`` may be a ``QuantizedTensor`` and ``b`` a ``QuantizedTensor`` or
     ``QuantizedTensorPair`` (``create_quantized_weight``), quantized as ``config`` says; the results
@@ -401,7 +413,9 @@ def gemm_fp8(
         ``C`` of shape ``[M, N]``, dtype ``out_dtype``.
 
     Backends (``PRIMUS_TURBO_GEMM_BACKEND=FP8:TRITON`` or ``set_gemm_backend(..., precision="FP8")``):
-    TORCH (``torch._scaled_mm``; the default for TENSORWISE and ROWWISE where it can run them),
+    TORCH (``torch._scaled_mm``, on CUDA and, where this torch's ``_scaled_mm`` runs them, on CPU;
+    the default for TENSORWISE and ROWWISE where it can run them, except CPU tensors under the
+    Triton interpreter, which go to TRITON),
     GLUON (Hopper sm_90 only; BLOCKWISE E4M3 without accumulation: the default for the forward
     GEMM and, with E4M3 gradients, the dgrad) and TRITON (every granularity; the default for the
     rest: MX_BLOCKWISE, the BLOCKWISE wgrad, HYBRID's E5M2 dgrad, non-Hopper devices).

@@ -932,7 +932,8 @@ def dequantize_fp8(
         out_dtype: float32, bfloat16 or float16.
         granularity, block_size, axis, scaling_recipe: those ``x`` was quantized with.
         scale_inv: the dequantization multipliers :func:`quantize_fp8` returned (E8M0 for MX;
-            byte 255 dequantizes its block to NaN).
+            byte 255 dequantizes its block to NaN), in that shape; size-1 dims may be added or
+            dropped (a ROWWISE ``[M]`` for ``[M, 1]``), any other shape raises ``ValueError``.
 
     Returns:
         The dequantized tensor, shaped like ``x``, in ``out_dtype``.
@@ -957,10 +958,18 @@ def dequantize_fp8(
         raise TypeError(f"{op}: scale_inv must be a torch.Tensor, got {type(scale_inv).__name__}")
     if scale_inv.device != x.device:
         raise ValueError(f"{op}: scale_inv is on {scale_inv.device}, x on {x.device}")
-    want = _fp8_scale_shape(tuple(x.shape), g, b, ax, use_2d, op)
-    if tuple(scale_inv.shape) != tuple(want) and scale_inv.numel() != math.prod(want):
-        raise ValueError(f"{op}: scale_inv has shape {tuple(scale_inv.shape)}, expected {tuple(want)} for "
-                         f"{g.name} of x{tuple(x.shape)}")
+    want = tuple(_fp8_scale_shape(tuple(x.shape), g, b, ax, use_2d, op))
+    got = tuple(scale_inv.shape)
+    if got != want:
+        # Size-1 dims do not change which scale sits at which flat position (a ROWWISE [M] for
+        # [M, 1], a TENSORWISE [1] for []), so those forms are reshaped and accepted. Any other
+        # shape of the same size (a transposed [nb, M] for [M, nb]) would pair scales with the
+        # wrong blocks and give wrong values without an error, so it is refused.
+        if tuple(d for d in got if d != 1) != tuple(d for d in want if d != 1):
+            raise ValueError(f"{op}: scale_inv has shape {got}, expected {want} (size-1 dims may be added or "
+                             f"dropped) for {g.name} of x{tuple(x.shape)}; a scale with the same number of "
+                             f"elements in another shape (e.g. transposed) is not accepted")
+        scale_inv = scale_inv.reshape(want)
     if scale_inv.dtype != _scale_dtype(g):
         raise TypeError(f"{op}: scale_inv.dtype must be {_scale_dtype(g)} for {g.name}, got {scale_inv.dtype}")
     if form == "tiles":

@@ -4,12 +4,14 @@ pre-quantized operands, torch.compile, empty problems and bad input.
 
 SNR bars (primus_turbo.testing.SNR_THRESHOLDS): 25 dB for E4M3, 20 dB for E5M2 and HYBRID (the
 gradients are E5M2 there), for the output and both gradients. On CPU the FP8 GEMMs run in the
-Triton interpreter (the TORCH backend, torch._scaled_mm, needs CUDA: its tests are marked gpu).
+Triton interpreter by default; the TORCH backend (torch._scaled_mm) runs CPU tensors where this
+torch's CPU _scaled_mm does (probed), and its CPU tests pin it.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 
 import pytest
 import torch
@@ -147,6 +149,43 @@ def test_default_config_is_tensorwise_e4m3(device, monkeypatch):
     assert set(seen) == {(torch.float8_e4m3fn, "TENSORWISE")}
 
 
+@pytest.mark.parametrize("layout", ["NT", "NN"])
+@pytest.mark.parametrize("fmt", ["E4M3", "HYBRID"])
+@pytest.mark.parametrize("gran", GRANS)
+def test_every_gemm_of_the_step_is_fp8(gran, fmt, layout, device, monkeypatch):
+    """One forward + backward dispatches exactly three FP8 GEMMs (forward, dgrad, wgrad), with
+    FP8 operands: the forward's in E4M3, the output gradient in E4M3 (E4M3) or E5M2 (HYBRID) and
+    the operand it meets in E4M3. The SNR tests alone would also pass a bf16 backward."""
+    m, n, k = 64, 96, 128  # distinct, so each GEMM is told apart by its reduction dim
+    seen = []
+    real = be.gemm_fp8_dispatcher.dispatch
+
+    def spy(precision, **kw):
+        seen.append((kw["a_q"].dtype, tuple(kw["a_q"].shape), kw["b_q"].dtype, tuple(kw["b_q"].shape),
+                     kw["mode"], kw["accumulate"]))
+        return real(precision, **kw)
+
+    monkeypatch.setattr(be.gemm_fp8_dispatcher, "dispatch", spy)
+    a, b, ta, tb = _make(m, n, k, layout, device=device)
+    cfg = Float8QuantConfig(format=fmt, granularity=gran)
+    out = gemm_fp8(a, b, trans_a=ta, trans_b=tb, config=cfg)
+    out.backward(torch.randn(m, n, dtype=torch.bfloat16, device=device))
+    assert a.grad is not None and b.grad is not None
+    e4, grad_dtype = torch.float8_e4m3fn, (torch.float8_e5m2 if fmt == "HYBRID" else torch.float8_e4m3fn)
+    assert len(seen) == 3, seen
+    by_k = {call[1][1]: call for call in seen}  # reduction dim: K (forward), N (dgrad), M (wgrad)
+    assert sorted(by_k) == sorted((k, n, m)), seen
+    for call in seen:
+        assert call[4] == turbo.ScalingGranularity[gran] and call[5] is False
+    fwd, dgrad, wgrad = by_k[k], by_k[n], by_k[m]
+    assert (fwd[0], fwd[2]) == (e4, e4)
+    # dgrad multiplies dC [M, N] by the weight's copy [K, N]; wgrad dC's column copy [N, M] by
+    # the activation's [K, M]: the output gradient is the operand with M rows, then N rows
+    for call, grad_rows in ((dgrad, m), (wgrad, n)):
+        (g_dt, _), (o_dt, _) = sorted([(call[0], call[1]), (call[2], call[3])], key=lambda t: t[1][0] != grad_rows)
+        assert g_dt == grad_dtype and o_dt == e4, (call, grad_dtype)
+
+
 # ---------------------------------------------------------------------------------------------
 # Megatron fused wgrad accumulation
 # ---------------------------------------------------------------------------------------------
@@ -184,9 +223,10 @@ def test_megatron_fused_wgrad_accumulation(gran, layout, main_grad_dtype, device
 # ---------------------------------------------------------------------------------------------
 # Backends
 # ---------------------------------------------------------------------------------------------
-def test_default_backend_choice(device):
-    """Default: TORCH (_scaled_mm) for TENSORWISE/ROWWISE where it can run, GLUON for BLOCKWISE
-    on sm_90 (tests/triton/test_gemm_fp8_gluon.py mocks the platform), else TRITON."""
+def test_default_backend_choice(device, monkeypatch):
+    """Default: TORCH (_scaled_mm) for TENSORWISE/ROWWISE where it can run (on CPU only without
+    the Triton interpreter), GLUON for BLOCKWISE on sm_90 (tests/triton/test_gemm_fp8_gluon.py
+    mocks the platform), else TRITON."""
     from tests.fp8_quant_helpers import quantize
 
     for gran in GRANS:
@@ -201,9 +241,20 @@ def test_default_backend_choice(device):
             want = BackendType.GLUON
         assert chosen == want, gran
     # E5M2 x E5M2 has no cuBLASLt kernel: TRITON, also on the GPU
-    assert be._default(**dict(kw, a_q=kw["a_q"].to(torch.float8_e5m2), b_q=kw["b_q"].to(torch.float8_e5m2),
-                              mode=turbo.ScalingGranularity.TENSORWISE, a_scale=torch.ones((), device=device),
-                              b_scale=torch.ones((), device=device))) == BackendType.TRITON
+    e5 = dict(kw, a_q=kw["a_q"].to(torch.float8_e5m2), b_q=kw["b_q"].to(torch.float8_e5m2),
+              mode=turbo.ScalingGranularity.TENSORWISE, a_scale=torch.ones((), device=device),
+              b_scale=torch.ones((), device=device))
+    assert be._default(**e5) == BackendType.TRITON
+    if not ON_GPU:
+        # CPU without the interpreter: the Triton kernels cannot run there, _scaled_mm can (E5M2 too)
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        for gran in ("TENSORWISE", "ROWWISE"):
+            a_q, sa = quantize(torch.randn(64, 128), gran)
+            b_q, sb = quantize(torch.randn(96, 128), gran, weight=True)
+            cpu = dict(kw, a_q=a_q, a_scale=sa, b_q=b_q, b_scale=sb, mode=turbo.ScalingGranularity[gran])
+            assert be._default(**cpu) == BackendType.TORCH, gran
+        assert be._default(**e5) == BackendType.TORCH
+        assert be._default(**dict(kw, mode=turbo.ScalingGranularity.BLOCKWISE)) == BackendType.TRITON
 
 
 def test_torch_backend_check_rejects():
@@ -211,8 +262,14 @@ def test_torch_backend_check_rejects():
 
     a_q, sa = quantize(torch.randn(64, 128), "TENSORWISE")
     kw = dict(a_q=a_q, a_scale=sa, b_q=a_q, b_scale=sa, mode=turbo.ScalingGranularity.TENSORWISE)
-    if not ON_GPU:
-        assert "CUDA" in be.GemmFP8TorchBackend.why_not(**kw)
+    if not ON_GPU:  # this torch's CPU _scaled_mm runs tensor-wise scaling (the GPU machine's may not)
+        assert be.GemmFP8TorchBackend.why_not(**kw) is None
+    meta = torch.empty(64, 128, dtype=torch.float8_e4m3fn, device="meta")
+    assert "runs CUDA and CPU tensors, got meta" in be.GemmFP8TorchBackend.why_not(
+        **dict(kw, a_q=meta, b_q=meta, a_scale=sa.to("meta"), b_scale=sa.to("meta")))
+    assert "one fp32 value each" in be.GemmFP8TorchBackend.why_not(**dict(kw, b_scale=torch.ones(2)))
+    assert "ROWWISE scales must be fp32 [M, 1] and [N, 1], got (), ()" in be.GemmFP8TorchBackend.why_not(
+        **dict(kw, mode=turbo.ScalingGranularity.ROWWISE))
     assert "no BLOCKWISE scaling" in be.GemmFP8TorchBackend.why_not(**dict(kw, mode=turbo.ScalingGranularity.BLOCKWISE))
     assert "MX_BLOCKWISE" in be.GemmFP8TorchBackend.why_not(**dict(kw, mode=turbo.ScalingGranularity.MX_BLOCKWISE))
     assert "K mismatch" in be.GemmFP8TorchBackend.why_not(**dict(kw, b_q=a_q[:, :64]))
@@ -232,15 +289,19 @@ def test_torch_backend_check_rejects():
             assert "has no FP8 tensor cores" in reason
 
 
-def test_pins(device):
+def test_pins(device, monkeypatch):
     a, b, _, _ = _make(64, 96, 128, "NT", device=device)
     GlobalBackendManager.set_gemm_backend(BackendType.TRITON, precision="FP8")
     out = gemm_fp8(a, b, trans_b=True)
     assert snr_db(a.double() @ b.double().t(), out) >= 25
-    if not ON_GPU:
-        GlobalBackendManager.set_gemm_backend(BackendType.TORCH, precision="FP8")
-        with pytest.raises(ValueError, match="backend TORCH .* cannot run these inputs: .*CUDA"):
-            gemm_fp8(a, b, trans_b=True)
+    GlobalBackendManager.set_gemm_backend(BackendType.TORCH, precision="FP8")
+    ran = []
+    real = be.GemmFP8TorchBackend.execute
+    monkeypatch.setattr(be.GemmFP8TorchBackend, "execute", lambda **kw: ran.append(1) or real(**kw))
+    assert snr_db(a.double() @ b.double().t(), gemm_fp8(a, b, trans_b=True)) >= 25  # CPU too
+    assert ran == [1]
+    with pytest.raises(ValueError, match="backend TORCH .* cannot run these inputs: .*no BLOCKWISE scaling"):
+        gemm_fp8(a, b, trans_b=True, config=Float8QuantConfig(granularity="BLOCKWISE"))
     # the BF16 pin does not touch FP8
     GlobalBackendManager.reset()
     GlobalBackendManager.set_gemm_backend(BackendType.TORCH, precision="BF16")
@@ -258,6 +319,135 @@ def test_autotune_keeps_main_grad(device):
     delta = g.double().t() @ a.detach().double()
     assert snr_db(delta, b.main_grad.double() - start.double()) >= 25  # exactly one add
     assert len(be.gemm_fp8_dispatcher.tune_cache) >= 1
+
+
+def _count_torch_executes(monkeypatch) -> list:
+    """Records every GemmFP8TorchBackend.execute (its ``accumulate`` flag) and runs it."""
+    calls = []
+    real = be.GemmFP8TorchBackend.execute
+    def spy(**kw):
+        calls.append(kw.get("accumulate", False))
+        return real(**kw)
+
+    monkeypatch.setattr(be.GemmFP8TorchBackend, "execute", spy)
+    return calls
+
+
+@pytest.mark.skipif(ON_GPU, reason="CPU tensors; on a GPU machine test_torch_vs_triton covers TORCH")
+@pytest.mark.parametrize("layout", ["NT", "NN", "TN"])
+@pytest.mark.parametrize("fmt", ["E4M3", "HYBRID", "E5M2"])
+@pytest.mark.parametrize("gran", ["TENSORWISE", "ROWWISE"])
+def test_torch_backend_on_cpu(gran, fmt, layout, monkeypatch):
+    """TORCH pinned on CPU tensors: CPU torch._scaled_mm runs all three GEMMs (E5M2 x E5M2 too,
+    which cuBLASLt lacks), with no 16-multiple sizes; forward and both gradients against fp64."""
+    GlobalBackendManager.set_gemm_backend(BackendType.TORCH, precision="FP8")
+    calls = _count_torch_executes(monkeypatch)
+    _check(40, 72, 100, layout, gran, fmt, "cpu")
+    assert calls == [False, False, False]
+
+
+@pytest.mark.skipif(ON_GPU, reason="CPU tensors; on a GPU machine test_torch_vs_triton covers TORCH")
+@pytest.mark.parametrize("gran", ["TENSORWISE", "ROWWISE"])
+def test_torch_backend_on_cpu_dtypes(gran, monkeypatch):
+    """fp32 / fp16 outputs and fp16 inputs through CPU _scaled_mm (CUDA row-wise: bf16 unless probed)."""
+    GlobalBackendManager.set_gemm_backend(BackendType.TORCH, precision="FP8")
+    calls = _count_torch_executes(monkeypatch)
+    _check(64, 96, 128, "NT", gran, "E4M3", "cpu", out_dtype=torch.float32)
+    _check(64, 96, 128, "NT", gran, "HYBRID", "cpu", dtype=torch.float16)
+    assert len(calls) == 6
+
+
+@pytest.mark.parametrize("gran", ["TENSORWISE", "ROWWISE"])
+def test_torch_fused_wgrad_accumulation(gran, device, monkeypatch):
+    """TORCH pinned, E4M3 (so ROWWISE stays on _scaled_mm on sm_90): three micro-batches added
+    into an fp32 main_grad that starts non-zero, against the fp64 sum. Then, at the backend, each
+    addend is _scaled_mm's fp32 product where this build writes one (the gemm_fp8 docstring's
+    claim), bit for bit: a bf16-rounded addend would differ."""
+    from tests.fp8_quant_helpers import quantize
+
+    GlobalBackendManager.set_gemm_backend(BackendType.TORCH, precision="FP8")
+    calls = _count_torch_executes(monkeypatch)
+    m, n, k = (256, 512, 256) if ON_GPU else (64, 96, 64)
+    cfg = Float8QuantConfig(format="E4M3", granularity=gran)
+    b = (torch.randn(n, k, device=device) / k ** 0.5).to(torch.bfloat16).requires_grad_()
+    start = torch.randn(n, k, device=device)  # never start from zeros
+    b.main_grad = start.clone()
+    b.grad_added_to_main_grad = False
+    expected = start.double()
+    for _ in range(3):
+        a = torch.randn(m, k, dtype=torch.bfloat16, device=device, requires_grad=True)
+        grad = torch.randn(m, n, dtype=torch.bfloat16, device=device)
+        gemm_fp8(a, b, trans_b=True, config=cfg, fuse_bgrad_accum_pattern="megatron").backward(grad)
+        expected += grad.double().t() @ a.detach().double()
+    assert calls.count(True) == 3 and len(calls) == 9  # every wgrad accumulated through TORCH
+    assert b.grad_added_to_main_grad is True and b.main_grad.dtype == torch.float32
+    assert snr_db(expected, b.main_grad) >= 25.0
+    assert snr_db(expected - start.double(), b.main_grad.double() - start.double()) >= 25.0
+
+    x_q, sx = quantize(torch.randn(n, m), gran)
+    y_q, sy = quantize(torch.randn(k, m), gran)
+    kw = dict(a_q=x_q.to(device), a_scale=sx.to(device), b_q=y_q.to(device), b_scale=sy.to(device),
+              mode=turbo.ScalingGranularity[gran])
+    res_dtype = be._result_dtype(kw["mode"], x_q.to(device).device, x_q.dtype, y_q.dtype, torch.float32, True)
+    if not ON_GPU or gran == "TENSORWISE":
+        assert res_dtype == torch.float32  # cuBLASLt tensor-wise, and this torch's CPU _scaled_mm
+    c0 = torch.randn(n, k, device=device)
+    c = c0.clone()
+    be.GemmFP8TorchBackend.execute(**kw, out=c, accumulate=True)
+    product = be.GemmFP8TorchBackend.execute(**kw, out_dtype=res_dtype)
+    assert product.dtype == res_dtype
+    assert torch.equal(c, c0 + product.float())
+    if res_dtype == torch.float32:
+        assert not torch.equal(c, c0 + product.to(torch.bfloat16).float())
+
+
+def test_torch_cpu_probe_refuses_what_scaled_mm_cannot_do(monkeypatch):
+    """CPU _scaled_mm is probed once per combination: an error or a wrong value makes TORCH refuse
+    CPU tensors with the reason (the pin names it); nothing is assumed from the torch version."""
+    from tests.fp8_quant_helpers import quantize
+
+    a_q, sa = quantize(torch.randn(32, 64), "ROWWISE")
+    b_q, sb = quantize(torch.randn(48, 64), "ROWWISE")
+    kw = dict(a_q=a_q, a_scale=sa, b_q=b_q, b_scale=sb, mode=turbo.ScalingGranularity.ROWWISE,
+              out_dtype=torch.bfloat16)
+
+    def raises(*args, **kwargs):
+        raise RuntimeError("Now _scaled_mm only supports per-tensor scaling for CPU backend.")
+
+    def swapped_scales(a, b, scale_a, scale_b, out_dtype):  # scales applied along the wrong dims
+        return ((a.float() * scale_b.reshape(-1)[: a.shape[0]].reshape(-1, 1)) @ b.float()).to(out_dtype)
+
+    for fake, match in ((raises, r"cannot run row-wise scaling, float8_e4m3fn x float8_e4m3fn -> bfloat16 .*"
+                                 r"per-tensor scaling for CPU"),
+                        (swapped_scales, r"gives wrong values for row-wise scaling")):
+        monkeypatch.setattr(be, "_PROBES", {})
+        monkeypatch.setattr(torch, "_scaled_mm", fake)
+        reason = be.GemmFP8TorchBackend.why_not(**kw)
+        assert reason is not None and re.search(match, reason), reason
+        GlobalBackendManager.set_gemm_backend(BackendType.TORCH, precision="FP8")
+        with pytest.raises(ValueError, match="backend TORCH .* cannot run these inputs: torch._scaled_mm on cpu"):
+            be.gemm_fp8_dispatcher.dispatch(PrecisionType.FP8, **kw)
+        GlobalBackendManager.reset()
+        # the default then leaves CPU tensors to TRITON even without the interpreter
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        assert be._default(**kw) == BackendType.TRITON
+        monkeypatch.delenv("TRITON_INTERPRET")
+
+
+def test_mxfp8_support_reason_names_the_bf16_mma(monkeypatch):
+    """Hopper's MX path widens FP8 tiles to bf16 (scales folded in) and runs a bf16 MMA: the
+    capability reason says so, not "FP8 tensor cores"."""
+    from primus_turbo.pytorch.core import low_precision as lp
+
+    monkeypatch.setattr(lp, "_device_capability", lambda device=None: (9, 0))
+    ok, reason = lp.check_mxfp8_support()
+    assert ok is True and "emulated on sm_90" in reason and "bf16 MMA" in reason and "E8M0" in reason
+    assert "FP8 tensor cores" not in reason
+    monkeypatch.setattr(lp, "_device_capability", lambda device=None: (10, 0))
+    assert lp.check_mxfp8_support() == (True, "native MX block-scaled tensor cores on sm_100")
+    monkeypatch.setattr(lp, "_device_capability", lambda device=None: (8, 0))
+    ok, reason = lp.check_mxfp8_support()
+    assert ok is False and "sm_80" in reason and "sm_89" in reason
 
 
 @pytest.mark.gpu
@@ -413,6 +603,12 @@ def test_empty_problems_launch_nothing(device, monkeypatch):
         (lambda d: (torch.randn(32, 64, device=d, requires_grad=True), torch.randn(64, 40, device=d)),
          dict(config=Float8QuantConfig(granularity="MX_BLOCKWISE")), r"needs N to be a multiple of 32, got N=40",
          ValueError),
+        # grad_weight reduces over M: with b requiring grad, M = 40 is refused at the forward
+        (lambda d: (torch.randn(40, 64, device=d), torch.randn(64, 32, device=d, requires_grad=True)),
+         dict(config=Float8QuantConfig(granularity="MX_BLOCKWISE")),
+         r"MX_BLOCKWISE needs M to be a multiple of 32, got M=40 \(m, n, k = 40, 32, 64\)", ValueError),
+        (lambda d: (torch.randn(40, 64, device=d, requires_grad=True), torch.randn(64, 32, device=d)),
+         dict(config=Float8QuantConfig(granularity="MX_BLOCKWISE")), None, None),  # no grad_weight: M free
         (lambda d: (torch.randn(3, 4, device=d), torch.randn(4, 5, device=d)), dict(config="tensorwise"),
          r"config must be a Float8QuantConfig or None, got str", TypeError),
         (lambda d: (torch.randn(3, 4, device=d), torch.randn(4, 5, device=d)), dict(out_dtype=torch.int32),
@@ -425,7 +621,7 @@ def test_empty_problems_launch_nothing(device, monkeypatch):
 )
 def test_bad_input(make, kwargs, match, exc, device):
     a, b = make(device)
-    if exc is None:  # the valid neighbour of an error case: M = 32 and grad only for b is fine
+    if exc is None:  # valid neighbours of the error cases: the dim that no GEMM reduces over is free
         gemm_fp8(a, b, **kwargs)
         return
     with pytest.raises(exc, match=match):

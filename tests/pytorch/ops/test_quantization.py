@@ -8,6 +8,7 @@ TRITON_INTERPRET=1), so every comparison below is kernel vs reference.
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -518,6 +519,38 @@ def test_errors():
         Q.dequantize_fp4(p, torch.float32, scale_inv=ps[:, :1])
     with pytest.raises(TypeError, match="float8_e8m0fnu"):
         Q.dequantize_fp4(p, torch.float32, scale_inv=ps.float())
+
+
+@pytest.mark.parametrize("gran, kw, shape", [
+    (G.BLOCKWISE, {}, (64, 256)),                       # scale [64, 2]
+    (G.BLOCKWISE, {"scaling_recipe": R2D}, (256, 384)),  # scale [2, 3]
+    (G.MX_BLOCKWISE, {}, (64, 256)),                    # scale [64, 8]
+    (G.ROWWISE, {"axis": -1}, (48, 96)),                # scale [48, 1]
+], ids=["block1x128", "block128x128", "mx", "rowwise"])
+def test_dequantize_scale_shape_is_strict(gran, kw, shape, device):
+    """A scale of the right size in the wrong shape (transposed, or regrouped) is refused, naming
+    both shapes: accepted, it would pair scales with the wrong blocks. Shapes that differ only
+    by size-1 dims hold every scale at the same flat position and dequantize bit-identically."""
+    x = _sample(shape, torch.float32, device, seed=7)
+    q, s = Q.quantize_fp8(x, E4M3, gran, **kw)
+    good = Q.dequantize_fp8(q, torch.float32, gran, scale_inv=s, **kw)
+    assert _snr_db(x, good) >= 25
+    want = re.escape(str(tuple(s.shape)))
+    wrong = []
+    if s.dim() == 2 and s.shape[0] > 1 and s.shape[1] > 1:
+        wrong.append(s.t().contiguous())                          # transposed, same numel
+    wrong.append(s.reshape(-1))                                   # flattened
+    wrong.append(s.reshape(2, -1) if s.numel() % 2 == 0 else s.reshape(1, -1, 1))
+    wrong = [w for w in wrong if tuple(d for d in w.shape if d != 1) != tuple(d for d in s.shape if d != 1)]
+    assert wrong, "no wrongly shaped scale to try for this case"
+    for w in wrong:
+        assert w.numel() == s.numel()
+        with pytest.raises(ValueError, match=rf"scale_inv has shape {re.escape(str(tuple(w.shape)))}, "
+                                             rf"expected {want}"):
+            Q.dequantize_fp8(q, torch.float32, gran, scale_inv=w, **kw)
+    # size-1 dims added or dropped (e.g. a flat ROWWISE scale [M] for [M, 1]): the same values
+    for same in (s.squeeze(), s.unsqueeze(0)):
+        assert torch.equal(Q.dequantize_fp8(q, torch.float32, gran, scale_inv=same, **kw), good)
 
 
 def test_torch_compile_fullgraph(device):
