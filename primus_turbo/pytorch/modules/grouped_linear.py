@@ -59,6 +59,10 @@ class GroupedLinear(_FP8WeightCache, torch.nn.Module):
     same with or without the cache: the grad_weight GEMM never reads the weight. The cache holds
     one byte per weight element per copy (two copies while gradients are recorded) plus scales,
     until the next ``None`` call or :meth:`invalidate_weight_cache`.
+
+    ``torch.compile``: the 16-bit path traces whole (``fullgraph=True``; ``grouped_gemm`` is a custom
+    op). The FP8 and MXFP4 paths run outside the graph (a graph break, ``fullgraph=False``), with the
+    weight cache's eager semantics; see :meth:`forward`.
     """
 
     def __init__(self, num_groups: Optional[int] = None, in_features: Optional[int] = None,
@@ -117,6 +121,21 @@ class GroupedLinear(_FP8WeightCache, torch.nn.Module):
         fuse = _fuse_pattern(w)
         if self.config is None:
             return grouped_gemm(x, w, group_lens, group_offs, trans_b=True, fuse_bgrad_accum_pattern=fuse)
+        # under torch.compile the quantized paths run eagerly (the graph breaks around them): the grouped
+        # FP8 / MXFP4 ops launch their kernels from Python rather than through custom ops, so dynamo would
+        # trace the launches (under the Triton interpreter: run the kernels on fake tensors), and the FP8
+        # weight cache's validity check reads the weight's data pointer and version counter, host state
+        # dynamo can neither trace nor guard on. (Wrapped on use: torch.compiler.disable imports dynamo,
+        # which importing the layers does not.)
+        run = GroupedLinear._quantized_forward
+        if torch.compiler.is_compiling():
+            run = torch.compiler.disable(run)
+        return run(self, x, group_lens, group_offs, is_first_microbatch, fuse)
+
+    def _quantized_forward(self, x: torch.Tensor, group_lens: torch.Tensor, group_offs: Optional[torch.Tensor],
+                           is_first_microbatch: Optional[bool], fuse: Optional[str]) -> torch.Tensor:
+        """The FP8 (with its weight cache) or MXFP4 forward of :meth:`forward`."""
+        w = self.weight
         if isinstance(self.config, Float4QuantConfig):
             return grouped_gemm_fp4(x, w, group_lens, group_offs, trans_b=True, config=self.config,
                                     fuse_bgrad_accum_pattern=fuse)

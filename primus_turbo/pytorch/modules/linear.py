@@ -222,6 +222,12 @@ class Float8Linear(_FP8WeightCache, torch.nn.Linear):
     Gradients: with a cached weight the GEMMs run through a small autograd bridge
     (:class:`_CachedWeightGemmFP8`) so the weight gradient still reaches ``weight.grad``, or
     ``weight.main_grad`` when present (Megatron, see the module docstring).
+
+    ``torch.compile``: with ``is_first_microbatch=None`` the layer traces whole (``fullgraph=True``;
+    the FP8 GEMMs and quantizers are custom ops). The cached branch (``True`` / ``False``) runs
+    outside the graph, a graph break (``fullgraph=False``), so the cache keeps its semantics: its
+    validity check reads host state (the weight's data pointer and version counter) that a traced
+    graph could not re-check on later calls.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
@@ -293,14 +299,26 @@ class Float8Linear(_FP8WeightCache, torch.nn.Linear):
         else:
             if x2.dtype != w.dtype:
                 raise TypeError(f"Float8Linear: input dtype {x2.dtype} must match the weight's {w.dtype}")
-            grad = torch.is_grad_enabled() and (x2.requires_grad or w.requires_grad)
-            need_t = grad and x2.requires_grad and cfg.granularity in _NEEDS_T_COPY
-            pair = self._cached_weight(bool(is_first_microbatch), need_t)
-            if grad:
-                y = _CachedWeightGemmFP8.apply(x2, w, pair, x2.dtype, cfg.granularity.name, cfg.fwd_dtype(),
-                                               cfg.bwd_dtype(), int(cfg.block_size or 128), fuse is not None)
-            else:
-                y = gemm_fp8(x2, pair, trans_b=True, out_dtype=x2.dtype, config=cfg)
+            # under torch.compile the cached branch runs eagerly (the graph breaks around it): its validity
+            # check reads the weight's data pointer and version counter, host state dynamo can neither
+            # trace nor guard on (a traced check would bake one call's hit or miss into the graph), and
+            # the cached copies are QuantizedTensor subclasses held across calls, outside any graph.
+            # (Wrapped on use: torch.compiler.disable imports dynamo, which importing the layers does not.)
+            run = Float8Linear._cached_forward
+            if torch.compiler.is_compiling():
+                run = torch.compiler.disable(run)
+            y = run(self, x2, is_first_microbatch, fuse)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
+
+    def _cached_forward(self, x2: torch.Tensor, is_first_microbatch: bool, fuse: Optional[str]) -> torch.Tensor:
+        """``x2 @ W^T`` with the weight's FP8 copies from the micro-batch cache (see :meth:`forward`)."""
+        w, cfg = self.weight, self.config
+        grad = torch.is_grad_enabled() and (x2.requires_grad or w.requires_grad)
+        need_t = grad and x2.requires_grad and cfg.granularity in _NEEDS_T_COPY
+        pair = self._cached_weight(bool(is_first_microbatch), need_t)
+        if grad:
+            return _CachedWeightGemmFP8.apply(x2, w, pair, x2.dtype, cfg.granularity.name, cfg.fwd_dtype(),
+                                              cfg.bwd_dtype(), int(cfg.block_size or 128), fuse is not None)
+        return gemm_fp8(x2, pair, trans_b=True, out_dtype=x2.dtype, config=cfg)

@@ -211,6 +211,14 @@ class MoELayer(torch.nn.Module):
     weight; add it to the training loss (``loss = task_loss + layer.aux_loss``). It is ``None`` when
     ``aux_loss_coeff == 0``. ``self.tokens_per_expert`` (int64 ``[E]`` on device, detached,
     padding excluded) holds the last forward's routing counts for load monitoring.
+
+    ``torch.compile``: the layer traces whole (``fullgraph=True``) when the permuted row count is known
+    without reading data, i.e. no ``pad_multiple`` or an int ``num_out_tokens`` (see :meth:`forward`),
+    and its experts run in the parameters' dtype: every op on that path is a PyTorch expression or
+    reaches its kernels through ``torch.library`` custom ops. With ``pad_multiple`` and no
+    capacity the padded total is read back (the documented sync) outside the graph, and FP8 / MXFP4
+    experts run outside it (see :class:`GroupedLinear`): graph breaks, so ``fullgraph=False``. Either
+    way the numbers are the eager layer's.
     """
 
     def __init__(self, hidden_size: int, ffn_hidden_size: int, num_experts: int, topk: int, *,

@@ -128,6 +128,15 @@ one gather launch either way.
 The torch backend builds the map with torch ops (``_build_row_id_map`` / ``_inverse``, also the
 reference of the kernel tests). Neither reads anything back to the host except the documented
 ``num_out_tokens=None`` sync.
+
+``torch.compile``: the kernel launches (row map, gather, merge and their backward) are
+``torch.library`` custom ops (``primus_turbo::moe_permute_maps``, ``moe_permute_rows``,
+``moe_gather_rows``, ``moe_merge_rows``, ``moe_unpermute_bwd``) with fake implementations, so every
+form traces with ``fullgraph=True`` when its row count is known without reading data:
+``num_out_tokens`` / ``num_permuted_tokens`` given, or the indices form without padding (``T * k``).
+Otherwise the row count is data: the map is built outside the graph at the documented sync (a graph
+break, so ``fullgraph=False``). The data checks that run as CPU async asserts are skipped while
+tracing.
 """
 
 from __future__ import annotations
@@ -180,6 +189,13 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 def _gather_rows(src: torch.Tensor, src_row: torch.Tensor, scale: Optional[torch.Tensor] = None,
                  out_dtype: Optional[torch.dtype] = None, row_div: int = 1) -> torch.Tensor:
     """``out[o] = src[src_row[o] // row_div] (* scale[o])``, zero rows where ``src_row < 0``. src 2-D."""
+    if torch.compiler.is_compiling():
+        return torch.ops.primus_turbo.moe_gather_rows(src, src_row, scale, out_dtype, row_div)
+    return _gather_rows_eager(src, src_row, scale, out_dtype, row_div)
+
+
+def _gather_rows_eager(src: torch.Tensor, src_row: torch.Tensor, scale: Optional[torch.Tensor],
+                       out_dtype: Optional[torch.dtype], row_div: int) -> torch.Tensor:
     src = src.contiguous()
     n_out, h = src_row.shape[0], src.shape[1]
     out_dtype = out_dtype or src.dtype
@@ -211,6 +227,12 @@ def _bits_where(valid: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 
 def _merge_rows(src: torch.Tensor, row_id_map: torch.Tensor, weights: Optional[torch.Tensor]) -> torch.Tensor:
     """``out[t] = sum_j w[t, j] * src[row_id_map[t, j]]`` (fp32 accumulation, ascending j)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.primus_turbo.moe_merge_rows(src, row_id_map, weights)
+    return _merge_rows_eager(src, row_id_map, weights)
+
+
+def _merge_rows_eager(src: torch.Tensor, row_id_map: torch.Tensor, weights: Optional[torch.Tensor]) -> torch.Tensor:
     src = src.contiguous()
     t, k = row_id_map.shape
     h = src.shape[1]
@@ -271,6 +293,14 @@ def _permute_rows(tokens: torch.Tensor, probs: Optional[torch.Tensor], src_idx: 
                   row_id_map: torch.Tensor):
     """``(tokens[src_idx // k], probs.flatten()[src_idx])``, zero where ``src_idx < 0`` (one launch on Triton:
     token-major, each token row read once and written to its ``row_id_map`` rows)."""
+    if torch.compiler.is_compiling():
+        out, pprobs = torch.ops.primus_turbo.moe_permute_rows(tokens, probs, src_idx, k, row_id_map)
+        return out, (pprobs if probs is not None else None)
+    return _permute_rows_eager(tokens, probs, src_idx, k, row_id_map)
+
+
+def _permute_rows_eager(tokens: torch.Tensor, probs: Optional[torch.Tensor], src_idx: torch.Tensor, k: int,
+                        row_id_map: torch.Tensor):
     if permute_backend(tokens) == "triton":
         from primus_turbo.triton.moe.permute_kernel import scatter_rows_launch
 
@@ -322,42 +352,144 @@ class _UnpermuteFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_out):
         permuted, row_id_map, probs = ctx.saved_tensors
-        k = row_id_map.shape[1]
-        n_out = permuted.shape[0]
-        src_idx = _inverse(row_id_map, n_out)
         need_perm = ctx.needs_input_grad[0]
         need_probs = probs is not None and ctx.needs_input_grad[2]
-        if permute_backend(permuted) == "triton":
-            from primus_turbo.triton.moe.permute_kernel import scatter_rows_launch, unpermute_bwd_launch
-
-            if probs is None:
-                # plain copies, token-major: each grad row read once and written to the token's rows
-                # (raw bits); the row-major gather reads it k times
-                g_perm = None
-                if need_perm:
-                    g_perm = torch.empty(permuted.shape, dtype=permuted.dtype, device=permuted.device)
-                    scatter_rows_launch(_bits(g_out.to(permuted.dtype).contiguous()), row_id_map, src_idx,
-                                        out=_bits(g_perm))
-                return g_perm, None, None
-            # weighted rows and the probs-gradient dots in one row-major pass (each output row reads its
-            # token's grad row and its own permuted row)
-            g_perm, dots = unpermute_bwd_launch(g_out.contiguous(), permuted.contiguous(), src_idx, k, probs,
-                                                need_perm, need_probs)
-            g_probs = _scatter_back(dots, row_id_map).to(probs.dtype) if need_probs else None
-            return g_perm, None, g_probs
-        src_tok = torch.where(src_idx >= 0, src_idx // k, src_idx)
-        g_perm = g_probs = None
-        w = _gather_flat(probs, src_idx).float() if probs is not None else None
-        if ctx.needs_input_grad[0]:
-            if w is None:
-                g_perm = _gather_rows(g_out, src_tok, out_dtype=permuted.dtype)
-            else:
-                g_perm = _gather_rows(g_out, src_tok, scale=w, out_dtype=permuted.dtype)
-        if probs is not None and ctx.needs_input_grad[2]:
-            g_rows = _gather_rows(g_out, src_tok)  # [n_out, H], zero on unfilled rows
-            dots = (g_rows.float() * permuted.float()).sum(-1)
-            g_probs = _scatter_back(dots, row_id_map).to(probs.dtype)
+        if not (need_perm or need_probs):
+            return None, None, None
+        g_perm, g_probs = _unpermute_bwd(g_out, permuted, row_id_map, probs, need_perm, need_probs)
         return g_perm, None, g_probs
+
+
+def _unpermute_bwd(g_out, permuted, row_id_map, probs, need_perm: bool, need_probs: bool):
+    """``(grad of permuted or None, grad of probs or None)`` of the (weighted) merge."""
+    if torch.compiler.is_compiling():
+        g_perm, g_probs = torch.ops.primus_turbo.moe_unpermute_bwd(g_out, permuted, row_id_map, probs, need_perm,
+                                                                   need_probs)
+        return (g_perm if need_perm else None), (g_probs if need_probs else None)
+    return _unpermute_bwd_eager(g_out, permuted, row_id_map, probs, need_perm, need_probs)
+
+
+def _unpermute_bwd_eager(g_out, permuted, row_id_map, probs, need_perm: bool, need_probs: bool):
+    k = row_id_map.shape[1]
+    n_out = permuted.shape[0]
+    src_idx = _inverse(row_id_map, n_out)
+    if permute_backend(permuted) == "triton":
+        from primus_turbo.triton.moe.permute_kernel import scatter_rows_launch, unpermute_bwd_launch
+
+        if probs is None:
+            # plain copies, token-major: each grad row read once and written to the token's rows
+            # (raw bits); the row-major gather reads it k times
+            g_perm = None
+            if need_perm:
+                g_perm = torch.empty(permuted.shape, dtype=permuted.dtype, device=permuted.device)
+                scatter_rows_launch(_bits(g_out.to(permuted.dtype).contiguous()), row_id_map, src_idx,
+                                    out=_bits(g_perm))
+            return g_perm, None
+        # weighted rows and the probs-gradient dots in one row-major pass (each output row reads its
+        # token's grad row and its own permuted row)
+        g_perm, dots = unpermute_bwd_launch(g_out.contiguous(), permuted.contiguous(), src_idx, k, probs,
+                                            need_perm, need_probs)
+        g_probs = _scatter_back(dots, row_id_map).to(probs.dtype) if need_probs else None
+        return g_perm, g_probs
+    src_tok = torch.where(src_idx >= 0, src_idx // k, src_idx)
+    g_perm = g_probs = None
+    w = _gather_flat(probs, src_idx).float() if probs is not None else None
+    if need_perm:
+        g_perm = _gather_rows_eager(g_out, src_tok, w, permuted.dtype, 1)
+    if need_probs:
+        g_rows = _gather_rows_eager(g_out, src_tok, None, None, 1)  # [n_out, H], zero on unfilled rows
+        dots = (g_rows.float() * permuted.float()).sum(-1)
+        g_probs = _scatter_back(dots, row_id_map).to(probs.dtype)
+    return g_perm, g_probs
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.compile: the kernel launches as torch.library custom ops
+# ----------------------------------------------------------------------------------------------
+# Traced, the helpers above would take dynamo into the kernels' host-side launch code (and, under
+# the Triton interpreter, run the kernels on fake tensors), so each one that launches a kernel is
+# also a custom op with a fake (shape-only) implementation; the helpers call the op only while
+# compiling (eager calls skip the dispatcher, as the other turbo ops do). Absent optional outputs
+# come back as empty tensors (a custom op returns tensors only). The ops take validated arguments;
+# every output shape follows from the inputs' shapes and the int arguments, so a permute whose row
+# count is known (given, or T * k) traces whole.
+def _gather_rows_op(src: torch.Tensor, src_row: torch.Tensor, scale: Optional[torch.Tensor],
+                    out_dtype: Optional[torch.dtype], row_div: int) -> torch.Tensor:
+    return _gather_rows_eager(src, src_row, scale, out_dtype, row_div)
+
+
+moe_gather_rows = torch.library.custom_op("primus_turbo::moe_gather_rows", _gather_rows_op, mutates_args=())
+
+
+@moe_gather_rows.register_fake
+def _gather_rows_fake(src, src_row, scale, out_dtype, row_div):
+    return src.new_empty((src_row.shape[0], src.shape[1]), dtype=out_dtype or src.dtype)
+
+
+def _merge_rows_op(src: torch.Tensor, row_id_map: torch.Tensor, weights: Optional[torch.Tensor]) -> torch.Tensor:
+    return _merge_rows_eager(src, row_id_map, weights)
+
+
+moe_merge_rows = torch.library.custom_op("primus_turbo::moe_merge_rows", _merge_rows_op, mutates_args=())
+
+
+@moe_merge_rows.register_fake
+def _merge_rows_fake(src, row_id_map, weights):
+    return src.new_empty((row_id_map.shape[0], src.shape[1]))
+
+
+def _permute_rows_op(tokens: torch.Tensor, probs: Optional[torch.Tensor], src_idx: torch.Tensor, k: int,
+                     row_id_map: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    out, pprobs = _permute_rows_eager(tokens, probs, src_idx, k, row_id_map)
+    return out, (pprobs if pprobs is not None else tokens.new_empty((0,), dtype=torch.float32))
+
+
+moe_permute_rows = torch.library.custom_op("primus_turbo::moe_permute_rows", _permute_rows_op, mutates_args=())
+
+
+@moe_permute_rows.register_fake
+def _permute_rows_fake(tokens, probs, src_idx, k, row_id_map):
+    n_out = src_idx.shape[0]
+    pprobs = probs.new_empty((n_out,)) if probs is not None else tokens.new_empty((0,), dtype=torch.float32)
+    return tokens.new_empty((n_out, tokens.shape[1])), pprobs
+
+
+def _unpermute_bwd_op(g_out: torch.Tensor, permuted: torch.Tensor, row_id_map: torch.Tensor,
+                      probs: Optional[torch.Tensor], need_perm: bool,
+                      need_probs: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    g_perm, g_probs = _unpermute_bwd_eager(g_out, permuted, row_id_map, probs, need_perm, need_probs)
+    return (g_perm if g_perm is not None else permuted.new_empty((0,)),
+            g_probs if g_probs is not None else permuted.new_empty((0,), dtype=torch.float32))
+
+
+moe_unpermute_bwd = torch.library.custom_op("primus_turbo::moe_unpermute_bwd", _unpermute_bwd_op, mutates_args=())
+
+
+@moe_unpermute_bwd.register_fake
+def _unpermute_bwd_fake(g_out, permuted, row_id_map, probs, need_perm, need_probs):
+    g_perm = permuted.new_empty(permuted.shape) if need_perm else permuted.new_empty((0,))
+    g_probs = (probs.new_empty(row_id_map.shape) if need_probs and probs is not None
+               else permuted.new_empty((0,), dtype=torch.float32))
+    return g_perm, g_probs
+
+
+def _permute_maps_op(routing_map: torch.Tensor, num_experts: int, pad_multiple: int, n_out: int,
+                     full_map: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    rid, src_idx, seg, total, full, _n = _permute_maps_eager(routing_map, num_experts, pad_multiple or None, n_out,
+                                                             full_map)
+    return rid, src_idx, seg, total, (full if full is not None else rid.new_empty((0,)))
+
+
+moe_permute_maps = torch.library.custom_op("primus_turbo::moe_permute_maps", _permute_maps_op, mutates_args=())
+
+
+@moe_permute_maps.register_fake
+def _permute_maps_fake(routing_map, num_experts, pad_multiple, n_out, full_map):
+    t, k = routing_map.shape
+    i32 = dict(dtype=torch.int32, device=routing_map.device)
+    return (torch.empty((t, k), **i32), torch.empty((n_out,), dtype=torch.int64, device=routing_map.device),
+            torch.empty((num_experts,), dtype=torch.int64, device=routing_map.device), torch.empty((1,), **i32),
+            torch.empty((t, num_experts + 1 + k) if full_map else (0,), **i32))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -566,9 +698,37 @@ def _permute_core(tokens, routing_map, probs, e, num_out_tokens, pad_multiple, s
     (the documented sync). ``full_map`` (top-k indices): ``row_id_map`` is Primus-Turbo's
     ``[T, E + 1 + k]`` map instead of ``[T, k]``."""
     t, k = routing_map.shape
-    is_map = routing_map.dtype == torch.bool
+    row_id_map, src_idx, seg, total, full, n_out = _permute_maps(routing_map, e, pad_multiple, num_out_tokens,
+                                                                 full_map)
+    permuted, pprobs = _PermuteFn.apply(tokens, probs, row_id_map, src_idx, k)
+    pscales = None
+    if scales is not None:
+        s2 = scales.detach().reshape(t, -1)
+        ps = _gather_rows(s2, src_idx, row_div=k)
+        pscales = ps.reshape(n_out) if scales.dim() == 1 else ps
+    return permuted, pprobs, row_id_map if full is None else full, pscales, seg, total
+
+
+def _permute_maps(routing_map, e, pad_multiple, num_out_tokens, full_map):
+    """``(row_id_map, src_idx, tokens_per_expert, padded total (int32 [1]), full map or None, n_out)``: the
+    row map, its inverse and the segment lengths (see :func:`_permute_maps_eager`)."""
+    if torch.compiler.is_compiling():
+        if num_out_tokens is None:
+            # the row count is data (the documented sync): built outside the graph, which breaks here
+            # (wrapped on use: torch.compiler.disable imports dynamo, which importing the ops does not)
+            return torch.compiler.disable(_permute_maps_eager)(routing_map, e, pad_multiple, None, full_map)
+        rid, src_idx, seg, total, full = torch.ops.primus_turbo.moe_permute_maps(
+            routing_map, e, pad_multiple or 0, num_out_tokens, full_map)
+        return rid, src_idx, seg, total, (full if full_map else None), num_out_tokens
+    return _permute_maps_eager(routing_map, e, pad_multiple, num_out_tokens, full_map)
+
+
+def _permute_maps_eager(routing_map, e, pad_multiple, num_out_tokens, full_map):
+    """The maps built by the Triton kernels (:func:`_fused_map`) or torch ops; ``num_out_tokens=None``
+    reads the padded total back (the documented host sync). ``full_map`` (top-k indices): also
+    Primus-Turbo's ``[T, E + 1 + k]`` map."""
     full = None
-    if _fused_map(tokens):
+    if _fused_map(routing_map):
         from primus_turbo.triton.moe import permute_kernel as pk
 
         routing_map = routing_map.contiguous()
@@ -584,13 +744,7 @@ def _permute_core(tokens, routing_map, probs, e, num_out_tokens, pad_multiple, s
         src_idx = _inverse(row_id_map, n_out)
         if full_map:
             full = _full_map_torch(routing_map, row_id_map, e)
-    permuted, pprobs = _PermuteFn.apply(tokens, probs, row_id_map, src_idx, k)
-    pscales = None
-    if scales is not None:
-        s2 = scales.detach().reshape(t, -1)
-        ps = _gather_rows(s2, src_idx, row_div=k)
-        pscales = ps.reshape(n_out) if scales.dim() == 1 else ps
-    return permuted, pprobs, row_id_map if full is None else full, pscales, seg, total
+    return row_id_map, src_idx, seg, total, full, n_out
 
 
 def _full_map_torch(indices, rid, e):
@@ -669,6 +823,8 @@ def _routing_mask(routing_map, t: int, op: str, ref: torch.Tensor, ref_name: str
 def _map_rows(routing_mask: torch.Tensor, n_out: int) -> torch.Tensor:
     """The row map ``moe_permute`` builds for a bool ``[T, E]`` map and ``n_out`` rows (int32 ``[T, E]``)."""
     t, e = routing_mask.shape
+    if torch.compiler.is_compiling():
+        return torch.ops.primus_turbo.moe_permute_maps(routing_mask, e, 0, n_out, False)[0]
     if _fused_map(routing_mask):
         from primus_turbo.triton.moe import permute_kernel as pk
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -146,18 +147,26 @@ class _Spy:
         monkeypatch.setattr(linear_mod, "create_quantized_weight", spy)
 
 
-@pytest.mark.parametrize("name", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("name", list(_F8_CONFIGS))
 def test_float8_linear_cache_main_grad_and_refresh(name, monkeypatch):
+    """Every granularity: ROWWISE and MX cache the transposed copy too (their dgrad copy is grouped
+    along N and cannot be had by transposing the forward one), TENSORWISE and BLOCKWISE (2-D weight
+    blocks) reuse the forward copy's scales."""
     torch.manual_seed(4)
     cfg = _F8_CONFIGS[name]
+    # K = 96, not 64: nn.Linear's init bound 1/sqrt(64) = 2^-3 is MX's worst case: a weight block's
+    # amax just under a power of two scales (E8M0 exponent floor(log2 amax) - 8) to just under 512,
+    # past E4M3's 448, so the block's largest values saturate (~24.5 dB, at the 25 dB bar);
+    # 1/sqrt(96) = 1.63 * 2^-4 scales to ~420 (~28 dB, as the other granularities)
+    K = 96
     spy = _Spy(monkeypatch)
-    lin = turbo.modules.Float8Linear(64, 32, bias=False, config=cfg, dtype=torch.bfloat16)
+    lin = turbo.modules.Float8Linear(K, 32, bias=False, config=cfg, dtype=torch.bfloat16)
     _attach_main_grad(lin.weight)
-    ref_sum = torch.zeros(32, 64, dtype=torch.float64)
-    uncached = turbo.modules.Float8Linear(64, 32, bias=False, config=cfg, dtype=torch.bfloat16)
+    ref_sum = torch.zeros(32, K, dtype=torch.float64)
+    uncached = turbo.modules.Float8Linear(K, 32, bias=False, config=cfg, dtype=torch.bfloat16)
     uncached.weight = _attach_main_grad(torch.nn.Parameter(lin.weight.detach().clone()))
     for i in range(3):
-        x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
+        x = torch.randn(32, K, dtype=torch.bfloat16, requires_grad=True)
         y = lin(x, is_first_microbatch=(i == 0))
         dy = torch.randn_like(y)
         y.backward(dy)
@@ -172,7 +181,7 @@ def test_float8_linear_cache_main_grad_and_refresh(name, monkeypatch):
         torch.testing.assert_close(y, y2, rtol=0, atol=0)
         torch.testing.assert_close(x.grad, x2.grad, rtol=0, atol=0)
     # one quantization for the three micro-batches (the uncached layer does not go through the spy)
-    assert spy.calls == [name == "rowwise"]
+    assert spy.calls == [name in ("rowwise", "mx")]
     assert lin.weight.grad_added_to_main_grad is True
     _assert(ref_sum, lin.weight.main_grad, FP8_DB, "main_grad")
     torch.testing.assert_close(lin.weight.main_grad, uncached.weight.main_grad, rtol=0, atol=0)
@@ -181,7 +190,7 @@ def test_float8_linear_cache_main_grad_and_refresh(name, monkeypatch):
     lin.weight.grad = lin.weight.main_grad.to(lin.weight.dtype)
     opt = torch.optim.SGD([lin.weight], lr=0.5)
     opt.step()
-    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    x = torch.randn(32, K, dtype=torch.bfloat16)
     with torch.no_grad():
         y_new = lin(x, is_first_microbatch=False)
         y_fresh = turbo.ops.gemm_fp8(x, lin.weight, trans_b=True, config=cfg)
@@ -692,3 +701,139 @@ def test_rmsnorm(dtype, zero_centered):
     _assert(ref.detach(), y, bar, "y")
     _assert(x64.grad, x.grad, bar, "dx")
     _assert(w64.grad, norm.weight.grad, bar, "dgamma")
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.compile: every layer, forward and backward equal to eager
+# ----------------------------------------------------------------------------------------------
+def _compiled_matches_eager(module, inputs, kwargs=None, fullgraph=True):
+    """``module(*inputs, **kwargs)`` eager and under ``torch.compile`` (aot_eager, on a deep copy, its
+    own copies of the inputs): the output and every parameter's and float input's gradient under a
+    random upstream gradient must be equal bit for bit (the compiled graph runs the same kernels,
+    reached through the ops' custom ops or, where a layer runs outside the graph, eagerly)."""
+    kwargs = kwargs or {}
+    twin = copy.deepcopy(module)
+    compiled = torch.compile(twin, fullgraph=fullgraph, backend="aot_eager")
+
+    def leaves():
+        return [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
+
+    a, b = leaves(), leaves()
+    y = module(*a, **kwargs)
+    yc = compiled(*b, **kwargs)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    yc.backward(dy)
+    assert y.abs().sum() > 0 and torch.equal(y, yc), "output"
+    grads = [(n, p.grad, q.grad) for (n, p), q in zip(module.named_parameters(), twin.parameters())]
+    grads += [(f"input {i}", t.grad, u.grad) for i, (t, u) in enumerate(zip(a, b)) if t.requires_grad]
+    assert grads
+    for name, g, gc in grads:
+        assert g is not None and g.abs().sum() > 0 and torch.equal(g, gc), name
+
+
+_COMPILE_CASES = {
+    # the FP8 GEMMs' custom ops trace whole when the weight is quantized on every call
+    "float8_linear_tensorwise": (lambda: turbo.modules.Float8Linear(64, 32, config=_F8_CONFIGS["tensorwise"],
+                                                                    dtype=torch.bfloat16),
+                                 lambda: [torch.randn(2, 16, 64, dtype=torch.bfloat16)], {}, True),
+    "float8_linear_blockwise": (lambda: turbo.modules.Float8Linear(64, 32, config=_F8_CONFIGS["blockwise"],
+                                                                   dtype=torch.bfloat16),
+                                lambda: [torch.randn(32, 64, dtype=torch.bfloat16)], {}, True),
+    # the micro-batch cache's branch runs outside the graph (Float8Linear.forward): a graph break
+    "float8_linear_rowwise_first_microbatch": (
+        lambda: turbo.modules.Float8Linear(64, 32, config=_F8_CONFIGS["rowwise"], dtype=torch.bfloat16),
+        lambda: [torch.randn(32, 64, dtype=torch.bfloat16)], dict(is_first_microbatch=True), False),
+    "grouped_linear_bf16": (lambda: turbo.modules.GroupedLinear(3, 32, 48, dtype=torch.bfloat16),
+                            lambda: [torch.randn(16, 32, dtype=torch.bfloat16),
+                                     torch.tensor([5, 0, 9], dtype=torch.int64)], {}, True),
+    # the grouped FP8 GEMMs run outside the graph (GroupedLinear.forward)
+    "grouped_linear_fp8_blockwise": (lambda: turbo.modules.GroupedLinear(2, 64, 32, dtype=torch.bfloat16,
+                                                                         config=_GROUPED_F8["blockwise"]),
+                                     lambda: [torch.randn(40, 64, dtype=torch.bfloat16),
+                                              torch.tensor([13, 20], dtype=torch.int64)], {}, False),
+    "rmsnorm": (lambda: turbo.modules.RMSNorm(64, zero_centered=True),
+                lambda: [torch.randn(3, 5, 64)], {}, True),
+    # deterministic: the backward without atomic dQ (a run-dependent order would break bit equality)
+    "turbo_attention": (lambda: turbo.modules.TurboAttention(causal=True, deterministic=True),
+                        lambda: _attn_inputs(torch.float32), {}, True),
+}
+
+
+@pytest.mark.parametrize("case", list(_COMPILE_CASES))
+def test_module_torch_compile_matches_eager(case):
+    make, inputs, kwargs, fullgraph = _COMPILE_CASES[case]
+    torch.manual_seed(17)
+    module = make()
+    if isinstance(module, turbo.modules.RMSNorm):
+        with torch.no_grad():  # a weight that is not all zeros (zero-centred init), so dgamma is checked
+            module.weight.add_(0.1 * torch.randn_like(module.weight))
+    _compiled_matches_eager(module, inputs(), kwargs, fullgraph)
+
+
+def test_float8_linear_cache_under_torch_compile(monkeypatch):
+    """is_first_microbatch under torch.compile keeps the cache's eager semantics: one quantization for
+    a True micro-batch and the False ones after it, a fresh one after an optimizer step (a stale
+    copy would give other numbers), outputs and gradients equal to the eager layer's."""
+    torch.manual_seed(18)
+    spy = _Spy(monkeypatch)
+    cfg = _F8_CONFIGS["rowwise"]
+    lin = turbo.modules.Float8Linear(64, 32, config=cfg, dtype=torch.bfloat16)
+    eager = copy.deepcopy(lin)
+    compiled = torch.compile(lin, backend="aot_eager")
+    for i in range(3):
+        x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        y = compiled(x, is_first_microbatch=(i == 0))
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        y2 = eager(x2, is_first_microbatch=(i == 0))
+        y2.backward(dy)
+        assert torch.equal(y, y2) and torch.equal(x.grad, x2.grad), i
+    assert spy.calls == [True, True]  # once per layer (compiled, eager), with ROWWISE's transposed copy
+    assert torch.equal(lin.weight.grad, eager.weight.grad) and torch.equal(lin.bias.grad, eager.bias.grad)
+    for m in (lin, eager):
+        torch.optim.SGD(m.parameters(), lr=0.5).step()
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        y = compiled(x, is_first_microbatch=False)
+        fresh = turbo.ops.gemm_fp8(x, lin.weight, trans_b=True, config=cfg) + lin.bias
+    assert spy.calls == [True, True, False]
+    assert torch.equal(y, fresh)
+
+
+def test_grouped_linear_fp8_cache_under_torch_compile(monkeypatch):
+    """GroupedLinear's FP8 expert-weight cache under torch.compile: quantized once for True then False,
+    again after an optimizer step, numbers equal to the eager layer's."""
+    from primus_turbo.pytorch.modules import grouped_linear as gl_mod
+
+    torch.manual_seed(19)
+    calls = []
+    real = gl_mod.grouped_weight_copies
+
+    def spy(b, config, need_dgrad, trans_b=True):
+        calls.append(need_dgrad)
+        return real(b, config, need_dgrad, trans_b)
+
+    monkeypatch.setattr(gl_mod, "grouped_weight_copies", spy)
+    mod = turbo.modules.GroupedLinear(2, 64, 32, dtype=torch.bfloat16, config=_GROUPED_F8["tensorwise"])
+    eager = copy.deepcopy(mod)
+    compiled = torch.compile(mod, backend="aot_eager")
+    lens = torch.tensor([13, 20], dtype=torch.int64)
+    for i in range(2):
+        x = torch.randn(40, 64, dtype=torch.bfloat16, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        y = compiled(x, lens, is_first_microbatch=(i == 0))
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        y2 = eager(x2, lens, is_first_microbatch=(i == 0))
+        y2.backward(dy)
+        assert torch.equal(y, y2) and torch.equal(x.grad, x2.grad), i
+    assert calls == [True, True] and torch.equal(mod.weight.grad, eager.weight.grad)
+    torch.optim.SGD(mod.parameters(), lr=0.5).step()
+    x = torch.randn(40, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        y = compiled(x, lens, is_first_microbatch=False)
+        fresh = turbo.ops.grouped_gemm_fp8(x, mod.weight, lens, trans_b=True, config=_GROUPED_F8["tensorwise"])
+    assert calls == [True, True, False]
+    assert torch.equal(y, fresh)

@@ -694,3 +694,99 @@ def test_topk_minus_one_is_not_routed(dtype, pad, fused_map, device, monkeypatch
             bad[0, 0] = v
             with pytest.raises(RuntimeError, match=rf"moe_permute: top-k indices must be in \[-1, num_experts={E}\)"):
                 moe_permute(x, bad, num_experts=E)
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.compile
+# ----------------------------------------------------------------------------------------------
+def _compiled_vs_eager(fn, args, fullgraph=True):
+    """``fn(*args)`` eager and under ``torch.compile`` (aot_eager), each on its own copies of the leaf
+    tensors: the outputs, and the gradients of every input that requires one under one random
+    upstream gradient per float output, must be equal bit for bit (both run the same kernels; the
+    compiled graph reaches them through the ops' custom ops)."""
+    def run(f):
+        leaves = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+                  for a in args]
+        outs = [o for o in f(*leaves) if o is not None]
+        gen = torch.Generator().manual_seed(11)
+        diff = [o for o in outs if o.requires_grad]
+        if diff:
+            sum((o.float() * torch.randn(o.shape, generator=gen).to(o.device)).sum() for o in diff).backward()
+        return outs, [a.grad for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
+
+    torch._dynamo.reset()
+    eager_outs, eager_grads = run(fn)
+    comp_outs, comp_grads = run(torch.compile(fn, fullgraph=fullgraph, backend="aot_eager"))
+    assert len(eager_outs) == len(comp_outs) and len(eager_grads) == len(comp_grads)
+    for i, (a, b) in enumerate(zip(eager_outs + eager_grads, comp_outs + comp_grads)):
+        assert a.dtype == b.dtype and a.shape == b.shape, (i, a.dtype, b.dtype, a.shape, b.shape)
+        assert torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a,
+                           b.view(torch.uint8) if b.element_size() == 1 else b), f"output/grad {i} differs"
+
+
+@pytest.mark.parametrize("form", ["map", "int32"])
+def test_torch_compile_fullgraph(form, device):
+    """With num_out_tokens given every output shape follows from the input shapes: permute (padded,
+    with probs) and unpermute (merging probs) trace whole, forward and backward equal to eager."""
+    topk, pad, h = 2, 8, 32
+    rmap, probs = _routing(topk, form, device, seed=5)
+    n_out = T * topk + E * (pad - 1)   # the worst case: nothing dropped, no host sync
+    kw = _kw(form)
+
+    def f(x, rmap, p, w):
+        perm, pp, rid, tpe = moe_permute(x, rmap, p, num_out_tokens=n_out, pad_multiple=pad,
+                                         return_tokens_per_expert=True, **kw)
+        out = moe_unpermute(perm * 3.0, rid, w, restore_shape=(2, T // 2, h))
+        return perm, pp, rid, tpe, out
+
+    x = torch.randn(T, h, device=device, requires_grad=True)
+    w = torch.rand(rmap.shape, device=device, requires_grad=True)
+    _compiled_vs_eager(f, (x, rmap, probs.clone().requires_grad_(), w))
+
+
+def test_torch_compile_fullgraph_other_forms(device):
+    """The Primus-Turbo form (top-k indices with -1 slots, a capacity, top-k probs), FP8 tokens with
+    their scales, and Megatron's token_permute / token_unpermute (fused row map) trace whole too."""
+    topk, h = 2, 32
+    idx, probs = _routing(topk, "int64", device, seed=6)
+    idx = idx.clone()
+    idx[::4, 1] = -1
+    rmap, dense = _routing(topk, "map", device, seed=7)
+    cap = T * topk + E * 15
+
+    def primus(x, idx, p):
+        perm, rid, tpe, overflow, nd, _ps, pp = moe_permute(x, idx, num_local_experts=E, num_topk=topk,
+                                                            pad_multiple=16, num_permuted_tokens=cap, probs=p)
+        out, up = moe_unpermute(perm * 2.0, rid, nd, restore_shape=x.shape, num_local_experts=E,
+                                permuted_probs=pp * 0.5, probs_topk_stride=topk)
+        return perm, rid, tpe, overflow, pp, out, up
+
+    def fp8(x8, idx, s):
+        perm, _pp, rid, ps = moe_permute(x8, idx, None, num_out_tokens=cap, pad_multiple=16, scales=s,
+                                         num_experts=E)
+        return perm, rid, ps
+
+    def megatron(x, rmap, p):
+        perm, pp, rid, tpe = token_permute(x, num_out_tokens=T * topk, probs=p, routing_map=rmap, fused=True)
+        out = token_unpermute(perm * 2.0, rid, merging_probs=p, restore_shape=x.shape, routing_map=rmap,
+                              fused=True)
+        return perm, pp, rid, tpe, out
+
+    x = torch.randn(T, h, device=device, requires_grad=True)
+    _compiled_vs_eager(primus, (x, idx, probs.clone().requires_grad_()))
+    x8 = (torch.randn(T, h, device=device) * 4).to(torch.float8_e4m3fn)
+    _compiled_vs_eager(fp8, (x8, idx, torch.rand(T, 2, device=device)))
+    _compiled_vs_eager(megatron, (x, rmap, dense.clone().requires_grad_()))
+
+
+def test_torch_compile_data_dependent_size(device):
+    """Without num_out_tokens the map form's row count is data (one host sync): under torch.compile
+    the graph breaks there (fullgraph=False) and the result is still eager's."""
+    rmap, probs = _routing(2, "map", device, seed=8)
+
+    def f(x, rmap, p):
+        perm, pp, rid = moe_permute(x, rmap, p, pad_multiple=8)
+        return perm, pp, rid, moe_unpermute(perm, rid, p)
+
+    x = torch.randn(T, 32, device=device, requires_grad=True)
+    _compiled_vs_eager(f, (x, rmap, probs.clone().requires_grad_()), fullgraph=False)
