@@ -18,8 +18,9 @@ from primus_turbo.triton.grouped_gemm.grouped_gemm_kernel import (  # noqa: E402
     grouped_gemm_variable_k_triton,
 )
 
-ON_GPU = torch.cuda.is_available()
-MIN_SNR = {torch.float32: 80.0, torch.float16: 50.0, torch.bfloat16: 45.0 if ON_GPU else 41.0}
+# issue 4's bars (bf16 >= 45 dB, fp16 >= 50 dB) on CPU too: the interpreter's bf16 kernels measure
+# 49-50 dB here (fp32 accumulation, one bf16 rounding of the result)
+MIN_SNR = {torch.float32: 80.0, torch.float16: 50.0, torch.bfloat16: 45.0}
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
@@ -152,7 +153,8 @@ def test_variable_k_accumulate(acc_dtype, device):
     grouped_gemm_variable_k_triton(x, y, gl, out=c, accumulate=True, num_cu=2)
     ref = init.double() + grouped_gemm_variable_k_ref(x, y, gl)
     assert torch.equal(c[1], init[1])  # an empty group adds nothing
-    assert snr_db(ref, c) >= (41.0 if acc_dtype == torch.bfloat16 else MIN_SNR[torch.bfloat16])
+    # a bf16 accumulator rounds init + product once, as a bf16 output does (49.6 dB measured on CPU)
+    assert snr_db(ref, c) >= MIN_SNR[torch.bfloat16]
 
 
 def test_bitwise_repeatable(device):

@@ -93,6 +93,20 @@ def _masked_zero_tail(out: torch.Tensor, group_offs: torch.Tensor) -> torch.Tens
     return out.masked_fill_(tail[:, None], 0)
 
 
+def _vendor_offs(group_offs: torch.Tensor, offs32: Optional[torch.Tensor], rows: int) -> torch.Tensor:
+    """``torch._grouped_mm``'s ``offs`` (the int32 group ends ``group_offs[1:]``, or ``offs32`` when the
+    caller made them already) clamped to ``[0, rows]`` on the device, no host sync.
+
+    Why: on CUDA a ``group_lens`` summing past the operands' ``rows`` is not checked (that needs a
+    host sync), and ``torch._grouped_mm`` follows the offsets it is given, reading (and, for the
+    M-grouped GEMM, writing) past the tensors' ends. Clamped, it does what the Triton and Gluon
+    kernels do with such offsets (they clamp every group to ``[0, M_total]``): rows past ``a``'s end
+    contribute nothing, the groups that reach past it are cut at the last row. One more launch
+    per vendor GEMM (the clamp), a few microseconds."""
+    ends = group_offs[1:].to(torch.int32) if offs32 is None else offs32
+    return ends.clamp(0, rows)
+
+
 def _aligned(t: torch.Tensor) -> bool:
     """16-byte aligned base and non-unit strides (what the CUTLASS grouped kernel requires)."""
     nbytes = t.element_size()
@@ -103,7 +117,8 @@ def _aligned(t: torch.Tensor) -> bool:
 # M-grouped
 # ---------------------------------------------------------------------------------------------
 class GroupedGemmTorchBackend(KernelBackend):
-    """``torch._grouped_mm`` (CUTLASS) on sm_90 bf16; the tail rows are zeroed with a masked fill."""
+    """``torch._grouped_mm`` (CUTLASS) on sm_90 bf16; the offsets clamped to ``a``'s rows (as the
+    Triton and Gluon kernels clamp them), the tail rows past ``offs[G]`` zeroed."""
 
     backend_type = BackendType.TORCH
 
@@ -126,8 +141,10 @@ class GroupedGemmTorchBackend(KernelBackend):
             return torch.empty((a.size(0), b.size(2)), dtype=a.dtype, device=a.device)
         if b.size(0) == 0 or a.size(1) == 0:
             return torch.zeros((a.size(0), b.size(2)), dtype=a.dtype, device=a.device)
-        # offs32: group_offs[1:] as int32 when the caller already has it (the op's forward makes it once)
-        out = torch._grouped_mm(a, b, offs=group_offs[1:].to(torch.int32) if offs32 is None else offs32)
+        # offs32: group_offs[1:] as int32 when the caller already has it (the op's forward makes it
+        # once); clamped to a's rows either way (an overrunning group_lens would take the vendor
+        # kernel out of bounds: see _vendor_offs)
+        out = torch._grouped_mm(a, b, offs=_vendor_offs(group_offs, offs32, a.size(0)))
         return zero_tail_rows(out, group_offs)  # torch._grouped_mm leaves them uninitialised
 
 
@@ -358,7 +375,8 @@ class GroupedGemmVariableKTorchBackend(KernelBackend):
             # empty contraction everywhere: torch._grouped_mm rejects it (pytorch#192497)
             res = torch.zeros((G, x.size(1), y.size(1)), dtype=x.dtype, device=x.device)
         else:
-            res = torch._grouped_mm(x.t(), y, offs=group_offs[1:].to(torch.int32) if offs32 is None else offs32)
+            # the groups run along x's and y's rows: clamped to them (see _vendor_offs)
+            res = torch._grouped_mm(x.t(), y, offs=_vendor_offs(group_offs, offs32, x.size(0)))
         if out is None:
             return res
         if accumulate:

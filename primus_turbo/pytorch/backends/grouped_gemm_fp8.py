@@ -55,7 +55,7 @@ from ..core.backend import (
     AutoKernelDispatcher, BackendType, KernelBackend, cuda_capability, scratch_out_tune_kwargs,
 )
 from ..core.env import env_auto_flag
-from .grouped_gemm import zero_tail_rows
+from .grouped_gemm import _vendor_offs, zero_tail_rows
 
 __all__ = [
     "GroupedGemmFP8GluonBackend",
@@ -238,7 +238,9 @@ class GroupedGemmFP8TorchBackend(KernelBackend):
         G, N, _ = b_q.shape
         sa = _expand_scale(a_scale, (M,))
         sb = _expand_scale(b_scale.reshape(G, -1) if b_scale.numel() != 1 else b_scale, (G, N))
-        out = torch._scaled_grouped_mm(a_q, b_q.transpose(-2, -1), sa, sb, offs=group_offs[1:].to(torch.int32),
+        # offsets clamped to a's rows: an unchecked group_lens summing past them would send the vendor
+        # kernel out of bounds (as in the 16-bit TORCH route, _vendor_offs)
+        out = torch._scaled_grouped_mm(a_q, b_q.transpose(-2, -1), sa, sb, offs=_vendor_offs(group_offs, None, M),
                                        out_dtype=torch.bfloat16)
         if not out.is_contiguous():
             out = out.contiguous()

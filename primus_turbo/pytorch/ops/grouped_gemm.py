@@ -27,6 +27,7 @@ from typing import Optional
 import torch
 
 from ..backends.grouped_gemm import (
+    _vendor_offs,
     GLUON_WGRAD_MIN_FLOPS,
     GROUPED_GEMM_DTYPES,
     GroupedGemmGluonBackend,
@@ -348,7 +349,10 @@ def _native_vendor(a: torch.Tensor, b: torch.Tensor, group_offs: torch.Tensor, t
     hook on the GEMM's node. Same kernels and results as :class:`GroupedGemmFunction`'s vendor route;
     for expert GEMMs of tens of microseconds this removes most of the op's host time, which is what
     such a step costs in eager mode."""
-    out = torch._grouped_mm(a, b.transpose(1, 2) if trans_b else b, offs=group_offs[1:].to(torch.int32))
+    # the offsets clamped to a's rows (one small launch): a group_lens summing past them is not
+    # checked on CUDA, and torch._grouped_mm would follow it out of bounds (see _vendor_offs)
+    offs = _vendor_offs(group_offs, None, a.size(0))
+    out = torch._grouped_mm(a, b.transpose(1, 2) if trans_b else b, offs=offs)
     zero_tail_rows(out, group_offs)
     node = out.grad_fn
     node.register_prehook(_vendor_grad_output)
@@ -522,6 +526,11 @@ def grouped_gemm(
 ) -> torch.Tensor:
     """Grouped GEMM of MoE experts with autograd, without host synchronisation.
 
+    The parameters are in Primus-Turbo's order, ``schedule`` before ``fuse_bgrad_accum_pattern``,
+    so code written against it runs unchanged; Megatron passes ``fuse_bgrad_accum_pattern`` by
+    keyword. A pattern passed positionally in ``schedule``'s place is refused by name (ValueError),
+    never read as a schedule.
+
     Args:
         a: ``[M_total, K]`` tokens sorted by expert; ``M_total >= sum(group_lens)`` (extra rows are
             ignored and their output rows are zero). float32, float16 or bfloat16.
@@ -531,22 +540,26 @@ def grouped_gemm(
             when None.
         trans_b: ``b`` holds ``[N, K]`` matrices (the ``nn.Linear`` layout).
         num_cu: cap on the SMs (persistent programs) the TRITON kernels use, e.g. to leave SMs to
-            communication kernels; the TORCH backend does not support it (TRITON then runs).
-        schedule: ``"static"`` or ``"work_steal"`` (the reference API's persistent-kernel tile
-            claiming; it needs ``num_cu=None``). Both run the same kernels: ours deal the tiles of
-            every group to the persistent programs on the device in equal shares (balanced by
-            tiles, whatever the group sizes), so no claiming pass exists to switch on; the results
-            are the same either way. Other values raise ValueError.
+            communication kernels; the TORCH backend does not support it (TRITON then runs). A
+            positive int; anything else (0, negative, float, bool, str) raises ValueError.
         fuse_bgrad_accum_pattern: ``None`` or ``"megatron"``: the weight gradient is added into
             ``b.main_grad`` (fp32 or ``b.dtype``) in the kernel epilogue and a placeholder is returned.
+        schedule: ``"static"`` or ``"work_steal"`` (the reference API's
+            persistent-kernel tile claiming; it needs ``num_cu=None``). Both run the same kernels:
+            ours deal the tiles of every group to the persistent programs on the device in equal
+            shares (balanced by tiles, whatever the group sizes), so no claiming pass exists to
+            switch on; the results are the same either way. Other values raise ValueError.
 
     Returns:
         ``[M_total, N]`` in ``a.dtype``.
 
-    Values that only the device knows are not checked (that would need a sync): ``group_lens``
-    must be non-negative and sum to at most ``M_total``. The TRITON kernels clamp every group to
-    ``a``'s rows, so a bad ``group_lens`` never reads or writes out of bounds there; on CPU an
-    async assert also reports a sum larger than ``M_total``.
+    Values that only the device knows are not checked on CUDA (that would need a sync):
+    ``group_lens`` must be non-negative and sum to at most ``M_total``. A sum past ``M_total`` is
+    clamped on the device instead: the Triton and Gluon kernels clamp every group to ``[0,
+    M_total]`` and the TORCH backends clamp the offsets they give ``torch._grouped_mm`` the same
+    way, so the groups that reach past ``a``'s end are cut at its last row and rows past it
+    contribute nothing (to the output or either gradient). On CPU async asserts report such
+    values instead.
 
     Backends: GLUON (the warp-specialized sm_90 kernels, bf16 / fp16: the default for every GEMM of
     the call they can run; under autograd the forward, grad_input and grad_weight are then launched

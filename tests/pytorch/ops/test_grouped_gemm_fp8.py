@@ -1,11 +1,11 @@
 """turbo.ops.grouped_gemm_fp8 (MoE experts in FP8) against float64 references on the unquantized
 inputs: forward and both gradients for TENSORWISE / ROWWISE / BLOCKWISE x E4M3 / E5M2 / HYBRID,
-1 to 8 experts with balanced, unbalanced and empty groups, both weight layouts; the zeroed tail,
-Megatron's fused wgrad accumulation, repeatability, bad input, and (on the GPU) proof that no host
-synchronisation happens. BLOCKWISE's FP8 wgrad (per-group-segment 1 x 128 token blocks on the padded
-layout) with groups longer than a block and not multiples of it. MX_BLOCKWISE (emulated MXFP8,
-per-group-segment wgrad blocks) at small shapes; the TORCH backend (torch._scaled_grouped_mm)
-against TRITON on the GPU."""
+1 to 32 experts with balanced, unbalanced and empty groups, both weight layouts, issue 4's (N, K)
+pairs (GPU); the zeroed tail, Megatron's fused wgrad accumulation, repeatability, bad input, and (on
+the GPU) proof that no host synchronisation happens. BLOCKWISE's FP8 wgrad (per-group-segment 1 x 128
+token blocks on the padded layout) with groups longer than a block and not multiples of it.
+MX_BLOCKWISE (emulated MXFP8, per-group-segment wgrad blocks) at small shapes; the TORCH backend
+(torch._scaled_grouped_mm) against TRITON on the GPU."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_gemm_fp8
 from primus_turbo.testing import grouped_gemm_ref, grouped_gemm_variable_k_ref, snr_db
 from tests.grouped_gemm_checks import check_grouped_op
 
+ON_GPU = torch.cuda.is_available()
 GRANS = [ScalingGranularity.TENSORWISE, ScalingGranularity.ROWWISE, ScalingGranularity.BLOCKWISE]
 MX = ScalingGranularity.MX_BLOCKWISE
 FORMATS = [Format.E4M3, Format.E5M2, Format.HYBRID]
@@ -61,6 +62,43 @@ def _params():
 def test_grouped_gemm_fp8(gran, fmt, trans_b, lens, n, k, device):
     a, b, gl = _make(lens, n, k, trans_b, device)
     _check(a, b, gl, trans_b, _cfg(gran, fmt), MIN_SNR[fmt])
+
+
+def _many_groups_cases():
+    """G = 16 and 32. GPU: every granularity, 128 to 2048 rows a group (one of 2048) at expert
+    sizes. CPU: two cases at small (N, K), the interpreter walking every group in every program
+    (about a second each; BLOCKWISE and MX cost 2-4 s at G = 32 and run on the GPU)."""
+    if ON_GPU:
+        for G, (n, k) in ((16, (2048, 1408)), (32, (1408, 2048))):
+            lens = [2048] + [128 + (i * 977) % 1921 for i in range(1, G)]
+            for gran in GRANS + [MX]:
+                yield pytest.param(lens, n, k, gran, Format.E4M3, True, id=f"G{G}-{gran.name}-{n}x{k}")
+        return
+    yield pytest.param([(i * 7) % 11 for i in range(16)], 32, 64, ScalingGranularity.TENSORWISE, Format.E4M3, True,
+                       id="G16-TENSORWISE-E4M3-NT")
+    yield pytest.param([(i * 5) % 9 for i in range(32)], 16, 32, ScalingGranularity.ROWWISE, Format.HYBRID, False,
+                       id="G32-ROWWISE-HYBRID-NN")
+
+
+@pytest.mark.parametrize("lens, n, k, gran, fmt, trans_b", list(_many_groups_cases()))
+def test_grouped_gemm_fp8_many_groups(lens, n, k, gran, fmt, trans_b, device):
+    """Issue 4's 16 and 32 experts, with empty groups on CPU and tail rows: forward and both
+    gradients against float64 at the format's bar, the empty groups' weight gradients zero."""
+    a, b, gl = _make(lens, n, k, trans_b, device, extra_rows=3)
+    _check(a, b, gl, trans_b, _cfg(gran, fmt), MIN_SNR[fmt])
+
+
+ISSUE_NK = [(2048, 1536), (2048, 1408), (1408, 2048), (4096, 7168), (7168, 2048), (5120, 1536)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gran", GRANS, ids=lambda g: g.name)
+@pytest.mark.parametrize("n, k", ISSUE_NK, ids=[f"{n}x{k}" for n, k in ISSUE_NK])
+def test_issue_nk_pairs(n, k, gran, device):
+    """Issue 4's expert (N, K) pairs (K = 1408 = 11 x 128: not a multiple of 256) in the weight layout
+    the op defaults to, 128 to 2048 rows a group with an empty one and tail rows, E4M3."""
+    a, b, gl = _make([2048, 0, 977, 128, 1500, 300, 2048, 640], n, k, True, device, extra_rows=5)
+    _check(a, b, gl, True, _cfg(gran), MIN_SNR[Format.E4M3])
 
 
 @pytest.mark.parametrize("gran", GRANS, ids=lambda g: g.name)
@@ -206,8 +244,9 @@ def test_bad_shapes_dtypes_and_num_cu(device):
         grouped_gemm_fp8(a, b.float(), gl)
     with pytest.raises(TypeError, match=r"out_dtype must be float32, float16, bfloat16 or None, got torch.int32"):
         grouped_gemm_fp8(a, b, gl, out_dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"num_cu must be None or a positive int, got 0"):
-        grouped_gemm_fp8(a, b, gl, num_cu=0)
+    for bad in (0, -2, 1.5, "4", True):
+        with pytest.raises(ValueError, match=rf"grouped_gemm_fp8: num_cu must be None or a positive int, got {bad!r}"):
+            grouped_gemm_fp8(a, b, gl, num_cu=bad)
 
 
 @pytest.mark.parametrize("trans_b", [True, False], ids=["NT", "NN"])
