@@ -211,8 +211,9 @@ class QuantizedTensor(torch.Tensor):
         rounds stochastically). As there, ``use_2d_block`` does not apply: the groups are 1 x 32,
         as :func:`turbo.ops.gemm_fp4` quantizes weights, so ``quantize(...).dequantize()`` is the
         QDQ of this library's MXFP4 forward. ``use_rht`` raises ``NotImplementedError``
-        (``dequantize()`` could not undo the transform). The result is for ``dequantize()`` and
-        storage: the GEMM ops take FP8 ``QuantizedTensor`` inputs only. ``shuffle_scale`` /
+        (``dequantize()`` could not undo the transform). :func:`turbo.ops.gemm_fp4` takes the result
+        as an operand (``axis=-1`` / ``0``: the copy grouped along that dim; RNE only, bit-identical
+        to its on-the-fly quantization), the FP8 GEMMs refuse it by name. ``shuffle_scale`` /
         ``shuffle_out`` (AMD preshuffled layouts) raise ``ValueError``.
 
         ``group_lens`` (``[G]`` int32 / int64 on ``x``'s device) makes a grouped tensor of a 2-D ``[M, K]``

@@ -4,7 +4,7 @@ from .activation import geglu_with_probs, swiglu, swiglu_with_probs
 from .attention import flash_attn_func, flash_attn_varlen_func
 from .attention_fp8 import flash_attn_fp8_func
 from .gemm import gemm
-from .gemm_fp4 import gemm_fp4
+from .gemm_fp4 import gemm_fp4, mxfp4_weight_pair
 from .gemm_fp8 import gemm_fp8
 from .grouped_gemm import grouped_gemm
 from .grouped_gemm_fp4 import grouped_gemm_fp4
@@ -29,6 +29,7 @@ __all__ = [
     "flash_attn_fp8_func",
     "gemm",
     "gemm_fp4",
+    "mxfp4_weight_pair",
     "gemm_fp8",
     "grouped_gemm",
     "grouped_gemm_fp4",

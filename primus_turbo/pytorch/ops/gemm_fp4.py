@@ -36,8 +36,24 @@ Training-recipe options of :class:`Float4QuantConfig` (docs/low_precision.md, "M
   are unchanged. A's grad_weight copy is then formed from the transformed tensor (a second read
   of ``a``), and ``dC``'s two copies by two reads.
 
-Operands are high-precision tensors, quantized here: ``QuantizedTensor`` operands are taken by the
-FP8 GEMMs only (an MXFP4 ``QuantizedTensor`` is for storage and ``dequantize()``).
+Pre-quantized operands (quantize a weight once per step, reuse it across micro-batches, as the
+FP8 GEMMs allow): ``b`` may be an MXFP4 ``QuantizedTensor`` (``QuantizedTensor.quantize(w,
+torch.float4_e2m1fn_x2, MX_BLOCKWISE, axis=...)``) or a ``QuantizedTensorPair(data, data_t)``
+whose ``data_t`` is the MXFP4 ``QuantizedTensor`` of ``w.T`` (:func:`mxfp4_weight_pair` builds both
+copies from one read); ``a`` may be an MXFP4 ``QuantizedTensor``. The op reads the copy each GEMM
+needs from them: a ``QuantizedTensor`` quantized along its last dim is the row-wise copy, one along
+dim 0 is the column-wise copy (its bytes transposed here), and a pair's ``data_t`` supplies the
+other one. The forward reads ``b``'s copy grouped along K (``axis=-1`` with ``trans_b``, ``axis=0``
+without), grad_input the copy grouped along N: without ``data_t`` a ``b`` that the grad_input needs
+raises ``ValueError`` naming the missing copy (as does a pre-quantized ``a`` whose grad_weight copy is
+needed). Since this library quantizes weights 1 x 32 with round-to-nearest-even and each copy is
+exactly :func:`turbo.ops.quantize_fp4`'s, the results are bit-identical to passing the
+high-precision tensor. Operands quantized otherwise are refused by name: FP8 data
+(``TypeError``), a granularity other than MX_BLOCKWISE, a block other than 32, stochastic rounding
+or the Hadamard transform in their ``scaling_recipe``, and ``use_rht`` with a pre-quantized ``a``
+whose grad_weight copy would have to be transformed (``ValueError``). A pre-quantized operand that
+``requires_grad`` gets its gradient (in its logical dtype; a pair's ``data``, whose ``main_grad``
+the fused accumulation reads), which a framework routes to the parameter, as with ``gemm_fp8``.
 
 Each GEMM is a ``torch.library`` custom op (``primus_turbo::gemm_fp4_impl``,
 ``primus_turbo::gemm_fp4_accum_impl``) with a fake, called through ``torch.ops`` when traced so
@@ -52,12 +68,12 @@ import torch
 
 from ..backends.gemm_fp4 import gemm_fp4_dispatcher
 from ..core.backend import PrecisionType
-from ..core.low_precision import Float4QuantConfig, ScalingRecipe
-from ..core.quantized_tensor import QuantizedTensor
+from ..core.low_precision import MXFP4_BLOCK_SIZE, Float4QuantConfig, ScalingGranularity, ScalingRecipe
+from ..core.quantized_tensor import QuantizedTensor, QuantizedTensorPair, _packed_fp4
 from .gemm import _FUSE_PATTERNS, _megatron_dummy_wgrad, check_main_grad
 from .gemm_fp8 import _empty_result
 
-__all__ = ["gemm_fp4"]
+__all__ = ["gemm_fp4", "mxfp4_weight_pair"]
 
 _HP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _BLOCK = 32
@@ -149,6 +165,179 @@ def _quantize(x: torch.Tensor, need_row: bool, need_col: bool, sr: bool = False)
     return None, None
 
 
+# ----------------------------------------------------------------------------------------------
+# Pre-quantized (MXFP4 QuantizedTensor) operands
+# ----------------------------------------------------------------------------------------------
+def _is_prequantized(x) -> bool:
+    return isinstance(x, (QuantizedTensor, QuantizedTensorPair))
+
+
+def _grad_operand(x):
+    """The tensor autograd tracks for operand ``x``: a pair's ``data`` (its ``data_t`` gets no gradient)."""
+    return x.data if isinstance(x, QuantizedTensorPair) else x
+
+
+def _requires_grad(x) -> bool:
+    return bool(_grad_operand(x).requires_grad)
+
+
+def _check_mxfp4_qt(qt, what: str, op: str, nd: int) -> None:
+    """Raise unless ``qt`` is an ``nd``-D MXFP4 ``QuantizedTensor`` quantized as this library's MXFP4
+    GEMMs quantize operands (1 x 32 E8M0 groups along one of its last two dims, round-to-nearest-even,
+    no transform), so that reading its codes gives the on-the-fly result bit for bit."""
+    if not isinstance(qt, QuantizedTensor):
+        raise TypeError(f"{op}: {what} must be a QuantizedTensor, got {type(qt).__name__}")
+    dt = qt.data.dtype
+    if dt in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise TypeError(f"{op}: {what} holds FP8 data ({dt}); FP8-only QuantizedTensors go to the FP8 GEMMs "
+                        f"(gemm_fp8 / grouped_gemm_fp8): {op} takes MXFP4 ones (QuantizedTensor.quantize(x, "
+                        f"torch.float4_e2m1fn_x2, ScalingGranularity.MX_BLOCKWISE))")
+    if not _packed_fp4(dt):
+        raise TypeError(f"{op}: {what} must hold packed MXFP4 data (float4_e2m1fn_x2 or uint8), got {dt}")
+    if qt.granularity != ScalingGranularity.MX_BLOCKWISE:
+        raise ValueError(f"{op}: {what} was quantized {qt.granularity.name}; MXFP4 operands are MX_BLOCKWISE")
+    if qt.block_size != MXFP4_BLOCK_SIZE:
+        raise ValueError(f"{op}: {what} was quantized with block_size={qt.block_size}; {op} groups operands "
+                         f"1 x {MXFP4_BLOCK_SIZE}")
+    if qt.scale_inv.dtype != torch.float8_e8m0fnu:
+        raise ValueError(f"{op}: {what}.scale_inv must be float8_e8m0fnu (MX scales), got {qt.scale_inv.dtype}")
+    recipe = qt.scaling_recipe
+    # the op quantizes operands with round-to-nearest-even and no transform: an operand quantized
+    # otherwise would silently give a result that quantizing the high-precision tensor never gives
+    if recipe is not None and recipe.use_sr:
+        raise ValueError(f"{op}: {what} was quantized with stochastic rounding (scaling_recipe.use_sr=True); "
+                         f"{op} quantizes operands with round-to-nearest-even: quantize it without use_sr")
+    if recipe is not None and recipe.use_rht:
+        raise ValueError(f"{op}: {what} was quantized after a Hadamard transform (scaling_recipe.use_rht=True); "
+                         f"{op} takes untransformed operands (its use_rht option transforms in the backward)")
+    if qt.group_lens is not None:
+        raise ValueError(f"{op}: {what} is a grouped tensor (group_lens); MXFP4 operands cannot be grouped")
+    if qt.data.dim() != nd or qt.dim() != nd:
+        raise ValueError(f"{op}: {what} must be {nd}-D, got data of shape {tuple(qt.data.shape)}")
+    ax = qt.quantized_axis
+    if ax < nd - 2:
+        raise ValueError(f"{op}: {what} is quantized along dim {ax}; the groups must run along one of the last "
+                         f"two dims ({nd - 2} or {nd - 1}) of each matrix")
+    shape = list(qt.shape)
+    packed = list(shape)
+    packed[ax] //= 2
+    scales = list(shape)
+    scales[ax] //= MXFP4_BLOCK_SIZE
+    if shape[ax] % MXFP4_BLOCK_SIZE or list(qt.data.shape) != packed or list(qt.scale_inv.shape) != scales:
+        raise ValueError(f"{op}: {what} of shape {tuple(shape)} quantized along dim {ax} must hold data {packed} "
+                         f"and scale_inv {scales} (dim {ax} a multiple of 32), got data {list(qt.data.shape)}, "
+                         f"scale_inv {list(qt.scale_inv.shape)}")
+
+
+def _check_prequantized(x, name: str, op: str, nd: int) -> None:
+    """Check a pre-quantized operand: a ``QuantizedTensor``, or (``b`` only) a ``QuantizedTensorPair``
+    whose ``data_t`` stands for the transpose of each matrix of ``data``."""
+    if isinstance(x, QuantizedTensorPair):
+        if name != "b":
+            raise TypeError(f"{op}: a pre-quantized {name} must be a QuantizedTensor (a QuantizedTensorPair is for b)")
+        _check_mxfp4_qt(x.data, f"{name}.data", op, nd)
+        if x.data_t is not None:
+            _check_mxfp4_qt(x.data_t, f"{name}.data_t", op, nd)
+            want = (*x.data.shape[:-2], x.data.shape[-1], x.data.shape[-2])
+            if tuple(x.data_t.shape) != want:
+                raise ValueError(f"{op}: {name}.data_t must stand for the transpose of {name}.data "
+                                 f"{tuple(x.data.shape)}, i.e. have shape {want}, got {tuple(x.data_t.shape)}")
+            if x.data_t.device != x.data.device:
+                raise ValueError(f"{op}: {name}.data is on {x.data.device}, {name}.data_t on {x.data_t.device}")
+        return
+    _check_mxfp4_qt(x, name, op, nd)
+
+
+def _fp4_view(t: torch.Tensor) -> torch.Tensor:
+    from .quantization import _FP4_PACKED  # a sibling module: imported late
+
+    return t if t.dtype == _FP4_PACKED else t.view(_FP4_PACKED)  # uint8 storage: the same bytes
+
+
+def _qt_copies(qt: QuantizedTensor):
+    """(copy grouped along the last dim, copy grouped along the second-last dim stored transposed),
+    one of them None, of an MXFP4 ``QuantizedTensor`` ``[..., r, c]``, as :func:`_quantize` returns
+    them: ``[..., r, c/2]`` + ``[..., r, c/32]``, or ``[..., c, r/2]`` + ``[..., c, r/32]``."""
+    q, s = _fp4_view(qt.data), qt.scale_inv
+    if qt.quantized_axis == qt.data.dim() - 1:
+        return (q, s), None
+    from .quantization import _transpose_bytes as transpose  # batched for [G, r, c] too
+
+    return None, (transpose(q), transpose(s))
+
+
+def _prequantized_copies(x, name: str, op: str, need_row: bool, need_col: bool):
+    """(row-wise copy, column-wise copy) of a pre-quantized operand ``[..., r, c]`` (as
+    :func:`_quantize` returns them) from a ``QuantizedTensor`` or a ``QuantizedTensorPair``: a
+    pair's ``data_t`` stands for the transpose, so its row-wise copy is the column-wise one of
+    ``data`` and the reverse."""
+    pair_t = None
+    if isinstance(x, QuantizedTensorPair):
+        x, pair_t = x.data, x.data_t
+    row, col = _qt_copies(x)
+    if pair_t is not None:
+        t_row, t_col = _qt_copies(pair_t)
+        row = t_col if row is None else row
+        col = t_row if col is None else col
+    for needed, have, what, axis in ((need_row, row, "grouped along its last dim", -1),
+                                     (need_col, col, "grouped along its second-last dim", -2)):
+        if needed and have is None:
+            raise ValueError(
+                f"{op}: pre-quantized {name} {list(x.shape)} (quantized along dim {x.quantized_axis}) has no copy "
+                f"{what} (axis={axis}), which this layout / gradient needs; pass b as a QuantizedTensorPair with "
+                f"data_t (mxfp4_weight_pair(w)), a QuantizedTensor quantized along that dim, or the "
+                f"high-precision tensor")
+    return row, col
+
+
+def _copies(x, name, need_row, need_col):
+    if _is_prequantized(x):
+        return _prequantized_copies(x, name, "gemm_fp4", need_row, need_col)
+    return _quantize(x, need_row, need_col)
+
+
+def mxfp4_weight_pair(weight: torch.Tensor, need_weight_transpose_cache: bool = True) -> QuantizedTensorPair:
+    """Quantize a weight once for :func:`gemm_fp4` (``[r, c]``) or :func:`grouped_gemm_fp4`
+    (``[G, r, c]`` experts), exactly as the ops quantize it on the fly (1 x 32, round-to-nearest-even).
+
+    ``data`` is grouped along the last dim (the forward's copy for ``trans_b=True``); with
+    ``need_weight_transpose_cache`` (default) ``data_t`` stands for the transpose (each expert's)
+    grouped along its last dim, i.e. ``weight`` grouped along its second-last dim (the grad_input
+    copy for ``trans_b=True``, the forward copy otherwise). Both come from one read of ``weight``.
+    The copies ``requires_grad`` as ``weight`` does (new leaves): the GEMM gives ``data`` the
+    weight gradient, for a framework to route to the parameter; ``data_t`` gets none."""
+    from . import quantization as q
+
+    op = "mxfp4_weight_pair"
+    if isinstance(weight, QuantizedTensor) or not isinstance(weight, torch.Tensor) or weight.dim() not in (2, 3):
+        raise ValueError(f"{op}: weight must be a 2-D [r, c] or 3-D [G, r, c] high-precision tensor, got "
+                         f"{type(weight).__name__} of shape {tuple(getattr(weight, 'shape', ()))}")
+    G = 1 if weight.dim() == 2 else weight.size(0)
+    r, c = weight.shape[-2:]
+    for dim, name, needed in ((c, "last", True), (r, "second-last", need_weight_transpose_cache)):
+        if needed and dim % MXFP4_BLOCK_SIZE:
+            raise ValueError(f"{op}: the {name} dim of weight {tuple(weight.shape)} must be a multiple of 32, "
+                             f"got {dim}")
+    lead = tuple(weight.shape[:-2])
+    with torch.no_grad():
+        w2 = weight.contiguous().reshape(G * r, c)  # experts stacked: a 32-row group never straddles two
+        if need_weight_transpose_cache:
+            p, s, pt, st = q.quantize_fp4_with_trans(w2)  # [G r, c/2], [G r, c/32], [c, G r/2], [c, G r/32]
+            if G > 1:  # each expert's transposed copy: [G, c, r/2] from the stacked one
+                pt = pt.view(c, G, r // 2).transpose(0, 1).contiguous()
+                st = st.view(c, G, r // MXFP4_BLOCK_SIZE).transpose(0, 1).contiguous()
+        else:
+            p, s = q.quantize_fp4(w2)
+    mk = lambda d, sc, shape: QuantizedTensor(  # noqa: E731
+        d, sc, ScalingGranularity.MX_BLOCKWISE, block_size=MXFP4_BLOCK_SIZE, axis=-1, orig_dtype=weight.dtype,
+        shape=shape, requires_grad=weight.requires_grad)
+    data = mk(p.view(*lead, r, c // 2), s.view(*lead, r, c // MXFP4_BLOCK_SIZE), tuple(weight.shape))
+    if not need_weight_transpose_cache:
+        return QuantizedTensorPair(data, None)
+    return QuantizedTensorPair(data, mk(pt.view(*lead, c, r // 2), st.view(*lead, c, r // MXFP4_BLOCK_SIZE),
+                                        (*lead, c, r)))
+
+
 def _quantize_rht(x: torch.Tensor, along_rows: bool, signs: torch.Tensor, sr: bool = False):
     """The grad_weight copy of ``x`` after the random Hadamard transform along the reduction dim M:
     ``x [M, c]`` (``along_rows``: transformed and grouped along its rows, stored ``[c, M/2]``) or
@@ -169,11 +358,11 @@ def _forward(a, b, trans_a, trans_b, out_dtype, need_ga, need_gb, rht_signs=None
     wgrad_copy = need_gb and not rht  # A's grad_weight copy comes from the one-read quantization
     # a [r, c]: the forward reads op(A) [M, K] grouped along K (row copy, or the column copy when
     # trans_a); grad_weight reads op(A).T [K, M] grouped along M (the other copy).
-    a_row, a_col = _quantize(a, need_row=not trans_a or (wgrad_copy and trans_a),
-                             need_col=trans_a or (wgrad_copy and not trans_a))
+    a_row, a_col = _copies(a, "a", need_row=not trans_a or (wgrad_copy and trans_a),
+                           need_col=trans_a or (wgrad_copy and not trans_a))
     # b: the forward reads op(B).T [N, K] grouped along K; grad_input reads op(B) [K, N] along N.
-    b_row, b_col = _quantize(b, need_row=trans_b or (need_ga and not trans_b),
-                             need_col=not trans_b or (need_ga and trans_b))
+    b_row, b_col = _copies(b, "b", need_row=trans_b or (need_ga and not trans_b),
+                           need_col=not trans_b or (need_ga and trans_b))
     A = a_col if trans_a else a_row
     B = b_row if trans_b else b_col
     out = _mm(A, B, out_dtype)
@@ -186,10 +375,14 @@ def _forward(a, b, trans_a, trans_b, out_dtype, need_ga, need_gb, rht_signs=None
 
 
 class GemmFP4Function(torch.autograd.Function):
-    """The three MXFP4 GEMMs of ``C = op(A) @ op(B)``; see the module docstring for the copies used."""
+    """The three MXFP4 GEMMs of ``C = op(A) @ op(B)``; see the module docstring for the copies used.
+
+    ``a`` / ``b`` are tensors or MXFP4 ``QuantizedTensor`` s (a pre-quantized operand gets its
+    gradient, in its logical dtype, like a high-precision one); ``b_t`` is a ``QuantizedTensorPair``'s
+    transposed copy, passed on its own so that autograd sees the pair's ``data`` as ``b``."""
 
     @staticmethod
-    def forward(ctx, a, b, trans_a, trans_b, out_dtype, fuse_accum, gradient_sr=False, use_rht=False):
+    def forward(ctx, a, b, b_t, trans_a, trans_b, out_dtype, fuse_accum, gradient_sr=False, use_rht=False):
         need_ga, need_gb = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.trans_a, ctx.trans_b, ctx.fuse_accum = trans_a, trans_b, fuse_accum
         ctx.a_dtype, ctx.b_dtype = a.dtype, b.dtype
@@ -199,7 +392,8 @@ class GemmFP4Function(torch.autograd.Function):
             from .quantization import random_hadamard_signs
 
             signs = random_hadamard_signs(_BLOCK, device=a.device)  # drawn on the device, no sync
-        out, b_for_dgrad, a_for_wgrad = _forward(a, b, trans_a, trans_b, out_dtype, need_ga, need_gb, signs)
+        b_op = QuantizedTensorPair(b, b_t) if b_t is not None else b
+        out, b_for_dgrad, a_for_wgrad = _forward(a, b_op, trans_a, trans_b, out_dtype, need_ga, need_gb, signs)
         # only the packed copies (and their scales) are kept for backward; b itself only for main_grad
         ctx.save_for_backward(*b_for_dgrad, *a_for_wgrad, b if (fuse_accum and need_gb) else None, signs)
         if fuse_accum and need_gb:
@@ -232,7 +426,7 @@ class GemmFP4Function(torch.autograd.Function):
                 grad_b = _megatron_dummy_wgrad(b)
             else:
                 grad_b = _mm(P, Q, ctx.b_dtype)
-        return grad_a, grad_b, None, None, None, None, None, None
+        return grad_a, grad_b, None, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -241,15 +435,23 @@ class GemmFP4Function(torch.autograd.Function):
 def _check_inputs(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pattern):
     if not isinstance(config, Float4QuantConfig):
         raise TypeError(f"gemm_fp4: config must be a Float4QuantConfig or None, got {type(config).__name__}")
+    a_in, b_in = a, b
+    hp = 0
     for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor) or isinstance(t, QuantizedTensor):
-            raise TypeError(f"gemm_fp4: {name} must be a torch.Tensor (bf16/fp16/fp32, quantized on the fly; "
-                            f"QuantizedTensor operands are FP8-only: the FP8 GEMMs take them), got {type(t).__name__}")
+        if _is_prequantized(t):
+            _check_prequantized(t, name, "gemm_fp4", 2)
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"gemm_fp4: {name} must be a torch.Tensor (bf16/fp16/fp32, quantized on the fly) or an "
+                            f"MXFP4 QuantizedTensor, got {type(t).__name__}")
         if t.dim() != 2:
             raise ValueError(f"gemm_fp4: {name} must be 2-D, got {name}.dim()={t.dim()} with shape {tuple(t.shape)}")
         if t.dtype not in _HP_DTYPES:
             raise TypeError(f"gemm_fp4: {name}.dtype must be float32, float16 or bfloat16, got {t.dtype}")
-    if a.dtype != b.dtype:
+        hp += 1
+    # from here a QuantizedTensor (a pair's data) stands for its operand: logical shape and dtype
+    a, b = _grad_operand(a), _grad_operand(b)
+    if hp == 2 and a.dtype != b.dtype:
         raise TypeError(f"gemm_fp4: a and b must have the same dtype, got a={a.dtype}, b={b.dtype}")
     if a.device != b.device:
         raise ValueError(f"gemm_fp4: a and b must be on the same device, got a on {a.device}, b on {b.device}")
@@ -271,7 +473,11 @@ def _check_inputs(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pa
         if nonempty and needed and dim % _BLOCK:
             raise ValueError(f"gemm_fp4: MXFP4 needs {name} to be a multiple of 32, got {name}={dim} "
                              f"(m, n, k = {m}, {n}, {k})")
+    if (nonempty and grads and config.use_rht and _is_prequantized(a_in) and b.requires_grad):
+        raise ValueError("gemm_fp4: config.use_rht transforms op(A) before quantizing its grad_weight copy, which a "
+                         "pre-quantized a cannot give; pass the high-precision a or use_rht=False")
     if fuse_bgrad_accum_pattern == "megatron" and b.requires_grad and grads:
+        # a pre-quantized b carries main_grad itself (a pair's data), as a framework's bridge sets it
         check_main_grad("gemm_fp4", b, torch.bfloat16, "bfloat16")
     return m, n, k
 
@@ -301,6 +507,13 @@ def gemm_fp4(
             ``b.main_grad`` (fp32 or bf16) in the GEMM epilogue, ``b.grad_added_to_main_grad`` is
             set and ``b``'s returned gradient is a placeholder (as :func:`turbo.ops.gemm`).
 
+    Pre-quantized operands: ``b`` may be an MXFP4 ``QuantizedTensor`` or ``QuantizedTensorPair``
+    (:func:`mxfp4_weight_pair`), ``a`` an MXFP4 ``QuantizedTensor``, quantized as the op would
+    (1 x 32, RNE, no transform; else ``ValueError`` / ``TypeError`` naming the mismatch): the results are
+    bit-identical to passing the high-precision tensors, and one that requires grad gets its
+    gradient (module docstring), as long as the copies that gradient needs are at hand (else
+    ``ValueError`` at the forward).
+
     Returns:
         ``C`` of shape ``[M, N]``, dtype ``out_dtype``.
 
@@ -314,8 +527,10 @@ def gemm_fp4(
         out_dtype = a.dtype
     fuse = fuse_bgrad_accum_pattern == "megatron"
     if m == 0 or n == 0 or k == 0:
-        return _empty_result(a, b, trans_a, trans_b, out_dtype, fuse)
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        return GemmFP4Function.apply(a, b, bool(trans_a), bool(trans_b), out_dtype, fuse,
+        # a QuantizedTensor's .to() dequantizes, so its (zero) gradient still reaches it
+        return _empty_result(a, _grad_operand(b), trans_a, trans_b, out_dtype, fuse)
+    if torch.is_grad_enabled() and (_requires_grad(a) or _requires_grad(b)):
+        b_t = b.data_t if isinstance(b, QuantizedTensorPair) else None
+        return GemmFP4Function.apply(a, _grad_operand(b), b_t, bool(trans_a), bool(trans_b), out_dtype, fuse,
                                      bool(config.use_gradient_sr), bool(config.use_rht))
     return _forward(a, b, bool(trans_a), bool(trans_b), out_dtype, False, False)[0]

@@ -296,7 +296,7 @@ def _check_prequantized_fp8(t, name: str, op: str) -> None:
     dtype = getattr(_data_of(t), "dtype", None)
     if dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
         raise TypeError(f"{op}: a pre-quantized {name} must hold FP8 data (float8_e4m3fn / float8_e5m2), got {dtype}; "
-                        "MXFP4 QuantizedTensors are for dequantize(): the MXFP4 GEMMs quantize on the fly")
+                        "MXFP4 QuantizedTensors go to the MXFP4 GEMMs (gemm_fp4, grouped_gemm_fp4)")
 
 
 def _check_inputs(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pattern):

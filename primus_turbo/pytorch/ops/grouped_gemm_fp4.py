@@ -27,6 +27,20 @@ Training-recipe options of :class:`Float4QuantConfig`, as in :func:`turbo.ops.ge
   preserved: ``(R^T X_g)^T (R^T dY_g) = X_g^T dY_g`` for the orthogonal block-diagonal ``R``; the
   padding rows are zeros inside their block. Forward and grad_input are unchanged.
 
+Pre-quantized weights (quantized once per step, reused across micro-batches, as
+``grouped_gemm_fp8`` allows): ``b`` may be a 3-D MXFP4 ``QuantizedTensor`` or a
+``QuantizedTensorPair`` (``turbo.ops.gemm_fp4``'s ``mxfp4_weight_pair(w)``: ``data`` each expert
+grouped along its last dim, ``data_t`` each expert's transpose grouped along its last dim). One
+grouped along the last dim is the forward copy with ``trans_b=True`` (the grad_input copy without),
+one grouped along dim 1 the other; a pair supplies both. A copy that the forward or grad_input
+needs and ``b`` lacks raises ``ValueError`` naming it. The copies are exactly the on-the-fly ones
+(1 x 32 per expert, round-to-nearest-even), so the results are bit-identical; operands quantized
+otherwise (FP8 data: ``TypeError``; another granularity or block, stochastic rounding, the Hadamard
+transform: ``ValueError``) are refused by name. A ``b`` that ``requires_grad`` gets the weight
+gradient (a pair's ``data``; ``main_grad`` read off it), which a framework routes to the parameter.
+``a`` stays high precision: its grad_weight copy is quantized along the tokens in the padded
+layout, which no pre-quantized tensor holds.
+
 Weights use 1 x 32 blocks like the activations (as ``gemm_fp4``; not Primus-Turbo's 32 x 32 weight
 blocks), so K must be a multiple of 32, and N too when grad_input is needed (``ValueError`` naming
 the dim). Hopper has no FP4 tensor cores: the TRITON backend decodes E2M1 in-kernel onto bf16
@@ -44,8 +58,9 @@ from ..backends.grouped_gemm_fp4 import grouped_gemm_fp4_dispatcher, grouped_gem
 from ..backends.grouped_gemm_fp8 import padded_group_layout
 from ..core.backend import PrecisionType
 from ..core.low_precision import Float4QuantConfig, ScalingRecipe
-from ..core.quantized_tensor import QuantizedTensor
+from ..core.quantized_tensor import QuantizedTensor, QuantizedTensorPair
 from .gemm import _megatron_dummy_wgrad
+from .gemm_fp4 import _check_prequantized, _grad_operand, _is_prequantized, _prequantized_copies, _requires_grad
 from .grouped_gemm import _group_offsets
 from .grouped_gemm_fp8 import _NoGradCtx, _check_inputs as _check_fp8_inputs, _mx_token_copy, _mx_weight_copies
 
@@ -75,16 +90,32 @@ def _vk(X, Y, group_lens, group_offs, out_dtype, num_cu, out=None):
         group_offs=group_offs, out=out, accumulate=out is not None, out_dtype=out_dtype, num_cu=num_cu)
 
 
+def _weight_copies(b, trans_b: bool, need_dgrad: bool):
+    """(forward copy [G, N, K/2] + [G, N, K/32], dgrad copy [G, K, N/2] + [G, K, N/32] or None) of the
+    expert weights: quantized here, or read from a pre-quantized ``b`` (``[G, R, C]``: its copy
+    grouped along C is the "row" one, along R the "column" one, stored ``[G, C, R/2]``)."""
+    if _is_prequantized(b):
+        # trans_b: b is [G, N, K] (forward along C = K, dgrad along R = N); else [G, K, N]
+        along_c, along_r = _prequantized_copies(b, "b", "grouped_gemm_fp4", need_row=trans_b or need_dgrad,
+                                                need_col=not trans_b or need_dgrad)
+        return (along_c, along_r) if trans_b else (along_r, along_c)
+    return _mx_weight_copies(b, trans_b, _quant_fp4, 2, True, need_dgrad)
+
+
 class GroupedGemmFP4Function(torch.autograd.Function):
+    """``b`` is a tensor or an MXFP4 ``QuantizedTensor`` (which gets its gradient like a
+    high-precision one); ``b_t`` is a ``QuantizedTensorPair``'s transposed copy, passed on its own
+    so that autograd sees the pair's ``data`` as ``b``."""
+
     @staticmethod
-    def forward(ctx, a, b, group_lens, group_offs, trans_b, out_dtype, num_cu, fuse_accum, gradient_sr=False,
+    def forward(ctx, a, b, b_t, group_lens, group_offs, trans_b, out_dtype, num_cu, fuse_accum, gradient_sr=False,
                 use_rht=False):
         need_ga, need_gb = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.trans_b, ctx.num_cu, ctx.fuse_accum = trans_b, num_cu, fuse_accum
         ctx.gradient_sr = gradient_sr
         ctx.a_dtype, ctx.b_dtype = a.dtype, b.dtype
         a_row = _quant_fp4(a, -1)  # [M, K/2] + [M, K/32]
-        w_fwd, w_dgrad = _mx_weight_copies(b, trans_b, _quant_fp4, 2, True, need_ga)
+        w_fwd, w_dgrad = _weight_copies(QuantizedTensorPair(b, b_t) if b_t is not None else b, trans_b, need_ga)
         out = _mm(a_row, w_fwd, group_lens, group_offs, out_dtype, num_cu)
         saved_w = w_dgrad if need_ga else (None, None)
         src = poffs = signs = None
@@ -122,18 +153,30 @@ class GroupedGemmFP4Function(torch.autograd.Function):
                 grad_b = _megatron_dummy_wgrad(b)
             else:
                 grad_b = _vk(X, Y, group_lens, poffs, ctx.b_dtype, ctx.num_cu)
-        return grad_a, grad_b, None, None, None, None, None, None, None, None
+        return grad_a, grad_b, None, None, None, None, None, None, None, None, None
 
 
 def _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern):
     op = "grouped_gemm_fp4"
     if not isinstance(config, Float4QuantConfig):
         raise TypeError(f"{op}: config must be a Float4QuantConfig or None, got {type(config).__name__}")
-    for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor) or isinstance(t, QuantizedTensor):  # FP8 ones would pass below
-            raise TypeError(f"{op}: {name} must be a torch.Tensor (bf16/fp16/fp32, quantized on the fly; "
-                            f"QuantizedTensor operands are FP8-only: grouped_gemm_fp8 takes them), got "
-                            f"{type(t).__name__}")
+    if isinstance(a, (QuantizedTensor, QuantizedTensorPair)) or not isinstance(a, torch.Tensor):
+        # a's grad_weight copy is quantized along the tokens of the padded layout: no pre-quantized form
+        raise TypeError(f"{op}: a must be a torch.Tensor (bf16/fp16/fp32, quantized on the fly; pre-quantized "
+                        f"operands are for b only), got {type(a).__name__}")
+    if _is_prequantized(b):
+        _check_prequantized(b, "b", op, 3)
+        # the shared checks below read shape, dtype, device, requires_grad and main_grad: a zero-byte
+        # stand-in with the QuantizedTensor's (a pair's data's) logical ones
+        q = _grad_operand(b)
+        b = torch.empty((), dtype=q.dtype, device=q.device).expand(q.shape)
+        if q.requires_grad:
+            b.requires_grad_()
+        if hasattr(q, "main_grad"):
+            b.main_grad = q.main_grad
+    elif not isinstance(b, torch.Tensor):
+        raise TypeError(f"{op}: b must be a torch.Tensor (bf16/fp16/fp32, quantized on the fly) or an MXFP4 "
+                        f"QuantizedTensor / QuantizedTensorPair, got {type(b).__name__}")
     # the shared checks (types, devices, shapes, offsets, num_cu, main_grad) and MX's 32-multiples
     from ..core.low_precision import Float8QuantConfig, ScalingGranularity
 
@@ -162,7 +205,8 @@ def grouped_gemm_fp4(
         a: ``[M_total, K]`` tokens sorted by expert (bf16/fp16/fp32, quantized on the fly);
             ``M_total >= sum(group_lens)``, the extra rows' outputs (and gradients) are zero.
         b: ``[G, N, K]`` expert weights with ``trans_b=True`` (the default, ``nn.Linear`` layout),
-            or ``[G, K, N]``; same dtype and device.
+            or ``[G, K, N]``; same dtype and device. Or pre-quantized: a 3-D MXFP4
+            ``QuantizedTensor`` / ``QuantizedTensorPair`` (module docstring), bit-identical results.
         group_lens: ``[G]`` int64 on ``a``'s device (zero allowed, any values: no multiple of 32
             needed); ``group_offs`` its ``[G+1]`` exclusive prefix sum, computed on the device when None.
         out_dtype: dtype of the output (default ``a.dtype``); gradients come back in the inputs' dtypes.
@@ -181,20 +225,24 @@ def grouped_gemm_fp4(
     group_offs = _group_offsets("grouped_gemm_fp4", group_lens, group_offs, a)
     out_dtype = a.dtype if out_dtype is None else out_dtype
     fuse = fuse_bgrad_accum_pattern == "megatron"
+    b_t = b.data_t if isinstance(b, QuantizedTensorPair) else None
+    b = _grad_operand(b)  # a pair's data carries the gradient
     M, K = a.shape
     G = b.size(0)
     N = b.size(1) if trans_b else b.size(2)
-    grads = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+    grads = torch.is_grad_enabled() and (a.requires_grad or _requires_grad(b))
     if M == 0 or N == 0 or K == 0 or G == 0:
         out = a.new_zeros((M, N), dtype=out_dtype)
         if grads:
             if fuse and b.requires_grad:
                 b.grad_added_to_main_grad = True
-            out = out + (a.reshape(-1)[:0].sum() + b.reshape(-1)[:0].sum()).to(out_dtype)
+            # a QuantizedTensor's .to() to another dtype dequantizes, so its (zero) gradient still reaches it
+            bz = b.to(torch.float64) if isinstance(b, QuantizedTensor) else b
+            out = out + (a.reshape(-1)[:0].sum() + bz.reshape(-1)[:0].sum()).to(out_dtype)
         return out
     args = (group_lens, group_offs, bool(trans_b), out_dtype, num_cu, fuse)
     if grads:
-        return GroupedGemmFP4Function.apply(a, b, *args, bool(config.use_gradient_sr), bool(config.use_rht))
+        return GroupedGemmFP4Function.apply(a, b, b_t, *args, bool(config.use_gradient_sr), bool(config.use_rht))
     with torch.no_grad():
-        return GroupedGemmFP4Function.forward(_NoGradCtx(), a, b, *args)
+        return GroupedGemmFP4Function.forward(_NoGradCtx(), a, b, b_t, *args)
 

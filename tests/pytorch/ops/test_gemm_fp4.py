@@ -237,7 +237,7 @@ def test_bad_main_grad_and_quantized_tensor(device):
     b.main_grad = torch.zeros(64, 32, device=device, dtype=torch.float16)
     with pytest.raises(TypeError, match="main_grad must be float32 or bfloat16"):
         gemm_fp4(a, b, fuse_bgrad_accum_pattern="megatron")
-    with pytest.raises(TypeError, match="FP8-only"):
+    with pytest.raises(TypeError, match="a must be a torch.Tensor .* or an MXFP4 QuantizedTensor, got object"):
         gemm_fp4(object(), b)
 
 
@@ -343,3 +343,153 @@ def test_gpu_large(layout):
     ref, ga, gb = _reference(a, b, ta, tb, grad)
     for r, x in ((ref, out), (ga, a.grad), (gb, b.grad)):
         assert snr_db(r.cpu(), x.double().cpu()) >= MIN_SNR
+
+
+# ---- pre-quantized (MXFP4 QuantizedTensor) operands --------------------------------------------
+from primus_turbo.pytorch.core.low_precision import ScalingGranularity, ScalingRecipe  # noqa: E402
+from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor, QuantizedTensorPair  # noqa: E402
+from primus_turbo.pytorch.ops.gemm_fp4 import mxfp4_weight_pair  # noqa: E402
+
+MX = ScalingGranularity.MX_BLOCKWISE
+FP4 = getattr(torch, "float4_e2m1fn_x2", torch.uint8)
+
+
+def _qt(x, axis):
+    """x's MXFP4 QuantizedTensor grouped along ``axis`` (-1 or 0), a new leaf requiring grad as x does."""
+    return QuantizedTensor.quantize(x.detach().requires_grad_(x.requires_grad), FP4, MX, axis=axis)
+
+
+def _run(a, b, ta, tb, dy, **kw):
+    out = gemm_fp4(a, b, trans_a=ta, trans_b=tb, **kw)
+    out.backward(dy)
+    return out
+
+
+def _fresh(layout, seed, a_grad=True, b_grad=True):
+    # seeded per case, so a wrong copy (other axis, other operand) cannot match by chance
+    a, b, ta, tb = _make(64, 96, 128, layout, seed=seed)
+    return a.detach().requires_grad_(a_grad), b.detach().requires_grad_(b_grad), ta, tb
+
+
+@pytest.mark.parametrize("layout", ["NT", "NN", "TN", "TT"])
+def test_quantized_weight_pair_matches_on_the_fly(layout, device):
+    # a weight quantized once (both copies, one read) gives out, dA and dB bit-identical to the op
+    # quantizing the high-precision weight; dB lands on the pair's data, in the weight's dtype
+    a, b, ta, tb = _fresh(layout, seed=100 + len(layout) * ord(layout[0]) + ord(layout[1]))
+    a, b = a.to(device), b.detach().to(device).requires_grad_()
+    dy = torch.randn(64, 96, device=device).bfloat16()
+    ref = _run(a, b, ta, tb, dy)
+    a2 = a.detach().clone().requires_grad_()
+    pair = mxfp4_weight_pair(b)
+    assert pair.data.requires_grad and pair.data_t.shape == b.t().shape
+    out = _run(a2, pair, ta, tb, dy)
+    assert torch.equal(out, ref) and torch.equal(a2.grad, a.grad)
+    assert pair.data.grad.dtype == b.dtype and torch.equal(pair.data.grad, b.grad)
+    assert pair.data_t.grad is None
+    with torch.no_grad():
+        assert torch.equal(gemm_fp4(a2, pair, trans_a=ta, trans_b=tb), ref)
+
+
+@pytest.mark.parametrize("layout", ["NT", "NN", "TN", "TT"])
+def test_quantized_tensor_operands_match_on_the_fly(layout, device):
+    a, b, ta, tb = _fresh(layout, seed=7 + ord(layout[0]) * 3 + ord(layout[1]))
+    a, b = a.to(device), b.to(device)
+    dy = torch.randn(64, 96, device=device).bfloat16()
+    # b alone, quantized along K (the forward's copy): out and dB (grad_weight reads a, not b's copies)
+    a_ng = a.detach()
+    ref = _run(a_ng, b, ta, tb, dy)
+    qb = _qt(b, -1 if tb else 0)
+    out = _run(a_ng, qb, ta, tb, dy)
+    assert torch.equal(out, ref) and qb.grad.dtype == b.dtype and torch.equal(qb.grad, b.grad)
+    # a alone, quantized along K, with b's pair: out and dA (grad_input reads b's other copy)
+    b_ng = b.detach()
+    ref = _run(a, b_ng, ta, tb, dy)
+    qa = _qt(a, 0 if ta else -1)
+    out = _run(qa, mxfp4_weight_pair(b_ng), ta, tb, dy)
+    assert torch.equal(out, ref) and qa.grad.dtype == a.dtype and torch.equal(qa.grad, a.grad)
+    # inference: both pre-quantized (uint8 storage views read as the same bytes)
+    qa8 = QuantizedTensor(qa.data.view(torch.uint8), qa.scale_inv, MX, block_size=32, axis=qa.axis,
+                          orig_dtype=a.dtype)
+    with torch.no_grad():
+        assert torch.equal(gemm_fp4(qa8, _qt(b_ng, -1 if tb else 0), trans_a=ta, trans_b=tb), ref)
+
+
+def test_quantized_weight_megatron_fused_accumulation(device):
+    # main_grad sits on the pair's data (a framework's bridge sets it there), accumulated as for b
+    a, b, ta, tb = _fresh("NT", seed=31, b_grad=False)
+    a, b = a.to(device), b.to(device)
+    start = torch.randn(b.shape, device=device)
+    ref_b = b.detach().clone().requires_grad_()
+    ref_b.main_grad = start.clone()
+    pair = mxfp4_weight_pair(b.detach().requires_grad_())
+    pair.data.main_grad = start.clone()
+    for i in range(2):  # two micro-batches reuse the one quantized weight
+        x = torch.randn(64, 128, device=device).bfloat16().requires_grad_()
+        dy = torch.randn(64, 96, device=device).bfloat16()
+        _run(x, ref_b, ta, tb, dy, fuse_bgrad_accum_pattern="megatron")
+        x2 = x.detach().clone().requires_grad_()
+        _run(x2, pair, ta, tb, dy, fuse_bgrad_accum_pattern="megatron")
+        assert torch.equal(x2.grad, x.grad)
+    assert pair.data.grad_added_to_main_grad is True
+    assert not torch.equal(pair.data.main_grad, start) and torch.equal(pair.data.main_grad, ref_b.main_grad)
+
+
+def _mx_qt(b, **kw):
+    """A QuantizedTensor over b's MXFP4 codes along its last dim with some parameter overridden."""
+    q = QuantizedTensor.quantize(b.detach(), FP4, MX)
+    args = dict(data=q.data, scale_inv=q.scale_inv, granularity=MX, block_size=32, axis=-1, orig_dtype=b.dtype,
+                shape=tuple(b.shape), scaling_recipe=None)
+    args.update(kw)
+    data, scale_inv, g = args.pop("data"), args.pop("scale_inv"), args.pop("granularity")
+    return QuantizedTensor(data, scale_inv, g, **args)
+
+
+def test_quantized_operand_mismatches(device):
+    a = torch.randn(64, 128, device=device).bfloat16()
+    b = torch.randn(96, 128, device=device).bfloat16()  # [N, K]: trans_b
+    # FP8 data: the FP8 GEMMs' operand
+    fp8 = QuantizedTensor.quantize(b, torch.float8_e4m3fn, MX)
+    with pytest.raises(TypeError, match=r"b holds FP8 data \(torch.float8_e4m3fn\).*gemm_fp8"):
+        gemm_fp4(a, fp8, trans_b=True)
+    # the block, granularity and scale dtype the op quantizes with
+    with pytest.raises(ValueError, match="block_size=16; gemm_fp4 groups operands 1 x 32"):
+        gemm_fp4(a, _mx_qt(b, block_size=16), trans_b=True)
+    with pytest.raises(ValueError, match="b was quantized ROWWISE; MXFP4 operands are MX_BLOCKWISE"):
+        gemm_fp4(a, _mx_qt(b, granularity=ScalingGranularity.ROWWISE), trans_b=True)
+    q = QuantizedTensor.quantize(b, FP4, MX)
+    with pytest.raises(ValueError, match=r"b.scale_inv must be float8_e8m0fnu .*torch.float32"):
+        gemm_fp4(a, _mx_qt(b, scale_inv=q.scale_inv.float()), trans_b=True)
+    with pytest.raises(ValueError, match=r"must hold data \[96, 64\] and scale_inv \[96, 4\].*scale_inv \[96, 2\]"):
+        gemm_fp4(a, _mx_qt(b, scale_inv=q.scale_inv[:, :2]), trans_b=True)
+    # recipes the op never uses for an operand
+    sr = QuantizedTensor.quantize(b, FP4, MX, scaling_recipe=ScalingRecipe(use_sr=True))
+    with pytest.raises(ValueError, match=r"b was quantized with stochastic rounding \(scaling_recipe.use_sr=True\)"):
+        gemm_fp4(a, sr, trans_b=True)
+    with pytest.raises(ValueError, match=r"b was quantized after a Hadamard transform \(scaling_recipe.use_rht=True\)"):
+        gemm_fp4(a, _mx_qt(b, scaling_recipe=ScalingRecipe(use_rht=True)), trans_b=True)
+    # the wrong axis: the forward needs b grouped along K
+    with pytest.raises(ValueError, match=r"pre-quantized b \[96, 128\] \(quantized along dim 0\) has no copy grouped "
+                                         r"along its last dim \(axis=-1\)"):
+        gemm_fp4(a, QuantizedTensor.quantize(b, FP4, MX, axis=0), trans_b=True)
+    # grad_input needs b grouped along N: a lone QuantizedTensor lacks it
+    with pytest.raises(ValueError,
+                       match=r"has no copy grouped along its second-last dim \(axis=-2\).*mxfp4_weight_pair"):
+        gemm_fp4(a.clone().requires_grad_(), q, trans_b=True)
+    # grad_weight needs a's other copy, and use_rht a transform of it
+    qa = QuantizedTensor.quantize(a, FP4, MX)
+    with pytest.raises(ValueError, match=r"pre-quantized a \[64, 128\] .* has no copy grouped along its second-last"):
+        gemm_fp4(qa, b.clone().requires_grad_(), trans_b=True)
+    with pytest.raises(ValueError, match="config.use_rht transforms op\\(A\\).*pre-quantized a"):
+        gemm_fp4(qa, b.clone().requires_grad_(), trans_b=True, config=Float4QuantConfig(use_rht=True))
+    # a pair is for b; its data_t must stand for the transpose
+    with pytest.raises(TypeError,
+                       match=r"a pre-quantized a must be a QuantizedTensor \(a QuantizedTensorPair is for b\)"):
+        gemm_fp4(QuantizedTensorPair(qa), b, trans_b=True)
+    with pytest.raises(ValueError, match=r"b.data_t must stand for the transpose of b.data \(96, 128\), i.e. have "
+                                         r"shape \(128, 96\), got \(96, 128\)"):
+        gemm_fp4(a, QuantizedTensorPair(q, q), trans_b=True)
+    with pytest.raises(ValueError, match=r"K mismatch, a\(64, 128\) .* b\(96, 128\) with trans_b=False has K=96"):
+        gemm_fp4(a, q)
+    with pytest.raises(ValueError, match=r"mxfp4_weight_pair: the second-last dim of weight \(40, 64\) must be a "
+                                         r"multiple of 32, got 40"):
+        mxfp4_weight_pair(torch.randn(40, 64))

@@ -323,3 +323,110 @@ def test_padding_rows_stay_zero_under_sr(device):
         d = dequantize_fp4(q, torch.float32, scale_inv=s, axis=0)
         assert not d[5:32].any()
         assert snr_db(x[:5].double(), d[:5]) >= MIN_SNR
+
+
+# ---- pre-quantized (MXFP4 QuantizedTensor) expert weights -------------------------------------
+from primus_turbo.pytorch.core.low_precision import ScalingGranularity, ScalingRecipe  # noqa: E402
+from primus_turbo.pytorch.core.quantized_tensor import QuantizedTensor, QuantizedTensorPair  # noqa: E402
+from primus_turbo.pytorch.ops.gemm_fp4 import mxfp4_weight_pair  # noqa: E402
+
+MX = ScalingGranularity.MX_BLOCKWISE
+
+
+def _run(a, b, gl, trans_b, dy, **kw):
+    out = turbo.ops.grouped_gemm_fp4(a, b, gl, trans_b=trans_b, **kw)
+    out.backward(dy)
+    return out
+
+
+def _expert_qt(b, axis):
+    """[G, R, C] experts' MXFP4 QuantizedTensor grouped along C (axis=-1) or R (axis=1), each expert
+    on its own, as the op quantizes them; a new leaf requiring grad as b does."""
+    from primus_turbo.pytorch.ops.quantization import quantize_fp4
+
+    G, R, C = b.shape
+    q, s = quantize_fp4(b.detach().reshape(G * R, C), axis=-1 if axis == -1 else 0)
+    shape = (G, R, C // 2) if axis == -1 else (G, R // 2, C)
+    sshape = (G, R, C // 32) if axis == -1 else (G, R // 32, C)
+    return QuantizedTensor(q.view(shape), s.view(sshape), MX, block_size=32, axis=axis, orig_dtype=b.dtype,
+                           requires_grad=b.requires_grad)
+
+
+@pytest.mark.parametrize("trans_b", [True, False], ids=["NT", "NN"])
+def test_quantized_weights_match_on_the_fly(trans_b, device):
+    # fresh inputs per layout; unbalanced groups with an empty one and tail rows
+    gl = torch.tensor([40, 0, 23], dtype=torch.int64, device=device)
+    a, b, _ = _make([40, 0, 23], 96, 64, trans_b, device, extra_rows=5)
+    a.requires_grad_()
+    b.requires_grad_()
+    dy = torch.randn(a.size(0), 96, device=device).bfloat16()
+    ref = _run(a, b, gl, trans_b, dy)
+    # the pair (both copies from one read): out, dA, dB bit-identical; dB on the pair's data
+    a2 = a.detach().clone().requires_grad_()
+    pair = mxfp4_weight_pair(b)
+    out = _run(a2, pair, gl, trans_b, dy)
+    assert torch.equal(out, ref) and torch.equal(a2.grad, a.grad)
+    assert pair.data.grad.dtype == b.dtype and torch.equal(pair.data.grad, b.grad) and pair.data_t.grad is None
+    # a lone QuantizedTensor grouped along K (the forward's copy): out and dB (no grad_input)
+    qb = _expert_qt(b, -1 if trans_b else 1)
+    out = _run(a.detach(), qb, gl, trans_b, dy)
+    assert torch.equal(out, ref) and torch.equal(qb.grad, b.grad)
+    # data grouped along N serves the grad_input; data_t (each expert's transpose) grouped along K
+    # the forward: the other axis of each than mxfp4_weight_pair gives, so the other reading paths
+    qn = _expert_qt(b.detach(), 1 if trans_b else -1)
+    qk_t = _expert_qt(b.detach().transpose(1, 2).contiguous(), 1 if trans_b else -1)
+    a3 = a.detach().clone().requires_grad_()
+    out = _run(a3, QuantizedTensorPair(qn, qk_t), gl, trans_b, dy)
+    assert torch.equal(out, ref) and torch.equal(a3.grad, a.grad)
+    with torch.no_grad():
+        assert torch.equal(turbo.ops.grouped_gemm_fp4(a, qb, gl, trans_b=trans_b), ref)
+
+
+def test_quantized_weights_megatron_fused_accumulation(device):
+    gl = torch.tensor([20, 0, 31], dtype=torch.int64, device=device)
+    _, b, _ = _make([20, 0, 31], 64, 64, True, device)
+    start = torch.randn(b.shape, device=device)
+    ref_b = b.clone().requires_grad_()
+    ref_b.main_grad = start.clone()
+    pair = mxfp4_weight_pair(b.clone().requires_grad_())
+    pair.data.main_grad = start.clone()
+    for _ in range(2):  # two micro-batches reuse the one quantized weight
+        a = torch.randn(51, 64, device=device).bfloat16().requires_grad_()
+        dy = torch.randn(51, 64, device=device).bfloat16()
+        _run(a, ref_b, gl, True, dy, fuse_bgrad_accum_pattern="megatron")
+        a2 = a.detach().clone().requires_grad_()
+        _run(a2, pair, gl, True, dy, fuse_bgrad_accum_pattern="megatron")
+        assert torch.equal(a2.grad, a.grad)
+    assert pair.data.grad_added_to_main_grad is True
+    assert not torch.equal(pair.data.main_grad, start) and torch.equal(pair.data.main_grad, ref_b.main_grad)
+    with pytest.raises(ValueError, match="main_grad"):  # checked on the pair's data
+        turbo.ops.grouped_gemm_fp4(a, mxfp4_weight_pair(b.clone().requires_grad_()), gl,
+                                   fuse_bgrad_accum_pattern="megatron")
+
+
+def test_quantized_weight_mismatches(device):
+    a, b, gl = _make([32, 32], 64, 64, True, device)
+    op = turbo.ops.grouped_gemm_fp4
+    qb = _expert_qt(b, -1)
+    with pytest.raises(TypeError, match=r"grouped_gemm_fp4: b holds FP8 data \(torch.float8_e4m3fn\)"):
+        op(a, QuantizedTensor(qb.data.view(torch.float8_e4m3fn), qb.scale_inv, MX, block_size=32, shape=b.shape), gl)
+    with pytest.raises(ValueError, match="b must be 3-D, got data of shape"):
+        op(a, QuantizedTensor.quantize(b[0], getattr(torch, "float4_e2m1fn_x2", torch.uint8), MX), gl)
+    with pytest.raises(ValueError, match=r"stochastic rounding \(scaling_recipe.use_sr=True\)"):
+        op(a, QuantizedTensor(qb.data, qb.scale_inv, MX, block_size=32, scaling_recipe=ScalingRecipe(use_sr=True)), gl)
+    with pytest.raises(ValueError, match="block_size=16"):
+        op(a, QuantizedTensor(qb.data, qb.scale_inv, MX, block_size=16), gl)
+    with pytest.raises(ValueError, match="quantized along dim 0; the groups must run along one of the last two dims"):
+        op(a, QuantizedTensor(qb.data.reshape(1, 128, 32), qb.scale_inv.reshape(1, 128, 2), MX, block_size=32,
+                              axis=0, shape=(2, 128, 32)), gl)
+    # the forward needs each expert grouped along K; grad_input along N
+    with pytest.raises(ValueError, match=r"pre-quantized b \[2, 64, 64\] \(quantized along dim 1\) has no copy grouped "
+                                         r"along its last dim"):
+        op(a, _expert_qt(b, 1), gl)
+    with pytest.raises(ValueError, match="has no copy grouped along its second-last dim .*mxfp4_weight_pair"):
+        op(a.clone().requires_grad_(), qb, gl)
+    with pytest.raises(TypeError, match="grouped_gemm_fp4: a must be a torch.Tensor .*pre-quantized operands are for b "
+                                        "only.*got QuantizedTensor"):
+        op(QuantizedTensor.quantize(a, getattr(torch, "float4_e2m1fn_x2", torch.uint8), MX), b, gl)
+    with pytest.raises(ValueError, match=r"K mismatch"):
+        op(a[:, :32].contiguous(), qb, gl)
