@@ -299,16 +299,10 @@ _GROUPED_F8 = {
 }
 
 
-@pytest.mark.parametrize("name", list(_GROUPED_F8))
-def test_grouped_linear_fp8_weight_cache(name, monkeypatch):
-    """is_first_microbatch: one quantization of the expert weights serves later micro-batches,
-    bit-identical to quantizing on every call (out, dx, and the main_grad accumulation); an
-    optimizer step invalidates it; True refreshes; None drops it."""
+def _count_grouped_weight_copies(monkeypatch) -> list:
+    """Record ``need_dgrad`` of every expert-weight quantization GroupedLinear makes (its cache's misses)."""
     from primus_turbo.pytorch.modules import grouped_linear as gl_mod
 
-    torch.manual_seed(7)
-    cfg = _GROUPED_F8[name]
-    gbar = 20.0 if name.startswith("hybrid") else FP8_DB  # HYBRID's gradients are E5M2: the standard's 20 dB
     calls = []
     real = gl_mod.grouped_weight_copies
 
@@ -317,6 +311,18 @@ def test_grouped_linear_fp8_weight_cache(name, monkeypatch):
         return real(b, config, need_dgrad, trans_b)
 
     monkeypatch.setattr(gl_mod, "grouped_weight_copies", spy)
+    return calls
+
+
+@pytest.mark.parametrize("name", list(_GROUPED_F8))
+def test_grouped_linear_fp8_weight_cache(name, monkeypatch):
+    """is_first_microbatch: one quantization of the expert weights serves later micro-batches,
+    bit-identical to quantizing on every call (out, dx, and the main_grad accumulation); an
+    optimizer step invalidates it; True refreshes; None drops it."""
+    torch.manual_seed(7)
+    cfg = _GROUPED_F8[name]
+    gbar = 20.0 if name.startswith("hybrid") else FP8_DB  # HYBRID's gradients are E5M2: the standard's 20 dB
+    calls = _count_grouped_weight_copies(monkeypatch)
     G, K, N = 3, 64, 96
     mod = turbo.modules.GroupedLinear(G, K, N, dtype=torch.bfloat16, config=cfg)
     _attach_main_grad(mod.weight)
@@ -805,17 +811,8 @@ def test_float8_linear_cache_under_torch_compile(monkeypatch):
 def test_grouped_linear_fp8_cache_under_torch_compile(monkeypatch):
     """GroupedLinear's FP8 expert-weight cache under torch.compile: quantized once for True then False,
     again after an optimizer step, numbers equal to the eager layer's."""
-    from primus_turbo.pytorch.modules import grouped_linear as gl_mod
-
     torch.manual_seed(19)
-    calls = []
-    real = gl_mod.grouped_weight_copies
-
-    def spy(b, config, need_dgrad, trans_b=True):
-        calls.append(need_dgrad)
-        return real(b, config, need_dgrad, trans_b)
-
-    monkeypatch.setattr(gl_mod, "grouped_weight_copies", spy)
+    calls = _count_grouped_weight_copies(monkeypatch)
     mod = turbo.modules.GroupedLinear(2, 64, 32, dtype=torch.bfloat16, config=_GROUPED_F8["tensorwise"])
     eager = copy.deepcopy(mod)
     compiled = torch.compile(mod, backend="aot_eager")
