@@ -108,6 +108,8 @@ def padded_group_layout(group_offs: torch.Tensor, m_total: int, align: int,
 
 def _padded_layout_backend(group_offs: torch.Tensor, m_total: int, align: int) -> str:
     """``"triton"`` where the one-launch kernel computes :func:`padded_group_layout`, else ``"torch"``."""
+    if torch.compiler.is_compiling():  # traced: the torch version (the launch reads data pointers)
+        return "torch"
     from primus_turbo.triton import is_interpreter, triton_available
 
     if not (group_offs.is_cuda or (group_offs.device.type == "cpu" and is_interpreter())):
@@ -115,7 +117,7 @@ def _padded_layout_backend(group_offs: torch.Tensor, m_total: int, align: int) -
     if group_offs.dtype not in (torch.int32, torch.int64) or group_offs.dim() != 1 \
             or not group_offs.is_contiguous() or group_offs.numel() == 0:
         return "torch"
-    if not triton_available() or torch.compiler.is_compiling():
+    if not triton_available():
         return "torch"
     if not (isinstance(m_total, int) and isinstance(align, int)) or m_total < 0 or align < 1:
         return "torch"

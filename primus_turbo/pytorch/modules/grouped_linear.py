@@ -121,21 +121,6 @@ class GroupedLinear(_FP8WeightCache, torch.nn.Module):
         fuse = _fuse_pattern(w)
         if self.config is None:
             return grouped_gemm(x, w, group_lens, group_offs, trans_b=True, fuse_bgrad_accum_pattern=fuse)
-        # under torch.compile the quantized paths run eagerly (the graph breaks around them): the grouped
-        # FP8 / MXFP4 ops launch their kernels from Python rather than through custom ops, so dynamo would
-        # trace the launches (under the Triton interpreter: run the kernels on fake tensors), and the FP8
-        # weight cache's validity check reads the weight's data pointer and version counter, host state
-        # dynamo can neither trace nor guard on. (Wrapped on use: torch.compiler.disable imports dynamo,
-        # which importing the layers does not.)
-        run = GroupedLinear._quantized_forward
-        if torch.compiler.is_compiling():
-            run = torch.compiler.disable(run)
-        return run(self, x, group_lens, group_offs, is_first_microbatch, fuse)
-
-    def _quantized_forward(self, x: torch.Tensor, group_lens: torch.Tensor, group_offs: Optional[torch.Tensor],
-                           is_first_microbatch: Optional[bool], fuse: Optional[str]) -> torch.Tensor:
-        """The FP8 (with its weight cache) or MXFP4 forward of :meth:`forward`."""
-        w = self.weight
         if isinstance(self.config, Float4QuantConfig):
             return grouped_gemm_fp4(x, w, group_lens, group_offs, trans_b=True, config=self.config,
                                     fuse_bgrad_accum_pattern=fuse)
@@ -143,6 +128,20 @@ class GroupedLinear(_FP8WeightCache, torch.nn.Module):
             self.invalidate_weight_cache()
             return grouped_gemm_fp8(x, w, group_lens, group_offs, trans_b=True, config=self.config,
                                     fuse_bgrad_accum_pattern=fuse)
+        # under torch.compile the cached branch runs eagerly (the graph breaks around it): the FP8 weight
+        # cache's validity check reads the weight's data pointer and version counter, host state dynamo
+        # can neither trace nor guard on (a traced check would bake one call's hit or miss into the
+        # graph). (Wrapped on use: torch.compiler.disable imports dynamo, which importing the layers
+        # does not.)
+        run = GroupedLinear._cached_forward
+        if torch.compiler.is_compiling():
+            run = torch.compiler.disable(run)
+        return run(self, x, group_lens, group_offs, is_first_microbatch, fuse)
+
+    def _cached_forward(self, x: torch.Tensor, group_lens: torch.Tensor, group_offs: Optional[torch.Tensor],
+                        is_first_microbatch: bool, fuse: Optional[str]) -> torch.Tensor:
+        """The FP8 forward of :meth:`forward` with the weight's copies from the micro-batch cache."""
+        w = self.weight
         if x.dtype != w.dtype:
             raise TypeError(f"GroupedLinear: input dtype {x.dtype} must match the weight's {w.dtype}")
         need_dgrad = torch.is_grad_enabled() and x.requires_grad

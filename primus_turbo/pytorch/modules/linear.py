@@ -22,7 +22,7 @@ import torch
 
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity
 from ..core.quantized_tensor import QuantizedTensorPair, create_quantized_weight
-from ..ops.gemm import _megatron_dummy_wgrad, gemm
+from ..ops.gemm import _flag_main_grad, _megatron_dummy_wgrad, gemm
 from ..ops.gemm_fp8 import _forward as _fp8_forward
 from ..ops.gemm_fp8 import _mm as _fp8_mm
 from ..ops.gemm_fp8 import _mm_accum as _fp8_mm_accum
@@ -132,9 +132,7 @@ class _CachedWeightGemmFP8(torch.autograd.Function):
         ctx.gran, ctx.bwd_dtype, ctx.block_size, ctx.fuse = gran, bwd_dtype, block_size, fuse
         ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
         ctx.save_for_backward(*w_for_dgrad, *x_for_wgrad, weight if (fuse and need_gw) else None)
-        if fuse and need_gw:
-            weight.grad_added_to_main_grad = True
-        return out
+        return out  # (weight.grad_added_to_main_grad: set by the caller, see ops.gemm._flag_main_grad)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -149,7 +147,6 @@ class _CachedWeightGemmFP8(torch.autograd.Function):
         if need_gw:  # dW [N, K] = dY^T @ X; dY's copy [N, M] and X's copy [K, M], grouped along M
             if ctx.fuse:
                 _fp8_mm_accum(dy_col, (xq, xs), g, bsz, weight.main_grad)
-                weight.grad_added_to_main_grad = True
                 grad_w = _megatron_dummy_wgrad(weight)
             else:
                 grad_w = _fp8_mm(dy_col, (xq, xs), g, ctx.w_dtype, bsz)
@@ -319,6 +316,9 @@ class Float8Linear(_FP8WeightCache, torch.nn.Linear):
         need_t = grad and x2.requires_grad and cfg.granularity in _NEEDS_T_COPY
         pair = self._cached_weight(bool(is_first_microbatch), need_t)
         if grad:
-            return _CachedWeightGemmFP8.apply(x2, w, pair, x2.dtype, cfg.granularity.name, cfg.fwd_dtype(),
-                                              cfg.bwd_dtype(), int(cfg.block_size or 128), fuse is not None)
+            out = _CachedWeightGemmFP8.apply(x2, w, pair, x2.dtype, cfg.granularity.name, cfg.fwd_dtype(),
+                                             cfg.bwd_dtype(), int(cfg.block_size or 128), fuse is not None)
+            if fuse is not None and w.requires_grad:
+                _flag_main_grad(w)
+            return out
         return gemm_fp8(x2, pair, trans_b=True, out_dtype=x2.dtype, config=cfg)

@@ -178,6 +178,8 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                 win_left, win_right, backend, deterministic=False):
+        if cu_seqlens_k is None:  # self-attention's one cu_seqlens, passed once (see flash_attn_varlen_func)
+            cu_seqlens_k = cu_seqlens_q
         out, lse = _varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sink,
                                softmax_scale, win_left, win_right)
         ctx.save_for_backward(q, k, v, out, lse, sink, cu_seqlens_q, cu_seqlens_k)
@@ -432,7 +434,10 @@ def flash_attn_varlen_func(
     args = (cu_seqlens_q, cu_seqlens_k, max_q, max_k)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sink))
     if needs_grad:
-        out, lse = FlashAttnVarlenFunction.apply(q, k, v, sink, *args, scale, win_left, win_right, backend,
+        # one tensor passed as both cu_seqlens (self-attention) goes in once: torch.compile cannot
+        # trace an autograd.Function that receives the same tensor twice
+        fargs = (cu_seqlens_q, None if cu_seqlens_k is cu_seqlens_q else cu_seqlens_k, max_q, max_k)
+        out, lse = FlashAttnVarlenFunction.apply(q, k, v, sink, *fargs, scale, win_left, win_right, backend,
                                                  bool(deterministic))
     else:
         out, lse = _varlen_fwd(q, k, v, *args, sink, scale, win_left, win_right)

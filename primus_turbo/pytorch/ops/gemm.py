@@ -129,6 +129,16 @@ def _megatron_dummy_wgrad(weight: torch.Tensor) -> torch.Tensor:
     return buf
 
 
+def _flag_main_grad(b: torch.Tensor) -> None:
+    """Megatron's fused-accumulation contract: ``b.grad_added_to_main_grad = True`` once a forward
+    whose backward adds ``b``'s gradient into ``b.main_grad`` has run (set with the forward, as
+    Primus-Turbo does; Megatron's DDP clears it once per iteration). Every op sets it around its
+    autograd Function, never inside its forward or backward: under torch.compile an attribute
+    written on an input there is a side effect dynamo cannot keep in the Function's traced graphs
+    (``fullgraph=True`` fails, and otherwise the graph breaks)."""
+    b.grad_added_to_main_grad = True
+
+
 class GemmFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, trans_a, trans_b, out_dtype, fuse_accum):
@@ -136,8 +146,6 @@ class GemmFunction(torch.autograd.Function):
         need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         # grad_input needs B, grad_weight needs A: save only what backward uses.
         ctx.save_for_backward(a if need_b else None, b if (need_a or (need_b and fuse_accum)) else None)
-        if fuse_accum and need_b:
-            b.grad_added_to_main_grad = True
         return _mm(a, b, trans_a, trans_b, out_dtype)
 
     @staticmethod
@@ -158,8 +166,7 @@ class GemmFunction(torch.autograd.Function):
             x, y, tx, ty = (g, a, True, ta) if tb else (a, g, not ta, False)
             if ctx.fuse_accum:
                 _mm_accum(x, y, tx, ty, b.main_grad)
-                b.grad_added_to_main_grad = True
-                grad_b = _megatron_dummy_wgrad(b)
+                grad_b = _megatron_dummy_wgrad(b)  # (the flag: _flag_main_grad, with the forward)
             else:
                 grad_b = _mm(x, y, tx, ty, a.dtype)
         # trans_a, trans_b, out_dtype, fuse_accum are not tensors: no gradient
@@ -239,5 +246,8 @@ def gemm(
         # autograd run them, which saves the Python autograd overhead (~50 us a step).
         return torch_autograd_mm(_logical(a, trans_a), _logical(b, trans_b))
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        return GemmFunction.apply(a, b, bool(trans_a), bool(trans_b), out_dtype, fuse)
+        out = GemmFunction.apply(a, b, bool(trans_a), bool(trans_b), out_dtype, fuse)
+        if fuse and b.requires_grad:
+            _flag_main_grad(b)
+        return out
     return _mm(a, b, bool(trans_a), bool(trans_b), out_dtype)

@@ -70,7 +70,7 @@ from ..backends.gemm_fp4 import gemm_fp4_dispatcher
 from ..core.backend import PrecisionType
 from ..core.low_precision import MXFP4_BLOCK_SIZE, Float4QuantConfig, ScalingGranularity, ScalingRecipe
 from ..core.quantized_tensor import QuantizedTensor, QuantizedTensorPair, _packed_fp4
-from .gemm import _FUSE_PATTERNS, _megatron_dummy_wgrad, check_main_grad
+from .gemm import _FUSE_PATTERNS, _flag_main_grad, _megatron_dummy_wgrad, check_main_grad
 from .gemm_fp8 import _empty_result
 
 __all__ = ["gemm_fp4", "mxfp4_weight_pair"]
@@ -396,9 +396,7 @@ class GemmFP4Function(torch.autograd.Function):
         out, b_for_dgrad, a_for_wgrad = _forward(a, b_op, trans_a, trans_b, out_dtype, need_ga, need_gb, signs)
         # only the packed copies (and their scales) are kept for backward; b itself only for main_grad
         ctx.save_for_backward(*b_for_dgrad, *a_for_wgrad, b if (fuse_accum and need_gb) else None, signs)
-        if fuse_accum and need_gb:
-            b.grad_added_to_main_grad = True
-        return out
+        return out  # (b.grad_added_to_main_grad: gemm_fp4 sets it, see gemm._flag_main_grad)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -422,7 +420,6 @@ class GemmFP4Function(torch.autograd.Function):
             P, Q = (dy_col, X) if ctx.trans_b else (X, dy_col)
             if ctx.fuse_accum:
                 _mm_accum(P, Q, b.main_grad)
-                b.grad_added_to_main_grad = True
                 grad_b = _megatron_dummy_wgrad(b)
             else:
                 grad_b = _mm(P, Q, ctx.b_dtype)
@@ -531,6 +528,10 @@ def gemm_fp4(
         return _empty_result(a, _grad_operand(b), trans_a, trans_b, out_dtype, fuse)
     if torch.is_grad_enabled() and (_requires_grad(a) or _requires_grad(b)):
         b_t = b.data_t if isinstance(b, QuantizedTensorPair) else None
-        return GemmFP4Function.apply(a, _grad_operand(b), b_t, bool(trans_a), bool(trans_b), out_dtype, fuse,
-                                     bool(config.use_gradient_sr), bool(config.use_rht))
+        bt = _grad_operand(b)
+        out = GemmFP4Function.apply(a, bt, b_t, bool(trans_a), bool(trans_b), out_dtype, fuse,
+                                    bool(config.use_gradient_sr), bool(config.use_rht))
+        if fuse and bt.requires_grad:
+            _flag_main_grad(bt)
+        return out
     return _forward(a, b, bool(trans_a), bool(trans_b), out_dtype, False, False)[0]

@@ -34,7 +34,7 @@ from ..backends.gemm_fp8 import gemm_fp8_dispatcher
 from ..core.backend import PrecisionType
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingRecipe
 from ..core.quantized_tensor import QuantizedTensor, QuantizedTensorPair
-from .gemm import _FUSE_PATTERNS, _megatron_dummy_wgrad, check_main_grad
+from .gemm import _FUSE_PATTERNS, _flag_main_grad, _megatron_dummy_wgrad, check_main_grad
 from . import quantization as _quantization
 from .quantization import _transpose_bytes  # FP8 transposes at copy speed (torch's strided copy is not)
 
@@ -241,9 +241,7 @@ class GemmFP8Function(torch.autograd.Function):
                                                  block_size, need_ga, need_gb)
         # only FP8 copies (and their scales) are kept for backward; b itself only for main_grad
         ctx.save_for_backward(*b_for_dgrad, *a_for_wgrad, b if (fuse_accum and need_gb) else None)
-        if fuse_accum and need_gb:
-            b.grad_added_to_main_grad = True
-        return out
+        return out  # (b.grad_added_to_main_grad: gemm_fp8 sets it, see gemm._flag_main_grad)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -263,7 +261,6 @@ class GemmFP8Function(torch.autograd.Function):
             P, Q = (dy_col, X) if ctx.trans_b else (X, dy_col)
             if ctx.fuse_accum:
                 _mm_accum(P, Q, g, bsz, b.main_grad)
-                b.grad_added_to_main_grad = True
                 grad_b = _megatron_dummy_wgrad(b)
             else:
                 grad_b = _mm(P, Q, g, ctx.b_dtype, bsz)
@@ -432,5 +429,9 @@ def gemm_fp8(
     block_size = int(config.block_size or 128)
     if torch.is_grad_enabled() and (_requires_grad(a) or _requires_grad(b)):
         b_t = b.data_t if isinstance(b, QuantizedTensorPair) else None
-        return GemmFP8Function.apply(a, _grad_operand(b), b_t, *args, config.bwd_dtype(), block_size, fuse)
+        bt = _grad_operand(b)
+        out = GemmFP8Function.apply(a, bt, b_t, *args, config.bwd_dtype(), block_size, fuse)
+        if fuse and bt.requires_grad:
+            _flag_main_grad(bt)
+        return out
     return _forward(a, b, *args, block_size, False, False)[0]

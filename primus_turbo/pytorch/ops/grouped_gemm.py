@@ -43,7 +43,7 @@ from ..backends.grouped_gemm import (
 from ..core.backend import BackendType, GlobalBackendManager, PrecisionType
 from ..core.env import env_raw
 from ..core.quantized_tensor import QuantizedTensor
-from .gemm import _FUSE_PATTERNS, _megatron_dummy_wgrad, check_main_grad
+from .gemm import _FUSE_PATTERNS, _flag_main_grad, _megatron_dummy_wgrad, check_main_grad
 
 __all__ = ["grouped_gemm"]
 
@@ -399,8 +399,7 @@ def grouped_gemm_backward(g, a, b, group_lens, group_offs, tb, num_cu, vendor, o
         x, y = (g, a) if tb else (a, g)
         if fuse_accum:
             _vk_accum(x, y, group_lens, group_offs, b.main_grad, num_cu)
-            b.grad_added_to_main_grad = True
-            grad_b = _megatron_dummy_wgrad(b)
+            grad_b = _megatron_dummy_wgrad(b)  # (the flag: the op sets it with the forward)
         elif vendor and vendor != "gluon":
             gluon = gluon_wgrad(x, y, group_offs) if vendor == "default" else None
             if gluon is not None:
@@ -423,8 +422,6 @@ class GroupedGemmFunction(torch.autograd.Function):
         # grad_input needs b, grad_weight needs a (and b for its main_grad)
         ctx.save_for_backward(
             a if need_b else None, b if (need_a or (need_b and fuse_accum)) else None, group_lens, group_offs)
-        if fuse_accum and need_b:
-            b.grad_added_to_main_grad = True
         if vendor == "gluon":
             ctx.offs32 = None
             return _gluon_module("grouped_gemm_gluon").grouped_gemm_gluon(
@@ -577,7 +574,10 @@ def grouped_gemm(
         if step is not None:
             if group_offs is None:  # derived as the checked path does (one keyed launch, no sync)
                 group_offs = _offsets(group_lens)
-            return _GluonStepFunction.apply(a, b, group_offs, step)
+            out = _GluonStepFunction.apply(a, b, group_offs, step)
+            if step.fuse and b.requires_grad:
+                _flag_main_grad(b)
+            return out
     _check_inputs(a, b, group_lens, group_offs, trans_b, num_cu, fuse_bgrad_accum_pattern)
     if schedule != "static":
         _check_schedule(schedule, num_cu)
@@ -591,7 +591,10 @@ def grouped_gemm(
         if (fk is not None and vendor == "gluon" and a.is_cuda  # the step launches C entries: CUDA only
                 and (not fuse or not b.requires_grad or _gluon_accum_ok(a, b, trans_b, group_offs))):
             _remember(_FAST_ROUTES, fk, _GluonStep(a, b, trans_b, fuse))
-        return GroupedGemmFunction.apply(a, b, group_lens, group_offs, trans_b, num_cu, fuse, vendor)
+        out = GroupedGemmFunction.apply(a, b, group_lens, group_offs, trans_b, num_cu, fuse, vendor)
+        if fuse and b.requires_grad:
+            _flag_main_grad(b)
+        return out
     return _gmm(a, b, group_lens, group_offs, trans_b, num_cu)
 
 
@@ -633,8 +636,6 @@ class _GluonStepFunction(torch.autograd.Function):
         ctx.step = step
         need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.save_for_backward(a if need_b else None, b if (need_a or (need_b and step.fuse)) else None, group_offs)
-        if need_b and step.fuse:
-            b.grad_added_to_main_grad = True
         out = torch.empty((step.M, step.N), dtype=step.dtype, device=step.device)
         key = (a.data_ptr(), b.data_ptr(), group_offs.data_ptr(), out.data_ptr())
         gg = step.m16
@@ -671,7 +672,6 @@ class _GluonStepFunction(torch.autograd.Function):
                 if not gg.fire(step.wgrad.get(key), index):
                     step.vk16.grouped_gemm_variable_k_gluon(x, y, group_offs, out=mg, accumulate=True,
                                                             keep=(step.wgrad, key))
-                b.grad_added_to_main_grad = True
                 return grad_a, _megatron_dummy_wgrad(b), None, None
             grad_b = torch.empty((step.G, x.size(1), y.size(1)), dtype=step.dtype, device=step.device)
             key = (x.data_ptr(), y.data_ptr(), group_offs.data_ptr(), grad_b.data_ptr())

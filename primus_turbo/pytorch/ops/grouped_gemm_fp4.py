@@ -59,7 +59,7 @@ from ..backends.grouped_gemm_fp8 import padded_group_layout
 from ..core.backend import PrecisionType
 from ..core.low_precision import Float4QuantConfig, ScalingRecipe
 from ..core.quantized_tensor import QuantizedTensor, QuantizedTensorPair
-from .gemm import _megatron_dummy_wgrad
+from .gemm import _flag_main_grad, _megatron_dummy_wgrad
 from .gemm_fp4 import _check_prequantized, _grad_operand, _is_prequantized, _prequantized_copies, _requires_grad
 from .grouped_gemm import _group_offsets
 from .grouped_gemm_fp8 import _NoGradCtx, _check_inputs as _check_fp8_inputs, _mx_token_copy, _mx_weight_copies
@@ -78,16 +78,79 @@ def _quant_fp4(x: torch.Tensor, axis: int, sr: bool = False, signs: Optional[tor
     return quantize_fp4(x, axis=axis, scaling_recipe=recipe, rht_signs=signs)
 
 
-def _mm(A, B, group_lens, group_offs, out_dtype, num_cu):
+def _mm_eager(a_q: torch.Tensor, a_scale: torch.Tensor, b_q: torch.Tensor, b_scale: torch.Tensor,
+              group_lens: torch.Tensor, group_offs: torch.Tensor, out_dtype: torch.dtype,
+              num_cu: Optional[int]) -> torch.Tensor:
+    """M-grouped: ``a_q [M, K/2]`` x ``b_q [G, N, K/2]`` (E2M1 pairs, E8M0 scales per 32) -> ``[M, N]``."""
     return grouped_gemm_fp4_dispatcher.dispatch(
-        PrecisionType.FP4, a_q=A[0], a_scale=A[1], b_q=B[0], b_scale=B[1], group_lens=group_lens,
+        PrecisionType.FP4, a_q=a_q, a_scale=a_scale, b_q=b_q, b_scale=b_scale, group_lens=group_lens,
         group_offs=group_offs, out_dtype=out_dtype, num_cu=num_cu)
 
 
-def _vk(X, Y, group_lens, group_offs, out_dtype, num_cu, out=None):
+def _vk_eager(x_t: torch.Tensor, x_scale: torch.Tensor, y_t: torch.Tensor, y_scale: torch.Tensor,
+              group_lens: torch.Tensor, group_offs: torch.Tensor, out_dtype: torch.dtype, num_cu: Optional[int],
+              out: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+    """Variable K over the tokens: ``x_t [P, M/2]``, ``y_t [Q, M/2]`` -> ``[G, P, Q]`` (added into ``out``)."""
     return grouped_gemm_fp4_variable_k_dispatcher.dispatch(
-        PrecisionType.FP4, x_t=X[0], x_scale=X[1], y_t=Y[0], y_scale=Y[1], group_lens=group_lens,
+        PrecisionType.FP4, x_t=x_t, x_scale=x_scale, y_t=y_t, y_scale=y_scale, group_lens=group_lens,
         group_offs=group_offs, out=out, accumulate=out is not None, out_dtype=out_dtype, num_cu=num_cu)
+
+
+# Under torch.compile the MXFP4 grouped GEMMs are custom ops with shape-only fakes (as the FP8 ones,
+# grouped_gemm_fp8.py); eager calls skip the custom-op dispatch.
+grouped_gemm_fp4_impl = torch.library.custom_op("primus_turbo::grouped_gemm_fp4_impl", _mm_eager, mutates_args=())
+
+
+@grouped_gemm_fp4_impl.register_fake
+def _grouped_gemm_fp4_impl_fake(a_q, a_scale, b_q, b_scale, group_lens, group_offs, out_dtype, num_cu):
+    return a_q.new_empty((a_q.size(0), b_q.size(1)), dtype=out_dtype)
+
+
+def _vk_new(x_t: torch.Tensor, x_scale: torch.Tensor, y_t: torch.Tensor, y_scale: torch.Tensor,
+            group_lens: torch.Tensor, group_offs: torch.Tensor, out_dtype: torch.dtype,
+            num_cu: Optional[int]) -> torch.Tensor:
+    return _vk_eager(x_t, x_scale, y_t, y_scale, group_lens, group_offs, out_dtype, num_cu)
+
+
+grouped_gemm_fp4_variable_k_impl = torch.library.custom_op("primus_turbo::grouped_gemm_fp4_variable_k_impl",
+                                                           _vk_new, mutates_args=())
+
+
+@grouped_gemm_fp4_variable_k_impl.register_fake
+def _grouped_gemm_fp4_variable_k_impl_fake(x_t, x_scale, y_t, y_scale, group_lens, group_offs, out_dtype, num_cu):
+    return x_t.new_empty((group_offs.numel() - 1, x_t.size(0), y_t.size(0)), dtype=out_dtype)
+
+
+def _vk_accum(x_t: torch.Tensor, x_scale: torch.Tensor, y_t: torch.Tensor, y_scale: torch.Tensor,
+              group_lens: torch.Tensor, group_offs: torch.Tensor, num_cu: Optional[int], out: torch.Tensor) -> None:
+    _vk_eager(x_t, x_scale, y_t, y_scale, group_lens, group_offs, out.dtype, num_cu, out)
+
+
+grouped_gemm_fp4_variable_k_accum_impl = torch.library.custom_op(
+    "primus_turbo::grouped_gemm_fp4_variable_k_accum_impl", _vk_accum, mutates_args=("out",))
+
+
+@grouped_gemm_fp4_variable_k_accum_impl.register_fake
+def _grouped_gemm_fp4_variable_k_accum_impl_fake(x_t, x_scale, y_t, y_scale, group_lens, group_offs, num_cu, out):
+    return None
+
+
+def _mm(A, B, group_lens, group_offs, out_dtype, num_cu):
+    if torch.compiler.is_compiling():
+        return torch.ops.primus_turbo.grouped_gemm_fp4_impl(A[0], A[1], B[0], B[1], group_lens, group_offs,
+                                                            out_dtype, num_cu)
+    return _mm_eager(A[0], A[1], B[0], B[1], group_lens, group_offs, out_dtype, num_cu)
+
+
+def _vk(X, Y, group_lens, group_offs, out_dtype, num_cu, out=None):
+    if not torch.compiler.is_compiling():
+        return _vk_eager(X[0], X[1], Y[0], Y[1], group_lens, group_offs, out_dtype, num_cu, out)
+    if out is None:
+        return torch.ops.primus_turbo.grouped_gemm_fp4_variable_k_impl(X[0], X[1], Y[0], Y[1], group_lens,
+                                                                       group_offs, out_dtype, num_cu)
+    torch.ops.primus_turbo.grouped_gemm_fp4_variable_k_accum_impl(X[0], X[1], Y[0], Y[1], group_lens, group_offs,
+                                                                  num_cu, out)
+    return out
 
 
 def _weight_copies(b, trans_b: bool, need_dgrad: bool):
@@ -130,9 +193,7 @@ class GroupedGemmFP4Function(torch.autograd.Function):
             saved_a = _mx_token_copy(a, src, functools.partial(_quant_fp4, signs=signs), 2)
         ctx.save_for_backward(*saved_w, *saved_a, group_lens, group_offs, src, poffs,
                               b if (fuse_accum and need_gb) else None, signs)
-        if fuse_accum and need_gb:
-            b.grad_added_to_main_grad = True
-        return out
+        return out  # (b.grad_added_to_main_grad: set by grouped_gemm_fp4, as in grouped_gemm_fp8._run)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -149,8 +210,7 @@ class GroupedGemmFP4Function(torch.autograd.Function):
             X, Y = (dy_col, A) if ctx.trans_b else (A, dy_col)
             if ctx.fuse_accum:
                 _vk(X, Y, group_lens, poffs, b.main_grad.dtype, ctx.num_cu, out=b.main_grad)
-                b.grad_added_to_main_grad = True
-                grad_b = _megatron_dummy_wgrad(b)
+                grad_b = _megatron_dummy_wgrad(b)  # (b.grad_added_to_main_grad: set with the forward)
             else:
                 grad_b = _vk(X, Y, group_lens, poffs, ctx.b_dtype, ctx.num_cu)
         return grad_a, grad_b, None, None, None, None, None, None, None, None, None
@@ -242,7 +302,10 @@ def grouped_gemm_fp4(
         return out
     args = (group_lens, group_offs, bool(trans_b), out_dtype, num_cu, fuse)
     if grads:
-        return GroupedGemmFP4Function.apply(a, b, b_t, *args, bool(config.use_gradient_sr), bool(config.use_rht))
+        out = GroupedGemmFP4Function.apply(a, b, b_t, *args, bool(config.use_gradient_sr), bool(config.use_rht))
+        if fuse and _requires_grad(b):
+            _flag_main_grad(b)
+        return out
     with torch.no_grad():
         return GroupedGemmFP4Function.forward(_NoGradCtx(), a, b, b_t, *args)
 

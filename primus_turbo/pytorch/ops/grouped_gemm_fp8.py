@@ -54,7 +54,7 @@ from ..backends.grouped_gemm_fp8 import (
 from ..core.backend import GlobalBackendManager, PrecisionType
 from ..core.env import env_auto_flag, env_raw
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingRecipe
-from .gemm import _megatron_dummy_wgrad, check_main_grad
+from .gemm import _flag_main_grad, _megatron_dummy_wgrad, check_main_grad
 from ..core.quantized_tensor import QuantizedTensor, QuantizedTensorPair
 from .gemm_fp8 import _check_prequantized_fp8, _grad_operand, _is_prequantized
 from .grouped_gemm import _check_groups, _group_offsets, _remember, _tensor_key
@@ -145,7 +145,7 @@ def _mx_token_copy(x: torch.Tensor, src: torch.Tensor, quant, pack: int, blockwi
 
 def _gather_quant_runs(x: torch.Tensor) -> bool:
     """The fused gather + quantize kernel can run on ``x`` (2-D, unit column stride, Triton, eager)."""
-    if x.dim() != 2 or (x.size(1) > 1 and x.stride(1) != 1) or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or x.dim() != 2 or (x.size(1) > 1 and x.stride(1) != 1):
         return False
     from primus_turbo.pytorch.ops.moe_permute import permute_backend
 
@@ -231,17 +231,84 @@ def _weight_copies(b: torch.Tensor, trans_b: bool, dtype, gran: str, bs: int, ne
     return ((q, s) if need_fwd else None), dgr
 
 
-def _mm(A, B, gran, group_lens, group_offs, out_dtype, bs, num_cu):
-    kw = dict(a_q=A[0], a_scale=A[1], b_q=B[0], b_scale=B[1], mode=gran, group_lens=group_lens,
+def _mm_eager(a_q: torch.Tensor, a_scale: torch.Tensor, b_q: torch.Tensor, b_scale: torch.Tensor, gran: str,
+              group_lens: torch.Tensor, group_offs: torch.Tensor, out_dtype: torch.dtype, bs: int,
+              num_cu: Optional[int]) -> torch.Tensor:
+    """M-grouped: ``out[rows of g] = (a_q * a_scale)[rows of g] @ (b_q[g] * b_scale[g]).T``, ``b_q [G, N', K']``."""
+    kw = dict(a_q=a_q, a_scale=a_scale, b_q=b_q, b_scale=b_scale, mode=gran, group_lens=group_lens,
               group_offs=group_offs, out_dtype=out_dtype, block_size=bs, num_cu=num_cu)
     return _dispatch(grouped_gemm_fp8_dispatcher, _MM_ENVS, kw)
 
 
-def _vk_fp8(X, Y, gran, group_lens, group_offs, out_dtype, num_cu, out=None, bs=128):
-    kw = dict(x_t=X[0], x_scale=X[1], y_t=Y[0], y_scale=Y[1], mode=gran, group_lens=group_lens,
+def _vk_fp8_eager(x_t: torch.Tensor, x_scale: torch.Tensor, y_t: torch.Tensor, y_scale: torch.Tensor, gran: str,
+                  group_lens: torch.Tensor, group_offs: torch.Tensor, out_dtype: torch.dtype, num_cu: Optional[int],
+                  bs: int, out: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+    """Variable K: ``out[g] = x_t[:, rows of g] @ y_t[:, rows of g].T`` (``[G, P, Q]``), added into
+    ``out`` when given."""
+    kw = dict(x_t=x_t, x_scale=x_scale, y_t=y_t, y_scale=y_scale, mode=gran, group_lens=group_lens,
               group_offs=group_offs, out=out, accumulate=out is not None, out_dtype=out_dtype, num_cu=num_cu,
               block_size=bs)
     return _dispatch(grouped_gemm_fp8_variable_k_dispatcher, _VK_ENVS, kw)
+
+
+# Under torch.compile the FP8 grouped GEMMs are custom ops with shape-only fakes (the launches read
+# data pointers and host-side caches a graph cannot trace); eager calls skip the custom-op dispatch.
+grouped_gemm_fp8_impl = torch.library.custom_op("primus_turbo::grouped_gemm_fp8_impl", _mm_eager, mutates_args=())
+
+
+@grouped_gemm_fp8_impl.register_fake
+def _grouped_gemm_fp8_impl_fake(a_q, a_scale, b_q, b_scale, gran, group_lens, group_offs, out_dtype, bs, num_cu):
+    return a_q.new_empty((a_q.size(0), b_q.size(1)), dtype=out_dtype)
+
+
+def _vk_fp8_new(x_t: torch.Tensor, x_scale: torch.Tensor, y_t: torch.Tensor, y_scale: torch.Tensor, gran: str,
+                group_lens: torch.Tensor, group_offs: torch.Tensor, out_dtype: torch.dtype, num_cu: Optional[int],
+                bs: int) -> torch.Tensor:
+    return _vk_fp8_eager(x_t, x_scale, y_t, y_scale, gran, group_lens, group_offs, out_dtype, num_cu, bs)
+
+
+grouped_gemm_fp8_variable_k_impl = torch.library.custom_op("primus_turbo::grouped_gemm_fp8_variable_k_impl",
+                                                           _vk_fp8_new, mutates_args=())
+
+
+@grouped_gemm_fp8_variable_k_impl.register_fake
+def _grouped_gemm_fp8_variable_k_impl_fake(x_t, x_scale, y_t, y_scale, gran, group_lens, group_offs, out_dtype,
+                                           num_cu, bs):
+    return x_t.new_empty((group_offs.numel() - 1, x_t.size(0), y_t.size(0)), dtype=out_dtype)
+
+
+def _vk_fp8_accum(x_t: torch.Tensor, x_scale: torch.Tensor, y_t: torch.Tensor, y_scale: torch.Tensor, gran: str,
+                  group_lens: torch.Tensor, group_offs: torch.Tensor, num_cu: Optional[int], bs: int,
+                  out: torch.Tensor) -> None:
+    _vk_fp8_eager(x_t, x_scale, y_t, y_scale, gran, group_lens, group_offs, out.dtype, num_cu, bs, out)
+
+
+grouped_gemm_fp8_variable_k_accum_impl = torch.library.custom_op(
+    "primus_turbo::grouped_gemm_fp8_variable_k_accum_impl", _vk_fp8_accum, mutates_args=("out",))
+
+
+@grouped_gemm_fp8_variable_k_accum_impl.register_fake
+def _grouped_gemm_fp8_variable_k_accum_impl_fake(x_t, x_scale, y_t, y_scale, gran, group_lens, group_offs, num_cu,
+                                                 bs, out):
+    return None
+
+
+def _mm(A, B, gran, group_lens, group_offs, out_dtype, bs, num_cu):
+    if torch.compiler.is_compiling():
+        return torch.ops.primus_turbo.grouped_gemm_fp8_impl(A[0], A[1], B[0], B[1], gran, group_lens, group_offs,
+                                                            out_dtype, bs, num_cu)
+    return _mm_eager(A[0], A[1], B[0], B[1], gran, group_lens, group_offs, out_dtype, bs, num_cu)
+
+
+def _vk_fp8(X, Y, gran, group_lens, group_offs, out_dtype, num_cu, out=None, bs=128):
+    if not torch.compiler.is_compiling():
+        return _vk_fp8_eager(X[0], X[1], Y[0], Y[1], gran, group_lens, group_offs, out_dtype, num_cu, bs, out)
+    if out is None:
+        return torch.ops.primus_turbo.grouped_gemm_fp8_variable_k_impl(X[0], X[1], Y[0], Y[1], gran, group_lens,
+                                                                       group_offs, out_dtype, num_cu, bs)
+    torch.ops.primus_turbo.grouped_gemm_fp8_variable_k_accum_impl(X[0], X[1], Y[0], Y[1], gran, group_lens,
+                                                                  group_offs, num_cu, bs, out)
+    return out
 
 
 def _dispatch(dispatcher, envs: tuple, kw: dict):
@@ -318,9 +385,7 @@ class GroupedGemmFP8Function(torch.autograd.Function):
             saved_a = (None, None)
         ctx.save_for_backward(*saved_w, *saved_a, group_lens, group_offs, src, poffs,
                               b if (fuse_accum and need_gb) else None)
-        if fuse_accum and need_gb:
-            b.grad_added_to_main_grad = True
-        return out
+        return out  # (b.grad_added_to_main_grad: set by _run)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -353,8 +418,7 @@ class GroupedGemmFP8Function(torch.autograd.Function):
                     _vk_fp8(X, Y, gran, group_lens, group_offs, b.main_grad.dtype, num_cu, out=b.main_grad)
                 else:
                     grad_b = _vk_fp8(X, Y, gran, group_lens, group_offs, ctx.b_dtype, num_cu)
-            if fuse:
-                b.grad_added_to_main_grad = True
+            if fuse:  # (b.grad_added_to_main_grad was set with the forward, by _run)
                 grad_b = _megatron_dummy_wgrad(b)
         return grad_a, grad_b, None, None, None, None, None, None, None, None, None, None, None, None
 
@@ -696,7 +760,10 @@ def _run(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_
     args = (group_lens, group_offs, bool(trans_b), out_dtype, gran, config.fwd_dtype(), config.bwd_dtype(), bs,
             num_cu, fuse, w_copies, a_row)
     if grads:
-        return GroupedGemmFP8Function.apply(a, b, *args)
+        out = GroupedGemmFP8Function.apply(a, b, *args)
+        if fuse and b.requires_grad:
+            _flag_main_grad(b)
+        return out
     with torch.no_grad():
         return GroupedGemmFP8Function.forward(_NoGradCtx(), a, b, *args)
 

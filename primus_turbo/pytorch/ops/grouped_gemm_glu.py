@@ -30,6 +30,7 @@ from ..backends.grouped_gemm import gluon16_preferred, grouped_gemm_dispatcher
 from ..core.backend import BackendType, PrecisionType
 from ..core.env import env_auto_flag
 from . import activation as _act
+from .gemm import _flag_main_grad
 from .grouped_gemm import _check_inputs, _group_offsets, grouped_gemm, grouped_gemm_backward
 
 __all__ = ["grouped_gemm_glu"]
@@ -77,9 +78,7 @@ class _FusedGLUFunction(torch.autograd.Function):
         ctx.act, ctx.fuse_accum = _ACTIVATIONS[activation][1], fuse_accum
         ctx.save_for_backward(x if need_w else None, w if (need_x or (need_w and fuse_accum)) else None, h, probs,
                               mask, group_lens, group_offs)
-        if fuse_accum and need_w:
-            w.grad_added_to_main_grad = True
-        return out
+        return out  # (w.grad_added_to_main_grad: grouped_gemm_glu sets it, see gemm._flag_main_grad)
 
     @staticmethod
     def backward(ctx, dout):
@@ -130,6 +129,9 @@ def grouped_gemm_glu(x: torch.Tensor, w: torch.Tensor, group_lens: torch.Tensor,
         mod = _fused_module(x, w, group_offs, probs, mask)
         if mod is not None:
             fuse = fuse_bgrad_accum_pattern == "megatron"
-            return _FusedGLUFunction.apply(x, w, probs, group_lens, group_offs, mask, activation, fuse, mod)
+            out = _FusedGLUFunction.apply(x, w, probs, group_lens, group_offs, mask, activation, fuse, mod)
+            if fuse and w.requires_grad and torch.is_grad_enabled():
+                _flag_main_grad(w)
+            return out
     h = grouped_gemm(x, w, group_lens, group_offs, trans_b=True, fuse_bgrad_accum_pattern=fuse_bgrad_accum_pattern)
     return glu(h, probs, row_mask)

@@ -36,7 +36,7 @@ import torch
 
 from primus_turbo.triton import is_interpreter, triton_available
 
-from .gemm import _megatron_dummy_wgrad, check_main_grad
+from .gemm import _flag_main_grad, _megatron_dummy_wgrad, check_main_grad
 
 __all__ = ["router_gating_linear", "router_gemm_backend"]
 
@@ -152,8 +152,7 @@ class _RouterGatingLinear(torch.autograd.Function):
                 dw = g.to(ctx.rd).t() @ x2.to(ctx.rd)
             if ctx.fuse:
                 weight.main_grad.add_(dw)
-                weight.grad_added_to_main_grad = True
-                gw = _megatron_dummy_wgrad(weight)
+                gw = _megatron_dummy_wgrad(weight)  # (the flag: router_gating_linear sets it with the forward)
             else:
                 gw = dw.to(ctx.w_dtype)
         if need_gb:
@@ -182,4 +181,7 @@ def router_gating_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
         and ``bias``'s in their dtypes, with fp32 accumulation on the fused path.
     """
     _check(x, weight, bias, router_dtype, fuse_bgrad_accum_pattern)
-    return _RouterGatingLinear.apply(x, weight, bias, router_dtype or weight.dtype, fuse_bgrad_accum_pattern)
+    out = _RouterGatingLinear.apply(x, weight, bias, router_dtype or weight.dtype, fuse_bgrad_accum_pattern)
+    if fuse_bgrad_accum_pattern == "megatron" and weight.requires_grad and torch.is_grad_enabled():
+        _flag_main_grad(weight)
+    return out

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import primus_turbo.pytorch as turbo
-from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, ScalingGranularity
+from primus_turbo.pytorch.core.low_precision import Float4QuantConfig, Float8QuantConfig, ScalingGranularity
 from primus_turbo.pytorch.modules import linear as linear_mod
 from primus_turbo.testing import snr_db
 
@@ -753,11 +753,23 @@ _COMPILE_CASES = {
     "grouped_linear_bf16": (lambda: turbo.modules.GroupedLinear(3, 32, 48, dtype=torch.bfloat16),
                             lambda: [torch.randn(16, 32, dtype=torch.bfloat16),
                                      torch.tensor([5, 0, 9], dtype=torch.int64)], {}, True),
-    # the grouped FP8 GEMMs run outside the graph (GroupedLinear.forward)
-    "grouped_linear_fp8_blockwise": (lambda: turbo.modules.GroupedLinear(2, 64, 32, dtype=torch.bfloat16,
-                                                                         config=_GROUPED_F8["blockwise"]),
-                                     lambda: [torch.randn(40, 64, dtype=torch.bfloat16),
-                                              torch.tensor([13, 20], dtype=torch.int64)], {}, False),
+    # the grouped FP8 / MXFP4 GEMMs' custom ops trace whole when the weight is quantized on every call
+    **{f"grouped_linear_fp8_{g}": (
+        (lambda g=g: turbo.modules.GroupedLinear(2, 64, 32, dtype=torch.bfloat16, config=_GROUPED_F8[g])),
+        lambda: [torch.randn(40, 64, dtype=torch.bfloat16), torch.tensor([13, 20], dtype=torch.int64)], {}, True)
+       for g in ("tensorwise", "rowwise", "hybrid_blockwise")},
+    "grouped_linear_mxfp8": (
+        lambda: turbo.modules.GroupedLinear(2, 64, 32, dtype=torch.bfloat16,
+                                            config=Float8QuantConfig(granularity="MX_BLOCKWISE")),
+        lambda: [torch.randn(40, 64, dtype=torch.bfloat16), torch.tensor([13, 20], dtype=torch.int64)], {}, True),
+    "grouped_linear_mxfp4": (
+        lambda: turbo.modules.GroupedLinear(2, 64, 32, dtype=torch.bfloat16, config=Float4QuantConfig()),
+        lambda: [torch.randn(40, 64, dtype=torch.bfloat16), torch.tensor([13, 20], dtype=torch.int64)], {}, True),
+    # the FP8 expert-weight cache's branch runs outside the graph (GroupedLinear.forward): a graph break
+    "grouped_linear_fp8_blockwise_first_microbatch": (
+        lambda: turbo.modules.GroupedLinear(2, 64, 32, dtype=torch.bfloat16, config=_GROUPED_F8["blockwise"]),
+        lambda: [torch.randn(40, 64, dtype=torch.bfloat16), torch.tensor([13, 20], dtype=torch.int64)],
+        dict(is_first_microbatch=True), False),
     "rmsnorm": (lambda: turbo.modules.RMSNorm(64, zero_centered=True),
                 lambda: [torch.randn(3, 5, 64)], {}, True),
     # deterministic: the backward without atomic dQ (a run-dependent order would break bit equality)

@@ -497,7 +497,12 @@ _MOE_COMPILE_CASES = {
         calls=[dict(num_out_tokens=24 * 2 + 4 * 7)]),
     # padding without a capacity: the padded total is read back (the documented sync), a graph break
     "padded_no_capacity": dict(shape=(20,), fullgraph=False, kw=dict(pad_multiple=8), calls=[{}]),
-    # FP8 experts with the micro-batch weight cache: the grouped FP8 GEMMs run outside the graph (the
+    # FP8 experts quantizing their weights on every call: the grouped FP8 GEMMs' custom ops trace whole
+    "fp8_rowwise_fullgraph": dict(
+        shape=(20,), dtype=torch.bfloat16, fullgraph=True,
+        kw=dict(config=Float8QuantConfig(granularity=ScalingGranularity.ROWWISE), aux_loss_coeff=0.01),
+        calls=[dict(num_out_tokens=40)]),
+    # FP8 experts with the micro-batch weight cache: the cached branch runs outside the graph (the
     # cache's reuse under compile: test_modules.py::test_grouped_linear_fp8_cache_under_torch_compile)
     "fp8_blockwise_first_microbatch": dict(
         shape=(20,), dtype=torch.bfloat16, fullgraph=False,
