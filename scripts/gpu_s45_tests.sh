@@ -10,7 +10,7 @@ OUT=${1:?usage: gpu_s45_tests.sh OUT}
 mkdir -p "$OUT"
 source "$(dirname "$0")/gpu_env.sh"
 gpu_run_header "$OUT/header.log"; cat "$OUT/header.log"
-timeout "${S45_A_S:-150}" $PY -m pytest -q -p no:cacheprovider -n 14 tests/pytorch/ops/test_gemm_fp8.py \
+timeout "${S45_A_S:-200}" $PY -m pytest -q -p no:cacheprovider -n 14 tests/pytorch/ops/test_gemm_fp8.py \
   tests/pytorch/modules tests/pytorch/ops/test_moe_permute.py tests/pytorch/ops/test_moe_router.py \
   tests/pytorch/test_no_host_sync.py tests/pytorch/ops/test_compile_megatron.py > "$OUT/pytest_a.log" 2>&1
 echo "a rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" "$OUT/pytest_a.log" | tail -15
