@@ -33,3 +33,33 @@ def check_grouped_op(op, a, b, gl, trans_b, min_snr, out_dtype=None, **kwargs):
     for g in range(len(gl)):
         if int(gl[g]) == 0:
             assert not b.grad[g].any()
+
+
+def check_compiled_matches_eager(op, a0, b0, gl, fuse, **kwargs):
+    """``op(a, b, gl, **kwargs)`` (a grouped low-precision GEMM) eager and under
+    ``torch.compile(fullgraph=True)``: the output and the gradients of ``a`` and ``b`` (or, with
+    ``fuse``, ``b.main_grad`` after Megatron's accumulation) equal bit for bit, nonzero, the rows past
+    the routed ones zero, and ``grad_added_to_main_grad`` set with ``fuse``."""
+    dy = torch.randn(a0.shape[0], b0.shape[1] if kwargs.get("trans_b", True) else b0.shape[2],
+                     dtype=a0.dtype, device=a0.device)
+    mg0 = torch.randn(b0.shape, dtype=torch.float32, device=b0.device)
+
+    def call(a, b):
+        return op(a, b, gl, fuse_bgrad_accum_pattern="megatron" if fuse else None, **kwargs)
+
+    def run(fn):
+        a, b = a0.clone().requires_grad_(), torch.nn.Parameter(b0.clone())
+        if fuse:
+            b.main_grad = mg0.clone()
+        out = fn(a, b)
+        out.backward(dy)
+        assert not fuse or b.grad_added_to_main_grad is True
+        return out.detach(), a.grad, (b.main_grad if fuse else b.grad)
+
+    eager = run(call)
+    torch._dynamo.reset()  # `call` is one code object for every case: start its cache over, not recompile
+    compiled = run(torch.compile(call, fullgraph=True, backend="aot_eager"))
+    routed = int(gl.sum())
+    assert routed < a0.shape[0] and not eager[0][routed:].any()
+    for name, x, y in zip(("out", "grad a", "grad b"), eager, compiled):
+        assert x.abs().sum() > 0 and x.dtype == y.dtype and torch.equal(x, y), name

@@ -13,7 +13,7 @@ import torch
 import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.core.low_precision import Float4QuantConfig
 from primus_turbo.testing import grouped_gemm_ref, grouped_gemm_variable_k_ref, snr_db
-from tests.grouped_gemm_checks import check_grouped_op
+from tests.grouped_gemm_checks import check_compiled_matches_eager, check_grouped_op
 
 MIN_SNR = 8.0
 CASES = [  # (group lens, N, K, trans_b, extra tail rows)
@@ -78,30 +78,10 @@ def test_torch_compile_fullgraph_matches_eager(trans_b, fuse, device):
     """torch.compile(fullgraph=True) traces the op whole (its GEMMs are custom ops with shape-only
     fakes): the output and both gradients (or main_grad's accumulation) equal eager's bit for bit."""
     torch.manual_seed(32)
-    lens = torch.tensor([40, 0, 57], dtype=torch.int64, device=device)
     a0 = torch.randn(100, 64, dtype=torch.bfloat16, device=device)
     b0 = torch.randn((3, 96, 64) if trans_b else (3, 64, 96), dtype=torch.bfloat16, device=device) * 0.125
-    dy = torch.randn(100, 96, dtype=torch.bfloat16, device=device)
-    mg0 = torch.randn(b0.shape, dtype=torch.float32, device=device)
-
-    def run(fn):
-        a, b = a0.clone().requires_grad_(), torch.nn.Parameter(b0.clone())
-        if fuse:
-            b.main_grad = mg0.clone()
-        out = fn(a, b)
-        out.backward(dy)
-        assert not fuse or b.grad_added_to_main_grad is True
-        return out.detach(), a.grad, (b.main_grad if fuse else b.grad)
-
-    def op(a, b):
-        return turbo.ops.grouped_gemm_fp4(a, b, lens, trans_b=trans_b,
-                                          fuse_bgrad_accum_pattern="megatron" if fuse else None)
-
-    eager = run(op)
-    compiled = run(torch.compile(op, fullgraph=True, backend="aot_eager"))
-    assert eager[0][97:].abs().sum() == 0  # the rows past the groups
-    for name, x, y in zip(("out", "grad a", "grad b"), eager, compiled):
-        assert x.abs().sum() > 0 and x.dtype == y.dtype and torch.equal(x, y), name
+    gl = torch.tensor([40, 0, 57], dtype=torch.int64, device=device)
+    check_compiled_matches_eager(turbo.ops.grouped_gemm_fp4, a0, b0, gl, fuse, trans_b=trans_b)
 
 
 def test_empty_shapes(device):

@@ -16,7 +16,7 @@ import primus_turbo.pytorch as turbo  # noqa: F401  (the package must import cle
 from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, Format, ScalingGranularity
 from primus_turbo.pytorch.ops.grouped_gemm_fp8 import grouped_gemm_fp8
 from primus_turbo.testing import grouped_gemm_ref, grouped_gemm_variable_k_ref, snr_db
-from tests.grouped_gemm_checks import check_grouped_op
+from tests.grouped_gemm_checks import check_compiled_matches_eager, check_grouped_op
 
 ON_GPU = torch.cuda.is_available()
 GRANS = [ScalingGranularity.TENSORWISE, ScalingGranularity.ROWWISE, ScalingGranularity.BLOCKWISE]
@@ -139,29 +139,10 @@ def test_torch_compile_fullgraph_matches_eager(gran, fuse, device):
     torch.manual_seed(31)
     cfg = Float8QuantConfig(format=Format.HYBRID, granularity=gran,
                             block_size=32 if gran == ScalingGranularity.BLOCKWISE else None)
-    lens = torch.tensor([32, 0, 61], dtype=torch.int64, device=device)
     a0 = torch.randn(100, 64, dtype=torch.bfloat16, device=device)
     b0 = torch.randn(3, 96, 64, dtype=torch.bfloat16, device=device) * 0.125
-    dy = torch.randn(100, 96, dtype=torch.bfloat16, device=device)
-    mg0 = torch.randn(b0.shape, dtype=torch.float32, device=device)
-
-    def run(fn):
-        a, b = a0.clone().requires_grad_(), torch.nn.Parameter(b0.clone())
-        if fuse:
-            b.main_grad = mg0.clone()
-        out = fn(a, b)
-        out.backward(dy)
-        assert not fuse or b.grad_added_to_main_grad is True
-        return out.detach(), a.grad, (b.main_grad if fuse else b.grad)
-
-    def op(a, b):
-        return grouped_gemm_fp8(a, b, lens, config=cfg, fuse_bgrad_accum_pattern="megatron" if fuse else None)
-
-    eager = run(op)
-    compiled = run(torch.compile(op, fullgraph=True, backend="aot_eager"))
-    assert eager[0][61 + 32:].abs().sum() == 0  # the rows past the groups
-    for name, x, y in zip(("out", "grad a", "grad b"), eager, compiled):
-        assert x.abs().sum() > 0 and x.dtype == y.dtype and torch.equal(x, y), name
+    gl = torch.tensor([32, 0, 61], dtype=torch.int64, device=device)
+    check_compiled_matches_eager(grouped_gemm_fp8, a0, b0, gl, fuse, config=cfg)
 
 
 def test_bitwise_repeatable(device):
