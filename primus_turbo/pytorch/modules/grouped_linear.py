@@ -8,6 +8,7 @@ from typing import Optional
 
 import torch
 
+from ..core.amp import autocast_dtype, autocast_off, cast_inputs
 from ..core.low_precision import Float4QuantConfig, Float8QuantConfig
 from ..ops.grouped_gemm import grouped_gemm
 from ..ops.grouped_gemm_fp4 import grouped_gemm_fp4
@@ -142,6 +143,15 @@ class GroupedLinear(_FP8WeightCache, torch.nn.Module):
                         is_first_microbatch: bool, fuse: Optional[str]) -> torch.Tensor:
         """The FP8 forward of :meth:`forward` with the weight's copies from the micro-batch cache."""
         w = self.weight
+        amp = autocast_dtype(x)
+        if amp is not None:  # the activation is autocast's; the grouped FP8 op takes one dtype
+            if w.dtype != amp:
+                raise TypeError(f"GroupedLinear: the FP8 weight cache (is_first_microbatch) under "
+                                f"torch.autocast({amp}) needs the weight in {amp}, got {w.dtype}; pass "
+                                f"is_first_microbatch=None (the weight quantized every call) or keep it in {amp}")
+            (x,) = cast_inputs(amp, x)
+            with autocast_off(x):
+                return self._cached_forward(x, group_lens, group_offs, is_first_microbatch, fuse)
         if x.dtype != w.dtype:
             raise TypeError(f"GroupedLinear: input dtype {x.dtype} must match the weight's {w.dtype}")
         need_dgrad = torch.is_grad_enabled() and x.requires_grad

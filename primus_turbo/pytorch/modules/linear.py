@@ -22,6 +22,7 @@ import torch
 
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity
 from ..core.quantized_tensor import QuantizedTensorPair, create_quantized_weight
+from ..core.amp import autocast_dtype, autocast_off, cast_inputs
 from ..ops.gemm import _flag_main_grad, _megatron_dummy_wgrad, gemm
 from ..ops.gemm_fp8 import _forward as _fp8_forward
 from ..ops.gemm_fp8 import _mm as _fp8_mm
@@ -80,8 +81,14 @@ class Linear(torch.nn.Linear):
         y = gemm(_rows(x, self.in_features), self.weight, trans_b=True,
                  fuse_bgrad_accum_pattern=_fuse_pattern(self.weight))
         if self.bias is not None:
-            y = y + self.bias
+            y = y + _bias(self.bias, y)
         return y.reshape(*lead, self.out_features)
+
+
+def _bias(bias: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The bias in the output's dtype: an fp32 bias over a product that ``torch.autocast`` made
+    bf16 is added in bf16, as ``F.linear`` does under autocast (without autocast they match)."""
+    return bias if bias.dtype == y.dtype else bias.to(y.dtype)
 
 
 class RouterLinear(Linear):
@@ -294,7 +301,10 @@ class Float8Linear(_FP8WeightCache, torch.nn.Linear):
                 self.invalidate_weight_cache()
             y = gemm_fp8(x2, w, trans_b=True, config=cfg, fuse_bgrad_accum_pattern=fuse)
         else:
-            if x2.dtype != w.dtype:
+            amp = autocast_dtype(x2)
+            if amp is not None:  # (the cached copies are FP8 already: only the activation is autocast's)
+                (x2,) = cast_inputs(amp, x2)
+            elif x2.dtype != w.dtype:
                 raise TypeError(f"Float8Linear: input dtype {x2.dtype} must match the weight's {w.dtype}")
             # under torch.compile the cached branch runs eagerly (the graph breaks around it): its validity
             # check reads the weight's data pointer and version counter, host state dynamo can neither
@@ -306,11 +316,14 @@ class Float8Linear(_FP8WeightCache, torch.nn.Linear):
                 run = torch.compiler.disable(run)
             y = run(self, x2, is_first_microbatch, fuse)
         if self.bias is not None:
-            y = y + self.bias
+            y = y + _bias(self.bias, y)
         return y.reshape(*lead, self.out_features)
 
     def _cached_forward(self, x2: torch.Tensor, is_first_microbatch: bool, fuse: Optional[str]) -> torch.Tensor:
         """``x2 @ W^T`` with the weight's FP8 copies from the micro-batch cache (see :meth:`forward`)."""
+        if autocast_dtype(x2) is not None:
+            with autocast_off(x2):  # (the ATen ops inside keep the dtypes chosen: core/amp.py)
+                return self._cached_forward(x2, is_first_microbatch, fuse)
         w, cfg = self.weight, self.config
         grad = torch.is_grad_enabled() and (x2.requires_grad or w.requires_grad)
         need_t = grad and x2.requires_grad and cfg.granularity in _NEEDS_T_COPY

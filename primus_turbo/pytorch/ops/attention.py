@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 
 from ..backends.attention import ATTN_DTYPES, AttnTritonBackend, attn_dispatcher
+from ..core.amp import autocast_dtype, autocast_off, cast_inputs
 from ..core.backend import PrecisionType
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func"]
@@ -312,8 +313,14 @@ def flash_attn_func(
 
     Backends: TORCH (SDPA; the default wherever it can run the call: no sink, window, LSE or
     deterministic-on-CUDA request, and no empty causal rows) and TRITON (everything else); pin with
-    ``GlobalBackendManager.set_attn_backend`` or ``PRIMUS_TURBO_ATTN_BACKEND``.
+    ``GlobalBackendManager.set_attn_backend`` or ``PRIMUS_TURBO_ATTN_BACKEND``. Under
+    ``torch.autocast`` q, k and v are cast to its dtype first, as for SDPA (core/amp.py).
     """
+    if isinstance(q, torch.Tensor) and (amp := autocast_dtype(q)) is not None:
+        q, k, v = cast_inputs(amp, q, k, v)  # (sink stays float32)
+        with autocast_off(q):
+            return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes,
+                                   deterministic, return_lse, return_attn_probs, sink)
     _check_inputs(q, k, v, dropout_p, softmax_scale, window_size, bias, alibi_slopes, return_attn_probs, sink)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.size(-1))
     win_left, win_right = int(window_size[0]), int(window_size[1])
@@ -413,7 +420,14 @@ def flash_attn_varlen_func(
         ``cu_seqlens_q[0] .. cu_seqlens_q[-1]`` get zeros (LSE ``+inf``) and zero gradients.
 
     Backend: TRITON only (the TORCH/SDPA backend declines varlen: it would need a host sync).
+    Under ``torch.autocast`` q, k and v are cast to its dtype first (core/amp.py).
     """
+    if isinstance(q, torch.Tensor) and (amp := autocast_dtype(q)) is not None:
+        q, k, v = cast_inputs(amp, q, k, v)
+        with autocast_off(q):
+            return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                          softmax_scale, causal, window_size, bias, alibi_slopes, deterministic,
+                                          return_lse, return_attn_probs, sink)
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     # the dense checks on [1, total, heads, dim] views cover dtype/device/heads/head-dim/window/sink
     _check_inputs(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), dropout_p, softmax_scale, window_size, bias,

@@ -32,6 +32,7 @@ from typing import Optional
 
 import torch
 
+from ..core.amp import autocast_dtype, autocast_off, cast_inputs
 from ..core.low_precision import Float8QuantConfig, Format, ScalingGranularity, ScalingStrategy, check_fp8_support
 from .attention import _check_inputs, eager_or_traced
 
@@ -274,8 +275,14 @@ def flash_attn_fp8_func(
     Runs on the TRITON kernels (CUDA with FP8 tensor cores, sm_89+, or CPU under the Triton
     interpreter); no backend dispatch. On sm_90, ``PRIMUS_TURBO_ATTN_FP8_FWD_GLUON=1`` runs the
     forward's attention kernel as the warp-specialized Gluon FP8 kernel where it takes the inputs
-    (same quantization, O and LSE).
+    (same quantization, O and LSE). Under ``torch.autocast`` q, k and v are cast to its dtype first
+    (core/amp.py).
     """
+    if isinstance(q, torch.Tensor) and (amp := autocast_dtype(q)) is not None:
+        q, k, v = cast_inputs(amp, q, k, v)
+        with autocast_off(q):
+            return flash_attn_fp8_func(q, k, v, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes,
+                                       deterministic, return_lse, return_attn_probs, sink, fp8_config)
     _check_inputs(q, k, v, dropout_p, softmax_scale, window_size, bias, alibi_slopes, return_attn_probs, sink, fn=_FN)
     if q.dtype not in _DTYPES:
         raise TypeError(f"{_FN}: q, k, v must be bfloat16 or float16, got {q.dtype}")

@@ -36,6 +36,7 @@ import torch
 
 from primus_turbo.triton import is_interpreter, triton_available
 
+from ..core.amp import autocast_dtype, autocast_off
 from .gemm import _flag_main_grad, _megatron_dummy_wgrad, check_main_grad
 
 __all__ = ["router_gating_linear", "router_gemm_backend"]
@@ -180,6 +181,11 @@ def router_gating_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[t
         ``[..., E]`` logits in ``router_dtype``. Gradients: ``x``'s in ``x.dtype``, ``weight``'s
         and ``bias``'s in their dtypes, with fp32 accumulation on the fused path.
     """
+    if isinstance(x, torch.Tensor) and autocast_dtype(x) is not None:
+        # the logits' dtype is router_dtype's choice, not autocast's: the body (whose PyTorch path
+        # multiplies in router_dtype) runs with autocast off, the inputs as given (core/amp.py)
+        with autocast_off(x):
+            return router_gating_linear(x, weight, bias, router_dtype, fuse_bgrad_accum_pattern=fuse_bgrad_accum_pattern)
     _check(x, weight, bias, router_dtype, fuse_bgrad_accum_pattern)
     out = _RouterGatingLinear.apply(x, weight, bias, router_dtype or weight.dtype, fuse_bgrad_accum_pattern)
     if fuse_bgrad_accum_pattern == "megatron" and weight.requires_grad and torch.is_grad_enabled():
