@@ -180,3 +180,12 @@ def test_compiled_layer_under_autocast_matches_eager(name, device):
     with torch.autocast(device, dtype=BF):
         y, yc = layer(*xs, **kwargs), compiled(*xs, **kwargs)
     assert y.dtype == yc.dtype == BF and y.abs().sum() > 0 and torch.equal(y, yc)
+
+
+def test_meta_tensors_skip_the_autocast_query():
+    """``torch.is_autocast_enabled("meta")`` raises: the query is only made for CPU / CUDA tensors."""
+    from primus_turbo.pytorch.core.amp import autocast_dtype
+
+    assert autocast_dtype(torch.empty(2, device="meta")) is None
+    with torch.autocast("cpu", dtype=BF):
+        assert autocast_dtype(torch.empty(2)) == BF

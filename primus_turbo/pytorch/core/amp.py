@@ -32,6 +32,8 @@ def autocast_dtype(t: torch.Tensor) -> Optional[torch.dtype]:
     """The dtype ``torch.autocast`` runs GEMM-class ops in on ``t``'s device type, or None when
     autocast is off there (the common case: one C call)."""
     dev = t.device.type
+    if dev != "cuda" and dev != "cpu":  # (the library's devices; autocast has no state for "meta")
+        return None
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
 
 
