@@ -13,7 +13,7 @@ gpu_run_header "$OUT/header.log"; cat "$OUT/header.log"
 timeout "${S45_A_S:-200}" $PY -m pytest -q -p no:cacheprovider -n 14 tests/pytorch/ops/test_gemm_fp8.py \
   tests/pytorch/modules tests/pytorch/ops/test_moe_permute.py tests/pytorch/ops/test_moe_router.py \
   tests/pytorch/test_no_host_sync.py tests/pytorch/ops/test_compile_megatron.py tests/pytorch/test_autocast.py \
-  tests/pytorch/test_checkpoint.py > "$OUT/pytest_a.log" 2>&1
+  tests/pytorch/test_checkpoint.py tests/pytorch/test_compile_dynamic.py > "$OUT/pytest_a.log" 2>&1
 echo "a rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" "$OUT/pytest_a.log" | tail -15
 timeout "${S45_B_S:-110}" $PY -m pytest -q -p no:cacheprovider -n 14 tests/pytorch/ops/test_grouped_gemm.py \
   tests/triton/test_grouped_gemm_kernel.py tests/pytorch/ops/test_grouped_gemm_fp8.py tests/pytorch/ops/test_grouped_gemm_fp4.py \

@@ -78,7 +78,9 @@ class AttnTorchBackend(KernelBackend):
     def execute(cls, q, k, v, softmax_scale, win_right=-1, **_) -> torch.Tensor:
         """``out [B, Sq, Hq, Dv]``, differentiable through PyTorch's autograd."""
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        kw = dict(scale=softmax_scale, enable_gqa=q.size(2) != k.size(2))
+        kw = dict(scale=softmax_scale)
+        if q.size(2) != k.size(2):  # (branched on: under dynamic shapes the comparison is a SymBool, which
+            kw["enable_gqa"] = True  # SDPA's bool argument refuses; the branch specializes the head counts)
         if win_right == 0 and q.size(1) == k.size(1):
             out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, **kw)
         elif win_right == 0:
