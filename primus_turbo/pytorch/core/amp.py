@@ -10,8 +10,9 @@ So the public ops ask here first:
 * GEMM-class ops (``gemm``, ``grouped_gemm``, ``grouped_gemm_glu``, the attention functions) cast
   their floating inputs to the autocast dtype, except float64 (autocast's ``lower_precision_fp``
   rule, as for ``mm`` / ``scaled_dot_product_attention``).
-* The FP8 / FP4 ops quantize their inputs as they come and write their output in the autocast
-  dtype when no ``out_dtype`` is given.
+* The FP8 / FP4 GEMMs cast their high-precision inputs the same way (``QuantizedTensor`` s are
+  left alone), so they quantize the autocast-dtype values and write that dtype by default, and
+  take an fp32 weight with bf16 activations, as their one-dtype rule otherwise refuses.
 * Every op runs its body with autocast off. The ATen ops inside (fp32 matmuls of the routers,
   reference paths, ``torch._grouped_mm`` / ``torch._scaled_mm``) then keep the dtypes the op chose.
 
