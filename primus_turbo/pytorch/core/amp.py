@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["autocast_dtype", "cast_inputs", "autocast_off", "refuse_fused_cast"]
+__all__ = ["autocast_dtype", "cast_inputs", "autocast_off", "refuse_fused_cast", "gemm_under_autocast"]
 
 
 def autocast_dtype(t: torch.Tensor) -> Optional[torch.dtype]:
@@ -66,3 +66,13 @@ def refuse_fused_cast(op: str, b, dtype: torch.dtype, fuse_bgrad_accum_pattern) 
             f"{op}: fuse_bgrad_accum_pattern={fuse_bgrad_accum_pattern!r} under torch.autocast({dtype}) with a "
             f"{b.dtype} weight: autocast would cast the weight to a copy without main_grad; keep the weight in "
             f"{dtype} (Megatron's form) or run without autocast")
+
+
+def gemm_under_autocast(fn, dtype: torch.dtype, a, b, *rest, fuse_bgrad_accum_pattern=None):
+    """A GEMM op ``fn(a, b, *rest, fuse_bgrad_accum_pattern=...)`` called again under autocast: ``a``
+    and ``b`` cast to ``dtype``, the body with autocast off, Megatron's fused form refused where ``b``
+    would be cast (each GEMM op's entry under autocast)."""
+    refuse_fused_cast(fn.__name__, b, dtype, fuse_bgrad_accum_pattern)
+    a, b = cast_inputs(dtype, a, b)
+    with autocast_off(a):
+        return fn(a, b, *rest, fuse_bgrad_accum_pattern=fuse_bgrad_accum_pattern)

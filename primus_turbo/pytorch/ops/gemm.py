@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from ..backends.gemm import GEMM_DTYPES, all_gemms_on_torch, gemm_dispatcher, torch_autograd_mm
-from ..core.amp import autocast_dtype, autocast_off, cast_inputs, refuse_fused_cast
+from ..core.amp import autocast_dtype, gemm_under_autocast
 from ..core.backend import PrecisionType
 from ..core.quantized_tensor import QuantizedTensor
 
@@ -243,11 +243,8 @@ def gemm(
     (core/amp.py).
     """
     if isinstance(a, torch.Tensor) and (amp := autocast_dtype(a)) is not None:
-        if isinstance(b, torch.Tensor):
-            refuse_fused_cast("gemm", b, amp, fuse_bgrad_accum_pattern)
-        a, b = cast_inputs(amp, a, b)
-        with autocast_off(a):
-            return gemm(a, b, trans_a, trans_b, out_dtype, fuse_bgrad_accum_pattern)
+        return gemm_under_autocast(gemm, amp, a, b, trans_a, trans_b, out_dtype,
+                                   fuse_bgrad_accum_pattern=fuse_bgrad_accum_pattern)
     _check_inputs(a, b, trans_a, trans_b, out_dtype, fuse_bgrad_accum_pattern)
     out_dtype = out_dtype or torch.promote_types(a.dtype, b.dtype)
     fuse = fuse_bgrad_accum_pattern == "megatron"

@@ -67,7 +67,7 @@ from typing import Optional
 import torch
 
 from ..backends.gemm_fp4 import gemm_fp4_dispatcher
-from ..core.amp import autocast_dtype, autocast_off, cast_inputs, refuse_fused_cast
+from ..core.amp import autocast_dtype, gemm_under_autocast
 from ..core.backend import PrecisionType
 from ..core.low_precision import MXFP4_BLOCK_SIZE, Float4QuantConfig, ScalingGranularity, ScalingRecipe
 from ..core.quantized_tensor import QuantizedTensor, QuantizedTensorPair, _packed_fp4
@@ -520,10 +520,8 @@ def gemm_fp4(
     (the result is the fp32 sum of the dequantized products).
     """
     if isinstance(a, torch.Tensor) and (amp := autocast_dtype(a)) is not None:  # core/amp.py
-        refuse_fused_cast("gemm_fp4", b, amp, fuse_bgrad_accum_pattern)
-        a, b = cast_inputs(amp, a, b)
-        with autocast_off(a):
-            return gemm_fp4(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pattern)
+        return gemm_under_autocast(gemm_fp4, amp, a, b, trans_a, trans_b, out_dtype, config,
+                                   fuse_bgrad_accum_pattern=fuse_bgrad_accum_pattern)
     config = Float4QuantConfig() if config is None else config
     m, n, k = _check_inputs(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pattern)
     if out_dtype is None:

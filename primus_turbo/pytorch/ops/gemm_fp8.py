@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 
 from ..backends.gemm_fp8 import gemm_fp8_dispatcher
-from ..core.amp import autocast_dtype, autocast_off, cast_inputs, refuse_fused_cast
+from ..core.amp import autocast_dtype, gemm_under_autocast
 from ..core.backend import PrecisionType
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingRecipe
 from ..core.quantized_tensor import QuantizedTensor, QuantizedTensorPair
@@ -419,10 +419,8 @@ def gemm_fp8(
     rest: MX_BLOCKWISE, the BLOCKWISE wgrad, HYBRID's E5M2 dgrad, non-Hopper devices).
     """
     if isinstance(a, torch.Tensor) and (amp := autocast_dtype(a)) is not None:  # core/amp.py
-        refuse_fused_cast("gemm_fp8", b, amp, fuse_bgrad_accum_pattern)
-        a, b = cast_inputs(amp, a, b)
-        with autocast_off(a):
-            return gemm_fp8(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pattern)
+        return gemm_under_autocast(gemm_fp8, amp, a, b, trans_a, trans_b, out_dtype, config,
+                                   fuse_bgrad_accum_pattern=fuse_bgrad_accum_pattern)
     config = Float8QuantConfig() if config is None else config
     m, n, k = _check_inputs(a, b, trans_a, trans_b, out_dtype, config, fuse_bgrad_accum_pattern)
     if out_dtype is None:

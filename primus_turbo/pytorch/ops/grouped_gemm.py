@@ -40,7 +40,7 @@ from ..backends.grouped_gemm import (
     grouped_gemm_variable_k_dispatcher,
     zero_tail_rows,
 )
-from ..core.amp import autocast_dtype, autocast_off, cast_inputs, refuse_fused_cast
+from ..core.amp import autocast_dtype, gemm_under_autocast
 from ..core.backend import BackendType, GlobalBackendManager, PrecisionType
 from ..core.env import env_raw
 from ..core.quantized_tensor import QuantizedTensor
@@ -569,11 +569,8 @@ def grouped_gemm(
     ``torch.autocast`` ``a`` and ``b`` are cast to its dtype first (core/amp.py).
     """
     if isinstance(a, torch.Tensor) and (amp := autocast_dtype(a)) is not None:
-        if isinstance(b, torch.Tensor):
-            refuse_fused_cast("grouped_gemm", b, amp, fuse_bgrad_accum_pattern)
-        a, b = cast_inputs(amp, a, b)
-        with autocast_off(a):
-            return grouped_gemm(a, b, group_lens, group_offs, trans_b, num_cu, schedule, fuse_bgrad_accum_pattern)
+        return gemm_under_autocast(grouped_gemm, amp, a, b, group_lens, group_offs, trans_b, num_cu, schedule,
+                                   fuse_bgrad_accum_pattern=fuse_bgrad_accum_pattern)
     fk = None
     if (num_cu is None and schedule == "static" and torch.is_grad_enabled()
             and (fuse_bgrad_accum_pattern is None or fuse_bgrad_accum_pattern == "megatron")):

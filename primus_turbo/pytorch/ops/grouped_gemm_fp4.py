@@ -56,7 +56,7 @@ import torch
 
 from ..backends.grouped_gemm_fp4 import grouped_gemm_fp4_dispatcher, grouped_gemm_fp4_variable_k_dispatcher
 from ..backends.grouped_gemm_fp8 import padded_group_layout
-from ..core.amp import autocast_dtype, autocast_off, cast_inputs, refuse_fused_cast
+from ..core.amp import autocast_dtype, gemm_under_autocast
 from ..core.backend import PrecisionType
 from ..core.low_precision import Float4QuantConfig, ScalingRecipe
 from ..core.quantized_tensor import QuantizedTensor, QuantizedTensorPair
@@ -282,11 +282,8 @@ def grouped_gemm_fp4(
     in-kernel, bf16 tensor cores; CPU through the Triton interpreter).
     """
     if isinstance(a, torch.Tensor) and (amp := autocast_dtype(a)) is not None:  # core/amp.py
-        refuse_fused_cast("grouped_gemm_fp4", b, amp, fuse_bgrad_accum_pattern)
-        a, b = cast_inputs(amp, a, b)
-        with autocast_off(a):
-            return grouped_gemm_fp4(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu,
-                                    fuse_bgrad_accum_pattern)
+        return gemm_under_autocast(grouped_gemm_fp4, amp, a, b, group_lens, group_offs, trans_b, out_dtype, config,
+                                   num_cu, fuse_bgrad_accum_pattern=fuse_bgrad_accum_pattern)
     config = Float4QuantConfig() if config is None else config
     _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern)
     group_offs = _group_offsets("grouped_gemm_fp4", group_lens, group_offs, a)

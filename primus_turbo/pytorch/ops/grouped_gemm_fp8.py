@@ -51,7 +51,7 @@ from ..backends.grouped_gemm_fp8 import (
     grouped_gemm_fp8_variable_k_dispatcher,
     padded_group_layout,
 )
-from ..core.amp import autocast_dtype, autocast_off, cast_inputs, refuse_fused_cast
+from ..core.amp import autocast_dtype, gemm_under_autocast
 from ..core.backend import GlobalBackendManager, PrecisionType
 from ..core.env import env_auto_flag, env_raw
 from ..core.low_precision import Float8QuantConfig, ScalingGranularity, ScalingRecipe
@@ -549,11 +549,8 @@ def grouped_gemm_fp8(
     TENSORWISE / ROWWISE with ``PRIMUS_TURBO_GROUPED_GEMM_FP8_GLUON_SCALED=1``).
     """
     if isinstance(a, torch.Tensor) and (amp := autocast_dtype(a)) is not None:  # core/amp.py
-        refuse_fused_cast("grouped_gemm_fp8", b, amp, fuse_bgrad_accum_pattern)
-        a, b = cast_inputs(amp, a, b)
-        with autocast_off(a):
-            return grouped_gemm_fp8(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu,
-                                    fuse_bgrad_accum_pattern)
+        return gemm_under_autocast(grouped_gemm_fp8, amp, a, b, group_lens, group_offs, trans_b, out_dtype, config,
+                                   num_cu, fuse_bgrad_accum_pattern=fuse_bgrad_accum_pattern)
     config = Float8QuantConfig() if config is None else config
     _check_inputs(a, b, group_lens, group_offs, trans_b, out_dtype, config, num_cu, fuse_bgrad_accum_pattern)
     if isinstance(a, QuantizedTensor) and a.is_grouped_tensor:

@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 
 from ..backends.grouped_gemm import gluon16_preferred, grouped_gemm_dispatcher
-from ..core.amp import autocast_dtype, autocast_off, cast_inputs, refuse_fused_cast
+from ..core.amp import autocast_dtype, gemm_under_autocast
 from ..core.backend import BackendType, PrecisionType
 from ..core.env import env_auto_flag
 from . import activation as _act
@@ -115,11 +115,8 @@ def grouped_gemm_glu(x: torch.Tensor, w: torch.Tensor, group_lens: torch.Tensor,
     module docstring for when).
     """
     if isinstance(x, torch.Tensor) and (amp := autocast_dtype(x)) is not None:  # x and w, as grouped_gemm
-        if isinstance(w, torch.Tensor):
-            refuse_fused_cast("grouped_gemm_glu", w, amp, fuse_bgrad_accum_pattern)
-        x, w = cast_inputs(amp, x, w)
-        with autocast_off(x):
-            return grouped_gemm_glu(x, w, group_lens, group_offs, probs, row_mask, activation, fuse_bgrad_accum_pattern)
+        return gemm_under_autocast(grouped_gemm_glu, amp, x, w, group_lens, group_offs, probs, row_mask, activation,
+                                   fuse_bgrad_accum_pattern=fuse_bgrad_accum_pattern)
     if activation not in _ACTIVATIONS:
         raise ValueError(f"grouped_gemm_glu: activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
     _check_inputs(x, w, group_lens, group_offs, True, None, fuse_bgrad_accum_pattern, "grouped_gemm_glu", ("x", "w"))
