@@ -846,3 +846,60 @@ def test_grouped_linear_fp8_cache_under_torch_compile(monkeypatch):
         fresh = turbo.ops.grouped_gemm_fp8(x, mod.weight, lens, trans_b=True, config=_GROUPED_F8["tensorwise"])
     assert calls == [True, True, False]
     assert torch.equal(y, fresh)
+
+
+def _every_layer(dtype):
+    """One of each parameterised layer, small enough for the interpreter."""
+    f8 = Float8QuantConfig(granularity=ScalingGranularity.TENSORWISE)
+    return torch.nn.ModuleDict(dict(
+        lin=turbo.modules.Linear(64, 32, dtype=dtype),
+        f8=turbo.modules.Float8Linear(64, 32, config=f8, dtype=dtype),
+        gl=turbo.modules.GroupedLinear(4, 64, 32, dtype=dtype),
+        mlp=turbo.modules.GroupedMLP(4, 64, 32, dtype=dtype),
+        moe=turbo.modules.MoELayer(64, 32, 4, 2, dtype=dtype),
+        norm=turbo.modules.RMSNorm(64, dtype=dtype),
+    ))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_meta_device_init_then_to_empty(device, dtype):
+    """TorchTitan's init: build on the meta device, ``to_empty`` on the real one, then every layer's
+    ``reset_parameters``. Every parameter must be re-initialised (none left as the garbage
+    ``to_empty`` gives, poisoned with NaN here), with the plain constructor's shapes, dtypes and
+    initial spread, and the layers must then run forward and backward like plainly built ones."""
+    plain = _every_layer(dtype)
+    with torch.device("meta"):
+        lazy = _every_layer(dtype)
+    assert all(p.is_meta for p in lazy.parameters())
+    lazy.to_empty(device=device)
+    with torch.no_grad():
+        for p in lazy.parameters():
+            p.fill_(float("nan"))
+    for mod in lazy.modules():
+        if mod is not lazy and hasattr(mod, "reset_parameters"):
+            mod.reset_parameters()
+    ours, theirs = dict(lazy.named_parameters()), dict(plain.named_parameters())
+    assert ours.keys() == theirs.keys()
+    for name, p in ours.items():
+        q = theirs[name]
+        assert (p.shape, p.dtype, p.device.type) == (q.shape, q.dtype, q.device.type), name
+        assert torch.isfinite(p).all(), f"{name} not re-initialised after to_empty"
+        if p.numel() > 1 and q.float().std() > 0:
+            ratio = float(p.float().std() / q.float().std())
+            assert 0.7 < ratio < 1.4, f"{name}: init spread {ratio:.2f}x the plain constructor's"
+        else:
+            assert torch.equal(p, q), name
+    # the lazily built layers, loaded with the plain ones' weights, compute the same as they do
+    lazy.load_state_dict(plain.state_dict())
+    x = torch.randn(16, 64, dtype=dtype)
+    for key in ("lin", "f8", "moe", "norm"):
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ya, yb = lazy[key](xa), plain[key](xb)
+        dy = torch.randn_like(ya)
+        ya.backward(dy)
+        yb.backward(dy)
+        if device == "cpu":
+            assert torch.equal(ya, yb) and torch.equal(xa.grad, xb.grad), key
+        else:  # fp32 atomics in the MoE path may reorder sums between two runs on the GPU
+            _assert(yb, ya, 60.0, f"{key} out")
+            _assert(xb.grad, xa.grad, 60.0, f"{key} dx")
