@@ -15,7 +15,7 @@ timeout "${S45_A_S:-200}" $PY -m pytest -q -p no:cacheprovider -n 14 tests/pytor
   tests/pytorch/test_no_host_sync.py tests/pytorch/ops/test_compile_megatron.py tests/pytorch/test_autocast.py \
   tests/pytorch/test_checkpoint.py tests/pytorch/test_compile_dynamic.py > "$OUT/pytest_a.log" 2>&1
 echo "a rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" "$OUT/pytest_a.log" | tail -15
-timeout "${S45_B_S:-110}" $PY -m pytest -q -p no:cacheprovider -n 14 tests/pytorch/ops/test_grouped_gemm.py \
+timeout "${S45_B_S:-150}" $PY -m pytest -q -p no:cacheprovider -n "${S45_B_N:-8}" tests/pytorch/ops/test_grouped_gemm.py \
   tests/triton/test_grouped_gemm_kernel.py tests/pytorch/ops/test_grouped_gemm_fp8.py tests/pytorch/ops/test_grouped_gemm_fp4.py \
   -k "issue_nk or overrunning or G16 or G32 or signature or schedule_values or num_cu or many_groups or megatron_fused or compile" \
   > "$OUT/pytest_b.log" 2>&1

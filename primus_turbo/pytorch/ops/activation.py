@@ -227,7 +227,11 @@ def _mask_arg(row_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     if row_mask is None:
         return None
     m = row_mask.contiguous()
-    return m.view(torch.uint8) if m.dtype == torch.bool else m
+    if m.dtype != torch.bool:
+        return m
+    # eager: a free reinterpretation; inductor (torch 2.11) cannot lower a bool -> uint8 dtype view
+    # of a computed mask, so under compile a cast (fused into the mask's producer) instead
+    return m.to(torch.uint8) if torch.compiler.is_compiling() else m.view(torch.uint8)
 
 
 def swiglu(x: torch.Tensor) -> torch.Tensor:
