@@ -100,6 +100,16 @@ def device() -> str:
 
 
 @pytest.fixture(autouse=True)
+def _release_gpu_memory():
+    """Return each test's cached CUDA blocks to the driver: GPU sessions run many pytest workers on
+    one card, and a worker's allocator otherwise keeps a large test's float64 references reserved
+    (an 80 GB card ran out of memory with 8 workers, session 47)."""
+    yield
+    if _HAS_CUDA:
+        torch.cuda.empty_cache()
+
+
+@pytest.fixture(autouse=True)
 def _reset_backends():
     """Every test starts and ends with no backend pins and empty autotune caches."""
     from primus_turbo.pytorch.core.backend import GlobalBackendManager

@@ -35,11 +35,13 @@ def check_grouped_op(op, a, b, gl, trans_b, min_snr, out_dtype=None, **kwargs):
             assert not b.grad[g].any()
 
 
-def check_compiled_matches_eager(op, a0, b0, gl, fuse, **kwargs):
+def check_compiled_matches_eager(op, a0, b0, gl, fuse, backend="aot_eager", **kwargs):
     """``op(a, b, gl, **kwargs)`` (a grouped low-precision GEMM) eager and under
-    ``torch.compile(fullgraph=True)``: the output and the gradients of ``a`` and ``b`` (or, with
-    ``fuse``, ``b.main_grad`` after Megatron's accumulation) equal bit for bit, nonzero, the rows past
-    the routed ones zero, and ``grad_added_to_main_grad`` set with ``fuse``."""
+    ``torch.compile(fullgraph=True, backend=backend)``: the output and the gradients of ``a`` and ``b``
+    (or, with ``fuse``, ``b.main_grad`` after Megatron's accumulation) equal bit for bit, nonzero, the
+    rows past the routed ones zero, and ``grad_added_to_main_grad`` set with ``fuse``. With inductor,
+    which generates its own kernels for the glue between our custom ops, >= 60 dB against eager
+    instead of bit for bit (a tensor the generated code got wrong reads near 0 dB)."""
     dy = torch.randn(a0.shape[0], b0.shape[1] if kwargs.get("trans_b", True) else b0.shape[2],
                      dtype=a0.dtype, device=a0.device)
     mg0 = torch.randn(b0.shape, dtype=torch.float32, device=b0.device)
@@ -58,8 +60,12 @@ def check_compiled_matches_eager(op, a0, b0, gl, fuse, **kwargs):
 
     eager = run(call)
     torch._dynamo.reset()  # `call` is one code object for every case: start its cache over, not recompile
-    compiled = run(torch.compile(call, fullgraph=True, backend="aot_eager"))
+    compiled = run(torch.compile(call, fullgraph=True, backend=backend))
     routed = int(gl.sum())
     assert routed < a0.shape[0] and not eager[0][routed:].any()
     for name, x, y in zip(("out", "grad a", "grad b"), eager, compiled):
-        assert x.abs().sum() > 0 and x.dtype == y.dtype and torch.equal(x, y), name
+        assert x.abs().sum() > 0 and x.dtype == y.dtype, name
+        if backend == "inductor":
+            assert snr_db(x.double(), y) >= 60.0, f"{name}: {snr_db(x.double(), y):.1f} dB against eager"
+        else:
+            assert torch.equal(x, y), name

@@ -634,22 +634,45 @@ def _transpose_bytes(t: torch.Tensor, row_align: int = 1) -> torch.Tensor:
     ``[R, C] -> [C, R]`` or batched ``[G, R, C] -> [G, C, R]``.
 
     The Triton byte-transpose kernel (one launch for any G, near copy speed) on CUDA and under the
-    interpreter; torch's copy of the uint8 view on CPU without it and under torch.compile (which
-    generates its own copy kernel). torch's eager strided copy of a byte transpose runs far below
-    copy speed, which is why the kernel exists. ``row_align > 1``: the result's rows start at
-    multiples of ``row_align`` elements (it is a ``[..., :R]`` view of a buffer whose rows are
-    rounded up), so a kernel reading it sees a 16-divisible row stride (16-byte vectors) whatever R.
+    interpreter; torch's copy of the uint8 view on CPU without it. torch's eager strided copy of a
+    byte transpose runs far below copy speed, which is why the kernel exists. ``row_align > 1``: the
+    result's rows start at multiples of ``row_align`` elements (it is a ``[..., :R]`` view of a
+    buffer whose rows are rounded up), so a kernel reading it sees a 16-divisible row stride
+    (16-byte vectors) whatever R.
+
+    Under torch.compile it is a custom op: inductor (torch 2.11, CUDA) miscompiled the traced
+    uint8 <-> FP8 dtype views around a copy, which corrupted the FP8 wgrad copies (4 dB, session 47).
     """
+    if torch.compiler.is_compiling():
+        return torch.ops.primus_turbo.transpose_bytes(t, row_align)
+    return _transpose_bytes_eager(t, row_align)
+
+
+def _transposed_bytes_buffer(t: torch.Tensor, row_align: int) -> torch.Tensor:
+    """The uint8 result buffer of a byte transpose of ``t`` (rows rounded up to ``row_align``)."""
     *lead, r, c = t.shape
     rp = -(-r // row_align) * row_align if r else r
     buf = torch.empty((*lead, c, rp), dtype=torch.uint8, device=t.device)
-    out = buf[..., :r] if rp != r else buf
+    return buf[..., :r] if rp != r else buf
+
+
+def _transpose_bytes_eager(t: torch.Tensor, row_align: int) -> torch.Tensor:
+    out = _transposed_bytes_buffer(t, row_align)
     src = t.view(torch.uint8)
-    if torch.compiler.is_compiling() or quant_backend(t) != "triton":
+    if quant_backend(t) != "triton":
         out.copy_(src.transpose(-2, -1))
     else:
         _tq().transpose_bytes(src, out)
     return out.view(t.dtype)
+
+
+transpose_bytes_impl = torch.library.custom_op("primus_turbo::transpose_bytes", _transpose_bytes_eager,
+                                               mutates_args=())
+
+
+@transpose_bytes_impl.register_fake
+def _transpose_bytes_fake(t, row_align):
+    return _transposed_bytes_buffer(t, row_align).view(t.dtype)
 
 
 # ----------------------------------------------------------------------------------------------

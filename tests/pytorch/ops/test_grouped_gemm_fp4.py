@@ -84,6 +84,19 @@ def test_torch_compile_fullgraph_matches_eager(trans_b, fuse, device):
     check_compiled_matches_eager(turbo.ops.grouped_gemm_fp4, a0, b0, gl, fuse, trans_b=trans_b)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor's GPU code generation")
+@pytest.mark.parametrize("trans_b", [True, False])
+def test_inductor_matches_eager_gpu(trans_b):
+    """The default compile backend on the GPU (the FP8 file's test: inductor generates the glue)."""
+    torch.manual_seed(34)
+    a0 = torch.randn(1032, 256, dtype=torch.bfloat16, device="cuda")
+    b0 = torch.randn((8, 512, 256) if trans_b else (8, 256, 512), dtype=torch.bfloat16, device="cuda") * 0.0625
+    gl = torch.tensor([200, 0, 97, 128, 300, 50, 149, 100], dtype=torch.int64, device="cuda")
+    torch._dynamo.reset()
+    check_compiled_matches_eager(turbo.ops.grouped_gemm_fp4, a0, b0, gl, False, backend="inductor", trans_b=trans_b)
+
+
 def test_empty_shapes(device):
     a, b, gl = _make([0, 0], 64, 64, True, device)
     a.requires_grad_()
