@@ -60,7 +60,29 @@ def op_case(backend, n, k, fuse):
     return {nm: float(snr_db(x.double(), y)) for nm, x, y in zip(("out", "da", "db"), eager, comp)}
 
 
+def glue_case():
+    """The padded token layout and the row gather in torch ops, inductor against eager."""
+    from primus_turbo.pytorch.backends import grouped_gemm_fp8 as be
+
+    lens = torch.tensor([200, 0, 97, 128, 300, 50, 149, 100], device="cuda")
+    offs = torch.zeros(9, dtype=torch.int64, device="cuda")
+    offs[1:] = lens.cumsum(0)
+    x = torch.randn(1032, 256, dtype=torch.bfloat16, device="cuda")
+    for align in (32, 128):
+        ref = be._padded_group_layout_torch(offs, 1032, align)
+        torch._dynamo.reset()
+        got = torch.compile(be._padded_group_layout_torch, fullgraph=True)(offs, 1032, align)
+        same = [torch.equal(a, b) for a, b in zip(ref, got)]
+        torch._dynamo.reset()
+        g_ref = be._gather_rows_eager(x, ref[0])
+        g_got = torch.compile(lambda t, s: be._gather_rows_eager(t, s), fullgraph=True)(x, ref[0])
+        print(f"glue align={align} layout src/poffs equal={same} gather equal={torch.equal(g_ref, g_got)}")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["glue"]:
+        glue_case()
+        sys.exit()
     fp8 = (sys.argv[1] if len(sys.argv) > 1 else "fp8") == "fp8"
     for backend in ("aot_eager", "inductor"):
         try:

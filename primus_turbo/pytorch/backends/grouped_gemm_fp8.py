@@ -99,11 +99,31 @@ def padded_group_layout(group_offs: torch.Tensor, m_total: int, align: int,
     small ops, ~0.5 ms of host time per call); :func:`_padded_group_layout_torch` elsewhere (no
     Triton, plain CPU, other offset dtypes, under ``torch.compile``, sizes past 2**31 rows).
     """
+    if torch.compiler.is_compiling():
+        # opaque to the compiler: inductor (torch 2.11, CUDA) generated wrong code for the torch
+        # version's ops (the FP8 / FP4 grouped wgrad read 2-8 dB against eager, session 47)
+        return torch.ops.primus_turbo.padded_group_layout(group_offs, m_total, align, nonempty)
+    return _padded_group_layout_eager(group_offs, m_total, align, nonempty)
+
+
+def _padded_group_layout_eager(group_offs: torch.Tensor, m_total: int, align: int,
+                               nonempty: bool) -> tuple[torch.Tensor, torch.Tensor]:
     if _padded_layout_backend(group_offs, m_total, align) == "triton":
         from primus_turbo.triton.grouped_gemm.padded_layout import padded_group_layout_triton
 
         return padded_group_layout_triton(group_offs, m_total, align, nonempty)
     return _padded_group_layout_torch(group_offs, m_total, align, nonempty)
+
+
+padded_group_layout_impl = torch.library.custom_op("primus_turbo::padded_group_layout", _padded_group_layout_eager,
+                                                   mutates_args=())
+
+
+@padded_group_layout_impl.register_fake
+def _padded_group_layout_fake(group_offs, m_total, align, nonempty):
+    G = group_offs.numel() - 1
+    m_pad = -(-(m_total + align * G) // align) * align
+    return (group_offs.new_empty((m_pad,), dtype=torch.int64), group_offs.new_empty((G + 1,), dtype=torch.int64))
 
 
 def _padded_layout_backend(group_offs: torch.Tensor, m_total: int, align: int) -> str:
@@ -153,7 +173,13 @@ def _padded_group_layout_torch(group_offs: torch.Tensor, m_total: int, align: in
 def gather_rows(x: torch.Tensor, src: torch.Tensor, dim: int = 0) -> torch.Tensor:
     """``x`` re-laid along ``dim`` by ``src`` (from :func:`padded_group_layout`); -1 rows are zero.
     1-byte dtypes (FP8, packed FP4, E8M0) are gathered through their uint8 view (zero bytes are +0)."""
-    if dim == 0 and x.dim() == 2 and x.size(0) > 0 and not torch.compiler.is_compiling():
+    if dim == 0 and x.dim() == 2 and torch.compiler.is_compiling():
+        return torch.ops.primus_turbo.gather_rows(x, src)  # opaque to the compiler, as padded_group_layout
+    return _gather_rows_eager(x, src, dim)
+
+
+def _gather_rows_eager(x: torch.Tensor, src: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    if dim == 0 and x.dim() == 2 and x.size(0) > 0:
         from primus_turbo.pytorch.ops.moe_permute import _gather_rows, permute_backend
 
         if permute_backend(x) == "triton":  # one pass at copy speed (index_select + masked_fill is three)
@@ -169,6 +195,18 @@ def gather_rows(x: torch.Tensor, src: torch.Tensor, dim: int = 0) -> torch.Tenso
         keep = (src >= 0).view([-1 if d == dim else 1 for d in range(x.dim())])
         out = out.masked_fill_(~keep, 0)
     return out.view(x.dtype) if one_byte else out
+
+
+def _gather_rows_op(x: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    return _gather_rows_eager(x, src, 0)
+
+
+gather_rows_impl = torch.library.custom_op("primus_turbo::gather_rows", _gather_rows_op, mutates_args=())
+
+
+@gather_rows_impl.register_fake
+def _gather_rows_fake(x, src):
+    return x.new_empty((src.numel(), x.size(1)))
 
 
 # ----------------------------------------------------------------------------------------------
