@@ -640,8 +640,9 @@ def _transpose_bytes(t: torch.Tensor, row_align: int = 1) -> torch.Tensor:
     buffer whose rows are rounded up), so a kernel reading it sees a 16-divisible row stride
     (16-byte vectors) whatever R.
 
-    Under torch.compile it is a custom op: inductor (torch 2.11, CUDA) miscompiled the traced
-    uint8 <-> FP8 dtype views around a copy, which corrupted the FP8 wgrad copies (4 dB, session 47).
+    Under torch.compile it is a custom op, so compiled code runs the same kernel as eager (and
+    inductor never sees the uint8 <-> FP8 / FP4 dtype views, which its codegen handles unevenly
+    across torch versions: a bool -> uint8 view failed to lower in torch 2.11).
     """
     if torch.compiler.is_compiling():
         return torch.ops.primus_turbo.transpose_bytes(t, row_align)
