@@ -712,14 +712,21 @@ def test_rmsnorm(dtype, zero_centered):
 # ----------------------------------------------------------------------------------------------
 # torch.compile: every layer, forward and backward equal to eager
 # ----------------------------------------------------------------------------------------------
-def _compiled_matches_eager(module, inputs, kwargs=None, fullgraph=True):
+def _compiled_matches_eager(module, inputs, kwargs=None, fullgraph=True, backend="aot_eager"):
     """``module(*inputs, **kwargs)`` eager and under ``torch.compile`` (aot_eager, on a deep copy, its
     own copies of the inputs): the output and every parameter's and float input's gradient under a
     random upstream gradient must be equal bit for bit (the compiled graph runs the same kernels,
-    reached through the ops' custom ops or, where a layer runs outside the graph, eagerly)."""
+    reached through the ops' custom ops or, where a layer runs outside the graph, eagerly).
+    ``backend="inductor"``: >= 40 dB against eager instead (inductor generates its own kernels for the
+    glue between the custom ops, which may round differently; a tensor it got wrong reads near 0 dB)."""
     kwargs = kwargs or {}
     twin = copy.deepcopy(module)
-    compiled = torch.compile(twin, fullgraph=fullgraph, backend="aot_eager")
+    compiled = torch.compile(twin, fullgraph=fullgraph, backend=backend)
+
+    def same(x, y):
+        if backend == "inductor":
+            return x.dtype == y.dtype and snr_db(x.double(), y) >= 40.0
+        return torch.equal(x, y)
 
     def leaves():
         return [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
@@ -730,12 +737,12 @@ def _compiled_matches_eager(module, inputs, kwargs=None, fullgraph=True):
     dy = torch.randn_like(y)
     y.backward(dy)
     yc.backward(dy)
-    assert y.abs().sum() > 0 and torch.equal(y, yc), "output"
+    assert y.abs().sum() > 0 and same(y, yc), "output"
     grads = [(n, p.grad, q.grad) for (n, p), q in zip(module.named_parameters(), twin.parameters())]
     grads += [(f"input {i}", t.grad, u.grad) for i, (t, u) in enumerate(zip(a, b)) if t.requires_grad]
     assert grads
     for name, g, gc in grads:
-        assert g is not None and g.abs().sum() > 0 and torch.equal(g, gc), name
+        assert g is not None and gc is not None and g.abs().sum() > 0 and same(g, gc), name
 
 
 _COMPILE_CASES = {
@@ -787,6 +794,23 @@ def test_module_torch_compile_matches_eager(case):
         with torch.no_grad():  # a weight that is not all zeros (zero-centred init), so dgamma is checked
             module.weight.add_(0.1 * torch.randn_like(module.weight))
     _compiled_matches_eager(module, inputs(), kwargs, fullgraph)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor's GPU code generation")
+@pytest.mark.parametrize("case", [c for c, v in _COMPILE_CASES.items() if v[3]])
+def test_module_inductor_matches_eager_gpu(case):
+    """The default compile backend, as a training script uses it, on every layer that traces whole
+    (CPU CI compiles with aot_eager, and inductor's CUDA code has differed from its CPU code: the
+    padded token layout it computed wrong in torch 2.11 was right on the CPU)."""
+    make, inputs, kwargs, fullgraph = _COMPILE_CASES[case]
+    torch.manual_seed(19)
+    torch._dynamo.reset()
+    module = make()
+    if isinstance(module, turbo.modules.RMSNorm):
+        with torch.no_grad():
+            module.weight.add_(0.1 * torch.randn_like(module.weight))
+    _compiled_matches_eager(module, inputs(), kwargs, fullgraph, backend="inductor")
 
 
 def test_float8_linear_cache_under_torch_compile(monkeypatch):
