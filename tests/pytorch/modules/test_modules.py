@@ -782,6 +782,10 @@ _COMPILE_CASES = {
     # deterministic: the backward without atomic dQ (a run-dependent order would break bit equality)
     "turbo_attention": (lambda: turbo.modules.TurboAttention(causal=True, deterministic=True),
                         lambda: _attn_inputs(torch.float32), {}, True),
+    "turbo_attention_fp8": (
+        lambda: turbo.modules.TurboAttention(causal=True, deterministic=True,
+                                             fp8_config=Float8QuantConfig(granularity="BLOCKWISE", block_size=32)),
+        lambda: _attn_inputs(torch.bfloat16, s=64, hq=2, hk=1, d=32), {}, True),
 }
 
 
