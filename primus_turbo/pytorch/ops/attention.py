@@ -298,7 +298,8 @@ def flash_attn_func(
             ``[i + off - left, i + off + right]`` with ``off = seq_kv - seq_q``; ``-1`` is unbounded.
         bias, alibi_slopes, return_attn_probs: not implemented (NotImplementedError naming them).
         deterministic: ask for a bitwise-reproducible backward: on CUDA this flag keeps the call off
-            SDPA, and TRITON runs its two-kernel backward (no atomics). With ``False`` TRITON may run
+            SDPA, and TRITON runs its two-kernel backward (no atomics). It is on whenever
+            ``torch.use_deterministic_algorithms(True)`` is in force. With ``False`` TRITON may run
             (fp16 / bf16) the one-kernel backward that accumulates dQ with fp32 atomics
             (``PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ``; off by default).
         return_lse: also return the log-sum-exp ``[batch, heads_q, seq_q]`` fp32 (natural log,
@@ -326,9 +327,10 @@ def flash_attn_func(
     win_left, win_right = int(window_size[0]), int(window_size[1])
     if causal:
         win_right = 0
+    deterministic = _deterministic(deterministic)
     kwargs = dict(
         q=q, k=k, v=v, sink=sink, softmax_scale=scale, win_left=win_left, win_right=win_right,
-        return_lse=bool(return_lse), deterministic=bool(deterministic),
+        return_lse=bool(return_lse), deterministic=deterministic,
     )
     backend = attn_dispatcher.resolve(PrecisionType.BF16_FP16_FP32, **kwargs)
     if backend.native_autograd:  # SDPA: PyTorch's autograd keeps its backward on SDPA
@@ -337,10 +339,17 @@ def flash_attn_func(
         t is not None and t.requires_grad for t in (q, k, v, sink)
     )
     if needs_grad:
-        out, lse = FlashAttnFunction.apply(q, k, v, sink, scale, win_left, win_right, backend, bool(deterministic))
+        out, lse = FlashAttnFunction.apply(q, k, v, sink, scale, win_left, win_right, backend, deterministic)
     else:
         out, lse = _fwd(q, k, v, sink, scale, win_left, win_right)
     return (out, lse) if return_lse else out
+
+
+def _deterministic(deterministic) -> bool:
+    """The call's ``deterministic``, or PyTorch's global switch: a script that runs
+    ``torch.use_deterministic_algorithms(True)`` (Megatron's ``--deterministic-mode``) gets the
+    reproducible backward (off SDPA, no atomic dQ) without passing the flag to each call."""
+    return bool(deterministic) or torch.are_deterministic_algorithms_enabled()
 
 
 def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
@@ -437,9 +446,10 @@ def flash_attn_varlen_func(
     if causal:
         win_right = 0
     max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
+    deterministic = _deterministic(deterministic)
     kwargs = dict(
         q=q, k=k, v=v, sink=sink, softmax_scale=scale, win_left=win_left, win_right=win_right,
-        return_lse=bool(return_lse), deterministic=bool(deterministic), cu_seqlens_q=cu_seqlens_q,
+        return_lse=bool(return_lse), deterministic=deterministic, cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
     )
     backend = attn_dispatcher.resolve(PrecisionType.BF16_FP16_FP32, **kwargs)
@@ -452,7 +462,7 @@ def flash_attn_varlen_func(
         # trace an autograd.Function that receives the same tensor twice
         fargs = (cu_seqlens_q, None if cu_seqlens_k is cu_seqlens_q else cu_seqlens_k, max_q, max_k)
         out, lse = FlashAttnVarlenFunction.apply(q, k, v, sink, *fargs, scale, win_left, win_right, backend,
-                                                 bool(deterministic))
+                                                 deterministic)
     else:
         out, lse = _varlen_fwd(q, k, v, *args, sink, scale, win_left, win_right)
     return (out, lse) if return_lse else out

@@ -263,6 +263,42 @@ def test_atomic_dq_switch_and_deterministic(deterministic, device, monkeypatch):
     assert seen == [not deterministic] * 2
 
 
+def test_global_deterministic_mode_gets_two_kernel_backward(device, monkeypatch):
+    """``torch.use_deterministic_algorithms(True)`` (Megatron's --deterministic-mode) counts as
+    ``deterministic=True`` for every call: the two-kernel backward even where the atomic-dQ switch is
+    on, dense and varlen, and never the SDPA route (the dispatcher sees the flag)."""
+    from primus_turbo.pytorch.ops.attention import flash_attn_varlen_func
+    from primus_turbo.triton.attention import flash_attn_bwd as bwd_mod
+
+    seen, flags = [], []
+    orig = bwd_mod._launch_bwd
+    monkeypatch.setattr(bwd_mod, "_launch_bwd", lambda *a, **kw: seen.append(kw.get("atomic", False)) or orig(*a, **kw))
+    orig_resolve = attn_dispatcher.resolve
+    monkeypatch.setattr(attn_dispatcher, "resolve",
+                        lambda *a, **kw: flags.append(kw["deterministic"]) or orig_resolve(*a, **kw))
+    monkeypatch.setenv("PRIMUS_TURBO_ATTN_BWD_ATOMIC_DQ", "1")
+    cfg = CONFIGS[1]
+    q, k, v, _ = _inputs(cfg, 1, torch.float16, device)
+    dout = torch.randn(1, cfg[0], cfg[2], cfg[5], device=device, dtype=torch.float16)
+    was, was_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)  # warn_only: cuBLAS needs no workspace setting
+    try:
+        GlobalBackendManager.set_attn_backend(BackendType.TRITON)
+        flash_attn_func(q, k, v, causal=True).backward(dout)
+        qv, kv, vv = (t.detach()[0].clone().requires_grad_() for t in (q, k, v))
+        cu = torch.tensor([0, 20, cfg[0]], dtype=torch.int32, device=device)
+        flash_attn_varlen_func(qv, kv, vv, cu, cu, cfg[0] - 20, cfg[0] - 20, causal=True).backward(dout[0])
+        GlobalBackendManager.reset()
+        flash_attn_func(q, k, v, causal=True)  # the default dispatch: told deterministic, so never SDPA on CUDA
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=was_warn)
+    assert seen == [False, False]
+    assert flags == [True, True, True]
+    # with the global switch off again, the dispatcher is told deterministic=False
+    flash_attn_func(q, k, v, causal=True)
+    assert flags[-1] is False
+
+
 def test_atomic_dq_env_default_is_two_kernel(device, monkeypatch):
     from primus_turbo.triton.attention import flash_attn_bwd as bwd_mod
 
