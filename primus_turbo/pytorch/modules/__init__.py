@@ -2,7 +2,8 @@
 
 * :class:`Linear` / :class:`Float8Linear` (``linear.py``): dense ``y = x W^T + b`` over ``gemm`` /
   ``gemm_fp8``; Megatron ``main_grad`` fusion, FP8 weight cache keyed on ``is_first_microbatch``;
-  :class:`RouterLinear`, an fp32 (or other-dtype) router over 16-bit tokens (``router_gating_linear``).
+  :class:`RouterLinear`, an fp32 (or other-dtype) router over 16-bit tokens (``router_gating_linear``);
+  :func:`convert_to_float8` swaps a model's ``torch.nn.Linear`` layers for :class:`Float8Linear`.
 * :class:`GroupedLinear` (``grouped_linear.py``): per-expert weights over ``grouped_gemm(_fp8)``.
 * :class:`TurboAttention` (``attention.py``): ``flash_attn_func`` in the bshd layout.
 * :class:`RMSNorm` (``normalization.py``): ``rmsnorm``.
@@ -13,8 +14,8 @@
 
 from .attention import TurboAttention
 from .grouped_linear import GroupedLinear
-from .linear import Float8Linear, Linear, RouterLinear
+from .linear import Float8Linear, Linear, RouterLinear, convert_to_float8
 from .moe import GroupedMLP, MoELayer
 from .normalization import RMSNorm
 
-__all__ = ["Linear", "Float8Linear", "RouterLinear", "GroupedLinear", "TurboAttention", "RMSNorm", "GroupedMLP", "MoELayer"]
+__all__ = ["Linear", "Float8Linear", "RouterLinear", "convert_to_float8", "GroupedLinear", "TurboAttention", "RMSNorm", "GroupedMLP", "MoELayer"]

@@ -31,7 +31,7 @@ from ..ops.gemm_fp8 import _quantize as _fp8_quantize
 from ..ops.gemm_fp8 import gemm_fp8
 from ..ops.moe_router_gemm import router_gating_linear
 
-__all__ = ["Linear", "Float8Linear", "RouterLinear"]
+__all__ = ["Linear", "Float8Linear", "RouterLinear", "convert_to_float8"]
 
 
 def _fuse_pattern(weight: torch.Tensor) -> Optional[str]:
@@ -335,3 +335,31 @@ class Float8Linear(_FP8WeightCache, torch.nn.Linear):
                 _flag_main_grad(w)
             return out
         return gemm_fp8(x2, pair, trans_b=True, out_dtype=x2.dtype, config=cfg)
+
+
+def convert_to_float8(model: torch.nn.Module, config: Optional[Float8QuantConfig] = None,
+                      module_filter_fn=None) -> torch.nn.Module:
+    """Every plain ``torch.nn.Linear`` in ``model`` (``model`` itself included) converted in place to a
+    :class:`Float8Linear` with ``config`` (:meth:`Float8Linear.from_float`, ``inplace=True``: the same
+    module objects, parameters, hooks and state-dict keys, their class switched), as a training
+    script converts a model before wrapping it for data parallelism (torchao's
+    ``convert_to_float8_training`` does the same for its own layer). Returns ``model``.
+
+    ``module_filter_fn(module, fqn) -> bool`` chooses which layers convert (``fqn`` is the name in
+    ``model.named_modules()``; the usual filter keeps the output head and small layers in 16 bits).
+    Subclasses of ``torch.nn.Linear`` (our :class:`Linear`, :class:`RouterLinear`, other libraries'
+    layers) are left as they are: switching their class would drop their own ``forward``. Works on a
+    model built on the meta device (nothing is quantized until the first call)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"convert_to_float8: model must be a torch.nn.Module, got {type(model).__name__}")
+    if config is not None and not isinstance(config, Float8QuantConfig):
+        raise TypeError(f"convert_to_float8: config must be a Float8QuantConfig or None, got {type(config).__name__}")
+    if module_filter_fn is not None and not callable(module_filter_fn):
+        raise TypeError(f"convert_to_float8: module_filter_fn must be callable, got {type(module_filter_fn).__name__}")
+    # collected first: converting while named_modules() walks would be safe (the objects stay), but
+    # a filter that inspects its neighbours should see the model as it was
+    chosen = [m for fqn, m in model.named_modules()
+              if type(m) is torch.nn.Linear and (module_filter_fn is None or module_filter_fn(m, fqn))]
+    for m in chosen:
+        Float8Linear.from_float(m, config=config, inplace=True)
+    return model

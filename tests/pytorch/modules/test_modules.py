@@ -931,3 +931,58 @@ def test_meta_device_init_then_to_empty(device, dtype):
         else:  # fp32 atomics in the MoE path may reorder sums between two runs on the GPU
             _assert(yb, ya, 60.0, f"{key} out")
             _assert(xb.grad, xa.grad, 60.0, f"{key} dx")
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(64, 128)
+        self.down = torch.nn.Linear(128, 64, bias=False)
+        self.gate = turbo.modules.RouterLinear(64, 4)  # a Linear subclass: left alone
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
+def test_convert_to_float8_swaps_plain_linears_in_place():
+    torch.manual_seed(23)
+    model = torch.nn.Sequential(_Mlp(), _Mlp(), torch.nn.Linear(64, 16))  # "2" is the output head
+    keys, params = list(model.state_dict()), {n: p for n, p in model.named_parameters()}
+    plain = copy.deepcopy(model)
+    cfg = Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE)
+    out = turbo.modules.convert_to_float8(model, cfg, module_filter_fn=lambda m, fqn: fqn != "2")
+    assert out is model
+    kinds = {fqn: type(m) for fqn, m in model.named_modules()}
+    for fqn in ("0.up", "0.down", "1.up", "1.down"):
+        assert kinds[fqn] is turbo.modules.Float8Linear and model.get_submodule(fqn).config is cfg, fqn
+    assert kinds["2"] is torch.nn.Linear and kinds["0.gate"] is turbo.modules.RouterLinear
+    # the same parameter objects and state-dict keys (an optimizer built before still holds them)
+    assert list(model.state_dict()) == keys
+    assert all(p is params[n] for n, p in model.named_parameters())
+    # each converted layer computes gemm_fp8's result for its own weights
+    x = torch.randn(32, 64)
+    with torch.no_grad():
+        got = model[0].up(x)
+        ref = turbo.ops.gemm_fp8(x, plain[0].up.weight, trans_b=True, config=cfg) + plain[0].up.bias
+    assert torch.equal(got, ref)
+    y = model(x.requires_grad_())
+    y.sum().backward()
+    for fqn in ("0.up", "0.down", "1.up", "1.down", "2"):
+        assert model.get_submodule(fqn).weight.grad is not None, fqn
+    # converting again finds no plain Linear but the filtered head; no filter: the head goes too
+    turbo.modules.convert_to_float8(model)
+    assert type(model[2]) is turbo.modules.Float8Linear and model[2].config == Float8QuantConfig()
+    with torch.device("meta"):
+        lazy = torch.nn.Sequential(torch.nn.Linear(64, 64))
+    assert type(turbo.modules.convert_to_float8(lazy)[0]) is turbo.modules.Float8Linear
+
+
+def test_convert_to_float8_bad_arguments():
+    lin = torch.nn.Linear(16, 16)
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got Parameter"):
+        turbo.modules.convert_to_float8(lin.weight)
+    with pytest.raises(TypeError, match="config must be a Float8QuantConfig or None, got Float4QuantConfig"):
+        turbo.modules.convert_to_float8(lin, Float4QuantConfig())
+    with pytest.raises(TypeError, match="module_filter_fn must be callable, got str"):
+        turbo.modules.convert_to_float8(lin, module_filter_fn="up")
+    assert type(lin) is torch.nn.Linear
