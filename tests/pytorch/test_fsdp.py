@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
 import tempfile
 import warnings
 
@@ -80,7 +79,7 @@ def _loss(model, x, y):
     return F.mse_loss(model(x).float(), y)
 
 
-def _worker(rank, world, port, case, device_type, marker_dir):
+def _worker(rank, world, case, device_type, marker_dir):
     marker = os.path.join(marker_dir, f"rank{rank}.passed")
     os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -95,8 +94,9 @@ def _worker(rank, world, port, case, device_type, marker_dir):
     if device_type == "cuda":
         torch.cuda.set_device(rank)
     dev = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
-    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=world)
+    # a file store in the test's own temporary folder: no TCP port to race other tests for
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo",
+                            init_method="file://" + os.path.join(marker_dir, "store"), rank=rank, world_size=world)
     try:
         experts, mixed = case.split("-")
         config = Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE) if experts == "fp8" else None
@@ -160,12 +160,6 @@ def _worker(rank, world, port, case, device_type, marker_dir):
     os._exit(0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("case", ["hp-fp32", "fp8-fp32", "hp-mp", "fp8-mp"])
 def test_fully_shard_two_ranks_equals_unsharded_average(case):
     import torch.multiprocessing as mp
@@ -173,7 +167,7 @@ def test_fully_shard_two_ranks_equals_unsharded_average(case):
     device_type = "cuda" if _CUDA else "cpu"
     with tempfile.TemporaryDirectory() as marker_dir:
         try:
-            mp.spawn(_worker, args=(2, _free_port(), case, device_type, marker_dir), nprocs=2, join=True)
+            mp.spawn(_worker, args=(2, case, device_type, marker_dir), nprocs=2, join=True)
         except mp.ProcessExitedException:
             # A rank killed by a signal fails the test unless a marker shows the checks had passed.
             # A rank writes its marker only after the final barrier, which returns only once both
