@@ -152,3 +152,4 @@ def main(argv=None) -> list[float]:
 
 if __name__ == "__main__":
     main()
+    print("done", flush=True)
