@@ -1,7 +1,8 @@
 """A TorchTitan-style training loop over primus-turbo layers: model built on the meta device,
 ``to_empty`` + ``reset_parameters``, dense ``nn.Linear`` layers converted to FP8
 (``turbo.modules.convert_to_float8``), FSDP2 ``fully_shard`` per block with bf16 compute and fp32
-gradient reduction, ``torch.compile``, AdamW.
+gradient reduction, ``torch.compile``, AdamW, and the MoE layers' auxiliary-loss-free expert bias
+updated after each step (``turbo.modules.update_expert_biases``).
 
     python examples/torchtitan_style.py                     # one process
     torchrun --nproc-per-node 2 examples/torchtitan_style.py --fp8 blockwise
@@ -53,7 +54,8 @@ class Block(torch.nn.Module):
         self.attn = turbo.modules.TurboAttention(causal=True)
         self.wo = torch.nn.Linear(dim, dim, bias=False)
         self.ffn_norm = turbo.modules.RMSNorm(dim)
-        self.moe = turbo.modules.MoELayer(dim, ffn, experts, topk, aux_loss_coeff=1e-2)
+        # both balancing aids of DeepSeek-V3: a small aux loss and the aux-loss-free expert bias
+        self.moe = turbo.modules.MoELayer(dim, ffn, experts, topk, aux_loss_coeff=1e-2, expert_bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -139,6 +141,7 @@ def main(argv=None) -> list[float]:
             loss = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1))
             (loss + aux).backward()
             opt.step()
+            turbo.modules.update_expert_biases(model)  # one all-reduce of the routed counts, on the device
             mean = loss.detach().clone()
             if world > 1:
                 dist.all_reduce(mean, op=dist.ReduceOp.AVG)

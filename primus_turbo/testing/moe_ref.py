@@ -27,6 +27,7 @@ def group_topk_router_ref(
     selected_groups: int = 1,
     score_function: str = "sigmoid",
     scaling_factor: float = 1.0,
+    expert_bias: torch.Tensor = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Reference of ``fused_group_topk_routing_with_aux_score`` in float64.
 
@@ -35,7 +36,8 @@ def group_topk_router_ref(
     best scores (Megatron's ``group_limited_topk``; clamped to [1, E // groups]); keep the
     ``selected_groups`` best groups; top-k experts among them; sigmoid probs normalized over the
     top-k (when topk > 1), softmax probs are the softmax scores; both times ``scaling_factor``.
-    Aux scores: softmax, or sigmoid divided by its row sum.
+    Aux scores: softmax, or sigmoid divided by its row sum. ``expert_bias``: the group and
+    expert selection rank ``score + bias``; the probs keep the unbiased scores.
     """
     x = logits.double()
     num_tokens, num_experts = x.shape
@@ -49,8 +51,9 @@ def group_topk_router_ref(
 
     routing_map = torch.zeros(num_tokens, num_experts, dtype=torch.bool)
     per_pick = min(max(topk // selected_groups, 1), per_group)  # Megatron: topk // group_topk
+    ranked = scores if expert_bias is None else scores + expert_bias.detach().to(scores.device).double()
     for t in range(num_tokens):
-        row = scores[t].tolist()
+        row = ranked[t].tolist()
         group_scores = []
         for g in range(groups):
             members = row[g * per_group : (g + 1) * per_group]

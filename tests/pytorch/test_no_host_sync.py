@@ -113,6 +113,19 @@ def _router(dev):
     return run
 
 
+@_case("router_expert_bias")
+def _router_bias(dev):
+    logits = _r(dev, 64, 16, grad=True, dtype=torch.float32)
+    bias = torch.randn(16, device=dev) * 0.1
+
+    def run():
+        scores, probs, rmap = O.fused_group_topk_routing_with_aux_score(logits, 4, groups=4, selected_groups=2,
+                                                                        expert_bias=bias)
+        _backward(scores, probs)
+        O.update_expert_bias(bias, rmap.sum(0), 1e-3)
+    return run
+
+
 @_case("moe_permute_indices")
 def _permute_indices(dev):
     x, idx = _r(dev, 40, 32, grad=True), _topk(dev, 40, 8, 2)

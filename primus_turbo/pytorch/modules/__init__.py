@@ -9,13 +9,15 @@
 * :class:`RMSNorm` (``normalization.py``): ``rmsnorm``.
 * :class:`GroupedMLP` / :class:`MoELayer` (``moe.py``): MoE experts (grouped fc1, SwiGLU/GeGLU with
   routing probs, grouped fc2; bf16 or FP8) and the full layer (router, ``moe_permute``, experts,
-  ``moe_unpermute``, optional load-balancing loss), with no host sync when given a capacity.
+  ``moe_unpermute``, optional load-balancing loss or auxiliary-loss-free expert bias, with
+  :func:`update_expert_biases` for a whole model), with no host sync when given a capacity.
 """
 
 from .attention import TurboAttention
 from .grouped_linear import GroupedLinear
 from .linear import Float8Linear, Linear, RouterLinear, convert_to_float8
-from .moe import GroupedMLP, MoELayer
+from .moe import GroupedMLP, MoELayer, update_expert_biases
 from .normalization import RMSNorm
 
-__all__ = ["Linear", "Float8Linear", "RouterLinear", "convert_to_float8", "GroupedLinear", "TurboAttention", "RMSNorm", "GroupedMLP", "MoELayer"]
+__all__ = ["Linear", "Float8Linear", "RouterLinear", "convert_to_float8", "GroupedLinear", "TurboAttention", "RMSNorm",
+           "GroupedMLP", "MoELayer", "update_expert_biases"]

@@ -34,11 +34,11 @@ from ..ops.activation import geglu_with_probs, swiglu_with_probs
 from ..ops.grouped_gemm import _offsets
 from ..ops.grouped_gemm_glu import glu_fusion_requested, grouped_gemm_glu
 from ..ops.moe_permute import moe_permute, moe_unpermute
-from ..ops.moe_router import fused_group_topk_routing_with_aux_score, tokens_per_expert_to_mask
+from ..ops.moe_router import fused_group_topk_routing_with_aux_score, tokens_per_expert_to_mask, update_expert_bias
 from .grouped_linear import GroupedLinear
 from .linear import RouterLinear, _fuse_pattern
 
-__all__ = ["GroupedMLP", "MoELayer"]
+__all__ = ["GroupedMLP", "MoELayer", "update_expert_biases"]
 
 _ACTIVATIONS = {"swiglu": swiglu_with_probs, "geglu": geglu_with_probs}
 _SCORE_FUNCTIONS = ("softmax", "sigmoid")
@@ -194,6 +194,11 @@ class MoELayer(torch.nn.Module):
         aux_loss_coeff: coefficient of the switch-style load-balancing loss (0 = not computed).
         router_dtype: dtype of the router weight and of its GEMM (e.g. ``torch.float32`` for an
             fp32 router with bf16 experts, Megatron's ``moe_router_dtype``); default ``dtype``.
+        expert_bias: auxiliary-loss-free load balancing (DeepSeek-V3; Megatron's
+            ``moe_router_enable_expert_bias``): a float32 ``[E]`` buffer ``expert_bias`` is added to
+            the scores for the expert selection only (see below).
+        expert_bias_update_rate: the bias step of :meth:`update_expert_bias` (Megatron's
+            ``moe_router_bias_update_rate``, default 1e-3).
         dtype, device: of the parameters.
 
     Submodules: ``router`` (:class:`turbo.modules.RouterLinear` ``H -> E``, no bias: with an fp32
@@ -212,6 +217,16 @@ class MoELayer(torch.nn.Module):
     ``aux_loss_coeff == 0``. ``self.tokens_per_expert`` (int64 ``[E]`` on device, detached,
     padding excluded) holds the last forward's routing counts for load monitoring.
 
+    Auxiliary-loss-free balancing (``expert_bias=True``): the router selects on
+    ``score + self.expert_bias`` and weights by the unbiased scores. Every forward in training mode
+    with gradients enabled adds its routing counts to the buffer ``local_tokens_per_expert``
+    (float32 ``[E]``; not saved in the state dict); after the optimizer step call
+    :meth:`update_expert_bias` (or :func:`update_expert_biases` on the whole model, one all-reduce):
+    it sums the counts over the data-parallel ranks, moves each expert's bias by
+    ``expert_bias_update_rate * sign(mean - count)`` and zeroes the counts, all on the device.
+    ``expert_bias`` is a persistent buffer (checkpointed). Under ``torch.nn.parallel.DDP`` pass
+    ``broadcast_buffers=False``, or rank 0's buffers overwrite the others' counts every forward.
+
     ``torch.compile``: the layer traces whole (``fullgraph=True``) when the permuted row count is known
     without reading data, i.e. no ``pad_multiple`` or an int ``num_out_tokens`` (see :meth:`forward`),
     and its experts run in the parameters' dtype: every op on that path is a PyTorch expression or
@@ -225,7 +240,8 @@ class MoELayer(torch.nn.Module):
                  score_function: str = "softmax", groups: int = 1, selected_groups: int = 1,
                  scaling_factor: Optional[float] = None, activation: str = "swiglu",
                  config: Optional[Float8QuantConfig | Float4QuantConfig] = None, pad_multiple: Optional[int] = None,
-                 aux_loss_coeff: float = 0.0, router_dtype: Optional[torch.dtype] = None, dtype=None, device=None):
+                 aux_loss_coeff: float = 0.0, router_dtype: Optional[torch.dtype] = None,
+                 expert_bias: bool = False, expert_bias_update_rate: float = 1e-3, dtype=None, device=None):
         super().__init__()
         op = "MoELayer"
         _check_positive(op, hidden_size=hidden_size, ffn_hidden_size=ffn_hidden_size, num_experts=num_experts,
@@ -258,6 +274,12 @@ class MoELayer(torch.nn.Module):
             raise ValueError(f"{op}: aux_loss_coeff must be a float >= 0, got {aux_loss_coeff!r}")
         if router_dtype is not None and router_dtype not in _DTYPES:
             raise ValueError(f"{op}: router_dtype must be float32, bfloat16, float16 or None, got {router_dtype}")
+        if not isinstance(expert_bias, bool):
+            raise TypeError(f"{op}: expert_bias must be True or False, got {expert_bias!r}")
+        if isinstance(expert_bias_update_rate, bool) or not isinstance(expert_bias_update_rate, (int, float)) \
+                or not math.isfinite(expert_bias_update_rate) or expert_bias_update_rate < 0:
+            raise ValueError(f"{op}: expert_bias_update_rate must be a finite float >= 0, got "
+                             f"{expert_bias_update_rate!r}")
         self.hidden_size, self.ffn_hidden_size, self.num_experts, self.topk = (hidden_size, ffn_hidden_size,
                                                                                num_experts, topk)
         self.score_function, self.groups, self.selected_groups = score_function, groups, selected_groups
@@ -270,13 +292,42 @@ class MoELayer(torch.nn.Module):
                                   dtype=dtype, device=device)
         self.aux_loss: Optional[torch.Tensor] = None
         self.tokens_per_expert: Optional[torch.Tensor] = None
+        self.expert_bias_update_rate = float(expert_bias_update_rate)
+        if expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(num_experts, dtype=torch.float32, device=device))
+            self.register_buffer("local_tokens_per_expert",
+                                 torch.zeros(num_experts, dtype=torch.float32, device=device), persistent=False)
+        else:
+            self.expert_bias = None
+            self.local_tokens_per_expert = None
+
+    def reset_parameters(self) -> None:
+        """Zero this layer's own balancing state (``expert_bias``, ``local_tokens_per_expert``); the
+        router and the experts have their own ``reset_parameters`` (TorchTitan's meta-device init
+        calls each module's)."""
+        if self.expert_bias is not None:
+            with torch.no_grad():
+                self.expert_bias.zero_()
+                self.local_tokens_per_expert.zero_()
+
+    @torch.no_grad()
+    def update_expert_bias(self, group=None) -> None:
+        """One balancing step (call after the optimizer step): the counts accumulated since the
+        last call are summed over ``group`` (default: the default process group when
+        ``torch.distributed`` is initialised, else this process alone), the bias moves by
+        ``expert_bias_update_rate * sign(mean - count)`` (:func:`turbo.ops.update_expert_bias`) and
+        the counts are zeroed. Every rank of the group must call it. No host sync."""
+        if self.expert_bias is None:
+            raise RuntimeError("MoELayer.update_expert_bias: the layer was built without expert_bias=True")
+        update_expert_biases([self], group=group)
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
                 f"num_experts={self.num_experts}, topk={self.topk}, score_function={self.score_function!r}, "
                 f"groups={self.groups}, selected_groups={self.selected_groups}, "
                 f"scaling_factor={self.scaling_factor}, pad_multiple={self.pad_multiple}, "
-                f"aux_loss_coeff={self.aux_loss_coeff}")
+                f"aux_loss_coeff={self.aux_loss_coeff}"
+                + (f", expert_bias_update_rate={self.expert_bias_update_rate}" if self.expert_bias is not None else ""))
 
     def max_permuted_tokens(self, num_tokens: int) -> int:
         """Worst-case permuted rows for ``num_tokens`` tokens: ``T*topk + E*(pad_multiple-1)``.
@@ -331,7 +382,8 @@ class MoELayer(torch.nn.Module):
 
         logits = self.router(x)                                   # [T, E] in the router's dtype
         aux_scores, probs, routing_map = fused_group_topk_routing_with_aux_score(
-            logits, k, self.groups, self.selected_groups, self.score_function, self.scaling_factor)
+            logits, k, self.groups, self.selected_groups, self.score_function, self.scaling_factor,
+            expert_bias=self.expert_bias)
 
         permuted, permuted_probs, row_id_map, group_lens = moe_permute(
             x, routing_map, probs, num_out_tokens=num_out_tokens, pad_multiple=self.pad_multiple,
@@ -349,6 +401,11 @@ class MoELayer(torch.nn.Module):
 
         counts = routing_map.sum(0)                                                               # [E] int64
         self.tokens_per_expert = counts.detach()
+        if self.local_tokens_per_expert is not None and self.training and torch.is_grad_enabled():
+            # a recomputed forward (activation checkpointing) counts again; every count doubles
+            # alike, which leaves the signs the update reads unchanged
+            with torch.no_grad():
+                self.local_tokens_per_expert.add_(counts.to(torch.float32))
         self.aux_loss = None
         if self.aux_loss_coeff > 0:
             if t == 0:
@@ -357,3 +414,28 @@ class MoELayer(torch.nn.Module):
                 scale = e * self.aux_loss_coeff / (k * t * t)
                 self.aux_loss = (aux_scores.sum(0) * counts.to(aux_scores.dtype)).sum() * scale
         return out
+
+
+@torch.no_grad()
+def update_expert_biases(model, group=None) -> int:
+    """:meth:`MoELayer.update_expert_bias` for every balancing :class:`MoELayer` in ``model`` (a module,
+    or an iterable of layers), with one all-reduce of all their counts over ``group`` (default: the
+    default process group when ``torch.distributed`` is initialised, else none). Call it after the
+    optimizer step on every rank of the group. Returns the number of layers updated."""
+    layers = list(model.modules()) if isinstance(model, torch.nn.Module) else list(model)
+    layers = [m for m in layers if isinstance(m, MoELayer) and m.expert_bias is not None]
+    if not layers:
+        return 0
+    counts = [m.local_tokens_per_expert for m in layers]
+    devices = {c.device for c in counts}
+    if len(devices) > 1:
+        raise ValueError(f"update_expert_biases: the layers' buffers are on several devices {sorted(map(str, devices))}")
+    flat = torch.cat(counts)
+    import torch.distributed as dist
+
+    if group is not None or (dist.is_available() and dist.is_initialized()):
+        dist.all_reduce(flat, group=group)
+    for m, c in zip(layers, flat.split([c.numel() for c in counts])):
+        m.expert_bias.copy_(update_expert_bias(m.expert_bias, c, m.expert_bias_update_rate))
+        m.local_tokens_per_expert.zero_()
+    return len(layers)

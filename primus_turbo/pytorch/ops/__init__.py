@@ -11,7 +11,12 @@ from .grouped_gemm_fp4 import grouped_gemm_fp4
 from .grouped_gemm_fp8 import grouped_gemm_fp8
 from .grouped_gemm_glu import grouped_gemm_glu
 from .moe_permute import moe_permute, moe_unpermute, token_permute, token_unpermute
-from .moe_router import fused_group_topk_routing_with_aux_score, indices_to_multihot, tokens_per_expert_to_mask
+from .moe_router import (
+    fused_group_topk_routing_with_aux_score,
+    indices_to_multihot,
+    tokens_per_expert_to_mask,
+    update_expert_bias,
+)
 from .moe_router_gemm import router_gating_linear
 from .normalization import rmsnorm, rmsnorm_residual
 from .quantization import (
@@ -49,6 +54,7 @@ __all__ = [
     "fused_group_topk_routing_with_aux_score",
     "indices_to_multihot",
     "tokens_per_expert_to_mask",
+    "update_expert_bias",
     "router_gating_linear",
     "moe_permute",
     "moe_unpermute",

@@ -25,6 +25,12 @@ and DeepSeek-V3 group-limited routing), for ``logits [T, E]``, all math in float
       (Megatron's ``compute_routing_scores_for_aux_loss``: the full [T, E] score matrix,
       not limited to the selected groups).
 
+Auxiliary-loss-free load balancing (DeepSeek-V3; Megatron's ``moe_router_enable_expert_bias``,
+TorchTitan's ``load_balance_coeff``): with ``expert_bias`` (``[E]``), the group scores and the top-k
+are taken over ``score + expert_bias``, while ``probs`` keep the unbiased scores of the experts so
+chosen; the bias gets no gradient. ``update_expert_bias`` moves it by
+``update_rate * sign(mean load - load)`` after each step (see :class:`turbo.modules.MoELayer`).
+
 Tie-breaking is deterministic: among equal scores (equal group scores, equal expert scores) the
 lower index wins, for group selection and for expert selection (stable descending sorts).
 NaN logits give unspecified routing.
@@ -41,6 +47,7 @@ __all__ = [
     "fused_group_topk_routing_with_aux_score",
     "indices_to_multihot",
     "tokens_per_expert_to_mask",
+    "update_expert_bias",
 ]
 
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -94,6 +101,19 @@ def _check_router_args(logits, topk, groups, selected_groups, score_function, sc
                          f"NaN / inf)")
 
 
+def _check_expert_bias(op: str, expert_bias, num_experts: int, device: torch.device, other: str = "logits") -> None:
+    if not isinstance(expert_bias, torch.Tensor):
+        raise TypeError(f"{op}: expert_bias must be a torch.Tensor or None, got {type(expert_bias).__name__}")
+    if expert_bias.dim() != 1 or expert_bias.shape[0] != num_experts:
+        raise ValueError(f"{op}: expert_bias must be 1-D [{num_experts}] (one entry per expert), got shape "
+                         f"{tuple(expert_bias.shape)}")
+    if not expert_bias.dtype.is_floating_point:
+        raise ValueError(f"{op}: expert_bias must be a floating-point tensor (float32 recommended), got "
+                         f"{expert_bias.dtype}")
+    if expert_bias.device != device:
+        raise ValueError(f"{op}: expert_bias on {expert_bias.device}, {other} on {device}")
+
+
 def _stable_topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k largest entries along the last dim; equal values: lower index first."""
     return torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
@@ -125,6 +145,8 @@ def fused_group_topk_routing_with_aux_score(
     selected_groups: Optional[int] = 1,
     score_function: str = "sigmoid",
     scaling_factor: Optional[float] = 1.0,
+    *,
+    expert_bias: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """MoE router: scores, DeepSeek group-limited top-k, scaled probs and routing map.
 
@@ -137,6 +159,10 @@ def fused_group_topk_routing_with_aux_score(
             (Megatron's ``group_topk`` unset), as in Primus-Turbo.
         score_function: ``"sigmoid"`` or ``"softmax"``.
         scaling_factor: multiplier of the routing probs (``None`` = 1.0).
+        expert_bias: optional ``[E]`` floating tensor on ``logits``' device (a float32 buffer in
+            practice), added to the scores for the group and expert *selection* only
+            (auxiliary-loss-free balancing); ``probs`` and ``scores_for_aux_loss`` stay unbiased and
+            the bias receives no gradient. Beyond Primus-Turbo's signature (keyword only).
 
     Returns:
         ``(scores_for_aux_loss [T, E] float32, probs [T, E] float32, routing_map [T, E] bool)``;
@@ -146,7 +172,8 @@ def fused_group_topk_routing_with_aux_score(
     Raises:
         ValueError: bad rank / dtype, ``E % groups != 0``, ``selected_groups > groups``,
             ``topk`` larger than the experts of the selected groups, unknown ``score_function``,
-            a non-finite ``scaling_factor`` (NaN / inf).
+            a non-finite ``scaling_factor`` (NaN / inf), an ``expert_bias`` of the wrong shape,
+            dtype or device.
     """
     if scaling_factor is None:
         scaling_factor = 1.0
@@ -156,13 +183,18 @@ def fused_group_topk_routing_with_aux_score(
     if selected_groups is None:
         selected_groups = 1
     _check_router_args(logits, topk, groups, selected_groups, score_function, scaling_factor)
+    if expert_bias is not None:
+        _check_expert_bias("fused_group_topk_routing_with_aux_score", expert_bias, logits.shape[1], logits.device)
     x = logits.float()
     if score_function == "softmax":
         scores = torch.softmax(x, dim=-1)
     else:
         scores = torch.sigmoid(x)
 
-    top_idx = _select_experts(scores.detach(), topk, groups, selected_groups)  # [T, K] int64
+    routing_scores = scores.detach()
+    if expert_bias is not None:
+        routing_scores = routing_scores + expert_bias.detach().float()
+    top_idx = _select_experts(routing_scores, topk, groups, selected_groups)  # [T, K] int64
     top_scores = scores.gather(1, top_idx)
     if score_function == "sigmoid":
         if topk > 1:
@@ -176,6 +208,37 @@ def fused_group_topk_routing_with_aux_score(
     probs = torch.zeros_like(scores).scatter(1, top_idx, top_scores)
     routing_map = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device).scatter_(1, top_idx, True)
     return aux_scores, probs, routing_map
+
+
+@torch.no_grad()
+def update_expert_bias(expert_bias: torch.Tensor, tokens_per_expert: torch.Tensor, update_rate: float) -> torch.Tensor:
+    """One auxiliary-loss-free balancing step: ``expert_bias + update_rate * sign(mean - load)``.
+
+    Args:
+        expert_bias: ``[E]`` floating tensor, the bias the router adds to the scores for selection.
+        tokens_per_expert: ``[E]`` routed-token counts (any real dtype; e.g. summed over the
+            micro-batches of a step and all-reduced over the data-parallel ranks) on the same device.
+        update_rate: the step size (DeepSeek-V3 / Megatron default 1e-3), a finite float >= 0.
+
+    Returns:
+        The new bias, a new tensor of ``expert_bias``' dtype: experts loaded above the mean count go
+        down by ``update_rate``, those below go up, those at the mean stay (Megatron's
+        ``get_updated_expert_bias``). Only the signs of the differences count, so scaling every count
+        alike (more micro-batches, a recomputed forward) changes nothing. On-device, no host sync.
+    """
+    op = "update_expert_bias"
+    if not isinstance(tokens_per_expert, torch.Tensor):
+        raise TypeError(f"{op}: tokens_per_expert must be a torch.Tensor, got {type(tokens_per_expert).__name__}")
+    if tokens_per_expert.dim() != 1:
+        raise ValueError(f"{op}: tokens_per_expert must be 1-D [experts], got shape {tuple(tokens_per_expert.shape)}")
+    if tokens_per_expert.dtype in (torch.bool,) or tokens_per_expert.is_complex():
+        raise ValueError(f"{op}: tokens_per_expert must be a real count tensor, got {tokens_per_expert.dtype}")
+    _check_expert_bias(op, expert_bias, tokens_per_expert.shape[0], tokens_per_expert.device, "tokens_per_expert")
+    if isinstance(update_rate, bool) or not isinstance(update_rate, (int, float)) \
+            or not math.isfinite(update_rate) or update_rate < 0:
+        raise ValueError(f"{op}: update_rate must be a finite float >= 0, got {update_rate!r}")
+    load = tokens_per_expert.double()  # exact integer counts: "at the mean" is an exact test
+    return expert_bias + torch.sign(load.mean() - load).to(expert_bias.dtype) * float(update_rate)
 
 
 class _IndicesToMultihot(torch.autograd.Function):

@@ -170,7 +170,8 @@ def _moe_ref(layer, x, logits_used, dy, keep=None):
     w1, w2 = _leaf64(layer.experts.linear_fc1.weight), _leaf64(layer.experts.linear_fc2.weight)
     sf = layer.score_function
     scale = 1.0 if layer.scaling_factor is None else layer.scaling_factor
-    _, _, mask = group_topk_router_ref(logits_used, k, layer.groups, layer.selected_groups, sf, scale)
+    _, _, mask = group_topk_router_ref(logits_used, k, layer.groups, layer.selected_groups, sf, scale,
+                                       expert_bias=layer.expert_bias)
     logits = x64 @ wr.t()
     scores = torch.softmax(logits, -1) if sf == "softmax" else torch.sigmoid(logits)
     sel = torch.where(mask, scores, torch.zeros_like(scores))
@@ -206,6 +207,9 @@ _MOE_CASES = {
     # padded segments + a capacity (no sync) + an fp32 router with bf16 experts
     "padded_capacity_bf16": dict(dtype=torch.bfloat16, shape=(2, 16), capacity=True,
                                  kw=dict(pad_multiple=16, router_dtype=torch.float32, aux_loss_coeff=0.1)),
+    # auxiliary-loss-free balancing: a random expert bias steers the sigmoid group-limited selection
+    "sigmoid_expert_bias_fp32": dict(dtype=torch.float32, shape=(48,),
+                                     kw=dict(score_function="sigmoid", groups=4, selected_groups=2, expert_bias=True)),
     # FP8 experts (TENSORWISE E4M3)
     "fp8_tensorwise": dict(dtype=torch.bfloat16, shape=(40,), kw=dict(config=Float8QuantConfig())),
     # the benchmarked FP8 configuration: BLOCKWISE experts (DeepSeek-V3 style 1 x b activation and b x b
@@ -224,6 +228,9 @@ def test_moe_layer_matches_ref(case, device):
     dtype, kw = c["dtype"], c["kw"]
     H, FF, E, k = 64, 32, 8, 2
     layer = turbo.modules.MoELayer(H, FF, E, k, dtype=dtype, device=device, **kw)
+    if layer.expert_bias is not None:
+        with torch.no_grad():  # about the spread of the sigmoid scores, so it changes the selection
+            layer.expert_bias.copy_(torch.randn(E, device=device) * 0.3)
     box = _capture_logits(layer)
     x = torch.randn(*c["shape"], H, dtype=dtype, device=device, requires_grad=True)
     t = x.numel() // H

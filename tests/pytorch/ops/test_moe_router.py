@@ -252,6 +252,12 @@ def test_router_ops_no_host_sync():
         rmap, dense = indices_to_multihot(idx, probs, 32)
         dense.sum().backward()
         tokens_per_expert_to_mask(counts, 512)
+        from primus_turbo.pytorch.ops import update_expert_bias
+
+        bias = torch.zeros(256, device=dev)
+        _, p, rmap = fused_group_topk_routing_with_aux_score(logits, 8, 8, 4, "sigmoid", 2.5, expert_bias=bias)
+        p.sum().backward()
+        update_expert_bias(bias, rmap.sum(0), 1e-3)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
@@ -353,3 +359,138 @@ def test_tokens_per_expert_to_mask_negative_count():
     with pytest.raises(RuntimeError, match="tokens_per_expert_to_mask: tokens_per_expert has a negative count"):
         tokens_per_expert_to_mask(torch.tensor([5, -3]), 8)
     assert tokens_per_expert_to_mask(torch.zeros(0, dtype=torch.int64), 3).tolist() == [False] * 3
+
+
+# ----------------------------------------------------------------------------------------------
+# Auxiliary-loss-free balancing: expert_bias and update_expert_bias
+# ----------------------------------------------------------------------------------------------
+def _check_router_bias(logits, bias, topk, groups, selected_groups, score_function, scaling):
+    x = logits.detach().clone().requires_grad_(True)
+    b = bias.detach().clone().requires_grad_(True)  # a bias that asks for a gradient gets none
+    aux, probs, rmap = fused_group_topk_routing_with_aux_score(
+        x, topk, groups, selected_groups, score_function, scaling, expert_bias=b)
+    xr = logits.detach().cpu().double().requires_grad_(True)
+    aux_r, probs_r, rmap_r = group_topk_router_ref(xr, topk, groups, selected_groups, score_function, scaling,
+                                                   expert_bias=bias.cpu())
+    assert torch.equal(rmap.cpu(), rmap_r)
+    assert torch.equal(probs != 0, rmap)
+    torch.testing.assert_close(probs.cpu().double(), probs_r.detach(), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(aux.cpu().double(), aux_r.detach(), atol=1e-6, rtol=1e-6)
+    g = torch.Generator().manual_seed(8)
+    gp = torch.randn(probs.shape, generator=g, dtype=torch.float64)
+    ga = torch.randn(aux.shape, generator=g, dtype=torch.float64)
+    ((probs * gp.to(probs.device, torch.float32)).sum() + (aux * ga.to(aux.device, torch.float32)).sum()).backward()
+    ((probs_r * gp).sum() + (aux_r * ga).sum()).backward()
+    torch.testing.assert_close(x.grad.cpu().double(), xr.grad, atol=1e-5, rtol=1e-5)
+    assert b.grad is None
+    return rmap
+
+
+@pytest.mark.parametrize("score_function", ["sigmoid", "softmax"])
+@pytest.mark.parametrize("case", [(64, 1, 1, 6), (112, 8, 3, 8), (64, 4, 2, 8)], ids=lambda c: "E{}_G{}_S{}_K{}".format(*c))
+def test_router_expert_bias_matches_reference(device, case, score_function):
+    """The bias steers the group and expert selection; probs, aux scores and gradients stay those
+    of the unbiased scores for the experts so chosen (float64 reference)."""
+    experts, groups, selected, topk = case
+    g = torch.Generator().manual_seed(2000 + experts + topk)
+    logits = torch.randn(96, experts, generator=g) * 2.0
+    spread = 0.3 if score_function == "sigmoid" else 0.3 / experts  # about the scores' own spread
+    bias = torch.randn(experts, generator=g) * spread
+    rmap = _check_router_bias(logits.to(device), bias.to(device), topk, groups, selected, score_function, 1.7)
+    # not vacuous: the bias changed the selection
+    _, _, plain = fused_group_topk_routing_with_aux_score(logits.to(device), topk, groups, selected, score_function)
+    assert not torch.equal(rmap, plain)
+
+
+def test_router_expert_bias_forces_and_leaves_probs_unbiased(device):
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(64, 16, generator=g).to(device)
+    bias = torch.zeros(16, device=device)
+    bias[11] = 10.0  # larger than any score gap: expert 11 is in every token's top-2
+    _, probs, rmap = fused_group_topk_routing_with_aux_score(logits, 2, score_function="sigmoid", expert_bias=bias)
+    assert rmap[:, 11].all()
+    s = torch.sigmoid(logits)
+    sel = torch.where(rmap, s, torch.zeros_like(s))
+    torch.testing.assert_close(probs, sel / sel.sum(-1, keepdim=True), atol=1e-6, rtol=1e-6)
+    # bf16 / fp16 biases are accepted (taken to float32)
+    _, _, rmap16 = fused_group_topk_routing_with_aux_score(logits, 2, score_function="sigmoid",
+                                                           expert_bias=bias.to(torch.bfloat16))
+    assert torch.equal(rmap16, rmap)
+
+
+def test_router_expert_bias_errors():
+    x = torch.randn(4, 8)
+    op = "fused_group_topk_routing_with_aux_score"
+    with pytest.raises(ValueError, match=rf"{op}: expert_bias must be 1-D \[8\] \(one entry per expert\), got shape \(9,\)"):
+        fused_group_topk_routing_with_aux_score(x, 2, expert_bias=torch.zeros(9))
+    with pytest.raises(ValueError, match=r"got shape \(1, 8\)"):
+        fused_group_topk_routing_with_aux_score(x, 2, expert_bias=torch.zeros(1, 8))
+    with pytest.raises(ValueError, match="expert_bias must be a floating-point tensor .* got torch.int64"):
+        fused_group_topk_routing_with_aux_score(x, 2, expert_bias=torch.zeros(8, dtype=torch.int64))
+    with pytest.raises(ValueError, match="expert_bias on meta, logits on cpu"):
+        fused_group_topk_routing_with_aux_score(x, 2, expert_bias=torch.zeros(8, device="meta"))
+    with pytest.raises(TypeError, match="expert_bias must be a torch.Tensor or None, got list"):
+        fused_group_topk_routing_with_aux_score(x, 2, expert_bias=[0.0] * 8)
+
+
+def test_update_expert_bias_rule(device):
+    from primus_turbo.pytorch.ops import update_expert_bias
+
+    bias = torch.tensor([0.5, -0.25, 0.0, 1.0, 0.125], device=device)
+    before = bias.clone()
+    for counts in (torch.tensor([10, 2, 6, 6, 6]), torch.tensor([10.0, 2.0, 6.0, 6.0, 6.0])):
+        new = update_expert_bias(bias, counts.to(device), 0.01)
+        # mean load 6: the overloaded expert goes down, the underloaded one up, those at the mean stay
+        expected = before + torch.tensor([-0.01, 0.01, 0.0, 0.0, 0.0], device=device)
+        assert new.dtype == torch.float32 and torch.equal(new, expected)
+        assert torch.equal(bias, before)  # functional: the input is not written
+    # only the signs count: every count scaled alike (more micro-batches, a recompute) changes nothing
+    c = torch.randint(0, 50, (5,), device=device)
+    assert torch.equal(update_expert_bias(bias, c, 1e-3), update_expert_bias(bias, 3 * c, 1e-3))
+    assert torch.equal(update_expert_bias(bias, c, 0.0), bias)
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(update_rate=-1e-3), ValueError, r"update_rate must be a finite float >= 0, got -0.001"),
+    (dict(update_rate=float("nan")), ValueError, r"update_rate must be a finite float >= 0, got nan"),
+    (dict(update_rate=True), ValueError, r"update_rate must be a finite float >= 0, got True"),
+    (dict(tokens_per_expert=torch.zeros(2, 4)), ValueError, r"tokens_per_expert must be 1-D \[experts\], got shape \(2, 4\)"),
+    (dict(tokens_per_expert=torch.zeros(5)), ValueError, r"expert_bias must be 1-D \[5\]"),
+    (dict(tokens_per_expert=torch.zeros(4, dtype=torch.bool)), ValueError, "must be a real count tensor, got torch.bool"),
+    (dict(tokens_per_expert=[1, 2, 3, 4]), TypeError, "tokens_per_expert must be a torch.Tensor, got list"),
+    (dict(expert_bias=torch.zeros(4, dtype=torch.int32)), ValueError, "expert_bias must be a floating-point tensor"),
+    (dict(expert_bias=torch.zeros(4, device="meta")), ValueError, "expert_bias on meta, tokens_per_expert on cpu"),
+])
+def test_update_expert_bias_errors(kwargs, exc, match):
+    from primus_turbo.pytorch.ops import update_expert_bias
+
+    args = dict(expert_bias=torch.zeros(4), tokens_per_expert=torch.tensor([1, 2, 3, 4]), update_rate=1e-3)
+    args.update(kwargs)
+    with pytest.raises(exc, match=match):
+        update_expert_bias(**args)
+
+
+def test_expert_bias_balances_a_skewed_router(device):
+    """The rule does what it is for: router logits that favour a few experts (a fixed skew plus
+    noise), routed with the bias and updated after every batch, end close to balanced."""
+    from primus_turbo.pytorch.ops import update_expert_bias
+
+    E, k, T = 16, 2, 512
+    g = torch.Generator().manual_seed(9)
+    skew = torch.linspace(2.0, -2.0, E)  # expert 0 strongly preferred, expert 15 rarely chosen
+    bias = torch.zeros(E, device=device)
+
+    def imbalance(b):
+        logits = (skew + torch.randn(T, E, generator=g)).to(device)
+        _, _, rmap = fused_group_topk_routing_with_aux_score(logits, k, score_function="sigmoid", expert_bias=b)
+        load = rmap.sum(0)
+        return load, float(load.max()) / (T * k / E)
+
+    _, start = imbalance(bias)
+    for _ in range(150):
+        load, _ = imbalance(bias)
+        bias = update_expert_bias(bias, load, 0.01)
+    _, end = imbalance(bias)
+    print(f"max load / mean: {start:.2f} -> {end:.2f}")
+    assert start > 3.0 and end < 1.6, (start, end)
+    assert bias[0] < 0 < bias[-1]  # the favoured expert was pushed down, the neglected one up
