@@ -40,6 +40,8 @@ from .linear import RouterLinear, _fuse_pattern
 
 __all__ = ["GroupedMLP", "MoELayer", "update_expert_biases"]
 
+_LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss")
+
 _ACTIVATIONS = {"swiglu": swiglu_with_probs, "geglu": geglu_with_probs}
 _SCORE_FUNCTIONS = ("softmax", "sigmoid")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -191,7 +193,12 @@ class MoELayer(torch.nn.Module):
             (the router stays in high precision).
         pad_multiple: pad each expert's row segment to a multiple of this (e.g. 16/32/128 for FP8
             kernels that want aligned groups); padding rows are zero tokens with zero probs.
-        aux_loss_coeff: coefficient of the switch-style load-balancing loss (0 = not computed).
+        aux_loss_coeff: coefficient of the load-balancing loss (0 = not computed).
+        load_balancing_type: ``"aux_loss"`` (over all the call's tokens, Switch Transformer) or
+            ``"seq_aux_loss"`` (per sequence, then averaged: DeepSeek-V3's sequence-wise loss);
+            Megatron's ``moe_router_load_balancing_type`` names.
+        z_loss_coeff: coefficient of the router z-loss (ST-MoE; Megatron's ``moe_z_loss_coeff``;
+            0 = not computed).
         router_dtype: dtype of the router weight and of its GEMM (e.g. ``torch.float32`` for an
             fp32 router with bf16 experts, Megatron's ``moe_router_dtype``); default ``dtype``.
         expert_bias: auxiliary-loss-free load balancing (DeepSeek-V3; Megatron's
@@ -205,17 +212,27 @@ class MoELayer(torch.nn.Module):
     ``router_dtype`` over bf16 tokens it runs ``turbo.ops.router_gating_linear``, fp32-accurate
     logits without an fp32 copy of the tokens) and ``experts`` (:class:`GroupedMLP`).
 
-    Auxiliary loss (Switch Transformer / Megatron ``switch_load_balancing_loss_func``): with
-    ``aux_loss_coeff > 0`` every forward sets ``self.aux_loss`` to the 0-dim float32 tensor::
+    Auxiliary losses. Every forward sets ``self.aux_loss``, the 0-dim float32 sum of the enabled
+    terms below (``None`` when none is), and ``self.aux_loss_terms``, each term by name, detached,
+    for logging. It carries a gradient to the router weight; add it to the training loss
+    (``loss = task_loss + layer.aux_loss``).
 
-        aux_loss = aux_loss_coeff * E * sum_e f_e * P_e
+    * ``"load_balancing"`` (``aux_loss_coeff > 0``; Megatron's ``switch_load_balancing_loss_func``)::
+
+        aux_loss_coeff * E * sum_e f_e * P_e
         f_e = (tokens routed to e) / (T * topk)          (not differentiable)
         P_e = mean over tokens of scores_for_aux_loss[:, e]   (softmax, or sigmoid / row sum)
 
-    which is ``aux_loss_coeff`` for perfectly balanced routing. It carries a gradient to the router
-    weight; add it to the training loss (``loss = task_loss + layer.aux_loss``). It is ``None`` when
-    ``aux_loss_coeff == 0``. ``self.tokens_per_expert`` (int64 ``[E]`` on device, detached,
-    padding excluded) holds the last forward's routing counts for load monitoring.
+      which is ``aux_loss_coeff`` for perfectly balanced routing. With
+      ``load_balancing_type="seq_aux_loss"`` the same is formed for each sequence of a
+      ``[B, S, H]`` input (``T = S``, counts and means over that sequence's tokens) and averaged
+      over the ``B`` sequences (Megatron's ``sequence_load_balancing_loss_func``); a ``[T, H]``
+      input is one sequence.
+    * ``"z_loss"`` (``z_loss_coeff > 0``): ``z_loss_coeff * mean_t logsumexp(logits[t])^2`` over the
+      router's logits in float32 (keeps them small; Megatron's ``z_loss_func``).
+
+    ``self.tokens_per_expert`` (int64 ``[E]`` on device, detached, padding excluded) holds the last
+    forward's routing counts for load monitoring.
 
     Auxiliary-loss-free balancing (``expert_bias=True``): the router selects on
     ``score + self.expert_bias`` and weights by the unbiased scores. Every forward in training mode
@@ -241,7 +258,8 @@ class MoELayer(torch.nn.Module):
                  scaling_factor: Optional[float] = None, activation: str = "swiglu",
                  config: Optional[Float8QuantConfig | Float4QuantConfig] = None, pad_multiple: Optional[int] = None,
                  aux_loss_coeff: float = 0.0, router_dtype: Optional[torch.dtype] = None,
-                 expert_bias: bool = False, expert_bias_update_rate: float = 1e-3, dtype=None, device=None):
+                 expert_bias: bool = False, expert_bias_update_rate: float = 1e-3,
+                 load_balancing_type: str = "aux_loss", z_loss_coeff: float = 0.0, dtype=None, device=None):
         super().__init__()
         op = "MoELayer"
         _check_positive(op, hidden_size=hidden_size, ffn_hidden_size=ffn_hidden_size, num_experts=num_experts,
@@ -270,8 +288,12 @@ class MoELayer(torch.nn.Module):
                              f"{type(config).__name__}")
         if pad_multiple is not None and (not _is_int(pad_multiple) or pad_multiple < 1):
             raise ValueError(f"{op}: pad_multiple must be a positive int or None, got {pad_multiple!r}")
-        if isinstance(aux_loss_coeff, bool) or not isinstance(aux_loss_coeff, (int, float)) or aux_loss_coeff < 0:
-            raise ValueError(f"{op}: aux_loss_coeff must be a float >= 0, got {aux_loss_coeff!r}")
+        for name, v in (("aux_loss_coeff", aux_loss_coeff), ("z_loss_coeff", z_loss_coeff)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{op}: {name} must be a finite float >= 0, got {v!r}")
+        if load_balancing_type not in _LOAD_BALANCING_TYPES:
+            raise ValueError(f"{op}: load_balancing_type must be one of {list(_LOAD_BALANCING_TYPES)}, got "
+                             f"{load_balancing_type!r}")
         if router_dtype is not None and router_dtype not in _DTYPES:
             raise ValueError(f"{op}: router_dtype must be float32, bfloat16, float16 or None, got {router_dtype}")
         if not isinstance(expert_bias, bool):
@@ -286,11 +308,14 @@ class MoELayer(torch.nn.Module):
         self.scaling_factor = None if scaling_factor is None else float(scaling_factor)
         self.pad_multiple = None if pad_multiple in (None, 1) else int(pad_multiple)
         self.aux_loss_coeff = float(aux_loss_coeff)
+        self.load_balancing_type = load_balancing_type
+        self.z_loss_coeff = float(z_loss_coeff)
         self.router = RouterLinear(hidden_size, num_experts, bias=False, device=device,
                              dtype=router_dtype if router_dtype is not None else dtype)
         self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size, activation=activation, config=config,
                                   dtype=dtype, device=device)
         self.aux_loss: Optional[torch.Tensor] = None
+        self.aux_loss_terms: dict = {}
         self.tokens_per_expert: Optional[torch.Tensor] = None
         self.expert_bias_update_rate = float(expert_bias_update_rate)
         if expert_bias:
@@ -327,6 +352,8 @@ class MoELayer(torch.nn.Module):
                 f"groups={self.groups}, selected_groups={self.selected_groups}, "
                 f"scaling_factor={self.scaling_factor}, pad_multiple={self.pad_multiple}, "
                 f"aux_loss_coeff={self.aux_loss_coeff}"
+                + (f", load_balancing_type={self.load_balancing_type!r}" if self.load_balancing_type != "aux_loss" else "")
+                + (f", z_loss_coeff={self.z_loss_coeff}" if self.z_loss_coeff > 0 else "")
                 + (f", expert_bias_update_rate={self.expert_bias_update_rate}" if self.expert_bias is not None else ""))
 
     def max_permuted_tokens(self, num_tokens: int) -> int:
@@ -406,13 +433,25 @@ class MoELayer(torch.nn.Module):
             # alike, which leaves the signs the update reads unchanged
             with torch.no_grad():
                 self.local_tokens_per_expert.add_(counts.to(torch.float32))
-        self.aux_loss = None
+        terms = {}
         if self.aux_loss_coeff > 0:
             if t == 0:
-                self.aux_loss = aux_scores.sum() * 0.0
-            else:
+                terms["load_balancing"] = aux_scores.sum() * 0.0
+            elif self.load_balancing_type == "seq_aux_loss" and hidden_states.dim() == 3 and shape[0] > 1:
+                b, sq = shape[0], shape[1]
+                seq_counts = routing_map.view(b, sq, e).sum(1).to(aux_scores.dtype)           # [B, E]
+                scale = e * self.aux_loss_coeff / (k * sq * sq * b)
+                terms["load_balancing"] = (aux_scores.view(b, sq, e).sum(1) * seq_counts).sum() * scale
+            else:  # all the call's tokens (one sequence for "seq_aux_loss")
                 scale = e * self.aux_loss_coeff / (k * t * t)
-                self.aux_loss = (aux_scores.sum(0) * counts.to(aux_scores.dtype)).sum() * scale
+                terms["load_balancing"] = (aux_scores.sum(0) * counts.to(aux_scores.dtype)).sum() * scale
+        if self.z_loss_coeff > 0:
+            z = torch.logsumexp(logits.float(), dim=-1)
+            terms["z_loss"] = (z * z).sum() * (self.z_loss_coeff / t) if t > 0 else z.sum() * 0.0
+        self.aux_loss = None
+        for term in terms.values():
+            self.aux_loss = term if self.aux_loss is None else self.aux_loss + term
+        self.aux_loss_terms = {name: term.detach() for name, term in terms.items()}
         return out
 
 
