@@ -28,6 +28,7 @@ def group_topk_router_ref(
     score_function: str = "sigmoid",
     scaling_factor: float = 1.0,
     expert_bias: torch.Tensor = None,
+    normalize_topk: bool = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Reference of ``fused_group_topk_routing_with_aux_score`` in float64.
 
@@ -37,7 +38,8 @@ def group_topk_router_ref(
     ``selected_groups`` best groups; top-k experts among them; sigmoid probs normalized over the
     top-k (when topk > 1), softmax probs are the softmax scores; both times ``scaling_factor``.
     Aux scores: softmax, or sigmoid divided by its row sum. ``expert_bias``: the group and
-    expert selection rank ``score + bias``; the probs keep the unbiased scores.
+    expert selection rank ``score + bias``; the probs keep the unbiased scores. ``normalize_topk``:
+    None = the rule above, True / False = always / never divide the selected scores by their sum.
     """
     x = logits.double()
     num_tokens, num_experts = x.shape
@@ -66,9 +68,11 @@ def group_topk_router_ref(
     routing_map = routing_map.to(logits.device)
 
     selected = torch.where(routing_map, scores, torch.zeros_like(scores))
+    if normalize_topk is None:
+        normalize_topk = score_function == "sigmoid" and topk > 1
+    if normalize_topk:
+        selected = selected / (selected.sum(dim=-1, keepdim=True) + 1e-20)
     if score_function == "sigmoid":
-        if topk > 1:
-            selected = selected / (selected.sum(dim=-1, keepdim=True) + 1e-20)
         aux = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
     else:
         aux = scores

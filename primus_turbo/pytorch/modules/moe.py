@@ -187,6 +187,9 @@ class MoELayer(torch.nn.Module):
             :func:`turbo.ops.fused_group_topk_routing_with_aux_score` for how probs are formed
             (softmax over all experts then the top-k entries; sigmoid normalized over the top-k).
         groups, selected_groups: DeepSeek-V3 group-limited routing (``groups=1``: plain top-k).
+        normalize_topk: divide each token's selected scores by their sum (``None``: sigmoid with
+            topk > 1 yes, softmax no; ``True`` with softmax = the softmax over the top-k logits,
+            as Mixtral, Qwen3-MoE and GPT-OSS route and Megatron does by default).
         scaling_factor: multiplier of the routing probs (``None`` = 1).
         activation: ``"swiglu"`` or ``"geglu"`` (:class:`GroupedMLP`).
         config: :class:`Float8QuantConfig` (or :class:`Float4QuantConfig`, MXFP4) for the expert GEMMs
@@ -259,7 +262,8 @@ class MoELayer(torch.nn.Module):
                  config: Optional[Float8QuantConfig | Float4QuantConfig] = None, pad_multiple: Optional[int] = None,
                  aux_loss_coeff: float = 0.0, router_dtype: Optional[torch.dtype] = None,
                  expert_bias: bool = False, expert_bias_update_rate: float = 1e-3,
-                 load_balancing_type: str = "aux_loss", z_loss_coeff: float = 0.0, dtype=None, device=None):
+                 load_balancing_type: str = "aux_loss", z_loss_coeff: float = 0.0,
+                 normalize_topk: Optional[bool] = None, dtype=None, device=None):
         super().__init__()
         op = "MoELayer"
         _check_positive(op, hidden_size=hidden_size, ffn_hidden_size=ffn_hidden_size, num_experts=num_experts,
@@ -296,6 +300,8 @@ class MoELayer(torch.nn.Module):
                              f"{load_balancing_type!r}")
         if router_dtype is not None and router_dtype not in _DTYPES:
             raise ValueError(f"{op}: router_dtype must be float32, bfloat16, float16 or None, got {router_dtype}")
+        if normalize_topk is not None and not isinstance(normalize_topk, bool):
+            raise TypeError(f"{op}: normalize_topk must be None, True or False, got {normalize_topk!r}")
         if not isinstance(expert_bias, bool):
             raise TypeError(f"{op}: expert_bias must be True or False, got {expert_bias!r}")
         if isinstance(expert_bias_update_rate, bool) or not isinstance(expert_bias_update_rate, (int, float)) \
@@ -310,6 +316,7 @@ class MoELayer(torch.nn.Module):
         self.aux_loss_coeff = float(aux_loss_coeff)
         self.load_balancing_type = load_balancing_type
         self.z_loss_coeff = float(z_loss_coeff)
+        self.normalize_topk = normalize_topk
         self.router = RouterLinear(hidden_size, num_experts, bias=False, device=device,
                              dtype=router_dtype if router_dtype is not None else dtype)
         self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size, activation=activation, config=config,
@@ -354,6 +361,7 @@ class MoELayer(torch.nn.Module):
                 f"aux_loss_coeff={self.aux_loss_coeff}"
                 + (f", load_balancing_type={self.load_balancing_type!r}" if self.load_balancing_type != "aux_loss" else "")
                 + (f", z_loss_coeff={self.z_loss_coeff}" if self.z_loss_coeff > 0 else "")
+                + (f", normalize_topk={self.normalize_topk}" if self.normalize_topk is not None else "")
                 + (f", expert_bias_update_rate={self.expert_bias_update_rate}" if self.expert_bias is not None else ""))
 
     def max_permuted_tokens(self, num_tokens: int) -> int:
@@ -410,7 +418,7 @@ class MoELayer(torch.nn.Module):
         logits = self.router(x)                                   # [T, E] in the router's dtype
         aux_scores, probs, routing_map = fused_group_topk_routing_with_aux_score(
             logits, k, self.groups, self.selected_groups, self.score_function, self.scaling_factor,
-            expert_bias=self.expert_bias)
+            expert_bias=self.expert_bias, normalize_topk=self.normalize_topk)
 
         permuted, permuted_probs, row_id_map, group_lens = moe_permute(
             x, routing_map, probs, num_out_tokens=num_out_tokens, pad_multiple=self.pad_multiple,

@@ -16,9 +16,12 @@ and DeepSeek-V3 group-limited routing), for ``logits [T, E]``, all math in float
       Megatron's own formula would sum nothing or fail; ``groups == 1`` is plain top-k)
     keep the ``selected_groups`` best groups, then the ``topk`` best experts inside them.
     probs[t, e] = score[t, e] / (sum of the top-k scores of t + 1e-20) * scaling_factor
-                                               sigmoid and topk > 1 (Megatron normalizes)
+                                               sigmoid and topk > 1 (Megatron normalizes), or
+                                               normalize_topk=True (softmax: the softmax over
+                                               the top-k logits)
                 = score[t, e] * scaling_factor sigmoid with topk == 1, and softmax
-                  (softmax over *all* experts, then the selected scores: "pre-softmax")
+                  (softmax over *all* experts, then the selected scores: "pre-softmax"), or
+                  normalize_topk=False
       for the selected experts, 0 elsewhere; routing_map[t, e] = e is selected.
     scores_for_aux_loss = softmax(logits)                                  softmax
                         = sigmoid(logits) / (sum_e sigmoid(logits) + 1e-20)  sigmoid
@@ -147,6 +150,7 @@ def fused_group_topk_routing_with_aux_score(
     scaling_factor: Optional[float] = 1.0,
     *,
     expert_bias: Optional[torch.Tensor] = None,
+    normalize_topk: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """MoE router: scores, DeepSeek group-limited top-k, scaled probs and routing map.
 
@@ -163,6 +167,11 @@ def fused_group_topk_routing_with_aux_score(
             practice), added to the scores for the group and expert *selection* only
             (auxiliary-loss-free balancing); ``probs`` and ``scores_for_aux_loss`` stay unbiased and
             the bias receives no gradient. Beyond Primus-Turbo's signature (keyword only).
+        normalize_topk: whether the selected scores are divided by their sum (before
+            ``scaling_factor``). ``None`` (the reference's rule): sigmoid with ``topk > 1`` yes,
+            softmax no. ``True`` with softmax is the softmax over the top-k logits (Megatron's
+            default ``moe_router_pre_softmax=False``; Mixtral, Qwen3-MoE ``norm_topk_prob``,
+            GPT-OSS); ``False`` never normalizes. Keyword only, beyond Primus-Turbo's signature.
 
     Returns:
         ``(scores_for_aux_loss [T, E] float32, probs [T, E] float32, routing_map [T, E] bool)``;
@@ -185,6 +194,11 @@ def fused_group_topk_routing_with_aux_score(
     _check_router_args(logits, topk, groups, selected_groups, score_function, scaling_factor)
     if expert_bias is not None:
         _check_expert_bias("fused_group_topk_routing_with_aux_score", expert_bias, logits.shape[1], logits.device)
+    if normalize_topk is not None and not isinstance(normalize_topk, bool):
+        raise TypeError(f"fused_group_topk_routing_with_aux_score: normalize_topk must be None, True or False, "
+                        f"got {normalize_topk!r}")
+    if normalize_topk is None:
+        normalize_topk = score_function == "sigmoid" and topk > 1
     x = logits.float()
     if score_function == "softmax":
         scores = torch.softmax(x, dim=-1)
@@ -196,9 +210,9 @@ def fused_group_topk_routing_with_aux_score(
         routing_scores = routing_scores + expert_bias.detach().float()
     top_idx = _select_experts(routing_scores, topk, groups, selected_groups)  # [T, K] int64
     top_scores = scores.gather(1, top_idx)
+    if normalize_topk:
+        top_scores = top_scores / (top_scores.sum(dim=-1, keepdim=True) + _EPS)
     if score_function == "sigmoid":
-        if topk > 1:
-            top_scores = top_scores / (top_scores.sum(dim=-1, keepdim=True) + _EPS)
         aux_scores = scores / (scores.sum(dim=-1, keepdim=True) + _EPS)
     else:
         aux_scores = scores

@@ -175,7 +175,8 @@ def _moe_ref(layer, x, logits_used, dy, keep=None):
     logits = x64 @ wr.t()
     scores = torch.softmax(logits, -1) if sf == "softmax" else torch.sigmoid(logits)
     sel = torch.where(mask, scores, torch.zeros_like(scores))
-    if sf == "sigmoid" and k > 1:
+    norm = layer.normalize_topk if layer.normalize_topk is not None else (sf == "sigmoid" and k > 1)
+    if norm:
         sel = sel / (sel.sum(-1, keepdim=True) + 1e-20)
     probs = sel * scale
     y = torch.zeros_like(x64)
@@ -210,6 +211,8 @@ _MOE_CASES = {
     # auxiliary-loss-free balancing: a random expert bias steers the sigmoid group-limited selection
     "sigmoid_expert_bias_fp32": dict(dtype=torch.float32, shape=(48,),
                                      kw=dict(score_function="sigmoid", groups=4, selected_groups=2, expert_bias=True)),
+    # Mixtral / Qwen3-MoE routing: softmax over the top-k logits (normalized selection), fp32
+    "softmax_normalized_fp32": dict(dtype=torch.float32, shape=(2, 20), kw=dict(normalize_topk=True)),
     # FP8 experts (TENSORWISE E4M3)
     "fp8_tensorwise": dict(dtype=torch.bfloat16, shape=(40,), kw=dict(config=Float8QuantConfig())),
     # the benchmarked FP8 configuration: BLOCKWISE experts (DeepSeek-V3 style 1 x b activation and b x b
@@ -600,6 +603,11 @@ def test_moe_layer_bad_args(kwargs, match, device):
     with pytest.raises(ValueError, match=match):
         turbo.modules.MoELayer(args.pop("hidden_size"), args.pop("ffn_hidden_size"), args.pop("num_experts"),
                                args.pop("topk"), device=device, **args)
+
+
+def test_moe_layer_normalize_topk_must_be_bool_or_none(device):
+    with pytest.raises(TypeError, match="MoELayer: normalize_topk must be None, True or False, got 1"):
+        turbo.modules.MoELayer(32, 32, 8, 2, normalize_topk=1, device=device)
 
 
 def test_moe_forward_bad_inputs(device):

@@ -494,3 +494,35 @@ def test_expert_bias_balances_a_skewed_router(device):
     print(f"max load / mean: {start:.2f} -> {end:.2f}")
     assert start > 3.0 and end < 1.6, (start, end)
     assert bias[0] < 0 < bias[-1]  # the favoured expert was pushed down, the neglected one up
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("score_function", ["sigmoid", "softmax"])
+def test_router_normalize_topk(device, score_function, normalize):
+    """normalize_topk overrides the reference's rule either way; against the float64 reference,
+    gradients included. Softmax + True is the softmax over the top-k logits (Mixtral / Qwen3-MoE)."""
+    g = torch.Generator().manual_seed(31)
+    logits = (torch.randn(64, 32, generator=g) * 2.0).to(device)
+    x = logits.clone().requires_grad_(True)
+    aux, probs, rmap = fused_group_topk_routing_with_aux_score(x, 4, 4, 2, score_function, 1.5,
+                                                               normalize_topk=normalize)
+    xr = logits.cpu().double().requires_grad_(True)
+    aux_r, probs_r, rmap_r = group_topk_router_ref(xr, 4, 4, 2, score_function, 1.5, normalize_topk=normalize)
+    assert torch.equal(rmap.cpu(), rmap_r)
+    torch.testing.assert_close(probs.cpu().double(), probs_r.detach(), atol=1e-6, rtol=1e-6)
+    gp = torch.randn(probs.shape, generator=g, dtype=torch.float64)
+    (probs * gp.to(device, torch.float32)).sum().backward()
+    (probs_r * gp).sum().backward()
+    torch.testing.assert_close(x.grad.cpu().double(), xr.grad, atol=1e-5, rtol=1e-5)
+    sums = probs.sum(-1)
+    if normalize:
+        torch.testing.assert_close(sums, torch.full_like(sums, 1.5), atol=1e-5, rtol=1e-5)
+        if score_function == "softmax":  # = softmax over the selected logits, times the scale
+            top = torch.where(rmap, logits, torch.full_like(logits, float("-inf")))
+            torch.testing.assert_close(probs, torch.softmax(top, -1) * 1.5, atol=1e-6, rtol=1e-5)
+    else:  # the raw selected scores, times the scale
+        s = torch.sigmoid(logits) if score_function == "sigmoid" else torch.softmax(logits, -1)
+        torch.testing.assert_close(probs, torch.where(rmap, s, torch.zeros_like(s)) * 1.5, atol=1e-6, rtol=1e-6)
+        assert not torch.allclose(sums, torch.full_like(sums, 1.5))
+    with pytest.raises(TypeError, match="normalize_topk must be None, True or False, got 'yes'"):
+        fused_group_topk_routing_with_aux_score(logits, 4, normalize_topk="yes")
