@@ -40,7 +40,7 @@ pytestmark = [
 
 
 class _Block(torch.nn.Module):
-    def __init__(self, config, dtype):
+    def __init__(self, config, dtype, expert_bias=False):
         super().__init__()
         import primus_turbo.pytorch as turbo
 
@@ -50,7 +50,7 @@ class _Block(torch.nn.Module):
         self.attn = M.TurboAttention(causal=True)
         self.proj = M.Linear(H, H, bias=False, dtype=dtype)
         self.norm2 = M.RMSNorm(H, dtype=dtype)
-        self.moe = M.MoELayer(H, FF, E, TOPK, config=config, dtype=dtype)
+        self.moe = M.MoELayer(H, FF, E, TOPK, config=config, dtype=dtype, expert_bias=expert_bias)
 
     def forward(self, x):
         b, s, _ = x.shape
@@ -60,12 +60,12 @@ class _Block(torch.nn.Module):
 
 
 class _Model(torch.nn.Module):
-    def __init__(self, config, dtype):
+    def __init__(self, config, dtype, expert_bias=False):
         super().__init__()
         import primus_turbo.pytorch as turbo
         from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, ScalingGranularity
 
-        self.blocks = torch.nn.ModuleList([_Block(config, dtype), _Block(config, dtype)])
+        self.blocks = torch.nn.ModuleList([_Block(config, dtype, expert_bias), _Block(config, dtype, expert_bias)])
         self.head = turbo.modules.Float8Linear(
             H, H, config=Float8QuantConfig(granularity=ScalingGranularity.TENSORWISE), dtype=dtype)
 
@@ -175,5 +175,106 @@ def test_fully_shard_two_ranks_equals_unsharded_average(case):
             # the crash was in torch's teardown. An assertion raises ProcessRaisedException
             # instead and is never caught here.
             if not any(f.endswith(".passed") for f in os.listdir(marker_dir)):
+                raise
+            warnings.warn(f"{case}: a rank died in process-group teardown after every check passed")
+
+
+def _dcp_worker(rank, world, case, device_type, work_dir):
+    """Train one step, save a distributed checkpoint (torch.distributed.checkpoint, the sharded
+    model and optimizer states), train a second step; then build a fresh, differently initialised
+    model, load the checkpoint and train the same second step: loss, parameters, optimizer moments
+    and the MoE layers' expert biases must equal the uninterrupted run's bit for bit."""
+    os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        from primus_turbo.triton.interpreter import fix_bf16_dot
+
+        fix_bf16_dot()
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import primus_turbo.pytorch as turbo
+    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, ScalingGranularity
+
+    if device_type == "cuda":
+        torch.cuda.set_device(rank)
+    dev = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo",
+                            init_method="file://" + os.path.join(work_dir, "store"), rank=rank, world_size=world)
+    try:
+        experts, mixed = case.split("-")
+        config = Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE) if experts == "fp8" else None
+        compute = torch.bfloat16 if mixed == "mp" else torch.float32
+        mesh = init_device_mesh(device_type, (world,))
+        policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+
+        def build(seed):
+            with torch.device(dev):
+                torch.manual_seed(seed)
+                model = _Model(config, torch.float32, expert_bias=True)
+            for blk in model.blocks:
+                fully_shard(blk, mesh=mesh, mp_policy=policy)
+            fully_shard(model, mesh=mesh, mp_policy=policy)
+            return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+        g = torch.Generator().manual_seed(100 + rank)  # each rank its own batches
+        batches = [(torch.randn(BATCH // world, SEQ, H, generator=g).to(dev, compute),
+                    torch.randn(BATCH // world, SEQ, H, generator=g).to(dev)) for _ in range(2)]
+
+        def step(model, opt, batch):
+            opt.zero_grad(set_to_none=True)
+            loss = _loss(model, *batch)
+            loss.backward()
+            opt.step()
+            turbo.modules.update_expert_biases(model)
+            return loss.detach()
+
+        def snapshot(model, opt):
+            params = [p.detach().full_tensor().clone() for p in model.parameters()]
+            moments = [st["exp_avg_sq"].full_tensor().clone() for st in opt.state.values()]
+            biases = [b.moe.expert_bias.clone() for b in model.blocks]
+            return params, moments, biases
+
+        model, opt = build(0)
+        step(model, opt, batches[0])
+        msd, osd = get_state_dict(model, opt)
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(work_dir, "ckpt"))
+        loss_a = step(model, opt, batches[1])
+        ref = snapshot(model, opt)
+        assert any(b.abs().sum() > 0 for b in ref[2]), "the expert biases never moved"
+
+        fresh, opt2 = build(1)  # other initial weights: everything must come from the checkpoint
+        msd, osd = get_state_dict(fresh, opt2)
+        dcp.load({"model": msd, "optim": osd}, checkpoint_id=os.path.join(work_dir, "ckpt"))
+        set_state_dict(fresh, opt2, model_state_dict=msd, optim_state_dict=osd)
+        loss_b = step(fresh, opt2, batches[1])
+        got = snapshot(fresh, opt2)
+        assert torch.equal(loss_a, loss_b), f"{case}: resumed loss {float(loss_b)} != {float(loss_a)}"
+        for what, xs, ys in zip(("parameter", "AdamW moment", "expert bias"), ref, got):
+            assert len(xs) == len(ys)
+            for i, (x, y) in enumerate(zip(xs, ys)):
+                assert torch.equal(x, y), f"{case}: {what} {i} differs after resuming from the checkpoint"
+        dist.barrier()
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    open(os.path.join(work_dir, f"rank{rank}.passed"), "w").close()
+    dist.destroy_process_group()
+    os._exit(0)  # as in _worker: skip gloo's teardown at interpreter exit
+
+
+@pytest.mark.parametrize("case", ["hp-fp32", "fp8-mp"])
+def test_distributed_checkpoint_resume_is_exact(case):
+    """TorchTitan's checkpointing (torch.distributed.checkpoint over FSDP2) of a model of our layers:
+    resuming reproduces the uninterrupted run bit for bit."""
+    import torch.multiprocessing as mp
+
+    device_type = "cuda" if _CUDA else "cpu"
+    with tempfile.TemporaryDirectory() as work_dir:
+        try:
+            mp.spawn(_dcp_worker, args=(2, case, device_type, work_dir), nprocs=2, join=True)
+        except mp.ProcessExitedException:
+            if not any(f.endswith(".passed") for f in os.listdir(work_dir)):
                 raise
             warnings.warn(f"{case}: a rank died in process-group teardown after every check passed")
