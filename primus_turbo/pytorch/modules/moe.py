@@ -175,6 +175,23 @@ class GroupedMLP(torch.nn.Module):
         return self.linear_fc2(h, group_lens, group_offs, is_first_microbatch)                # [M, H]
 
 
+class _AuxLossInBackward(torch.autograd.Function):
+    """Identity on the layer output whose backward also seeds the auxiliary loss with ``scale``
+    (Megatron's ``MoEAuxLossAutoScaler``): the aux loss trains the router without the training
+    loop adding it to the loss."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, aux: torch.Tensor, scale: float):
+        ctx.scale = scale
+        ctx.save_for_backward(aux)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (aux,) = ctx.saved_tensors
+        return grad_out, torch.full_like(aux, ctx.scale), None
+
+
 class MoELayer(torch.nn.Module):
     """Token-choice top-k mixture of experts: router, permutation, :class:`GroupedMLP`, combine.
 
@@ -234,6 +251,12 @@ class MoELayer(torch.nn.Module):
     * ``"z_loss"`` (``z_loss_coeff > 0``): ``z_loss_coeff * mean_t logsumexp(logits[t])^2`` over the
       router's logits in float32 (keeps them small; Megatron's ``z_loss_func``).
 
+    With ``aux_loss_in_backward=True`` the layer output carries the auxiliary loss instead
+    (Megatron's ``MoEAuxLossAutoScaler``): the output's backward also back-propagates
+    ``aux_loss_backward_scale * aux_loss`` (default scale 1.0; set it to what the main loss is scaled
+    by, e.g. ``1 / num_microbatches``), so the training loop adds nothing and ``self.aux_loss`` is
+    detached, for logging only.
+
     ``self.tokens_per_expert`` (int64 ``[E]`` on device, detached, padding excluded) holds the last
     forward's routing counts for load monitoring.
 
@@ -263,7 +286,8 @@ class MoELayer(torch.nn.Module):
                  aux_loss_coeff: float = 0.0, router_dtype: Optional[torch.dtype] = None,
                  expert_bias: bool = False, expert_bias_update_rate: float = 1e-3,
                  load_balancing_type: str = "aux_loss", z_loss_coeff: float = 0.0,
-                 normalize_topk: Optional[bool] = None, dtype=None, device=None):
+                 normalize_topk: Optional[bool] = None, aux_loss_in_backward: bool = False,
+                 dtype=None, device=None):
         super().__init__()
         op = "MoELayer"
         _check_positive(op, hidden_size=hidden_size, ffn_hidden_size=ffn_hidden_size, num_experts=num_experts,
@@ -302,6 +326,8 @@ class MoELayer(torch.nn.Module):
             raise ValueError(f"{op}: router_dtype must be float32, bfloat16, float16 or None, got {router_dtype}")
         if normalize_topk is not None and not isinstance(normalize_topk, bool):
             raise TypeError(f"{op}: normalize_topk must be None, True or False, got {normalize_topk!r}")
+        if not isinstance(aux_loss_in_backward, bool):
+            raise TypeError(f"{op}: aux_loss_in_backward must be True or False, got {aux_loss_in_backward!r}")
         if not isinstance(expert_bias, bool):
             raise TypeError(f"{op}: expert_bias must be True or False, got {expert_bias!r}")
         if isinstance(expert_bias_update_rate, bool) or not isinstance(expert_bias_update_rate, (int, float)) \
@@ -317,6 +343,8 @@ class MoELayer(torch.nn.Module):
         self.load_balancing_type = load_balancing_type
         self.z_loss_coeff = float(z_loss_coeff)
         self.normalize_topk = normalize_topk
+        self.aux_loss_in_backward = aux_loss_in_backward
+        self.aux_loss_backward_scale = 1.0
         self.router = RouterLinear(hidden_size, num_experts, bias=False, device=device,
                              dtype=router_dtype if router_dtype is not None else dtype)
         self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size, activation=activation, config=config,
@@ -332,6 +360,14 @@ class MoELayer(torch.nn.Module):
         else:
             self.expert_bias = None
             self.local_tokens_per_expert = None
+
+    def __getstate__(self):
+        # the last forward's aux_loss belongs to that step's autograd graph: deepcopy refuses such a
+        # tensor and pickling would drag the graph along; a copy (an EMA twin, a saved module)
+        # starts without it, as a freshly built layer does
+        state = super().__getstate__()
+        state["aux_loss"] = None
+        return state
 
     def reset_parameters(self) -> None:
         """Zero this layer's own balancing state (``expert_bias``, ``local_tokens_per_expert``); the
@@ -362,6 +398,7 @@ class MoELayer(torch.nn.Module):
                 + (f", load_balancing_type={self.load_balancing_type!r}" if self.load_balancing_type != "aux_loss" else "")
                 + (f", z_loss_coeff={self.z_loss_coeff}" if self.z_loss_coeff > 0 else "")
                 + (f", normalize_topk={self.normalize_topk}" if self.normalize_topk is not None else "")
+                + (", aux_loss_in_backward=True" if self.aux_loss_in_backward else "")
                 + (f", expert_bias_update_rate={self.expert_bias_update_rate}" if self.expert_bias is not None else ""))
 
     def max_permuted_tokens(self, num_tokens: int) -> int:
@@ -460,6 +497,11 @@ class MoELayer(torch.nn.Module):
         for term in terms.values():
             self.aux_loss = term if self.aux_loss is None else self.aux_loss + term
         self.aux_loss_terms = {name: term.detach() for name, term in terms.items()}
+        if self.aux_loss_in_backward and self.aux_loss is not None:
+            if self.aux_loss.requires_grad:
+                scale = float(self.aux_loss_backward_scale)
+                out = _AuxLossInBackward.apply(out, self.aux_loss, scale)
+            self.aux_loss = self.aux_loss.detach()
         return out
 
 

@@ -126,3 +126,53 @@ def test_compiled_losses_match_eager(device):
     assert torch.equal(layer.aux_loss, twin.aux_loss)
     for name in ("load_balancing", "z_loss"):
         assert torch.equal(layer.aux_loss_terms[name], twin.aux_loss_terms[name])
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.25])
+def test_aux_loss_in_backward_equals_adding_it(device, scale):
+    """aux_loss_in_backward=True: backward of the output alone gives the router the gradient of
+    loss + scale * aux_loss (what a loop adding the loss by hand gets); aux_loss is then detached."""
+    import copy
+
+    kw = dict(aux_loss_coeff=0.05, z_loss_coeff=1e-2, load_balancing_type="seq_aux_loss", score_function="sigmoid")
+    plain = turbo.modules.MoELayer(H, FF, E, K, device=device, **kw)
+    auto = turbo.modules.MoELayer(H, FF, E, K, device=device, aux_loss_in_backward=True, **kw)
+    auto.load_state_dict(plain.state_dict())
+    auto.aux_loss_backward_scale = scale
+    x = torch.randn(2, 12, H, device=device)
+    y1, y2 = plain(x), auto(x)
+    assert torch.equal(y1, y2)
+    dy = torch.randn_like(y1)
+    ((y1 * dy).sum() + scale * plain.aux_loss).backward()
+    (y2 * dy).sum().backward()
+    assert not auto.aux_loss.requires_grad and torch.equal(auto.aux_loss, plain.aux_loss.detach())
+    g1, g2 = plain.router.weight.grad, auto.router.weight.grad
+    torch.testing.assert_close(g2, g1, rtol=1e-5, atol=1e-7)
+    # not vacuous: the aux terms' share of the router gradient is visible
+    bare = copy.deepcopy(plain)
+    bare.router.weight.grad = None
+    (bare(x) * dy).sum().backward()
+    assert (bare.router.weight.grad - g1).abs().max() > 1e-4 * scale
+    with pytest.raises(TypeError, match="aux_loss_in_backward must be True or False, got 'yes'"):
+        turbo.modules.MoELayer(H, FF, E, K, device=device, aux_loss_in_backward="yes")
+
+
+def test_deepcopy_and_pickle_after_a_forward(device):
+    """A layer that ran a forward holds that step's aux_loss (part of its graph); deepcopy (an EMA
+    twin) and pickling still work, and the copy starts without it."""
+    import copy
+    import io
+
+    layer = turbo.modules.MoELayer(H, FF, E, K, device=device, aux_loss_coeff=0.01, expert_bias=True)
+    layer(torch.randn(10, H, device=device))
+    assert layer.aux_loss.requires_grad
+    twin = copy.deepcopy(layer)
+    assert twin.aux_loss is None and layer.aux_loss is not None
+    assert torch.equal(twin.router.weight, layer.router.weight) and torch.equal(twin.expert_bias, layer.expert_bias)
+    buf = io.BytesIO()
+    torch.save(layer, buf)
+    buf.seek(0)
+    back = torch.load(buf, weights_only=False)
+    assert back.aux_loss is None and torch.equal(back.router.weight, layer.router.weight)
+    twin(torch.randn(10, H, device=device))
+    assert twin.aux_loss is not None
