@@ -551,8 +551,11 @@ def test_moe_layer_torch_compile_matches_eager(case, device):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor's GPU code generation")
-@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8_blockwise"])
-def test_moe_layer_inductor_fullgraph_gpu(fp8):
+@pytest.mark.parametrize("fp8,extra", [(False, {}), (True, {}),
+                                       (False, dict(expert_bias=True, z_loss_coeff=1e-3, normalize_topk=True,
+                                                    load_balancing_type="seq_aux_loss"))],
+                         ids=["bf16", "fp8_blockwise", "bf16_bias_seqaux_z_norm"])
+def test_moe_layer_inductor_fullgraph_gpu(fp8, extra):
     """The default torch.compile backend (inductor), as a training script uses it: a bf16 / FP8
     BLOCKWISE MoELayer traces whole and matches eager (inductor may fuse the PyTorch glue around our
     custom ops, and FP8 quantization turns an ulp upstream into a quantum, so >= 40 dB against eager
@@ -560,7 +563,11 @@ def test_moe_layer_inductor_fullgraph_gpu(fp8):
     torch.manual_seed(53)
     H, FF, E, k, T = 256, 512, 8, 2, 512
     cfg = Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE) if fp8 else None
-    layer = turbo.modules.MoELayer(H, FF, E, k, dtype=torch.bfloat16, device="cuda", config=cfg, aux_loss_coeff=0.01)
+    layer = turbo.modules.MoELayer(H, FF, E, k, dtype=torch.bfloat16, device="cuda", config=cfg, aux_loss_coeff=0.01,
+                                   **extra)
+    if layer.expert_bias is not None:
+        with torch.no_grad():
+            layer.expert_bias.copy_(torch.randn(E, device="cuda") * 0.3)
     twin = copy.deepcopy(layer)
     compiled = torch.compile(twin, fullgraph=True)
     x = torch.randn(T, H, dtype=torch.bfloat16, device="cuda", requires_grad=True)
@@ -574,6 +581,9 @@ def test_moe_layer_inductor_fullgraph_gpu(fp8):
     for i, (a, b) in enumerate(zip(*runs)):
         assert a.abs().sum() > 0, f"tensor {i} is zero"
         assert snr_db(a.double(), b) >= 40.0, f"tensor {i}: {snr_db(a.double(), b):.1f} dB"
+    if layer.expert_bias is not None:  # the in-place count buffer under inductor (an ulp may flip a near tie)
+        a, b = layer.local_tokens_per_expert, twin.local_tokens_per_expert
+        assert float(b.sum()) == T * k and float((a - b).abs().max()) <= 2, (a, b)
 
 
 # ----------------------------------------------------------------------------------------------
