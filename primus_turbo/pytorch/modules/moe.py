@@ -226,11 +226,20 @@ class MoELayer(torch.nn.Module):
             the scores for the expert selection only (see below).
         expert_bias_update_rate: the bias step of :meth:`update_expert_bias` (Megatron's
             ``moe_router_bias_update_rate``, default 1e-3).
+        shared_expert_ffn_hidden_size: width of the shared experts (DeepSeek-V3, Qwen2-MoE; Megatron's
+            ``moe_shared_expert_intermediate_size``), a dense MLP every token goes through, added to the
+            routed output; ``None`` = none.
+        shared_expert_gate: scale the shared experts' output by ``sigmoid(x @ w_g^T)`` per token
+            (Qwen2-MoE; Megatron's ``moe_shared_expert_gate``).
+        aux_loss_in_backward: see the auxiliary losses below.
         dtype, device: of the parameters.
 
     Submodules: ``router`` (:class:`turbo.modules.RouterLinear` ``H -> E``, no bias: with an fp32
     ``router_dtype`` over bf16 tokens it runs ``turbo.ops.router_gating_linear``, fp32-accurate
-    logits without an fp32 copy of the tokens) and ``experts`` (:class:`GroupedMLP`).
+    logits without an fp32 copy of the tokens), ``experts`` (:class:`GroupedMLP`) and, with shared
+    experts, ``shared_experts`` (a one-group :class:`GroupedMLP`, weights ``[1, 2F_s, H]`` and
+    ``[1, H, F_s]``, same activation and ``config`` as the routed experts) and ``shared_expert_gate``
+    (``nn.Linear(H, 1)``).
 
     Auxiliary losses. Every forward sets ``self.aux_loss``, the 0-dim float32 sum of the enabled
     terms below (``None`` when none is), and ``self.aux_loss_terms``, each term by name, detached,
@@ -287,6 +296,7 @@ class MoELayer(torch.nn.Module):
                  expert_bias: bool = False, expert_bias_update_rate: float = 1e-3,
                  load_balancing_type: str = "aux_loss", z_loss_coeff: float = 0.0,
                  normalize_topk: Optional[bool] = None, aux_loss_in_backward: bool = False,
+                 shared_expert_ffn_hidden_size: Optional[int] = None, shared_expert_gate: bool = False,
                  dtype=None, device=None):
         super().__init__()
         op = "MoELayer"
@@ -326,6 +336,14 @@ class MoELayer(torch.nn.Module):
             raise ValueError(f"{op}: router_dtype must be float32, bfloat16, float16 or None, got {router_dtype}")
         if normalize_topk is not None and not isinstance(normalize_topk, bool):
             raise TypeError(f"{op}: normalize_topk must be None, True or False, got {normalize_topk!r}")
+        if shared_expert_ffn_hidden_size is not None and (not _is_int(shared_expert_ffn_hidden_size)
+                                                          or shared_expert_ffn_hidden_size < 1):
+            raise ValueError(f"{op}: shared_expert_ffn_hidden_size must be a positive int or None, got "
+                             f"{shared_expert_ffn_hidden_size!r}")
+        if not isinstance(shared_expert_gate, bool):
+            raise TypeError(f"{op}: shared_expert_gate must be True or False, got {shared_expert_gate!r}")
+        if shared_expert_gate and shared_expert_ffn_hidden_size is None:
+            raise ValueError(f"{op}: shared_expert_gate=True needs shared_expert_ffn_hidden_size")
         if not isinstance(aux_loss_in_backward, bool):
             raise TypeError(f"{op}: aux_loss_in_backward must be True or False, got {aux_loss_in_backward!r}")
         if not isinstance(expert_bias, bool):
@@ -349,6 +367,14 @@ class MoELayer(torch.nn.Module):
                              dtype=router_dtype if router_dtype is not None else dtype)
         self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size, activation=activation, config=config,
                                   dtype=dtype, device=device)
+        # shared experts: one dense MLP over every token, as a one-group GroupedMLP so the experts'
+        # precision (config), activation and micro-batch weight cache apply to it unchanged; the
+        # optional sigmoid gate becomes that group's row weights (probs)
+        self.shared_experts = None if shared_expert_ffn_hidden_size is None else GroupedMLP(
+            1, hidden_size, shared_expert_ffn_hidden_size, activation=activation, config=config, dtype=dtype,
+            device=device)
+        self.shared_expert_gate = torch.nn.Linear(hidden_size, 1, bias=False, dtype=dtype, device=device) \
+            if shared_expert_gate else None
         self.aux_loss: Optional[torch.Tensor] = None
         self.aux_loss_terms: dict = {}
         self.tokens_per_expert: Optional[torch.Tensor] = None
@@ -399,6 +425,8 @@ class MoELayer(torch.nn.Module):
                 + (f", z_loss_coeff={self.z_loss_coeff}" if self.z_loss_coeff > 0 else "")
                 + (f", normalize_topk={self.normalize_topk}" if self.normalize_topk is not None else "")
                 + (", aux_loss_in_backward=True" if self.aux_loss_in_backward else "")
+                + (f", shared_expert_ffn_hidden_size={self.shared_experts.ffn_hidden_size}"
+                   if self.shared_experts is not None else "")
                 + (f", expert_bias_update_rate={self.expert_bias_update_rate}" if self.expert_bias is not None else ""))
 
     def max_permuted_tokens(self, num_tokens: int) -> int:
@@ -470,6 +498,10 @@ class MoELayer(torch.nn.Module):
         y = self.experts(permuted, group_lens, permuted_probs, is_first_microbatch=is_first_microbatch)  # [M, H]
         # probs were applied in the activation: the combine is the plain sum of each token's rows
         out = moe_unpermute(y, row_id_map, None, restore_shape=shape)
+        if self.shared_experts is not None:
+            lens = torch.full((1,), t, dtype=torch.int64, device=x.device)
+            gate = None if self.shared_expert_gate is None else torch.sigmoid(self.shared_expert_gate(x).float()).view(t)
+            out = out + self.shared_experts(x, lens, gate, is_first_microbatch=is_first_microbatch).view(shape)
 
         counts = routing_map.sum(0)                                                               # [E] int64
         self.tokens_per_expert = counts.detach()

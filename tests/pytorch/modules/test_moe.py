@@ -260,6 +260,51 @@ def test_moe_layer_matches_ref(case, device):
         torch.testing.assert_close(layer.aux_loss.double(), raux, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("gate", [False, True], ids=["shared", "shared_gated"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_moe_layer_shared_experts(device, dtype, gate):
+    """Shared experts (DeepSeek-V3; gated as in Qwen2-MoE): the output is the routed layer's output
+    (a twin without shared experts, same weights: bit for bit) plus the float64 shared MLP (times
+    sigmoid(x w_g^T) when gated); the shared weights' and the gate's gradients against float64; the
+    router and routed experts get exactly the twin's gradients."""
+    H, FF, FS, E, k = 64, 32, 48, 8, 2
+    layer = turbo.modules.MoELayer(H, FF, E, k, dtype=dtype, device=device, score_function="sigmoid",
+                                   shared_expert_ffn_hidden_size=FS, shared_expert_gate=gate)
+    twin = turbo.modules.MoELayer(H, FF, E, k, dtype=dtype, device=device, score_function="sigmoid")
+    twin.load_state_dict({n: v for n, v in layer.state_dict().items() if not n.startswith("shared")})
+    assert layer.shared_experts.linear_fc1.weight.shape == (1, 2 * FS, H)
+    x = torch.randn(2, 20, H, dtype=dtype, device=device, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    y, y_routed = layer(x), twin(x2)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    y_routed.backward(dy)
+
+    x64 = _leaf64(x.reshape(-1, H))
+    w1 = _leaf64(layer.shared_experts.linear_fc1.weight[0])
+    w2 = _leaf64(layer.shared_experts.linear_fc2.weight[0])
+    ys = _expert_ref(x64, w1, w2, "swiglu")
+    if gate:
+        wg = _leaf64(layer.shared_expert_gate.weight)
+        ys = torch.sigmoid(x64 @ wg.t()) * ys
+    (ys * dy.reshape(-1, H).double()).sum().backward()
+    bar = _db(dtype)
+    _assert(ys.detach() + y_routed.detach().reshape(-1, H).double(), y.reshape(-1, H), bar, "y")
+    _assert(x64.grad + x2.grad.reshape(-1, H).double(), x.grad.reshape(-1, H), bar, "dx")
+    _assert(w1.grad, layer.shared_experts.linear_fc1.weight.grad[0], bar, "dw_shared_fc1")
+    _assert(w2.grad, layer.shared_experts.linear_fc2.weight.grad[0], bar, "dw_shared_fc2")
+    if gate:
+        _assert(wg.grad, layer.shared_expert_gate.weight.grad, bar, "dw_gate")
+    for name, p in twin.named_parameters():
+        assert torch.equal(p.grad, dict(layer.named_parameters())[name].grad), name
+    assert f"shared_expert_ffn_hidden_size={FS}" in repr(layer)
+    # empty input: shapes and zero gradients
+    e = torch.randn(0, H, dtype=dtype, device=device, requires_grad=True)
+    out = layer(e)
+    out.sum().backward()
+    assert out.shape == (0, H) and e.grad.shape == (0, H)
+
+
 def test_moe_layer_capacity_and_padding_agree(device):
     """The buffer size (exact, T*k, worst case, larger) and padding change no output value."""
     H, FF, E, k, t = 32, 32, 4, 2, 30
@@ -505,6 +550,13 @@ _MOE_COMPILE_CASES = {
         kw=dict(score_function="sigmoid", groups=2, selected_groups=1, scaling_factor=2.0, pad_multiple=8,
                 router_dtype=torch.float32, activation="geglu"),
         calls=[dict(num_out_tokens=24 * 2 + 4 * 7)]),
+    # DeepSeek-V3 / Qwen2-MoE extras: gated shared experts, expert bias, seq aux loss and z-loss,
+    # the normalized softmax
+    "shared_gated_bias_losses_fp32": dict(
+        shape=(2, 12), fullgraph=True,
+        kw=dict(shared_expert_ffn_hidden_size=24, shared_expert_gate=True, expert_bias=True, aux_loss_coeff=0.01,
+                load_balancing_type="seq_aux_loss", z_loss_coeff=1e-3, normalize_topk=True),
+        calls=[{}, {}]),
     # padding without a capacity: the padded total is read back (the documented sync), a graph break
     "padded_no_capacity": dict(shape=(20,), fullgraph=False, kw=dict(pad_multiple=8), calls=[{}]),
     # FP8 experts quantizing their weights on every call: the grouped FP8 GEMMs' custom ops trace whole
@@ -601,6 +653,8 @@ def test_moe_layer_inductor_fullgraph_gpu(fp8, extra):
     (dict(aux_loss_coeff=-1.0), "aux_loss_coeff must be a finite float >= 0, got -1.0"),
     (dict(aux_loss_coeff=float("nan")), "aux_loss_coeff must be a finite float >= 0, got nan"),
     (dict(z_loss_coeff=float("inf")), "z_loss_coeff must be a finite float >= 0, got inf"),
+    (dict(shared_expert_ffn_hidden_size=0), "shared_expert_ffn_hidden_size must be a positive int or None, got 0"),
+    (dict(shared_expert_gate=True), "shared_expert_gate=True needs shared_expert_ffn_hidden_size"),
     (dict(load_balancing_type="sinkhorn"),
      r"load_balancing_type must be one of \['aux_loss', 'seq_aux_loss'\], got 'sinkhorn'"),
     (dict(config="fp8"), "config must be a Float8QuantConfig, a Float4QuantConfig or None, got str"),
