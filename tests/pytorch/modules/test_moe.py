@@ -557,6 +557,10 @@ _MOE_COMPILE_CASES = {
         kw=dict(shared_expert_ffn_hidden_size=24, shared_expert_gate=True, expert_bias=True, aux_loss_coeff=0.01,
                 load_balancing_type="seq_aux_loss", z_loss_coeff=1e-3, normalize_topk=True),
         calls=[{}, {}]),
+    # the aux losses carried by the output's backward (an identity autograd Function in the graph)
+    "aux_in_backward_fp32": dict(shape=(2, 12), fullgraph=True,
+                                 kw=dict(aux_loss_coeff=0.05, z_loss_coeff=1e-2, aux_loss_in_backward=True),
+                                 calls=[{}]),
     # padding without a capacity: the padded total is read back (the documented sync), a graph break
     "padded_no_capacity": dict(shape=(20,), fullgraph=False, kw=dict(pad_multiple=8), calls=[{}]),
     # FP8 experts quantizing their weights on every call: the grouped FP8 GEMMs' custom ops trace whole
