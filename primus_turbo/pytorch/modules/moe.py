@@ -276,7 +276,8 @@ class MoELayer(torch.nn.Module):
     :meth:`update_expert_bias` (or :func:`update_expert_biases` on the whole model, one all-reduce):
     it sums the counts over the data-parallel ranks, moves each expert's bias by
     ``expert_bias_update_rate * sign(mean - count)`` and zeroes the counts, all on the device.
-    ``expert_bias`` is a persistent buffer (checkpointed). Under ``torch.nn.parallel.DDP`` pass
+    ``expert_bias`` is a persistent buffer (checkpointed); both buffers stay float32 when the module is
+    cast (``layer.to(torch.bfloat16)``) and move with it. Under ``torch.nn.parallel.DDP`` pass
     ``broadcast_buffers=False``, or rank 0's buffers overwrite the others' counts every forward.
 
     ``torch.compile``: the layer traces whole (``fullgraph=True``) when the permuted row count is known
@@ -386,6 +387,20 @@ class MoELayer(torch.nn.Module):
         else:
             self.expert_bias = None
             self.local_tokens_per_expert = None
+
+    _FP32_BUFFERS = ("expert_bias", "local_tokens_per_expert")
+
+    def _apply(self, fn, recurse=True):
+        # module-wide dtype casts (model.to(torch.bfloat16), .half()) must not reach the balancing
+        # state: 1e-3 steps vanish against a bf16 bias of magnitude ~1 and bf16 counts stop being
+        # exact past 256. Keep them float32 (Megatron does the same), wherever fn moved them.
+        before = {n: self._buffers.get(n) for n in self._FP32_BUFFERS if self._buffers.get(n) is not None}
+        out = super()._apply(fn, recurse)
+        for name, old in before.items():
+            new = self._buffers[name]
+            if new.dtype != torch.float32:
+                self._buffers[name] = old.to(device=new.device)
+        return out
 
     def __getstate__(self):
         # the last forward's aux_loss belongs to that step's autograd graph: deepcopy refuses such a

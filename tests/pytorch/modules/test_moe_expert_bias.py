@@ -203,3 +203,22 @@ def test_update_sums_counts_over_ranks():
 def test_bad_args(kwargs, exc, match, device):
     with pytest.raises(exc, match=match):
         turbo.modules.MoELayer(H, FF, E, K, device=device, **kwargs)
+
+
+def test_buffers_stay_float32_under_module_casts(device):
+    """model.to(bf16) / .half() cast parameters, not the balancing state: a bf16 bias near 1 would
+    swallow 1e-3 steps (its spacing there is 2**-7) and bf16 counts stop being exact past 256."""
+    layer = _layer(device)
+    with torch.no_grad():
+        layer.expert_bias.copy_(torch.linspace(-1.0, 1.0, E, device=device) + 1e-4)
+    bias = layer.expert_bias.clone()
+    layer.to(torch.bfloat16)
+    assert layer.router.weight.dtype == torch.bfloat16
+    assert layer.expert_bias.dtype == torch.float32 and torch.equal(layer.expert_bias, bias)
+    assert layer.local_tokens_per_expert.dtype == torch.float32
+    layer(torch.randn(24, H, device=device, dtype=torch.bfloat16))
+    assert float(layer.local_tokens_per_expert.sum()) == 24 * K
+    layer.update_expert_bias()
+    assert not torch.equal(layer.expert_bias, bias)  # the 1e-3 steps land
+    layer.half()
+    assert layer.expert_bias.dtype == torch.float32 and layer.experts.linear_fc1.weight.dtype == torch.float16
