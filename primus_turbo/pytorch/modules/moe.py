@@ -232,6 +232,13 @@ class MoELayer(torch.nn.Module):
         shared_expert_gate: scale the shared experts' output by ``sigmoid(x @ w_g^T)`` per token
             (Qwen2-MoE; Megatron's ``moe_shared_expert_gate``).
         aux_loss_in_backward: see the auxiliary losses below.
+        capacity_factor: per-expert capacity ``C = ceil(T * topk / E * capacity_factor)`` (Megatron's
+            ``moe_expert_capacity_factor``); an expert's routed (token, expert) pairs beyond ``C`` are
+            dropped (they add nothing to their token's output; its other experts keep their probs,
+            not renormalized). ``None`` = dropless.
+        token_drop_policy: which pairs an over-full expert keeps: ``"probs"`` the ``C`` highest
+            routing probs (ties: the earlier token), ``"position"`` the ``C`` earliest tokens
+            (Megatron's ``moe_token_drop_policy``).
         dtype, device: of the parameters.
 
     Submodules: ``router`` (:class:`turbo.modules.RouterLinear` ``H -> E``, no bias: with an fp32
@@ -267,7 +274,8 @@ class MoELayer(torch.nn.Module):
     detached, for logging only.
 
     ``self.tokens_per_expert`` (int64 ``[E]`` on device, detached, padding excluded) holds the last
-    forward's routing counts for load monitoring.
+    forward's routing counts for load monitoring: the pairs each expert processed (after capacity
+    drops). The auxiliary losses and the expert-bias counts read the router's choice (before drops).
 
     Auxiliary-loss-free balancing (``expert_bias=True``): the router selects on
     ``score + self.expert_bias`` and weights by the unbiased scores. Every forward in training mode
@@ -298,6 +306,7 @@ class MoELayer(torch.nn.Module):
                  load_balancing_type: str = "aux_loss", z_loss_coeff: float = 0.0,
                  normalize_topk: Optional[bool] = None, aux_loss_in_backward: bool = False,
                  shared_expert_ffn_hidden_size: Optional[int] = None, shared_expert_gate: bool = False,
+                 capacity_factor: Optional[float] = None, token_drop_policy: str = "probs",
                  dtype=None, device=None):
         super().__init__()
         op = "MoELayer"
@@ -345,6 +354,12 @@ class MoELayer(torch.nn.Module):
             raise TypeError(f"{op}: shared_expert_gate must be True or False, got {shared_expert_gate!r}")
         if shared_expert_gate and shared_expert_ffn_hidden_size is None:
             raise ValueError(f"{op}: shared_expert_gate=True needs shared_expert_ffn_hidden_size")
+        if capacity_factor is not None and (isinstance(capacity_factor, bool)
+                                            or not isinstance(capacity_factor, (int, float))
+                                            or not math.isfinite(capacity_factor) or capacity_factor <= 0):
+            raise ValueError(f"{op}: capacity_factor must be a finite float > 0 or None, got {capacity_factor!r}")
+        if token_drop_policy not in ("probs", "position"):
+            raise ValueError(f"{op}: token_drop_policy must be 'probs' or 'position', got {token_drop_policy!r}")
         if not isinstance(aux_loss_in_backward, bool):
             raise TypeError(f"{op}: aux_loss_in_backward must be True or False, got {aux_loss_in_backward!r}")
         if not isinstance(expert_bias, bool):
@@ -363,6 +378,8 @@ class MoELayer(torch.nn.Module):
         self.z_loss_coeff = float(z_loss_coeff)
         self.normalize_topk = normalize_topk
         self.aux_loss_in_backward = aux_loss_in_backward
+        self.capacity_factor = None if capacity_factor is None else float(capacity_factor)
+        self.token_drop_policy = token_drop_policy
         self.aux_loss_backward_scale = 1.0
         self.router = RouterLinear(hidden_size, num_experts, bias=False, device=device,
                              dtype=router_dtype if router_dtype is not None else dtype)
@@ -442,7 +459,26 @@ class MoELayer(torch.nn.Module):
                 + (", aux_loss_in_backward=True" if self.aux_loss_in_backward else "")
                 + (f", shared_expert_ffn_hidden_size={self.shared_experts.ffn_hidden_size}"
                    if self.shared_experts is not None else "")
+                + (f", capacity_factor={self.capacity_factor}, token_drop_policy={self.token_drop_policy!r}"
+                   if self.capacity_factor is not None else "")
                 + (f", expert_bias_update_rate={self.expert_bias_update_rate}" if self.expert_bias is not None else ""))
+
+    def expert_capacity(self, num_tokens: int) -> Optional[int]:
+        """``C = ceil(T * topk / E * capacity_factor)`` pairs per expert (``None`` without a capacity
+        factor), from shapes only."""
+        if self.capacity_factor is None:
+            return None
+        return math.ceil(int(num_tokens) * self.topk / self.num_experts * self.capacity_factor)
+
+    def _capacity_mask(self, probs: torch.Tensor, routing_map: torch.Tensor, cap: int) -> torch.Tensor:
+        """``[T, E]`` bool: the routed pairs each expert keeps under capacity ``cap`` (device ops only)."""
+        if self.token_drop_policy == "position":
+            return routing_map & (torch.cumsum(routing_map.to(torch.int32), dim=0) <= cap)
+        # the cap highest probs of each expert's column; unrouted entries rank last (-1 < any prob)
+        key = torch.where(routing_map, probs, torch.full_like(probs, -1.0))
+        top = torch.sort(key, dim=0, descending=True, stable=True).indices[:cap]           # [cap, E]
+        keep = torch.zeros_like(routing_map).scatter_(0, top, True)
+        return routing_map & keep
 
     def max_permuted_tokens(self, num_tokens: int) -> int:
         """Worst-case permuted rows for ``num_tokens`` tokens: ``T*topk + E*(pad_multiple-1)``.
@@ -499,6 +535,12 @@ class MoELayer(torch.nn.Module):
         aux_scores, probs, routing_map = fused_group_topk_routing_with_aux_score(
             logits, k, self.groups, self.selected_groups, self.score_function, self.scaling_factor,
             expert_bias=self.expert_bias, normalize_topk=self.normalize_topk)
+        chosen = routing_map  # the router's choice: the aux loss and the balancing counts read it
+        cap = self.expert_capacity(t)
+        dropping = cap is not None and cap < t
+        if dropping:
+            routing_map = self._capacity_mask(probs, routing_map, cap)
+            probs = torch.where(routing_map, probs, torch.zeros_like(probs))
 
         permuted, permuted_probs, row_id_map, group_lens = moe_permute(
             x, routing_map, probs, num_out_tokens=num_out_tokens, pad_multiple=self.pad_multiple,
@@ -518,8 +560,8 @@ class MoELayer(torch.nn.Module):
             gate = None if self.shared_expert_gate is None else torch.sigmoid(self.shared_expert_gate(x).float()).view(t)
             out = out + self.shared_experts(x, lens, gate, is_first_microbatch=is_first_microbatch).view(shape)
 
-        counts = routing_map.sum(0)                                                               # [E] int64
-        self.tokens_per_expert = counts.detach()
+        self.tokens_per_expert = routing_map.sum(0).detach()                   # [E] int64, after any drop
+        counts = chosen.sum(0) if dropping else self.tokens_per_expert                    # the router's choice
         if self.local_tokens_per_expert is not None and self.training and torch.is_grad_enabled():
             # a recomputed forward (activation checkpointing) counts again; every count doubles
             # alike, which leaves the signs the update reads unchanged
@@ -531,7 +573,7 @@ class MoELayer(torch.nn.Module):
                 terms["load_balancing"] = aux_scores.sum() * 0.0
             elif self.load_balancing_type == "seq_aux_loss" and hidden_states.dim() == 3 and shape[0] > 1:
                 b, sq = shape[0], shape[1]
-                seq_counts = routing_map.view(b, sq, e).sum(1).to(aux_scores.dtype)           # [B, E]
+                seq_counts = chosen.view(b, sq, e).sum(1).to(aux_scores.dtype)                # [B, E]
                 scale = e * self.aux_loss_coeff / (k * sq * sq * b)
                 terms["load_balancing"] = (aux_scores.view(b, sq, e).sum(1) * seq_counts).sum() * scale
             else:  # all the call's tokens (one sequence for "seq_aux_loss")

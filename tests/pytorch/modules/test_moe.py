@@ -305,6 +305,83 @@ def test_moe_layer_shared_experts(device, dtype, gate):
     assert out.shape == (0, H) and e.grad.shape == (0, H)
 
 
+def _capacity_keep_ref(probs, mask, cap, policy):
+    """float64 loop: per expert, the routed tokens kept under capacity ``cap``."""
+    keep = torch.zeros_like(mask)
+    for e in range(mask.shape[1]):
+        rows = mask[:, e].nonzero().flatten().tolist()
+        if policy == "probs":  # highest prob first, ties: the earlier token
+            rows = sorted(rows, key=lambda r: (-float(probs[r, e]), r))
+        keep[rows[:cap], e] = True
+    return keep
+
+
+@pytest.mark.parametrize("policy", ["probs", "position"])
+@pytest.mark.parametrize("case", ["softmax_fp32", "sigmoid_groups_bf16_padded"])
+def test_moe_layer_capacity_factor_drops(device, case, policy):
+    """capacity_factor: each expert keeps at most C = ceil(T*k/E*factor) of its routed pairs (the
+    highest-prob or the earliest ones); the output and gradients are the float64 layer with the other
+    pairs removed (their tokens' remaining probs not renormalized); aux loss on the router's choice."""
+    if case == "softmax_fp32":
+        dtype, kw, shape = torch.float32, dict(aux_loss_coeff=0.01), (2, 24)
+    else:
+        dtype, shape = torch.bfloat16, (48,)
+        kw = dict(score_function="sigmoid", groups=2, selected_groups=1, pad_multiple=8, aux_loss_coeff=0.01)
+    H, FF, E, k = 64, 32, 8, 2
+    layer = turbo.modules.MoELayer(H, FF, E, k, dtype=dtype, device=device, capacity_factor=0.75,
+                                   token_drop_policy=policy, **kw)
+    with torch.no_grad():  # a skewed router, so several experts overflow
+        layer.router.weight[:3] += 0.3
+    box = _capture_logits(layer)
+    x = torch.randn(*shape, H, dtype=dtype, device=device, requires_grad=True)
+    t = x.numel() // H
+    cap = layer.expert_capacity(t)
+    assert cap == math.ceil(t * k / E * 0.75)
+    n_out = layer.max_permuted_tokens(t) if layer.pad_multiple else None
+    y = layer(x, num_out_tokens=n_out)
+    dy = torch.randn_like(y)
+    ((y.float() * dy.float()).sum() + layer.aux_loss).backward()
+
+    logits = box["logits"]
+    sf, scale = layer.score_function, 1.0 if layer.scaling_factor is None else layer.scaling_factor
+    _, probs_r, mask = group_topk_router_ref(logits, k, layer.groups, layer.selected_groups, sf, scale)
+    keep = _capacity_keep_ref(probs_r.float(), mask, cap, policy)
+    assert (mask & ~keep).any(), "nothing was dropped: the test would not see the capacity"
+    ry, rx, rwr, rw1, rw2, raux, _ = _moe_ref(layer, x, logits, dy, keep=keep)
+    assert torch.equal(layer.tokens_per_expert.cpu(), (mask & keep).sum(0))
+    assert int(layer.tokens_per_expert.max()) <= cap
+    bar = _db(dtype)
+    _assert(ry, y, bar, "y")
+    _assert(rx, x.grad, bar, "dx")
+    _assert(rwr, layer.router.weight.grad, bar, "dw_router")
+    _assert(rw1, layer.experts.linear_fc1.weight.grad, bar, "dw_fc1")
+    _assert(rw2, layer.experts.linear_fc2.weight.grad, bar, "dw_fc2")
+    torch.testing.assert_close(layer.aux_loss.double().cpu(), raux, rtol=1e-5, atol=1e-7)
+    # a factor that leaves room for everyone drops nothing
+    roomy = turbo.modules.MoELayer(H, FF, E, k, dtype=dtype, device=device, capacity_factor=float(E), **kw)
+    roomy.load_state_dict(layer.state_dict())
+    plain = turbo.modules.MoELayer(H, FF, E, k, dtype=dtype, device=device, **kw)
+    plain.load_state_dict(layer.state_dict())
+    assert torch.equal(roomy(x.detach(), num_out_tokens=n_out), plain(x.detach(), num_out_tokens=n_out))
+
+
+def test_moe_layer_capacity_no_host_sync(device, monkeypatch):
+    layer = turbo.modules.MoELayer(32, 32, 4, 2, capacity_factor=0.5, aux_loss_coeff=0.01, device=device)
+    x = torch.randn(2, 16, 32, device=device, requires_grad=True)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            ((layer(x) ** 2).sum() + layer.aux_loss).backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        return
+    with monkeypatch.context() as mp:
+        _trap_host_reads(mp)
+        ((layer(x) ** 2).sum() + layer.aux_loss).backward()
+    assert torch.isfinite(x.grad).all()
+
+
 def test_moe_layer_capacity_and_padding_agree(device):
     """The buffer size (exact, T*k, worst case, larger) and padding change no output value."""
     H, FF, E, k, t = 32, 32, 4, 2, 30
@@ -557,6 +634,11 @@ _MOE_COMPILE_CASES = {
         kw=dict(shared_expert_ffn_hidden_size=24, shared_expert_gate=True, expert_bias=True, aux_loss_coeff=0.01,
                 load_balancing_type="seq_aux_loss", z_loss_coeff=1e-3, normalize_topk=True),
         calls=[{}, {}]),
+    # per-expert capacity with drops: static shapes, so still one graph
+    "capacity_probs_fp32": dict(shape=(2, 12), fullgraph=True,
+                                kw=dict(capacity_factor=0.6, aux_loss_coeff=0.01, expert_bias=True), calls=[{}]),
+    "capacity_position_fp32": dict(shape=(24,), fullgraph=True,
+                                   kw=dict(capacity_factor=0.6, token_drop_policy="position"), calls=[{}]),
     # the aux losses carried by the output's backward (an identity autograd Function in the graph)
     "aux_in_backward_fp32": dict(shape=(2, 12), fullgraph=True,
                                  kw=dict(aux_loss_coeff=0.05, z_loss_coeff=1e-2, aux_loss_in_backward=True),
@@ -659,6 +741,9 @@ def test_moe_layer_inductor_fullgraph_gpu(fp8, extra):
     (dict(z_loss_coeff=float("inf")), "z_loss_coeff must be a finite float >= 0, got inf"),
     (dict(shared_expert_ffn_hidden_size=0), "shared_expert_ffn_hidden_size must be a positive int or None, got 0"),
     (dict(shared_expert_gate=True), "shared_expert_gate=True needs shared_expert_ffn_hidden_size"),
+    (dict(capacity_factor=0.0), "capacity_factor must be a finite float > 0 or None, got 0.0"),
+    (dict(capacity_factor=float("nan")), "capacity_factor must be a finite float > 0 or None, got nan"),
+    (dict(token_drop_policy="random"), "token_drop_policy must be 'probs' or 'position', got 'random'"),
     (dict(load_balancing_type="sinkhorn"),
      r"load_balancing_type must be one of \['aux_loss', 'seq_aux_loss'\], got 'sinkhorn'"),
     (dict(config="fp8"), "config must be a Float8QuantConfig, a Float4QuantConfig or None, got str"),
