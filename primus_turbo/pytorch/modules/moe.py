@@ -474,8 +474,8 @@ class MoELayer(torch.nn.Module):
         """``[T, E]`` bool: the routed pairs each expert keeps under capacity ``cap`` (device ops only)."""
         if self.token_drop_policy == "position":
             return routing_map & (torch.cumsum(routing_map.to(torch.int32), dim=0) <= cap)
-        # the cap highest probs of each expert's column; unrouted entries rank last (-1 < any prob)
-        key = torch.where(routing_map, probs, torch.full_like(probs, -1.0))
+        # the cap highest probs of each expert's column; unrouted entries rank last
+        key = torch.where(routing_map, probs, torch.full_like(probs, float("-inf")))
         top = torch.sort(key, dim=0, descending=True, stable=True).indices[:cap]           # [cap, E]
         keep = torch.zeros_like(routing_map).scatter_(0, top, True)
         return routing_map & keep
