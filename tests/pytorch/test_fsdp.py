@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
-import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
+
+from primus_turbo.testing.dist import run_ranks
 
 H, FF, E, TOPK, HEADS, SEQ, BATCH, STEPS = 32, 32, 4, 2, 2, 8, 4, 2
 
@@ -79,202 +79,137 @@ def _loss(model, x, y):
     return F.mse_loss(model(x).float(), y)
 
 
-def _worker(rank, world, case, device_type, marker_dir):
-    marker = os.path.join(marker_dir, f"rank{rank}.passed")
-    os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        from primus_turbo.triton.interpreter import fix_bf16_dot
-
-        fix_bf16_dot()
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
+def _case(case):
+    """``"hp-fp32"`` -> (expert quant config, compute dtype): bf16 or FP8 BLOCKWISE experts, fp32 or
+    TorchTitan's bf16 / fp32-reduce mixed precision."""
     from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, ScalingGranularity
 
-    if device_type == "cuda":
-        torch.cuda.set_device(rank)
-    dev = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
-    # a file store in the test's own temporary folder: no TCP port to race other tests for
-    dist.init_process_group("nccl" if device_type == "cuda" else "gloo",
-                            init_method="file://" + os.path.join(marker_dir, "store"), rank=rank, world_size=world)
-    try:
-        experts, mixed = case.split("-")
-        config = Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE) if experts == "fp8" else None
-        compute = torch.bfloat16 if mixed == "mp" else torch.float32
-        with torch.device(dev):
-            torch.manual_seed(0)
-            master = _Model(config, torch.float32)   # the twin's fp32 weights (same seed on both ranks)
-            sharded = copy.deepcopy(master)
-            x = torch.randn(BATCH, SEQ, H)
-            y = torch.randn(BATCH, SEQ, H)
-        halves = list(zip(x.chunk(world), y.chunk(world)))
+    experts, mixed = case.split("-")
+    config = Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE) if experts == "fp8" else None
+    return config, (torch.bfloat16 if mixed == "mp" else torch.float32)
 
-        mesh = init_device_mesh(device_type, (world,))
-        policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
-        for blk in sharded.blocks:
-            fully_shard(blk, mesh=mesh, mp_policy=policy)
-        fully_shard(sharded, mesh=mesh, mp_policy=policy)
-        for n, p in sharded.named_parameters():
-            assert type(p).__name__ == "DTensor", f"{n} is not sharded"
 
-        opt_s = torch.optim.AdamW(sharded.parameters(), lr=1e-2)
-        opt_m = torch.optim.AdamW(master.parameters(), lr=1e-2)
-        for step in range(STEPS):
-            opt_s.zero_grad(set_to_none=True)
-            xs, ys = halves[rank]
-            _loss(sharded, xs.to(compute), ys).backward()
+def _average_body(rank, world, dev, work_dir, case):
+    from torch.distributed.device_mesh import init_device_mesh
 
-            # the twin: the same compute-dtype model on each half, gradients averaged in fp32
-            opt_m.zero_grad(set_to_none=True)
-            grads = []
-            for xh, yh in halves:
-                work = copy.deepcopy(master).to(compute)
-                _loss(work, xh.to(compute), yh).backward()
-                grads.append([p.grad.float() for p in work.parameters()])
-            for p, *gs in zip(master.parameters(), *grads):
-                p.grad = sum(gs) / world
+    config, compute = _case(case)
+    with torch.device(dev):
+        torch.manual_seed(0)
+        master = _Model(config, torch.float32)   # the twin's fp32 weights (same seed on both ranks)
+        sharded = copy.deepcopy(master)
+        x = torch.randn(BATCH, SEQ, H)
+        y = torch.randn(BATCH, SEQ, H)
+    halves = list(zip(x.chunk(world), y.chunk(world)))
 
-            names = [n for n, _ in master.named_parameters()]
-            for n, ps, pm in zip(names, sharded.parameters(), master.parameters()):
-                assert ps.grad is not None, f"step {step}: {n} got no gradient under FSDP"
-                g = ps.grad.full_tensor()
-                assert g.dtype == torch.float32, f"{n}: gradient {g.dtype}, expected the fp32 reduce dtype"
-                assert torch.equal(g, pm.grad), (
-                    f"{case} step {step}: {n} gradient differs from the unsharded average "
-                    f"(max |diff| {float((g - pm.grad).abs().max()):.3e})")
-            opt_s.step()
-            opt_m.step()
-            for n, ps, pm in zip(names, sharded.parameters(), master.parameters()):
-                assert torch.equal(ps.detach().full_tensor(), pm.detach()), f"{case} step {step}: {n} after AdamW"
-        # Every check passed on this rank. Wait for the peer before tearing down: a rank that closed
-        # its gloo pairs while the other still flushed the last all-gather would break that one.
-        dist.barrier()
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    open(marker, "w").close()
-    dist.destroy_process_group()
-    # gloo's worker threads and the FSDP / DeviceMesh objects holding the process group can abort
-    # the process ("terminate called without an active exception") when the interpreter tears them
-    # down at exit; that is torch's teardown, after every check passed, so leave without it.
-    os._exit(0)
+    mesh = init_device_mesh(dev.type, (world,))
+    policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+    for blk in sharded.blocks:
+        fully_shard(blk, mesh=mesh, mp_policy=policy)
+    fully_shard(sharded, mesh=mesh, mp_policy=policy)
+    for n, p in sharded.named_parameters():
+        assert type(p).__name__ == "DTensor", f"{n} is not sharded"
+
+    opt_s = torch.optim.AdamW(sharded.parameters(), lr=1e-2)
+    opt_m = torch.optim.AdamW(master.parameters(), lr=1e-2)
+    for step in range(STEPS):
+        opt_s.zero_grad(set_to_none=True)
+        xs, ys = halves[rank]
+        _loss(sharded, xs.to(compute), ys).backward()
+
+        # the twin: the same compute-dtype model on each half, gradients averaged in fp32
+        opt_m.zero_grad(set_to_none=True)
+        grads = []
+        for xh, yh in halves:
+            work = copy.deepcopy(master).to(compute)
+            _loss(work, xh.to(compute), yh).backward()
+            grads.append([p.grad.float() for p in work.parameters()])
+        for p, *gs in zip(master.parameters(), *grads):
+            p.grad = sum(gs) / world
+
+        names = [n for n, _ in master.named_parameters()]
+        for n, ps, pm in zip(names, sharded.parameters(), master.parameters()):
+            assert ps.grad is not None, f"step {step}: {n} got no gradient under FSDP"
+            g = ps.grad.full_tensor()
+            assert g.dtype == torch.float32, f"{n}: gradient {g.dtype}, expected the fp32 reduce dtype"
+            assert torch.equal(g, pm.grad), (
+                f"{case} step {step}: {n} gradient differs from the unsharded average "
+                f"(max |diff| {float((g - pm.grad).abs().max()):.3e})")
+        opt_s.step()
+        opt_m.step()
+        for n, ps, pm in zip(names, sharded.parameters(), master.parameters()):
+            assert torch.equal(ps.detach().full_tensor(), pm.detach()), f"{case} step {step}: {n} after AdamW"
 
 
 @pytest.mark.parametrize("case", ["hp-fp32", "fp8-fp32", "hp-mp", "fp8-mp"])
 def test_fully_shard_two_ranks_equals_unsharded_average(case):
-    import torch.multiprocessing as mp
-
-    device_type = "cuda" if _CUDA else "cpu"
-    with tempfile.TemporaryDirectory() as marker_dir:
-        try:
-            mp.spawn(_worker, args=(2, case, device_type, marker_dir), nprocs=2, join=True)
-        except mp.ProcessExitedException:
-            # A rank killed by a signal fails the test unless a marker shows the checks had passed.
-            # A rank writes its marker only after the final barrier, which returns only once both
-            # ranks reached it, i.e. after both passed every check; so one marker covers both, and
-            # the crash was in torch's teardown. An assertion raises ProcessRaisedException
-            # instead and is never caught here.
-            if not any(f.endswith(".passed") for f in os.listdir(marker_dir)):
-                raise
-            warnings.warn(f"{case}: a rank died in process-group teardown after every check passed")
+    run_ranks(_average_body, case, device_type="cuda" if _CUDA else "cpu", label=case)
 
 
-def _dcp_worker(rank, world, case, device_type, work_dir):
+def _dcp_body(rank, world, dev, work_dir, case):
     """Train one step, save a distributed checkpoint (torch.distributed.checkpoint, the sharded
     model and optimizer states), train a second step; then build a fresh, differently initialised
     model, load the checkpoint and train the same second step: loss, parameters, optimizer moments
     and the MoE layers' expert biases must equal the uninterrupted run's bit for bit."""
-    os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        from primus_turbo.triton.interpreter import fix_bf16_dot
-
-        fix_bf16_dot()
-    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.device_mesh import init_device_mesh
 
     import primus_turbo.pytorch as turbo
-    from primus_turbo.pytorch.core.low_precision import Float8QuantConfig, ScalingGranularity
 
-    if device_type == "cuda":
-        torch.cuda.set_device(rank)
-    dev = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
-    dist.init_process_group("nccl" if device_type == "cuda" else "gloo",
-                            init_method="file://" + os.path.join(work_dir, "store"), rank=rank, world_size=world)
-    try:
-        experts, mixed = case.split("-")
-        config = Float8QuantConfig(granularity=ScalingGranularity.BLOCKWISE) if experts == "fp8" else None
-        compute = torch.bfloat16 if mixed == "mp" else torch.float32
-        mesh = init_device_mesh(device_type, (world,))
-        policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+    config, compute = _case(case)
+    mesh = init_device_mesh(dev.type, (world,))
+    policy = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
 
-        def build(seed):
-            with torch.device(dev):
-                torch.manual_seed(seed)
-                model = _Model(config, torch.float32, expert_bias=True)
-            for blk in model.blocks:
-                fully_shard(blk, mesh=mesh, mp_policy=policy)
-            fully_shard(model, mesh=mesh, mp_policy=policy)
-            return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+    def build(seed):
+        with torch.device(dev):
+            torch.manual_seed(seed)
+            model = _Model(config, torch.float32, expert_bias=True)
+        for blk in model.blocks:
+            fully_shard(blk, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
 
-        g = torch.Generator().manual_seed(100 + rank)  # each rank its own batches
-        batches = [(torch.randn(BATCH // world, SEQ, H, generator=g).to(dev, compute),
-                    torch.randn(BATCH // world, SEQ, H, generator=g).to(dev)) for _ in range(2)]
+    g = torch.Generator().manual_seed(100 + rank)  # each rank its own batches
+    batches = [(torch.randn(BATCH // world, SEQ, H, generator=g).to(dev, compute),
+                torch.randn(BATCH // world, SEQ, H, generator=g).to(dev)) for _ in range(2)]
 
-        def step(model, opt, batch):
-            opt.zero_grad(set_to_none=True)
-            loss = _loss(model, *batch)
-            loss.backward()
-            opt.step()
-            turbo.modules.update_expert_biases(model)
-            return loss.detach()
+    def step(model, opt, batch):
+        opt.zero_grad(set_to_none=True)
+        loss = _loss(model, *batch)
+        loss.backward()
+        opt.step()
+        turbo.modules.update_expert_biases(model)
+        return loss.detach()
 
-        def snapshot(model, opt):
-            params = [p.detach().full_tensor().clone() for p in model.parameters()]
-            moments = [st["exp_avg_sq"].full_tensor().clone() for st in opt.state.values()]
-            biases = [b.moe.expert_bias.clone() for b in model.blocks]
-            return params, moments, biases
+    def snapshot(model, opt):
+        params = [p.detach().full_tensor().clone() for p in model.parameters()]
+        moments = [st["exp_avg_sq"].full_tensor().clone() for st in opt.state.values()]
+        biases = [b.moe.expert_bias.clone() for b in model.blocks]
+        return params, moments, biases
 
-        model, opt = build(0)
-        step(model, opt, batches[0])
-        msd, osd = get_state_dict(model, opt)
-        dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(work_dir, "ckpt"))
-        loss_a = step(model, opt, batches[1])
-        ref = snapshot(model, opt)
-        assert any(b.abs().sum() > 0 for b in ref[2]), "the expert biases never moved"
+    model, opt = build(0)
+    step(model, opt, batches[0])
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(work_dir, "ckpt"))
+    loss_a = step(model, opt, batches[1])
+    ref = snapshot(model, opt)
+    assert any(b.abs().sum() > 0 for b in ref[2]), "the expert biases never moved"
 
-        fresh, opt2 = build(1)  # other initial weights: everything must come from the checkpoint
-        msd, osd = get_state_dict(fresh, opt2)
-        dcp.load({"model": msd, "optim": osd}, checkpoint_id=os.path.join(work_dir, "ckpt"))
-        set_state_dict(fresh, opt2, model_state_dict=msd, optim_state_dict=osd)
-        loss_b = step(fresh, opt2, batches[1])
-        got = snapshot(fresh, opt2)
-        assert torch.equal(loss_a, loss_b), f"{case}: resumed loss {float(loss_b)} != {float(loss_a)}"
-        for what, xs, ys in zip(("parameter", "AdamW moment", "expert bias"), ref, got):
-            assert len(xs) == len(ys)
-            for i, (x, y) in enumerate(zip(xs, ys)):
-                assert torch.equal(x, y), f"{case}: {what} {i} differs after resuming from the checkpoint"
-        dist.barrier()
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    open(os.path.join(work_dir, f"rank{rank}.passed"), "w").close()
-    dist.destroy_process_group()
-    os._exit(0)  # as in _worker: skip gloo's teardown at interpreter exit
+    fresh, opt2 = build(1)  # other initial weights: everything must come from the checkpoint
+    msd, osd = get_state_dict(fresh, opt2)
+    dcp.load({"model": msd, "optim": osd}, checkpoint_id=os.path.join(work_dir, "ckpt"))
+    set_state_dict(fresh, opt2, model_state_dict=msd, optim_state_dict=osd)
+    loss_b = step(fresh, opt2, batches[1])
+    got = snapshot(fresh, opt2)
+    assert torch.equal(loss_a, loss_b), f"{case}: resumed loss {float(loss_b)} != {float(loss_a)}"
+    for what, xs, ys in zip(("parameter", "AdamW moment", "expert bias"), ref, got):
+        assert len(xs) == len(ys)
+        for i, (x, y) in enumerate(zip(xs, ys)):
+            assert torch.equal(x, y), f"{case}: {what} {i} differs after resuming from the checkpoint"
 
 
 @pytest.mark.parametrize("case", ["hp-fp32", "fp8-mp"])
 def test_distributed_checkpoint_resume_is_exact(case):
     """TorchTitan's checkpointing (torch.distributed.checkpoint over FSDP2) of a model of our layers:
     resuming reproduces the uninterrupted run bit for bit."""
-    import torch.multiprocessing as mp
-
-    device_type = "cuda" if _CUDA else "cpu"
-    with tempfile.TemporaryDirectory() as work_dir:
-        try:
-            mp.spawn(_dcp_worker, args=(2, case, device_type, work_dir), nprocs=2, join=True)
-        except mp.ProcessExitedException:
-            if not any(f.endswith(".passed") for f in os.listdir(work_dir)):
-                raise
-            warnings.warn(f"{case}: a rank died in process-group teardown after every check passed")
+    run_ranks(_dcp_body, case, device_type="cuda" if _CUDA else "cpu", label=case)

@@ -28,6 +28,7 @@ import math
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 from ..core.low_precision import Float4QuantConfig, Float8QuantConfig
 from ..ops.activation import geglu_with_probs, swiglu_with_probs
@@ -609,8 +610,6 @@ def update_expert_biases(model, group=None) -> int:
     if len(devices) > 1:
         raise ValueError(f"update_expert_biases: the layers' buffers are on several devices {sorted(map(str, devices))}")
     flat = torch.cat(counts)
-    import torch.distributed as dist
-
     if group is not None or (dist.is_available() and dist.is_initialized()):
         dist.all_reduce(flat, group=group)
     for m, c in zip(layers, flat.split([c.numel() for c in counts])):

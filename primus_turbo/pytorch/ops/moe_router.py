@@ -245,7 +245,7 @@ def update_expert_bias(expert_bias: torch.Tensor, tokens_per_expert: torch.Tenso
         raise TypeError(f"{op}: tokens_per_expert must be a torch.Tensor, got {type(tokens_per_expert).__name__}")
     if tokens_per_expert.dim() != 1:
         raise ValueError(f"{op}: tokens_per_expert must be 1-D [experts], got shape {tuple(tokens_per_expert.shape)}")
-    if tokens_per_expert.dtype in (torch.bool,) or tokens_per_expert.is_complex():
+    if tokens_per_expert.dtype == torch.bool or tokens_per_expert.is_complex():
         raise ValueError(f"{op}: tokens_per_expert must be a real count tensor, got {tokens_per_expert.dtype}")
     _check_expert_bias(op, expert_bias, tokens_per_expert.shape[0], tokens_per_expert.device, "tokens_per_expert")
     if isinstance(update_rate, bool) or not isinstance(update_rate, (int, float)) \

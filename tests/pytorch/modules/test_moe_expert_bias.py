@@ -6,14 +6,13 @@ reference: test_moe.py::test_moe_layer_matches_ref[sigmoid_expert_bias_fp32] and
 from __future__ import annotations
 
 import copy
-import os
-import tempfile
 
 import pytest
 import torch
 
 import primus_turbo.pytorch as turbo
 from primus_turbo.pytorch.ops import update_expert_bias
+from primus_turbo.testing.dist import run_ranks
 
 H, FF, E, K = 32, 16, 8, 2
 
@@ -161,36 +160,25 @@ def test_balances_a_skewed_layer(device):
     assert start > 2.5 and end < 1.7, (start, end)
 
 
-def _dist_worker(rank, world, store_dir):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method="file://" + os.path.join(store_dir, "store"), rank=rank,
-                            world_size=world)
-    try:
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(_layer("cpu"), _layer("cpu", expert_bias_update_rate=0.1))
-        counts = [torch.tensor([3.0, 0, 1, 9, 4, 4, 2, 1]), torch.tensor([1.0, 5, 5, 0, 2, 8, 0, 3])]
-        other = [torch.arange(8.0), torch.full((8,), 2.0)]
-        with torch.no_grad():  # each rank saw its own tokens
-            model[0].local_tokens_per_expert.copy_(counts[rank])
-            model[1].local_tokens_per_expert.copy_(other[rank])
-        assert turbo.modules.update_expert_biases(model) == 2
-        zero = torch.zeros(8)
-        # every rank gets the update of the summed counts, so the biases stay identical
-        assert torch.equal(model[0].expert_bias, update_expert_bias(zero, counts[0] + counts[1], 1e-3))
-        assert torch.equal(model[1].expert_bias, update_expert_bias(zero, other[0] + other[1], 0.1))
-        assert not model[0].local_tokens_per_expert.any()
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def _dist_body(rank, world, dev, work_dir):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_layer(dev), _layer(dev, expert_bias_update_rate=0.1))
+    counts = [torch.tensor([3.0, 0, 1, 9, 4, 4, 2, 1]), torch.tensor([1.0, 5, 5, 0, 2, 8, 0, 3])]
+    other = [torch.arange(8.0), torch.full((8,), 2.0)]
+    with torch.no_grad():  # each rank saw its own tokens
+        model[0].local_tokens_per_expert.copy_(counts[rank])
+        model[1].local_tokens_per_expert.copy_(other[rank])
+    assert turbo.modules.update_expert_biases(model) == 2
+    zero = torch.zeros(8)
+    # every rank gets the update of the summed counts, so the biases stay identical
+    assert torch.equal(model[0].expert_bias, update_expert_bias(zero, counts[0] + counts[1], 1e-3))
+    assert torch.equal(model[1].expert_bias, update_expert_bias(zero, other[0] + other[1], 0.1))
+    assert not model[0].local_tokens_per_expert.any()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a gloo (CPU) check; the GPU path is the same all_reduce")
 def test_update_sums_counts_over_ranks():
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_dist_worker, args=(2, d), nprocs=2, join=True)
+    run_ranks(_dist_body)
 
 
 @pytest.mark.parametrize("kwargs,exc,match", [
