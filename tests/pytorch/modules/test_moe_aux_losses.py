@@ -16,8 +16,9 @@ H, FF, E, K = 32, 16, 8, 2
 def _ref_terms(layer, x, logits_used):
     """float64 terms from the layer's weights (for gradients) and its own logits (for the selection)."""
     shape = x.shape
-    x64 = x.detach().reshape(-1, H).double()
-    w = layer.router.weight.detach().double().requires_grad_(True)
+    x64 = x.detach().reshape(-1, H).double().cpu()  # float64 on the host, whatever the layer's device
+    w = layer.router.weight.detach().double().cpu().requires_grad_(True)
+    logits_used = logits_used.cpu()
     logits = x64 @ w.t()
     _, _, mask = group_topk_router_ref(logits_used, K, layer.groups, layer.selected_groups, layer.score_function,
                                        1.0 if layer.scaling_factor is None else layer.scaling_factor)

@@ -365,9 +365,10 @@ def _run(a, b, ta, tb, dy, **kw):
     return out
 
 
-def _fresh(layout, seed, a_grad=True, b_grad=True):
-    # seeded per case, so a wrong copy (other axis, other operand) cannot match by chance
-    a, b, ta, tb = _make(64, 96, 128, layout, seed=seed)
+def _fresh(layout, seed, device, a_grad=True, b_grad=True):
+    # seeded per case, so a wrong copy (other axis, other operand) cannot match by chance; leaves on
+    # ``device`` (a CUDA copy of a CPU leaf would be a non-leaf whose .grad stays None)
+    a, b, ta, tb = _make(64, 96, 128, layout, device=device, seed=seed)
     return a.detach().requires_grad_(a_grad), b.detach().requires_grad_(b_grad), ta, tb
 
 
@@ -375,8 +376,7 @@ def _fresh(layout, seed, a_grad=True, b_grad=True):
 def test_quantized_weight_pair_matches_on_the_fly(layout, device):
     # a weight quantized once (both copies, one read) gives out, dA and dB bit-identical to the op
     # quantizing the high-precision weight; dB lands on the pair's data, in the weight's dtype
-    a, b, ta, tb = _fresh(layout, seed=100 + len(layout) * ord(layout[0]) + ord(layout[1]))
-    a, b = a.to(device), b.detach().to(device).requires_grad_()
+    a, b, ta, tb = _fresh(layout, seed=100 + len(layout) * ord(layout[0]) + ord(layout[1]), device=device)
     dy = torch.randn(64, 96, device=device).bfloat16()
     ref = _run(a, b, ta, tb, dy)
     a2 = a.detach().clone().requires_grad_()
@@ -392,8 +392,7 @@ def test_quantized_weight_pair_matches_on_the_fly(layout, device):
 
 @pytest.mark.parametrize("layout", ["NT", "NN", "TN", "TT"])
 def test_quantized_tensor_operands_match_on_the_fly(layout, device):
-    a, b, ta, tb = _fresh(layout, seed=7 + ord(layout[0]) * 3 + ord(layout[1]))
-    a, b = a.to(device), b.to(device)
+    a, b, ta, tb = _fresh(layout, seed=7 + ord(layout[0]) * 3 + ord(layout[1]), device=device)
     dy = torch.randn(64, 96, device=device).bfloat16()
     # b alone, quantized along K (the forward's copy): out and dB (grad_weight reads a, not b's copies)
     a_ng = a.detach()
@@ -416,8 +415,7 @@ def test_quantized_tensor_operands_match_on_the_fly(layout, device):
 
 def test_quantized_weight_megatron_fused_accumulation(device):
     # main_grad sits on the pair's data (a framework's bridge sets it there), accumulated as for b
-    a, b, ta, tb = _fresh("NT", seed=31, b_grad=False)
-    a, b = a.to(device), b.to(device)
+    a, b, ta, tb = _fresh("NT", seed=31, device=device, b_grad=False)
     start = torch.randn(b.shape, device=device)
     ref_b = b.detach().clone().requires_grad_()
     ref_b.main_grad = start.clone()
