@@ -26,6 +26,13 @@ _LAYERS = {
                                                                   granularity=ScalingGranularity.BLOCKWISE,
                                                                   block_size=32)),
                                lambda d: [torch.randn(16, 32, dtype=BF, device=d)]),
+    # every balancing / loss option at once (Megatron's moe_layer_recompute with the aux-loss auto-scaler)
+    "MoELayer_options": (lambda: turbo.modules.MoELayer(32, 32, 4, 2, dtype=BF, aux_loss_coeff=0.01,
+                                                        load_balancing_type="seq_aux_loss", z_loss_coeff=1e-3,
+                                                        expert_bias=True, aux_loss_in_backward=True,
+                                                        normalize_topk=True, capacity_factor=1.0,
+                                                        shared_expert_ffn_hidden_size=16, shared_expert_gate=True),
+                         lambda d: [torch.randn(2, 8, 32, dtype=BF, device=d)]),
     "TurboAttention": (lambda: turbo.modules.TurboAttention(causal=True, deterministic=True),
                        lambda d: [torch.randn(1, 16, 2, 32, dtype=BF, device=d) for _ in range(3)]),
     "Float8Linear": (lambda: turbo.modules.Float8Linear(64, 32, config=Float8QuantConfig(), dtype=BF),
