@@ -281,7 +281,9 @@ class MoELayer(torch.nn.Module):
     Auxiliary-loss-free balancing (``expert_bias=True``): the router selects on
     ``score + self.expert_bias`` and weights by the unbiased scores. Every forward in training mode
     with gradients enabled adds its routing counts to the buffer ``local_tokens_per_expert``
-    (float32 ``[E]``; not saved in the state dict); after the optimizer step call
+    (float32 ``[E]``; not saved in the state dict; a forward that activation checkpointing recomputes
+    may add them again, which doubles every count alike and leaves the update's signs unchanged);
+    after the optimizer step call
     :meth:`update_expert_bias` (or :func:`update_expert_biases` on the whole model, one all-reduce):
     it sums the counts over the data-parallel ranks, moves each expert's bias by
     ``expert_bias_update_rate * sign(mean - count)`` and zeroes the counts, all on the device.
