@@ -212,9 +212,15 @@ def _tally(events, steps: int) -> dict:
 
 
 def count(gran: str, m: int, n: int, k: int, dtype: torch.dtype, steps: int) -> dict:
+    return count_step(_step_fn(gran, m, n, k, dtype), gran, steps)
+
+
+def count_step(step, label: str, steps: int) -> dict:
+    """Per-step ATen ops, device kernels, Triton launches and host syncs of ``step()`` (after two
+    warm-up calls), as a row of :func:`_table` named ``label``."""
     from torch.profiler import ProfilerActivity, profile
 
-    step = _step_fn(gran, m, n, k, dtype)
+    _wrap_interpreter()
     step()  # compile / first-call work is not a steady step's
     step()
     _State.launches = collections.Counter()
@@ -228,7 +234,7 @@ def count(gran: str, m: int, n: int, k: int, dtype: torch.dtype, steps: int) -> 
     res = _tally(prof.events(), steps)
     launches = {name: c / steps for name, c in _State.launches.items()}
     return dict(
-        granularity=gran, launches=launches, total_ops=sum(res["ops"].values()),
+        granularity=label, launches=launches, total_ops=sum(res["ops"].values()),
         total_device_ops=sum(res["device_ops"].values()), total_triton_launches=sum(launches.values()), **res,
     )
 

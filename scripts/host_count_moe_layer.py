@@ -15,7 +15,6 @@ Run it in two trees to compare them (``PYTHONPATH`` picks the tree):
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import sys
@@ -31,8 +30,6 @@ import host_count_fp8_linear as hc  # noqa: E402  (the counting helpers)
 
 
 def count(t: int, h: int, f: int, e: int, k: int, steps: int, dtype: torch.dtype) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
     import primus_turbo.pytorch as turbo
 
     torch.manual_seed(0)
@@ -45,22 +42,7 @@ def count(t: int, h: int, f: int, e: int, k: int, steps: int, dtype: torch.dtype
         x.grad = None
         layer.zero_grad(set_to_none=True)
 
-    hc._wrap_interpreter()
-    step()  # first-call work (checks, compiles, caches) is not a steady step's
-    step()
-    hc._State.launches = collections.Counter()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        hc._State.counting = True
-        try:
-            for _ in range(steps):
-                step()
-        finally:
-            hc._State.counting = False
-    res = hc._tally(prof.events(), steps)
-    launches = {name: c / steps for name, c in hc._State.launches.items()}
-    return dict(granularity="moe-bf16-default", launches=launches, total_ops=sum(res["ops"].values()),
-                total_device_ops=sum(res["device_ops"].values()), total_triton_launches=sum(launches.values()),
-                **res)
+    return hc.count_step(step, "moe-bf16-default", steps)
 
 
 def main(argv=None) -> int:
