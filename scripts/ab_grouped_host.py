@@ -3,12 +3,17 @@
 Run once per tree (``PYTHONPATH=<tree> python scripts/ab_grouped_host.py LABEL``): for each small
 registry shape it times back-to-back eager steps (``out = grouped_gemm(...); out.backward(g)``,
 one synchronize at the end, so the per-step time is host time where the host is the bottleneck),
-alternating our op with ``torch._grouped_mm`` in several rounds, then lists what one step of ours
-launches (torch.profiler: CUDA kernels and top-level ATen ops). Prints one line per shape."""
+alternating our op with ``torch._grouped_mm`` in several rounds (median of the rounds), then lists
+the CUDA kernels one step of ours launches (torch.profiler). Prints two lines per shape, and for one
+shape a cProfile table of where the Python host time goes."""
+import cProfile
+import pstats
+import statistics
 import sys
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 import primus_turbo.pytorch as turbo
 
@@ -50,18 +55,15 @@ def main():
         for _ in range(ROUNDS):
             ours.append(per_step_us(step_turbo, a, b, lens, g))
             peer.append(per_step_us(step_torch, a, b, offs, g))
-        ours.sort(), peer.sort()
-        from torch.profiler import ProfilerActivity, profile
+        us, peer_us = statistics.median(ours), statistics.median(peer)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             step_turbo(a, b, lens, g)
             torch.cuda.synchronize()
         kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        print(f"{LABEL:6s} {name:22s} ours {ours[ROUNDS // 2]:8.1f} us  torch {peer[ROUNDS // 2]:8.1f} us  "
-              f"ratio {peer[ROUNDS // 2] / ours[ROUNDS // 2]:.3f}  kernels {len(kernels)}", flush=True)
+        print(f"{LABEL:6s} {name:22s} ours {us:8.1f} us  torch {peer_us:8.1f} us  "
+              f"ratio {peer_us / us:.3f}  kernels {len(kernels)}", flush=True)
         print(f"{LABEL:6s}   kernels: " + "; ".join(k[:40] for k in kernels), flush=True)
         if name == SHAPES[1][0]:  # where the host time of one shape goes (Python functions)
-            import cProfile
-            import pstats
             pr = cProfile.Profile()
             pr.enable()
             for _ in range(ITERS):
